@@ -1,0 +1,118 @@
+//! The drive: content-addressed, incremental snapshots of a workspace.
+//!
+//! A session's files must never drift from its log (DESIGN.md invariant 5). Every
+//! mutating tool call records the snapshot before and after it; after a crash the
+//! workspace is restored to a recorded snapshot instead of re-running commands.
+//!
+//! Snapshots cover everything in the workspace, `.git` included, except a top-level
+//! `.steadfast` directory (the runtime's own state, should it live inside the
+//! workspace). File contents are stored once per distinct content ([`store::ObjectStore`]);
+//! a snapshot is a manifest of paths, itself content-addressed, so its id is a
+//! pointer and forking a drive is copying that id. A stat cache keeps unchanged files
+//! from being hashed again.
+
+mod manifest;
+mod statcache;
+mod store;
+
+use std::path::{Path, PathBuf};
+
+pub use manifest::{Change, ChangeKind, Entry, Manifest};
+use statcache::StatCache;
+use store::ObjectStore;
+
+/// The name of the workspace directory snapshots leave out.
+pub const EXCLUDED_DIR: &str = ".steadfast";
+
+/// Everything that can go wrong with a drive.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A filesystem operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// No snapshot or object with this id is stored.
+    #[error("snapshot or object {0} not found in the drive")]
+    NotFound(String),
+    /// A stored object does not hash to its name.
+    #[error("drive object {0} is corrupt")]
+    Corrupt(String),
+}
+
+/// The drive's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub(crate) fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.to_path_buf();
+    move |source| Error::Io { op, path, source }
+}
+
+/// A snapshot store on local disk, shared by all the workspaces that use it.
+#[derive(Debug, Clone)]
+pub struct Drive {
+    objects: ObjectStore,
+    cache_dir: PathBuf,
+}
+
+impl Drive {
+    /// Opens (creating if needed) a drive stored under `dir`.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        let cache_dir = dir.join("statcache");
+        std::fs::create_dir_all(&cache_dir).map_err(io("create", &cache_dir))?;
+        Ok(Drive {
+            objects: ObjectStore::open(dir.join("objects"))?,
+            cache_dir,
+        })
+    }
+
+    /// Takes a snapshot of `workspace` and returns its id.
+    ///
+    /// Durable when this returns: every object and the manifest are synced. A crash
+    /// part way through leaves only unreferenced objects behind.
+    pub fn snapshot(&self, workspace: &Path) -> Result<String> {
+        let mut cache = StatCache::load(&self.cache_dir, workspace);
+        let manifest = manifest::scan(workspace, &mut cache, &self.objects)?;
+        steadfast_fault::point(steadfast_fault::points::MID_SNAPSHOT);
+        let id = self.objects.put(&manifest.to_bytes())?;
+        cache.save()?;
+        Ok(id)
+    }
+
+    /// Makes `workspace` equal to snapshot `id`: extra entries removed, changed and
+    /// missing ones written. Idempotent, so a crash during a restore is repaired by
+    /// restoring again.
+    pub fn restore(&self, workspace: &Path, id: &str) -> Result<()> {
+        let manifest = self.manifest(id)?;
+        let mut cache = StatCache::load(&self.cache_dir, workspace);
+        manifest::apply(&manifest, workspace, &mut cache, &self.objects)?;
+        cache.save()
+    }
+
+    /// The manifest of snapshot `id`.
+    pub fn manifest(&self, id: &str) -> Result<Manifest> {
+        Manifest::from_bytes(id, &self.objects.get(id)?)
+    }
+
+    /// What changed from snapshot `a` to snapshot `b`, by path.
+    pub fn diff(&self, a: &str, b: &str) -> Result<Vec<Change>> {
+        Ok(self.manifest(a)?.diff(&self.manifest(b)?))
+    }
+
+    /// The bytes of a file in a snapshot.
+    pub fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>> {
+        match self.manifest(id)?.entries.get(path) {
+            Some(Entry::File { hash, .. }) => self.objects.get(hash),
+            _ => Err(Error::NotFound(format!("{id}:{path}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

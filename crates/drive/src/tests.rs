@@ -1,0 +1,134 @@
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+
+use super::*;
+
+fn setup() -> (tempfile::TempDir, Drive, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let drive = Drive::open(dir.path().join("drive")).unwrap();
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(ws.join("src")).unwrap();
+    fs::create_dir_all(ws.join(".git/refs")).unwrap();
+    fs::create_dir_all(ws.join("empty")).unwrap();
+    fs::write(ws.join("src/lib.rs"), "fn a() {}\n").unwrap();
+    fs::write(ws.join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
+    fs::write(ws.join("run.sh"), "#!/bin/sh\n").unwrap();
+    fs::set_permissions(ws.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink("src/lib.rs", ws.join("link")).unwrap();
+    (dir, drive, ws)
+}
+
+fn tree(ws: &Path) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for e in walkdir::WalkDir::new(ws).min_depth(1).sort_by_file_name() {
+        let e = e.unwrap();
+        let rel = e.path().strip_prefix(ws).unwrap().display().to_string();
+        let desc = if e.file_type().is_symlink() {
+            format!("-> {}", fs::read_link(e.path()).unwrap().display())
+        } else if e.file_type().is_dir() {
+            "dir".into()
+        } else {
+            let mode = e.metadata().unwrap().permissions().mode() & 0o111;
+            format!("{mode:o} {}", fs::read_to_string(e.path()).unwrap())
+        };
+        out.push((rel, desc));
+    }
+    out
+}
+
+#[test]
+fn restore_returns_every_kind_of_entry_including_git() {
+    let (_d, drive, ws) = setup();
+    let before = tree(&ws);
+    let id = drive.snapshot(&ws).unwrap();
+
+    fs::write(ws.join("src/lib.rs"), "broken").unwrap();
+    fs::remove_file(ws.join(".git/HEAD")).unwrap();
+    fs::remove_dir(ws.join("empty")).unwrap();
+    fs::create_dir_all(ws.join("new/deep")).unwrap();
+    fs::write(ws.join("new/deep/file"), "x").unwrap();
+    fs::set_permissions(ws.join("run.sh"), fs::Permissions::from_mode(0o644)).unwrap();
+    fs::remove_file(ws.join("link")).unwrap();
+    fs::write(ws.join("link"), "now a file").unwrap();
+    assert_ne!(tree(&ws), before);
+
+    drive.restore(&ws, &id).unwrap();
+    assert_eq!(tree(&ws), before);
+    assert_eq!(drive.snapshot(&ws).unwrap(), id, "same tree, same id");
+}
+
+#[test]
+fn restore_hydrates_an_empty_directory() {
+    let (d, drive, ws) = setup();
+    let id = drive.snapshot(&ws).unwrap();
+    let fresh = d.path().join("fresh");
+    drive.restore(&fresh, &id).unwrap();
+    assert_eq!(tree(&fresh), tree(&ws));
+}
+
+#[test]
+fn a_change_within_one_timestamp_tick_is_seen() {
+    let (_d, drive, ws) = setup();
+    let a = drive.snapshot(&ws).unwrap();
+    fs::write(ws.join("src/lib.rs"), "fn b() {}\n").unwrap(); // same size
+    let b = drive.snapshot(&ws).unwrap();
+    assert_ne!(a, b);
+    let changes = drive.diff(&a, &b).unwrap();
+    assert_eq!(
+        changes,
+        vec![Change {
+            path: "src/lib.rs".into(),
+            kind: ChangeKind::Modified
+        }]
+    );
+}
+
+#[test]
+fn diff_names_added_removed_and_modified_paths() {
+    let (_d, drive, ws) = setup();
+    let a = drive.snapshot(&ws).unwrap();
+    fs::write(ws.join("added"), "1").unwrap();
+    fs::remove_file(ws.join("run.sh")).unwrap();
+    fs::write(ws.join(".git/HEAD"), "detached").unwrap();
+    let b = drive.snapshot(&ws).unwrap();
+    let kinds: Vec<_> = drive
+        .diff(&a, &b)
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.path, c.kind))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (".git/HEAD".into(), ChangeKind::Modified),
+            ("added".into(), ChangeKind::Added),
+            ("run.sh".into(), ChangeKind::Removed),
+        ]
+    );
+}
+
+#[test]
+fn the_runtime_directory_is_left_out() {
+    let (_d, drive, ws) = setup();
+    let a = drive.snapshot(&ws).unwrap();
+    fs::create_dir_all(ws.join(EXCLUDED_DIR)).unwrap();
+    fs::write(ws.join(EXCLUDED_DIR).join("world.db"), "db").unwrap();
+    assert_eq!(drive.snapshot(&ws).unwrap(), a);
+    drive.restore(&ws, &a).unwrap();
+    assert!(ws.join(EXCLUDED_DIR).join("world.db").exists());
+}
+
+#[test]
+fn a_corrupt_object_is_reported() {
+    let (d, drive, ws) = setup();
+    let id = drive.snapshot(&ws).unwrap();
+    let manifest = drive.manifest(&id).unwrap();
+    let Some(Entry::File { hash, .. }) = manifest.entries.get("src/lib.rs") else {
+        panic!("file missing")
+    };
+    let path = d.path().join("drive/objects").join(&hash[..2]).join(&hash[2..]);
+    fs::write(&path, "tampered").unwrap();
+    fs::write(ws.join("src/lib.rs"), "changed").unwrap();
+    assert!(matches!(drive.restore(&ws, &id), Err(Error::Corrupt(h)) if &h == hash));
+    assert!(matches!(drive.manifest("nope"), Err(Error::NotFound(_))));
+}

@@ -1,0 +1,277 @@
+//! The events a session log is made of.
+
+use serde::{Deserialize, Serialize};
+
+use crate::message::Block;
+
+/// What the model is told when a workspace mutation was cut off and rolled back.
+/// Starts with a fixed marker so tools (and the fake provider) can recognise it.
+pub const INTERRUPTED_ROLLED_BACK: &str = "[steadfast] interrupted, rolled back: the worker \
+running this call died before its result was recorded. The workspace was restored to the \
+snapshot taken just before the call, so the call had no effect. Run it again if it is \
+still needed.";
+
+/// What the model is told when an external-effect call was cut off.
+pub const INTERRUPTED_OUTCOME_UNKNOWN: &str = "[steadfast] interrupted, outcome unknown: \
+this call reaches outside the workspace and the worker running it died before its result \
+was recorded. It was NOT run again. It may or may not have taken effect; check before \
+retrying.";
+
+/// Which model a session talks to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelSpec {
+    /// `anthropic`, `openai` or `fake`.
+    pub provider: String,
+    /// The provider's model name.
+    pub model: String,
+}
+
+impl std::fmt::Display for ModelSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.provider, self.model)
+    }
+}
+
+/// Tokens a model call consumed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens billed at the full input price.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+    /// Prompt tokens served from the provider's cache.
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    /// Prompt tokens written to the provider's cache.
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+}
+
+impl Usage {
+    /// Adds another call's usage to this one.
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cache_read_tokens += other.cache_read_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
+    }
+}
+
+/// How a tool call may affect the world; decides what happens if it is interrupted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolClass {
+    /// Changes nothing: safe to run again.
+    Read,
+    /// Changes the workspace: rolled back to its snapshot if interrupted.
+    Mutate,
+    /// Reaches outside the workspace (network, push, webhook): never re-run blindly.
+    External,
+}
+
+/// A payload too big for the log, kept in the blob store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlobRef {
+    /// BLAKE3 of the bytes, hex.
+    pub hash: String,
+    /// Length of the bytes.
+    pub size: u64,
+    /// Where the bytes live.
+    pub uri: String,
+    /// The start of the payload, ANSI codes stripped.
+    pub head: String,
+    /// The end of the payload, ANSI codes stripped.
+    pub tail: String,
+}
+
+/// A tool's output: inline when small, a blob reference when over the limit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Output {
+    /// The whole output.
+    Inline {
+        /// The text.
+        text: String,
+    },
+    /// A reference to the full output in the blob store.
+    Blob(BlobRef),
+}
+
+impl Output {
+    /// What the model is shown of this output.
+    pub fn for_model(&self) -> String {
+        match self {
+            Output::Inline { text } => text.clone(),
+            Output::Blob(b) => format!(
+                "{}\n\n[... output truncated: {} bytes in total, stored as blob {} ...]\n\n{}",
+                b.head, b.size, b.hash, b.tail
+            ),
+        }
+    }
+}
+
+/// How an interrupted tool call was resolved (DESIGN.md invariant 4).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ToolResolution {
+    /// A read-only call: it will run again.
+    Rerun,
+    /// A workspace mutation: the workspace was restored to this snapshot.
+    RolledBack {
+        /// The snapshot restored.
+        snapshot: Option<String>,
+    },
+    /// An external effect: not re-run, the model told the outcome is unknown.
+    OutcomeUnknown,
+}
+
+/// How a session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndState {
+    /// The work is done.
+    Completed,
+    /// A terminal error stopped it.
+    Failed,
+    /// A bound (budget, loop breaker) stopped it for a human to look at.
+    Escalated,
+}
+
+impl std::fmt::Display for EndState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EndState::Completed => "completed",
+            EndState::Failed => "failed",
+            EndState::Escalated => "escalated",
+        })
+    }
+}
+
+/// One entry of a session log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// The session exists: its agent, model and workspace.
+    SessionStarted {
+        /// The agent's name.
+        agent: String,
+        /// The model spoken to.
+        model: ModelSpec,
+        /// The workspace directory.
+        workspace: String,
+        /// The system prompt.
+        system: String,
+        /// The workspace snapshot when the session began.
+        initial_snapshot: Option<String>,
+        /// Wall-clock start, milliseconds since the Unix epoch.
+        created_at_ms: u64,
+    },
+    /// A user message, which opens a turn.
+    UserMessage {
+        /// The turn it opens (1-based).
+        turn: u32,
+        /// The text.
+        text: String,
+    },
+    /// A model call is about to be made.
+    ModelCallIntent {
+        /// Unique per attempt.
+        call_id: String,
+        /// The step within the turn (1-based); a re-issued call keeps its step.
+        step: u32,
+        /// BLAKE3 of the provider-neutral request.
+        fingerprint: String,
+    },
+    /// A model call returned.
+    ModelCallOutcome {
+        /// The intent answered.
+        call_id: String,
+        /// The assistant message.
+        content: Vec<Block>,
+        /// Why the model stopped (`end_turn`, `tool_use`, ...).
+        stop_reason: String,
+        /// Tokens consumed.
+        usage: Usage,
+        /// Cost in millionths of a US dollar.
+        cost_micro_usd: u64,
+    },
+    /// A model call was cut off by a crash and will be issued again.
+    ModelCallInterrupted {
+        /// The intent resolved.
+        call_id: String,
+    },
+    /// A model call failed for good (a 4xx, retries exhausted).
+    ModelCallFailed {
+        /// The intent answered.
+        call_id: String,
+        /// What went wrong.
+        error: String,
+    },
+    /// A tool call is about to run.
+    ToolCallIntent {
+        /// The model's tool-use id.
+        call_id: String,
+        /// The tool's name.
+        tool: String,
+        /// The tool's input.
+        input: serde_json::Value,
+        /// How the call may affect the world.
+        class: ToolClass,
+        /// The workspace snapshot just before the call.
+        snapshot_before: Option<String>,
+    },
+    /// A tool call finished (successfully or with a tool error).
+    ToolCallOutcome {
+        /// The intent answered.
+        call_id: String,
+        /// Whether the tool reported an error.
+        is_error: bool,
+        /// A command's exit status, when there is one.
+        exit_code: Option<i32>,
+        /// What the tool produced.
+        output: Output,
+        /// The workspace snapshot just after the call.
+        snapshot_after: Option<String>,
+    },
+    /// A tool call was cut off by a crash; this records how it was resolved.
+    ToolCallInterrupted {
+        /// The intent resolved.
+        call_id: String,
+        /// The resolution.
+        resolution: ToolResolution,
+    },
+    /// The model finished the turn.
+    TurnEnded {
+        /// The turn ended.
+        turn: u32,
+    },
+    /// The session is over.
+    SessionEnded {
+        /// How it ended.
+        state: EndState,
+        /// Why, in words.
+        reason: String,
+        /// The workspace diff since the session began, for escalations.
+        #[serde(default)]
+        diff: Vec<String>,
+    },
+}
+
+impl Event {
+    /// A short name for the event type, as stored and shown.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::SessionStarted { .. } => "session_started",
+            Event::UserMessage { .. } => "user_message",
+            Event::ModelCallIntent { .. } => "model_call_intent",
+            Event::ModelCallOutcome { .. } => "model_call_outcome",
+            Event::ModelCallInterrupted { .. } => "model_call_interrupted",
+            Event::ModelCallFailed { .. } => "model_call_failed",
+            Event::ToolCallIntent { .. } => "tool_call_intent",
+            Event::ToolCallOutcome { .. } => "tool_call_outcome",
+            Event::ToolCallInterrupted { .. } => "tool_call_interrupted",
+            Event::TurnEnded { .. } => "turn_ended",
+            Event::SessionEnded { .. } => "session_ended",
+        }
+    }
+}

@@ -1,0 +1,433 @@
+//! `fold(records) -> SessionState`: the whole state a harness needs, from the log alone.
+//!
+//! Folding is pure: no I/O, no clock, no randomness. The state says what happened
+//! (conversation, spend, last workspace snapshot) and what comes next ([`SessionState::next`]),
+//! including calls whose intent is in the log without an outcome, which the harness must
+//! resolve by DESIGN.md invariant 4 before doing anything else.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::event::{
+    EndState, Event, ModelSpec, ToolClass, ToolResolution, Usage, INTERRUPTED_OUTCOME_UNKNOWN,
+    INTERRUPTED_ROLLED_BACK,
+};
+use crate::message::{Block, Message, Role, ToolUse};
+use crate::record::Record;
+
+/// Where a session stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Between turns, waiting for a user message.
+    Idle,
+    /// A turn is open.
+    Running,
+    /// Ended: completed.
+    Completed,
+    /// Ended: failed.
+    Failed,
+    /// Ended: escalated to a human.
+    Escalated,
+}
+
+impl Status {
+    /// Whether the session has ended.
+    pub fn is_ended(self) -> bool {
+        matches!(self, Status::Completed | Status::Failed | Status::Escalated)
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Status::Idle => "idle",
+            Status::Running => "running",
+            Status::Completed => "completed",
+            Status::Failed => "failed",
+            Status::Escalated => "escalated",
+        })
+    }
+}
+
+/// A model call whose intent is logged without an outcome.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PendingModel {
+    /// The attempt's id.
+    pub call_id: String,
+    /// Its step in the turn.
+    pub step: u32,
+}
+
+/// A tool call whose intent is logged without an outcome.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PendingTool {
+    /// The model's tool-use id.
+    pub call_id: String,
+    /// The tool.
+    pub tool: String,
+    /// Its input.
+    pub input: Value,
+    /// How it may affect the world.
+    pub class: ToolClass,
+    /// The snapshot taken before it ran.
+    pub snapshot_before: Option<String>,
+}
+
+/// What the harness must do next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    /// Nothing until a user message arrives.
+    WaitForMessage,
+    /// Resolve a model call cut off by a crash.
+    ResolveModel(PendingModel),
+    /// Resolve a tool call cut off by a crash.
+    ResolveTool(PendingTool),
+    /// Run this tool call the model asked for.
+    RunTool(ToolUse),
+    /// Call the model (this step of the turn).
+    CallModel {
+        /// The step the call will be.
+        step: u32,
+    },
+    /// The model's last reply asked for no tools: the turn is done.
+    EndTurn,
+    /// The session has ended.
+    Ended(Status),
+}
+
+/// Everything the log says about a session.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionState {
+    /// The agent's name.
+    pub agent: String,
+    /// The model.
+    pub model: ModelSpec,
+    /// The workspace directory.
+    pub workspace: String,
+    /// The system prompt.
+    pub system: String,
+    /// The workspace snapshot the session began with.
+    pub initial_snapshot: Option<String>,
+    /// When the session began, ms since the Unix epoch.
+    pub created_at_ms: u64,
+    /// The conversation so far, as the model will see it.
+    pub conversation: Vec<Message>,
+    /// Where the session stands.
+    pub status: Status,
+    /// Why it ended, if it did.
+    pub end_reason: Option<String>,
+    /// The current (or last) turn, from 1.
+    pub turn: u32,
+    /// The last model step of the current turn with a recorded outcome.
+    pub step: u32,
+    /// A model call cut off, if any.
+    pub pending_model: Option<PendingModel>,
+    /// A tool call cut off, if any.
+    pub pending_tool: Option<PendingTool>,
+    /// Tool calls of the last model reply that have no result yet, in order.
+    pub queued_tools: Vec<ToolUse>,
+    /// Tokens consumed by recorded model calls.
+    pub usage: Usage,
+    /// Money spent on recorded model calls, millionths of a dollar.
+    pub cost_micro_usd: u64,
+    /// Model calls with a recorded outcome.
+    pub model_calls: u64,
+    /// Model call intents (attempts, including re-issued ones).
+    pub model_attempts: u64,
+    /// The last workspace snapshot the log knows of.
+    pub last_snapshot: Option<String>,
+    /// The last position folded.
+    pub last_seq: u64,
+}
+
+/// Why a log could not be folded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FoldError {
+    /// The log has no `session_started` first record.
+    #[error("log does not begin with session_started")]
+    NotStarted,
+    /// Positions skip or repeat.
+    #[error("log positions are not contiguous: expected {expected}, found {found}")]
+    Gap {
+        /// The position expected.
+        expected: u64,
+        /// The position found.
+        found: u64,
+    },
+    /// An event that cannot follow the ones before it.
+    #[error("event at #{seq} ({kind}) is inconsistent with the log: {reason}")]
+    Inconsistent {
+        /// Its position.
+        seq: u64,
+        /// Its type.
+        kind: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Folds a whole log into the session's state.
+pub fn fold(records: &[Record]) -> Result<SessionState, FoldError> {
+    let (first, rest) = records.split_first().ok_or(FoldError::NotStarted)?;
+    let mut state = SessionState::start(first)?;
+    for record in rest {
+        state.apply(record)?;
+    }
+    Ok(state)
+}
+
+impl SessionState {
+    /// The state after the first record, which must be `session_started` at #1.
+    pub fn start(record: &Record) -> Result<Self, FoldError> {
+        if record.seq != 1 {
+            return Err(FoldError::Gap {
+                expected: 1,
+                found: record.seq,
+            });
+        }
+        let Event::SessionStarted {
+            agent,
+            model,
+            workspace,
+            system,
+            initial_snapshot,
+            created_at_ms,
+        } = &record.event
+        else {
+            return Err(FoldError::NotStarted);
+        };
+        Ok(SessionState {
+            agent: agent.clone(),
+            model: model.clone(),
+            workspace: workspace.clone(),
+            system: system.clone(),
+            initial_snapshot: initial_snapshot.clone(),
+            created_at_ms: *created_at_ms,
+            conversation: Vec::new(),
+            status: Status::Idle,
+            end_reason: None,
+            turn: 0,
+            step: 0,
+            pending_model: None,
+            pending_tool: None,
+            queued_tools: Vec::new(),
+            usage: Usage::default(),
+            cost_micro_usd: 0,
+            model_calls: 0,
+            model_attempts: 0,
+            last_snapshot: initial_snapshot.clone(),
+            last_seq: 1,
+        })
+    }
+
+    /// What the harness must do next.
+    pub fn next(&self) -> Next {
+        if self.status.is_ended() {
+            return Next::Ended(self.status);
+        }
+        if let Some(p) = &self.pending_model {
+            return Next::ResolveModel(p.clone());
+        }
+        if let Some(p) = &self.pending_tool {
+            return Next::ResolveTool(p.clone());
+        }
+        if self.status != Status::Running {
+            return Next::WaitForMessage;
+        }
+        if let Some(t) = self.queued_tools.first() {
+            return Next::RunTool(t.clone());
+        }
+        match self.conversation.last() {
+            Some(m) if m.role == Role::Assistant => Next::EndTurn,
+            _ => Next::CallModel {
+                step: self.step + 1,
+            },
+        }
+    }
+
+    /// The text of the model's last reply.
+    pub fn last_reply(&self) -> Option<String> {
+        self.conversation
+            .iter()
+            .rev()
+            .find(|m| m.role == Role::Assistant)
+            .map(Message::text)
+    }
+
+    /// Folds one more record into the state.
+    pub fn apply(&mut self, record: &Record) -> Result<(), FoldError> {
+        if record.seq != self.last_seq + 1 {
+            return Err(FoldError::Gap {
+                expected: self.last_seq + 1,
+                found: record.seq,
+            });
+        }
+        let kind = record.event.kind();
+        let bad = |reason: &str| FoldError::Inconsistent {
+            seq: record.seq,
+            kind,
+            reason: reason.to_string(),
+        };
+        if self.status.is_ended() {
+            return Err(bad("the session has already ended"));
+        }
+        match &record.event {
+            Event::SessionStarted { .. } => return Err(bad("session already started")),
+            Event::UserMessage { turn, text } => {
+                if self.status != Status::Idle {
+                    return Err(bad("a turn is already open"));
+                }
+                if *turn != self.turn + 1 {
+                    return Err(bad("turn numbers must increase by one"));
+                }
+                self.turn = *turn;
+                self.step = 0;
+                self.status = Status::Running;
+                self.conversation.push(Message::user_text(text.clone()));
+            }
+            Event::ModelCallIntent { call_id, step, .. } => {
+                if self.next() != (Next::CallModel { step: *step }) {
+                    return Err(bad("no model call is due here"));
+                }
+                self.model_attempts += 1;
+                self.pending_model = Some(PendingModel {
+                    call_id: call_id.clone(),
+                    step: *step,
+                });
+            }
+            Event::ModelCallOutcome {
+                call_id,
+                content,
+                usage,
+                cost_micro_usd,
+                ..
+            } => {
+                let pending = self
+                    .take_pending_model(call_id)
+                    .ok_or_else(|| bad("no such pending model call"))?;
+                self.step = pending.step;
+                self.usage.add(usage);
+                self.cost_micro_usd += cost_micro_usd;
+                self.model_calls += 1;
+                let message = Message {
+                    role: Role::Assistant,
+                    content: content.clone(),
+                };
+                self.queued_tools = message.tool_uses().cloned().collect();
+                self.conversation.push(message);
+            }
+            Event::ModelCallInterrupted { call_id } | Event::ModelCallFailed { call_id, .. } => {
+                self.take_pending_model(call_id).ok_or_else(|| bad("no such pending model call"))?;
+            }
+            Event::ToolCallIntent {
+                call_id,
+                tool,
+                input,
+                class,
+                snapshot_before,
+            } => {
+                match self.next() {
+                    Next::RunTool(t) if &t.id == call_id => {}
+                    _ => return Err(bad("this tool call is not the next one due")),
+                }
+                if snapshot_before.is_some() {
+                    self.last_snapshot = snapshot_before.clone();
+                }
+                self.pending_tool = Some(PendingTool {
+                    call_id: call_id.clone(),
+                    tool: tool.clone(),
+                    input: input.clone(),
+                    class: *class,
+                    snapshot_before: snapshot_before.clone(),
+                });
+            }
+            Event::ToolCallOutcome {
+                call_id,
+                is_error,
+                output,
+                snapshot_after,
+                ..
+            } => {
+                self.take_pending_tool(call_id).ok_or_else(|| bad("no such pending tool call"))?;
+                if snapshot_after.is_some() {
+                    self.last_snapshot = snapshot_after.clone();
+                }
+                self.push_result(call_id, output.for_model(), *is_error);
+            }
+            Event::ToolCallInterrupted {
+                call_id,
+                resolution,
+            } => {
+                self.take_pending_tool(call_id).ok_or_else(|| bad("no such pending tool call"))?;
+                match resolution {
+                    ToolResolution::Rerun => {}
+                    ToolResolution::RolledBack { snapshot } => {
+                        if snapshot.is_some() {
+                            self.last_snapshot = snapshot.clone();
+                        }
+                        self.push_result(call_id, INTERRUPTED_ROLLED_BACK.to_string(), true);
+                    }
+                    ToolResolution::OutcomeUnknown => {
+                        self.push_result(call_id, INTERRUPTED_OUTCOME_UNKNOWN.to_string(), true);
+                    }
+                }
+            }
+            Event::TurnEnded { turn } => {
+                if *turn != self.turn || self.next() != Next::EndTurn {
+                    return Err(bad("the turn is not finished"));
+                }
+                self.status = Status::Idle;
+            }
+            Event::SessionEnded { state, reason, .. } => {
+                self.status = match state {
+                    EndState::Completed => Status::Completed,
+                    EndState::Failed => Status::Failed,
+                    EndState::Escalated => Status::Escalated,
+                };
+                self.end_reason = Some(reason.clone());
+                self.pending_model = None;
+                self.pending_tool = None;
+            }
+        }
+        self.last_seq = record.seq;
+        Ok(())
+    }
+
+    fn take_pending_model(&mut self, call_id: &str) -> Option<PendingModel> {
+        match &self.pending_model {
+            Some(p) if p.call_id == call_id => self.pending_model.take(),
+            _ => None,
+        }
+    }
+
+    fn take_pending_tool(&mut self, call_id: &str) -> Option<PendingTool> {
+        match &self.pending_tool {
+            Some(p) if p.call_id == call_id => self.pending_tool.take(),
+            _ => None,
+        }
+    }
+
+    /// Records a tool result: removes the call from the queue and adds its result to
+    /// the user message that follows the model's reply.
+    fn push_result(&mut self, call_id: &str, content: String, is_error: bool) {
+        self.queued_tools.retain(|t| t.id != call_id);
+        let block = Block::ToolResult {
+            tool_use_id: call_id.to_string(),
+            content,
+            is_error,
+        };
+        match self.conversation.last_mut() {
+            Some(m) if m.role == Role::User && matches!(m.content.first(), Some(Block::ToolResult { .. })) => {
+                m.content.push(block)
+            }
+            _ => self.conversation.push(Message {
+                role: Role::User,
+                content: vec![block],
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

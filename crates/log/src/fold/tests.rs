@@ -1,0 +1,256 @@
+use proptest::prelude::*;
+use serde_json::json;
+
+use super::*;
+use crate::event::Output;
+
+struct Log(Vec<Record>);
+
+impl Log {
+    fn new() -> Self {
+        let mut log = Log(Vec::new());
+        log.push(Event::SessionStarted {
+            agent: "native".into(),
+            model: ModelSpec {
+                provider: "fake".into(),
+                model: "m".into(),
+            },
+            workspace: "/w".into(),
+            system: "sys".into(),
+            initial_snapshot: Some("s0".into()),
+            created_at_ms: 0,
+        });
+        log
+    }
+    fn push(&mut self, event: Event) {
+        let seq = self.0.len() as u64 + 1;
+        self.0.push(Record {
+            seq,
+            epoch: 1,
+            at_ms: seq,
+            event,
+        });
+    }
+    fn model(&mut self, id: &str, step: u32, tools: &[&str]) {
+        self.push(Event::ModelCallIntent {
+            call_id: id.into(),
+            step,
+            fingerprint: "f".into(),
+        });
+        let mut content = vec![Block::Text { text: "ok".into() }];
+        for t in tools {
+            content.push(Block::ToolUse(ToolUse {
+                id: (*t).into(),
+                name: "bash".into(),
+                input: json!({"command": "true"}),
+            }));
+        }
+        self.push(Event::ModelCallOutcome {
+            call_id: id.into(),
+            content,
+            stop_reason: "end_turn".into(),
+            usage: Usage {
+                input_tokens: 10,
+                output_tokens: 2,
+                ..Usage::default()
+            },
+            cost_micro_usd: 5,
+        });
+    }
+    fn tool_intent(&mut self, id: &str, class: ToolClass) {
+        self.push(Event::ToolCallIntent {
+            call_id: id.into(),
+            tool: "bash".into(),
+            input: json!({"command": "true"}),
+            class,
+            snapshot_before: Some(format!("before-{id}")),
+        });
+    }
+    fn tool_outcome(&mut self, id: &str) {
+        self.push(Event::ToolCallOutcome {
+            call_id: id.into(),
+            is_error: false,
+            exit_code: Some(0),
+            output: Output::Inline { text: "out".into() },
+            snapshot_after: Some(format!("after-{id}")),
+        });
+    }
+}
+
+#[test]
+fn a_full_turn_folds_to_idle_with_conversation_and_spend() {
+    let mut log = Log::new();
+    log.push(Event::UserMessage {
+        turn: 1,
+        text: "fix it".into(),
+    });
+    log.model("m1", 1, &["t1", "t2"]);
+    log.tool_intent("t1", ToolClass::Mutate);
+    log.tool_outcome("t1");
+    log.tool_intent("t2", ToolClass::Read);
+    log.tool_outcome("t2");
+    log.model("m2", 2, &[]);
+    log.push(Event::TurnEnded { turn: 1 });
+    let state = fold(&log.0).unwrap();
+    assert_eq!(state.status, Status::Idle);
+    assert_eq!(state.conversation.len(), 4);
+    assert_eq!(state.conversation[2].content.len(), 2, "both results in one message");
+    assert_eq!(state.model_calls, 2);
+    assert_eq!(state.usage.input_tokens, 20);
+    assert_eq!(state.cost_micro_usd, 10);
+    assert_eq!(state.last_snapshot.as_deref(), Some("after-t2"));
+    assert_eq!(state.next(), Next::WaitForMessage);
+}
+
+#[test]
+fn frontier_names_pending_calls() {
+    let mut log = Log::new();
+    log.push(Event::UserMessage {
+        turn: 1,
+        text: "x".into(),
+    });
+    log.push(Event::ModelCallIntent {
+        call_id: "m1".into(),
+        step: 1,
+        fingerprint: "f".into(),
+    });
+    let state = fold(&log.0).unwrap();
+    assert!(matches!(state.next(), Next::ResolveModel(p) if p.call_id == "m1"));
+
+    log.push(Event::ModelCallInterrupted {
+        call_id: "m1".into(),
+    });
+    let state = fold(&log.0).unwrap();
+    assert_eq!(state.next(), Next::CallModel { step: 1 }, "a re-issue keeps its step");
+
+    log.model("m1b", 1, &["t1"]);
+    log.tool_intent("t1", ToolClass::Mutate);
+    let state = fold(&log.0).unwrap();
+    assert!(matches!(state.next(), Next::ResolveTool(p) if p.snapshot_before.as_deref() == Some("before-t1")));
+
+    log.push(Event::ToolCallInterrupted {
+        call_id: "t1".into(),
+        resolution: ToolResolution::RolledBack {
+            snapshot: Some("before-t1".into()),
+        },
+    });
+    let state = fold(&log.0).unwrap();
+    assert_eq!(state.next(), Next::CallModel { step: 2 });
+    let last = state.conversation.last().unwrap();
+    assert!(matches!(&last.content[0], Block::ToolResult { content, is_error: true, .. } if content == INTERRUPTED_ROLLED_BACK));
+}
+
+#[test]
+fn rerun_puts_the_call_back_in_the_queue() {
+    let mut log = Log::new();
+    log.push(Event::UserMessage {
+        turn: 1,
+        text: "x".into(),
+    });
+    log.model("m1", 1, &["t1"]);
+    log.tool_intent("t1", ToolClass::Read);
+    log.push(Event::ToolCallInterrupted {
+        call_id: "t1".into(),
+        resolution: ToolResolution::Rerun,
+    });
+    let state = fold(&log.0).unwrap();
+    assert!(matches!(state.next(), Next::RunTool(t) if t.id == "t1"));
+}
+
+#[test]
+fn gaps_and_out_of_order_events_are_rejected() {
+    let mut log = Log::new();
+    log.push(Event::UserMessage {
+        turn: 1,
+        text: "x".into(),
+    });
+    let mut gapped = log.0.clone();
+    gapped[1].seq = 3;
+    assert_eq!(
+        fold(&gapped).unwrap_err(),
+        FoldError::Gap {
+            expected: 2,
+            found: 3
+        }
+    );
+    log.tool_outcome("nope");
+    assert!(matches!(
+        fold(&log.0).unwrap_err(),
+        FoldError::Inconsistent { seq: 3, .. }
+    ));
+    assert_eq!(fold(&[]).unwrap_err(), FoldError::NotStarted);
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Model { tools: Vec<ToolClass>, interrupted: bool },
+    Nothing,
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    let class = prop_oneof![
+        Just(ToolClass::Read),
+        Just(ToolClass::Mutate),
+        Just(ToolClass::External)
+    ];
+    let step = prop_oneof![
+        (prop::collection::vec(class, 0..3), any::<bool>())
+            .prop_map(|(tools, interrupted)| Step::Model { tools, interrupted }),
+        Just(Step::Nothing),
+    ];
+    prop::collection::vec(step, 1..12)
+}
+
+proptest! {
+    /// Any log a harness can write (including every kind of interruption) folds at
+    /// every prefix, and folding record by record equals folding the whole.
+    #[test]
+    fn every_prefix_of_a_valid_log_folds(steps in steps()) {
+        let mut log = Log::new();
+        log.push(Event::UserMessage { turn: 1, text: "go".into() });
+        let mut n = 0;
+        let mut step_no = 1;
+        for s in steps {
+            let state = fold(&log.0).unwrap();
+            if state.next() == Next::EndTurn { break; }
+            match s {
+                Step::Model { tools, interrupted } => {
+                    if !matches!(state.next(), Next::CallModel { .. }) { continue; }
+                    n += 1;
+                    if interrupted {
+                        let id = format!("m{n}x");
+                        log.push(Event::ModelCallIntent { call_id: id.clone(), step: step_no, fingerprint: "f".into() });
+                        log.push(Event::ModelCallInterrupted { call_id: id });
+                    }
+                    let ids: Vec<String> = (0..tools.len()).map(|i| format!("t{n}_{i}")).collect();
+                    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+                    log.model(&format!("m{n}"), step_no, &refs);
+                    step_no += 1;
+                    for (id, class) in ids.iter().zip(tools) {
+                        log.tool_intent(id, class);
+                        match class {
+                            ToolClass::Read => {
+                                log.push(Event::ToolCallInterrupted { call_id: id.clone(), resolution: ToolResolution::Rerun });
+                                log.tool_intent(id, class);
+                                log.tool_outcome(id);
+                            }
+                            ToolClass::Mutate => log.push(Event::ToolCallInterrupted {
+                                call_id: id.clone(),
+                                resolution: ToolResolution::RolledBack { snapshot: Some("s".into()) },
+                            }),
+                            ToolClass::External => log.tool_outcome(id),
+                        }
+                    }
+                }
+                Step::Nothing => {}
+            }
+        }
+        let whole = fold(&log.0).unwrap();
+        let mut incremental = SessionState::start(&log.0[0]).unwrap();
+        for (i, r) in log.0.iter().enumerate().skip(1) {
+            prop_assert!(fold(&log.0[..=i]).is_ok());
+            incremental.apply(r).unwrap();
+        }
+        prop_assert_eq!(whole, incremental);
+    }
+}

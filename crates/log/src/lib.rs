@@ -1,0 +1,20 @@
+//! The session log's data model: events, the record codec, and the fold.
+//!
+//! A session is an append-only list of [`Event`]s. Everything a harness needs to carry
+//! on after a crash is rebuilt by [`fold`] from that list, so this crate holds no I/O:
+//! the same bytes always fold to the same [`SessionState`]. Each stored record carries
+//! a schema version and a checksum ([`record`]), so a torn or corrupt record is
+//! reported, never skipped, and old logs keep replaying under new code.
+
+pub mod event;
+pub mod fold;
+pub mod message;
+pub mod record;
+
+pub use event::{
+    BlobRef, EndState, Event, ModelSpec, Output, ToolClass, ToolResolution, Usage,
+    INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK,
+};
+pub use fold::{fold, FoldError, PendingModel, PendingTool, SessionState, Status};
+pub use message::{Block, Message, Role, ToolUse};
+pub use record::{CodecError, EncodedRecord, Record, SCHEMA_VERSION};

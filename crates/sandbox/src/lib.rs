@@ -1,0 +1,78 @@
+//! Sandboxes: where a session's commands run and its files change.
+//!
+//! A [`Sandbox`] executes the built-in tools (`bash`, `read`, `write`, `edit`, `glob`,
+//! `grep`) against one workspace directory. File tools are confined to the workspace:
+//! `..`, absolute paths outside it and symlinks that lead out are refused with a tool
+//! error the model can read. Commands run with a scrubbed environment that carries
+//! none of the harness's credentials. Each call is classified ([`classify`]) as read,
+//! mutate or external, which decides how the harness resolves it after a crash.
+
+mod classify;
+mod local;
+mod paths;
+pub mod tools;
+
+use std::future::Future;
+use std::path::Path;
+
+pub use classify::{classify, classify_command};
+pub use local::{LocalSandbox, SandboxOptions};
+pub use paths::confine;
+pub use tools::{tool_specs, ToolSpec};
+
+/// What a tool call produced. Tool failures (a missing file, a non-zero exit) are
+/// outputs with `is_error` set: the model sees them and decides what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolOutput {
+    /// The text shown to the model (before any blob offload).
+    pub text: String,
+    /// Whether the call failed.
+    pub is_error: bool,
+    /// The exit status of a command.
+    pub exit_code: Option<i32>,
+}
+
+impl ToolOutput {
+    /// A successful output.
+    pub fn ok(text: impl Into<String>) -> Self {
+        ToolOutput {
+            text: text.into(),
+            is_error: false,
+            exit_code: None,
+        }
+    }
+
+    /// A tool error the model should read.
+    pub fn error(text: impl Into<String>) -> Self {
+        ToolOutput {
+            text: text.into(),
+            is_error: true,
+            exit_code: None,
+        }
+    }
+}
+
+/// Failures of the sandbox itself (not of the tool call), which the harness handles.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The sandbox could not be set up or used.
+    #[error("sandbox unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// The sandbox's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A place where tools run against one workspace.
+pub trait Sandbox: Send + Sync + 'static {
+    /// The workspace directory, as the harness sees it.
+    fn workspace(&self) -> &Path;
+
+    /// Runs one tool call. Tool failures come back as `Ok` with `is_error`; `Err` means
+    /// the sandbox itself failed.
+    fn execute(
+        &self,
+        tool: &str,
+        input: &serde_json::Value,
+    ) -> impl Future<Output = Result<ToolOutput>> + Send;
+}

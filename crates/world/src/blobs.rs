@@ -1,0 +1,130 @@
+//! The blob store: payloads too big for the log, by content hash.
+
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use object_store::{local::LocalFileSystem, path::Path as ObjectPath, ObjectStore};
+use steadfast_log::BlobRef;
+
+use crate::{Error, Result};
+
+/// Payloads larger than this go to the blob store (DESIGN.md invariant 7).
+pub const INLINE_LIMIT: usize = 64 * 1024;
+const EXCERPT: usize = 8 * 1024;
+
+/// A content-addressed blob store over any `object_store` backend.
+#[derive(Debug, Clone)]
+pub struct Blobs {
+    store: Arc<dyn ObjectStore>,
+    base_uri: String,
+}
+
+impl Blobs {
+    /// Blobs in a local directory (created if needed).
+    pub fn local(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::Blob(format!("{}: {e}", dir.display())))?;
+        let dir = dir
+            .canonicalize()
+            .map_err(|e| Error::Blob(format!("{}: {e}", dir.display())))?;
+        let store = LocalFileSystem::new_with_prefix(&dir).map_err(|e| Error::Blob(e.to_string()))?;
+        Ok(Blobs {
+            store: Arc::new(store),
+            base_uri: format!("file://{}", dir.display()),
+        })
+    }
+
+    /// Stores `bytes` and returns the reference the log keeps: hash, size, URI and
+    /// ANSI-stripped head and tail excerpts.
+    pub async fn put(&self, bytes: &[u8]) -> Result<BlobRef> {
+        let hash = blake3::hash(bytes).to_hex().to_string();
+        let path = ObjectPath::from(hash.as_str());
+        self.store
+            .put(&path, bytes::Bytes::copy_from_slice(bytes).into())
+            .await
+            .map_err(|e| Error::Blob(e.to_string()))?;
+        let text = strip_ansi(&String::from_utf8_lossy(bytes));
+        Ok(BlobRef {
+            uri: format!("{}/{hash}", self.base_uri),
+            hash,
+            size: bytes.len() as u64,
+            head: head(&text, EXCERPT).to_string(),
+            tail: tail(&text, EXCERPT).to_string(),
+        })
+    }
+
+    /// Reads a blob back, verifying its hash.
+    pub async fn get(&self, hash: &str) -> Result<Vec<u8>> {
+        let got = self
+            .store
+            .get(&ObjectPath::from(hash))
+            .await
+            .map_err(|e| Error::Blob(e.to_string()))?;
+        let bytes = got.bytes().await.map_err(|e| Error::Blob(e.to_string()))?;
+        if blake3::hash(&bytes).to_hex().as_str() != hash {
+            return Err(Error::Blob(format!("blob {hash} is corrupt")));
+        }
+        Ok(bytes.to_vec())
+    }
+}
+
+fn head(s: &str, n: usize) -> &str {
+    if s.len() <= n {
+        return s;
+    }
+    let mut end = n;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+fn tail(s: &str, n: usize) -> &str {
+    if s.len() <= n {
+        return s;
+    }
+    let mut start = s.len() - n;
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
+/// Removes ANSI escape sequences (colours, cursor movement, OSC titles) from terminal
+/// output, so the model's context is not spent on them.
+pub fn strip_ansi(s: &str) -> String {
+    static RE: OnceLock<regex::Regex> = OnceLock::new();
+    let re = RE.get_or_init(|| {
+        regex::Regex::new(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+            .expect("valid regex")
+    });
+    re.replace_all(s, "").into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_colours_and_titles() {
+        assert_eq!(
+            strip_ansi("\x1b[1;31merror\x1b[0m: \x1b]0;title\x07done\x1b[2K"),
+            "error: done"
+        );
+    }
+
+    #[tokio::test]
+    async fn big_payload_roundtrips_with_excerpts() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = Blobs::local(dir.path()).unwrap();
+        let mut data = b"\x1b[32mSTART\x1b[0m".to_vec();
+        data.extend(std::iter::repeat_n(b'x', 100_000));
+        data.extend(b"END");
+        let r = blobs.put(&data).await.unwrap();
+        assert_eq!(r.size, data.len() as u64);
+        assert!(r.head.starts_with("START"));
+        assert!(r.tail.ends_with("END"));
+        assert!(r.head.len() <= EXCERPT);
+        assert!(r.uri.ends_with(&r.hash));
+        assert_eq!(blobs.get(&r.hash).await.unwrap(), data);
+    }
+}

@@ -1,0 +1,155 @@
+//! The contract suite every [`World`] backend must pass.
+//!
+//! Each function takes fresh handles to an empty world and panics on a contract
+//! violation. A backend's tests call every function here (see `tests/sqlite.rs`), so
+//! a new backend is correct exactly when it passes the same suite.
+
+use std::time::Duration;
+
+use steadfast_log::Event;
+
+use crate::{Error, Holder, World};
+
+const TTL: Duration = Duration::from_secs(60);
+
+fn message(turn: u32, text: &str) -> Event {
+    Event::UserMessage {
+        turn,
+        text: text.to_string(),
+    }
+}
+
+/// Appended events come back in order, with contiguous positions and their epoch.
+pub async fn append_then_read<W: World>(world: &W) {
+    world.create_session("s1", "alice").await.unwrap();
+    let lease = world.acquire_lease("s1", &Holder::new("h1"), TTL).await.unwrap();
+    let first = world
+        .append(&lease, &[message(1, "a"), message(2, "b")])
+        .await
+        .unwrap();
+    assert_eq!(first.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![1, 2]);
+    world.append(&lease, &[message(3, "c")]).await.unwrap();
+    let all = world.read("s1", 1).await.unwrap();
+    assert_eq!(all.len(), 3);
+    assert!(all.iter().all(|r| r.epoch == lease.epoch));
+    assert_eq!(all[2].event, message(3, "c"));
+    let tail = world.read("s1", 3).await.unwrap();
+    assert_eq!(tail.len(), 1);
+    assert!(world.read("s1", 4).await.unwrap().is_empty());
+    assert_eq!(world.session("s1").await.unwrap().last_seq, 3);
+}
+
+/// Unknown sessions are `NotFound`; a duplicate create is `AlreadyExists`.
+pub async fn unknown_and_duplicate_sessions<W: World>(world: &W) {
+    assert!(matches!(world.read("nope", 1).await, Err(Error::NotFound(_))));
+    assert!(matches!(
+        world.acquire_lease("nope", &Holder::new("h"), TTL).await,
+        Err(Error::NotFound(_))
+    ));
+    world.create_session("s1", "alice").await.unwrap();
+    assert!(matches!(
+        world.create_session("s1", "bob").await,
+        Err(Error::AlreadyExists(_))
+    ));
+}
+
+/// A live holder keeps the lease; a lapsed or released one does not; every new
+/// acquisition raises the epoch; appends under the old epoch are stale.
+pub async fn leases_fence_appends<W: World>(world: &W) {
+    world.create_session("s1", "alice").await.unwrap();
+    let a = world.acquire_lease("s1", &Holder::new("a"), TTL).await.unwrap();
+    assert!(matches!(
+        world.acquire_lease("s1", &Holder::new("b"), TTL).await,
+        Err(Error::LeaseHeld { .. })
+    ));
+    world.append(&a, &[message(1, "from a")]).await.unwrap();
+    world.renew_lease(&a, Duration::ZERO).await.unwrap();
+    let b = world.acquire_lease("s1", &Holder::new("b"), TTL).await.unwrap();
+    assert!(b.epoch > a.epoch);
+    let err = world.append(&a, &[message(2, "late a")]).await.unwrap_err();
+    assert!(matches!(err, Error::StaleFence { epoch, current, .. } if epoch == a.epoch && current == b.epoch));
+    assert!(matches!(world.renew_lease(&a, TTL).await, Err(Error::StaleFence { .. })));
+    world.append(&b, &[message(2, "from b")]).await.unwrap();
+    world.release_lease(&a).await.unwrap(); // a stale release changes nothing
+    assert!(matches!(
+        world.acquire_lease("s1", &Holder::new("c"), TTL).await,
+        Err(Error::LeaseHeld { .. })
+    ));
+    world.release_lease(&b).await.unwrap();
+    let c = world.acquire_lease("s1", &Holder::new("c"), TTL).await.unwrap();
+    assert!(c.epoch > b.epoch);
+    let log = world.read("s1", 1).await.unwrap();
+    assert_eq!(log.len(), 2);
+    assert_eq!(log[0].epoch, a.epoch);
+    assert_eq!(log[1].epoch, b.epoch);
+}
+
+/// Two harnesses (separate handles to one store) race for a session and append as
+/// fast as they can, each stealing the lease as soon as it lapses. Exactly one is
+/// accepted at a time: every rejected append is a stale fence, and the log's epochs
+/// never go back (no interleaving).
+pub async fn racing_writers_never_interleave<W: World + Clone>(one: &W, two: &W) {
+    one.create_session("race", "alice").await.unwrap();
+    let mut tasks = Vec::new();
+    for (name, world) in [("one", one.clone()), ("two", two.clone())] {
+        tasks.push(tokio::spawn(async move {
+            let holder = Holder::new(name);
+            let (mut accepted, mut rejected) = (0u32, 0u32);
+            for i in 0..40 {
+                let lease = match world.acquire_lease("race", &holder, Duration::from_millis(5)).await {
+                    Ok(l) => l,
+                    Err(Error::LeaseHeld { .. }) => {
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    Err(e) => panic!("{e}"),
+                };
+                for j in 0..3 {
+                    match world.append(&lease, &[message(i * 10 + j, name)]).await {
+                        Ok(_) => accepted += 1,
+                        Err(Error::StaleFence { .. }) => rejected += 1,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            }
+            (accepted, rejected)
+        }));
+    }
+    let mut accepted = 0;
+    for t in tasks {
+        accepted += t.await.unwrap().0;
+    }
+    let log = one.read("race", 1).await.unwrap();
+    assert_eq!(log.len() as u32, accepted, "every accepted append is in the log");
+    for pair in log.windows(2) {
+        assert!(pair[0].epoch <= pair[1].epoch, "epochs interleave at #{}", pair[1].seq);
+        if pair[0].epoch == pair[1].epoch {
+            assert_eq!(pair[0].event_writer(), pair[1].event_writer());
+        }
+    }
+}
+
+trait Writer {
+    fn event_writer(&self) -> String;
+}
+
+impl Writer for steadfast_log::Record {
+    fn event_writer(&self) -> String {
+        match &self.event {
+            Event::UserMessage { text, .. } => text.clone(),
+            _ => String::new(),
+        }
+    }
+}
+
+/// The session list shows status and title from the events appended.
+pub async fn summaries_follow_the_log<W: World>(world: &W) {
+    world.create_session("s1", "alice").await.unwrap();
+    let lease = world.acquire_lease("s1", &Holder::new("h"), TTL).await.unwrap();
+    world.append(&lease, &[message(1, "fix the tests")]).await.unwrap();
+    let list = world.list_sessions().await.unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].status, "running");
+    assert_eq!(list[0].title, "fix the tests");
+    assert_eq!(list[0].owner, "alice");
+}

@@ -1,0 +1,216 @@
+//! The world: where sessions, their event logs, leases and blobs are stored.
+//!
+//! A [`World`] is the only durable state of Steadfast. Its contract, which every
+//! backend passes through the shared [`conformance`] suite:
+//!
+//! - **Durable when it returns.** If [`World::append`] returns records, they are
+//!   committed and will be read back by any later [`World::read`], in any process.
+//! - **Fenced.** Appends carry the [`Lease`] they were made under. Once another holder
+//!   has acquired the session's lease (a higher epoch), every append with the old
+//!   lease fails with [`Error::StaleFence`], enforced inside the store's transaction,
+//!   so two harnesses can never interleave writes to one log.
+//! - **Gap-free.** Positions run 1, 2, 3, ... per session; an append is all or nothing.
+//! - **Verified.** Every record read is checked against its checksum; a damaged one is
+//!   [`Error::Corrupt`] with the session and position, never skipped.
+
+pub mod blobs;
+pub mod conformance;
+mod sqlite;
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde::Serialize;
+use steadfast_log::{Event, Record};
+
+pub use blobs::{strip_ansi, Blobs, INLINE_LIMIT};
+pub use sqlite::SqliteWorld;
+
+/// Everything a world can report.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No session with this id.
+    #[error("session {0} not found")]
+    NotFound(String),
+    /// A session with this id already exists.
+    #[error("session {0} already exists")]
+    AlreadyExists(String),
+    /// The lease this append was made under has been taken by another holder.
+    #[error("stale fence on session {session}: append under epoch {epoch}, but the lease is at epoch {current}")]
+    StaleFence {
+        /// The session.
+        session: String,
+        /// The epoch the caller held.
+        epoch: u64,
+        /// The session's current epoch.
+        current: u64,
+    },
+    /// Another live holder has the session's lease.
+    #[error("session {session} is being driven by {holder} (lease expires in {expires_in_ms} ms)")]
+    LeaseHeld {
+        /// The session.
+        session: String,
+        /// Who holds it.
+        holder: String,
+        /// How long until it lapses unless renewed.
+        expires_in_ms: u64,
+    },
+    /// A stored record failed verification.
+    #[error("corrupt log record in session {session} at position {seq}: {detail}")]
+    Corrupt {
+        /// The session.
+        session: String,
+        /// The position.
+        seq: u64,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The store was written by a newer Steadfast.
+    #[error("{0}")]
+    TooNew(String),
+    /// The blob store failed.
+    #[error("blob store: {0}")]
+    Blob(String),
+    /// The database failed (I/O, locking); may succeed if retried.
+    #[error("world backend: {0}")]
+    Backend(String),
+}
+
+impl Error {
+    /// Whether retrying the same call may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Backend(_) | Error::Blob(_) | Error::LeaseHeld { .. })
+    }
+}
+
+/// The world's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Who is asking for a lease: a unique id plus where it runs, so a holder that died
+/// on this host can be recognised without waiting out its lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// Unique per harness instance.
+    pub id: String,
+    /// The host it runs on.
+    pub host: String,
+    /// Its process id.
+    pub pid: u32,
+}
+
+impl Holder {
+    /// A new holder identity for this process.
+    pub fn new(id: impl Into<String>) -> Self {
+        Holder {
+            id: id.into(),
+            host: nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_default(),
+            pid: std::process::id(),
+        }
+    }
+}
+
+/// The right to append to one session, valid until another holder takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The session.
+    pub session: String,
+    /// The holder's id.
+    pub holder: String,
+    /// The fencing token: strictly increasing per session.
+    pub epoch: u64,
+}
+
+/// A row of `steadfast sessions`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SessionSummary {
+    /// The session id.
+    pub id: String,
+    /// Who owns it.
+    pub owner: String,
+    /// `new`, `idle`, `running`, `completed`, `failed` or `escalated`.
+    pub status: String,
+    /// The first user message, shortened.
+    pub title: String,
+    /// The last log position.
+    pub last_seq: u64,
+    /// Created, ms since the Unix epoch.
+    pub created_at_ms: u64,
+    /// Last appended to, ms since the Unix epoch.
+    pub updated_at_ms: u64,
+}
+
+/// The session store. See the crate docs for the contract.
+pub trait World: Send + Sync + 'static {
+    /// Creates an empty session owned by `owner`.
+    fn create_session(&self, session: &str, owner: &str)
+        -> impl Future<Output = Result<()>> + Send;
+
+    /// Takes the session's lease for `ttl`, raising its epoch. Succeeds if the lease is
+    /// free, lapsed, already this holder's, or held by a process of this host that no
+    /// longer exists; otherwise [`Error::LeaseHeld`].
+    fn acquire_lease(
+        &self,
+        session: &str,
+        holder: &Holder,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Lease>> + Send;
+
+    /// Extends a held lease; [`Error::StaleFence`] if it was taken.
+    fn renew_lease(&self, lease: &Lease, ttl: Duration) -> impl Future<Output = Result<()>> + Send;
+
+    /// Gives a lease up so another holder need not wait for it to lapse.
+    fn release_lease(&self, lease: &Lease) -> impl Future<Output = Result<()>> + Send;
+
+    /// Appends events at the next positions, under `lease`. Durable when it returns.
+    fn append(
+        &self,
+        lease: &Lease,
+        events: &[Event],
+    ) -> impl Future<Output = Result<Vec<Record>>> + Send;
+
+    /// Reads the session's records from position `from` (1 for all), verified.
+    fn read(&self, session: &str, from: u64) -> impl Future<Output = Result<Vec<Record>>> + Send;
+
+    /// Sessions, newest first.
+    fn list_sessions(&self) -> impl Future<Output = Result<Vec<SessionSummary>>> + Send;
+
+    /// One session's summary.
+    fn session(&self, session: &str) -> impl Future<Output = Result<SessionSummary>> + Send;
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The status and title a session's summary shows after these events.
+pub(crate) fn summarize(events: &[Event]) -> (Option<&'static str>, Option<String>) {
+    let mut status = None;
+    let mut title = None;
+    for e in events {
+        match e {
+            Event::SessionStarted { .. } | Event::TurnEnded { .. } => status = Some("idle"),
+            Event::UserMessage { turn, text } => {
+                status = Some("running");
+                if *turn == 1 {
+                    title = Some(text.chars().take(80).collect());
+                }
+            }
+            Event::SessionEnded { state, .. } => {
+                status = Some(match state {
+                    steadfast_log::EndState::Completed => "completed",
+                    steadfast_log::EndState::Failed => "failed",
+                    steadfast_log::EndState::Escalated => "escalated",
+                })
+            }
+            _ => {}
+        }
+    }
+    (status, title)
+}

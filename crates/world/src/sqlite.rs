@@ -1,0 +1,385 @@
+//! The embedded world: one SQLite file in WAL mode with `synchronous = FULL`, so a
+//! committed append survives a process crash and a power cut.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use steadfast_log::record::{self, EncodedRecord};
+use steadfast_log::{Event, Record};
+
+use crate::{now_ms, summarize, Error, Holder, Lease, Result, SessionSummary, World};
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS sessions (
+    id               TEXT PRIMARY KEY,
+    owner            TEXT NOT NULL,
+    created_at_ms    INTEGER NOT NULL,
+    updated_at_ms    INTEGER NOT NULL,
+    status           TEXT NOT NULL DEFAULT 'new',
+    title            TEXT NOT NULL DEFAULT '',
+    last_seq         INTEGER NOT NULL DEFAULT 0,
+    lease_epoch      INTEGER NOT NULL DEFAULT 0,
+    lease_holder     TEXT,
+    lease_host       TEXT,
+    lease_pid        INTEGER,
+    lease_expires_ms INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS events (
+    session_id TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    epoch      INTEGER NOT NULL,
+    at_ms      INTEGER NOT NULL,
+    schema     INTEGER NOT NULL,
+    kind       TEXT NOT NULL,
+    body       BLOB NOT NULL,
+    checksum   TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+"#;
+const USER_VERSION: i64 = 1;
+
+/// A [`World`] in one SQLite file.
+#[derive(Clone)]
+pub struct SqliteWorld {
+    conn: Arc<Mutex<Connection>>,
+    path: PathBuf,
+}
+
+fn backend(e: rusqlite::Error) -> Error {
+    Error::Backend(e.to_string())
+}
+
+impl SqliteWorld {
+    /// Opens (creating and migrating if needed) the world database at `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::Backend(format!("{}: {e}", dir.display())))?;
+        }
+        let conn = Connection::open(&path).map_err(backend)?;
+        conn.busy_timeout(Duration::from_secs(10)).map_err(backend)?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(backend)?;
+        conn.pragma_update(None, "synchronous", "FULL").map_err(backend)?;
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(backend)?;
+        if version > USER_VERSION {
+            return Err(Error::TooNew(format!(
+                "{} has schema version {version}, newer than this build's {USER_VERSION}; upgrade steadfast",
+                path.display()
+            )));
+        }
+        conn.execute_batch(SCHEMA).map_err(backend)?;
+        conn.pragma_update(None, "user_version", USER_VERSION).map_err(backend)?;
+        Ok(SqliteWorld {
+            conn: Arc::new(Mutex::new(conn)),
+            path,
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    async fn with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = conn.lock().unwrap_or_else(|e| e.into_inner());
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| Error::Backend(format!("world task failed: {e}")))?
+    }
+}
+
+struct LeaseRow {
+    epoch: u64,
+    holder: Option<String>,
+    host: Option<String>,
+    pid: Option<u32>,
+    expires_ms: u64,
+}
+
+fn lease_row(tx: &Connection, session: &str) -> Result<LeaseRow> {
+    tx.query_row(
+        "SELECT lease_epoch, lease_holder, lease_host, lease_pid, lease_expires_ms FROM sessions WHERE id = ?1",
+        [session],
+        |r| {
+            Ok(LeaseRow {
+                epoch: r.get(0)?,
+                holder: r.get(1)?,
+                host: r.get(2)?,
+                pid: r.get(3)?,
+                expires_ms: r.get(4)?,
+            })
+        },
+    )
+    .optional()
+    .map_err(backend)?
+    .ok_or_else(|| Error::NotFound(session.to_string()))
+}
+
+fn process_is_gone(pid: u32) -> bool {
+    let pid = nix::unistd::Pid::from_raw(pid as i32);
+    matches!(nix::sys::signal::kill(pid, None), Err(nix::errno::Errno::ESRCH))
+}
+
+fn check_fence(tx: &Connection, lease: &Lease) -> Result<()> {
+    let row = lease_row(tx, &lease.session)?;
+    if row.epoch != lease.epoch || row.holder.as_deref() != Some(lease.holder.as_str()) {
+        return Err(Error::StaleFence {
+            session: lease.session.clone(),
+            epoch: lease.epoch,
+            current: row.epoch,
+        });
+    }
+    Ok(())
+}
+
+fn summary(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionSummary> {
+    Ok(SessionSummary {
+        id: r.get(0)?,
+        owner: r.get(1)?,
+        status: r.get(2)?,
+        title: r.get(3)?,
+        last_seq: r.get(4)?,
+        created_at_ms: r.get(5)?,
+        updated_at_ms: r.get(6)?,
+    })
+}
+
+const SUMMARY_COLUMNS: &str =
+    "id, owner, status, title, last_seq, created_at_ms, updated_at_ms FROM sessions";
+
+impl World for SqliteWorld {
+    async fn create_session(&self, session: &str, owner: &str) -> Result<()> {
+        let (session, owner) = (session.to_string(), owner.to_string());
+        self.with(move |conn| {
+            let now = now_ms();
+            let inserted = conn
+                .execute(
+                    "INSERT INTO sessions (id, owner, created_at_ms, updated_at_ms) VALUES (?1, ?2, ?3, ?3) ON CONFLICT DO NOTHING",
+                    params![session, owner, now],
+                )
+                .map_err(backend)?;
+            if inserted == 0 {
+                return Err(Error::AlreadyExists(session));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn acquire_lease(&self, session: &str, holder: &Holder, ttl: Duration) -> Result<Lease> {
+        let (session, holder) = (session.to_string(), holder.clone());
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            let row = lease_row(&tx, &session)?;
+            let now = now_ms();
+            let free = match &row.holder {
+                None => true,
+                Some(h) if *h == holder.id => true,
+                Some(_) if row.expires_ms <= now => true,
+                Some(_) => {
+                    row.host.as_deref() == Some(holder.host.as_str())
+                        && row.pid.is_some_and(|p| p != holder.pid && process_is_gone(p))
+                }
+            };
+            if !free {
+                return Err(Error::LeaseHeld {
+                    session,
+                    holder: row.holder.unwrap_or_default(),
+                    expires_in_ms: row.expires_ms.saturating_sub(now),
+                });
+            }
+            let epoch = row.epoch + 1;
+            tx.execute(
+                "UPDATE sessions SET lease_epoch = ?2, lease_holder = ?3, lease_host = ?4, lease_pid = ?5, lease_expires_ms = ?6 WHERE id = ?1",
+                params![session, epoch, holder.id, holder.host, holder.pid, now + ttl.as_millis() as u64],
+            )
+            .map_err(backend)?;
+            tx.commit().map_err(backend)?;
+            Ok(Lease {
+                session,
+                holder: holder.id,
+                epoch,
+            })
+        })
+        .await
+    }
+
+    async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<()> {
+        let lease = lease.clone();
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            check_fence(&tx, &lease)?;
+            tx.execute(
+                "UPDATE sessions SET lease_expires_ms = ?2 WHERE id = ?1",
+                params![lease.session, now_ms() + ttl.as_millis() as u64],
+            )
+            .map_err(backend)?;
+            tx.commit().map_err(backend)
+        })
+        .await
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> Result<()> {
+        let lease = lease.clone();
+        self.with(move |conn| {
+            conn.execute(
+                "UPDATE sessions SET lease_holder = NULL, lease_host = NULL, lease_pid = NULL, lease_expires_ms = 0 WHERE id = ?1 AND lease_epoch = ?2 AND lease_holder = ?3",
+                params![lease.session, lease.epoch, lease.holder],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn append(&self, lease: &Lease, events: &[Event]) -> Result<Vec<Record>> {
+        let (lease, events) = (lease.clone(), events.to_vec());
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            check_fence(&tx, &lease)?;
+            let last: u64 = tx
+                .query_row("SELECT last_seq FROM sessions WHERE id = ?1", [&lease.session], |r| r.get(0))
+                .map_err(backend)?;
+            let at_ms = now_ms();
+            let mut records = Vec::with_capacity(events.len());
+            {
+                let mut insert = tx
+                    .prepare_cached(
+                        "INSERT INTO events (session_id, seq, epoch, at_ms, schema, kind, body, checksum) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                    )
+                    .map_err(backend)?;
+                for (i, event) in events.into_iter().enumerate() {
+                    let record = Record {
+                        seq: last + 1 + i as u64,
+                        epoch: lease.epoch,
+                        at_ms,
+                        event,
+                    };
+                    let enc = record::encode(&lease.session, &record);
+                    insert
+                        .execute(params![
+                            lease.session,
+                            record.seq,
+                            record.epoch,
+                            at_ms,
+                            enc.schema,
+                            record.event.kind(),
+                            enc.body,
+                            enc.checksum
+                        ])
+                        .map_err(backend)?;
+                    records.push(record);
+                }
+            }
+            let events: Vec<Event> = records.iter().map(|r| r.event.clone()).collect();
+            let (status, title) = summarize(&events);
+            tx.execute(
+                "UPDATE sessions SET last_seq = ?2, updated_at_ms = ?3, status = COALESCE(?4, status), title = COALESCE(?5, title) WHERE id = ?1",
+                params![lease.session, last + records.len() as u64, at_ms, status, title],
+            )
+            .map_err(backend)?;
+            tx.commit().map_err(backend)?;
+            Ok(records)
+        })
+        .await
+    }
+
+    async fn read(&self, session: &str, from: u64) -> Result<Vec<Record>> {
+        let session = session.to_string();
+        self.with(move |conn| {
+            let exists: Option<u64> = conn
+                .query_row("SELECT last_seq FROM sessions WHERE id = ?1", [&session], |r| r.get(0))
+                .optional()
+                .map_err(backend)?;
+            let Some(last_seq) = exists else {
+                return Err(Error::NotFound(session));
+            };
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT seq, epoch, at_ms, schema, body, checksum FROM events WHERE session_id = ?1 AND seq >= ?2 ORDER BY seq",
+                )
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map(params![session, from.max(1)], |r| {
+                    Ok((
+                        r.get::<_, u64>(0)?,
+                        r.get::<_, u64>(1)?,
+                        r.get::<_, u64>(2)?,
+                        EncodedRecord {
+                            schema: r.get(3)?,
+                            body: r.get(4)?,
+                            checksum: r.get(5)?,
+                        },
+                    ))
+                })
+                .map_err(backend)?;
+            let mut out = Vec::new();
+            let mut expected = from.max(1);
+            for row in rows {
+                let (seq, epoch, at_ms, enc) = row.map_err(backend)?;
+                if seq != expected {
+                    return Err(Error::Corrupt {
+                        session,
+                        seq: expected,
+                        detail: format!("record missing (next stored is {seq})"),
+                    });
+                }
+                let rec = record::decode(&session, seq, epoch, at_ms, &enc).map_err(|e| Error::Corrupt {
+                    session: session.clone(),
+                    seq,
+                    detail: e.to_string(),
+                })?;
+                out.push(rec);
+                expected += 1;
+            }
+            if expected <= last_seq {
+                return Err(Error::Corrupt {
+                    session,
+                    seq: expected,
+                    detail: format!("log ends early; the session records {last_seq} events"),
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn list_sessions(&self) -> Result<Vec<SessionSummary>> {
+        self.with(|conn| {
+            let mut stmt = conn
+                .prepare(&format!("SELECT {SUMMARY_COLUMNS} ORDER BY created_at_ms DESC, id DESC"))
+                .map_err(backend)?;
+            let rows = stmt.query_map([], summary).map_err(backend)?;
+            rows.collect::<rusqlite::Result<_>>().map_err(backend)
+        })
+        .await
+    }
+
+    async fn session(&self, session: &str) -> Result<SessionSummary> {
+        let session = session.to_string();
+        self.with(move |conn| {
+            conn.query_row(&format!("SELECT {SUMMARY_COLUMNS} WHERE id = ?1"), [&session], summary)
+                .optional()
+                .map_err(backend)?
+                .ok_or(Error::NotFound(session))
+        })
+        .await
+    }
+}
