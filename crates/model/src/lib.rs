@@ -1,1 +1,248 @@
-//! placeholder
+//! Model clients: the Anthropic Messages API and the OpenAI Chat Completions API,
+//! streaming, with tool calls, usage and cost.
+//!
+//! Both speak the provider-neutral conversation of `steadfast-log` ([`Message`],
+//! [`Block`]), so the harness and the log never depend on a wire format. Transient
+//! failures (429, 5xx, 529, a dropped connection) are retried with exponential backoff;
+//! a 4xx is a clear, terminal [`Error::Rejected`].
+
+mod anthropic;
+mod openai;
+pub mod pricing;
+mod retry;
+mod sse;
+
+use std::time::Duration;
+
+use serde::Serialize;
+use steadfast_log::{Block, Message, ModelSpec, Usage};
+
+pub use retry::RetryPolicy;
+
+/// A tool as the model is told of it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolDef {
+    /// Its name.
+    pub name: String,
+    /// What it does.
+    pub description: String,
+    /// JSON Schema of its input.
+    pub input_schema: serde_json::Value,
+}
+
+/// One model call, provider-neutral. Its canonical JSON is the call's fingerprint.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelRequest {
+    /// The provider's model name.
+    pub model: String,
+    /// The system prompt.
+    pub system: String,
+    /// The conversation.
+    pub messages: Vec<Message>,
+    /// The tools on offer.
+    pub tools: Vec<ToolDef>,
+    /// The most tokens the reply may have.
+    pub max_tokens: u32,
+}
+
+impl ModelRequest {
+    /// BLAKE3 of the request's canonical JSON: equal requests, equal fingerprints.
+    pub fn fingerprint(&self) -> String {
+        let bytes = serde_json::to_vec(self).expect("requests serialize");
+        blake3::hash(&bytes).to_hex().to_string()
+    }
+}
+
+/// A model's complete reply.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelResponse {
+    /// The assistant message's blocks.
+    pub content: Vec<Block>,
+    /// Why it stopped: `end_turn`, `tool_use`, `max_tokens`, ...
+    pub stop_reason: String,
+    /// Tokens consumed.
+    pub usage: Usage,
+}
+
+/// Pieces of a reply as they stream in, for showing progress.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Delta {
+    /// More text.
+    Text(String),
+    /// The model began a tool call.
+    ToolUse {
+        /// The tool's name.
+        name: String,
+    },
+    /// A dropped connection is being retried: discard what was shown of this reply.
+    Restart,
+}
+
+/// Everything that can go wrong calling a model.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The provider refused the request (4xx other than 429). Retrying will not help.
+    #[error("{provider} rejected the request ({status}): {message}")]
+    Rejected {
+        /// The provider.
+        provider: &'static str,
+        /// The HTTP status.
+        status: u16,
+        /// The provider's message.
+        message: String,
+    },
+    /// The provider stayed unavailable through every retry.
+    #[error("{provider} unavailable after {attempts} attempts: {message}")]
+    Unavailable {
+        /// The provider.
+        provider: &'static str,
+        /// Attempts made.
+        attempts: u32,
+        /// The last failure.
+        message: String,
+    },
+    /// The reply did not follow the wire format.
+    #[error("{provider} sent a malformed reply: {message}")]
+    Protocol {
+        /// The provider.
+        provider: &'static str,
+        /// What was wrong.
+        message: String,
+    },
+    /// The client is not set up correctly (unknown provider, no key).
+    #[error("model configuration: {0}")]
+    Config(String),
+}
+
+impl Error {
+    /// Whether a later attempt might succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Unavailable { .. } | Error::Protocol { .. })
+    }
+}
+
+/// The model layer's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How to reach one provider.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// Base URL, e.g. `https://api.anthropic.com`.
+    pub base_url: String,
+    /// The API key.
+    pub api_key: String,
+}
+
+impl Endpoint {
+    /// The endpoint for `provider` from `<PROVIDER>_API_KEY` and `<PROVIDER>_BASE_URL`.
+    pub fn from_env(provider: &str) -> Option<Self> {
+        let upper = provider.to_ascii_uppercase();
+        let api_key = std::env::var(format!("{upper}_API_KEY")).ok().filter(|k| !k.is_empty())?;
+        let default = match provider {
+            "anthropic" => "https://api.anthropic.com",
+            "openai" => "https://api.openai.com/v1",
+            _ => return None,
+        };
+        let base_url = std::env::var(format!("{upper}_BASE_URL"))
+            .ok()
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| default.to_string());
+        Some(Endpoint { base_url, api_key })
+    }
+}
+
+/// A client for one provider.
+#[derive(Debug, Clone)]
+pub struct ModelClient {
+    provider: Provider,
+    endpoint: Endpoint,
+    http: reqwest::Client,
+    retry: RetryPolicy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Provider {
+    Anthropic,
+    OpenAi,
+}
+
+impl ModelClient {
+    /// A client for `provider` (`anthropic` or `openai`) at `endpoint`.
+    pub fn new(provider: &str, endpoint: Endpoint, retry: RetryPolicy) -> Result<Self> {
+        let provider = match provider {
+            "anthropic" => Provider::Anthropic,
+            "openai" => Provider::OpenAi,
+            other => {
+                return Err(Error::Config(format!(
+                    "unknown provider `{other}`; use anthropic or openai"
+                )))
+            }
+        };
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(Duration::from_secs(300))
+            .build()
+            .map_err(|e| Error::Config(e.to_string()))?;
+        Ok(ModelClient {
+            provider,
+            endpoint,
+            http,
+            retry,
+        })
+    }
+
+    /// A client for the provider of `spec`, configured from the environment.
+    pub fn from_env(spec: &ModelSpec) -> Result<Self> {
+        let endpoint = Endpoint::from_env(&spec.provider).ok_or_else(|| {
+            Error::Config(format!(
+                "{}_API_KEY is not set",
+                spec.provider.to_ascii_uppercase()
+            ))
+        })?;
+        Self::new(&spec.provider, endpoint, RetryPolicy::default())
+    }
+
+    /// Calls the model, streaming, and returns the whole reply. `on_delta` sees the
+    /// reply as it arrives.
+    pub async fn complete(
+        &self,
+        request: &ModelRequest,
+        on_delta: &mut (dyn FnMut(Delta) + Send),
+    ) -> Result<ModelResponse> {
+        let name = self.provider_name();
+        let mut retrier = retry::Retrier::new(&self.retry);
+        loop {
+            let result = match self.provider {
+                Provider::Anthropic => {
+                    anthropic::complete(&self.http, &self.endpoint, request, on_delta).await
+                }
+                Provider::OpenAi => {
+                    openai::complete(&self.http, &self.endpoint, request, on_delta).await
+                }
+            };
+            match result {
+                Ok(response) => return Ok(response),
+                Err(failure) => retrier.after_failure(name, failure, on_delta).await?,
+            }
+        }
+    }
+
+    fn provider_name(&self) -> &'static str {
+        match self.provider {
+            Provider::Anthropic => "anthropic",
+            Provider::OpenAi => "openai",
+        }
+    }
+}
+
+/// The text of a provider's error body, for messages.
+pub(crate) fn error_message(body: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/error/message")
+                .and_then(|m| m.as_str())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| body.chars().take(500).collect())
+}

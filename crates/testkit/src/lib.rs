@@ -1,1 +1,65 @@
-//! placeholder
+//! Test kit: the fake model provider and the bundled demo task.
+//!
+//! The fake provider speaks the Anthropic Messages and OpenAI Chat Completions wire
+//! formats, streaming and not, plays a [`Script`] of replies and tool calls, and counts
+//! every call it receives, so tests measure duplicate model calls instead of assuming
+//! there are none. It is also what `steadfast run` talks to when no API key is set.
+
+pub mod demo;
+mod fake;
+mod wire;
+
+pub use fake::{router, FakeProvider, FakeState};
+
+use serde::Deserialize;
+
+/// A scripted conversation: reply `i` answers the request whose conversation holds `i`
+/// completed model turns. A model turn whose tool calls were rolled back by a crash
+/// does not count, so the script repeats it, as a real model would retry.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Script {
+    /// The replies, in order.
+    pub steps: Vec<Step>,
+}
+
+/// One scripted reply.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Step {
+    /// Text of the reply.
+    #[serde(default)]
+    pub text: String,
+    /// Tool calls of the reply.
+    #[serde(default)]
+    pub tool_calls: Vec<ScriptedCall>,
+    /// Answer the first `times` requests for this step with an HTTP error `status`.
+    #[serde(default)]
+    pub fail: Option<ScriptedFailure>,
+    /// Pause between streamed chunks, to make a reply slow.
+    #[serde(default)]
+    pub chunk_delay_ms: u64,
+}
+
+/// A scripted tool call.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ScriptedCall {
+    /// The tool.
+    pub name: String,
+    /// Its input.
+    pub input: serde_json::Value,
+}
+
+/// A scripted HTTP failure.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ScriptedFailure {
+    /// The status to answer with.
+    pub status: u16,
+    /// How many requests get it before the step succeeds.
+    pub times: u32,
+}
+
+impl Script {
+    /// Parses a script from JSON.
+    pub fn from_json(json: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+}

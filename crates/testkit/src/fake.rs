@@ -1,0 +1,176 @@
+//! The fake provider's HTTP server.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use crate::wire::{self, Format};
+use crate::Script;
+
+/// The provider's shared state: the script and the counters.
+#[derive(Debug, Default)]
+pub struct FakeState {
+    script: Script,
+    counters: Mutex<Counters>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Counters {
+    calls: u64,
+    per_step: Vec<u64>,
+    failures_served: Vec<u32>,
+}
+
+impl FakeState {
+    /// State playing `script`.
+    pub fn new(script: Script) -> Arc<Self> {
+        Arc::new(FakeState {
+            script,
+            counters: Mutex::default(),
+        })
+    }
+
+    /// Model calls received (authenticated, well-formed requests).
+    pub fn calls(&self) -> u64 {
+        self.lock().calls
+    }
+
+    /// Calls received per script step.
+    pub fn calls_per_step(&self) -> Vec<u64> {
+        self.lock().per_step.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Counters> {
+        self.counters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The fake provider's routes: `POST /v1/messages` (Anthropic),
+/// `POST /v1/chat/completions` and `POST /chat/completions` (OpenAI), and
+/// `GET /_fake/calls` (the counters, as JSON).
+pub fn router(state: Arc<FakeState>) -> Router {
+    Router::new()
+        .route("/v1/messages", post(anthropic))
+        .route("/v1/chat/completions", post(openai))
+        .route("/chat/completions", post(openai))
+        .route("/_fake/calls", get(counters))
+        .with_state(state)
+}
+
+async fn counters(State(state): State<Arc<FakeState>>) -> Json<Value> {
+    let c = state.lock().clone();
+    Json(json!({"calls": c.calls, "per_step": c.per_step}))
+}
+
+fn error(status: StatusCode, kind: &str, message: &str) -> Response {
+    (status, Json(json!({"type": "error", "error": {"type": kind, "message": message}}))).into_response()
+}
+
+async fn anthropic(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: String) -> Response {
+    if headers.get("x-api-key").is_none() {
+        return error(StatusCode::UNAUTHORIZED, "authentication_error", "x-api-key header is required");
+    }
+    if headers.get("anthropic-version").is_none() {
+        return error(StatusCode::BAD_REQUEST, "invalid_request_error", "anthropic-version header is required");
+    }
+    serve(&state, Format::Anthropic, &body).await
+}
+
+async fn openai(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: String) -> Response {
+    let authorized = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("Bearer "));
+    if !authorized {
+        return error(StatusCode::UNAUTHORIZED, "invalid_api_key", "a bearer token is required");
+    }
+    serve(&state, Format::OpenAi, &body).await
+}
+
+async fn serve(state: &FakeState, format: Format, body: &str) -> Response {
+    let request: Value = match serde_json::from_str(body) {
+        Ok(v) => v,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", &format!("body is not JSON: {e}")),
+    };
+    let Some(messages) = request.get("messages").and_then(Value::as_array) else {
+        return error(StatusCode::BAD_REQUEST, "invalid_request_error", "messages: field required");
+    };
+    let index = wire::step_index(format, messages);
+    let step = state.script.steps.get(index).cloned().unwrap_or_else(|| crate::Step {
+        text: "(the fake provider's script has no more steps)".into(),
+        ..Default::default()
+    });
+    {
+        let mut c = state.lock();
+        c.calls += 1;
+        if c.per_step.len() <= index {
+            c.per_step.resize(index + 1, 0);
+            c.failures_served.resize(index + 1, 0);
+        }
+        c.per_step[index] += 1;
+        if let Some(fail) = &step.fail {
+            if c.failures_served[index] < fail.times {
+                c.failures_served[index] += 1;
+                let status = StatusCode::from_u16(fail.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                return error(status, "scripted_error", "scripted failure");
+            }
+        }
+    }
+    let model = request.get("model").and_then(Value::as_str).unwrap_or("fake").to_string();
+    let stream = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let input_tokens = (body.len() / 4) as u64;
+    wire::reply(format, index, &step, &model, input_tokens, stream)
+}
+
+/// A fake provider running on a loopback port, for tests and the offline demo.
+pub struct FakeProvider {
+    addr: SocketAddr,
+    state: Arc<FakeState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeProvider {
+    /// Starts a provider playing `script` on `127.0.0.1` at a free port.
+    pub async fn start(script: Script) -> std::io::Result<Self> {
+        Self::start_on(script, "127.0.0.1:0").await
+    }
+
+    /// Starts a provider playing `script` on `addr`.
+    pub async fn start_on(script: Script, addr: &str) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let state = FakeState::new(script);
+        let app = router(state.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(FakeProvider { addr, state, task })
+    }
+
+    /// The base URL, e.g. `http://127.0.0.1:4567`. (OpenAI clients add `/v1`.)
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The provider's counters.
+    pub fn state(&self) -> &Arc<FakeState> {
+        &self.state
+    }
+
+    /// Model calls received so far.
+    pub fn calls(&self) -> u64 {
+        self.state.calls()
+    }
+}
+
+impl Drop for FakeProvider {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,220 @@
+//! The two wire formats the fake provider speaks, and how it picks a scripted step.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use steadfast_log::INTERRUPTED_ROLLED_BACK;
+
+use crate::Step;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    Anthropic,
+    OpenAi,
+}
+
+fn rolled_back(content: &Value) -> bool {
+    let marker = &INTERRUPTED_ROLLED_BACK[..40];
+    match content {
+        Value::String(s) => s.starts_with(marker),
+        Value::Array(parts) => parts.iter().any(|p| {
+            p.get("text").and_then(Value::as_str).is_some_and(|t| t.starts_with(marker))
+        }),
+        _ => false,
+    }
+}
+
+/// The script step answering a conversation: its completed model turns, not counting
+/// turns whose tool calls were rolled back (those are retried, so the step repeats).
+pub(crate) fn step_index(format: Format, messages: &[Value]) -> usize {
+    let mut index = 0usize;
+    let mut last_assistant_redo = false;
+    for m in messages {
+        match (format, m.get("role").and_then(Value::as_str)) {
+            (_, Some("assistant")) => {
+                index += 1;
+                last_assistant_redo = false;
+            }
+            (Format::Anthropic, Some("user")) => {
+                let redo = m
+                    .get("content")
+                    .and_then(Value::as_array)
+                    .is_some_and(|blocks| {
+                        blocks.iter().any(|b| {
+                            b.get("type").and_then(Value::as_str) == Some("tool_result")
+                                && b.get("content").is_some_and(rolled_back)
+                        })
+                    });
+                if redo && !last_assistant_redo && index > 0 {
+                    index -= 1;
+                    last_assistant_redo = true;
+                }
+            }
+            (Format::OpenAi, Some("tool")) => {
+                if m.get("content").is_some_and(rolled_back) && !last_assistant_redo && index > 0 {
+                    index -= 1;
+                    last_assistant_redo = true;
+                }
+            }
+            _ => {}
+        }
+    }
+    index
+}
+
+fn chunks(s: &str, size: usize) -> Vec<String> {
+    let chars: Vec<char> = s.chars().collect();
+    chars.chunks(size.max(1)).map(|c| c.iter().collect()).collect()
+}
+
+fn tool_id(format: Format, step: usize, j: usize) -> String {
+    match format {
+        Format::Anthropic => format!("toolu_fake_{step}_{j}"),
+        Format::OpenAi => format!("call_fake_{step}_{j}"),
+    }
+}
+
+pub(crate) fn reply(
+    format: Format,
+    index: usize,
+    step: &Step,
+    model: &str,
+    input_tokens: u64,
+    stream: bool,
+) -> Response {
+    let output_tokens = (step.text.len() / 4) as u64 + 12 * step.tool_calls.len() as u64 + 1;
+    let frames = match (format, stream) {
+        (Format::Anthropic, false) => return Json(anthropic_message(index, step, model, input_tokens, output_tokens)).into_response(),
+        (Format::OpenAi, false) => return Json(openai_completion(index, step, model, input_tokens, output_tokens)).into_response(),
+        (Format::Anthropic, true) => anthropic_frames(index, step, model, input_tokens, output_tokens),
+        (Format::OpenAi, true) => openai_frames(index, step, model, input_tokens, output_tokens),
+    };
+    let delay = Duration::from_millis(step.chunk_delay_ms);
+    let body = futures_util::stream::unfold(frames.into_iter(), move |mut it| async move {
+        let frame = it.next()?;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        Some((Ok::<_, Infallible>(bytes::Bytes::from(frame)), it))
+    });
+    (
+        [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+fn stop_reason(step: &Step) -> &'static str {
+    if step.tool_calls.is_empty() {
+        "end_turn"
+    } else {
+        "tool_use"
+    }
+}
+
+fn anthropic_message(index: usize, step: &Step, model: &str, input: u64, output: u64) -> Value {
+    let mut content = Vec::new();
+    if !step.text.is_empty() {
+        content.push(json!({"type": "text", "text": step.text}));
+    }
+    for (j, call) in step.tool_calls.iter().enumerate() {
+        content.push(json!({"type": "tool_use", "id": tool_id(Format::Anthropic, index, j), "name": call.name, "input": call.input}));
+    }
+    json!({
+        "id": format!("msg_fake_{index}"), "type": "message", "role": "assistant", "model": model,
+        "content": content, "stop_reason": stop_reason(step), "stop_sequence": null,
+        "usage": {"input_tokens": input, "output_tokens": output},
+    })
+}
+
+fn sse(event: &str, data: Value) -> String {
+    format!("event: {event}\ndata: {data}\n\n")
+}
+
+fn anthropic_frames(index: usize, step: &Step, model: &str, input: u64, output: u64) -> Vec<String> {
+    let mut frames = vec![sse(
+        "message_start",
+        json!({"type": "message_start", "message": {
+            "id": format!("msg_fake_{index}"), "type": "message", "role": "assistant", "model": model,
+            "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": input, "output_tokens": 1}}}),
+    )];
+    let mut block = 0;
+    if !step.text.is_empty() {
+        frames.push(sse("content_block_start", json!({"type": "content_block_start", "index": block, "content_block": {"type": "text", "text": ""}})));
+        frames.push(sse("ping", json!({"type": "ping"})));
+        for piece in chunks(&step.text, 16) {
+            frames.push(sse("content_block_delta", json!({"type": "content_block_delta", "index": block, "delta": {"type": "text_delta", "text": piece}})));
+        }
+        frames.push(sse("content_block_stop", json!({"type": "content_block_stop", "index": block})));
+        block += 1;
+    }
+    for (j, call) in step.tool_calls.iter().enumerate() {
+        frames.push(sse("content_block_start", json!({"type": "content_block_start", "index": block,
+            "content_block": {"type": "tool_use", "id": tool_id(Format::Anthropic, index, j), "name": call.name, "input": {}}})));
+        for piece in chunks(&call.input.to_string(), 24) {
+            frames.push(sse("content_block_delta", json!({"type": "content_block_delta", "index": block, "delta": {"type": "input_json_delta", "partial_json": piece}})));
+        }
+        frames.push(sse("content_block_stop", json!({"type": "content_block_stop", "index": block})));
+        block += 1;
+    }
+    frames.push(sse("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(step), "stop_sequence": null}, "usage": {"output_tokens": output}})));
+    frames.push(sse("message_stop", json!({"type": "message_stop"})));
+    frames
+}
+
+fn openai_finish(step: &Step) -> &'static str {
+    if step.tool_calls.is_empty() {
+        "stop"
+    } else {
+        "tool_calls"
+    }
+}
+
+fn openai_completion(index: usize, step: &Step, model: &str, input: u64, output: u64) -> Value {
+    let calls: Vec<Value> = step
+        .tool_calls
+        .iter()
+        .enumerate()
+        .map(|(j, c)| json!({"id": tool_id(Format::OpenAi, index, j), "type": "function", "function": {"name": c.name, "arguments": c.input.to_string()}}))
+        .collect();
+    let mut message = json!({"role": "assistant", "content": if step.text.is_empty() { Value::Null } else { json!(step.text) }});
+    if !calls.is_empty() {
+        message["tool_calls"] = Value::Array(calls);
+    }
+    json!({
+        "id": format!("chatcmpl-fake-{index}"), "object": "chat.completion", "created": 0, "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": openai_finish(step)}],
+        "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output},
+    })
+}
+
+fn openai_frames(index: usize, step: &Step, model: &str, input: u64, output: u64) -> Vec<String> {
+    let id = format!("chatcmpl-fake-{index}");
+    let chunk = |choices: Value| {
+        format!("data: {}\n\n", json!({"id": id, "object": "chat.completion.chunk", "created": 0, "model": model, "choices": choices}))
+    };
+    let mut frames = vec![chunk(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]))];
+    for piece in chunks(&step.text, 16) {
+        frames.push(chunk(json!([{"index": 0, "delta": {"content": piece}, "finish_reason": null}])));
+    }
+    for (j, call) in step.tool_calls.iter().enumerate() {
+        frames.push(chunk(json!([{"index": 0, "delta": {"tool_calls": [{"index": j, "id": tool_id(Format::OpenAi, index, j), "type": "function", "function": {"name": call.name, "arguments": ""}}]}, "finish_reason": null}])));
+        for piece in chunks(&call.input.to_string(), 24) {
+            frames.push(chunk(json!([{"index": 0, "delta": {"tool_calls": [{"index": j, "function": {"arguments": piece}}]}, "finish_reason": null}])));
+        }
+    }
+    frames.push(chunk(json!([{"index": 0, "delta": {}, "finish_reason": openai_finish(step)}])));
+    frames.push(format!(
+        "data: {}\n\n",
+        json!({"id": id, "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [],
+               "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output}})
+    ));
+    frames.push("data: [DONE]\n\n".to_string());
+    frames
+}
