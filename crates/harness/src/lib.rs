@@ -1,1 +1,94 @@
-//! placeholder
+//! The native harness: a stateless agent loop over the session log.
+//!
+//! A [`Harness`] holds nothing about any session in memory. [`Harness::wake`] takes
+//! the session's lease, folds its log, brings the workspace back to the last recorded
+//! snapshot and returns a [`Driver`] positioned at the frontier of uncommitted work.
+//! Every model and tool call is an intent appended (durably) before the call and an
+//! outcome after it; calls cut off by a crash are resolved by DESIGN.md invariant 4:
+//! a model call is issued again, a read is run again, a workspace mutation is rolled
+//! back and reported, an external effect is reported as outcome-unknown, never re-run.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> anyhow::Result<()> {
+//! use steadfast_harness::{Harness, HarnessOptions, NewSession, Stop};
+//! use steadfast_testkit::{demo, FakeProvider};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let workspace = dir.path().join("project");
+//! demo::write_project(&workspace)?;
+//! let fake = FakeProvider::start(demo::script()).await?; // a scripted model on loopback
+//! let options = HarnessOptions::fake_provider(&fake.base_url());
+//! let home = dir.path().join(".steadfast");
+//!
+//! // Open a world, start a session, run part of a turn, then drop everything.
+//! // (Here the driver hands its lease back; after a real crash the next wake takes
+//! // it over once the dead process is detected or the lease lapses.)
+//! let session = {
+//!     let harness = Harness::open_local(&home, options.clone())?;
+//!     let id = harness.start_session(NewSession::native("fake/demo", &workspace)).await?;
+//!     let mut driver = harness.wake(&id).await?;
+//!     driver.send(demo::TASK).await?;
+//!     for _ in 0..5 {
+//!         driver.step().await?;
+//!     }
+//!     driver.release().await?;
+//!     id
+//! };
+//!
+//! // A new harness wakes the session and finishes the turn from the log.
+//! let harness = Harness::open_local(&home, options)?;
+//! let mut driver = harness.wake(&session).await?;
+//! assert_eq!(driver.run().await?, Stop::Idle);
+//! assert!(std::fs::read_to_string(workspace.join("CHANGELOG.md"))?.contains("off-by-one"));
+//! // One model call per step: nothing was asked twice.
+//! assert_eq!(fake.calls(), driver.state().model_attempts);
+//! # Ok(())
+//! # }
+//! ```
+
+mod driver;
+mod harness;
+mod heartbeat;
+mod prompt;
+
+pub use driver::{Driver, Progress, Stop};
+pub use harness::{Harness, HarnessOptions, ModelResolver, NewSession};
+
+/// Everything that can stop the harness.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The world failed (including a lost lease: [`steadfast_world::Error::StaleFence`]).
+    #[error(transparent)]
+    World(#[from] steadfast_world::Error),
+    /// The drive failed.
+    #[error("workspace snapshot: {0}")]
+    Drive(#[from] steadfast_drive::Error),
+    /// The sandbox failed.
+    #[error(transparent)]
+    Sandbox(#[from] steadfast_sandbox::Error),
+    /// The model could not be reached (the call stays pending; waking again retries).
+    #[error(transparent)]
+    Model(#[from] steadfast_model::Error),
+    /// The log does not fold.
+    #[error("session log: {0}")]
+    Log(#[from] steadfast_log::FoldError),
+    /// The request does not fit the session's state.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Error {
+    /// Whether waking the session again later may get further.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::World(e) => e.is_retryable(),
+            Error::Model(e) => e.is_retryable(),
+            Error::Sandbox(_) => true,
+            _ => false,
+        }
+    }
+}
+
+/// The harness's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

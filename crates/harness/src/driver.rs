@@ -1,0 +1,341 @@
+//! The driver: one harness driving one session, a step at a time.
+
+use steadfast_fault::{point, points};
+use steadfast_log::fold::Next;
+use steadfast_log::{
+    EndState, Event, Output, PendingTool, Record, SessionState, ToolClass, ToolResolution, ToolUse,
+};
+use steadfast_model::{pricing, Delta, ModelClient, ModelRequest, ToolDef};
+use steadfast_sandbox::{classify, tool_specs, Sandbox};
+use steadfast_world::{strip_ansi, Lease, World, INLINE_LIMIT};
+
+use crate::harness::Harness;
+use crate::heartbeat::Heartbeat;
+use crate::{Error, Result};
+
+/// Why [`Driver::run`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The turn is done; the session waits for a message.
+    Idle,
+    /// The session has ended.
+    Ended(EndState),
+}
+
+/// What a driver reports as it works, for progress displays.
+#[derive(Debug)]
+pub enum Progress<'a> {
+    /// A record was appended to the log.
+    Appended(&'a Record),
+    /// A piece of a model reply arrived.
+    Delta(&'a Delta),
+    /// The workspace was restored to a snapshot before resolving a call.
+    Restored(&'a str),
+}
+
+type Observer = Box<dyn FnMut(Progress<'_>) + Send>;
+
+/// Drives one session under its lease. Dropping it (or the process dying) at any
+/// point loses nothing: the next [`Harness::wake`] carries on from the log.
+pub struct Driver<'h, W, S> {
+    harness: &'h Harness<W, S>,
+    lease: Lease,
+    state: SessionState,
+    sandbox: S,
+    model: ModelClient,
+    observer: Observer,
+    _heartbeat: Heartbeat,
+}
+
+impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
+    pub(crate) fn new(
+        harness: &'h Harness<W, S>,
+        lease: Lease,
+        state: SessionState,
+        sandbox: S,
+        model: ModelClient,
+        heartbeat: Heartbeat,
+    ) -> Self {
+        Driver {
+            harness,
+            lease,
+            state,
+            sandbox,
+            model,
+            observer: Box::new(|_| {}),
+            _heartbeat: heartbeat,
+        }
+    }
+
+    /// Reports progress to `observer` from now on.
+    pub fn observe(&mut self, observer: impl FnMut(Progress<'_>) + Send + 'static) {
+        self.observer = Box::new(observer);
+    }
+
+    /// The session's state as of the last append.
+    pub fn state(&self) -> &SessionState {
+        &self.state
+    }
+
+    /// The session id.
+    pub fn session(&self) -> &str {
+        &self.lease.session
+    }
+
+    /// Appends events and folds them into the state. Durable when it returns.
+    async fn append(&mut self, events: Vec<Event>) -> Result<()> {
+        let records = self.harness.world.append(&self.lease, &events).await?;
+        for record in &records {
+            self.state.apply(record)?;
+            (self.observer)(Progress::Appended(record));
+        }
+        Ok(())
+    }
+
+    /// Sends a user message, opening a turn.
+    pub async fn send(&mut self, text: &str) -> Result<()> {
+        if self.state.next() != Next::WaitForMessage {
+            return Err(Error::Invalid(format!(
+                "session {} is {}; a message can only start a turn when it is idle",
+                self.lease.session, self.state.status
+            )));
+        }
+        let turn = self.state.turn + 1;
+        self.append(vec![Event::UserMessage {
+            turn,
+            text: text.to_string(),
+        }])
+        .await
+    }
+
+    /// Ends the session.
+    pub async fn end(&mut self, state: EndState, reason: &str) -> Result<()> {
+        let diff = match state {
+            EndState::Escalated => self.diff_since_start().await,
+            _ => Vec::new(),
+        };
+        self.append(vec![Event::SessionEnded {
+            state,
+            reason: reason.to_string(),
+            diff,
+        }])
+        .await
+    }
+
+    /// Gives the lease back so another harness need not wait for it to lapse.
+    pub async fn release(self) -> Result<()> {
+        self.harness.world.release_lease(&self.lease).await?;
+        Ok(())
+    }
+
+    /// Works until the turn is done or the session ends.
+    pub async fn run(&mut self) -> Result<Stop> {
+        loop {
+            if let Some(stop) = self.step().await? {
+                return Ok(stop);
+            }
+        }
+    }
+
+    /// Takes the next step at the frontier (one call, or one resolution). Returns
+    /// `Some` when there is nothing left to do.
+    pub async fn step(&mut self) -> Result<Option<Stop>> {
+        match self.state.next() {
+            Next::Ended(status) => Ok(Some(Stop::Ended(match status {
+                steadfast_log::Status::Failed => EndState::Failed,
+                steadfast_log::Status::Escalated => EndState::Escalated,
+                _ => EndState::Completed,
+            }))),
+            Next::WaitForMessage => Ok(Some(Stop::Idle)),
+            Next::ResolveModel(pending) => {
+                // The reply (if any) was lost with the process: ask again.
+                self.append(vec![Event::ModelCallInterrupted {
+                    call_id: pending.call_id,
+                }])
+                .await?;
+                Ok(None)
+            }
+            Next::ResolveTool(pending) => {
+                self.resolve_tool(pending).await?;
+                Ok(None)
+            }
+            Next::RunTool(call) => {
+                self.run_tool(call).await?;
+                Ok(None)
+            }
+            Next::CallModel { step } => {
+                if step > self.harness.options.max_steps_per_turn {
+                    let reason = format!(
+                        "step budget exhausted: {} model calls in turn {}",
+                        step - 1,
+                        self.state.turn
+                    );
+                    self.end(EndState::Escalated, &reason).await?;
+                    return Ok(None);
+                }
+                self.call_model(step).await?;
+                Ok(None)
+            }
+            Next::EndTurn => {
+                let turn = self.state.turn;
+                self.append(vec![Event::TurnEnded { turn }]).await?;
+                Ok(None)
+            }
+        }
+    }
+
+    fn request(&self) -> ModelRequest {
+        ModelRequest {
+            model: self.state.model.model.clone(),
+            system: self.state.system.clone(),
+            messages: self.state.conversation.clone(),
+            tools: tool_specs()
+                .into_iter()
+                .map(|t| ToolDef {
+                    name: t.name.to_string(),
+                    description: t.description.to_string(),
+                    input_schema: t.input_schema,
+                })
+                .collect(),
+            max_tokens: self.harness.options.max_tokens,
+        }
+    }
+
+    async fn call_model(&mut self, step: u32) -> Result<()> {
+        let request = self.request();
+        let call_id = format!("mc_{}", uuid::Uuid::now_v7().simple());
+        self.append(vec![Event::ModelCallIntent {
+            call_id: call_id.clone(),
+            step,
+            fingerprint: request.fingerprint(),
+        }])
+        .await?;
+        point(points::MODEL_INTENT);
+
+        let observer = &mut self.observer;
+        let result = self
+            .model
+            .complete(&request, &mut |d| observer(Progress::Delta(&d)))
+            .await;
+        let response = match result {
+            Ok(r) => r,
+            Err(e) if e.is_retryable() => return Err(e.into()), // stays pending
+            Err(e) => {
+                let message = e.to_string();
+                self.append(vec![
+                    Event::ModelCallFailed {
+                        call_id,
+                        error: message.clone(),
+                    },
+                    Event::SessionEnded {
+                        state: EndState::Failed,
+                        reason: message,
+                        diff: Vec::new(),
+                    },
+                ])
+                .await?;
+                return Ok(());
+            }
+        };
+        point(points::MODEL_EFFECT);
+        let cost = pricing::cost_micro_usd(&self.state.model.model, &response.usage);
+        self.append(vec![Event::ModelCallOutcome {
+            call_id,
+            content: response.content,
+            stop_reason: response.stop_reason,
+            usage: response.usage,
+            cost_micro_usd: cost,
+        }])
+        .await?;
+        point(points::MODEL_OUTCOME);
+        Ok(())
+    }
+
+    async fn run_tool(&mut self, call: ToolUse) -> Result<()> {
+        let class = classify(&call.name, &call.input);
+        let touches_workspace = class != ToolClass::Read;
+        let workspace = self.sandbox.workspace().to_path_buf();
+        let snapshot_before = if touches_workspace {
+            Some(self.harness.snapshot(&workspace).await?)
+        } else {
+            None
+        };
+        self.append(vec![Event::ToolCallIntent {
+            call_id: call.id.clone(),
+            tool: call.name.clone(),
+            input: call.input.clone(),
+            class,
+            snapshot_before,
+        }])
+        .await?;
+        point(points::TOOL_INTENT);
+
+        let out = self.sandbox.execute(&call.name, &call.input).await?;
+        point(points::TOOL_EFFECT);
+
+        let snapshot_after = if touches_workspace {
+            Some(self.harness.snapshot(&workspace).await?)
+        } else {
+            None
+        };
+        let text = strip_ansi(&out.text);
+        let output = if text.len() > INLINE_LIMIT {
+            Output::Blob(self.harness.blobs.put(text.as_bytes()).await?)
+        } else {
+            Output::Inline { text }
+        };
+        self.append(vec![Event::ToolCallOutcome {
+            call_id: call.id,
+            is_error: out.is_error,
+            exit_code: out.exit_code,
+            output,
+            snapshot_after,
+        }])
+        .await?;
+        point(points::TOOL_OUTCOME);
+        Ok(())
+    }
+
+    /// Invariant 4 for a tool call cut off by a crash. The workspace has already been
+    /// restored to the last recorded snapshot by `wake`, which for a pending call is
+    /// the snapshot taken just before it.
+    async fn resolve_tool(&mut self, pending: PendingTool) -> Result<()> {
+        let resolution = match pending.class {
+            ToolClass::Read => ToolResolution::Rerun,
+            ToolClass::Mutate => {
+                if let Some(snapshot) = &pending.snapshot_before {
+                    let workspace = self.sandbox.workspace().to_path_buf();
+                    let drive = self.harness.drive.clone();
+                    let snap = snapshot.clone();
+                    tokio::task::spawn_blocking(move || drive.restore(&workspace, &snap))
+                        .await
+                        .map_err(|e| Error::Invalid(format!("restore task failed: {e}")))??;
+                    (self.observer)(Progress::Restored(snapshot));
+                }
+                ToolResolution::RolledBack {
+                    snapshot: pending.snapshot_before.clone(),
+                }
+            }
+            ToolClass::External => ToolResolution::OutcomeUnknown,
+        };
+        self.append(vec![Event::ToolCallInterrupted {
+            call_id: pending.call_id,
+            resolution,
+        }])
+        .await
+    }
+
+    async fn diff_since_start(&self) -> Vec<String> {
+        let (Some(first), Some(last)) = (&self.state.initial_snapshot, &self.state.last_snapshot)
+        else {
+            return Vec::new();
+        };
+        match self.harness.drive.diff(first, last) {
+            Ok(changes) => changes
+                .into_iter()
+                .map(|c| format!("{} {}", format!("{:?}", c.kind).to_lowercase(), c.path))
+                .collect(),
+            Err(e) => vec![format!("(diff unavailable: {e})")],
+        }
+    }
+}

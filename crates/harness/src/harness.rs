@@ -1,0 +1,244 @@
+//! The harness: opens sessions and wakes them. Holds no session state.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use steadfast_drive::Drive;
+use steadfast_log::{fold, Event, ModelSpec, SessionState};
+use steadfast_model::{Endpoint, ModelClient, RetryPolicy};
+use steadfast_sandbox::{LocalSandbox, Sandbox, SandboxOptions};
+use steadfast_world::{now_ms, Blobs, Holder, SqliteWorld, World};
+
+use crate::driver::Driver;
+use crate::heartbeat::Heartbeat;
+use crate::{prompt, Error, Result};
+
+/// Turns a session's model spec into a client (this is where credentials live).
+pub type ModelResolver =
+    Arc<dyn Fn(&ModelSpec) -> steadfast_model::Result<ModelClient> + Send + Sync>;
+
+/// Makes the sandbox for a workspace.
+pub type Provisioner<S> =
+    Arc<dyn Fn(&Path, &SandboxOptions) -> steadfast_sandbox::Result<S> + Send + Sync>;
+
+/// How a harness behaves.
+#[derive(Clone)]
+pub struct HarnessOptions {
+    /// Resolves model clients.
+    pub models: ModelResolver,
+    /// Sandbox settings.
+    pub sandbox: SandboxOptions,
+    /// How long a lease lasts without renewal.
+    pub lease_ttl: Duration,
+    /// Model calls allowed in one turn before the session is escalated.
+    pub max_steps_per_turn: u32,
+    /// The most tokens a reply may have.
+    pub max_tokens: u32,
+}
+
+impl std::fmt::Debug for HarnessOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HarnessOptions")
+            .field("sandbox", &self.sandbox)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("max_steps_per_turn", &self.max_steps_per_turn)
+            .field("max_tokens", &self.max_tokens)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HarnessOptions {
+    /// Options whose models come from the environment (`*_API_KEY`, `*_BASE_URL`).
+    pub fn from_env() -> Self {
+        Self::with_models(Arc::new(ModelClient::from_env))
+    }
+
+    /// Options that send every model call to a fake provider at `base_url`, in the
+    /// Anthropic wire format (the session's model name is passed through).
+    pub fn fake_provider(base_url: &str) -> Self {
+        let base_url = base_url.to_string();
+        Self::with_models(Arc::new(move |_spec: &ModelSpec| {
+            let endpoint = Endpoint {
+                base_url: base_url.clone(),
+                api_key: "fake-provider-key".into(),
+            };
+            ModelClient::new("anthropic", endpoint, RetryPolicy::default())
+        }))
+    }
+
+    /// Options with the given model resolver and defaults for the rest.
+    pub fn with_models(models: ModelResolver) -> Self {
+        HarnessOptions {
+            models,
+            sandbox: SandboxOptions::default(),
+            lease_ttl: Duration::from_secs(30),
+            max_steps_per_turn: 200,
+            max_tokens: 8192,
+        }
+    }
+}
+
+/// What a new session is.
+#[derive(Debug, Clone)]
+pub struct NewSession {
+    /// The agent's name.
+    pub agent: String,
+    /// `provider/model`.
+    pub model: String,
+    /// The workspace directory (created if missing).
+    pub workspace: PathBuf,
+    /// Who owns the session.
+    pub owner: String,
+}
+
+impl NewSession {
+    /// A session of the native agent with model `provider/model` in `workspace`.
+    pub fn native(model: &str, workspace: &Path) -> Self {
+        NewSession {
+            agent: "native".into(),
+            model: model.into(),
+            workspace: workspace.to_path_buf(),
+            owner: "local".into(),
+        }
+    }
+}
+
+/// Parses `provider/model`.
+pub fn parse_model(spec: &str) -> Result<ModelSpec> {
+    match spec.split_once('/') {
+        Some((provider, model)) if !provider.is_empty() && !model.is_empty() => Ok(ModelSpec {
+            provider: provider.to_string(),
+            model: model.to_string(),
+        }),
+        _ => Err(Error::Invalid(format!(
+            "model `{spec}` is not of the form provider/model (e.g. anthropic/claude-sonnet-4-5)"
+        ))),
+    }
+}
+
+/// Starts and wakes sessions. Stateless: any harness can wake any session.
+pub struct Harness<W = SqliteWorld, S = LocalSandbox> {
+    pub(crate) world: W,
+    pub(crate) blobs: Blobs,
+    pub(crate) drive: Drive,
+    pub(crate) holder: Holder,
+    pub(crate) options: HarnessOptions,
+    provision: Provisioner<S>,
+}
+
+impl Harness<SqliteWorld, LocalSandbox> {
+    /// The embedded default under `home`: `world.db` (SQLite), `blobs/`, `drive/`, and
+    /// the local sandbox.
+    pub fn open_local(home: &Path, options: HarnessOptions) -> Result<Self> {
+        let world = SqliteWorld::open(home.join("world.db"))?;
+        let blobs = Blobs::local(&home.join("blobs"))?;
+        let drive = Drive::open(home.join("drive"))?;
+        let provision: Provisioner<LocalSandbox> =
+            Arc::new(|ws: &Path, opts: &SandboxOptions| LocalSandbox::new(ws, opts.clone()));
+        Ok(Harness::new(world, blobs, drive, options, provision))
+    }
+}
+
+impl<W: World + Clone, S: Sandbox> Harness<W, S> {
+    /// A harness over the given parts.
+    pub fn new(
+        world: W,
+        blobs: Blobs,
+        drive: Drive,
+        options: HarnessOptions,
+        provision: Provisioner<S>,
+    ) -> Self {
+        Harness {
+            world,
+            blobs,
+            drive,
+            holder: Holder::new(format!("harness-{}", uuid::Uuid::now_v7().simple())),
+            options,
+            provision,
+        }
+    }
+
+    /// The world sessions live in.
+    pub fn world(&self) -> &W {
+        &self.world
+    }
+
+    /// The drive snapshots live in.
+    pub fn drive(&self) -> &Drive {
+        &self.drive
+    }
+
+    /// Creates a session: its log begins with the agent, model, workspace and the
+    /// workspace's initial snapshot. Returns its id.
+    pub async fn start_session(&self, new: NewSession) -> Result<String> {
+        let model = parse_model(&new.model)?;
+        std::fs::create_dir_all(&new.workspace).map_err(|e| {
+            Error::Invalid(format!("workspace {}: {e}", new.workspace.display()))
+        })?;
+        let workspace = new.workspace.canonicalize().map_err(|e| {
+            Error::Invalid(format!("workspace {}: {e}", new.workspace.display()))
+        })?;
+        let id = format!("ses_{}", uuid::Uuid::now_v7().simple());
+        self.world.create_session(&id, &new.owner).await?;
+        let lease = self
+            .world
+            .acquire_lease(&id, &self.holder, self.options.lease_ttl)
+            .await?;
+        let snapshot = self.snapshot(&workspace).await?;
+        let ws = workspace.display().to_string();
+        self.world
+            .append(
+                &lease,
+                &[Event::SessionStarted {
+                    agent: new.agent,
+                    model,
+                    system: prompt::system(&ws),
+                    workspace: ws,
+                    initial_snapshot: Some(snapshot),
+                    created_at_ms: now_ms(),
+                }],
+            )
+            .await?;
+        self.world.release_lease(&lease).await?;
+        Ok(id)
+    }
+
+    /// Reads and folds a session's log without driving it.
+    pub async fn state(&self, session: &str) -> Result<SessionState> {
+        let records = self.world.read(session, 1).await?;
+        Ok(fold(&records)?)
+    }
+
+    /// Takes over a session: lease, fold, workspace restored to the last recorded
+    /// snapshot (hydrating an empty one), sandbox provisioned. The driver carries on
+    /// at the frontier of uncommitted work.
+    pub async fn wake(&self, session: &str) -> Result<Driver<'_, W, S>> {
+        let lease = self
+            .world
+            .acquire_lease(session, &self.holder, self.options.lease_ttl)
+            .await?;
+        let records = self.world.read(session, 1).await?;
+        let state = fold(&records)?;
+        let workspace = PathBuf::from(&state.workspace);
+        if let Some(snapshot) = &state.last_snapshot {
+            let drive = self.drive.clone();
+            let (ws, snap) = (workspace.clone(), snapshot.clone());
+            tokio::task::spawn_blocking(move || drive.restore(&ws, &snap))
+                .await
+                .map_err(|e| Error::Invalid(format!("restore task failed: {e}")))??;
+        }
+        let sandbox = (self.provision)(&workspace, &self.options.sandbox)?;
+        let model = (self.options.models)(&state.model)?;
+        let heartbeat = Heartbeat::start(self.world.clone(), lease.clone(), self.options.lease_ttl);
+        Ok(Driver::new(self, lease, state, sandbox, model, heartbeat))
+    }
+
+    pub(crate) async fn snapshot(&self, workspace: &Path) -> Result<String> {
+        let drive = self.drive.clone();
+        let ws = workspace.to_path_buf();
+        Ok(tokio::task::spawn_blocking(move || drive.snapshot(&ws))
+            .await
+            .map_err(|e| Error::Invalid(format!("snapshot task failed: {e}")))??)
+    }
+}

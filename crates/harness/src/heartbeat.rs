@@ -1,0 +1,35 @@
+//! Keeps a session's lease alive while a driver works, so a long command does not let
+//! another harness take over a session that is still being driven.
+
+use std::time::Duration;
+
+use steadfast_world::{Lease, World};
+
+/// Renews the lease every third of its time to live until dropped.
+pub(crate) struct Heartbeat(tokio::task::JoinHandle<()>);
+
+impl Heartbeat {
+    pub(crate) fn start<W: World + Clone>(world: W, lease: Lease, ttl: Duration) -> Self {
+        Heartbeat(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(ttl / 3);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                if let Err(e) = world.renew_lease(&lease, ttl).await {
+                    // A stale fence means another holder took over: our next append
+                    // fails too, which stops the driver. Other errors are retried.
+                    tracing::warn!(session = %lease.session, error = %e, "lease renewal failed");
+                    if matches!(e, steadfast_world::Error::StaleFence { .. }) {
+                        return;
+                    }
+                }
+            }
+        }))
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

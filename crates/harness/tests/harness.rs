@@ -1,0 +1,178 @@
+//! The harness against a real SQLite world, real workspace and the fake provider.
+
+use std::path::PathBuf;
+
+use serde_json::json;
+use steadfast_harness::{Error, Harness, HarnessOptions, NewSession, Stop};
+use steadfast_log::{EndState, Event, Output};
+use steadfast_testkit::{FakeProvider, Script};
+use steadfast_world::World;
+
+struct Setup {
+    dir: tempfile::TempDir,
+    fake: FakeProvider,
+}
+
+impl Setup {
+    async fn new(steps: serde_json::Value) -> Self {
+        let script: Script = serde_json::from_value(json!({ "steps": steps })).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+        std::fs::write(dir.path().join("ws/hello.txt"), "hello\n").unwrap();
+        let fake = FakeProvider::start(script).await.unwrap();
+        Setup { dir, fake }
+    }
+
+    fn workspace(&self) -> PathBuf {
+        self.dir.path().join("ws")
+    }
+
+    fn harness_with(&self, f: impl FnOnce(&mut HarnessOptions)) -> Harness {
+        let mut options = HarnessOptions::fake_provider(&self.fake.base_url());
+        f(&mut options);
+        Harness::open_local(&self.dir.path().join("home"), options).unwrap()
+    }
+
+    fn harness(&self) -> Harness {
+        self.harness_with(|_| {})
+    }
+}
+
+fn bash(command: &str) -> serde_json::Value {
+    json!({"text": "running", "tool_calls": [{"name": "bash", "input": {"command": command}}]})
+}
+
+#[tokio::test]
+async fn a_second_driver_is_fenced_out_and_the_log_never_interleaves() -> anyhow::Result<()> {
+    let setup = Setup::new(json!([bash("echo a >> out.txt"), bash("echo b >> out.txt"), bash("echo c >> out.txt"), {"text": "done"}])).await;
+    let one = setup.harness();
+    let two = setup.harness();
+    let id = one.start_session(NewSession::native("fake/m", &setup.workspace())).await?;
+
+    let mut a = one.wake(&id).await?;
+    a.send("go").await?;
+    a.step().await?; // model call
+    assert!(matches!(two.wake(&id).await, Err(Error::World(steadfast_world::Error::LeaseHeld { .. }))));
+
+    // A's lease lapses (say its host stalled); B takes the session over.
+    let db = rusqlite::Connection::open(setup.dir.path().join("home/world.db"))?;
+    db.execute("UPDATE sessions SET lease_expires_ms = 0", [])?;
+    let mut b = two.wake(&id).await?;
+    assert_eq!(b.run().await?, Stop::Idle);
+
+    // A wakes up and tries to carry on: every append is rejected by the store.
+    let err = a.step().await.unwrap_err();
+    assert!(matches!(err, Error::World(steadfast_world::Error::StaleFence { .. })), "{err}");
+
+    let log = one.world().read(&id, 1).await?;
+    for pair in log.windows(2) {
+        assert!(pair[0].epoch <= pair[1].epoch, "interleaved at #{}", pair[1].seq);
+    }
+    assert_eq!(std::fs::read_to_string(setup.workspace().join("out.txt"))?, "a\nb\nc\n");
+    assert_eq!(setup.fake.calls(), 4);
+    Ok(())
+}
+
+#[tokio::test]
+async fn big_outputs_go_to_the_blob_store_with_excerpts_in_context() -> anyhow::Result<()> {
+    let setup = Setup::new(json!([
+        bash("printf '\\033[31mFIRST\\033[0m\\n'; head -c 300000 /dev/zero | tr '\\0' y; echo; echo LAST"),
+        {"text": "done"}
+    ]))
+    .await;
+    let harness = setup.harness();
+    let id = harness.start_session(NewSession::native("fake/m", &setup.workspace())).await?;
+    let mut driver = harness.wake(&id).await?;
+    driver.send("go").await?;
+    assert_eq!(driver.run().await?, Stop::Idle);
+
+    let log = harness.world().read(&id, 1).await?;
+    let blob = log
+        .iter()
+        .find_map(|r| match &r.event {
+            Event::ToolCallOutcome { output: Output::Blob(b), .. } => Some(b.clone()),
+            _ => None,
+        })
+        .expect("the big output is a blob reference");
+    assert!(blob.size > 300_000);
+    assert!(blob.head.starts_with("FIRST\n"), "ANSI stripped: {:?}", &blob.head[..10]);
+    assert!(blob.tail.ends_with("LAST\n"));
+    assert!(blob.uri.starts_with("file://") && blob.uri.ends_with(&blob.hash));
+    let stored_record = log.iter().map(|r| serde_json::to_vec(&r.event).unwrap().len()).max().unwrap();
+    assert!(stored_record < 64 * 1024, "no record holds the payload");
+    let blobs = steadfast_world::Blobs::local(&setup.dir.path().join("home/blobs"))?;
+    assert_eq!(blobs.get(&blob.hash).await?.len() as u64, blob.size);
+    let shown = driver.state().conversation[2].content[0].clone();
+    let steadfast_log::Block::ToolResult { content, .. } = shown else { panic!() };
+    assert!(content.contains("output truncated") && content.len() < 20_000);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_runaway_turn_escalates_with_the_diff() -> anyhow::Result<()> {
+    let loop_step = bash("date >> clock.txt");
+    let setup = Setup::new(json!([loop_step.clone(), loop_step.clone(), loop_step.clone(), loop_step])).await;
+    let harness = setup.harness_with(|o| o.max_steps_per_turn = 2);
+    let id = harness.start_session(NewSession::native("fake/m", &setup.workspace())).await?;
+    let mut driver = harness.wake(&id).await?;
+    driver.send("go").await?;
+    assert_eq!(driver.run().await?, Stop::Ended(EndState::Escalated));
+    let log = harness.world().read(&id, 1).await?;
+    let Event::SessionEnded { state, reason, diff } = &log.last().unwrap().event else { panic!() };
+    assert_eq!(*state, EndState::Escalated);
+    assert!(reason.contains("step budget"));
+    assert_eq!(diff, &vec!["added clock.txt".to_string()]);
+    assert_eq!(setup.fake.calls(), 2);
+    assert_eq!(harness.world().session(&id).await?.status, "escalated");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_rejected_model_call_fails_the_session_clearly() -> anyhow::Result<()> {
+    let setup = Setup::new(json!([{"text": "x", "fail": {"status": 400, "times": 5}}])).await;
+    let harness = setup.harness();
+    let id = harness.start_session(NewSession::native("fake/m", &setup.workspace())).await?;
+    let mut driver = harness.wake(&id).await?;
+    driver.send("go").await?;
+    assert_eq!(driver.run().await?, Stop::Ended(EndState::Failed));
+    let state = harness.state(&id).await?;
+    assert!(state.end_reason.unwrap().contains("400"));
+    assert_eq!(setup.fake.calls(), 1, "a 4xx is not retried");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_message_is_refused_while_a_turn_is_open() -> anyhow::Result<()> {
+    let setup = Setup::new(json!([bash("true"), {"text": "done"}])).await;
+    let harness = setup.harness();
+    let id = harness.start_session(NewSession::native("fake/m", &setup.workspace())).await?;
+    let mut driver = harness.wake(&id).await?;
+    driver.send("go").await?;
+    assert!(matches!(driver.send("again").await, Err(Error::Invalid(_))));
+    assert!(matches!(harness.wake("ses_unknown").await, Err(Error::World(steadfast_world::Error::NotFound(_)))));
+    assert!(harness.start_session(NewSession::native("no-slash", &setup.workspace())).await.is_err());
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_harness_credentials_never_reach_a_command() -> anyhow::Result<()> {
+    std::env::set_var("ANTHROPIC_API_KEY", "sk-ant-harness-secret");
+    std::env::set_var("STEADFAST_TEST_TOKEN", "tok-harness-secret");
+    let setup = Setup::new(json!([bash("env; cat /proc/self/environ | tr '\\0' '\\n'"), {"text": "done"}])).await;
+    let harness = setup.harness();
+    let id = harness.start_session(NewSession::native("fake/m", &setup.workspace())).await?;
+    let mut driver = harness.wake(&id).await?;
+    driver.send("go").await?;
+    driver.run().await?;
+    let log = harness.world().read(&id, 1).await?;
+    let output = log
+        .iter()
+        .find_map(|r| match &r.event {
+            Event::ToolCallOutcome { output: Output::Inline { text }, .. } => Some(text.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(output.contains("PATH="), "{output}");
+    assert!(!output.contains("harness-secret"), "{output}");
+    Ok(())
+}
