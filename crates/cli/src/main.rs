@@ -1,1 +1,72 @@
-fn main(){}
+//! `steadfast`: run durable coding-agent sessions from the command line.
+
+mod commands;
+mod render;
+mod setup;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Durable coding agents: kill the process at any instant, resume with nothing paid
+/// twice, nothing run twice and nothing lost.
+#[derive(Debug, Parser)]
+#[command(name = "steadfast", version, about)]
+struct Cli {
+    /// Where sessions, blobs and snapshots are kept.
+    #[arg(long, global = true, env = "STEADFAST_HOME", default_value = ".steadfast")]
+    home: PathBuf,
+    /// Log format for diagnostics on stderr: `text` or `json`.
+    #[arg(long, global = true, env = "STEADFAST_LOG_FORMAT", default_value = "text")]
+    log_format: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start a session on a task and drive it to the end.
+    Run(commands::run::RunArgs),
+    /// Carry on a session from its log after a crash or stop.
+    Resume(commands::run::ResumeArgs),
+    /// List sessions.
+    Sessions(commands::sessions::SessionsArgs),
+    /// Show a session's log as a timeline.
+    Log(commands::log::LogArgs),
+    /// Serve the fake model provider (Anthropic and OpenAI wire formats) on loopback.
+    FakeProvider(commands::fake::FakeArgs),
+    /// Measure the journal and wake costs against baselines, in one run.
+    Bench(commands::bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    setup::init_tracing(&cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("steadfast: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => commands::run::run(&cli.home, args).await,
+            Command::Resume(args) => commands::run::resume(&cli.home, args).await,
+            Command::Sessions(args) => commands::sessions::run(&cli.home, args).await,
+            Command::Log(args) => commands::log::run(&cli.home, args).await,
+            Command::FakeProvider(args) => commands::fake::run(args).await,
+            Command::Bench(args) => commands::bench::run(args).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        // A closed pipe (`steadfast log ... | head`) is the reader's choice, not an error.
+        Err(e) if e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("steadfast: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

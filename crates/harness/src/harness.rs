@@ -90,6 +90,10 @@ pub struct NewSession {
     pub workspace: PathBuf,
     /// Who owns the session.
     pub owner: String,
+    /// The first user message, if the session should start working at once. It is
+    /// appended together with the session's first record, so no crash can leave a
+    /// session that exists but has lost its task.
+    pub task: Option<String>,
 }
 
 impl NewSession {
@@ -100,7 +104,14 @@ impl NewSession {
             model: model.into(),
             workspace: workspace.to_path_buf(),
             owner: "local".into(),
+            task: None,
         }
+    }
+
+    /// The same session, opening its first turn with `task`.
+    pub fn with_task(mut self, task: &str) -> Self {
+        self.task = Some(task.to_string());
+        self
     }
 }
 
@@ -179,27 +190,27 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         let workspace = new.workspace.canonicalize().map_err(|e| {
             Error::Invalid(format!("workspace {}: {e}", new.workspace.display()))
         })?;
+        // The snapshot comes first: a crash while taking it leaves no session behind.
+        let snapshot = self.snapshot(&workspace).await?;
         let id = format!("ses_{}", uuid::Uuid::now_v7().simple());
         self.world.create_session(&id, &new.owner).await?;
         let lease = self
             .world
             .acquire_lease(&id, &self.holder, self.options.lease_ttl)
             .await?;
-        let snapshot = self.snapshot(&workspace).await?;
         let ws = workspace.display().to_string();
-        self.world
-            .append(
-                &lease,
-                &[Event::SessionStarted {
-                    agent: new.agent,
-                    model,
-                    system: prompt::system(&ws),
-                    workspace: ws,
-                    initial_snapshot: Some(snapshot),
-                    created_at_ms: now_ms(),
-                }],
-            )
-            .await?;
+        let mut events = vec![Event::SessionStarted {
+            agent: new.agent,
+            model,
+            system: prompt::system(&ws),
+            workspace: ws,
+            initial_snapshot: Some(snapshot),
+            created_at_ms: now_ms(),
+        }];
+        if let Some(text) = new.task {
+            events.push(Event::UserMessage { turn: 1, text });
+        }
+        self.world.append(&lease, &events).await?;
         self.world.release_lease(&lease).await?;
         Ok(id)
     }

@@ -25,6 +25,7 @@ struct Counters {
     calls: u64,
     per_step: Vec<u64>,
     failures_served: Vec<u32>,
+    request_hashes: Vec<u64>,
 }
 
 impl FakeState {
@@ -39,6 +40,15 @@ impl FakeState {
     /// Model calls received (authenticated, well-formed requests).
     pub fn calls(&self) -> u64 {
         self.lock().calls
+    }
+
+    /// How many different request bodies were received: a call repeated with the
+    /// same conversation counts once.
+    pub fn distinct_requests(&self) -> usize {
+        let mut hashes = self.lock().request_hashes.clone();
+        hashes.sort_unstable();
+        hashes.dedup();
+        hashes.len()
     }
 
     /// Calls received per script step.
@@ -109,6 +119,9 @@ async fn serve(state: &FakeState, format: Format, body: &str) -> Response {
     {
         let mut c = state.lock();
         c.calls += 1;
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(body, &mut hasher);
+        c.request_hashes.push(std::hash::Hasher::finish(&hasher));
         if c.per_step.len() <= index {
             c.per_step.resize(index + 1, 0);
             c.failures_served.resize(index + 1, 0);

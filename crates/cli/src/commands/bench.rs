@@ -1,0 +1,166 @@
+//! `steadfast bench`: the journal and wake costs, as ratios against baselines
+//! measured in the same run on the same machine.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use serde_json::json;
+use steadfast_log::{fold, Block, Event, Output, ToolClass, ToolUse, Usage};
+use steadfast_world::{Holder, SqliteWorld, World};
+
+/// Which benchmark to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Which {
+    /// Intent+outcome append against a bare SQLite insert of the same bytes.
+    Journal,
+    /// Reading and folding a 10,000-event session.
+    Wake,
+    /// Both.
+    All,
+}
+
+/// Arguments of `steadfast bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// What to measure.
+    #[arg(value_enum, default_value = "all")]
+    which: Which,
+    /// Intent+outcome pairs to append.
+    #[arg(long, default_value_t = 500)]
+    pairs: usize,
+    /// Events in the session to wake.
+    #[arg(long, default_value_t = 10_000)]
+    events: usize,
+}
+
+fn tool_pair(i: usize) -> [Event; 2] {
+    let id = format!("toolu_{i}");
+    [
+        Event::ToolCallIntent {
+            call_id: id.clone(),
+            tool: "bash".into(),
+            input: json!({"command": format!("cargo test --package steadfast-{i}")}),
+            class: ToolClass::Mutate,
+            snapshot_before: Some(blake3::hash(&i.to_le_bytes()).to_hex().to_string()),
+        },
+        Event::ToolCallOutcome {
+            call_id: id,
+            is_error: false,
+            exit_code: Some(0),
+            output: Output::Inline { text: "test result: ok. 12 passed; 0 failed\n".repeat(8) },
+            snapshot_after: Some(blake3::hash(&(i + 1).to_le_bytes()).to_hex().to_string()),
+        },
+    ]
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+async fn journal(pairs: usize) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let world = SqliteWorld::open(dir.path().join("world.db"))?;
+    world.create_session("bench", "bench").await?;
+    let lease = world.acquire_lease("bench", &Holder::new("bench"), Duration::from_secs(3600)).await?;
+    let bodies: Vec<[Vec<u8>; 2]> = (0..pairs)
+        .map(|i| tool_pair(i).map(|e| serde_json::to_vec(&e).expect("serializes")))
+        .collect();
+
+    // Baseline: the same bytes, two committed inserts per pair, same file settings.
+    let bare = rusqlite::Connection::open(dir.path().join("bare.db"))?;
+    bare.pragma_update(None, "journal_mode", "WAL")?;
+    bare.pragma_update(None, "synchronous", "FULL")?;
+    bare.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB NOT NULL)")?;
+    let start = Instant::now();
+    for pair in &bodies {
+        for body in pair {
+            bare.execute("INSERT INTO t (body) VALUES (?1)", [body])?;
+        }
+    }
+    let bare_time = start.elapsed();
+
+    let start = Instant::now();
+    for i in 0..pairs {
+        let [intent, outcome] = tool_pair(i);
+        world.append(&lease, &[intent]).await?;
+        world.append(&lease, &[outcome]).await?;
+    }
+    let journal_time = start.elapsed();
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / pairs as f64;
+    println!("journal: {pairs} intent+outcome pairs (each append durable, WAL + synchronous=FULL)");
+    println!("  bare SQLite inserts of the same bytes: {:>9.1} µs/pair", per(bare_time));
+    println!("  steadfast fenced append (checksummed): {:>9.1} µs/pair", per(journal_time));
+    println!(
+        "  ratio: {:.2}x (target ≤ 1.5x)",
+        journal_time.as_secs_f64() / bare_time.as_secs_f64()
+    );
+    Ok(())
+}
+
+async fn wake(events: usize) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let world = SqliteWorld::open(dir.path().join("world.db"))?;
+    world.create_session("bench", "bench").await?;
+    let lease = world.acquire_lease("bench", &Holder::new("bench"), Duration::from_secs(3600)).await?;
+    let mut log = vec![
+        Event::SessionStarted {
+            agent: "native".into(),
+            model: steadfast_log::ModelSpec { provider: "fake".into(), model: "m".into() },
+            workspace: "/w".into(),
+            system: "system".into(),
+            initial_snapshot: None,
+            created_at_ms: 0,
+        },
+        Event::UserMessage { turn: 1, text: "work".into() },
+    ];
+    let mut i = 0;
+    while log.len() + 4 <= events {
+        let call = ToolUse { id: format!("toolu_{i}"), name: "bash".into(), input: json!({"command": "cargo test"}) };
+        log.push(Event::ModelCallIntent { call_id: format!("mc_{i}"), step: i as u32 + 1, fingerprint: "f".repeat(64) });
+        log.push(Event::ModelCallOutcome {
+            call_id: format!("mc_{i}"),
+            content: vec![Block::Text { text: "Running the tests again.".into() }, Block::ToolUse(call)],
+            stop_reason: "tool_use".into(),
+            usage: Usage { input_tokens: 1200, output_tokens: 40, ..Usage::default() },
+            cost_micro_usd: 4200,
+        });
+        log.extend(tool_pair(i));
+        i += 1;
+    }
+    for chunk in log.chunks(500) {
+        world.append(&lease, chunk).await?;
+    }
+    let n = world.read("bench", 1).await?.len();
+    let mut read_times = Vec::new();
+    let mut fold_times = Vec::new();
+    for _ in 0..7 {
+        let start = Instant::now();
+        let records = world.read("bench", 1).await?;
+        let read = start.elapsed();
+        let state = fold(&records)?;
+        fold_times.push(start.elapsed() - read);
+        read_times.push(read);
+        assert_eq!(state.last_seq as usize, n);
+    }
+    let (r, f) = (median(read_times), median(fold_times));
+    println!("wake: a {n}-event session (median of 7)");
+    println!("  read + verify checksums: {:>7.1} ms", r.as_secs_f64() * 1e3);
+    println!("  fold:                    {:>7.1} ms", f.as_secs_f64() * 1e3);
+    println!("  total: {:.1} ms (target < 50 ms)", (r + f).as_secs_f64() * 1e3);
+    Ok(())
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    if cfg!(debug_assertions) {
+        eprintln!("note: this is a debug build; use `cargo run --release -p steadfast-cli -- bench` for real numbers");
+    }
+    if matches!(args.which, Which::Journal | Which::All) {
+        journal(args.pairs).await?;
+    }
+    if matches!(args.which, Which::Wake | Which::All) {
+        wake(args.events).await?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,7 @@
+//! One module per command.
+
+pub mod bench;
+pub mod fake;
+pub mod log;
+pub mod run;
+pub mod sessions;

@@ -1,0 +1,172 @@
+//! `steadfast run` and `steadfast resume`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use steadfast_harness::{Driver, NewSession, Progress, Stop};
+use steadfast_log::EndState;
+use steadfast_model::Delta;
+use steadfast_sandbox::Sandbox;
+use steadfast_testkit::demo;
+use steadfast_world::World;
+
+use crate::render;
+use crate::setup;
+
+/// Arguments of `steadfast run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// What the agent should do. Optional with the fake provider (it plays the demo task).
+    task: Option<String>,
+    /// The workspace directory (default with the fake provider: a new demo project).
+    #[arg(long)]
+    workspace: Option<PathBuf>,
+    /// `provider/model`: anthropic/..., openai/... or fake/... (default: from the API key set).
+    #[arg(long, env = "STEADFAST_MODEL")]
+    model: Option<String>,
+    /// Print the final result as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `steadfast resume`.
+#[derive(Debug, Args)]
+pub struct ResumeArgs {
+    /// The session to carry on.
+    session: String,
+    /// Print the final result as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(home: &Path, args: RunArgs) -> anyhow::Result<ExitCode> {
+    let model = args.model.unwrap_or_else(setup::default_model);
+    let provider = model.split('/').next().unwrap_or_default().to_string();
+    let (harness, fake) = setup::harness(home, &provider).await?;
+    let task = match (args.task, &fake) {
+        (Some(t), _) => t,
+        (None, Some(_)) => demo::TASK.to_string(),
+        (None, None) => anyhow::bail!("a task is required: steadfast run \"<what to do>\""),
+    };
+    let workspace = match (args.workspace, &fake) {
+        (Some(w), _) => w,
+        (None, Some(_)) => setup::demo_workspace()?,
+        (None, None) => std::env::current_dir()?,
+    };
+    let id = harness
+        .start_session(NewSession::native(&model, &workspace).with_task(&task))
+        .await?;
+    eprintln!("steadfast: session {id} ({model}) in {}", workspace.display());
+    eprintln!("steadfast: if this process stops, carry on with: steadfast resume {id}");
+    let mut driver = harness.wake(&id).await?;
+    watch(&mut driver);
+    let code = drive(&mut driver, args.json).await;
+    drop(fake);
+    code
+}
+
+pub async fn resume(home: &Path, args: ResumeArgs) -> anyhow::Result<ExitCode> {
+    let probe = steadfast_harness::Harness::open_local(home, steadfast_harness::HarnessOptions::from_env())?;
+    let state = probe
+        .state(&args.session)
+        .await
+        .with_context(|| format!("reading session {}", args.session))?;
+    drop(probe);
+    let (harness, fake) = setup::harness(home, &state.model.provider).await?;
+    let mut driver = harness.wake(&args.session).await?;
+    eprintln!(
+        "steadfast: resuming session {} at #{} ({})",
+        args.session, driver.state().last_seq, driver.state().status
+    );
+    watch(&mut driver);
+    let code = drive(&mut driver, args.json).await;
+    drop(fake);
+    code
+}
+
+/// Shows the session's progress on stderr as it works.
+fn watch<W: World + Clone, S: Sandbox>(driver: &mut Driver<'_, W, S>) {
+    let mut streaming = false;
+    driver.observe(move |p| {
+        let mut err = std::io::stderr().lock();
+        match p {
+            Progress::Delta(Delta::Text(t)) => {
+                if !streaming {
+                    let _ = write!(err, "  ");
+                    streaming = true;
+                }
+                let _ = write!(err, "{}", t.replace('\n', "\n  "));
+            }
+            Progress::Delta(Delta::Restart) => {
+                let _ = writeln!(err, "\n  [connection dropped; the reply starts over]");
+                streaming = false;
+            }
+            Progress::Delta(Delta::ToolUse { .. }) => {}
+            Progress::Appended(record) => {
+                if streaming {
+                    let _ = writeln!(err);
+                    streaming = false;
+                }
+                if let Some(line) = render::progress(record) {
+                    let _ = writeln!(err, "{line}");
+                }
+            }
+            Progress::Restored(snapshot) => {
+                let _ = writeln!(err, "  workspace restored to snapshot {}", &snapshot[..12.min(snapshot.len())]);
+            }
+        }
+    });
+}
+
+async fn drive<W: World + Clone, S: Sandbox>(
+    driver: &mut Driver<'_, W, S>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let stop = match driver.run().await {
+        Ok(stop) => stop,
+        Err(e) if e.is_retryable() => {
+            eprintln!("steadfast: stopped: {e}");
+            eprintln!("steadfast: nothing is lost; carry on with: steadfast resume {}", driver.session());
+            return Ok(ExitCode::from(3));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if stop == Stop::Idle {
+        driver.end(EndState::Completed, "task completed").await?;
+    }
+    let state = driver.state().clone();
+    let reply = state.last_reply().unwrap_or_default();
+    if json {
+        let out = serde_json::json!({
+            "session": driver.session(),
+            "status": state.status,
+            "reason": state.end_reason,
+            "reply": reply,
+            "workspace": state.workspace,
+            "model_calls": state.model_calls,
+            "usage": state.usage,
+            "cost_usd": state.cost_micro_usd as f64 / 1e6,
+        });
+        println!("{out}");
+    } else {
+        println!("{reply}");
+        eprintln!(
+            "steadfast: session {} {}: {} model calls, {} input + {} output tokens, ${:.4}; workspace {}",
+            driver.session(),
+            state.status,
+            state.model_calls,
+            state.usage.input_tokens,
+            state.usage.output_tokens,
+            state.cost_micro_usd as f64 / 1e6,
+            state.workspace
+        );
+    }
+    Ok(match state.status {
+        steadfast_log::Status::Completed => ExitCode::SUCCESS,
+        steadfast_log::Status::Escalated => ExitCode::from(2),
+        _ => ExitCode::FAILURE,
+    })
+}

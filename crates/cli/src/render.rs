@@ -1,0 +1,115 @@
+//! Human-readable renderings of log records.
+
+use steadfast_log::{Block, Event, Output, Record, ToolResolution};
+
+/// `YYYY-MM-DD HH:MM:SS` (UTC) for milliseconds since the Unix epoch.
+pub fn time(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn short(s: &str, n: usize) -> String {
+    let one_line = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one_line.chars().count() <= n {
+        one_line
+    } else {
+        format!("{}…", one_line.chars().take(n).collect::<String>())
+    }
+}
+
+fn snap(id: &Option<String>) -> String {
+    id.as_deref().map(|s| s[..12.min(s.len())].to_string()).unwrap_or_else(|| "-".into())
+}
+
+fn tool_summary(tool: &str, input: &serde_json::Value) -> String {
+    let key = match tool {
+        "bash" => "command",
+        "glob" | "grep" => "pattern",
+        _ => "file_path",
+    };
+    let arg = input.get(key).and_then(|v| v.as_str()).unwrap_or("");
+    format!("{tool} {}", short(arg, 70))
+}
+
+fn output_summary(output: &Output) -> String {
+    match output {
+        Output::Inline { text } => format!("{} bytes: {}", text.len(), short(text.lines().last().unwrap_or(""), 60)),
+        Output::Blob(b) => format!("{} bytes in blob {}", b.size, &b.hash[..12]),
+    }
+}
+
+/// The timeline line(s) of a record, for `steadfast log`.
+pub fn timeline(record: &Record) -> Vec<String> {
+    let head = format!("#{:<5} {}  e{}", record.seq, time(record.at_ms), record.epoch);
+    let body = match &record.event {
+        Event::SessionStarted { agent, model, workspace, initial_snapshot, .. } => {
+            format!("session started: agent {agent}, model {model}, workspace {workspace}, snapshot {}", snap(initial_snapshot))
+        }
+        Event::UserMessage { turn, text } => format!("turn {turn}: user: {}", short(text, 100)),
+        Event::ModelCallIntent { step, fingerprint, .. } => format!("model call, step {step} (request {})", &fingerprint[..12]),
+        Event::ModelCallOutcome { content, usage, cost_micro_usd, stop_reason, .. } => {
+            let text: String = content.iter().filter_map(|b| match b { Block::Text { text } => Some(text.as_str()), _ => None }).collect();
+            let tools: Vec<String> = content.iter().filter_map(|b| match b { Block::ToolUse(t) => Some(t.name.clone()), _ => None }).collect();
+            format!(
+                "model replied ({stop_reason}, {} in / {} out tokens, ${:.4}): {}{}",
+                usage.input_tokens,
+                usage.output_tokens,
+                *cost_micro_usd as f64 / 1e6,
+                short(&text, 90),
+                if tools.is_empty() { String::new() } else { format!(" -> {}", tools.join(", ")) }
+            )
+        }
+        Event::ModelCallInterrupted { .. } => "model call interrupted by a crash; issued again (clients restart the reply)".into(),
+        Event::ModelCallFailed { error, .. } => format!("model call failed: {error}"),
+        Event::ToolCallIntent { tool, input, class, snapshot_before, .. } => {
+            format!("tool {} [{class:?}] (before {})", tool_summary(tool, input), snap(snapshot_before)).replace("[Read]", "[read]").replace("[Mutate]", "[mutate]").replace("[External]", "[external]")
+        }
+        Event::ToolCallOutcome { is_error, exit_code, output, snapshot_after, .. } => format!(
+            "tool {} {} (after {}): {}",
+            if *is_error { "failed" } else { "ok" },
+            exit_code.map(|c| format!("exit {c}")).unwrap_or_default(),
+            snap(snapshot_after),
+            output_summary(output)
+        ),
+        Event::ToolCallInterrupted { resolution, .. } => match resolution {
+            ToolResolution::Rerun => "tool call interrupted by a crash: read-only, will run again".into(),
+            ToolResolution::RolledBack { snapshot } => format!("tool call interrupted by a crash: rolled back to snapshot {}; model told", snap(snapshot)),
+            ToolResolution::OutcomeUnknown => "tool call interrupted by a crash: external effect, outcome unknown, NOT re-run; model told".into(),
+        },
+        Event::TurnEnded { turn } => format!("turn {turn} ended"),
+        Event::SessionEnded { state, reason, diff } => {
+            let mut lines = vec![format!("{head}  session {state}: {reason}")];
+            lines.extend(diff.iter().map(|d| format!("{:>30}{d}", "")));
+            return lines;
+        }
+    };
+    vec![format!("{head}  {body}")]
+}
+
+/// A short progress line for a record as it is appended during a run.
+pub fn progress(record: &Record) -> Option<String> {
+    Some(match &record.event {
+        Event::SessionStarted { .. } | Event::ModelCallIntent { .. } => return None,
+        Event::UserMessage { text, .. } => format!("> {}", short(text, 100)),
+        Event::ModelCallOutcome { usage, .. } => format!("  [model: {} in / {} out tokens]", usage.input_tokens, usage.output_tokens),
+        Event::ToolCallIntent { tool, input, .. } => format!("  → {}", tool_summary(tool, input)),
+        Event::ToolCallOutcome { is_error, output, .. } => format!("  {} {}", if *is_error { "✗" } else { "✓" }, output_summary(output)),
+        _ => timeline(record).join("\n"),
+    })
+}

@@ -1,0 +1,67 @@
+//! Choosing the model and building the harness from the environment.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use steadfast_harness::{Harness, HarnessOptions};
+use steadfast_model::Endpoint;
+use steadfast_testkit::{demo, FakeProvider, Script};
+
+/// The model of a new session when `--model` is not given.
+pub fn default_model() -> String {
+    if Endpoint::from_env("anthropic").is_some() {
+        "anthropic/claude-sonnet-4-5".into()
+    } else if Endpoint::from_env("openai").is_some() {
+        "openai/gpt-5".into()
+    } else {
+        "fake/steadfast-demo".into()
+    }
+}
+
+/// A harness for sessions of `provider`, plus the fake provider it talks to if
+/// `provider` is `fake` (kept alive as long as the harness is used).
+pub async fn harness(home: &Path, provider: &str) -> anyhow::Result<(Harness, Option<FakeProvider>)> {
+    if provider == "fake" {
+        let script = match std::env::var("STEADFAST_FAKE_SCRIPT") {
+            Ok(path) => Script::from_json(&std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?)
+                .with_context(|| format!("parsing {path}"))?,
+            Err(_) => demo::script(),
+        };
+        let fake = FakeProvider::start(script).await.context("starting the fake provider")?;
+        eprintln!(
+            "steadfast: using the bundled FAKE model provider at {} (no ANTHROPIC_API_KEY or OPENAI_API_KEY set): it plays a scripted demo, not a real model",
+            fake.base_url()
+        );
+        let harness = Harness::open_local(home, HarnessOptions::fake_provider(&fake.base_url()))?;
+        Ok((harness, Some(fake)))
+    } else {
+        Ok((Harness::open_local(home, HarnessOptions::from_env())?, None))
+    }
+}
+
+/// A fresh directory for the demo project: `steadfast-demo`, or `steadfast-demo-N`
+/// if that is taken.
+pub fn demo_workspace() -> anyhow::Result<PathBuf> {
+    let mut n = 1;
+    loop {
+        let name = if n == 1 { "steadfast-demo".to_string() } else { format!("steadfast-demo-{n}") };
+        let path = PathBuf::from(&name);
+        if !path.exists() {
+            demo::write_project(&path).with_context(|| format!("writing the demo project to {name}"))?;
+            return Ok(path);
+        }
+        n += 1;
+    }
+}
+
+/// Diagnostics on stderr, as text or JSON, filtered by `RUST_LOG` (default: warnings).
+pub fn init_tracing(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}

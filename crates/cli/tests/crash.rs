@@ -1,0 +1,270 @@
+//! Crash tests with real process aborts.
+//!
+//! A crash-free `steadfast run` of the demo task is traced to learn every fault point
+//! it passes. Then, for every point and every time it is reached, a fresh `steadfast
+//! run` child process is aborted there (SIGABRT, via `STEADFAST_FAULT`), and `steadfast
+//! resume` (another process) carries on. Each crashed-and-resumed run must end
+//! byte-for-byte where the crash-free run ended, with no model call repeated except a
+//! reply cut off before it was recorded, and no mutation applied twice.
+
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use serde_json::Value;
+use steadfast_testkit::{demo, FakeProvider, Script};
+
+const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
+const MODEL: &str = "anthropic/claude-sonnet-4-5";
+
+struct Case {
+    dir: tempfile::TempDir,
+    fake: FakeProvider,
+}
+
+impl Case {
+    async fn new(script: Script) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        demo::write_project(&dir.path().join("ws")).unwrap();
+        let fake = FakeProvider::start(script).await.unwrap();
+        Case { dir, fake }
+    }
+
+    fn workspace(&self) -> PathBuf {
+        self.dir.path().join("ws")
+    }
+
+    async fn steadfast(&self, args: &[&str], env: &[(&str, String)]) -> Output {
+        let mut cmd = tokio::process::Command::new(BIN);
+        cmd.args(args)
+            .current_dir(self.dir.path())
+            .env("STEADFAST_HOME", self.dir.path().join("home"))
+            .env("ANTHROPIC_API_KEY", "test-key")
+            .env("ANTHROPIC_BASE_URL", self.fake.base_url())
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("STEADFAST_FAULT")
+            .env_remove("STEADFAST_FAULT_TRACE")
+            .env_remove("STEADFAST_MODEL");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().await.unwrap()
+    }
+
+    async fn run(&self, task: &str, env: &[(&str, String)]) -> Output {
+        let ws = self.workspace().display().to_string();
+        self.steadfast(&["run", task, "--workspace", &ws, "--model", MODEL, "--json"], env).await
+    }
+
+    async fn sessions(&self) -> Vec<String> {
+        let out = self.steadfast(&["sessions", "--json"], &[]).await;
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap()["id"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    async fn log(&self, session: &str) -> Vec<Value> {
+        let out = self.steadfast(&["log", session, "--json"], &[]).await;
+        assert!(out.status.success(), "log: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+fn events<'a>(log: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    log.iter().filter(|r| r["event"]["type"] == kind).collect()
+}
+
+/// Every file under `dir` with its bytes and executable bit (`.git` included).
+fn tree(dir: &Path) -> BTreeMap<String, (Vec<u8>, bool)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = BTreeMap::new();
+    for entry in walkdir(dir) {
+        let meta = std::fs::symlink_metadata(&entry).unwrap();
+        let rel = entry.strip_prefix(dir).unwrap().display().to_string();
+        let bytes = if meta.is_file() { std::fs::read(&entry).unwrap() } else { Vec::new() };
+        out.insert(rel, (bytes, meta.permissions().mode() & 0o111 != 0 && meta.is_file()));
+    }
+    out
+}
+
+fn walkdir(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        out.push(path.clone());
+        if path.is_dir() && !path.is_symlink() {
+            out.extend(walkdir(&path));
+        }
+    }
+    out
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_crash_point_resumes_to_the_crash_free_result() {
+    // The crash-free run, traced.
+    let clean = Case::new(demo::script()).await;
+    let trace = clean.dir.path().join("trace");
+    let out = clean.run(demo::TASK, &[("STEADFAST_FAULT_TRACE", trace.display().to_string())]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let expected = tree(&clean.workspace());
+    let clean_calls = clean.fake.calls();
+    let clean_session = clean.sessions().await.pop().unwrap();
+    let clean_outcomes = events(&clean.log(&clean_session).await, "model_call_outcome").len();
+    assert_eq!(clean_calls as usize, clean_outcomes, "one call per step without crashes");
+    let changelog = String::from_utf8_lossy(&expected["CHANGELOG.md"].0).into_owned();
+    assert_eq!(changelog.matches("- Fix off-by-one").count(), 1);
+
+    let mut hits: BTreeMap<String, u64> = BTreeMap::new();
+    for line in std::fs::read_to_string(&trace).unwrap().lines() {
+        *hits.entry(line.to_string()).or_default() += 1;
+    }
+    for point in steadfast_fault::points::ALL {
+        assert!(hits.contains_key(*point), "the demo never reaches {point}: {hits:?}");
+    }
+
+    let mut crashes = 0;
+    for (point, count) in &hits {
+        for n in 1..=*count {
+            let case = Case::new(demo::script()).await;
+            let label = format!("{point}:{n}");
+            let out = case.run(demo::TASK, &[("STEADFAST_FAULT", label.clone())]).await;
+            assert_eq!(out.status.signal(), Some(libc_sigabrt()), "{label} did not abort: {}", stderr(&out));
+            crashes += 1;
+
+            let session = match case.sessions().await.pop() {
+                Some(s) => s,
+                None => {
+                    // Aborted before the session existed (its first snapshot): nothing
+                    // durable happened, so the user simply runs again.
+                    assert_eq!(case.fake.calls(), 0, "{label}");
+                    let again = case.run(demo::TASK, &[]).await;
+                    assert!(again.status.success(), "{label}: {}", stderr(&again));
+                    assert_eq!(tree(&case.workspace()), expected, "{label}");
+                    continue;
+                }
+            };
+            let resumed = case.steadfast(&["resume", &session, "--json"], &[]).await;
+            assert!(resumed.status.success(), "{label}: resume failed: {}", stderr(&resumed));
+            let result: Value = serde_json::from_slice(&resumed.stdout).unwrap();
+            assert_eq!(result["status"], "completed", "{label}");
+
+            // Files: byte for byte what the crash-free run left.
+            let got = tree(&case.workspace());
+            assert_eq!(got.keys().collect::<Vec<_>>(), expected.keys().collect::<Vec<_>>(), "{label}");
+            assert!(got == expected, "{label}: workspace differs from the crash-free run");
+
+            // Model calls: a recorded reply is never asked for again. Only a reply cut
+            // off before it was recorded is asked again (same request), and a rolled-back
+            // mutation costs one new call (the model is told, and decides again).
+            let log = case.log(&session).await;
+            let repeated = u64::from(matches!(point.as_str(), "model.mid_stream" | "model.effect"));
+            let rollbacks = events(&log, "tool_call_interrupted")
+                .iter()
+                .filter(|r| r["event"]["resolution"]["kind"] == "rolled_back")
+                .count();
+            let calls = case.fake.calls();
+            assert_eq!(calls, clean_calls + repeated + rollbacks as u64, "{label}: model calls");
+            assert_eq!(case.fake.state().distinct_requests() as u64, calls - repeated, "{label}: a request was repeated");
+            assert_eq!(events(&log, "model_call_outcome").len(), clean_outcomes + rollbacks, "{label}");
+            assert_eq!(
+                calls as usize,
+                events(&log, "model_call_intent").len() - usize::from(point == "model.intent_committed"),
+                "{label}: every call has its intent in the log"
+            );
+            let changelog = String::from_utf8_lossy(&got["CHANGELOG.md"].0).into_owned();
+            assert_eq!(changelog.matches("- Fix off-by-one").count(), 1, "{label}: appended twice");
+
+            // Resolutions are in the log, as invariant 4 says.
+            let interrupted = events(&log, "tool_call_interrupted");
+            let cut_mid_tool = point.starts_with("tool.intent") || point.starts_with("tool.effect");
+            // A snapshot is taken before a mutation's intent (nothing pending yet) and
+            // after its effect (the call pending): either may be the one cut.
+            let maybe_mid_tool = point == "drive.mid_snapshot" && interrupted.len() == 1;
+            if cut_mid_tool || maybe_mid_tool {
+                assert_eq!(interrupted.len(), 1, "{label}");
+                let intent = events(&log, "tool_call_intent")
+                    .into_iter()
+                    .find(|r| r["event"]["call_id"] == interrupted[0]["event"]["call_id"])
+                    .unwrap();
+                let expected_resolution = match intent["event"]["class"].as_str() {
+                    Some("read") => "rerun",
+                    Some("mutate") => "rolled_back",
+                    other => panic!("{label}: unexpected class {other:?}"),
+                };
+                assert_eq!(interrupted[0]["event"]["resolution"]["kind"], expected_resolution, "{label}");
+            } else {
+                assert!(interrupted.is_empty(), "{label}: nothing was cut off mid-tool");
+            }
+            if repeated == 1 || point == "model.intent_committed" {
+                assert_eq!(events(&log, "model_call_interrupted").len(), 1, "{label}");
+            }
+        }
+    }
+    assert!(crashes >= 50, "walked {crashes} crash points");
+}
+
+fn libc_sigabrt() -> i32 {
+    nix::sys::signal::Signal::SIGABRT as i32
+}
+
+/// A tiny HTTP endpoint on loopback that counts the requests it receives: the
+/// "outside world" an external-effect command reaches.
+fn counting_endpoint() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/deploy", listener.local_addr().unwrap());
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = hits.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 8\r\nconnection: close\r\n\r\ndeployed");
+        }
+    });
+    (url, hits)
+}
+
+#[tokio::test]
+async fn an_interrupted_external_effect_is_reported_unknown_and_never_run_again() {
+    for point in ["tool.intent_committed", "tool.effect"] {
+        let (url, hits) = counting_endpoint();
+        let script: Script = serde_json::from_value(serde_json::json!({"steps": [
+            {"text": "Deploying.", "tool_calls": [{"name": "bash", "input": {"command": format!("curl -sf -X POST {url}")}}]},
+            {"text": "The deploy may or may not have happened; I will not retry it blindly."}
+        ]}))
+        .unwrap();
+        let case = Case::new(script).await;
+        let out = case.run("deploy", &[("STEADFAST_FAULT", format!("{point}:1"))]).await;
+        assert_eq!(out.status.signal(), Some(libc_sigabrt()), "{}", stderr(&out));
+        let before = hits.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(before, usize::from(point == "tool.effect"), "{point}");
+
+        let session = case.sessions().await.pop().unwrap();
+        let resumed = case.steadfast(&["resume", &session, "--json"], &[]).await;
+        assert!(resumed.status.success(), "{}", stderr(&resumed));
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), before, "{point}: the call ran again");
+
+        let log = case.log(&session).await;
+        let interrupted = events(&log, "tool_call_interrupted");
+        assert_eq!(interrupted.len(), 1);
+        assert_eq!(interrupted[0]["event"]["resolution"]["kind"], "outcome_unknown");
+        assert_eq!(events(&log, "tool_call_intent")[0]["event"]["class"], "external");
+        assert!(events(&log, "tool_call_outcome").is_empty(), "{point}: no outcome invented");
+        // The model was told, in the conversation it was sent next.
+        let text = String::from_utf8_lossy(&case.steadfast(&["log", &session], &[]).await.stdout).into_owned();
+        assert!(text.contains("outcome unknown, NOT re-run"), "{text}");
+        assert_eq!(case.fake.calls(), 2);
+    }
+}
