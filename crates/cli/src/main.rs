@@ -15,10 +15,20 @@ use clap::{Parser, Subcommand};
 #[command(name = "steadfast", version, about)]
 struct Cli {
     /// Where sessions, blobs and snapshots are kept.
-    #[arg(long, global = true, env = "STEADFAST_HOME", default_value = ".steadfast")]
+    #[arg(
+        long,
+        global = true,
+        env = "STEADFAST_HOME",
+        default_value = ".steadfast"
+    )]
     home: PathBuf,
     /// Log format for diagnostics on stderr: `text` or `json`.
-    #[arg(long, global = true, env = "STEADFAST_LOG_FORMAT", default_value = "text")]
+    #[arg(
+        long,
+        global = true,
+        env = "STEADFAST_LOG_FORMAT",
+        default_value = "text"
+    )]
     log_format: String,
     #[command(subcommand)]
     command: Command,
@@ -43,7 +53,10 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     setup::init_tracing(&cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("steadfast: cannot start the runtime: {e}");
@@ -63,7 +76,12 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         // A closed pipe (`steadfast log ... | head`) is the reader's choice, not an error.
-        Err(e) if e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) => ExitCode::SUCCESS,
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("steadfast: {e:#}");
             ExitCode::FAILURE

@@ -34,7 +34,9 @@ fn short(s: &str, n: usize) -> String {
 }
 
 fn snap(id: &Option<String>) -> String {
-    id.as_deref().map(|s| s[..12.min(s.len())].to_string()).unwrap_or_else(|| "-".into())
+    id.as_deref()
+        .map(|s| s[..12.min(s.len())].to_string())
+        .unwrap_or_else(|| "-".into())
 }
 
 fn tool_summary(tool: &str, input: &serde_json::Value) -> String {
@@ -49,14 +51,23 @@ fn tool_summary(tool: &str, input: &serde_json::Value) -> String {
 
 fn output_summary(output: &Output) -> String {
     match output {
-        Output::Inline { text } => format!("{} bytes: {}", text.len(), short(text.lines().last().unwrap_or(""), 60)),
+        Output::Inline { text } => format!(
+            "{} bytes: {}",
+            text.len(),
+            short(text.lines().last().unwrap_or(""), 60)
+        ),
         Output::Blob(b) => format!("{} bytes in blob {}", b.size, &b.hash[..12]),
     }
 }
 
 /// The timeline line(s) of a record, for `steadfast log`.
 pub fn timeline(record: &Record) -> Vec<String> {
-    let head = format!("#{:<5} {}  e{}", record.seq, time(record.at_ms), record.epoch);
+    let head = format!(
+        "#{:<5} {}  e{}",
+        record.seq,
+        time(record.at_ms),
+        record.epoch
+    );
     let body = match &record.event {
         Event::SessionStarted { agent, model, workspace, initial_snapshot, .. } => {
             format!("session started: agent {agent}, model {model}, workspace {workspace}, snapshot {}", snap(initial_snapshot))
@@ -107,9 +118,18 @@ pub fn progress(record: &Record) -> Option<String> {
     Some(match &record.event {
         Event::SessionStarted { .. } | Event::ModelCallIntent { .. } => return None,
         Event::UserMessage { text, .. } => format!("> {}", short(text, 100)),
-        Event::ModelCallOutcome { usage, .. } => format!("  [model: {} in / {} out tokens]", usage.input_tokens, usage.output_tokens),
+        Event::ModelCallOutcome { usage, .. } => format!(
+            "  [model: {} in / {} out tokens]",
+            usage.input_tokens, usage.output_tokens
+        ),
         Event::ToolCallIntent { tool, input, .. } => format!("  → {}", tool_summary(tool, input)),
-        Event::ToolCallOutcome { is_error, output, .. } => format!("  {} {}", if *is_error { "✗" } else { "✓" }, output_summary(output)),
+        Event::ToolCallOutcome {
+            is_error, output, ..
+        } => format!(
+            "  {} {}",
+            if *is_error { "✗" } else { "✓" },
+            output_summary(output)
+        ),
         _ => timeline(record).join("\n"),
     })
 }

@@ -20,14 +20,21 @@ pub fn default_model() -> String {
 
 /// A harness for sessions of `provider`, plus the fake provider it talks to if
 /// `provider` is `fake` (kept alive as long as the harness is used).
-pub async fn harness(home: &Path, provider: &str) -> anyhow::Result<(Harness, Option<FakeProvider>)> {
+pub async fn harness(
+    home: &Path,
+    provider: &str,
+) -> anyhow::Result<(Harness, Option<FakeProvider>)> {
     if provider == "fake" {
         let script = match std::env::var("STEADFAST_FAKE_SCRIPT") {
-            Ok(path) => Script::from_json(&std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?)
-                .with_context(|| format!("parsing {path}"))?,
+            Ok(path) => Script::from_json(
+                &std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?,
+            )
+            .with_context(|| format!("parsing {path}"))?,
             Err(_) => demo::script(),
         };
-        let fake = FakeProvider::start(script).await.context("starting the fake provider")?;
+        let fake = FakeProvider::start(script)
+            .await
+            .context("starting the fake provider")?;
         eprintln!(
             "steadfast: using the bundled FAKE model provider at {} (no ANTHROPIC_API_KEY or OPENAI_API_KEY set): it plays a scripted demo, not a real model",
             fake.base_url()
@@ -44,10 +51,15 @@ pub async fn harness(home: &Path, provider: &str) -> anyhow::Result<(Harness, Op
 pub fn demo_workspace() -> anyhow::Result<PathBuf> {
     let mut n = 1;
     loop {
-        let name = if n == 1 { "steadfast-demo".to_string() } else { format!("steadfast-demo-{n}") };
+        let name = if n == 1 {
+            "steadfast-demo".to_string()
+        } else {
+            format!("steadfast-demo-{n}")
+        };
         let path = PathBuf::from(&name);
         if !path.exists() {
-            demo::write_project(&path).with_context(|| format!("writing the demo project to {name}"))?;
+            demo::write_project(&path)
+                .with_context(|| format!("writing the demo project to {name}"))?;
             return Ok(path);
         }
         n += 1;
@@ -58,7 +70,9 @@ pub fn demo_workspace() -> anyhow::Result<PathBuf> {
 pub fn init_tracing(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();
     } else {

@@ -54,20 +54,33 @@ impl Case {
 
     async fn run(&self, task: &str, env: &[(&str, String)]) -> Output {
         let ws = self.workspace().display().to_string();
-        self.steadfast(&["run", task, "--workspace", &ws, "--model", MODEL, "--json"], env).await
+        self.steadfast(
+            &["run", task, "--workspace", &ws, "--model", MODEL, "--json"],
+            env,
+        )
+        .await
     }
 
     async fn sessions(&self) -> Vec<String> {
         let out = self.steadfast(&["sessions", "--json"], &[]).await;
         String::from_utf8_lossy(&out.stdout)
             .lines()
-            .map(|l| serde_json::from_str::<Value>(l).unwrap()["id"].as_str().unwrap().to_string())
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["id"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
             .collect()
     }
 
     async fn log(&self, session: &str) -> Vec<Value> {
         let out = self.steadfast(&["log", session, "--json"], &[]).await;
-        assert!(out.status.success(), "log: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "log: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
@@ -86,8 +99,18 @@ fn tree(dir: &Path) -> BTreeMap<String, (Vec<u8>, bool)> {
     for entry in walkdir(dir) {
         let meta = std::fs::symlink_metadata(&entry).unwrap();
         let rel = entry.strip_prefix(dir).unwrap().display().to_string();
-        let bytes = if meta.is_file() { std::fs::read(&entry).unwrap() } else { Vec::new() };
-        out.insert(rel, (bytes, meta.permissions().mode() & 0o111 != 0 && meta.is_file()));
+        let bytes = if meta.is_file() {
+            std::fs::read(&entry).unwrap()
+        } else {
+            Vec::new()
+        };
+        out.insert(
+            rel,
+            (
+                bytes,
+                meta.permissions().mode() & 0o111 != 0 && meta.is_file(),
+            ),
+        );
     }
     out
 }
@@ -113,13 +136,21 @@ async fn every_crash_point_resumes_to_the_crash_free_result() {
     // The crash-free run, traced.
     let clean = Case::new(demo::script()).await;
     let trace = clean.dir.path().join("trace");
-    let out = clean.run(demo::TASK, &[("STEADFAST_FAULT_TRACE", trace.display().to_string())]).await;
+    let out = clean
+        .run(
+            demo::TASK,
+            &[("STEADFAST_FAULT_TRACE", trace.display().to_string())],
+        )
+        .await;
     assert!(out.status.success(), "{}", stderr(&out));
     let expected = tree(&clean.workspace());
     let clean_calls = clean.fake.calls();
     let clean_session = clean.sessions().await.pop().unwrap();
     let clean_outcomes = events(&clean.log(&clean_session).await, "model_call_outcome").len();
-    assert_eq!(clean_calls as usize, clean_outcomes, "one call per step without crashes");
+    assert_eq!(
+        clean_calls as usize, clean_outcomes,
+        "one call per step without crashes"
+    );
     let changelog = String::from_utf8_lossy(&expected["CHANGELOG.md"].0).into_owned();
     assert_eq!(changelog.matches("- Fix off-by-one").count(), 1);
 
@@ -128,7 +159,10 @@ async fn every_crash_point_resumes_to_the_crash_free_result() {
         *hits.entry(line.to_string()).or_default() += 1;
     }
     for point in steadfast_fault::points::ALL {
-        assert!(hits.contains_key(*point), "the demo never reaches {point}: {hits:?}");
+        assert!(
+            hits.contains_key(*point),
+            "the demo never reaches {point}: {hits:?}"
+        );
     }
 
     let mut crashes = 0;
@@ -136,8 +170,15 @@ async fn every_crash_point_resumes_to_the_crash_free_result() {
         for n in 1..=*count {
             let case = Case::new(demo::script()).await;
             let label = format!("{point}:{n}");
-            let out = case.run(demo::TASK, &[("STEADFAST_FAULT", label.clone())]).await;
-            assert_eq!(out.status.signal(), Some(libc_sigabrt()), "{label} did not abort: {}", stderr(&out));
+            let out = case
+                .run(demo::TASK, &[("STEADFAST_FAULT", label.clone())])
+                .await;
+            assert_eq!(
+                out.status.signal(),
+                Some(libc_sigabrt()),
+                "{label} did not abort: {}",
+                stderr(&out)
+            );
             crashes += 1;
 
             let session = match case.sessions().await.pop() {
@@ -153,35 +194,66 @@ async fn every_crash_point_resumes_to_the_crash_free_result() {
                 }
             };
             let resumed = case.steadfast(&["resume", &session, "--json"], &[]).await;
-            assert!(resumed.status.success(), "{label}: resume failed: {}", stderr(&resumed));
+            assert!(
+                resumed.status.success(),
+                "{label}: resume failed: {}",
+                stderr(&resumed)
+            );
             let result: Value = serde_json::from_slice(&resumed.stdout).unwrap();
             assert_eq!(result["status"], "completed", "{label}");
 
             // Files: byte for byte what the crash-free run left.
             let got = tree(&case.workspace());
-            assert_eq!(got.keys().collect::<Vec<_>>(), expected.keys().collect::<Vec<_>>(), "{label}");
-            assert!(got == expected, "{label}: workspace differs from the crash-free run");
+            assert_eq!(
+                got.keys().collect::<Vec<_>>(),
+                expected.keys().collect::<Vec<_>>(),
+                "{label}"
+            );
+            assert!(
+                got == expected,
+                "{label}: workspace differs from the crash-free run"
+            );
 
             // Model calls: a recorded reply is never asked for again. Only a reply cut
             // off before it was recorded is asked again (same request), and a rolled-back
             // mutation costs one new call (the model is told, and decides again).
             let log = case.log(&session).await;
-            let repeated = u64::from(matches!(point.as_str(), "model.mid_stream" | "model.effect"));
+            let repeated = u64::from(matches!(
+                point.as_str(),
+                "model.mid_stream" | "model.effect"
+            ));
             let rollbacks = events(&log, "tool_call_interrupted")
                 .iter()
                 .filter(|r| r["event"]["resolution"]["kind"] == "rolled_back")
                 .count();
             let calls = case.fake.calls();
-            assert_eq!(calls, clean_calls + repeated + rollbacks as u64, "{label}: model calls");
-            assert_eq!(case.fake.state().distinct_requests() as u64, calls - repeated, "{label}: a request was repeated");
-            assert_eq!(events(&log, "model_call_outcome").len(), clean_outcomes + rollbacks, "{label}");
+            assert_eq!(
+                calls,
+                clean_calls + repeated + rollbacks as u64,
+                "{label}: model calls"
+            );
+            assert_eq!(
+                case.fake.state().distinct_requests() as u64,
+                calls - repeated,
+                "{label}: a request was repeated"
+            );
+            assert_eq!(
+                events(&log, "model_call_outcome").len(),
+                clean_outcomes + rollbacks,
+                "{label}"
+            );
             assert_eq!(
                 calls as usize,
-                events(&log, "model_call_intent").len() - usize::from(point == "model.intent_committed"),
+                events(&log, "model_call_intent").len()
+                    - usize::from(point == "model.intent_committed"),
                 "{label}: every call has its intent in the log"
             );
             let changelog = String::from_utf8_lossy(&got["CHANGELOG.md"].0).into_owned();
-            assert_eq!(changelog.matches("- Fix off-by-one").count(), 1, "{label}: appended twice");
+            assert_eq!(
+                changelog.matches("- Fix off-by-one").count(),
+                1,
+                "{label}: appended twice"
+            );
 
             // Resolutions are in the log, as invariant 4 says.
             let interrupted = events(&log, "tool_call_interrupted");
@@ -200,9 +272,15 @@ async fn every_crash_point_resumes_to_the_crash_free_result() {
                     Some("mutate") => "rolled_back",
                     other => panic!("{label}: unexpected class {other:?}"),
                 };
-                assert_eq!(interrupted[0]["event"]["resolution"]["kind"], expected_resolution, "{label}");
+                assert_eq!(
+                    interrupted[0]["event"]["resolution"]["kind"], expected_resolution,
+                    "{label}"
+                );
             } else {
-                assert!(interrupted.is_empty(), "{label}: nothing was cut off mid-tool");
+                assert!(
+                    interrupted.is_empty(),
+                    "{label}: nothing was cut off mid-tool"
+                );
             }
             if repeated == 1 || point == "model.intent_committed" {
                 assert_eq!(events(&log, "model_call_interrupted").len(), 1, "{label}");
@@ -230,7 +308,9 @@ fn counting_endpoint() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize
             let mut buf = [0u8; 4096];
             let _ = stream.read(&mut buf);
             counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 8\r\nconnection: close\r\n\r\ndeployed");
+            let _ = stream.write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-length: 8\r\nconnection: close\r\n\r\ndeployed",
+            );
         }
     });
     (url, hits)
@@ -246,24 +326,45 @@ async fn an_interrupted_external_effect_is_reported_unknown_and_never_run_again(
         ]}))
         .unwrap();
         let case = Case::new(script).await;
-        let out = case.run("deploy", &[("STEADFAST_FAULT", format!("{point}:1"))]).await;
-        assert_eq!(out.status.signal(), Some(libc_sigabrt()), "{}", stderr(&out));
+        let out = case
+            .run("deploy", &[("STEADFAST_FAULT", format!("{point}:1"))])
+            .await;
+        assert_eq!(
+            out.status.signal(),
+            Some(libc_sigabrt()),
+            "{}",
+            stderr(&out)
+        );
         let before = hits.load(std::sync::atomic::Ordering::SeqCst);
         assert_eq!(before, usize::from(point == "tool.effect"), "{point}");
 
         let session = case.sessions().await.pop().unwrap();
         let resumed = case.steadfast(&["resume", &session, "--json"], &[]).await;
         assert!(resumed.status.success(), "{}", stderr(&resumed));
-        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), before, "{point}: the call ran again");
+        assert_eq!(
+            hits.load(std::sync::atomic::Ordering::SeqCst),
+            before,
+            "{point}: the call ran again"
+        );
 
         let log = case.log(&session).await;
         let interrupted = events(&log, "tool_call_interrupted");
         assert_eq!(interrupted.len(), 1);
-        assert_eq!(interrupted[0]["event"]["resolution"]["kind"], "outcome_unknown");
-        assert_eq!(events(&log, "tool_call_intent")[0]["event"]["class"], "external");
-        assert!(events(&log, "tool_call_outcome").is_empty(), "{point}: no outcome invented");
+        assert_eq!(
+            interrupted[0]["event"]["resolution"]["kind"],
+            "outcome_unknown"
+        );
+        assert_eq!(
+            events(&log, "tool_call_intent")[0]["event"]["class"],
+            "external"
+        );
+        assert!(
+            events(&log, "tool_call_outcome").is_empty(),
+            "{point}: no outcome invented"
+        );
         // The model was told, in the conversation it was sent next.
-        let text = String::from_utf8_lossy(&case.steadfast(&["log", &session], &[]).await.stdout).into_owned();
+        let text = String::from_utf8_lossy(&case.steadfast(&["log", &session], &[]).await.stdout)
+            .into_owned();
         assert!(text.contains("outcome unknown, NOT re-run"), "{text}");
         assert_eq!(case.fake.calls(), 2);
     }

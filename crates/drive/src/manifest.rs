@@ -237,7 +237,9 @@ pub(crate) fn apply(
                 let bytes = objects.get(hash)?;
                 let tmp = path.with_file_name(format!(
                     ".{}.steadfast-restore",
-                    path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
+                    path.file_name()
+                        .map(|n| n.to_string_lossy())
+                        .unwrap_or_default()
                 ));
                 std::fs::write(&tmp, &bytes).map_err(io("write", &tmp))?;
                 std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))

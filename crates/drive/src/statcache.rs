@@ -99,7 +99,9 @@ impl StatCache {
 
     /// Writes back the entries seen in this pass (entries of vanished files drop out).
     pub(crate) fn save(self) -> Result<()> {
-        let tmp = self.file.with_extension(format!("tmp{}", std::process::id()));
+        let tmp = self
+            .file
+            .with_extension(format!("tmp{}", std::process::id()));
         let bytes = serde_json::to_vec(&self.new).expect("cache serializes");
         std::fs::write(&tmp, bytes).map_err(io("write", &tmp))?;
         std::fs::rename(&tmp, &self.file).map_err(io("rename", &self.file))

@@ -126,7 +126,11 @@ fn a_corrupt_object_is_reported() {
     let Some(Entry::File { hash, .. }) = manifest.entries.get("src/lib.rs") else {
         panic!("file missing")
     };
-    let path = d.path().join("drive/objects").join(&hash[..2]).join(&hash[2..]);
+    let path = d
+        .path()
+        .join("drive/objects")
+        .join(&hash[..2])
+        .join(&hash[2..]);
     fs::write(&path, "tampered").unwrap();
     fs::write(ws.join("src/lib.rs"), "changed").unwrap();
     assert!(matches!(drive.restore(&ws, &id), Err(Error::Corrupt(h)) if &h == hash));

@@ -184,12 +184,12 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// workspace's initial snapshot. Returns its id.
     pub async fn start_session(&self, new: NewSession) -> Result<String> {
         let model = parse_model(&new.model)?;
-        std::fs::create_dir_all(&new.workspace).map_err(|e| {
-            Error::Invalid(format!("workspace {}: {e}", new.workspace.display()))
-        })?;
-        let workspace = new.workspace.canonicalize().map_err(|e| {
-            Error::Invalid(format!("workspace {}: {e}", new.workspace.display()))
-        })?;
+        std::fs::create_dir_all(&new.workspace)
+            .map_err(|e| Error::Invalid(format!("workspace {}: {e}", new.workspace.display())))?;
+        let workspace = new
+            .workspace
+            .canonicalize()
+            .map_err(|e| Error::Invalid(format!("workspace {}: {e}", new.workspace.display())))?;
         // The snapshot comes first: a crash while taking it leaves no session behind.
         let snapshot = self.snapshot(&workspace).await?;
         let id = format!("ses_{}", uuid::Uuid::now_v7().simple());

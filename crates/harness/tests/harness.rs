@@ -47,12 +47,17 @@ async fn a_second_driver_is_fenced_out_and_the_log_never_interleaves() -> anyhow
     let setup = Setup::new(json!([bash("echo a >> out.txt"), bash("echo b >> out.txt"), bash("echo c >> out.txt"), {"text": "done"}])).await;
     let one = setup.harness();
     let two = setup.harness();
-    let id = one.start_session(NewSession::native("fake/m", &setup.workspace())).await?;
+    let id = one
+        .start_session(NewSession::native("fake/m", &setup.workspace()))
+        .await?;
 
     let mut a = one.wake(&id).await?;
     a.send("go").await?;
     a.step().await?; // model call
-    assert!(matches!(two.wake(&id).await, Err(Error::World(steadfast_world::Error::LeaseHeld { .. }))));
+    assert!(matches!(
+        two.wake(&id).await,
+        Err(Error::World(steadfast_world::Error::LeaseHeld { .. }))
+    ));
 
     // A's lease lapses (say its host stalled); B takes the session over.
     let db = rusqlite::Connection::open(setup.dir.path().join("home/world.db"))?;
@@ -62,13 +67,23 @@ async fn a_second_driver_is_fenced_out_and_the_log_never_interleaves() -> anyhow
 
     // A wakes up and tries to carry on: every append is rejected by the store.
     let err = a.step().await.unwrap_err();
-    assert!(matches!(err, Error::World(steadfast_world::Error::StaleFence { .. })), "{err}");
+    assert!(
+        matches!(err, Error::World(steadfast_world::Error::StaleFence { .. })),
+        "{err}"
+    );
 
     let log = one.world().read(&id, 1).await?;
     for pair in log.windows(2) {
-        assert!(pair[0].epoch <= pair[1].epoch, "interleaved at #{}", pair[1].seq);
+        assert!(
+            pair[0].epoch <= pair[1].epoch,
+            "interleaved at #{}",
+            pair[1].seq
+        );
     }
-    assert_eq!(std::fs::read_to_string(setup.workspace().join("out.txt"))?, "a\nb\nc\n");
+    assert_eq!(
+        std::fs::read_to_string(setup.workspace().join("out.txt"))?,
+        "a\nb\nc\n"
+    );
     assert_eq!(setup.fake.calls(), 4);
     Ok(())
 }
@@ -81,7 +96,9 @@ async fn big_outputs_go_to_the_blob_store_with_excerpts_in_context() -> anyhow::
     ]))
     .await;
     let harness = setup.harness();
-    let id = harness.start_session(NewSession::native("fake/m", &setup.workspace())).await?;
+    let id = harness
+        .start_session(NewSession::native("fake/m", &setup.workspace()))
+        .await?;
     let mut driver = harness.wake(&id).await?;
     driver.send("go").await?;
     assert_eq!(driver.run().await?, Stop::Idle);
@@ -90,20 +107,33 @@ async fn big_outputs_go_to_the_blob_store_with_excerpts_in_context() -> anyhow::
     let blob = log
         .iter()
         .find_map(|r| match &r.event {
-            Event::ToolCallOutcome { output: Output::Blob(b), .. } => Some(b.clone()),
+            Event::ToolCallOutcome {
+                output: Output::Blob(b),
+                ..
+            } => Some(b.clone()),
             _ => None,
         })
         .expect("the big output is a blob reference");
     assert!(blob.size > 300_000);
-    assert!(blob.head.starts_with("FIRST\n"), "ANSI stripped: {:?}", &blob.head[..10]);
+    assert!(
+        blob.head.starts_with("FIRST\n"),
+        "ANSI stripped: {:?}",
+        &blob.head[..10]
+    );
     assert!(blob.tail.ends_with("LAST\n"));
     assert!(blob.uri.starts_with("file://") && blob.uri.ends_with(&blob.hash));
-    let stored_record = log.iter().map(|r| serde_json::to_vec(&r.event).unwrap().len()).max().unwrap();
+    let stored_record = log
+        .iter()
+        .map(|r| serde_json::to_vec(&r.event).unwrap().len())
+        .max()
+        .unwrap();
     assert!(stored_record < 64 * 1024, "no record holds the payload");
     let blobs = steadfast_world::Blobs::local(&setup.dir.path().join("home/blobs"))?;
     assert_eq!(blobs.get(&blob.hash).await?.len() as u64, blob.size);
     let shown = driver.state().conversation[2].content[0].clone();
-    let steadfast_log::Block::ToolResult { content, .. } = shown else { panic!() };
+    let steadfast_log::Block::ToolResult { content, .. } = shown else {
+        panic!()
+    };
     assert!(content.contains("output truncated") && content.len() < 20_000);
     Ok(())
 }
@@ -111,14 +141,29 @@ async fn big_outputs_go_to_the_blob_store_with_excerpts_in_context() -> anyhow::
 #[tokio::test]
 async fn a_runaway_turn_escalates_with_the_diff() -> anyhow::Result<()> {
     let loop_step = bash("date >> clock.txt");
-    let setup = Setup::new(json!([loop_step.clone(), loop_step.clone(), loop_step.clone(), loop_step])).await;
+    let setup = Setup::new(json!([
+        loop_step.clone(),
+        loop_step.clone(),
+        loop_step.clone(),
+        loop_step
+    ]))
+    .await;
     let harness = setup.harness_with(|o| o.max_steps_per_turn = 2);
-    let id = harness.start_session(NewSession::native("fake/m", &setup.workspace())).await?;
+    let id = harness
+        .start_session(NewSession::native("fake/m", &setup.workspace()))
+        .await?;
     let mut driver = harness.wake(&id).await?;
     driver.send("go").await?;
     assert_eq!(driver.run().await?, Stop::Ended(EndState::Escalated));
     let log = harness.world().read(&id, 1).await?;
-    let Event::SessionEnded { state, reason, diff } = &log.last().unwrap().event else { panic!() };
+    let Event::SessionEnded {
+        state,
+        reason,
+        diff,
+    } = &log.last().unwrap().event
+    else {
+        panic!()
+    };
     assert_eq!(*state, EndState::Escalated);
     assert!(reason.contains("step budget"));
     assert_eq!(diff, &vec!["added clock.txt".to_string()]);
@@ -131,7 +176,9 @@ async fn a_runaway_turn_escalates_with_the_diff() -> anyhow::Result<()> {
 async fn a_rejected_model_call_fails_the_session_clearly() -> anyhow::Result<()> {
     let setup = Setup::new(json!([{"text": "x", "fail": {"status": 400, "times": 5}}])).await;
     let harness = setup.harness();
-    let id = harness.start_session(NewSession::native("fake/m", &setup.workspace())).await?;
+    let id = harness
+        .start_session(NewSession::native("fake/m", &setup.workspace()))
+        .await?;
     let mut driver = harness.wake(&id).await?;
     driver.send("go").await?;
     assert_eq!(driver.run().await?, Stop::Ended(EndState::Failed));
@@ -145,12 +192,20 @@ async fn a_rejected_model_call_fails_the_session_clearly() -> anyhow::Result<()>
 async fn a_message_is_refused_while_a_turn_is_open() -> anyhow::Result<()> {
     let setup = Setup::new(json!([bash("true"), {"text": "done"}])).await;
     let harness = setup.harness();
-    let id = harness.start_session(NewSession::native("fake/m", &setup.workspace())).await?;
+    let id = harness
+        .start_session(NewSession::native("fake/m", &setup.workspace()))
+        .await?;
     let mut driver = harness.wake(&id).await?;
     driver.send("go").await?;
     assert!(matches!(driver.send("again").await, Err(Error::Invalid(_))));
-    assert!(matches!(harness.wake("ses_unknown").await, Err(Error::World(steadfast_world::Error::NotFound(_)))));
-    assert!(harness.start_session(NewSession::native("no-slash", &setup.workspace())).await.is_err());
+    assert!(matches!(
+        harness.wake("ses_unknown").await,
+        Err(Error::World(steadfast_world::Error::NotFound(_)))
+    ));
+    assert!(harness
+        .start_session(NewSession::native("no-slash", &setup.workspace()))
+        .await
+        .is_err());
     Ok(())
 }
 
@@ -158,9 +213,13 @@ async fn a_message_is_refused_while_a_turn_is_open() -> anyhow::Result<()> {
 async fn the_harness_credentials_never_reach_a_command() -> anyhow::Result<()> {
     std::env::set_var("ANTHROPIC_API_KEY", "sk-ant-harness-secret");
     std::env::set_var("STEADFAST_TEST_TOKEN", "tok-harness-secret");
-    let setup = Setup::new(json!([bash("env; cat /proc/self/environ | tr '\\0' '\\n'"), {"text": "done"}])).await;
+    let setup =
+        Setup::new(json!([bash("env; cat /proc/self/environ | tr '\\0' '\\n'"), {"text": "done"}]))
+            .await;
     let harness = setup.harness();
-    let id = harness.start_session(NewSession::native("fake/m", &setup.workspace())).await?;
+    let id = harness
+        .start_session(NewSession::native("fake/m", &setup.workspace()))
+        .await?;
     let mut driver = harness.wake(&id).await?;
     driver.send("go").await?;
     driver.run().await?;
@@ -168,7 +227,10 @@ async fn the_harness_credentials_never_reach_a_command() -> anyhow::Result<()> {
     let output = log
         .iter()
         .find_map(|r| match &r.event {
-            Event::ToolCallOutcome { output: Output::Inline { text }, .. } => Some(text.clone()),
+            Event::ToolCallOutcome {
+                output: Output::Inline { text },
+                ..
+            } => Some(text.clone()),
             _ => None,
         })
         .unwrap();

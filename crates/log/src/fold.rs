@@ -318,7 +318,8 @@ impl SessionState {
                 self.conversation.push(message);
             }
             Event::ModelCallInterrupted { call_id } | Event::ModelCallFailed { call_id, .. } => {
-                self.take_pending_model(call_id).ok_or_else(|| bad("no such pending model call"))?;
+                self.take_pending_model(call_id)
+                    .ok_or_else(|| bad("no such pending model call"))?;
             }
             Event::ToolCallIntent {
                 call_id,
@@ -349,7 +350,8 @@ impl SessionState {
                 snapshot_after,
                 ..
             } => {
-                self.take_pending_tool(call_id).ok_or_else(|| bad("no such pending tool call"))?;
+                self.take_pending_tool(call_id)
+                    .ok_or_else(|| bad("no such pending tool call"))?;
                 if snapshot_after.is_some() {
                     self.last_snapshot = snapshot_after.clone();
                 }
@@ -359,7 +361,8 @@ impl SessionState {
                 call_id,
                 resolution,
             } => {
-                self.take_pending_tool(call_id).ok_or_else(|| bad("no such pending tool call"))?;
+                self.take_pending_tool(call_id)
+                    .ok_or_else(|| bad("no such pending tool call"))?;
                 match resolution {
                     ToolResolution::Rerun => {}
                     ToolResolution::RolledBack { snapshot } => {
@@ -418,7 +421,10 @@ impl SessionState {
             is_error,
         };
         match self.conversation.last_mut() {
-            Some(m) if m.role == Role::User && matches!(m.content.first(), Some(Block::ToolResult { .. })) => {
+            Some(m)
+                if m.role == Role::User
+                    && matches!(m.content.first(), Some(Block::ToolResult { .. })) =>
+            {
                 m.content.push(block)
             }
             _ => self.conversation.push(Message {

@@ -14,12 +14,16 @@ fn block_json(block: &Block) -> Option<Value> {
     Some(match block {
         Block::Text { text } if text.is_empty() => return None,
         Block::Text { text } => json!({"type": "text", "text": text}),
-        Block::ToolUse(t) => json!({"type": "tool_use", "id": t.id, "name": t.name, "input": t.input}),
+        Block::ToolUse(t) => {
+            json!({"type": "tool_use", "id": t.id, "name": t.name, "input": t.input})
+        }
         Block::ToolResult {
             tool_use_id,
             content,
             is_error,
-        } => json!({"type": "tool_result", "tool_use_id": tool_use_id, "content": content, "is_error": is_error}),
+        } => {
+            json!({"type": "tool_result", "tool_use_id": tool_use_id, "content": content, "is_error": is_error})
+        }
     })
 }
 
@@ -58,7 +62,11 @@ fn protocol(message: impl Into<String>) -> Attempt {
 
 enum Partial {
     Text(String),
-    Tool { id: String, name: String, json: String },
+    Tool {
+        id: String,
+        name: String,
+        json: String,
+    },
 }
 
 fn usage_from(v: &Value, usage: &mut Usage) {
@@ -112,7 +120,10 @@ pub(crate) async fn complete(
             Err(_) if event.data.trim().is_empty() => continue,
             Err(e) => return Err(protocol(format!("bad event data: {e}"))),
         };
-        let kind = data.get("type").and_then(Value::as_str).unwrap_or(&event.event);
+        let kind = data
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or(&event.event);
         let index = data.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
         match kind {
             "message_start" => {
@@ -121,14 +132,30 @@ pub(crate) async fn complete(
                 }
             }
             "content_block_start" => {
-                let block = data.get("content_block").ok_or_else(|| protocol("content_block_start without a block"))?;
+                let block = data
+                    .get("content_block")
+                    .ok_or_else(|| protocol("content_block_start without a block"))?;
                 let partial = match block.get("type").and_then(Value::as_str) {
-                    Some("text") => Partial::Text(block.get("text").and_then(Value::as_str).unwrap_or("").to_string()),
+                    Some("text") => Partial::Text(
+                        block
+                            .get("text")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_string(),
+                    ),
                     Some("tool_use") => {
-                        let name = block.get("name").and_then(Value::as_str).unwrap_or("").to_string();
+                        let name = block
+                            .get("name")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_string();
                         on_delta(Delta::ToolUse { name: name.clone() });
                         Partial::Tool {
-                            id: block.get("id").and_then(Value::as_str).unwrap_or("").to_string(),
+                            id: block
+                                .get("id")
+                                .and_then(Value::as_str)
+                                .unwrap_or("")
+                                .to_string(),
                             name,
                             json: String::new(),
                         }
@@ -142,14 +169,22 @@ pub(crate) async fn complete(
             }
             "content_block_delta" => {
                 let delta = data.get("delta").ok_or_else(|| protocol("delta missing"))?;
-                match (blocks.get_mut(index).and_then(Option::as_mut), delta.get("type").and_then(Value::as_str)) {
+                match (
+                    blocks.get_mut(index).and_then(Option::as_mut),
+                    delta.get("type").and_then(Value::as_str),
+                ) {
                     (Some(Partial::Text(text)), Some("text_delta")) => {
                         let piece = delta.get("text").and_then(Value::as_str).unwrap_or("");
                         text.push_str(piece);
                         on_delta(Delta::Text(piece.to_string()));
                     }
                     (Some(Partial::Tool { json, .. }), Some("input_json_delta")) => {
-                        json.push_str(delta.get("partial_json").and_then(Value::as_str).unwrap_or(""));
+                        json.push_str(
+                            delta
+                                .get("partial_json")
+                                .and_then(Value::as_str)
+                                .unwrap_or(""),
+                        );
                     }
                     _ => {}
                 }
@@ -171,13 +206,29 @@ pub(crate) async fn complete(
                 break;
             }
             "error" => {
-                let message = data.pointer("/error/message").and_then(Value::as_str).unwrap_or("stream error");
-                let kind = data.pointer("/error/type").and_then(Value::as_str).unwrap_or("");
-                return Err(if matches!(kind, "overloaded_error" | "api_error" | "rate_limit_error") {
-                    Attempt::Retry { message: message.to_string(), after: None, streamed: true }
-                } else {
-                    Attempt::Fatal(Error::Rejected { provider: PROVIDER, status: 400, message: message.to_string() })
-                });
+                let message = data
+                    .pointer("/error/message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("stream error");
+                let kind = data
+                    .pointer("/error/type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                return Err(
+                    if matches!(kind, "overloaded_error" | "api_error" | "rate_limit_error") {
+                        Attempt::Retry {
+                            message: message.to_string(),
+                            after: None,
+                            streamed: true,
+                        }
+                    } else {
+                        Attempt::Fatal(Error::Rejected {
+                            provider: PROVIDER,
+                            status: 400,
+                            message: message.to_string(),
+                        })
+                    },
+                );
             }
             _ => {} // ping, content_block_stop
         }
@@ -197,7 +248,8 @@ pub(crate) async fn complete(
                 let input = if json.trim().is_empty() {
                     Value::Object(Default::default())
                 } else {
-                    serde_json::from_str(&json).map_err(|e| protocol(format!("tool input is not JSON: {e}")))?
+                    serde_json::from_str(&json)
+                        .map_err(|e| protocol(format!("tool input is not JSON: {e}")))?
                 };
                 Block::ToolUse(ToolUse { id, name, input })
             }

@@ -137,7 +137,9 @@ impl Endpoint {
     /// The endpoint for `provider` from `<PROVIDER>_API_KEY` and `<PROVIDER>_BASE_URL`.
     pub fn from_env(provider: &str) -> Option<Self> {
         let upper = provider.to_ascii_uppercase();
-        let api_key = std::env::var(format!("{upper}_API_KEY")).ok().filter(|k| !k.is_empty())?;
+        let api_key = std::env::var(format!("{upper}_API_KEY"))
+            .ok()
+            .filter(|k| !k.is_empty())?;
         let default = match provider {
             "anthropic" => "https://api.anthropic.com",
             "openai" => "https://api.openai.com/v1",

@@ -14,8 +14,15 @@ fn push_messages(m: &Message, out: &mut Vec<Value>) {
         Role::User => {
             let text = m.text();
             for block in &m.content {
-                if let Block::ToolResult { tool_use_id, content, .. } = block {
-                    out.push(json!({"role": "tool", "tool_call_id": tool_use_id, "content": content}));
+                if let Block::ToolResult {
+                    tool_use_id,
+                    content,
+                    ..
+                } = block
+                {
+                    out.push(
+                        json!({"role": "tool", "tool_call_id": tool_use_id, "content": content}),
+                    );
                 }
             }
             if !text.is_empty() {
@@ -78,7 +85,10 @@ pub(crate) async fn complete(
     request: &ModelRequest,
     on_delta: &mut (dyn FnMut(Delta) + Send),
 ) -> Result<ModelResponse, Attempt> {
-    let url = format!("{}/chat/completions", endpoint.base_url.trim_end_matches('/'));
+    let url = format!(
+        "{}/chat/completions",
+        endpoint.base_url.trim_end_matches('/')
+    );
     let response = http
         .post(&url)
         .bearer_auth(&endpoint.api_key)
@@ -105,23 +115,42 @@ pub(crate) async fn complete(
             done = true;
             break;
         }
-        let chunk: Value = serde_json::from_str(&event.data).map_err(|e| protocol(format!("bad chunk: {e}")))?;
+        let chunk: Value =
+            serde_json::from_str(&event.data).map_err(|e| protocol(format!("bad chunk: {e}")))?;
         if let Some(err) = chunk.get("error") {
-            let message = err.get("message").and_then(Value::as_str).unwrap_or("stream error").to_string();
-            return Err(Attempt::Retry { message, after: None, streamed: true });
+            let message = err
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("stream error")
+                .to_string();
+            return Err(Attempt::Retry {
+                message,
+                after: None,
+                streamed: true,
+            });
         }
         if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
-            let cached = u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0);
+            let cached = u
+                .pointer("/prompt_tokens_details/cached_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
             let prompt = u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0);
             usage.input_tokens = prompt.saturating_sub(cached);
             usage.cache_read_tokens = cached;
-            usage.output_tokens = u.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0);
+            usage.output_tokens = u
+                .get("completion_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
         }
-        let Some(choice) = chunk.pointer("/choices/0") else { continue };
+        let Some(choice) = chunk.pointer("/choices/0") else {
+            continue;
+        };
         if let Some(r) = choice.get("finish_reason").and_then(Value::as_str) {
             finish = Some(r.to_string());
         }
-        let Some(delta) = choice.get("delta") else { continue };
+        let Some(delta) = choice.get("delta") else {
+            continue;
+        };
         if let Some(piece) = delta.get("content").and_then(Value::as_str) {
             text.push_str(piece);
             on_delta(Delta::Text(piece.to_string()));
@@ -138,7 +167,9 @@ pub(crate) async fn complete(
                 }
                 if let Some(name) = tc.pointer("/function/name").and_then(Value::as_str) {
                     call.name.push_str(name);
-                    on_delta(Delta::ToolUse { name: name.to_string() });
+                    on_delta(Delta::ToolUse {
+                        name: name.to_string(),
+                    });
                 }
                 if let Some(args) = tc.pointer("/function/arguments").and_then(Value::as_str) {
                     call.arguments.push_str(args);
@@ -165,9 +196,14 @@ pub(crate) async fn complete(
         let input = if call.arguments.trim().is_empty() {
             Value::Object(Default::default())
         } else {
-            serde_json::from_str(&call.arguments).map_err(|e| protocol(format!("tool arguments are not JSON: {e}")))?
+            serde_json::from_str(&call.arguments)
+                .map_err(|e| protocol(format!("tool arguments are not JSON: {e}")))?
         };
-        content.push(Block::ToolUse(ToolUse { id: call.id, name: call.name, input }));
+        content.push(Block::ToolUse(ToolUse {
+            id: call.id,
+            name: call.name,
+            input,
+        }));
     }
     let stop_reason = match finish.as_deref() {
         Some("tool_calls") => "tool_use",

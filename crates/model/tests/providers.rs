@@ -67,8 +67,15 @@ async fn streams_text_and_tool_calls(provider: &str) {
         .unwrap();
     assert_eq!(reply.stop_reason, "tool_use");
     assert_eq!(reply.content.len(), 3);
-    assert_eq!(reply.content[0], Block::Text { text: "Let me look around, carefully.".into() });
-    let Block::ToolUse(read) = &reply.content[2] else { panic!("not a tool call") };
+    assert_eq!(
+        reply.content[0],
+        Block::Text {
+            text: "Let me look around, carefully.".into()
+        }
+    );
+    let Block::ToolUse(read) = &reply.content[2] else {
+        panic!("not a tool call")
+    };
     assert_eq!(read.name, "read");
     assert_eq!(read.input, json!({"file_path": "src/main.rs", "offset": 3}));
     assert!(reply.usage.input_tokens > 0 && reply.usage.output_tokens > 0);
@@ -106,7 +113,12 @@ async fn streams_text_and_tool_calls(provider: &str) {
             .collect(),
     });
     let done = client.complete(&next, &mut |_| {}).await.unwrap();
-    assert_eq!(done.content, vec![Block::Text { text: "All done.".into() }]);
+    assert_eq!(
+        done.content,
+        vec![Block::Text {
+            text: "All done.".into()
+        }]
+    );
     assert_eq!(done.stop_reason, "end_turn");
 }
 
@@ -123,26 +135,39 @@ async fn openai_streams_text_and_tool_calls() {
 #[tokio::test]
 async fn overloaded_and_rate_limited_calls_are_retried() {
     for (provider, status) in [("anthropic", 529), ("openai", 429), ("anthropic", 503)] {
-        let fake = FakeProvider::start(script(json!({"fail": {"status": status, "times": 2}}))).await.unwrap();
+        let fake = FakeProvider::start(script(json!({"fail": {"status": status, "times": 2}})))
+            .await
+            .unwrap();
         let client = client(provider, &fake, "k").await;
         let reply = client.complete(&request(), &mut |_| {}).await.unwrap();
         assert_eq!(reply.stop_reason, "tool_use");
-        assert_eq!(fake.calls(), 3, "{provider} {status}: two failures then success");
+        assert_eq!(
+            fake.calls(),
+            3,
+            "{provider} {status}: two failures then success"
+        );
     }
 }
 
 #[tokio::test]
 async fn retries_give_up_with_a_clear_error() {
-    let fake = FakeProvider::start(script(json!({"fail": {"status": 500, "times": 10}}))).await.unwrap();
+    let fake = FakeProvider::start(script(json!({"fail": {"status": 500, "times": 10}})))
+        .await
+        .unwrap();
     let client = client("anthropic", &fake, "k").await;
     let err = client.complete(&request(), &mut |_| {}).await.unwrap_err();
-    assert!(matches!(err, Error::Unavailable { attempts: 3, .. }), "{err}");
+    assert!(
+        matches!(err, Error::Unavailable { attempts: 3, .. }),
+        "{err}"
+    );
     assert!(err.is_retryable());
 }
 
 #[tokio::test]
 async fn client_errors_are_not_retried() {
-    let fake = FakeProvider::start(script(json!({"fail": {"status": 400, "times": 10}}))).await.unwrap();
+    let fake = FakeProvider::start(script(json!({"fail": {"status": 400, "times": 10}})))
+        .await
+        .unwrap();
     for provider in ["anthropic", "openai"] {
         let client = client(provider, &fake, "k").await;
         let err = client.complete(&request(), &mut |_| {}).await.unwrap_err();

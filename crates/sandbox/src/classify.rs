@@ -64,7 +64,9 @@ fn is_read_only(command: &str) -> bool {
             "find" => !words
                 .iter()
                 .any(|w| matches!(*w, "-delete" | "-exec" | "-execdir" | "-ok" | "-fprint")),
-            "sed" => !words.iter().any(|w| w.starts_with("-i") || *w == "--in-place"),
+            "sed" => !words
+                .iter()
+                .any(|w| w.starts_with("-i") || *w == "--in-place"),
             "git" => matches!(
                 words.get(1).copied(),
                 Some("status" | "diff" | "log" | "show" | "rev-parse" | "ls-files" | "blame")
@@ -84,7 +86,12 @@ mod tests {
 
     #[test]
     fn commands_are_classified_cautiously() {
-        for c in ["ls -la", "cat a.txt | grep x", "git status && git diff", "find . -name '*.rs'"] {
+        for c in [
+            "ls -la",
+            "cat a.txt | grep x",
+            "git status && git diff",
+            "find . -name '*.rs'",
+        ] {
             assert_eq!(classify_command(c), ToolClass::Read, "{c}");
         }
         for c in [
@@ -98,7 +105,12 @@ mod tests {
         ] {
             assert_eq!(classify_command(c), ToolClass::Mutate, "{c}");
         }
-        for c in ["git push origin main", "curl -X POST https://x", "cd x && npm publish", "ls; wget http://x"] {
+        for c in [
+            "git push origin main",
+            "curl -X POST https://x",
+            "cd x && npm publish",
+            "ls; wget http://x",
+        ] {
             assert_eq!(classify_command(c), ToolClass::External, "{c}");
         }
         assert_eq!(classify("edit", &serde_json::json!({})), ToolClass::Mutate);

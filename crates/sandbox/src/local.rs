@@ -75,7 +75,10 @@ impl LocalSandbox {
         let home = std::env::temp_dir().join(format!(
             "steadfast-home-{}-{}",
             std::process::id(),
-            blake3::hash(root.to_string_lossy().as_bytes()).to_hex().get(..12).unwrap_or("x")
+            blake3::hash(root.to_string_lossy().as_bytes())
+                .to_hex()
+                .get(..12)
+                .unwrap_or("x")
         ));
         std::fs::create_dir_all(&home)
             .map_err(|e| Error::Unavailable(format!("{}: {e}", home.display())))?;

@@ -83,7 +83,16 @@ mod tests {
         std::os::unix::fs::symlink(dir.path(), root.join("up")).unwrap();
         std::os::unix::fs::symlink("/nonexistent/x", root.join("dangling")).unwrap();
 
-        for bad in ["../secret", "sub/../../secret", "/etc/passwd", "leak", "up/secret", "up/new", "dangling", ""] {
+        for bad in [
+            "../secret",
+            "sub/../../secret",
+            "/etc/passwd",
+            "leak",
+            "up/secret",
+            "up/new",
+            "dangling",
+            "",
+        ] {
             assert!(confine(&root, bad).is_err(), "{bad} should be refused");
         }
         assert_eq!(confine(&root, "sub/../a.txt").unwrap(), root.join("a.txt"));

@@ -10,7 +10,10 @@ pub const TASK: &str = "The test suite of this project fails. Find the bug, fix 
 
 const FILES: &[(&str, &str)] = &[
     ("stats.py", include_str!("../demo/project/stats.py")),
-    ("test_stats.py", include_str!("../demo/project/test_stats.py")),
+    (
+        "test_stats.py",
+        include_str!("../demo/project/test_stats.py"),
+    ),
     ("README.md", include_str!("../demo/project/README.md")),
     ("CHANGELOG.md", include_str!("../demo/project/CHANGELOG.md")),
 ];

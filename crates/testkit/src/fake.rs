@@ -79,15 +79,31 @@ async fn counters(State(state): State<Arc<FakeState>>) -> Json<Value> {
 }
 
 fn error(status: StatusCode, kind: &str, message: &str) -> Response {
-    (status, Json(json!({"type": "error", "error": {"type": kind, "message": message}}))).into_response()
+    (
+        status,
+        Json(json!({"type": "error", "error": {"type": kind, "message": message}})),
+    )
+        .into_response()
 }
 
-async fn anthropic(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: String) -> Response {
+async fn anthropic(
+    State(state): State<Arc<FakeState>>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
     if headers.get("x-api-key").is_none() {
-        return error(StatusCode::UNAUTHORIZED, "authentication_error", "x-api-key header is required");
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "x-api-key header is required",
+        );
     }
     if headers.get("anthropic-version").is_none() {
-        return error(StatusCode::BAD_REQUEST, "invalid_request_error", "anthropic-version header is required");
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "anthropic-version header is required",
+        );
     }
     serve(&state, Format::Anthropic, &body).await
 }
@@ -98,7 +114,11 @@ async fn openai(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: S
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("Bearer "));
     if !authorized {
-        return error(StatusCode::UNAUTHORIZED, "invalid_api_key", "a bearer token is required");
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "invalid_api_key",
+            "a bearer token is required",
+        );
     }
     serve(&state, Format::OpenAi, &body).await
 }
@@ -106,16 +126,31 @@ async fn openai(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: S
 async fn serve(state: &FakeState, format: Format, body: &str) -> Response {
     let request: Value = match serde_json::from_str(body) {
         Ok(v) => v,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", &format!("body is not JSON: {e}")),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &format!("body is not JSON: {e}"),
+            )
+        }
     };
     let Some(messages) = request.get("messages").and_then(Value::as_array) else {
-        return error(StatusCode::BAD_REQUEST, "invalid_request_error", "messages: field required");
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "messages: field required",
+        );
     };
     let index = wire::step_index(format, messages);
-    let step = state.script.steps.get(index).cloned().unwrap_or_else(|| crate::Step {
-        text: "(the fake provider's script has no more steps)".into(),
-        ..Default::default()
-    });
+    let step = state
+        .script
+        .steps
+        .get(index)
+        .cloned()
+        .unwrap_or_else(|| crate::Step {
+            text: "(the fake provider's script has no more steps)".into(),
+            ..Default::default()
+        });
     {
         let mut c = state.lock();
         c.calls += 1;
@@ -130,13 +165,21 @@ async fn serve(state: &FakeState, format: Format, body: &str) -> Response {
         if let Some(fail) = &step.fail {
             if c.failures_served[index] < fail.times {
                 c.failures_served[index] += 1;
-                let status = StatusCode::from_u16(fail.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                let status =
+                    StatusCode::from_u16(fail.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
                 return error(status, "scripted_error", "scripted failure");
             }
         }
     }
-    let model = request.get("model").and_then(Value::as_str).unwrap_or("fake").to_string();
-    let stream = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let model = request
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("fake")
+        .to_string();
+    let stream = request
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let input_tokens = (body.len() / 4) as u64;
     wire::reply(format, index, &step, &model, input_tokens, stream)
 }

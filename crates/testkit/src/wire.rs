@@ -23,7 +23,9 @@ fn rolled_back(content: &Value) -> bool {
     match content {
         Value::String(s) => s.starts_with(marker),
         Value::Array(parts) => parts.iter().any(|p| {
-            p.get("text").and_then(Value::as_str).is_some_and(|t| t.starts_with(marker))
+            p.get("text")
+                .and_then(Value::as_str)
+                .is_some_and(|t| t.starts_with(marker))
         }),
         _ => false,
     }
@@ -35,33 +37,27 @@ pub(crate) fn step_index(format: Format, messages: &[Value]) -> usize {
     let mut index = 0usize;
     let mut last_assistant_redo = false;
     for m in messages {
-        match (format, m.get("role").and_then(Value::as_str)) {
+        let redo = match (format, m.get("role").and_then(Value::as_str)) {
             (_, Some("assistant")) => {
                 index += 1;
                 last_assistant_redo = false;
+                false
             }
-            (Format::Anthropic, Some("user")) => {
-                let redo = m
-                    .get("content")
-                    .and_then(Value::as_array)
-                    .is_some_and(|blocks| {
-                        blocks.iter().any(|b| {
-                            b.get("type").and_then(Value::as_str) == Some("tool_result")
-                                && b.get("content").is_some_and(rolled_back)
-                        })
-                    });
-                if redo && !last_assistant_redo && index > 0 {
-                    index -= 1;
-                    last_assistant_redo = true;
-                }
-            }
-            (Format::OpenAi, Some("tool")) => {
-                if m.get("content").is_some_and(rolled_back) && !last_assistant_redo && index > 0 {
-                    index -= 1;
-                    last_assistant_redo = true;
-                }
-            }
-            _ => {}
+            (Format::Anthropic, Some("user")) => m
+                .get("content")
+                .and_then(Value::as_array)
+                .is_some_and(|blocks| {
+                    blocks.iter().any(|b| {
+                        b.get("type").and_then(Value::as_str) == Some("tool_result")
+                            && b.get("content").is_some_and(rolled_back)
+                    })
+                }),
+            (Format::OpenAi, Some("tool")) => m.get("content").is_some_and(rolled_back),
+            _ => false,
+        };
+        if redo && !last_assistant_redo && index > 0 {
+            index -= 1;
+            last_assistant_redo = true;
         }
     }
     index
@@ -69,7 +65,10 @@ pub(crate) fn step_index(format: Format, messages: &[Value]) -> usize {
 
 fn chunks(s: &str, size: usize) -> Vec<String> {
     let chars: Vec<char> = s.chars().collect();
-    chars.chunks(size.max(1)).map(|c| c.iter().collect()).collect()
+    chars
+        .chunks(size.max(1))
+        .map(|c| c.iter().collect())
+        .collect()
 }
 
 fn tool_id(format: Format, step: usize, j: usize) -> String {
@@ -89,9 +88,29 @@ pub(crate) fn reply(
 ) -> Response {
     let output_tokens = (step.text.len() / 4) as u64 + 12 * step.tool_calls.len() as u64 + 1;
     let frames = match (format, stream) {
-        (Format::Anthropic, false) => return Json(anthropic_message(index, step, model, input_tokens, output_tokens)).into_response(),
-        (Format::OpenAi, false) => return Json(openai_completion(index, step, model, input_tokens, output_tokens)).into_response(),
-        (Format::Anthropic, true) => anthropic_frames(index, step, model, input_tokens, output_tokens),
+        (Format::Anthropic, false) => {
+            return Json(anthropic_message(
+                index,
+                step,
+                model,
+                input_tokens,
+                output_tokens,
+            ))
+            .into_response()
+        }
+        (Format::OpenAi, false) => {
+            return Json(openai_completion(
+                index,
+                step,
+                model,
+                input_tokens,
+                output_tokens,
+            ))
+            .into_response()
+        }
+        (Format::Anthropic, true) => {
+            anthropic_frames(index, step, model, input_tokens, output_tokens)
+        }
         (Format::OpenAi, true) => openai_frames(index, step, model, input_tokens, output_tokens),
     };
     let delay = Duration::from_millis(step.chunk_delay_ms);
@@ -103,7 +122,10 @@ pub(crate) fn reply(
         Some((Ok::<_, Infallible>(bytes::Bytes::from(frame)), it))
     });
     (
-        [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")],
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
         Body::from_stream(body),
     )
         .into_response()
@@ -136,7 +158,13 @@ fn sse(event: &str, data: Value) -> String {
     format!("event: {event}\ndata: {data}\n\n")
 }
 
-fn anthropic_frames(index: usize, step: &Step, model: &str, input: u64, output: u64) -> Vec<String> {
+fn anthropic_frames(
+    index: usize,
+    step: &Step,
+    model: &str,
+    input: u64,
+    output: u64,
+) -> Vec<String> {
     let mut frames = vec![sse(
         "message_start",
         json!({"type": "message_start", "message": {
@@ -151,7 +179,10 @@ fn anthropic_frames(index: usize, step: &Step, model: &str, input: u64, output: 
         for piece in chunks(&step.text, 16) {
             frames.push(sse("content_block_delta", json!({"type": "content_block_delta", "index": block, "delta": {"type": "text_delta", "text": piece}})));
         }
-        frames.push(sse("content_block_stop", json!({"type": "content_block_stop", "index": block})));
+        frames.push(sse(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": block}),
+        ));
         block += 1;
     }
     for (j, call) in step.tool_calls.iter().enumerate() {
@@ -160,7 +191,10 @@ fn anthropic_frames(index: usize, step: &Step, model: &str, input: u64, output: 
         for piece in chunks(&call.input.to_string(), 24) {
             frames.push(sse("content_block_delta", json!({"type": "content_block_delta", "index": block, "delta": {"type": "input_json_delta", "partial_json": piece}})));
         }
-        frames.push(sse("content_block_stop", json!({"type": "content_block_stop", "index": block})));
+        frames.push(sse(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": block}),
+        ));
         block += 1;
     }
     frames.push(sse("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(step), "stop_sequence": null}, "usage": {"output_tokens": output}})));
@@ -197,11 +231,18 @@ fn openai_completion(index: usize, step: &Step, model: &str, input: u64, output:
 fn openai_frames(index: usize, step: &Step, model: &str, input: u64, output: u64) -> Vec<String> {
     let id = format!("chatcmpl-fake-{index}");
     let chunk = |choices: Value| {
-        format!("data: {}\n\n", json!({"id": id, "object": "chat.completion.chunk", "created": 0, "model": model, "choices": choices}))
+        format!(
+            "data: {}\n\n",
+            json!({"id": id, "object": "chat.completion.chunk", "created": 0, "model": model, "choices": choices})
+        )
     };
-    let mut frames = vec![chunk(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]))];
+    let mut frames = vec![chunk(
+        json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]),
+    )];
     for piece in chunks(&step.text, 16) {
-        frames.push(chunk(json!([{"index": 0, "delta": {"content": piece}, "finish_reason": null}])));
+        frames.push(chunk(
+            json!([{"index": 0, "delta": {"content": piece}, "finish_reason": null}]),
+        ));
     }
     for (j, call) in step.tool_calls.iter().enumerate() {
         frames.push(chunk(json!([{"index": 0, "delta": {"tool_calls": [{"index": j, "id": tool_id(Format::OpenAi, index, j), "type": "function", "function": {"name": call.name, "arguments": ""}}]}, "finish_reason": null}])));
@@ -209,7 +250,9 @@ fn openai_frames(index: usize, step: &Step, model: &str, input: u64, output: u64
             frames.push(chunk(json!([{"index": 0, "delta": {"tool_calls": [{"index": j, "function": {"arguments": piece}}]}, "finish_reason": null}])));
         }
     }
-    frames.push(chunk(json!([{"index": 0, "delta": {}, "finish_reason": openai_finish(step)}])));
+    frames.push(chunk(
+        json!([{"index": 0, "delta": {}, "finish_reason": openai_finish(step)}]),
+    ));
     frames.push(format!(
         "data: {}\n\n",
         json!({"id": id, "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [],

@@ -26,7 +26,8 @@ impl Blobs {
         let dir = dir
             .canonicalize()
             .map_err(|e| Error::Blob(format!("{}: {e}", dir.display())))?;
-        let store = LocalFileSystem::new_with_prefix(&dir).map_err(|e| Error::Blob(e.to_string()))?;
+        let store =
+            LocalFileSystem::new_with_prefix(&dir).map_err(|e| Error::Blob(e.to_string()))?;
         Ok(Blobs {
             store: Arc::new(store),
             base_uri: format!("file://{}", dir.display()),
@@ -94,8 +95,10 @@ fn tail(s: &str, n: usize) -> &str {
 pub fn strip_ansi(s: &str) -> String {
     static RE: OnceLock<regex::Regex> = OnceLock::new();
     let re = RE.get_or_init(|| {
-        regex::Regex::new(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
-            .expect("valid regex")
+        regex::Regex::new(
+            r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]",
+        )
+        .expect("valid regex")
     });
     re.replace_all(s, "").into_owned()
 }

@@ -22,7 +22,10 @@ fn message(turn: u32, text: &str) -> Event {
 /// Appended events come back in order, with contiguous positions and their epoch.
 pub async fn append_then_read<W: World>(world: &W) {
     world.create_session("s1", "alice").await.unwrap();
-    let lease = world.acquire_lease("s1", &Holder::new("h1"), TTL).await.unwrap();
+    let lease = world
+        .acquire_lease("s1", &Holder::new("h1"), TTL)
+        .await
+        .unwrap();
     let first = world
         .append(&lease, &[message(1, "a"), message(2, "b")])
         .await
@@ -41,7 +44,10 @@ pub async fn append_then_read<W: World>(world: &W) {
 
 /// Unknown sessions are `NotFound`; a duplicate create is `AlreadyExists`.
 pub async fn unknown_and_duplicate_sessions<W: World>(world: &W) {
-    assert!(matches!(world.read("nope", 1).await, Err(Error::NotFound(_))));
+    assert!(matches!(
+        world.read("nope", 1).await,
+        Err(Error::NotFound(_))
+    ));
     assert!(matches!(
         world.acquire_lease("nope", &Holder::new("h"), TTL).await,
         Err(Error::NotFound(_))
@@ -57,18 +63,29 @@ pub async fn unknown_and_duplicate_sessions<W: World>(world: &W) {
 /// acquisition raises the epoch; appends under the old epoch are stale.
 pub async fn leases_fence_appends<W: World>(world: &W) {
     world.create_session("s1", "alice").await.unwrap();
-    let a = world.acquire_lease("s1", &Holder::new("a"), TTL).await.unwrap();
+    let a = world
+        .acquire_lease("s1", &Holder::new("a"), TTL)
+        .await
+        .unwrap();
     assert!(matches!(
         world.acquire_lease("s1", &Holder::new("b"), TTL).await,
         Err(Error::LeaseHeld { .. })
     ));
     world.append(&a, &[message(1, "from a")]).await.unwrap();
     world.renew_lease(&a, Duration::ZERO).await.unwrap();
-    let b = world.acquire_lease("s1", &Holder::new("b"), TTL).await.unwrap();
+    let b = world
+        .acquire_lease("s1", &Holder::new("b"), TTL)
+        .await
+        .unwrap();
     assert!(b.epoch > a.epoch);
     let err = world.append(&a, &[message(2, "late a")]).await.unwrap_err();
-    assert!(matches!(err, Error::StaleFence { epoch, current, .. } if epoch == a.epoch && current == b.epoch));
-    assert!(matches!(world.renew_lease(&a, TTL).await, Err(Error::StaleFence { .. })));
+    assert!(
+        matches!(err, Error::StaleFence { epoch, current, .. } if epoch == a.epoch && current == b.epoch)
+    );
+    assert!(matches!(
+        world.renew_lease(&a, TTL).await,
+        Err(Error::StaleFence { .. })
+    ));
     world.append(&b, &[message(2, "from b")]).await.unwrap();
     world.release_lease(&a).await.unwrap(); // a stale release changes nothing
     assert!(matches!(
@@ -76,7 +93,10 @@ pub async fn leases_fence_appends<W: World>(world: &W) {
         Err(Error::LeaseHeld { .. })
     ));
     world.release_lease(&b).await.unwrap();
-    let c = world.acquire_lease("s1", &Holder::new("c"), TTL).await.unwrap();
+    let c = world
+        .acquire_lease("s1", &Holder::new("c"), TTL)
+        .await
+        .unwrap();
     assert!(c.epoch > b.epoch);
     let log = world.read("s1", 1).await.unwrap();
     assert_eq!(log.len(), 2);
@@ -96,7 +116,10 @@ pub async fn racing_writers_never_interleave<W: World + Clone>(one: &W, two: &W)
             let holder = Holder::new(name);
             let (mut accepted, mut rejected) = (0u32, 0u32);
             for i in 0..40 {
-                let lease = match world.acquire_lease("race", &holder, Duration::from_millis(5)).await {
+                let lease = match world
+                    .acquire_lease("race", &holder, Duration::from_millis(5))
+                    .await
+                {
                     Ok(l) => l,
                     Err(Error::LeaseHeld { .. }) => {
                         tokio::task::yield_now().await;
@@ -120,9 +143,17 @@ pub async fn racing_writers_never_interleave<W: World + Clone>(one: &W, two: &W)
         accepted += t.await.unwrap().0;
     }
     let log = one.read("race", 1).await.unwrap();
-    assert_eq!(log.len() as u32, accepted, "every accepted append is in the log");
+    assert_eq!(
+        log.len() as u32,
+        accepted,
+        "every accepted append is in the log"
+    );
     for pair in log.windows(2) {
-        assert!(pair[0].epoch <= pair[1].epoch, "epochs interleave at #{}", pair[1].seq);
+        assert!(
+            pair[0].epoch <= pair[1].epoch,
+            "epochs interleave at #{}",
+            pair[1].seq
+        );
         if pair[0].epoch == pair[1].epoch {
             assert_eq!(pair[0].event_writer(), pair[1].event_writer());
         }
@@ -145,8 +176,14 @@ impl Writer for steadfast_log::Record {
 /// The session list shows status and title from the events appended.
 pub async fn summaries_follow_the_log<W: World>(world: &W) {
     world.create_session("s1", "alice").await.unwrap();
-    let lease = world.acquire_lease("s1", &Holder::new("h"), TTL).await.unwrap();
-    world.append(&lease, &[message(1, "fix the tests")]).await.unwrap();
+    let lease = world
+        .acquire_lease("s1", &Holder::new("h"), TTL)
+        .await
+        .unwrap();
+    world
+        .append(&lease, &[message(1, "fix the tests")])
+        .await
+        .unwrap();
     let list = world.list_sessions().await.unwrap();
     assert_eq!(list.len(), 1);
     assert_eq!(list[0].status, "running");

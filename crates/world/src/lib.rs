@@ -79,7 +79,10 @@ pub enum Error {
 impl Error {
     /// Whether retrying the same call may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::Backend(_) | Error::Blob(_) | Error::LeaseHeld { .. })
+        matches!(
+            self,
+            Error::Backend(_) | Error::Blob(_) | Error::LeaseHeld { .. }
+        )
     }
 }
 

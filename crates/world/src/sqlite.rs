@@ -60,9 +60,12 @@ impl SqliteWorld {
                 .map_err(|e| Error::Backend(format!("{}: {e}", dir.display())))?;
         }
         let conn = Connection::open(&path).map_err(backend)?;
-        conn.busy_timeout(Duration::from_secs(10)).map_err(backend)?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(backend)?;
-        conn.pragma_update(None, "synchronous", "FULL").map_err(backend)?;
+        conn.busy_timeout(Duration::from_secs(10))
+            .map_err(backend)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(backend)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(backend)?;
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .map_err(backend)?;
@@ -73,7 +76,8 @@ impl SqliteWorld {
             )));
         }
         conn.execute_batch(SCHEMA).map_err(backend)?;
-        conn.pragma_update(None, "user_version", USER_VERSION).map_err(backend)?;
+        conn.pragma_update(None, "user_version", USER_VERSION)
+            .map_err(backend)?;
         Ok(SqliteWorld {
             conn: Arc::new(Mutex::new(conn)),
             path,
@@ -128,7 +132,10 @@ fn lease_row(tx: &Connection, session: &str) -> Result<LeaseRow> {
 
 fn process_is_gone(pid: u32) -> bool {
     let pid = nix::unistd::Pid::from_raw(pid as i32);
-    matches!(nix::sys::signal::kill(pid, None), Err(nix::errno::Errno::ESRCH))
+    matches!(
+        nix::sys::signal::kill(pid, None),
+        Err(nix::errno::Errno::ESRCH)
+    )
 }
 
 fn check_fence(tx: &Connection, lease: &Lease) -> Result<()> {
@@ -364,7 +371,9 @@ impl World for SqliteWorld {
     async fn list_sessions(&self) -> Result<Vec<SessionSummary>> {
         self.with(|conn| {
             let mut stmt = conn
-                .prepare(&format!("SELECT {SUMMARY_COLUMNS} ORDER BY created_at_ms DESC, id DESC"))
+                .prepare(&format!(
+                    "SELECT {SUMMARY_COLUMNS} ORDER BY created_at_ms DESC, id DESC"
+                ))
                 .map_err(backend)?;
             let rows = stmt.query_map([], summary).map_err(backend)?;
             rows.collect::<rusqlite::Result<_>>().map_err(backend)
@@ -375,10 +384,14 @@ impl World for SqliteWorld {
     async fn session(&self, session: &str) -> Result<SessionSummary> {
         let session = session.to_string();
         self.with(move |conn| {
-            conn.query_row(&format!("SELECT {SUMMARY_COLUMNS} WHERE id = ?1"), [&session], summary)
-                .optional()
-                .map_err(backend)?
-                .ok_or(Error::NotFound(session))
+            conn.query_row(
+                &format!("SELECT {SUMMARY_COLUMNS} WHERE id = ?1"),
+                [&session],
+                summary,
+            )
+            .optional()
+            .map_err(backend)?
+            .ok_or(Error::NotFound(session))
         })
         .await
     }

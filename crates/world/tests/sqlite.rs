@@ -88,7 +88,13 @@ async fn a_missing_record_is_reported_not_skipped() -> anyhow::Result<()> {
         .await?;
     for turn in 1..=3 {
         world
-            .append(&lease, &[Event::UserMessage { turn, text: "x".into() }])
+            .append(
+                &lease,
+                &[Event::UserMessage {
+                    turn,
+                    text: "x".into(),
+                }],
+            )
             .await?;
     }
     let conn = rusqlite::Connection::open(dir.path().join("world.db"))?;
@@ -105,7 +111,9 @@ async fn a_database_from_a_newer_build_is_refused() -> anyhow::Result<()> {
     let conn = rusqlite::Connection::open(dir.path().join("world.db"))?;
     conn.pragma_update(None, "user_version", 99)?;
     drop(conn);
-    let err = SqliteWorld::open(dir.path().join("world.db")).err().unwrap();
+    let err = SqliteWorld::open(dir.path().join("world.db"))
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("upgrade steadfast"), "{err}");
     Ok(())
 }

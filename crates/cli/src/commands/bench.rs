@@ -48,7 +48,9 @@ fn tool_pair(i: usize) -> [Event; 2] {
             call_id: id,
             is_error: false,
             exit_code: Some(0),
-            output: Output::Inline { text: "test result: ok. 12 passed; 0 failed\n".repeat(8) },
+            output: Output::Inline {
+                text: "test result: ok. 12 passed; 0 failed\n".repeat(8),
+            },
             snapshot_after: Some(blake3::hash(&(i + 1).to_le_bytes()).to_hex().to_string()),
         },
     ]
@@ -63,7 +65,9 @@ async fn journal(pairs: usize) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let world = SqliteWorld::open(dir.path().join("world.db"))?;
     world.create_session("bench", "bench").await?;
-    let lease = world.acquire_lease("bench", &Holder::new("bench"), Duration::from_secs(3600)).await?;
+    let lease = world
+        .acquire_lease("bench", &Holder::new("bench"), Duration::from_secs(3600))
+        .await?;
     let bodies: Vec<[Vec<u8>; 2]> = (0..pairs)
         .map(|i| tool_pair(i).map(|e| serde_json::to_vec(&e).expect("serializes")))
         .collect();
@@ -90,8 +94,14 @@ async fn journal(pairs: usize) -> anyhow::Result<()> {
     let journal_time = start.elapsed();
     let per = |d: Duration| d.as_secs_f64() * 1e6 / pairs as f64;
     println!("journal: {pairs} intent+outcome pairs (each append durable, WAL + synchronous=FULL)");
-    println!("  bare SQLite inserts of the same bytes: {:>9.1} µs/pair", per(bare_time));
-    println!("  steadfast fenced append (checksummed): {:>9.1} µs/pair", per(journal_time));
+    println!(
+        "  bare SQLite inserts of the same bytes: {:>9.1} µs/pair",
+        per(bare_time)
+    );
+    println!(
+        "  steadfast fenced append (checksummed): {:>9.1} µs/pair",
+        per(journal_time)
+    );
     println!(
         "  ratio: {:.2}x (target ≤ 1.5x)",
         journal_time.as_secs_f64() / bare_time.as_secs_f64()
@@ -103,27 +113,52 @@ async fn wake(events: usize) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let world = SqliteWorld::open(dir.path().join("world.db"))?;
     world.create_session("bench", "bench").await?;
-    let lease = world.acquire_lease("bench", &Holder::new("bench"), Duration::from_secs(3600)).await?;
+    let lease = world
+        .acquire_lease("bench", &Holder::new("bench"), Duration::from_secs(3600))
+        .await?;
     let mut log = vec![
         Event::SessionStarted {
             agent: "native".into(),
-            model: steadfast_log::ModelSpec { provider: "fake".into(), model: "m".into() },
+            model: steadfast_log::ModelSpec {
+                provider: "fake".into(),
+                model: "m".into(),
+            },
             workspace: "/w".into(),
             system: "system".into(),
             initial_snapshot: None,
             created_at_ms: 0,
         },
-        Event::UserMessage { turn: 1, text: "work".into() },
+        Event::UserMessage {
+            turn: 1,
+            text: "work".into(),
+        },
     ];
     let mut i = 0;
     while log.len() + 4 <= events {
-        let call = ToolUse { id: format!("toolu_{i}"), name: "bash".into(), input: json!({"command": "cargo test"}) };
-        log.push(Event::ModelCallIntent { call_id: format!("mc_{i}"), step: i as u32 + 1, fingerprint: "f".repeat(64) });
+        let call = ToolUse {
+            id: format!("toolu_{i}"),
+            name: "bash".into(),
+            input: json!({"command": "cargo test"}),
+        };
+        log.push(Event::ModelCallIntent {
+            call_id: format!("mc_{i}"),
+            step: i as u32 + 1,
+            fingerprint: "f".repeat(64),
+        });
         log.push(Event::ModelCallOutcome {
             call_id: format!("mc_{i}"),
-            content: vec![Block::Text { text: "Running the tests again.".into() }, Block::ToolUse(call)],
+            content: vec![
+                Block::Text {
+                    text: "Running the tests again.".into(),
+                },
+                Block::ToolUse(call),
+            ],
             stop_reason: "tool_use".into(),
-            usage: Usage { input_tokens: 1200, output_tokens: 40, ..Usage::default() },
+            usage: Usage {
+                input_tokens: 1200,
+                output_tokens: 40,
+                ..Usage::default()
+            },
             cost_micro_usd: 4200,
         });
         log.extend(tool_pair(i));
@@ -146,9 +181,18 @@ async fn wake(events: usize) -> anyhow::Result<()> {
     }
     let (r, f) = (median(read_times), median(fold_times));
     println!("wake: a {n}-event session (median of 7)");
-    println!("  read + verify checksums: {:>7.1} ms", r.as_secs_f64() * 1e3);
-    println!("  fold:                    {:>7.1} ms", f.as_secs_f64() * 1e3);
-    println!("  total: {:.1} ms (target < 50 ms)", (r + f).as_secs_f64() * 1e3);
+    println!(
+        "  read + verify checksums: {:>7.1} ms",
+        r.as_secs_f64() * 1e3
+    );
+    println!(
+        "  fold:                    {:>7.1} ms",
+        f.as_secs_f64() * 1e3
+    );
+    println!(
+        "  total: {:.1} ms (target < 50 ms)",
+        (r + f).as_secs_f64() * 1e3
+    );
     Ok(())
 }
 

@@ -21,7 +21,9 @@ pub struct FakeArgs {
 
 pub async fn run(args: FakeArgs) -> anyhow::Result<ExitCode> {
     let script = match &args.script {
-        Some(path) => Script::from_json(&std::fs::read_to_string(path).with_context(|| path.display().to_string())?)?,
+        Some(path) => Script::from_json(
+            &std::fs::read_to_string(path).with_context(|| path.display().to_string())?,
+        )?,
         None => demo::script(),
     };
     let fake = FakeProvider::start_on(script, &args.listen).await?;

@@ -59,7 +59,10 @@ pub async fn run(home: &Path, args: RunArgs) -> anyhow::Result<ExitCode> {
     let id = harness
         .start_session(NewSession::native(&model, &workspace).with_task(&task))
         .await?;
-    eprintln!("steadfast: session {id} ({model}) in {}", workspace.display());
+    eprintln!(
+        "steadfast: session {id} ({model}) in {}",
+        workspace.display()
+    );
     eprintln!("steadfast: if this process stops, carry on with: steadfast resume {id}");
     let mut driver = harness.wake(&id).await?;
     watch(&mut driver);
@@ -69,7 +72,10 @@ pub async fn run(home: &Path, args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn resume(home: &Path, args: ResumeArgs) -> anyhow::Result<ExitCode> {
-    let probe = steadfast_harness::Harness::open_local(home, steadfast_harness::HarnessOptions::from_env())?;
+    let probe = steadfast_harness::Harness::open_local(
+        home,
+        steadfast_harness::HarnessOptions::from_env(),
+    )?;
     let state = probe
         .state(&args.session)
         .await
@@ -79,7 +85,9 @@ pub async fn resume(home: &Path, args: ResumeArgs) -> anyhow::Result<ExitCode> {
     let mut driver = harness.wake(&args.session).await?;
     eprintln!(
         "steadfast: resuming session {} at #{} ({})",
-        args.session, driver.state().last_seq, driver.state().status
+        args.session,
+        driver.state().last_seq,
+        driver.state().status
     );
     watch(&mut driver);
     let code = drive(&mut driver, args.json).await;
@@ -115,7 +123,11 @@ fn watch<W: World + Clone, S: Sandbox>(driver: &mut Driver<'_, W, S>) {
                 }
             }
             Progress::Restored(snapshot) => {
-                let _ = writeln!(err, "  workspace restored to snapshot {}", &snapshot[..12.min(snapshot.len())]);
+                let _ = writeln!(
+                    err,
+                    "  workspace restored to snapshot {}",
+                    &snapshot[..12.min(snapshot.len())]
+                );
             }
         }
     });
@@ -129,7 +141,10 @@ async fn drive<W: World + Clone, S: Sandbox>(
         Ok(stop) => stop,
         Err(e) if e.is_retryable() => {
             eprintln!("steadfast: stopped: {e}");
-            eprintln!("steadfast: nothing is lost; carry on with: steadfast resume {}", driver.session());
+            eprintln!(
+                "steadfast: nothing is lost; carry on with: steadfast resume {}",
+                driver.session()
+            );
             return Ok(ExitCode::from(3));
         }
         Err(e) => return Err(e.into()),

@@ -29,7 +29,11 @@ pub async fn run(home: &Path, args: SessionsArgs) -> anyhow::Result<ExitCode> {
         eprintln!("no sessions in {}", home.display());
         return Ok(ExitCode::SUCCESS);
     }
-    writeln!(out, "{:<40} {:<10} {:>6}  {:<20} TASK", "SESSION", "STATUS", "EVENTS", "UPDATED")?;
+    writeln!(
+        out,
+        "{:<40} {:<10} {:>6}  {:<20} TASK",
+        "SESSION", "STATUS", "EVENTS", "UPDATED"
+    )?;
     for s in sessions {
         writeln!(
             out,

@@ -94,7 +94,11 @@ fn a_full_turn_folds_to_idle_with_conversation_and_spend() {
     let state = fold(&log.0).unwrap();
     assert_eq!(state.status, Status::Idle);
     assert_eq!(state.conversation.len(), 4);
-    assert_eq!(state.conversation[2].content.len(), 2, "both results in one message");
+    assert_eq!(
+        state.conversation[2].content.len(),
+        2,
+        "both results in one message"
+    );
     assert_eq!(state.model_calls, 2);
     assert_eq!(state.usage.input_tokens, 20);
     assert_eq!(state.cost_micro_usd, 10);
@@ -121,12 +125,18 @@ fn frontier_names_pending_calls() {
         call_id: "m1".into(),
     });
     let state = fold(&log.0).unwrap();
-    assert_eq!(state.next(), Next::CallModel { step: 1 }, "a re-issue keeps its step");
+    assert_eq!(
+        state.next(),
+        Next::CallModel { step: 1 },
+        "a re-issue keeps its step"
+    );
 
     log.model("m1b", 1, &["t1"]);
     log.tool_intent("t1", ToolClass::Mutate);
     let state = fold(&log.0).unwrap();
-    assert!(matches!(state.next(), Next::ResolveTool(p) if p.snapshot_before.as_deref() == Some("before-t1")));
+    assert!(
+        matches!(state.next(), Next::ResolveTool(p) if p.snapshot_before.as_deref() == Some("before-t1"))
+    );
 
     log.push(Event::ToolCallInterrupted {
         call_id: "t1".into(),
@@ -137,7 +147,9 @@ fn frontier_names_pending_calls() {
     let state = fold(&log.0).unwrap();
     assert_eq!(state.next(), Next::CallModel { step: 2 });
     let last = state.conversation.last().unwrap();
-    assert!(matches!(&last.content[0], Block::ToolResult { content, is_error: true, .. } if content == INTERRUPTED_ROLLED_BACK));
+    assert!(
+        matches!(&last.content[0], Block::ToolResult { content, is_error: true, .. } if content == INTERRUPTED_ROLLED_BACK)
+    );
 }
 
 #[test]
@@ -183,7 +195,10 @@ fn gaps_and_out_of_order_events_are_rejected() {
 
 #[derive(Debug, Clone)]
 enum Step {
-    Model { tools: Vec<ToolClass>, interrupted: bool },
+    Model {
+        tools: Vec<ToolClass>,
+        interrupted: bool,
+    },
     Nothing,
 }
 

@@ -12,14 +12,19 @@ const MAX_LINE: usize = 2000;
 const PATH_KEYS: &[&str] = &["file_path", "path"];
 
 fn display(root: &Path, path: &Path) -> String {
-    path.strip_prefix(root).unwrap_or(path).display().to_string()
+    path.strip_prefix(root)
+        .unwrap_or(path)
+        .display()
+        .to_string()
 }
 
 pub(crate) fn read(root: &Path, input: &Value) -> Result<String, String> {
     let raw = str_arg(input, PATH_KEYS)?;
     let path = confine(root, raw)?;
     if path.is_dir() {
-        return Err(format!("{raw} is a directory; use glob or bash ls to list it"));
+        return Err(format!(
+            "{raw} is a directory; use glob or bash ls to list it"
+        ));
     }
     let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {raw}: {e}"))?;
     if bytes.contains(&0) {
@@ -30,10 +35,15 @@ pub(crate) fn read(root: &Path, input: &Value) -> Result<String, String> {
         return Ok(format!("({raw} is empty)"));
     }
     let offset = opt_u64(input, "offset").unwrap_or(1).max(1) as usize;
-    let limit = opt_u64(input, "limit").map(|l| l as usize).unwrap_or(DEFAULT_LIMIT);
+    let limit = opt_u64(input, "limit")
+        .map(|l| l as usize)
+        .unwrap_or(DEFAULT_LIMIT);
     let lines: Vec<&str> = text.lines().collect();
     if offset > lines.len() {
-        return Err(format!("offset {offset} is past the end of {raw} ({} lines)", lines.len()));
+        return Err(format!(
+            "offset {offset} is past the end of {raw} ({} lines)",
+            lines.len()
+        ));
     }
     let mut out = String::new();
     for (i, line) in lines.iter().enumerate().skip(offset - 1).take(limit) {
@@ -42,14 +52,19 @@ pub(crate) fn read(root: &Path, input: &Value) -> Result<String, String> {
     }
     let end = (offset - 1 + limit).min(lines.len());
     if end < lines.len() {
-        out.push_str(&format!("[{} more lines; read with offset={}]\n", lines.len() - end, end + 1));
+        out.push_str(&format!(
+            "[{} more lines; read with offset={}]\n",
+            lines.len() - end,
+            end + 1
+        ));
     }
     Ok(out)
 }
 
 fn write_file(path: &Path, content: &str) -> Result<(), String> {
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        std::fs::create_dir_all(parent)
+            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
     }
     std::fs::write(path, content).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
@@ -62,21 +77,30 @@ pub(crate) fn write(root: &Path, input: &Value) -> Result<String, String> {
         return Err(format!("{raw} is a directory"));
     }
     write_file(&path, content)?;
-    Ok(format!("Wrote {} bytes to {}", content.len(), display(root, &path)))
+    Ok(format!(
+        "Wrote {} bytes to {}",
+        content.len(),
+        display(root, &path)
+    ))
 }
 
 pub(crate) fn edit(root: &Path, input: &Value) -> Result<String, String> {
     let raw = str_arg(input, PATH_KEYS)?;
     let old = str_arg(input, &["old_string"])?;
     let new = str_arg(input, &["new_string"])?;
-    let replace_all = input.get("replace_all").and_then(Value::as_bool).unwrap_or(false);
+    let replace_all = input
+        .get("replace_all")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let path = confine(root, raw)?;
     if old == new {
         return Err("old_string and new_string are the same; nothing to change".into());
     }
     if old.is_empty() {
         if path.exists() {
-            return Err(format!("{raw} already exists; an empty old_string only creates new files"));
+            return Err(format!(
+                "{raw} already exists; an empty old_string only creates new files"
+            ));
         }
         write_file(&path, new)?;
         return Ok(format!("Created {}", display(root, &path)));

@@ -20,11 +20,19 @@ fn files_under(root: &Path, base: &Path) -> impl Iterator<Item = (PathBuf, Strin
         .follow_links(false)
         .sort_by_file_name()
         .into_iter()
-        .filter_entry(|e| !(e.file_type().is_dir() && matches!(e.file_name().to_str(), Some(".git" | ".steadfast"))))
+        .filter_entry(|e| {
+            !(e.file_type().is_dir()
+                && matches!(e.file_name().to_str(), Some(".git" | ".steadfast")))
+        })
         .filter_map(Result::ok)
         .filter(|e| e.file_type().is_file())
         .map(move |e| {
-            let rel = e.path().strip_prefix(&root).unwrap_or(e.path()).display().to_string();
+            let rel = e
+                .path()
+                .strip_prefix(&root)
+                .unwrap_or(e.path())
+                .display()
+                .to_string();
             (e.into_path(), rel)
         })
 }
@@ -52,7 +60,10 @@ pub(crate) fn glob(root: &Path, input: &Value) -> Result<String, String> {
             m.is_match(from_base) || m.is_match(rel)
         })
         .map(|(path, rel)| {
-            let mtime = path.metadata().and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH);
+            let mtime = path
+                .metadata()
+                .and_then(|m| m.modified())
+                .unwrap_or(SystemTime::UNIX_EPOCH);
             (mtime, rel)
         })
         .collect();
@@ -79,11 +90,18 @@ pub(crate) fn grep(root: &Path, input: &Value) -> Result<String, String> {
         Some(g) => Some(matcher(g)?),
         None => None,
     };
-    let mode = input.get("output_mode").and_then(Value::as_str).unwrap_or("files_with_matches");
+    let mode = input
+        .get("output_mode")
+        .and_then(Value::as_str)
+        .unwrap_or("files_with_matches");
     if !matches!(mode, "files_with_matches" | "content" | "count") {
-        return Err(format!("unknown output_mode {mode}; use files_with_matches, content or count"));
+        return Err(format!(
+            "unknown output_mode {mode}; use files_with_matches, content or count"
+        ));
     }
-    let limit = opt_u64(input, "head_limit").map(|l| l as usize).unwrap_or(MAX_RESULTS);
+    let limit = opt_u64(input, "head_limit")
+        .map(|l| l as usize)
+        .unwrap_or(MAX_RESULTS);
     let base = base(root, input)?;
     let mut out = Vec::new();
     for (path, rel) in files_under(root, &base) {
@@ -96,13 +114,18 @@ pub(crate) fn grep(root: &Path, input: &Value) -> Result<String, String> {
         if path.metadata().map(|m| m.len() > MAX_FILE).unwrap_or(true) {
             continue;
         }
-        let Ok(bytes) = std::fs::read(&path) else { continue };
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
         if bytes.contains(&0) {
             continue;
         }
         let text = String::from_utf8_lossy(&bytes);
-        let matching: Vec<(usize, &str)> =
-            text.lines().enumerate().filter(|(_, l)| re.is_match(l)).collect();
+        let matching: Vec<(usize, &str)> = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| re.is_match(l))
+            .collect();
         if matching.is_empty() {
             continue;
         }

@@ -24,22 +24,38 @@ async fn call(sb: &LocalSandbox, tool: &str, input: serde_json::Value) -> ToolOu
 async fn every_file_tool_refuses_paths_outside_the_workspace() {
     let (dir, sb) = sandbox();
     let secret = dir.path().join("secret.txt").display().to_string();
-    for path in ["../secret.txt", secret.as_str(), "leak", "up/secret.txt", "src/../../secret.txt"] {
+    for path in [
+        "../secret.txt",
+        secret.as_str(),
+        "leak",
+        "up/secret.txt",
+        "src/../../secret.txt",
+    ] {
         let cases = [
             ("read", json!({"file_path": path})),
             ("write", json!({"file_path": path, "content": "pwned"})),
-            ("edit", json!({"file_path": path, "old_string": "TOP", "new_string": "pwned"})),
+            (
+                "edit",
+                json!({"file_path": path, "old_string": "TOP", "new_string": "pwned"}),
+            ),
             ("glob", json!({"pattern": "*", "path": path})),
             ("grep", json!({"pattern": "SECRET", "path": path})),
         ];
         for (tool, input) in cases {
             let out = call(&sb, tool, input).await;
             assert!(out.is_error, "{tool} {path} was allowed: {}", out.text);
-            assert!(out.text.contains("outside the workspace"), "{tool} {path}: {}", out.text);
+            assert!(
+                out.text.contains("outside the workspace"),
+                "{tool} {path}: {}",
+                out.text
+            );
             assert!(!out.text.contains("TOP SECRET"));
         }
     }
-    assert_eq!(std::fs::read_to_string(dir.path().join("secret.txt")).unwrap(), "TOP SECRET");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("secret.txt")).unwrap(),
+        "TOP SECRET"
+    );
     assert!(!dir.path().join("up").exists() || !dir.path().join("pwned").exists());
 }
 
@@ -47,31 +63,86 @@ async fn every_file_tool_refuses_paths_outside_the_workspace() {
 async fn read_numbers_lines_and_pages() {
     let (_d, sb) = sandbox();
     let out = call(&sb, "read", json!({"file_path": "src/a.txt"})).await;
-    assert_eq!(out.text, "     1\tone\n     2\ttwo\n     3\tthree\n     4\ttwo\n");
-    let out = call(&sb, "read", json!({"file_path": "src/a.txt", "offset": 2, "limit": 1})).await;
-    assert!(out.text.starts_with("     2\ttwo\n[2 more lines; read with offset=3]"), "{}", out.text);
-    assert!(call(&sb, "read", json!({"file_path": "nope"})).await.is_error);
-    assert!(call(&sb, "read", json!({})).await.text.contains("file_path"));
+    assert_eq!(
+        out.text,
+        "     1\tone\n     2\ttwo\n     3\tthree\n     4\ttwo\n"
+    );
+    let out = call(
+        &sb,
+        "read",
+        json!({"file_path": "src/a.txt", "offset": 2, "limit": 1}),
+    )
+    .await;
+    assert!(
+        out.text
+            .starts_with("     2\ttwo\n[2 more lines; read with offset=3]"),
+        "{}",
+        out.text
+    );
+    assert!(
+        call(&sb, "read", json!({"file_path": "nope"}))
+            .await
+            .is_error
+    );
+    assert!(call(&sb, "read", json!({}))
+        .await
+        .text
+        .contains("file_path"));
 }
 
 #[tokio::test]
 async fn edit_follows_the_exact_replace_contract() {
     let (_d, sb) = sandbox();
     let ws = sb.workspace().to_path_buf();
-    let dup = call(&sb, "edit", json!({"file_path": "src/a.txt", "old_string": "two", "new_string": "2"})).await;
-    assert!(dup.is_error && dup.text.contains("occurs 2 times"), "{}", dup.text);
-    let missing = call(&sb, "edit", json!({"file_path": "src/a.txt", "old_string": "four", "new_string": "4"})).await;
+    let dup = call(
+        &sb,
+        "edit",
+        json!({"file_path": "src/a.txt", "old_string": "two", "new_string": "2"}),
+    )
+    .await;
+    assert!(
+        dup.is_error && dup.text.contains("occurs 2 times"),
+        "{}",
+        dup.text
+    );
+    let missing = call(
+        &sb,
+        "edit",
+        json!({"file_path": "src/a.txt", "old_string": "four", "new_string": "4"}),
+    )
+    .await;
     assert!(missing.is_error && missing.text.contains("not found"));
-    let same = call(&sb, "edit", json!({"file_path": "src/a.txt", "old_string": "one", "new_string": "one"})).await;
+    let same = call(
+        &sb,
+        "edit",
+        json!({"file_path": "src/a.txt", "old_string": "one", "new_string": "one"}),
+    )
+    .await;
     assert!(same.is_error);
-    assert_eq!(std::fs::read_to_string(ws.join("src/a.txt")).unwrap(), "one\ntwo\nthree\ntwo\n");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("src/a.txt")).unwrap(),
+        "one\ntwo\nthree\ntwo\n"
+    );
 
-    let ok = call(&sb, "edit", json!({"file_path": "src/a.txt", "old_string": "three\n", "new_string": "3\n"})).await;
+    let ok = call(
+        &sb,
+        "edit",
+        json!({"file_path": "src/a.txt", "old_string": "three\n", "new_string": "3\n"}),
+    )
+    .await;
     assert!(!ok.is_error, "{}", ok.text);
     let all = call(&sb, "edit", json!({"file_path": "src/a.txt", "old_string": "two", "new_string": "2", "replace_all": true})).await;
     assert!(all.text.contains("2 occurrences"));
-    assert_eq!(std::fs::read_to_string(ws.join("src/a.txt")).unwrap(), "one\n2\n3\n2\n");
-    let created = call(&sb, "edit", json!({"file_path": "new/b.txt", "old_string": "", "new_string": "hi"})).await;
+    assert_eq!(
+        std::fs::read_to_string(ws.join("src/a.txt")).unwrap(),
+        "one\n2\n3\n2\n"
+    );
+    let created = call(
+        &sb,
+        "edit",
+        json!({"file_path": "new/b.txt", "old_string": "", "new_string": "hi"}),
+    )
+    .await;
     assert!(!created.is_error);
     assert_eq!(std::fs::read_to_string(ws.join("new/b.txt")).unwrap(), "hi");
 }
@@ -79,24 +150,46 @@ async fn edit_follows_the_exact_replace_contract() {
 #[tokio::test]
 async fn glob_and_grep_find_files() {
     let (_d, sb) = sandbox();
-    call(&sb, "write", json!({"file_path": "src/b.rs", "content": "fn two() {}\n"})).await;
+    call(
+        &sb,
+        "write",
+        json!({"file_path": "src/b.rs", "content": "fn two() {}\n"}),
+    )
+    .await;
     let g = call(&sb, "glob", json!({"pattern": "**/*.rs"})).await;
     assert_eq!(g.text, "src/b.rs");
     let files = call(&sb, "grep", json!({"pattern": "tw."})).await;
     assert_eq!(files.text, "src/a.txt\nsrc/b.rs");
-    let content = call(&sb, "grep", json!({"pattern": "^two$", "output_mode": "content"})).await;
+    let content = call(
+        &sb,
+        "grep",
+        json!({"pattern": "^two$", "output_mode": "content"}),
+    )
+    .await;
     assert_eq!(content.text, "src/a.txt:2:two\nsrc/a.txt:4:two");
-    let count = call(&sb, "grep", json!({"pattern": "TWO", "-i": true, "output_mode": "count", "glob": "*.txt"})).await;
+    let count = call(
+        &sb,
+        "grep",
+        json!({"pattern": "TWO", "-i": true, "output_mode": "count", "glob": "*.txt"}),
+    )
+    .await;
     assert_eq!(count.text, "src/a.txt:2");
 }
 
 #[tokio::test]
 async fn bash_reports_exit_codes_and_merges_output() {
     let (_d, sb) = sandbox();
-    let out = call(&sb, "bash", json!({"command": "echo out; echo err >&2; exit 3"})).await;
+    let out = call(
+        &sb,
+        "bash",
+        json!({"command": "echo out; echo err >&2; exit 3"}),
+    )
+    .await;
     assert!(out.is_error);
     assert_eq!(out.exit_code, Some(3));
-    assert!(out.text.contains("out") && out.text.contains("err") && out.text.contains("Exit code 3"));
+    assert!(
+        out.text.contains("out") && out.text.contains("err") && out.text.contains("Exit code 3")
+    );
     let pwd = call(&sb, "bash", json!({"command": "pwd"})).await;
     assert_eq!(pwd.text.trim(), sb.workspace().display().to_string());
 }
@@ -112,10 +205,20 @@ async fn bash_timeout_kills_the_whole_process_group() {
     )
     .await;
     assert!(start.elapsed() < Duration::from_secs(10));
-    assert!(out.is_error && out.text.contains("timed out"), "{}", out.text);
+    assert!(
+        out.is_error && out.text.contains("timed out"),
+        "{}",
+        out.text
+    );
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let ps = std::process::Command::new("pgrep").args(["-f", "sleep 30"]).output().unwrap();
-    assert!(String::from_utf8_lossy(&ps.stdout).trim().is_empty(), "a sleep survived");
+    let ps = std::process::Command::new("pgrep")
+        .args(["-f", "sleep 30"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&ps.stdout).trim().is_empty(),
+        "a sleep survived"
+    );
 }
 
 #[tokio::test]
@@ -126,9 +229,16 @@ async fn bash_output_is_capped() {
         ..SandboxOptions::default()
     };
     let sb = LocalSandbox::new(dir.path(), options).unwrap();
-    let out = call(&sb, "bash", json!({"command": "head -c 50000 /dev/zero | tr '\\0' x"})).await;
+    let out = call(
+        &sb,
+        "bash",
+        json!({"command": "head -c 50000 /dev/zero | tr '\\0' x"}),
+    )
+    .await;
     assert!(out.text.starts_with(&"x".repeat(1000)));
-    assert!(out.text.contains("output truncated: 50000 bytes written, first 1000 kept"));
+    assert!(out
+        .text
+        .contains("output truncated: 50000 bytes written, first 1000 kept"));
 }
 
 #[tokio::test]
@@ -137,7 +247,9 @@ async fn commands_see_no_credentials() {
     std::env::set_var("OPENAI_API_KEY", "sk-must-not-leak");
     let dir = tempfile::tempdir().unwrap();
     let mut options = SandboxOptions::default();
-    options.env.insert("GITHUB_TOKEN".into(), "ghp-must-not-leak".into());
+    options
+        .env
+        .insert("GITHUB_TOKEN".into(), "ghp-must-not-leak".into());
     options.env.insert("PROJECT_MODE".into(), "test".into());
     let sb = LocalSandbox::new(dir.path(), options).unwrap();
     let out = call(&sb, "bash", json!({"command": "env"})).await;
