@@ -9,6 +9,7 @@
 
 mod classify;
 mod local;
+mod orphans;
 mod paths;
 pub mod tools;
 

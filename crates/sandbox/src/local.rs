@@ -48,9 +48,11 @@ pub fn looks_secret(name: &str) -> bool {
 #[derive(Debug)]
 pub struct LocalSandbox {
     root: PathBuf,
-    home: tempfile_dir::Home,
+    /// Kept for its `Drop`, which removes the directory.
+    _home: tempfile_dir::Home,
     env: Vec<(String, String)>,
     options: SandboxOptions,
+    registry: PathBuf,
 }
 
 mod tempfile_dir {
@@ -72,6 +74,8 @@ impl LocalSandbox {
         let root = workspace
             .canonicalize()
             .map_err(|e| Error::Unavailable(format!("{}: {e}", workspace.display())))?;
+        let registry = crate::orphans::registry(&root);
+        crate::orphans::reap(&registry, &root);
         let home = std::env::temp_dir().join(format!(
             "steadfast-home-{}-{}",
             std::process::id(),
@@ -107,7 +111,8 @@ impl LocalSandbox {
         }
         Ok(LocalSandbox {
             root,
-            home: tempfile_dir::Home(home),
+            _home: tempfile_dir::Home(home),
+            registry,
             env: env.into_iter().collect(),
             options,
         })
@@ -124,8 +129,8 @@ impl Sandbox for LocalSandbox {
             root: &self.root,
             env: &self.env,
             options: &self.options,
+            registry: &self.registry,
         };
-        let _ = &self.home;
         Ok(tools::run(&ctx, tool, input).await)
     }
 }

@@ -137,7 +137,16 @@ async fn drive<W: World + Clone, S: Sandbox>(
     driver: &mut Driver<'_, W, S>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let stop = match driver.run().await {
+    let result = tokio::select! {
+        result = driver.run() => result,
+        _ = tokio::signal::ctrl_c() => {
+            // Dropping the run stops the call in flight (a command's whole process
+            // group is killed); its intent stays in the log for resume to resolve.
+            eprintln!("\nsteadfast: interrupted; nothing is lost. Carry on with: steadfast resume {}", driver.session());
+            return Ok(ExitCode::from(130));
+        }
+    };
+    let stop = match result {
         Ok(stop) => stop,
         Err(e) if e.is_retryable() => {
             eprintln!("steadfast: stopped: {e}");

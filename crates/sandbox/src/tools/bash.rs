@@ -60,6 +60,7 @@ pub(crate) async fn run(ctx: &Context<'_>, input: &Value) -> ToolOutput {
     };
     drop(cmd); // closes our copies of the pipe's write end
     let guard = GroupGuard(child.id().map(|p| Pid::from_raw(p as i32)));
+    let recorded = child.id().and_then(|p| crate::orphans::record(ctx.registry, p));
 
     let cap = ctx.options.max_output_bytes;
     let collector = tokio::task::spawn_blocking(move || {
@@ -81,6 +82,9 @@ pub(crate) async fn run(ctx: &Context<'_>, input: &Value) -> ToolOutput {
 
     let status = tokio::time::timeout(timeout, child.wait()).await;
     drop(guard); // the group goes, so the pipe closes even if a background job held it
+    if let Some(file) = recorded {
+        let _ = std::fs::remove_file(file);
+    }
     let (kept, total) = collector.await.unwrap_or_default();
     let mut text = String::from_utf8_lossy(&kept).into_owned();
     if total > kept.len() {

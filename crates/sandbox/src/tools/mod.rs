@@ -16,6 +16,8 @@ pub(crate) struct Context<'a> {
     pub root: &'a Path,
     pub env: &'a [(String, String)],
     pub options: &'a SandboxOptions,
+    /// Where running commands are recorded (see `orphans`).
+    pub registry: &'a Path,
 }
 
 /// A tool as offered to the model.

@@ -1,0 +1,81 @@
+//! Commands left running by a harness that died.
+//!
+//! Commands run in their own process group, so a signal to the harness does not reach
+//! them, and a harness killed with SIGKILL cannot kill them either. Left alone, such a
+//! command would keep changing the workspace after the next harness restored it. So
+//! each running command's process group is recorded in a file outside the workspace,
+//! and a new sandbox over the same workspace first kills every process still in a
+//! recorded group whose working directory is inside the workspace.
+
+use std::path::{Path, PathBuf};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// The directory where running commands of the workspace `root` are recorded.
+pub(crate) fn registry(root: &Path) -> PathBuf {
+    let key = blake3::hash(root.to_string_lossy().as_bytes()).to_hex();
+    std::env::temp_dir()
+        .join("steadfast-running")
+        .join(&key[..24])
+}
+
+/// Records a running command's process group.
+pub(crate) fn record(registry: &Path, pgid: u32) -> Option<PathBuf> {
+    std::fs::create_dir_all(registry).ok()?;
+    let file = registry.join(format!("{pgid}.pgid"));
+    std::fs::write(&file, pgid.to_string()).ok()?;
+    Some(file)
+}
+
+/// Kills what is left of every recorded command of the workspace `root`. Returns how
+/// many processes were killed.
+pub(crate) fn reap(registry: &Path, root: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(registry) else {
+        return 0;
+    };
+    let groups: Vec<i32> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let pgid = std::fs::read_to_string(e.path()).ok()?.trim().parse().ok();
+            let _ = std::fs::remove_file(e.path());
+            pgid
+        })
+        .collect();
+    if groups.is_empty() {
+        return 0;
+    }
+    let mut killed = 0;
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    for entry in procs.filter_map(Result::ok) {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Some(pgrp) = process_group(pid) else { continue };
+        if !groups.contains(&pgrp) {
+            continue;
+        }
+        // Only processes working inside this workspace: a recycled group id belongs
+        // to someone else.
+        let inside = std::fs::read_link(format!("/proc/{pid}/cwd"))
+            .map(|cwd| cwd.starts_with(root))
+            .unwrap_or(false);
+        if inside && kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
+            killed += 1;
+        }
+    }
+    if killed > 0 {
+        tracing::warn!(workspace = %root.display(), killed, "killed commands left running by a dead harness");
+    }
+    killed
+}
+
+/// The process group of `pid`, from `/proc/<pid>/stat` (field 5, after the
+/// parenthesised command name, which may itself contain spaces).
+fn process_group(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(2)?.parse().ok()
+}
