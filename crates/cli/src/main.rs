@@ -1,6 +1,7 @@
 //! `steadfast`: run durable coding-agent sessions from the command line.
 
 mod commands;
+mod config;
 mod render;
 mod setup;
 
@@ -22,6 +23,9 @@ struct Cli {
         default_value = ".steadfast"
     )]
     home: PathBuf,
+    /// The configuration file (default: `steadfast.toml` here, if present).
+    #[arg(long, global = true, env = "STEADFAST_CONFIG")]
+    config: Option<PathBuf>,
     /// Log format for diagnostics on stderr: `text` or `json`.
     #[arg(
         long,
@@ -48,6 +52,12 @@ enum Command {
     FakeProvider(commands::fake::FakeArgs),
     /// Measure the journal and wake costs against baselines, in one run.
     Bench(commands::bench::BenchArgs),
+    /// Print the effective configuration (`--dump`).
+    Config {
+        /// Print it as TOML.
+        #[arg(long)]
+        dump: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -64,9 +74,14 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
+        let config = config::Config::load(cli.config.as_deref())?;
         match cli.command {
-            Command::Run(args) => commands::run::run(&cli.home, args).await,
-            Command::Resume(args) => commands::run::resume(&cli.home, args).await,
+            Command::Run(args) => commands::run::run(&cli.home, &config, args).await,
+            Command::Resume(args) => commands::run::resume(&cli.home, &config, args).await,
+            Command::Config { .. } => {
+                print!("{}", config.dump());
+                Ok(ExitCode::SUCCESS)
+            }
             Command::Sessions(args) => commands::sessions::run(&cli.home, args).await,
             Command::Log(args) => commands::log::run(&cli.home, args).await,
             Command::FakeProvider(args) => commands::fake::run(args).await,

@@ -4,24 +4,15 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use steadfast_harness::{Harness, HarnessOptions};
-use steadfast_model::Endpoint;
-use steadfast_testkit::{demo, FakeProvider, Script};
 
-/// The model of a new session when `--model` is not given.
-pub fn default_model() -> String {
-    if Endpoint::from_env("anthropic").is_some() {
-        "anthropic/claude-sonnet-4-5".into()
-    } else if Endpoint::from_env("openai").is_some() {
-        "openai/gpt-5".into()
-    } else {
-        "fake/steadfast-demo".into()
-    }
-}
+use crate::config::Config;
+use steadfast_testkit::{demo, FakeProvider, Script};
 
 /// A harness for sessions of `provider`, plus the fake provider it talks to if
 /// `provider` is `fake` (kept alive as long as the harness is used).
 pub async fn harness(
     home: &Path,
+    config: &Config,
     provider: &str,
 ) -> anyhow::Result<(Harness, Option<FakeProvider>)> {
     if provider == "fake" {
@@ -39,10 +30,11 @@ pub async fn harness(
             "steadfast: using the bundled FAKE model provider at {} (no ANTHROPIC_API_KEY or OPENAI_API_KEY set): it plays a scripted demo, not a real model",
             fake.base_url()
         );
-        let harness = Harness::open_local(home, HarnessOptions::fake_provider(&fake.base_url()))?;
+        let options = config.apply(HarnessOptions::fake_provider(&fake.base_url()));
+        let harness = Harness::open_local(home, options)?;
         Ok((harness, Some(fake)))
     } else {
-        Ok((Harness::open_local(home, HarnessOptions::from_env())?, None))
+        Ok((Harness::open_local(home, config.harness_options())?, None))
     }
 }
 

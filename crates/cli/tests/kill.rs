@@ -47,15 +47,33 @@ impl Case {
 
     fn spawn_run(&self) -> tokio::process::Child {
         let ws = self.ws().display().to_string();
-        self.command(&["run", "go", "--workspace", &ws, "--model", "anthropic/claude-sonnet-4-5"])
-            .spawn()
-            .unwrap()
+        self.command(&[
+            "run",
+            "go",
+            "--workspace",
+            &ws,
+            "--model",
+            "anthropic/claude-sonnet-4-5",
+        ])
+        .spawn()
+        .unwrap()
     }
 
     async fn session(&self) -> String {
-        let out = self.command(&["sessions", "--json"]).output().await.unwrap();
-        let line = String::from_utf8_lossy(&out.stdout).lines().next().unwrap().to_string();
-        serde_json::from_str::<Value>(&line).unwrap()["id"].as_str().unwrap().to_string()
+        let out = self
+            .command(&["sessions", "--json"])
+            .output()
+            .await
+            .unwrap();
+        let line = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap()
+            .to_string();
+        serde_json::from_str::<Value>(&line).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
     }
 }
 
@@ -81,13 +99,25 @@ async fn sigkill_mid_command_kills_the_orphan_and_rolls_back() {
     child.kill().await.unwrap(); // SIGKILL: the harness gets no chance to clean up
 
     let id = case.session().await;
-    let out = case.command(&["resume", &id, "--json"]).output().await.unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = case
+        .command(&["resume", &id, "--json"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     tokio::time::sleep(Duration::from_millis(2500)).await; // past the orphan's sleep
-    // The orphan of the killed run never wrote its "late": it was killed before the
-    // rollback, and the command ran once more, whole, after it.
-    assert_eq!(std::fs::read_to_string(case.ws().join("job.log")).unwrap(), "start\nlate\n");
-    let log = String::from_utf8_lossy(&case.command(&["log", &id]).output().await.unwrap().stdout).into_owned();
+                                                           // The orphan of the killed run never wrote its "late": it was killed before the
+                                                           // rollback, and the command ran once more, whole, after it.
+    assert_eq!(
+        std::fs::read_to_string(case.ws().join("job.log")).unwrap(),
+        "start\nlate\n"
+    );
+    let log = String::from_utf8_lossy(&case.command(&["log", &id]).output().await.unwrap().stdout)
+        .into_owned();
     assert!(log.contains("rolled back"), "{log}");
     assert_eq!(case.fake.calls(), 3, "step, retry after rollback, final");
 }
@@ -103,12 +133,23 @@ async fn ctrl_c_stops_the_command_and_resume_finishes() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("steadfast resume ses_"), "{stderr}");
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    assert_eq!(std::fs::read_to_string(case.ws().join("job.log")).unwrap(), "start\n", "the command was stopped");
+    assert_eq!(
+        std::fs::read_to_string(case.ws().join("job.log")).unwrap(),
+        "start\n",
+        "the command was stopped"
+    );
 
     let id = case.session().await;
     let out = case.command(&["resume", &id]).output().await.unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(std::fs::read_to_string(case.ws().join("job.log")).unwrap(), "start\nlate\n");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(case.ws().join("job.log")).unwrap(),
+        "start\nlate\n"
+    );
 }
 
 #[tokio::test]
@@ -122,7 +163,8 @@ async fn a_corrupt_record_stops_log_and_resume_with_its_position() {
         .query_row("SELECT body FROM events WHERE seq = 4", [], |r| r.get(0))
         .unwrap();
     body[5] ^= 0x20;
-    db.execute("UPDATE events SET body = ?1 WHERE seq = 4", [&body]).unwrap();
+    db.execute("UPDATE events SET body = ?1 WHERE seq = 4", [&body])
+        .unwrap();
 
     for args in [vec!["log", id.as_str()], vec!["resume", id.as_str()]] {
         let out = case.command(&args).output().await.unwrap();

@@ -50,10 +50,16 @@ pub(crate) fn reap(registry: &Path, root: &Path) -> usize {
         return 0;
     };
     for entry in procs.filter_map(Result::ok) {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
             continue;
         };
-        let Some(pgrp) = process_group(pid) else { continue };
+        let Some(pgrp) = process_group(pid) else {
+            continue;
+        };
         if !groups.contains(&pgrp) {
             continue;
         }

@@ -13,6 +13,7 @@ use steadfast_sandbox::Sandbox;
 use steadfast_testkit::demo;
 use steadfast_world::World;
 
+use crate::config::Config;
 use crate::render;
 use crate::setup;
 
@@ -42,10 +43,10 @@ pub struct ResumeArgs {
     json: bool,
 }
 
-pub async fn run(home: &Path, args: RunArgs) -> anyhow::Result<ExitCode> {
-    let model = args.model.unwrap_or_else(setup::default_model);
+pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<ExitCode> {
+    let model = args.model.unwrap_or_else(|| config.default_model());
     let provider = model.split('/').next().unwrap_or_default().to_string();
-    let (harness, fake) = setup::harness(home, &provider).await?;
+    let (harness, fake) = setup::harness(home, config, &provider).await?;
     let task = match (args.task, &fake) {
         (Some(t), _) => t,
         (None, Some(_)) => demo::TASK.to_string(),
@@ -71,17 +72,14 @@ pub async fn run(home: &Path, args: RunArgs) -> anyhow::Result<ExitCode> {
     code
 }
 
-pub async fn resume(home: &Path, args: ResumeArgs) -> anyhow::Result<ExitCode> {
-    let probe = steadfast_harness::Harness::open_local(
-        home,
-        steadfast_harness::HarnessOptions::from_env(),
-    )?;
+pub async fn resume(home: &Path, config: &Config, args: ResumeArgs) -> anyhow::Result<ExitCode> {
+    let probe = steadfast_harness::Harness::open_local(home, config.harness_options())?;
     let state = probe
         .state(&args.session)
         .await
         .with_context(|| format!("reading session {}", args.session))?;
     drop(probe);
-    let (harness, fake) = setup::harness(home, &state.model.provider).await?;
+    let (harness, fake) = setup::harness(home, config, &state.model.provider).await?;
     let mut driver = harness.wake(&args.session).await?;
     eprintln!(
         "steadfast: resuming session {} at #{} ({})",

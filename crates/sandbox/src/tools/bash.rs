@@ -60,7 +60,9 @@ pub(crate) async fn run(ctx: &Context<'_>, input: &Value) -> ToolOutput {
     };
     drop(cmd); // closes our copies of the pipe's write end
     let guard = GroupGuard(child.id().map(|p| Pid::from_raw(p as i32)));
-    let recorded = child.id().and_then(|p| crate::orphans::record(ctx.registry, p));
+    let recorded = child
+        .id()
+        .and_then(|p| crate::orphans::record(ctx.registry, p));
 
     let cap = ctx.options.max_output_bytes;
     let collector = tokio::task::spawn_blocking(move || {

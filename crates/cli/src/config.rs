@@ -1,0 +1,232 @@
+//! Configuration, layered: defaults, then `steadfast.toml`, then `STEADFAST_*` and
+//! provider environment variables, then command-line flags.
+//!
+//! API keys are never read from the file: it names the environment variable that
+//! holds each provider's key (`api-key-env`), so the file can be committed safely.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use steadfast_harness::{HarnessOptions, ModelResolver};
+use steadfast_model::{Endpoint, ModelClient, RetryPolicy};
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Config {
+    /// Default model of new sessions (`provider/model`).
+    pub model: Option<String>,
+    /// Per-provider endpoints.
+    #[serde(default)]
+    pub providers: BTreeMap<String, ProviderConfig>,
+    /// Sandbox settings.
+    #[serde(default)]
+    pub sandbox: SandboxConfig,
+    /// Harness settings.
+    #[serde(default)]
+    pub harness: HarnessConfig,
+}
+
+/// How to reach one provider.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// Base URL (overridden by `<PROVIDER>_BASE_URL`).
+    pub base_url: Option<String>,
+    /// The environment variable holding the key (default `<PROVIDER>_API_KEY`).
+    pub api_key_env: Option<String>,
+}
+
+/// Sandbox settings.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct SandboxConfig {
+    /// Extra environment for commands (credential-like names are dropped).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Default `bash` timeout, seconds.
+    pub default_timeout_secs: Option<u64>,
+    /// Longest `bash` timeout a call may ask for, seconds.
+    pub max_timeout_secs: Option<u64>,
+}
+
+/// Harness settings.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct HarnessConfig {
+    /// Model calls allowed in one turn before the session escalates.
+    pub max_steps_per_turn: Option<u32>,
+    /// Most tokens per model reply.
+    pub max_tokens: Option<u32>,
+    /// Lease time to live, seconds.
+    pub lease_ttl_secs: Option<u64>,
+}
+
+impl Config {
+    /// Loads `path`, or `steadfast.toml` in the working directory if it exists.
+    pub fn load(path: Option<&Path>) -> anyhow::Result<Self> {
+        let (path, required) = match path {
+            Some(p) => (p.to_path_buf(), true),
+            None => (PathBuf::from("steadfast.toml"), false),
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => toml::from_str(&text).with_context(|| format!("in {}", path.display())),
+            Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => {
+                Ok(Config::default())
+            }
+            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+
+    /// The endpoint of `provider`: base URL from the environment, the file or the
+    /// provider's default; key from the environment variable the file names.
+    pub fn endpoint(&self, provider: &str) -> Option<Endpoint> {
+        let upper = provider.to_ascii_uppercase();
+        let cfg = self.providers.get(provider).cloned().unwrap_or_default();
+        let key_var = cfg
+            .api_key_env
+            .unwrap_or_else(|| format!("{upper}_API_KEY"));
+        let api_key = std::env::var(&key_var).ok().filter(|k| !k.is_empty())?;
+        let default = match provider {
+            "anthropic" => "https://api.anthropic.com",
+            "openai" => "https://api.openai.com/v1",
+            _ => return None,
+        };
+        let base_url = std::env::var(format!("{upper}_BASE_URL"))
+            .ok()
+            .filter(|u| !u.is_empty())
+            .or(cfg.base_url)
+            .unwrap_or_else(|| default.to_string());
+        Some(Endpoint { base_url, api_key })
+    }
+
+    /// The model of a new session when none is named.
+    pub fn default_model(&self) -> String {
+        if let Some(m) = &self.model {
+            return m.clone();
+        }
+        if self.endpoint("anthropic").is_some() {
+            "anthropic/claude-sonnet-4-5".into()
+        } else if self.endpoint("openai").is_some() {
+            "openai/gpt-5".into()
+        } else {
+            "fake/steadfast-demo".into()
+        }
+    }
+
+    /// Harness options with models resolved through this configuration.
+    pub fn harness_options(&self) -> HarnessOptions {
+        let config = self.clone();
+        let models: ModelResolver = Arc::new(move |spec| {
+            let endpoint = config.endpoint(&spec.provider).ok_or_else(|| {
+                steadfast_model::Error::Config(format!(
+                    "no API key for provider `{}` (set {}_API_KEY)",
+                    spec.provider,
+                    spec.provider.to_ascii_uppercase()
+                ))
+            })?;
+            ModelClient::new(&spec.provider, endpoint, RetryPolicy::default())
+        });
+        self.apply(HarnessOptions::with_models(models))
+    }
+
+    /// Applies the file's harness and sandbox settings to `options`.
+    pub fn apply(&self, mut options: HarnessOptions) -> HarnessOptions {
+        let h = &self.harness;
+        if let Some(n) = h.max_steps_per_turn {
+            options.max_steps_per_turn = n;
+        }
+        if let Some(n) = h.max_tokens {
+            options.max_tokens = n;
+        }
+        if let Some(s) = h.lease_ttl_secs {
+            options.lease_ttl = Duration::from_secs(s.max(3));
+        }
+        let s = &self.sandbox;
+        options.sandbox.env.extend(s.env.clone());
+        if let Some(t) = s.default_timeout_secs {
+            options.sandbox.default_timeout = Duration::from_secs(t);
+        }
+        if let Some(t) = s.max_timeout_secs {
+            options.sandbox.max_timeout = Duration::from_secs(t);
+        }
+        options
+    }
+
+    /// The effective configuration as TOML, keys shown as set or unset, never their value.
+    pub fn dump(&self) -> String {
+        let mut effective = self.clone();
+        effective.model = Some(self.default_model());
+        for provider in ["anthropic", "openai"] {
+            let entry = effective.providers.entry(provider.to_string()).or_default();
+            let endpoint = self.endpoint(provider);
+            entry.base_url = Some(
+                endpoint
+                    .as_ref()
+                    .map(|e| e.base_url.clone())
+                    .unwrap_or_else(|| "(no key set)".into()),
+            );
+            entry
+                .api_key_env
+                .get_or_insert_with(|| format!("{}_API_KEY", provider.to_ascii_uppercase()));
+        }
+        let mut out = toml::to_string_pretty(&effective).unwrap_or_default();
+        for provider in ["anthropic", "openai"] {
+            let state = if self.endpoint(provider).is_some() {
+                "set"
+            } else {
+                "unset"
+            };
+            out.push_str(&format!("# {provider} key: {state}\n"));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_names_the_key_variable_and_env_overrides_the_url() {
+        let cfg: Config = toml::from_str(
+            r#"
+            model = "openai/gpt-5-mini"
+            [providers.openai]
+            base-url = "http://proxy.internal/v1"
+            api-key-env = "STEADFAST_TEST_OPENAI_KEY_A"
+            [harness]
+            max-steps-per-turn = 7
+            [sandbox]
+            env = { LANG = "C" }
+            "#,
+        )
+        .unwrap();
+        assert!(cfg.endpoint("openai").is_none(), "no key yet");
+        std::env::set_var("STEADFAST_TEST_OPENAI_KEY_A", "sk-test");
+        let e = cfg.endpoint("openai").unwrap();
+        assert_eq!(
+            (e.base_url.as_str(), e.api_key.as_str()),
+            ("http://proxy.internal/v1", "sk-test")
+        );
+        assert_eq!(cfg.default_model(), "openai/gpt-5-mini");
+        let options = cfg.harness_options();
+        assert_eq!(options.max_steps_per_turn, 7);
+        assert_eq!(options.sandbox.env["LANG"], "C");
+        let dump = cfg.dump();
+        assert!(
+            dump.contains("# openai key: set") && !dump.contains("sk-test"),
+            "{dump}"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_and_keys_in_the_file_are_refused() {
+        assert!(toml::from_str::<Config>("[providers.openai]\napi-key = \"sk-oops\"").is_err());
+        assert!(toml::from_str::<Config>("modle = \"x\"").is_err());
+    }
+}
