@@ -89,7 +89,8 @@ impl Case {
 }
 
 fn events<'a>(log: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    log.iter().filter(|r| r["event"]["type"] == kind).collect()
+    // Events are stored externally tagged: {"event": {"<kind>": {...}}}.
+    log.iter().filter_map(|r| r["event"].get(kind)).collect()
 }
 
 /// Every file under `dir` with its bytes and executable bit (`.git` included).
@@ -224,7 +225,7 @@ async fn every_crash_point_resumes_to_the_crash_free_result() {
             ));
             let rollbacks = events(&log, "tool_call_interrupted")
                 .iter()
-                .filter(|r| r["event"]["resolution"]["kind"] == "rolled_back")
+                .filter(|r| r["resolution"]["kind"] == "rolled_back")
                 .count();
             let calls = case.fake.calls();
             assert_eq!(
@@ -265,15 +266,15 @@ async fn every_crash_point_resumes_to_the_crash_free_result() {
                 assert_eq!(interrupted.len(), 1, "{label}");
                 let intent = events(&log, "tool_call_intent")
                     .into_iter()
-                    .find(|r| r["event"]["call_id"] == interrupted[0]["event"]["call_id"])
+                    .find(|r| r["call_id"] == interrupted[0]["call_id"])
                     .unwrap();
-                let expected_resolution = match intent["event"]["class"].as_str() {
+                let expected_resolution = match intent["class"].as_str() {
                     Some("read") => "rerun",
                     Some("mutate") => "rolled_back",
                     other => panic!("{label}: unexpected class {other:?}"),
                 };
                 assert_eq!(
-                    interrupted[0]["event"]["resolution"]["kind"], expected_resolution,
+                    interrupted[0]["resolution"]["kind"], expected_resolution,
                     "{label}"
                 );
             } else {
@@ -350,14 +351,8 @@ async fn an_interrupted_external_effect_is_reported_unknown_and_never_run_again(
         let log = case.log(&session).await;
         let interrupted = events(&log, "tool_call_interrupted");
         assert_eq!(interrupted.len(), 1);
-        assert_eq!(
-            interrupted[0]["event"]["resolution"]["kind"],
-            "outcome_unknown"
-        );
-        assert_eq!(
-            events(&log, "tool_call_intent")[0]["event"]["class"],
-            "external"
-        );
+        assert_eq!(interrupted[0]["resolution"]["kind"], "outcome_unknown");
+        assert_eq!(events(&log, "tool_call_intent")[0]["class"], "external");
         assert!(
             events(&log, "tool_call_outcome").is_empty(),
             "{point}: no outcome invented"

@@ -149,7 +149,7 @@ impl std::fmt::Display for EndState {
 
 /// One entry of a session log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum Event {
     /// The session exists: its agent, model and workspace.
     SessionStarted {

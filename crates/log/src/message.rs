@@ -14,7 +14,7 @@ pub enum Role {
 
 /// One piece of a message. Model clients translate these to and from each wire format.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum Block {
     /// Plain text.
     Text {

@@ -135,10 +135,15 @@ pub fn decode(
         schema: stored.schema,
         reason,
     };
-    let value: serde_json::Value =
-        serde_json::from_slice(&stored.body).map_err(|e| undecodable(e.to_string()))?;
-    let value = upcast(stored.schema, value).map_err(undecodable)?;
-    let event = serde_json::from_value(value).map_err(|e| undecodable(e.to_string()))?;
+    let event = if stored.schema == SCHEMA_VERSION {
+        // The common case: straight from bytes to the event, no intermediate tree.
+        serde_json::from_slice(&stored.body).map_err(|e| undecodable(e.to_string()))?
+    } else {
+        let value: serde_json::Value =
+            serde_json::from_slice(&stored.body).map_err(|e| undecodable(e.to_string()))?;
+        let value = upcast(stored.schema, value).map_err(undecodable)?;
+        serde_json::from_value(value).map_err(|e| undecodable(e.to_string()))?
+    };
     Ok(Record {
         seq,
         epoch,

@@ -150,6 +150,50 @@ fn check_fence(tx: &Connection, lease: &Lease) -> Result<()> {
     Ok(())
 }
 
+type RawRecord = (u64, u64, u64, EncodedRecord);
+
+/// Verifies and decodes records, on every core for long logs (waking a long session
+/// is dominated by this).
+fn decode_all(session: &str, raw: Vec<RawRecord>) -> Result<Vec<Record>> {
+    let decode = |chunk: &[RawRecord]| -> Result<Vec<Record>> {
+        chunk
+            .iter()
+            .map(|(seq, epoch, at_ms, enc)| {
+                record::decode(session, *seq, *epoch, *at_ms, enc).map_err(|e| Error::Corrupt {
+                    session: session.to_string(),
+                    seq: *seq,
+                    detail: e.to_string(),
+                })
+            })
+            .collect()
+    };
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(8);
+    if raw.len() < 2048 || threads == 1 {
+        return decode(&raw);
+    }
+    let chunk = raw.len().div_ceil(threads);
+    let parts: Vec<Result<Vec<Record>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = raw
+            .chunks(chunk)
+            .map(|c| scope.spawn(move || decode(c)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Backend("decoder thread panicked".into())))
+            })
+            .collect()
+    });
+    let mut out = Vec::with_capacity(raw.len());
+    for part in parts {
+        out.extend(part?);
+    }
+    Ok(out)
+}
+
 fn summary(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionSummary> {
     Ok(SessionSummary {
         id: r.get(0)?,
@@ -337,7 +381,7 @@ impl World for SqliteWorld {
                     ))
                 })
                 .map_err(backend)?;
-            let mut out = Vec::new();
+            let mut raw = Vec::new();
             let mut expected = from.max(1);
             for row in rows {
                 let (seq, epoch, at_ms, enc) = row.map_err(backend)?;
@@ -348,12 +392,7 @@ impl World for SqliteWorld {
                         detail: format!("record missing (next stored is {seq})"),
                     });
                 }
-                let rec = record::decode(&session, seq, epoch, at_ms, &enc).map_err(|e| Error::Corrupt {
-                    session: session.clone(),
-                    seq,
-                    detail: e.to_string(),
-                })?;
-                out.push(rec);
+                raw.push((seq, epoch, at_ms, enc));
                 expected += 1;
             }
             if expected <= last_seq {
@@ -363,7 +402,7 @@ impl World for SqliteWorld {
                     detail: format!("log ends early; the session records {last_seq} events"),
                 });
             }
-            Ok(out)
+            decode_all(&session, raw)
         })
         .await
     }

@@ -179,8 +179,26 @@ async fn wake(events: usize) -> anyhow::Result<()> {
         read_times.push(read);
         assert_eq!(state.last_seq as usize, n);
     }
+    // Baseline: the same rows fetched raw, without verification or decoding.
+    let raw = rusqlite::Connection::open(dir.path().join("world.db"))?;
+    let mut raw_times = Vec::new();
+    for _ in 0..7 {
+        let start = Instant::now();
+        let mut stmt = raw.prepare_cached(
+            "SELECT seq, epoch, at_ms, schema, body, checksum FROM events WHERE session_id = ?1 AND seq >= 1 ORDER BY seq",
+        )?;
+        let rows: Vec<(u64, Vec<u8>, String)> = stmt
+            .query_map(["bench"], |r| Ok((r.get(0)?, r.get(4)?, r.get(5)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        assert_eq!(rows.len(), n);
+        raw_times.push(start.elapsed());
+    }
     let (r, f) = (median(read_times), median(fold_times));
     println!("wake: a {n}-event session (median of 7)");
+    println!(
+        "  baseline, raw rows only: {:>7.1} ms",
+        median(raw_times).as_secs_f64() * 1e3
+    );
     println!(
         "  read + verify checksums: {:>7.1} ms",
         r.as_secs_f64() * 1e3
