@@ -15,15 +15,20 @@
 
 pub mod blobs;
 pub mod conformance;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod sqlite;
 
 use std::future::Future;
 use std::time::Duration;
 
 use serde::Serialize;
+use steadfast_log::record;
 use steadfast_log::{Event, Record};
 
 pub use blobs::{strip_ansi, Blobs, INLINE_LIMIT};
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresWorld;
 pub use sqlite::SqliteWorld;
 
 /// Everything a world can report.
@@ -192,6 +197,41 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// A session's lease as stored.
+pub(crate) struct LeaseRow {
+    pub epoch: u64,
+    pub holder: Option<String>,
+    pub host: Option<String>,
+    pub pid: Option<u32>,
+    pub expires_ms: u64,
+}
+
+impl LeaseRow {
+    /// Whether `holder` may take the lease at time `now`: it is free, lapsed, already
+    /// theirs, or held by a process of this host that no longer exists.
+    pub(crate) fn is_free_for(&self, holder: &Holder, now: u64) -> bool {
+        match &self.holder {
+            None => true,
+            Some(h) if *h == holder.id => true,
+            Some(_) if self.expires_ms <= now => true,
+            Some(_) => {
+                self.host.as_deref() == Some(holder.host.as_str())
+                    && self
+                        .pid
+                        .is_some_and(|p| p != holder.pid && process_is_gone(p))
+            }
+        }
+    }
+}
+
+fn process_is_gone(pid: u32) -> bool {
+    let pid = nix::unistd::Pid::from_raw(pid as i32);
+    matches!(
+        nix::sys::signal::kill(pid, None),
+        Err(nix::errno::Errno::ESRCH)
+    )
+}
+
 /// The status and title a session's summary shows after these events.
 pub(crate) fn summarize(events: &[Event]) -> (Option<&'static str>, Option<String>) {
     let mut status = None;
@@ -216,4 +256,78 @@ pub(crate) fn summarize(events: &[Event]) -> (Option<&'static str>, Option<Strin
         }
     }
     (status, title)
+}
+
+/// A stored record as read: position, epoch, time, encoded body.
+pub(crate) type RawRecord = (u64, u64, u64, steadfast_log::EncodedRecord);
+
+/// Verifies and decodes records, on every core for long logs (waking a long session
+/// is dominated by this).
+pub(crate) fn decode_all(session: &str, raw: Vec<RawRecord>) -> Result<Vec<Record>> {
+    let decode = |chunk: &[RawRecord]| -> Result<Vec<Record>> {
+        chunk
+            .iter()
+            .map(|(seq, epoch, at_ms, enc)| {
+                record::decode(session, *seq, *epoch, *at_ms, enc).map_err(|e| Error::Corrupt {
+                    session: session.to_string(),
+                    seq: *seq,
+                    detail: e.to_string(),
+                })
+            })
+            .collect()
+    };
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(8);
+    if raw.len() < 2048 || threads == 1 {
+        return decode(&raw);
+    }
+    let chunk = raw.len().div_ceil(threads);
+    let parts: Vec<Result<Vec<Record>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = raw
+            .chunks(chunk)
+            .map(|c| scope.spawn(move || decode(c)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Backend("decoder thread panicked".into())))
+            })
+            .collect()
+    });
+    let mut out = Vec::with_capacity(raw.len());
+    for part in parts {
+        out.extend(part?);
+    }
+    Ok(out)
+}
+
+/// Checks that rows run `from`, `from + 1`, ... up to the session's `last_seq` without
+/// gaps, then verifies and decodes them.
+pub(crate) fn verify(
+    session: &str,
+    from: u64,
+    last_seq: u64,
+    raw: Vec<RawRecord>,
+) -> Result<Vec<Record>> {
+    let mut expected = from;
+    for (seq, ..) in &raw {
+        if *seq != expected {
+            return Err(Error::Corrupt {
+                session: session.to_string(),
+                seq: expected,
+                detail: format!("record missing (next stored is {seq})"),
+            });
+        }
+        expected += 1;
+    }
+    if expected <= last_seq {
+        return Err(Error::Corrupt {
+            session: session.to_string(),
+            seq: expected,
+            detail: format!("log ends early; the session records {last_seq} events"),
+        });
+    }
+    decode_all(session, raw)
 }

@@ -9,7 +9,10 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use steadfast_log::record::{self, EncodedRecord};
 use steadfast_log::{Event, Record};
 
-use crate::{now_ms, summarize, Error, Holder, Lease, Result, SessionSummary, World};
+use crate::{
+    now_ms, summarize, verify, Error, Holder, Lease, LeaseRow, RawRecord, Result, SessionSummary,
+    World,
+};
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS sessions (
@@ -103,14 +106,6 @@ impl SqliteWorld {
     }
 }
 
-struct LeaseRow {
-    epoch: u64,
-    holder: Option<String>,
-    host: Option<String>,
-    pid: Option<u32>,
-    expires_ms: u64,
-}
-
 fn lease_row(tx: &Connection, session: &str) -> Result<LeaseRow> {
     tx.query_row(
         "SELECT lease_epoch, lease_holder, lease_host, lease_pid, lease_expires_ms FROM sessions WHERE id = ?1",
@@ -130,14 +125,6 @@ fn lease_row(tx: &Connection, session: &str) -> Result<LeaseRow> {
     .ok_or_else(|| Error::NotFound(session.to_string()))
 }
 
-fn process_is_gone(pid: u32) -> bool {
-    let pid = nix::unistd::Pid::from_raw(pid as i32);
-    matches!(
-        nix::sys::signal::kill(pid, None),
-        Err(nix::errno::Errno::ESRCH)
-    )
-}
-
 fn check_fence(tx: &Connection, lease: &Lease) -> Result<()> {
     let row = lease_row(tx, &lease.session)?;
     if row.epoch != lease.epoch || row.holder.as_deref() != Some(lease.holder.as_str()) {
@@ -148,50 +135,6 @@ fn check_fence(tx: &Connection, lease: &Lease) -> Result<()> {
         });
     }
     Ok(())
-}
-
-type RawRecord = (u64, u64, u64, EncodedRecord);
-
-/// Verifies and decodes records, on every core for long logs (waking a long session
-/// is dominated by this).
-fn decode_all(session: &str, raw: Vec<RawRecord>) -> Result<Vec<Record>> {
-    let decode = |chunk: &[RawRecord]| -> Result<Vec<Record>> {
-        chunk
-            .iter()
-            .map(|(seq, epoch, at_ms, enc)| {
-                record::decode(session, *seq, *epoch, *at_ms, enc).map_err(|e| Error::Corrupt {
-                    session: session.to_string(),
-                    seq: *seq,
-                    detail: e.to_string(),
-                })
-            })
-            .collect()
-    };
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(8);
-    if raw.len() < 2048 || threads == 1 {
-        return decode(&raw);
-    }
-    let chunk = raw.len().div_ceil(threads);
-    let parts: Vec<Result<Vec<Record>>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = raw
-            .chunks(chunk)
-            .map(|c| scope.spawn(move || decode(c)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Error::Backend("decoder thread panicked".into())))
-            })
-            .collect()
-    });
-    let mut out = Vec::with_capacity(raw.len());
-    for part in parts {
-        out.extend(part?);
-    }
-    Ok(out)
 }
 
 fn summary(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionSummary> {
@@ -236,15 +179,7 @@ impl World for SqliteWorld {
                 .map_err(backend)?;
             let row = lease_row(&tx, &session)?;
             let now = now_ms();
-            let free = match &row.holder {
-                None => true,
-                Some(h) if *h == holder.id => true,
-                Some(_) if row.expires_ms <= now => true,
-                Some(_) => {
-                    row.host.as_deref() == Some(holder.host.as_str())
-                        && row.pid.is_some_and(|p| p != holder.pid && process_is_gone(p))
-                }
-            };
+            let free = row.is_free_for(&holder, now);
             if !free {
                 return Err(Error::LeaseHeld {
                     session,
@@ -381,28 +316,10 @@ impl World for SqliteWorld {
                     ))
                 })
                 .map_err(backend)?;
-            let mut raw = Vec::new();
-            let mut expected = from.max(1);
-            for row in rows {
-                let (seq, epoch, at_ms, enc) = row.map_err(backend)?;
-                if seq != expected {
-                    return Err(Error::Corrupt {
-                        session,
-                        seq: expected,
-                        detail: format!("record missing (next stored is {seq})"),
-                    });
-                }
-                raw.push((seq, epoch, at_ms, enc));
-                expected += 1;
-            }
-            if expected <= last_seq {
-                return Err(Error::Corrupt {
-                    session,
-                    seq: expected,
-                    detail: format!("log ends early; the session records {last_seq} events"),
-                });
-            }
-            decode_all(&session, raw)
+            let raw = rows
+                .collect::<rusqlite::Result<Vec<RawRecord>>>()
+                .map_err(backend)?;
+            verify(&session, from.max(1), last_seq, raw)
         })
         .await
     }

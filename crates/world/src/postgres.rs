@@ -1,0 +1,440 @@
+//! The PostgreSQL world: many stateless workers on many machines against one database.
+//!
+//! Appends and lease changes lock the session's row (`FOR UPDATE`), and a trigger
+//! rejects any event whose epoch is not the session's current lease epoch, so a stale
+//! holder can never commit, even racing. Lease times use the database's clock, so
+//! machines with skewed clocks agree on when a lease lapses. Connections are pooled;
+//! a connection broken by a database restart is replaced on next use.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use steadfast_log::record::{self, EncodedRecord};
+use steadfast_log::{Event, Record};
+use tokio_postgres::{NoTls, Row, Transaction};
+
+use crate::{
+    now_ms, summarize, verify, Error, Holder, Lease, LeaseRow, RawRecord, Result, SessionSummary,
+    World,
+};
+
+/// Versioned migrations, applied in order by [`PostgresWorld::migrate`].
+const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("postgres/001_init.sql"))];
+const STALE_FENCE: &str = "SF001";
+/// Serialises concurrent `migrate` runs (an arbitrary, fixed advisory-lock key).
+const MIGRATION_LOCK: i64 = 0x5354_4544_4641_5354;
+
+/// A [`World`] in PostgreSQL.
+#[derive(Clone)]
+pub struct PostgresWorld {
+    pool: Pool,
+}
+
+impl std::fmt::Debug for PostgresWorld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresWorld").finish_non_exhaustive()
+    }
+}
+
+fn backend(e: impl std::fmt::Display) -> Error {
+    Error::Backend(e.to_string())
+}
+
+fn db(e: tokio_postgres::Error) -> Error {
+    if e.code().map(|c| c.code()) == Some(STALE_FENCE) {
+        return Error::StaleFence {
+            session: String::new(),
+            epoch: 0,
+            current: 0,
+        };
+    }
+    backend(e)
+}
+
+const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+fn to_u64(v: i64) -> u64 {
+    v.max(0) as u64
+}
+
+impl PostgresWorld {
+    /// Connects to `url` (`postgres://user@host:port/db`). Fails with a clear message
+    /// if the schema is missing or old (run [`PostgresWorld::migrate`]) or newer than
+    /// this build.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let world = Self::connect_unchecked(url)?;
+        let (current, latest) = world.schema_version().await?;
+        if current < latest {
+            return Err(Error::Backend(format!(
+                "the database schema is at version {current}, this build needs {latest}: run `steadfast migrate`"
+            )));
+        }
+        if current > latest {
+            return Err(Error::TooNew(format!(
+                "the database schema is at version {current}, newer than this build's {latest}; upgrade steadfast"
+            )));
+        }
+        Ok(world)
+    }
+
+    /// Connects and applies any pending migrations first.
+    pub async fn connect_and_migrate(url: &str) -> Result<Self> {
+        let world = Self::connect_unchecked(url)?;
+        world.migrate().await?;
+        Ok(world)
+    }
+
+    fn connect_unchecked(url: &str) -> Result<Self> {
+        let config = tokio_postgres::Config::from_str(url)
+            .map_err(|e| Error::Backend(format!("bad PostgreSQL URL: {e}")))?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Verified,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(16)
+            .wait_timeout(Some(Duration::from_secs(30)))
+            .create_timeout(Some(Duration::from_secs(10)))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(backend)?;
+        Ok(PostgresWorld { pool })
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object> {
+        self.pool.get().await.map_err(backend)
+    }
+
+    /// The schema version applied and the latest this build knows.
+    pub async fn schema_version(&self) -> Result<(i32, i32)> {
+        let client = self.client().await?;
+        let latest = MIGRATIONS.last().map_or(0, |m| m.0);
+        let exists: bool = client
+            .query_one("SELECT to_regclass('steadfast_schema') IS NOT NULL", &[])
+            .await
+            .map_err(db)?
+            .get(0);
+        if !exists {
+            return Ok((0, latest));
+        }
+        let current: Option<i32> = client
+            .query_one("SELECT max(version) FROM steadfast_schema", &[])
+            .await
+            .map_err(db)?
+            .get(0);
+        Ok((current.unwrap_or(0), latest))
+    }
+
+    /// Applies pending migrations, each in its own transaction, one runner at a time.
+    /// Returns the versions applied.
+    pub async fn migrate(&self) -> Result<Vec<i32>> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+            .await
+            .map_err(db)?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS steadfast_schema (version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+        )
+        .await
+        .map_err(db)?;
+        let current: i32 = tx
+            .query_one(
+                "SELECT coalesce(max(version), 0) FROM steadfast_schema",
+                &[],
+            )
+            .await
+            .map_err(db)?
+            .get(0);
+        let mut applied = Vec::new();
+        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
+            tx.batch_execute(sql)
+                .await
+                .map_err(|e| Error::Backend(format!("migration {version}: {e}")))?;
+            tx.execute(
+                "INSERT INTO steadfast_schema (version) VALUES ($1)",
+                &[version],
+            )
+            .await
+            .map_err(db)?;
+            applied.push(*version);
+        }
+        tx.commit().await.map_err(db)?;
+        Ok(applied)
+    }
+}
+
+async fn lease_row(tx: &Transaction<'_>, session: &str) -> Result<(LeaseRow, u64)> {
+    let row = tx
+        .query_opt(
+            &format!(
+                "SELECT lease_epoch, lease_holder, lease_host, lease_pid, lease_expires_ms, {NOW_MS}
+                 FROM steadfast_sessions WHERE id = $1 FOR UPDATE"
+            ),
+            &[&session],
+        )
+        .await
+        .map_err(db)?
+        .ok_or_else(|| Error::NotFound(session.to_string()))?;
+    Ok((
+        LeaseRow {
+            epoch: to_u64(row.get(0)),
+            holder: row.get(1),
+            host: row.get(2),
+            pid: row.get::<_, Option<i32>>(3).map(|p| p as u32),
+            expires_ms: to_u64(row.get(4)),
+        },
+        to_u64(row.get(5)),
+    ))
+}
+
+async fn check_fence(tx: &Transaction<'_>, lease: &Lease) -> Result<u64> {
+    let (row, now) = lease_row(tx, &lease.session).await?;
+    if row.epoch != lease.epoch || row.holder.as_deref() != Some(lease.holder.as_str()) {
+        return Err(Error::StaleFence {
+            session: lease.session.clone(),
+            epoch: lease.epoch,
+            current: row.epoch,
+        });
+    }
+    Ok(now)
+}
+
+fn summary(r: &Row) -> SessionSummary {
+    SessionSummary {
+        id: r.get(0),
+        owner: r.get(1),
+        status: r.get(2),
+        title: r.get(3),
+        last_seq: to_u64(r.get(4)),
+        created_at_ms: to_u64(r.get(5)),
+        updated_at_ms: to_u64(r.get(6)),
+    }
+}
+
+const SUMMARY_COLUMNS: &str =
+    "id, owner, status, title, last_seq, created_at_ms, updated_at_ms FROM steadfast_sessions";
+
+impl World for PostgresWorld {
+    async fn create_session(&self, session: &str, owner: &str) -> Result<()> {
+        let client = self.client().await?;
+        let now = now_ms() as i64;
+        let inserted = client
+            .execute(
+                "INSERT INTO steadfast_sessions (id, owner, created_at_ms, updated_at_ms) VALUES ($1, $2, $3, $3) ON CONFLICT DO NOTHING",
+                &[&session, &owner, &now],
+            )
+            .await
+            .map_err(db)?;
+        if inserted == 0 {
+            return Err(Error::AlreadyExists(session.to_string()));
+        }
+        Ok(())
+    }
+
+    async fn acquire_lease(&self, session: &str, holder: &Holder, ttl: Duration) -> Result<Lease> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db)?;
+        let (row, now) = lease_row(&tx, session).await?;
+        if !row.is_free_for(holder, now) {
+            return Err(Error::LeaseHeld {
+                session: session.to_string(),
+                holder: row.holder.unwrap_or_default(),
+                expires_in_ms: row.expires_ms.saturating_sub(now),
+            });
+        }
+        let epoch = row.epoch + 1;
+        tx.execute(
+            "UPDATE steadfast_sessions SET lease_epoch = $2, lease_holder = $3, lease_host = $4, lease_pid = $5, lease_expires_ms = $6 WHERE id = $1",
+            &[
+                &session,
+                &(epoch as i64),
+                &holder.id,
+                &holder.host,
+                &(holder.pid as i32),
+                &((now + ttl.as_millis() as u64) as i64),
+            ],
+        )
+        .await
+        .map_err(db)?;
+        tx.commit().await.map_err(db)?;
+        Ok(Lease {
+            session: session.to_string(),
+            holder: holder.id.clone(),
+            epoch,
+        })
+    }
+
+    async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<()> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db)?;
+        let now = check_fence(&tx, lease).await?;
+        tx.execute(
+            "UPDATE steadfast_sessions SET lease_expires_ms = $2 WHERE id = $1",
+            &[&lease.session, &((now + ttl.as_millis() as u64) as i64)],
+        )
+        .await
+        .map_err(db)?;
+        tx.commit().await.map_err(db)
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> Result<()> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "UPDATE steadfast_sessions SET lease_holder = NULL, lease_host = NULL, lease_pid = NULL, lease_expires_ms = 0 WHERE id = $1 AND lease_epoch = $2 AND lease_holder = $3",
+                &[&lease.session, &(lease.epoch as i64), &lease.holder],
+            )
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn append(&self, lease: &Lease, events: &[Event]) -> Result<Vec<Record>> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db)?;
+        check_fence(&tx, lease).await?;
+        let last: i64 = tx
+            .query_one(
+                "SELECT last_seq FROM steadfast_sessions WHERE id = $1",
+                &[&lease.session],
+            )
+            .await
+            .map_err(db)?
+            .get(0);
+        let last = to_u64(last);
+        let at_ms = now_ms();
+        let insert = tx
+            .prepare_cached(
+                "INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            )
+            .await
+            .map_err(db)?;
+        let mut records = Vec::with_capacity(events.len());
+        for (i, event) in events.iter().enumerate() {
+            let record = Record {
+                seq: last + 1 + i as u64,
+                epoch: lease.epoch,
+                at_ms,
+                event: event.clone(),
+            };
+            let enc = record::encode(&lease.session, &record);
+            tx.execute(
+                &insert,
+                &[
+                    &lease.session,
+                    &(record.seq as i64),
+                    &(record.epoch as i64),
+                    &(at_ms as i64),
+                    &(enc.schema as i16),
+                    &record.event.kind(),
+                    &enc.body,
+                    &enc.checksum,
+                ],
+            )
+            .await
+            .map_err(|e| match db(e) {
+                Error::StaleFence { .. } => Error::StaleFence {
+                    session: lease.session.clone(),
+                    epoch: lease.epoch,
+                    current: 0,
+                },
+                other => other,
+            })?;
+            records.push(record);
+        }
+        let (status, title) = summarize(events);
+        tx.execute(
+            "UPDATE steadfast_sessions SET last_seq = $2, updated_at_ms = $3, status = coalesce($4, status), title = coalesce($5, title) WHERE id = $1",
+            &[
+                &lease.session,
+                &((last + records.len() as u64) as i64),
+                &(at_ms as i64),
+                &status,
+                &title,
+            ],
+        )
+        .await
+        .map_err(db)?;
+        tx.commit().await.map_err(db)?;
+        Ok(records)
+    }
+
+    async fn read(&self, session: &str, from: u64) -> Result<Vec<Record>> {
+        let mut client = self.client().await?;
+        // One snapshot for both queries, so the row count and the rows agree.
+        let tx = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .map_err(db)?;
+        let last_seq: i64 = tx
+            .query_opt(
+                "SELECT last_seq FROM steadfast_sessions WHERE id = $1",
+                &[&session],
+            )
+            .await
+            .map_err(db)?
+            .ok_or_else(|| Error::NotFound(session.to_string()))?
+            .get(0);
+        let from = from.max(1);
+        let rows = tx
+            .query(
+                "SELECT seq, epoch, at_ms, schema, body, checksum FROM steadfast_events WHERE session_id = $1 AND seq >= $2 ORDER BY seq",
+                &[&session, &(from as i64)],
+            )
+            .await
+            .map_err(db)?;
+        tx.commit().await.map_err(db)?;
+        let raw: Vec<RawRecord> = rows
+            .into_iter()
+            .map(|r| {
+                (
+                    to_u64(r.get(0)),
+                    to_u64(r.get(1)),
+                    to_u64(r.get(2)),
+                    EncodedRecord {
+                        schema: r.get::<_, i16>(3) as u16,
+                        body: r.get(4),
+                        checksum: r.get(5),
+                    },
+                )
+            })
+            .collect();
+        let session = session.to_string();
+        tokio::task::spawn_blocking(move || verify(&session, from, to_u64(last_seq), raw))
+            .await
+            .map_err(|e| Error::Backend(format!("decode task failed: {e}")))?
+    }
+
+    async fn list_sessions(&self) -> Result<Vec<SessionSummary>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                &format!("SELECT {SUMMARY_COLUMNS} ORDER BY created_at_ms DESC, id DESC"),
+                &[],
+            )
+            .await
+            .map_err(db)?;
+        Ok(rows.iter().map(summary).collect())
+    }
+
+    async fn session(&self, session: &str) -> Result<SessionSummary> {
+        let client = self.client().await?;
+        client
+            .query_opt(
+                &format!("SELECT {SUMMARY_COLUMNS} WHERE id = $1"),
+                &[&session],
+            )
+            .await
+            .map_err(db)?
+            .map(|r| summary(&r))
+            .ok_or_else(|| Error::NotFound(session.to_string()))
+    }
+}

@@ -1,0 +1,181 @@
+//! The PostgreSQL world against the shared contract suite, on the machine's real
+//! PostgreSQL server, each test in a database of its own.
+//!
+//! `STEADFAST_TEST_POSTGRES` names the server (default
+//! `postgres://postgres@127.0.0.1:5432/postgres`).
+
+use steadfast_log::Event;
+use steadfast_world::{conformance, Error, Holder, PostgresWorld, World};
+use tokio_postgres::NoTls;
+
+fn admin_url() -> String {
+    std::env::var("STEADFAST_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// A fresh database, dropped when the test ends.
+struct TestDb {
+    name: String,
+    url: String,
+}
+
+impl TestDb {
+    async fn new() -> Self {
+        let name = format!("steadfast_test_{}", uuid_like());
+        let (client, conn) = tokio_postgres::connect(&admin_url(), NoTls)
+            .await
+            .expect("PostgreSQL must be running for these tests (see .ci/run)");
+        tokio::spawn(conn);
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        let base = admin_url();
+        let url = format!("{}/{name}", &base[..base.rfind('/').unwrap()]);
+        TestDb { name, url }
+    }
+
+    async fn world(&self) -> PostgresWorld {
+        PostgresWorld::connect_and_migrate(&self.url).await.unwrap()
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // Best effort, on a thread of its own: drop cannot await.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok((client, conn)) = tokio_postgres::connect(&admin_url(), NoTls).await {
+                    tokio::spawn(conn);
+                    let _ = client
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+fn uuid_like() -> String {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{:x}_{}", nanos, std::process::id())
+}
+
+#[tokio::test]
+async fn append_then_read() {
+    let db = TestDb::new().await;
+    conformance::append_then_read(&db.world().await).await;
+}
+
+#[tokio::test]
+async fn unknown_and_duplicate_sessions() {
+    let db = TestDb::new().await;
+    conformance::unknown_and_duplicate_sessions(&db.world().await).await;
+}
+
+#[tokio::test]
+async fn leases_fence_appends() {
+    let db = TestDb::new().await;
+    conformance::leases_fence_appends(&db.world().await).await;
+}
+
+#[tokio::test]
+async fn summaries_follow_the_log() {
+    let db = TestDb::new().await;
+    conformance::summaries_follow_the_log(&db.world().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_writers_never_interleave() {
+    let db = TestDb::new().await;
+    // Two pools: two harnesses on different connections.
+    conformance::racing_writers_never_interleave(&db.world().await, &db.world().await).await;
+}
+
+#[tokio::test]
+async fn a_stale_epoch_cannot_commit_even_bypassing_the_client_check() {
+    let db = TestDb::new().await;
+    let world = db.world().await;
+    world.create_session("s1", "alice").await.unwrap();
+    let lease = world
+        .acquire_lease("s1", &Holder::new("a"), std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    world
+        .append(
+            &lease,
+            &[Event::UserMessage {
+                turn: 1,
+                text: "x".into(),
+            }],
+        )
+        .await
+        .unwrap();
+    // A writer that skips the fence check and inserts directly is stopped by the
+    // database's trigger.
+    let (client, conn) = tokio_postgres::connect(&db.url, NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let err = client
+        .execute(
+            "INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum) VALUES ('s1', 2, $1, 0, 1, 'x', '\\x00', 'x')",
+            &[&((lease.epoch - 1) as i64)],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code().map(|c| c.code()), Some("SF001"), "{err}");
+}
+
+#[tokio::test]
+async fn a_flipped_byte_is_reported_with_session_and_position() {
+    let db = TestDb::new().await;
+    let world = db.world().await;
+    world.create_session("s1", "alice").await.unwrap();
+    let lease = world
+        .acquire_lease("s1", &Holder::new("h"), std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    let events: Vec<Event> = (1..=3)
+        .map(|turn| Event::UserMessage {
+            turn,
+            text: format!("m{turn}"),
+        })
+        .collect();
+    world.append(&lease, &events).await.unwrap();
+    let (client, conn) = tokio_postgres::connect(&db.url, NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+        .execute(
+            "UPDATE steadfast_events SET body = overlay(body placing '\\x7a' from 12 for 1) WHERE session_id = 's1' AND seq = 2",
+            &[],
+        )
+        .await
+        .unwrap();
+    let err = world.read("s1", 1).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Corrupt { session, seq: 2, .. } if session == "s1"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn an_unmigrated_database_is_refused_with_the_fix() {
+    let db = TestDb::new().await;
+    let err = PostgresWorld::connect(&db.url).await.unwrap_err();
+    assert!(err.to_string().contains("steadfast migrate"), "{err}");
+    let world = PostgresWorld::connect_and_migrate(&db.url).await.unwrap();
+    assert!(
+        world.migrate().await.unwrap().is_empty(),
+        "migrations apply once"
+    );
+    PostgresWorld::connect(&db.url).await.unwrap();
+}
