@@ -18,6 +18,9 @@ use steadfast_model::{Endpoint, ModelClient, RetryPolicy};
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Config {
+    /// Where sessions live: `postgres://...`, `sqlite:PATH`, or unset for the embedded
+    /// SQLite world under the home directory.
+    pub world: Option<String>,
     /// Default model of new sessions (`provider/model`).
     pub model: Option<String>,
     /// Per-provider endpoints.

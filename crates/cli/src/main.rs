@@ -26,6 +26,10 @@ struct Cli {
     /// The configuration file (default: `steadfast.toml` here, if present).
     #[arg(long, global = true, env = "STEADFAST_CONFIG")]
     config: Option<PathBuf>,
+    /// Where sessions live: `postgres://...` or `sqlite:PATH` (default: the embedded
+    /// SQLite world under --home).
+    #[arg(long, global = true, env = "STEADFAST_WORLD")]
+    world: Option<String>,
     /// Log format for diagnostics on stderr: `text` or `json`.
     #[arg(
         long,
@@ -52,6 +56,8 @@ enum Command {
     FakeProvider(commands::fake::FakeArgs),
     /// Measure the journal and wake costs against baselines, in one run.
     Bench(commands::bench::BenchArgs),
+    /// Apply pending database migrations (PostgreSQL worlds).
+    Migrate,
     /// Print the effective configuration (`--dump`).
     Config {
         /// Print it as TOML.
@@ -74,7 +80,10 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        let config = config::Config::load(cli.config.as_deref())?;
+        let mut config = config::Config::load(cli.config.as_deref())?;
+        if cli.world.is_some() {
+            config.world = cli.world.clone();
+        }
         match cli.command {
             Command::Run(args) => commands::run::run(&cli.home, &config, args).await,
             Command::Resume(args) => commands::run::resume(&cli.home, &config, args).await,
@@ -82,8 +91,14 @@ fn main() -> ExitCode {
                 print!("{}", config.dump());
                 Ok(ExitCode::SUCCESS)
             }
-            Command::Sessions(args) => commands::sessions::run(&cli.home, args).await,
-            Command::Log(args) => commands::log::run(&cli.home, args).await,
+            Command::Sessions(args) => commands::sessions::run(&cli.home, &config, args).await,
+            Command::Log(args) => commands::log::run(&cli.home, &config, args).await,
+            Command::Migrate => {
+                let world = setup::world(&cli.home, &config, true).await?;
+                world.migrate().await?;
+                eprintln!("steadfast: {} is up to date", world.describe().await?);
+                Ok(ExitCode::SUCCESS)
+            }
             Command::FakeProvider(args) => commands::fake::run(args).await,
             Command::Bench(args) => commands::bench::run(args).await,
         }

@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use steadfast_harness::{Harness, HarnessOptions};
+use steadfast_sandbox::LocalSandbox;
+use steadfast_world::AnyWorld;
 
 use crate::config::Config;
 use steadfast_testkit::{demo, FakeProvider, Script};
@@ -13,8 +15,9 @@ use steadfast_testkit::{demo, FakeProvider, Script};
 pub async fn harness(
     home: &Path,
     config: &Config,
+    world: AnyWorld,
     provider: &str,
-) -> anyhow::Result<(Harness, Option<FakeProvider>)> {
+) -> anyhow::Result<(Harness<AnyWorld, LocalSandbox>, Option<FakeProvider>)> {
     if provider == "fake" {
         let script = match std::env::var("STEADFAST_FAKE_SCRIPT") {
             Ok(path) => Script::from_json(
@@ -31,10 +34,13 @@ pub async fn harness(
             fake.base_url()
         );
         let options = config.apply(HarnessOptions::fake_provider(&fake.base_url()));
-        let harness = Harness::open_local(home, options)?;
+        let harness = Harness::with_world(home, world, options)?;
         Ok((harness, Some(fake)))
     } else {
-        Ok((Harness::open_local(home, config.harness_options())?, None))
+        Ok((
+            Harness::with_world(home, world, config.harness_options())?,
+            None,
+        ))
     }
 }
 
@@ -70,4 +76,13 @@ pub fn init_tracing(format: &str) {
     } else {
         builder.init();
     }
+}
+
+/// The world named by `--world` / `STEADFAST_WORLD` / the config file, or the
+/// embedded SQLite world under `home`.
+pub async fn world(home: &Path, config: &Config, migrate: bool) -> anyhow::Result<AnyWorld> {
+    let spec = config.world.as_deref();
+    AnyWorld::open(spec, home, migrate)
+        .await
+        .with_context(|| format!("opening the world {}", spec.unwrap_or("(embedded SQLite)")))
 }

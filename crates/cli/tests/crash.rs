@@ -364,3 +364,100 @@ async fn an_interrupted_external_effect_is_reported_unknown_and_never_run_again(
         assert_eq!(case.fake.calls(), 2);
     }
 }
+
+fn postgres_admin() -> String {
+    std::env::var("STEADFAST_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+async fn postgres_admin_client() -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(&postgres_admin(), tokio_postgres::NoTls)
+        .await
+        .expect("PostgreSQL must be running for these tests (see .ci/run)");
+    tokio::spawn(conn);
+    client
+}
+
+/// A fresh PostgreSQL database for one case; returns its URL and name.
+async fn postgres_world() -> (String, String) {
+    let admin = postgres_admin();
+    let client = postgres_admin_client().await;
+    let name = format!(
+        "steadfast_crash_{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap();
+    (
+        format!("{}/{name}", &admin[..admin.rfind('/').unwrap()]),
+        name,
+    )
+}
+
+#[tokio::test]
+async fn crashes_resume_on_the_postgres_world_too() {
+    let clean = Case::new(demo::script()).await;
+    assert!(clean.run(demo::TASK, &[]).await.status.success());
+    let expected = tree(&clean.workspace());
+
+    for label in [
+        "model.mid_stream:3",
+        "tool.effect:4",
+        "drive.mid_snapshot:5",
+        "tool.outcome_committed:6",
+    ] {
+        let (url, db) = postgres_world().await;
+        let case = Case::new(demo::script()).await;
+        let world = [("STEADFAST_WORLD", url.clone())];
+        let migrated = case.steadfast(&["migrate"], &world).await;
+        assert!(migrated.status.success(), "{}", stderr(&migrated));
+        let out = case
+            .run(
+                demo::TASK,
+                &[
+                    ("STEADFAST_WORLD", url.clone()),
+                    ("STEADFAST_FAULT", label.to_string()),
+                ],
+            )
+            .await;
+        assert_eq!(
+            out.status.signal(),
+            Some(libc_sigabrt()),
+            "{label}: {}",
+            stderr(&out)
+        );
+        let listed = case.steadfast(&["sessions", "--json"], &world).await;
+        let line = String::from_utf8_lossy(&listed.stdout)
+            .lines()
+            .next()
+            .unwrap()
+            .to_string();
+        let session = serde_json::from_str::<Value>(&line).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let resumed = case
+            .steadfast(&["resume", &session, "--json"], &world)
+            .await;
+        assert!(resumed.status.success(), "{label}: {}", stderr(&resumed));
+        assert!(
+            tree(&case.workspace()) == expected,
+            "{label}: workspace differs"
+        );
+        assert_eq!(
+            case.fake.state().distinct_requests() as u64,
+            case.fake.calls() - u64::from(label.starts_with("model.mid")),
+            "{label}"
+        );
+        let _ = postgres_admin_client()
+            .await
+            .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
+            .await;
+    }
+}

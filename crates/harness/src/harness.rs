@@ -143,6 +143,13 @@ impl Harness<SqliteWorld, LocalSandbox> {
     /// the local sandbox.
     pub fn open_local(home: &Path, options: HarnessOptions) -> Result<Self> {
         let world = SqliteWorld::open(home.join("world.db"))?;
+        Harness::with_world(home, world, options)
+    }
+}
+
+impl<W: World + Clone> Harness<W, LocalSandbox> {
+    /// A harness over `world`, with blobs and drive under `home` and the local sandbox.
+    pub fn with_world(home: &Path, world: W, options: HarnessOptions) -> Result<Self> {
         let blobs = Blobs::local(&home.join("blobs"))?;
         let drive = Drive::open(home.join("drive"))?;
         let provision: Provisioner<LocalSandbox> =

@@ -53,7 +53,7 @@ mod heartbeat;
 mod prompt;
 
 pub use driver::{Driver, Progress, Stop};
-pub use harness::{Harness, HarnessOptions, ModelResolver, NewSession};
+pub use harness::{parse_model, Harness, HarnessOptions, ModelResolver, NewSession, Provisioner};
 
 /// Everything that can stop the harness.
 #[derive(Debug, thiserror::Error)]

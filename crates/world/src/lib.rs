@@ -13,6 +13,7 @@
 //! - **Verified.** Every record read is checked against its checksum; a damaged one is
 //!   [`Error::Corrupt`] with the session and position, never skipped.
 
+mod any;
 pub mod blobs;
 pub mod conformance;
 #[cfg(feature = "postgres")]
@@ -26,6 +27,7 @@ use serde::Serialize;
 use steadfast_log::record;
 use steadfast_log::{Event, Record};
 
+pub use any::AnyWorld;
 pub use blobs::{strip_ansi, Blobs, INLINE_LIMIT};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresWorld;

@@ -5,7 +5,9 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Args;
-use steadfast_world::{SqliteWorld, World};
+use steadfast_world::World;
+
+use crate::config::Config;
 
 /// Arguments of `steadfast log`.
 #[derive(Debug, Args)]
@@ -17,8 +19,8 @@ pub struct LogArgs {
     json: bool,
 }
 
-pub async fn run(home: &Path, args: LogArgs) -> anyhow::Result<ExitCode> {
-    let world = SqliteWorld::open(home.join("world.db"))?;
+pub async fn run(home: &Path, config: &Config, args: LogArgs) -> anyhow::Result<ExitCode> {
+    let world = crate::setup::world(home, config, false).await?;
     let records = world.read(&args.session, 1).await?;
     let mut out = std::io::stdout().lock();
     for record in &records {

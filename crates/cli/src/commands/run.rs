@@ -46,7 +46,8 @@ pub struct ResumeArgs {
 pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<ExitCode> {
     let model = args.model.unwrap_or_else(|| config.default_model());
     let provider = model.split('/').next().unwrap_or_default().to_string();
-    let (harness, fake) = setup::harness(home, config, &provider).await?;
+    let world = setup::world(home, config, false).await?;
+    let (harness, fake) = setup::harness(home, config, world, &provider).await?;
     let task = match (args.task, &fake) {
         (Some(t), _) => t,
         (None, Some(_)) => demo::TASK.to_string(),
@@ -73,13 +74,15 @@ pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<
 }
 
 pub async fn resume(home: &Path, config: &Config, args: ResumeArgs) -> anyhow::Result<ExitCode> {
-    let probe = steadfast_harness::Harness::open_local(home, config.harness_options())?;
+    let world = setup::world(home, config, false).await?;
+    let probe =
+        steadfast_harness::Harness::with_world(home, world.clone(), config.harness_options())?;
     let state = probe
         .state(&args.session)
         .await
         .with_context(|| format!("reading session {}", args.session))?;
     drop(probe);
-    let (harness, fake) = setup::harness(home, config, &state.model.provider).await?;
+    let (harness, fake) = setup::harness(home, config, world, &state.model.provider).await?;
     let mut driver = harness.wake(&args.session).await?;
     eprintln!(
         "steadfast: resuming session {} at #{} ({})",

@@ -5,7 +5,9 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Args;
-use steadfast_world::{SqliteWorld, World};
+use steadfast_world::World;
+
+use crate::config::Config;
 
 /// Arguments of `steadfast sessions`.
 #[derive(Debug, Args)]
@@ -15,8 +17,8 @@ pub struct SessionsArgs {
     json: bool,
 }
 
-pub async fn run(home: &Path, args: SessionsArgs) -> anyhow::Result<ExitCode> {
-    let world = SqliteWorld::open(home.join("world.db"))?;
+pub async fn run(home: &Path, config: &Config, args: SessionsArgs) -> anyhow::Result<ExitCode> {
+    let world = crate::setup::world(home, config, false).await?;
     let sessions = world.list_sessions().await?;
     let mut out = std::io::stdout().lock();
     if args.json {

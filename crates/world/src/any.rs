@@ -1,0 +1,119 @@
+//! A world chosen at run time from configuration: SQLite (default) or PostgreSQL.
+
+use std::path::Path;
+use std::time::Duration;
+
+use steadfast_log::{Event, Record};
+
+use crate::{Error, Holder, Lease, Result, SessionSummary, SqliteWorld, World};
+
+/// Any of the world backends, selected by [`AnyWorld::open`].
+#[derive(Clone)]
+pub enum AnyWorld {
+    /// The embedded SQLite world.
+    Sqlite(SqliteWorld),
+    /// The PostgreSQL world.
+    #[cfg(feature = "postgres")]
+    Postgres(crate::PostgresWorld),
+}
+
+impl AnyWorld {
+    /// Opens the world `spec` names: `postgres://...` (or `postgresql://...`), a
+    /// `sqlite:PATH`, or nothing for `home/world.db`. With `migrate`, pending
+    /// PostgreSQL migrations are applied first.
+    pub async fn open(spec: Option<&str>, home: &Path, migrate: bool) -> Result<Self> {
+        match spec.filter(|s| !s.is_empty()) {
+            None => Ok(AnyWorld::Sqlite(SqliteWorld::open(home.join("world.db"))?)),
+            Some(s) if s.starts_with("postgres://") || s.starts_with("postgresql://") => {
+                #[cfg(feature = "postgres")]
+                {
+                    let world = if migrate {
+                        crate::PostgresWorld::connect_and_migrate(s).await?
+                    } else {
+                        crate::PostgresWorld::connect(s).await?
+                    };
+                    Ok(AnyWorld::Postgres(world))
+                }
+                #[cfg(not(feature = "postgres"))]
+                {
+                    let _ = migrate;
+                    Err(Error::Backend("this build has no PostgreSQL support".into()))
+                }
+            }
+            Some(s) => match s.strip_prefix("sqlite:") {
+                Some(path) => Ok(AnyWorld::Sqlite(SqliteWorld::open(path)?)),
+                None => Err(Error::Backend(format!(
+                    "unknown world `{s}`: use postgres://..., sqlite:PATH, or leave it unset for the embedded default"
+                ))),
+            },
+        }
+    }
+
+    /// Applies pending migrations (PostgreSQL; SQLite migrates on open). Returns the
+    /// versions applied.
+    pub async fn migrate(&self) -> Result<Vec<i32>> {
+        match self {
+            AnyWorld::Sqlite(_) => Ok(Vec::new()),
+            #[cfg(feature = "postgres")]
+            AnyWorld::Postgres(w) => w.migrate().await,
+        }
+    }
+}
+
+impl AnyWorld {
+    /// A line describing the backend and its schema version, for humans.
+    pub async fn describe(&self) -> Result<String> {
+        match self {
+            AnyWorld::Sqlite(w) => Ok(format!("SQLite world at {}", w.path().display())),
+            #[cfg(feature = "postgres")]
+            AnyWorld::Postgres(w) => {
+                let (current, _) = w.schema_version().await?;
+                Ok(format!("PostgreSQL world at schema version {current}"))
+            }
+        }
+    }
+}
+
+macro_rules! delegate {
+    ($self:ident, $w:ident => $call:expr) => {
+        match $self {
+            AnyWorld::Sqlite($w) => $call.await,
+            #[cfg(feature = "postgres")]
+            AnyWorld::Postgres($w) => $call.await,
+        }
+    };
+}
+
+impl World for AnyWorld {
+    async fn create_session(&self, session: &str, owner: &str) -> Result<()> {
+        delegate!(self, w => w.create_session(session, owner))
+    }
+
+    async fn acquire_lease(&self, session: &str, holder: &Holder, ttl: Duration) -> Result<Lease> {
+        delegate!(self, w => w.acquire_lease(session, holder, ttl))
+    }
+
+    async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<()> {
+        delegate!(self, w => w.renew_lease(lease, ttl))
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> Result<()> {
+        delegate!(self, w => w.release_lease(lease))
+    }
+
+    async fn append(&self, lease: &Lease, events: &[Event]) -> Result<Vec<Record>> {
+        delegate!(self, w => w.append(lease, events))
+    }
+
+    async fn read(&self, session: &str, from: u64) -> Result<Vec<Record>> {
+        delegate!(self, w => w.read(session, from))
+    }
+
+    async fn list_sessions(&self) -> Result<Vec<SessionSummary>> {
+        delegate!(self, w => w.list_sessions())
+    }
+
+    async fn session(&self, session: &str) -> Result<SessionSummary> {
+        delegate!(self, w => w.session(session))
+    }
+}
