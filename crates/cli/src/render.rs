@@ -72,7 +72,17 @@ pub fn timeline(record: &Record) -> Vec<String> {
         Event::SessionStarted { agent, model, workspace, initial_snapshot, .. } => {
             format!("session started: agent {agent}, model {model}, workspace {workspace}, snapshot {}", snap(initial_snapshot))
         }
-        Event::UserMessage { turn, text } => format!("turn {turn}: user: {}", short(text, 100)),
+        Event::UserMessage { turn, text, .. } => format!("turn {turn}: user: {}", short(text, 100)),
+        Event::Steered { text, .. } => format!("steer: user: {}", short(text, 100)),
+        Event::ModelDelta { text, restart, .. } => {
+            if *restart {
+                "model reply restarted (connection dropped)".into()
+            } else {
+                format!("  … {}", short(text, 100))
+            }
+        }
+        Event::WaitStarted { name, reason, .. } => format!("waiting for signal `{name}`: {}", short(reason, 100)),
+        Event::SignalReceived { name, payload, .. } => format!("signal `{name}` received: {}", short(&payload.to_string(), 100)),
         Event::ModelCallIntent { step, fingerprint, .. } => format!("model call, step {step} (request {})", &fingerprint[..12]),
         Event::ModelCallOutcome { content, usage, cost_micro_usd, stop_reason, .. } => {
             let text: String = content.iter().filter_map(|b| match b { Block::Text { text } => Some(text.as_str()), _ => None }).collect();
@@ -116,7 +126,9 @@ pub fn timeline(record: &Record) -> Vec<String> {
 /// A short progress line for a record as it is appended during a run.
 pub fn progress(record: &Record) -> Option<String> {
     Some(match &record.event {
-        Event::SessionStarted { .. } | Event::ModelCallIntent { .. } => return None,
+        Event::SessionStarted { .. } | Event::ModelCallIntent { .. } | Event::ModelDelta { .. } => {
+            return None
+        }
         Event::UserMessage { text, .. } => format!("> {}", short(text, 100)),
         Event::ModelCallOutcome { usage, .. } => format!(
             "  [model: {} in / {} out tokens]",

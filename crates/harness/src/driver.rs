@@ -7,17 +7,47 @@ use steadfast_log::{
 };
 use steadfast_model::{pricing, Delta, ModelClient, ModelRequest, ToolDef};
 use steadfast_sandbox::{classify, tool_specs, Sandbox};
-use steadfast_world::{strip_ansi, Lease, World, INLINE_LIMIT};
+use steadfast_world::{strip_ansi, InboundKind, Lease, World, INLINE_LIMIT};
 
 use crate::harness::Harness;
+
+/// Journal streamed text in pieces of at least this many bytes...
+const DELTA_BATCH: usize = 256;
+/// ...or at least this often.
+const DELTA_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The tool the model calls to ask a human for approval.
+pub const APPROVAL_TOOL: &str = "request_approval";
+/// The signal that answers an approval wait.
+pub const APPROVAL_SIGNAL: &str = "approval";
+
+fn approval_tool() -> ToolDef {
+    ToolDef {
+        name: APPROVAL_TOOL.into(),
+        description: "Pause and ask a human to approve before going on (for risky or irreversible steps). The session sleeps until they answer; the result is their answer.".into(),
+        input_schema: serde_json::json!({"type": "object", "properties": {
+            "reason": {"type": "string", "description": "what you want to do and why"}
+        }, "required": ["reason"]}),
+    }
+}
+
+/// A message body as text: a JSON string as is, anything else as JSON.
+fn body_text(body: &serde_json::Value) -> String {
+    match body {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
 use crate::heartbeat::Heartbeat;
 use crate::{Error, Result};
 
 /// Why [`Driver::run`] returned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Stop {
     /// The turn is done; the session waits for a message.
     Idle,
+    /// The session waits for this named signal.
+    Waiting(String),
     /// The session has ended.
     Ended(EndState),
 }
@@ -104,6 +134,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         self.append(vec![Event::UserMessage {
             turn,
             text: text.to_string(),
+            inbox_id: None,
         }])
         .await
     }
@@ -146,7 +177,41 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 steadfast_log::Status::Escalated => EndState::Escalated,
                 _ => EndState::Completed,
             }))),
-            Next::WaitForMessage => Ok(Some(Stop::Idle)),
+            Next::WaitForMessage => {
+                // A queued message (or a steer sent after the turn ended) opens the next turn.
+                let inbox = self.harness.world.inbox(&self.lease.session).await?;
+                match inbox.into_iter().find(|i| i.kind != InboundKind::Signal) {
+                    Some(item) => {
+                        let turn = self.state.turn + 1;
+                        self.append(vec![Event::UserMessage {
+                            turn,
+                            text: body_text(&item.body),
+                            inbox_id: Some(item.id),
+                        }])
+                        .await?;
+                        Ok(None)
+                    }
+                    None => Ok(Some(Stop::Idle)),
+                }
+            }
+            Next::WaitForSignal(wait) => {
+                let inbox = self.harness.world.inbox(&self.lease.session).await?;
+                match inbox
+                    .into_iter()
+                    .find(|i| i.kind == InboundKind::Signal && i.name == wait.name)
+                {
+                    Some(item) => {
+                        self.append(vec![Event::SignalReceived {
+                            name: item.name,
+                            payload: item.body,
+                            inbox_id: item.id,
+                        }])
+                        .await?;
+                        Ok(None)
+                    }
+                    None => Ok(Some(Stop::Waiting(wait.name))),
+                }
+            }
             Next::ResolveModel(pending) => {
                 // The reply (if any) was lost with the process: ask again.
                 self.append(vec![Event::ModelCallInterrupted {
@@ -163,7 +228,19 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 self.run_tool(call).await?;
                 Ok(None)
             }
+            Next::CallModel { .. } | Next::EndTurn if self.take_steer().await? => Ok(None),
             Next::CallModel { step } => {
+                if let Some(budget) = self.state.budget_micro_usd {
+                    if self.state.cost_micro_usd >= budget {
+                        let reason = format!(
+                            "spend cap reached: ${:.4} of ${:.4}",
+                            self.state.cost_micro_usd as f64 / 1e6,
+                            budget as f64 / 1e6
+                        );
+                        self.end(EndState::Escalated, &reason).await?;
+                        return Ok(None);
+                    }
+                }
                 if step > self.harness.options.max_steps_per_turn {
                     let reason = format!(
                         "step budget exhausted: {} model calls in turn {}",
@@ -184,6 +261,21 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         }
     }
 
+    /// Delivers the oldest pending steer to the running turn, if there is one. Called
+    /// only between calls, so the call in flight always finishes first.
+    async fn take_steer(&mut self) -> Result<bool> {
+        let inbox = self.harness.world.inbox(&self.lease.session).await?;
+        let Some(item) = inbox.into_iter().find(|i| i.kind == InboundKind::Steer) else {
+            return Ok(false);
+        };
+        self.append(vec![Event::Steered {
+            text: body_text(&item.body),
+            inbox_id: item.id,
+        }])
+        .await?;
+        Ok(true)
+    }
+
     fn request(&self) -> ModelRequest {
         ModelRequest {
             model: self.state.model.model.clone(),
@@ -196,6 +288,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                     description: t.description.to_string(),
                     input_schema: t.input_schema,
                 })
+                .chain(std::iter::once(approval_tool()))
                 .collect(),
             max_tokens: self.harness.options.max_tokens,
         }
@@ -212,11 +305,55 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         .await?;
         point(points::MODEL_INTENT);
 
-        let observer = &mut self.observer;
-        let result = self
-            .model
-            .complete(&request, &mut |d| observer(Progress::Delta(&d)))
-            .await;
+        // The reply streams into the log as it arrives (batched), so readers of the
+        // log can follow it; the outcome below holds the whole reply.
+        let model = self.model.clone();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let call = async move {
+            model
+                .complete(&request, &mut |d| {
+                    let _ = tx.send(d);
+                })
+                .await
+        };
+        tokio::pin!(call);
+        let mut pending = String::new();
+        let mut last_flush = std::time::Instant::now();
+        let result = loop {
+            tokio::select! {
+                biased;
+                Some(delta) = rx.recv() => {
+                    (self.observer)(Progress::Delta(&delta));
+                    let restart = match delta {
+                        Delta::Text(text) => { pending.push_str(&text); false }
+                        Delta::Restart => { pending.clear(); true }
+                        Delta::ToolUse { .. } => false,
+                    };
+                    if restart || pending.len() >= DELTA_BATCH || last_flush.elapsed() >= DELTA_INTERVAL {
+                        let text = std::mem::take(&mut pending);
+                        if restart || !text.is_empty() {
+                            self.append(vec![Event::ModelDelta { call_id: call_id.clone(), text, restart }]).await?;
+                        }
+                        last_flush = std::time::Instant::now();
+                    }
+                }
+                result = &mut call => break result,
+            }
+        };
+        while let Ok(delta) = rx.try_recv() {
+            (self.observer)(Progress::Delta(&delta));
+            if let Delta::Text(text) = delta {
+                pending.push_str(&text);
+            }
+        }
+        if result.is_ok() && !pending.is_empty() {
+            self.append(vec![Event::ModelDelta {
+                call_id: call_id.clone(),
+                text: pending,
+                restart: false,
+            }])
+            .await?;
+        }
         let response = match result {
             Ok(r) => r,
             Err(e) if e.is_retryable() => return Err(e.into()), // stays pending
@@ -252,7 +389,51 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     }
 
     async fn run_tool(&mut self, call: ToolUse) -> Result<()> {
+        if call.name == APPROVAL_TOOL {
+            // The intent and the wait go in together: no crash can separate them.
+            let reason = call
+                .input
+                .get("reason")
+                .and_then(|r| r.as_str())
+                .unwrap_or("")
+                .to_string();
+            return self
+                .append(vec![
+                    Event::ToolCallIntent {
+                        call_id: call.id.clone(),
+                        tool: call.name.clone(),
+                        input: call.input.clone(),
+                        class: ToolClass::Read,
+                        snapshot_before: None,
+                    },
+                    Event::WaitStarted {
+                        name: APPROVAL_SIGNAL.into(),
+                        reason,
+                        call_id: Some(call.id),
+                        before_call: None,
+                    },
+                ])
+                .await;
+        }
         let class = classify(&call.name, &call.input);
+        if class == ToolClass::External
+            && self.state.approve_external
+            && !self.state.approved.contains(&call.id)
+        {
+            let command = call
+                .input
+                .get("command")
+                .and_then(|c| c.as_str())
+                .unwrap_or(&call.name);
+            return self
+                .append(vec![Event::WaitStarted {
+                    name: APPROVAL_SIGNAL.into(),
+                    reason: format!("about to run an external effect: {command}"),
+                    call_id: None,
+                    before_call: Some(call.id),
+                }])
+                .await;
+        }
         let touches_workspace = class != ToolClass::Read;
         let workspace = self.sandbox.workspace().to_path_buf();
         let snapshot_before = if touches_workspace {

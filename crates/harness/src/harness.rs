@@ -213,9 +213,15 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             workspace: ws,
             initial_snapshot: Some(snapshot),
             created_at_ms: now_ms(),
+            budget_micro_usd: None,
+            approve_external: false,
         }];
         if let Some(text) = new.task {
-            events.push(Event::UserMessage { turn: 1, text });
+            events.push(Event::UserMessage {
+                turn: 1,
+                text,
+                inbox_id: None,
+            });
         }
         self.world.append(&lease, &events).await?;
         self.world.release_lease(&lease).await?;

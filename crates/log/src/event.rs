@@ -17,6 +17,10 @@ this call reaches outside the workspace and the worker running it died before it
 was recorded. It was NOT run again. It may or may not have taken effect; check before \
 retrying.";
 
+/// What a human is told when they deny an approval.
+pub const DENIED: &str =
+    "[steadfast] denied: a human did not approve this call, so it was not run.";
+
 /// Which model a session talks to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelSpec {
@@ -165,6 +169,12 @@ pub enum Event {
         initial_snapshot: Option<String>,
         /// Wall-clock start, milliseconds since the Unix epoch.
         created_at_ms: u64,
+        /// The most the session may spend on model calls, millionths of a dollar.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        budget_micro_usd: Option<u64>,
+        /// Pause for a human's approval before every external-effect tool call.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        approve_external: bool,
     },
     /// A user message, which opens a turn.
     UserMessage {
@@ -172,6 +182,51 @@ pub enum Event {
         turn: u32,
         /// The text.
         text: String,
+        /// The inbox entry it came from, if it was queued.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        inbox_id: Option<u64>,
+    },
+    /// A user message delivered to the running turn at its next step.
+    Steered {
+        /// The text.
+        text: String,
+        /// The inbox entry it came from.
+        inbox_id: u64,
+    },
+    /// A piece of a model reply, journaled as it streams so readers of the log can
+    /// follow a reply in progress. The outcome holds the whole reply; the fold ignores
+    /// deltas.
+    ModelDelta {
+        /// The call streaming.
+        call_id: String,
+        /// The text that arrived.
+        text: String,
+        /// The connection dropped and the reply starts over: discard this call's
+        /// earlier deltas.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        restart: bool,
+    },
+    /// The session pauses until a named signal arrives (it holds no worker meanwhile).
+    WaitStarted {
+        /// The signal awaited (e.g. `approval`).
+        name: String,
+        /// Why, for the human.
+        reason: String,
+        /// The tool call that asked to wait (its result will be the signal).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call_id: Option<String>,
+        /// The tool call held until approved (approval policy for external effects).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        before_call: Option<String>,
+    },
+    /// The awaited signal arrived.
+    SignalReceived {
+        /// The signal.
+        name: String,
+        /// Its payload.
+        payload: serde_json::Value,
+        /// The inbox entry it came from.
+        inbox_id: u64,
     },
     /// A model call is about to be made.
     ModelCallIntent {
@@ -263,6 +318,10 @@ impl Event {
         match self {
             Event::SessionStarted { .. } => "session_started",
             Event::UserMessage { .. } => "user_message",
+            Event::Steered { .. } => "steered",
+            Event::ModelDelta { .. } => "model_delta",
+            Event::WaitStarted { .. } => "wait_started",
+            Event::SignalReceived { .. } => "signal_received",
             Event::ModelCallIntent { .. } => "model_call_intent",
             Event::ModelCallOutcome { .. } => "model_call_outcome",
             Event::ModelCallInterrupted { .. } => "model_call_interrupted",

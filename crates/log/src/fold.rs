@@ -9,8 +9,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::event::{
-    EndState, Event, ModelSpec, ToolClass, ToolResolution, Usage, INTERRUPTED_OUTCOME_UNKNOWN,
-    INTERRUPTED_ROLLED_BACK,
+    EndState, Event, ModelSpec, ToolClass, ToolResolution, Usage, DENIED,
+    INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK,
 };
 use crate::message::{Block, Message, Role, ToolUse};
 use crate::record::Record;
@@ -29,6 +29,8 @@ pub enum Status {
     Failed,
     /// Ended: escalated to a human.
     Escalated,
+    /// Paused until a named signal arrives.
+    Waiting,
 }
 
 impl Status {
@@ -46,6 +48,7 @@ impl std::fmt::Display for Status {
             Status::Completed => "completed",
             Status::Failed => "failed",
             Status::Escalated => "escalated",
+            Status::Waiting => "waiting",
         })
     }
 }
@@ -74,11 +77,26 @@ pub struct PendingTool {
     pub snapshot_before: Option<String>,
 }
 
+/// A pause until a named signal arrives.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Wait {
+    /// The signal awaited.
+    pub name: String,
+    /// Why.
+    pub reason: String,
+    /// The tool call whose result the signal will be.
+    pub call_id: Option<String>,
+    /// The tool call held until approved.
+    pub before_call: Option<String>,
+}
+
 /// What the harness must do next.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Next {
     /// Nothing until a user message arrives.
     WaitForMessage,
+    /// Nothing until this signal arrives.
+    WaitForSignal(Wait),
     /// Resolve a model call cut off by a crash.
     ResolveModel(PendingModel),
     /// Resolve a tool call cut off by a crash.
@@ -139,6 +157,16 @@ pub struct SessionState {
     pub last_snapshot: Option<String>,
     /// The last position folded.
     pub last_seq: u64,
+    /// The pause in force, if any.
+    pub waiting: Option<Wait>,
+    /// Tool calls a human approved (approval policy).
+    pub approved: Vec<String>,
+    /// The last inbox entry taken into the log.
+    pub inbox_consumed: u64,
+    /// The spend limit, millionths of a dollar.
+    pub budget_micro_usd: Option<u64>,
+    /// Whether external-effect calls wait for approval.
+    pub approve_external: bool,
 }
 
 /// Why a log could not be folded.
@@ -193,6 +221,8 @@ impl SessionState {
             system,
             initial_snapshot,
             created_at_ms,
+            budget_micro_usd,
+            approve_external,
         } = &record.event
         else {
             return Err(FoldError::NotStarted);
@@ -218,6 +248,11 @@ impl SessionState {
             model_attempts: 0,
             last_snapshot: initial_snapshot.clone(),
             last_seq: 1,
+            waiting: None,
+            approved: Vec::new(),
+            inbox_consumed: 0,
+            budget_micro_usd: *budget_micro_usd,
+            approve_external: *approve_external,
         })
     }
 
@@ -225,6 +260,9 @@ impl SessionState {
     pub fn next(&self) -> Next {
         if self.status.is_ended() {
             return Next::Ended(self.status);
+        }
+        if let Some(w) = &self.waiting {
+            return Next::WaitForSignal(w.clone());
         }
         if let Some(p) = &self.pending_model {
             return Next::ResolveModel(p.clone());
@@ -274,10 +312,15 @@ impl SessionState {
         }
         match &record.event {
             Event::SessionStarted { .. } => return Err(bad("session already started")),
-            Event::UserMessage { turn, text } => {
+            Event::UserMessage {
+                turn,
+                text,
+                inbox_id,
+            } => {
                 if self.status != Status::Idle {
                     return Err(bad("a turn is already open"));
                 }
+                self.take_inbox(*inbox_id);
                 if *turn != self.turn + 1 {
                     return Err(bad("turn numbers must increase by one"));
                 }
@@ -285,6 +328,81 @@ impl SessionState {
                 self.step = 0;
                 self.status = Status::Running;
                 self.conversation.push(Message::user_text(text.clone()));
+            }
+            Event::Steered { text, inbox_id } => {
+                if self.status != Status::Running
+                    || !matches!(self.next(), Next::CallModel { .. } | Next::EndTurn)
+                {
+                    return Err(bad("a steer is taken only between calls of a running turn"));
+                }
+                self.take_inbox(Some(*inbox_id));
+                let block = Block::Text { text: text.clone() };
+                match self.conversation.last_mut() {
+                    Some(m) if m.role == Role::User => m.content.push(block),
+                    _ => self.conversation.push(Message {
+                        role: Role::User,
+                        content: vec![block],
+                    }),
+                }
+            }
+            Event::ModelDelta { call_id, .. } => {
+                if self.pending_model.as_ref().map(|p| &p.call_id) != Some(call_id) {
+                    return Err(bad("a delta of a model call that is not in flight"));
+                }
+            }
+            Event::WaitStarted {
+                name,
+                reason,
+                call_id,
+                before_call,
+            } => {
+                if self.status != Status::Running || self.waiting.is_some() {
+                    return Err(bad("only a running turn can start a wait"));
+                }
+                if call_id.is_some()
+                    && self.pending_tool.as_ref().map(|p| &p.call_id) != call_id.as_ref()
+                {
+                    return Err(bad("the waiting tool call is not in flight"));
+                }
+                self.status = Status::Waiting;
+                self.waiting = Some(Wait {
+                    name: name.clone(),
+                    reason: reason.clone(),
+                    call_id: call_id.clone(),
+                    before_call: before_call.clone(),
+                });
+            }
+            Event::SignalReceived {
+                name,
+                payload,
+                inbox_id,
+            } => {
+                let wait = match &self.waiting {
+                    Some(w) if &w.name == name => w.clone(),
+                    _ => return Err(bad("no wait for this signal")),
+                };
+                self.take_inbox(Some(*inbox_id));
+                self.waiting = None;
+                self.status = Status::Running;
+                let denied =
+                    payload.get("approved").and_then(serde_json::Value::as_bool) == Some(false);
+                if let Some(call_id) = &wait.call_id {
+                    self.take_pending_tool(call_id)
+                        .ok_or_else(|| bad("the waiting tool call is not in flight"))?;
+                    self.push_result(call_id, format!("signal {name} arrived: {payload}"), false);
+                }
+                if let Some(call_id) = &wait.before_call {
+                    if denied {
+                        let message =
+                            match payload.get("message").and_then(serde_json::Value::as_str) {
+                                Some(m) => format!("{DENIED} They said: {m}"),
+                                None => DENIED.to_string(),
+                            };
+                        self.push_result(call_id, message, true);
+                    } else {
+                        self.approved.push(call_id.clone());
+                    }
+                }
             }
             Event::ModelCallIntent { call_id, step, .. } => {
                 if self.next() != (Next::CallModel { step: *step }) {
@@ -391,10 +509,17 @@ impl SessionState {
                 self.end_reason = Some(reason.clone());
                 self.pending_model = None;
                 self.pending_tool = None;
+                self.waiting = None;
             }
         }
         self.last_seq = record.seq;
         Ok(())
+    }
+
+    fn take_inbox(&mut self, inbox_id: Option<u64>) {
+        if let Some(id) = inbox_id {
+            self.inbox_consumed = self.inbox_consumed.max(id);
+        }
     }
 
     fn take_pending_model(&mut self, call_id: &str) -> Option<PendingModel> {

@@ -12,9 +12,9 @@ pub mod message;
 pub mod record;
 
 pub use event::{
-    BlobRef, EndState, Event, ModelSpec, Output, ToolClass, ToolResolution, Usage,
+    BlobRef, EndState, Event, ModelSpec, Output, ToolClass, ToolResolution, Usage, DENIED,
     INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK,
 };
-pub use fold::{fold, FoldError, PendingModel, PendingTool, SessionState, Status};
+pub use fold::{fold, FoldError, Next, PendingModel, PendingTool, SessionState, Status, Wait};
 pub use message::{Block, Message, Role, ToolUse};
 pub use record::{CodecError, EncodedRecord, Record, SCHEMA_VERSION};

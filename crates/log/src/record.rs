@@ -172,7 +172,11 @@ mod tests {
             seq,
             epoch: 3,
             at_ms: 1_700_000_000_000,
-            event: Event::UserMessage { turn: 1, text },
+            event: Event::UserMessage {
+                turn: 1,
+                text,
+                inbox_id: None,
+            },
         }
     }
 
@@ -223,6 +227,8 @@ mod tests {
                 system: String::new(),
                 initial_snapshot: None,
                 created_at_ms: 5,
+                budget_micro_usd: None,
+                approve_external: false,
             },
         };
         let mut enc = encode("s", &rec);

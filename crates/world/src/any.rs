@@ -116,4 +116,34 @@ impl World for AnyWorld {
     async fn session(&self, session: &str) -> Result<SessionSummary> {
         delegate!(self, w => w.session(session))
     }
+
+    async fn post(
+        &self,
+        session: &str,
+        kind: crate::InboundKind,
+        name: &str,
+        body: &serde_json::Value,
+    ) -> Result<u64> {
+        delegate!(self, w => w.post(session, kind, name, body))
+    }
+
+    async fn inbox(&self, session: &str) -> Result<Vec<crate::Inbound>> {
+        delegate!(self, w => w.inbox(session))
+    }
+
+    async fn claim(&self, holder: &Holder, ttl: Duration) -> Result<Option<Lease>> {
+        delegate!(self, w => w.claim(holder, ttl))
+    }
+
+    async fn delete_session(&self, session: &str) -> Result<()> {
+        delegate!(self, w => w.delete_session(session))
+    }
+
+    fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        match self {
+            AnyWorld::Sqlite(w) => w.changes(),
+            #[cfg(feature = "postgres")]
+            AnyWorld::Postgres(w) => w.changes(),
+        }
+    }
 }

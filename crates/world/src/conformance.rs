@@ -16,6 +16,7 @@ fn message(turn: u32, text: &str) -> Event {
     Event::UserMessage {
         turn,
         text: text.to_string(),
+        inbox_id: None,
     }
 }
 
@@ -189,4 +190,182 @@ pub async fn summaries_follow_the_log<W: World>(world: &W) {
     assert_eq!(list[0].status, "running");
     assert_eq!(list[0].title, "fix the tests");
     assert_eq!(list[0].owner, "alice");
+}
+
+fn started() -> Event {
+    Event::SessionStarted {
+        agent: "native".into(),
+        model: steadfast_log::ModelSpec {
+            provider: "fake".into(),
+            model: "m".into(),
+        },
+        workspace: "/w".into(),
+        system: String::new(),
+        initial_snapshot: None,
+        created_at_ms: 0,
+        budget_micro_usd: None,
+        approve_external: false,
+    }
+}
+
+/// The inbox and the turn queue: a session is claimable exactly when it needs a
+/// driver (a turn left running, a message for an idle session, the signal a waiting
+/// session awaits) and its lease is free; taking an entry into the log removes it
+/// from the inbox atomically.
+pub async fn inbox_feeds_the_turn_queue<W: World>(world: &W) {
+    use crate::InboundKind;
+    use serde_json::json;
+    let (worker_a, worker_b) = (Holder::new("worker-a"), Holder::new("worker-b"));
+    let mut changes = world.changes();
+    world.create_session("s1", "alice").await.unwrap();
+    let lease = world
+        .acquire_lease("s1", &Holder::new("api"), TTL)
+        .await
+        .unwrap();
+    world.append(&lease, &[started()]).await.unwrap();
+    world.release_lease(&lease).await.unwrap();
+    assert!(
+        changes.has_changed().unwrap(),
+        "appends move the change counter"
+    );
+    changes.mark_unchanged();
+    assert_eq!(
+        world.claim(&worker_a, TTL).await.unwrap(),
+        None,
+        "idle, nothing queued"
+    );
+
+    let id = world
+        .post("s1", InboundKind::Message, "", &json!("fix it"))
+        .await
+        .unwrap();
+    assert!(
+        changes.has_changed().unwrap(),
+        "posts move the change counter"
+    );
+    let inbox = world.inbox("s1").await.unwrap();
+    assert_eq!(inbox.len(), 1);
+    assert_eq!(
+        (inbox[0].id, inbox[0].kind, &inbox[0].body),
+        (id, InboundKind::Message, &json!("fix it"))
+    );
+
+    let claimed = world
+        .claim(&worker_a, TTL)
+        .await
+        .unwrap()
+        .expect("a queued message");
+    assert_eq!(claimed.session, "s1");
+    assert_eq!(
+        world.claim(&worker_b, TTL).await.unwrap(),
+        None,
+        "held by worker a"
+    );
+    world
+        .append(
+            &claimed,
+            &[Event::UserMessage {
+                turn: 1,
+                text: "fix it".into(),
+                inbox_id: Some(id),
+            }],
+        )
+        .await
+        .unwrap();
+    assert!(
+        world.inbox("s1").await.unwrap().is_empty(),
+        "taken with the append"
+    );
+
+    // Worker a's lease lapses mid-turn: the running turn is claimable by another.
+    world.renew_lease(&claimed, Duration::ZERO).await.unwrap();
+    let taken_over = world
+        .claim(&worker_b, TTL)
+        .await
+        .unwrap()
+        .expect("a turn left running");
+    assert!(taken_over.epoch > claimed.epoch);
+
+    // A waiting session is claimable only once its own signal arrives.
+    world
+        .append(
+            &taken_over,
+            &[Event::WaitStarted {
+                name: "approval".into(),
+                reason: "push?".into(),
+                call_id: None,
+                before_call: None,
+            }],
+        )
+        .await
+        .unwrap();
+    world.release_lease(&taken_over).await.unwrap();
+    assert_eq!(world.session("s1").await.unwrap().status, "waiting");
+    assert_eq!(world.claim(&worker_a, TTL).await.unwrap(), None);
+    world
+        .post("s1", InboundKind::Signal, "deploy-done", &json!({}))
+        .await
+        .unwrap();
+    world
+        .post("s1", InboundKind::Message, "", &json!("queued for later"))
+        .await
+        .unwrap();
+    assert_eq!(
+        world.claim(&worker_a, TTL).await.unwrap(),
+        None,
+        "not the awaited signal"
+    );
+    world
+        .post(
+            "s1",
+            InboundKind::Signal,
+            "approval",
+            &json!({"approved": true}),
+        )
+        .await
+        .unwrap();
+    let resumed = world
+        .claim(&worker_a, TTL)
+        .await
+        .unwrap()
+        .expect("the awaited signal");
+    assert_eq!(world.inbox("s1").await.unwrap().len(), 3);
+
+    world
+        .append(
+            &resumed,
+            &[Event::SessionEnded {
+                state: steadfast_log::EndState::Completed,
+                reason: "done".into(),
+                diff: vec![],
+            }],
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        world
+            .post("s1", InboundKind::Message, "", &json!("x"))
+            .await,
+        Err(Error::Ended(_))
+    ));
+    assert!(matches!(
+        world
+            .post("nope", InboundKind::Message, "", &json!("x"))
+            .await,
+        Err(Error::NotFound(_))
+    ));
+    world.release_lease(&resumed).await.unwrap();
+    assert_eq!(
+        world.claim(&worker_a, TTL).await.unwrap(),
+        None,
+        "ended sessions are never claimed"
+    );
+
+    world.delete_session("s1").await.unwrap();
+    assert!(matches!(world.read("s1", 1).await, Err(Error::NotFound(_))));
+    assert!(world.inbox("s1").await.unwrap().is_empty());
+    assert!(matches!(
+        world.delete_session("s1").await,
+        Err(Error::NotFound(_))
+    ));
 }

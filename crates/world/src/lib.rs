@@ -28,6 +28,11 @@ use steadfast_log::record;
 use steadfast_log::{Event, Record};
 
 pub use any::AnyWorld;
+
+/// Bumps a change counter (see [`World::changes`]).
+pub(crate) fn bump(tx: &tokio::sync::watch::Sender<u64>) {
+    tx.send_modify(|n| *n = n.wrapping_add(1));
+}
 pub use blobs::{strip_ansi, Blobs, INLINE_LIMIT};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresWorld;
@@ -52,6 +57,9 @@ pub enum Error {
         /// The session's current epoch.
         current: u64,
     },
+    /// The session has ended and takes nothing more.
+    #[error("session {0} has ended")]
+    Ended(String),
     /// Another live holder has the session's lease.
     #[error("session {session} is being driven by {holder} (lease expires in {expires_in_ms} ms)")]
     LeaseHeld {
@@ -152,6 +160,49 @@ pub struct SessionSummary {
     pub updated_at_ms: u64,
 }
 
+/// What can be sent to a session from outside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InboundKind {
+    /// A user message: starts the next turn (queued while one runs).
+    Message,
+    /// A user message for the running turn, taken at its next step.
+    Steer,
+    /// A named signal (an approval, a webhook payload) a session may be waiting on.
+    Signal,
+}
+
+impl InboundKind {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            InboundKind::Message => "message",
+            InboundKind::Steer => "steer",
+            InboundKind::Signal => "signal",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Self {
+        match s {
+            "steer" => InboundKind::Steer,
+            "signal" => InboundKind::Signal,
+            _ => InboundKind::Message,
+        }
+    }
+}
+
+/// An entry of a session's inbox, waiting for a driver to take it into the log.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Inbound {
+    /// Increasing per world; the log records which entries were taken.
+    pub id: u64,
+    /// What it is.
+    pub kind: InboundKind,
+    /// A signal's name (empty for messages).
+    pub name: String,
+    /// A message's text, or a signal's JSON payload.
+    pub body: serde_json::Value,
+}
+
 /// The session store. See the crate docs for the contract.
 pub trait World: Send + Sync + 'static {
     /// Creates an empty session owned by `owner`.
@@ -189,6 +240,37 @@ pub trait World: Send + Sync + 'static {
 
     /// One session's summary.
     fn session(&self, session: &str) -> impl Future<Output = Result<SessionSummary>> + Send;
+
+    /// Queues something for a session; durable when it returns. Returns its id.
+    /// [`Error::NotFound`] for an unknown session, [`Error::Ended`] for an ended one.
+    fn post(
+        &self,
+        session: &str,
+        kind: InboundKind,
+        name: &str,
+        body: &serde_json::Value,
+    ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// The session's inbox entries not yet taken, oldest first. (An append whose
+    /// events carry an `inbox_id` marks that entry taken in the same transaction.)
+    fn inbox(&self, session: &str) -> impl Future<Output = Result<Vec<Inbound>>> + Send;
+
+    /// The turn queue: takes the lease of one session that needs driving (a turn
+    /// left running, a queued message for an idle session, or the signal a waiting
+    /// session awaits) whose lease is free. `None` if there is no such session.
+    fn claim(
+        &self,
+        holder: &Holder,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Option<Lease>>> + Send;
+
+    /// Removes a session: its log, inbox and summary.
+    fn delete_session(&self, session: &str) -> impl Future<Output = Result<()>> + Send;
+
+    /// A counter that moves whenever this process appends or posts, so local readers
+    /// (stream tails, idle workers) wake at once; other processes' writes are seen by
+    /// polling.
+    fn changes(&self) -> tokio::sync::watch::Receiver<u64>;
 }
 
 /// Milliseconds since the Unix epoch.
@@ -234,21 +316,47 @@ fn process_is_gone(pid: u32) -> bool {
     )
 }
 
-/// The status and title a session's summary shows after these events.
-pub(crate) fn summarize(events: &[Event]) -> (Option<&'static str>, Option<String>) {
-    let mut status = None;
-    let mut title = None;
+/// What a batch of events changes in a session's summary row.
+#[derive(Debug, Default)]
+pub(crate) struct Summary {
+    pub status: Option<&'static str>,
+    pub title: Option<String>,
+    /// `Some(None)` clears the awaited signal.
+    pub waiting_for: Option<Option<String>>,
+    /// Inbox entries these events took.
+    pub taken: Vec<u64>,
+}
+
+/// The summary changes these events make.
+pub(crate) fn summarize(events: &[Event]) -> Summary {
+    let mut s = Summary::default();
     for e in events {
         match e {
-            Event::SessionStarted { .. } | Event::TurnEnded { .. } => status = Some("idle"),
-            Event::UserMessage { turn, text } => {
-                status = Some("running");
+            Event::SessionStarted { .. } | Event::TurnEnded { .. } => s.status = Some("idle"),
+            Event::UserMessage {
+                turn,
+                text,
+                inbox_id,
+            } => {
+                s.status = Some("running");
                 if *turn == 1 {
-                    title = Some(text.chars().take(80).collect());
+                    s.title = Some(text.chars().take(80).collect());
                 }
+                s.taken.extend(inbox_id);
+            }
+            Event::Steered { inbox_id, .. } => s.taken.push(*inbox_id),
+            Event::WaitStarted { name, .. } => {
+                s.status = Some("waiting");
+                s.waiting_for = Some(Some(name.clone()));
+            }
+            Event::SignalReceived { inbox_id, .. } => {
+                s.status = Some("running");
+                s.waiting_for = Some(None);
+                s.taken.push(*inbox_id);
             }
             Event::SessionEnded { state, .. } => {
-                status = Some(match state {
+                s.waiting_for = Some(None);
+                s.status = Some(match state {
                     steadfast_log::EndState::Completed => "completed",
                     steadfast_log::EndState::Failed => "failed",
                     steadfast_log::EndState::Escalated => "escalated",
@@ -257,7 +365,7 @@ pub(crate) fn summarize(events: &[Event]) -> (Option<&'static str>, Option<Strin
             _ => {}
         }
     }
-    (status, title)
+    s
 }
 
 /// A stored record as read: position, epoch, time, encoded body.

@@ -15,12 +15,15 @@ use steadfast_log::{Event, Record};
 use tokio_postgres::{NoTls, Row, Transaction};
 
 use crate::{
-    now_ms, summarize, verify, Error, Holder, Lease, LeaseRow, RawRecord, Result, SessionSummary,
-    World,
+    now_ms, summarize, verify, Error, Holder, Inbound, InboundKind, Lease, LeaseRow, RawRecord,
+    Result, SessionSummary, World,
 };
 
 /// Versioned migrations, applied in order by [`PostgresWorld::migrate`].
-const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("postgres/001_init.sql"))];
+const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("postgres/001_init.sql")),
+    (2, include_str!("postgres/002_inbox.sql")),
+];
 const STALE_FENCE: &str = "SF001";
 /// Serialises concurrent `migrate` runs (an arbitrary, fixed advisory-lock key).
 const MIGRATION_LOCK: i64 = 0x5354_4544_4641_5354;
@@ -29,6 +32,7 @@ const MIGRATION_LOCK: i64 = 0x5354_4544_4641_5354;
 #[derive(Clone)]
 pub struct PostgresWorld {
     pool: Pool,
+    changes: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl std::fmt::Debug for PostgresWorld {
@@ -102,7 +106,10 @@ impl PostgresWorld {
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
             .map_err(backend)?;
-        Ok(PostgresWorld { pool })
+        Ok(PostgresWorld {
+            pool,
+            changes: std::sync::Arc::new(tokio::sync::watch::channel(0).0),
+        })
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
@@ -347,20 +354,37 @@ impl World for PostgresWorld {
             })?;
             records.push(record);
         }
-        let (status, title) = summarize(events);
+        let summary = summarize(events);
         tx.execute(
             "UPDATE steadfast_sessions SET last_seq = $2, updated_at_ms = $3, status = coalesce($4, status), title = coalesce($5, title) WHERE id = $1",
             &[
                 &lease.session,
                 &((last + records.len() as u64) as i64),
                 &(at_ms as i64),
-                &status,
-                &title,
+                &summary.status,
+                &summary.title,
             ],
         )
         .await
         .map_err(db)?;
+        if let Some(waiting_for) = &summary.waiting_for {
+            tx.execute(
+                "UPDATE steadfast_sessions SET waiting_for = $2 WHERE id = $1",
+                &[&lease.session, waiting_for],
+            )
+            .await
+            .map_err(db)?;
+        }
+        for id in &summary.taken {
+            tx.execute(
+                "UPDATE steadfast_inbox SET taken = true WHERE id = $1 AND session_id = $2",
+                &[&(*id as i64), &lease.session],
+            )
+            .await
+            .map_err(db)?;
+        }
         tx.commit().await.map_err(db)?;
+        crate::bump(&self.changes);
         Ok(records)
     }
 
@@ -437,4 +461,134 @@ impl World for PostgresWorld {
             .map(|r| summary(&r))
             .ok_or_else(|| Error::NotFound(session.to_string()))
     }
+
+    async fn post(
+        &self,
+        session: &str,
+        kind: InboundKind,
+        name: &str,
+        body: &serde_json::Value,
+    ) -> Result<u64> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db)?;
+        let status: Option<String> = tx
+            .query_opt(
+                "SELECT status FROM steadfast_sessions WHERE id = $1 FOR SHARE",
+                &[&session],
+            )
+            .await
+            .map_err(db)?
+            .map(|r| r.get(0));
+        match status.as_deref() {
+            None => return Err(Error::NotFound(session.to_string())),
+            Some("completed" | "failed" | "escalated") => {
+                return Err(Error::Ended(session.to_string()))
+            }
+            _ => {}
+        }
+        let id: i64 = tx
+            .query_one(
+                "INSERT INTO steadfast_inbox (session_id, kind, name, body, at_ms) VALUES ($1, $2, $3, $4, $5) RETURNING id",
+                &[&session, &kind.as_str(), &name, &body.to_string(), &(now_ms() as i64)],
+            )
+            .await
+            .map_err(db)?
+            .get(0);
+        tx.commit().await.map_err(db)?;
+        crate::bump(&self.changes);
+        Ok(to_u64(id))
+    }
+
+    async fn inbox(&self, session: &str) -> Result<Vec<Inbound>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT id, kind, name, body FROM steadfast_inbox WHERE session_id = $1 AND NOT taken ORDER BY id",
+                &[&session],
+            )
+            .await
+            .map_err(db)?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let body: String = r.get(3);
+                Inbound {
+                    id: to_u64(r.get(0)),
+                    kind: InboundKind::parse(r.get(1)),
+                    name: r.get(2),
+                    body: serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body)),
+                }
+            })
+            .collect())
+    }
+
+    async fn claim(&self, holder: &Holder, ttl: Duration) -> Result<Option<Lease>> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db)?;
+        // Competing workers skip each other's locked rows instead of queueing on them.
+        let rows = tx.query(CLAIMABLE, &[&holder.host]).await.map_err(db)?;
+        for row in rows {
+            let session: String = row.get(0);
+            let (lease, now) = lease_row(&tx, &session).await?;
+            if !lease.is_free_for(holder, now) {
+                continue;
+            }
+            let epoch = lease.epoch + 1;
+            tx.execute(
+                "UPDATE steadfast_sessions SET lease_epoch = $2, lease_holder = $3, lease_host = $4, lease_pid = $5, lease_expires_ms = $6 WHERE id = $1",
+                &[
+                    &session,
+                    &(epoch as i64),
+                    &holder.id,
+                    &holder.host,
+                    &(holder.pid as i32),
+                    &((now + ttl.as_millis() as u64) as i64),
+                ],
+            )
+            .await
+            .map_err(db)?;
+            tx.commit().await.map_err(db)?;
+            return Ok(Some(Lease {
+                session,
+                holder: holder.id.clone(),
+                epoch,
+            }));
+        }
+        Ok(None)
+    }
+
+    async fn delete_session(&self, session: &str) -> Result<()> {
+        let client = self.client().await?;
+        let n = client
+            .execute("DELETE FROM steadfast_sessions WHERE id = $1", &[&session])
+            .await
+            .map_err(db)?;
+        if n == 0 {
+            return Err(Error::NotFound(session.to_string()));
+        }
+        Ok(())
+    }
+
+    fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
 }
+
+/// Sessions that need a driver, locked with `SKIP LOCKED` so competing workers each
+/// get a different one.
+const CLAIMABLE: &str = "
+SELECT s.id FROM steadfast_sessions s
+WHERE s.status IN ('running', 'idle', 'waiting')
+  AND (s.lease_holder IS NULL
+       OR s.lease_expires_ms <= (extract(epoch from clock_timestamp()) * 1000)::bigint
+       OR s.lease_host = $1)
+  AND (
+    s.status = 'running'
+    OR (s.status = 'idle' AND EXISTS (
+        SELECT 1 FROM steadfast_inbox i WHERE i.session_id = s.id AND NOT i.taken AND i.kind IN ('message', 'steer')))
+    OR (s.status = 'waiting' AND EXISTS (
+        SELECT 1 FROM steadfast_inbox i WHERE i.session_id = s.id AND NOT i.taken AND i.kind = 'signal' AND i.name = s.waiting_for))
+  )
+ORDER BY s.updated_at_ms
+LIMIT 32
+FOR UPDATE SKIP LOCKED";

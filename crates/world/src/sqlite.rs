@@ -10,11 +10,14 @@ use steadfast_log::record::{self, EncodedRecord};
 use steadfast_log::{Event, Record};
 
 use crate::{
-    now_ms, summarize, verify, Error, Holder, Lease, LeaseRow, RawRecord, Result, SessionSummary,
-    World,
+    now_ms, summarize, verify, Error, Holder, Inbound, InboundKind, Lease, LeaseRow, RawRecord,
+    Result, SessionSummary, World,
 };
 
-const SCHEMA: &str = r#"
+/// Schema migrations, applied in order; `PRAGMA user_version` records the last.
+const MIGRATIONS: &[&str] = &[SCHEMA_V1, SCHEMA_V2];
+
+const SCHEMA_V1: &str = r#"
 CREATE TABLE IF NOT EXISTS sessions (
     id               TEXT PRIMARY KEY,
     owner            TEXT NOT NULL,
@@ -41,13 +44,27 @@ CREATE TABLE IF NOT EXISTS events (
     PRIMARY KEY (session_id, seq)
 ) WITHOUT ROWID;
 "#;
-const USER_VERSION: i64 = 1;
+const SCHEMA_V2: &str = r#"
+ALTER TABLE sessions ADD COLUMN waiting_for TEXT;
+CREATE TABLE inbox (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL,
+    kind       TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    body       TEXT NOT NULL,
+    at_ms      INTEGER NOT NULL,
+    taken      INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX inbox_pending ON inbox (session_id, taken, id);
+"#;
+const USER_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// A [`World`] in one SQLite file.
 #[derive(Clone)]
 pub struct SqliteWorld {
     conn: Arc<Mutex<Connection>>,
     path: PathBuf,
+    changes: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 fn backend(e: rusqlite::Error) -> Error {
@@ -78,12 +95,28 @@ impl SqliteWorld {
                 path.display()
             )));
         }
-        conn.execute_batch(SCHEMA).map_err(backend)?;
-        conn.pragma_update(None, "user_version", USER_VERSION)
-            .map_err(backend)?;
+        let mut conn = conn;
+        loop {
+            // One migration per write transaction; re-read the version inside it, so
+            // processes opening a new file at once apply each migration exactly once.
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            let version: i64 = tx
+                .pragma_query_value(None, "user_version", |r| r.get(0))
+                .map_err(backend)?;
+            let Some(sql) = MIGRATIONS.get(version as usize) else {
+                break;
+            };
+            tx.execute_batch(sql).map_err(backend)?;
+            tx.pragma_update(None, "user_version", version + 1)
+                .map_err(backend)?;
+            tx.commit().map_err(backend)?;
+        }
         Ok(SqliteWorld {
             conn: Arc::new(Mutex::new(conn)),
             path,
+            changes: Arc::new(tokio::sync::watch::channel(0).0),
         })
     }
 
@@ -235,7 +268,7 @@ impl World for SqliteWorld {
 
     async fn append(&self, lease: &Lease, events: &[Event]) -> Result<Vec<Record>> {
         let (lease, events) = (lease.clone(), events.to_vec());
-        self.with(move |conn| {
+        let result = self.with(move |conn| {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(backend)?;
@@ -275,16 +308,34 @@ impl World for SqliteWorld {
                 }
             }
             let events: Vec<Event> = records.iter().map(|r| r.event.clone()).collect();
-            let (status, title) = summarize(&events);
+            let summary = summarize(&events);
             tx.execute(
                 "UPDATE sessions SET last_seq = ?2, updated_at_ms = ?3, status = COALESCE(?4, status), title = COALESCE(?5, title) WHERE id = ?1",
-                params![lease.session, last + records.len() as u64, at_ms, status, title],
+                params![lease.session, last + records.len() as u64, at_ms, summary.status, summary.title],
             )
             .map_err(backend)?;
+            if let Some(waiting_for) = &summary.waiting_for {
+                tx.execute(
+                    "UPDATE sessions SET waiting_for = ?2 WHERE id = ?1",
+                    params![lease.session, waiting_for],
+                )
+                .map_err(backend)?;
+            }
+            for id in &summary.taken {
+                tx.execute(
+                    "UPDATE inbox SET taken = 1 WHERE id = ?1 AND session_id = ?2",
+                    params![id, lease.session],
+                )
+                .map_err(backend)?;
+            }
             tx.commit().map_err(backend)?;
             Ok(records)
         })
-        .await
+        .await;
+        if result.is_ok() {
+            crate::bump(&self.changes);
+        }
+        result
     }
 
     async fn read(&self, session: &str, from: u64) -> Result<Vec<Record>> {
@@ -351,4 +402,146 @@ impl World for SqliteWorld {
         })
         .await
     }
+
+    async fn post(
+        &self,
+        session: &str,
+        kind: InboundKind,
+        name: &str,
+        body: &serde_json::Value,
+    ) -> Result<u64> {
+        let (session, name, body) = (session.to_string(), name.to_string(), body.to_string());
+        let id = self
+            .with(move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(backend)?;
+                let status: Option<String> = tx
+                    .query_row("SELECT status FROM sessions WHERE id = ?1", [&session], |r| r.get(0))
+                    .optional()
+                    .map_err(backend)?;
+                match status.as_deref() {
+                    None => return Err(Error::NotFound(session)),
+                    Some("completed" | "failed" | "escalated") => return Err(Error::Ended(session)),
+                    _ => {}
+                }
+                tx.execute(
+                    "INSERT INTO inbox (session_id, kind, name, body, at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![session, kind.as_str(), name, body, now_ms()],
+                )
+                .map_err(backend)?;
+                let id = tx.last_insert_rowid() as u64;
+                tx.commit().map_err(backend)?;
+                Ok(id)
+            })
+            .await?;
+        crate::bump(&self.changes);
+        Ok(id)
+    }
+
+    async fn inbox(&self, session: &str) -> Result<Vec<Inbound>> {
+        let session = session.to_string();
+        self.with(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT id, kind, name, body FROM inbox WHERE session_id = ?1 AND taken = 0 ORDER BY id",
+                )
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map([&session], |r| {
+                    Ok((r.get::<_, u64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?))
+                })
+                .map_err(backend)?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (id, kind, name, body) = row.map_err(backend)?;
+                out.push(Inbound {
+                    id,
+                    kind: InboundKind::parse(&kind),
+                    name,
+                    body: serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body)),
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn claim(&self, holder: &Holder, ttl: Duration) -> Result<Option<Lease>> {
+        let holder = holder.clone();
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            let now = now_ms();
+            let candidates: Vec<String> = {
+                let mut stmt = tx.prepare_cached(CLAIMABLE).map_err(backend)?;
+                let rows = stmt
+                    .query_map(params![now, holder.host], |r| r.get(0))
+                    .map_err(backend)?;
+                rows.collect::<rusqlite::Result<_>>().map_err(backend)?
+            };
+            for session in candidates {
+                let row = lease_row(&tx, &session)?;
+                if !row.is_free_for(&holder, now) {
+                    continue;
+                }
+                let epoch = row.epoch + 1;
+                tx.execute(
+                    "UPDATE sessions SET lease_epoch = ?2, lease_holder = ?3, lease_host = ?4, lease_pid = ?5, lease_expires_ms = ?6 WHERE id = ?1",
+                    params![session, epoch, holder.id, holder.host, holder.pid, now + ttl.as_millis() as u64],
+                )
+                .map_err(backend)?;
+                tx.commit().map_err(backend)?;
+                return Ok(Some(Lease {
+                    session,
+                    holder: holder.id,
+                    epoch,
+                }));
+            }
+            Ok(None)
+        })
+        .await
+    }
+
+    async fn delete_session(&self, session: &str) -> Result<()> {
+        let session = session.to_string();
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            let n = tx
+                .execute("DELETE FROM sessions WHERE id = ?1", [&session])
+                .map_err(backend)?;
+            if n == 0 {
+                return Err(Error::NotFound(session));
+            }
+            tx.execute("DELETE FROM events WHERE session_id = ?1", [&session])
+                .map_err(backend)?;
+            tx.execute("DELETE FROM inbox WHERE session_id = ?1", [&session])
+                .map_err(backend)?;
+            tx.commit().map_err(backend)
+        })
+        .await
+    }
+
+    fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
 }
+
+/// Sessions that need a driver, oldest activity first. The lease is checked again in
+/// Rust (a holder on this host whose process is gone counts as free).
+const CLAIMABLE: &str = "
+SELECT s.id FROM sessions s
+WHERE s.status IN ('running', 'idle', 'waiting')
+  AND (s.lease_holder IS NULL OR s.lease_expires_ms <= ?1 OR s.lease_host = ?2)
+  AND (
+    s.status = 'running'
+    OR (s.status = 'idle' AND EXISTS (
+        SELECT 1 FROM inbox i WHERE i.session_id = s.id AND i.taken = 0 AND i.kind IN ('message', 'steer')))
+    OR (s.status = 'waiting' AND EXISTS (
+        SELECT 1 FROM inbox i WHERE i.session_id = s.id AND i.taken = 0 AND i.kind = 'signal' AND i.name = s.waiting_for))
+  )
+ORDER BY s.updated_at_ms
+LIMIT 32";

@@ -117,6 +117,7 @@ async fn a_stale_epoch_cannot_commit_even_bypassing_the_client_check() {
             &[Event::UserMessage {
                 turn: 1,
                 text: "x".into(),
+                inbox_id: None,
             }],
         )
         .await
@@ -148,6 +149,7 @@ async fn a_flipped_byte_is_reported_with_session_and_position() {
         .map(|turn| Event::UserMessage {
             turn,
             text: format!("m{turn}"),
+            inbox_id: None,
         })
         .collect();
     world.append(&lease, &events).await.unwrap();
@@ -178,4 +180,10 @@ async fn an_unmigrated_database_is_refused_with_the_fix() {
         "migrations apply once"
     );
     PostgresWorld::connect(&db.url).await.unwrap();
+}
+
+#[tokio::test]
+async fn inbox_feeds_the_turn_queue() {
+    let db = TestDb::new().await;
+    conformance::inbox_feeds_the_turn_queue(&db.world().await).await;
 }

@@ -48,6 +48,7 @@ async fn a_flipped_byte_is_reported_with_session_and_position() -> anyhow::Resul
         .map(|turn| Event::UserMessage {
             turn,
             text: format!("message {turn}"),
+            inbox_id: None,
         })
         .collect();
     world.append(&lease, &events).await?;
@@ -93,6 +94,7 @@ async fn a_missing_record_is_reported_not_skipped() -> anyhow::Result<()> {
                 &[Event::UserMessage {
                     turn,
                     text: "x".into(),
+                    inbox_id: None,
                 }],
             )
             .await?;
@@ -116,4 +118,9 @@ async fn a_database_from_a_newer_build_is_refused() -> anyhow::Result<()> {
         .unwrap();
     assert!(err.to_string().contains("upgrade steadfast"), "{err}");
     Ok(())
+}
+
+#[tokio::test]
+async fn inbox_feeds_the_turn_queue() {
+    conformance::inbox_feeds_the_turn_queue(&world().1).await;
 }

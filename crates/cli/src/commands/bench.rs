@@ -127,10 +127,13 @@ async fn wake(events: usize) -> anyhow::Result<()> {
             system: "system".into(),
             initial_snapshot: None,
             created_at_ms: 0,
+            budget_micro_usd: None,
+            approve_external: false,
         },
         Event::UserMessage {
             turn: 1,
             text: "work".into(),
+            inbox_id: None,
         },
     ];
     let mut i = 0;

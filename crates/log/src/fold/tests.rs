@@ -19,6 +19,8 @@ impl Log {
             system: "sys".into(),
             initial_snapshot: Some("s0".into()),
             created_at_ms: 0,
+            budget_micro_usd: None,
+            approve_external: false,
         });
         log
     }
@@ -83,6 +85,7 @@ fn a_full_turn_folds_to_idle_with_conversation_and_spend() {
     log.push(Event::UserMessage {
         turn: 1,
         text: "fix it".into(),
+        inbox_id: None,
     });
     log.model("m1", 1, &["t1", "t2"]);
     log.tool_intent("t1", ToolClass::Mutate);
@@ -112,6 +115,7 @@ fn frontier_names_pending_calls() {
     log.push(Event::UserMessage {
         turn: 1,
         text: "x".into(),
+        inbox_id: None,
     });
     log.push(Event::ModelCallIntent {
         call_id: "m1".into(),
@@ -158,6 +162,7 @@ fn rerun_puts_the_call_back_in_the_queue() {
     log.push(Event::UserMessage {
         turn: 1,
         text: "x".into(),
+        inbox_id: None,
     });
     log.model("m1", 1, &["t1"]);
     log.tool_intent("t1", ToolClass::Read);
@@ -175,6 +180,7 @@ fn gaps_and_out_of_order_events_are_rejected() {
     log.push(Event::UserMessage {
         turn: 1,
         text: "x".into(),
+        inbox_id: None,
     });
     let mut gapped = log.0.clone();
     gapped[1].seq = 3;
@@ -222,7 +228,7 @@ proptest! {
     #[test]
     fn every_prefix_of_a_valid_log_folds(steps in steps()) {
         let mut log = Log::new();
-        log.push(Event::UserMessage { turn: 1, text: "go".into() });
+        log.push(Event::UserMessage { turn: 1, text: "go".into(), inbox_id: None });
         let mut n = 0;
         let mut step_no = 1;
         for s in steps {
