@@ -94,6 +94,10 @@ pub struct NewSession {
     /// appended together with the session's first record, so no crash can leave a
     /// session that exists but has lost its task.
     pub task: Option<String>,
+    /// The most the session may spend on model calls, millionths of a dollar.
+    pub budget_micro_usd: Option<u64>,
+    /// Pause for a human's approval before every external-effect tool call.
+    pub approve_external: bool,
 }
 
 impl NewSession {
@@ -105,6 +109,8 @@ impl NewSession {
             workspace: workspace.to_path_buf(),
             owner: "local".into(),
             task: None,
+            budget_micro_usd: None,
+            approve_external: false,
         }
     }
 
@@ -134,6 +140,7 @@ pub struct Harness<W = SqliteWorld, S = LocalSandbox> {
     pub(crate) blobs: Blobs,
     pub(crate) drive: Drive,
     pub(crate) holder: Holder,
+    pub(crate) home: Option<PathBuf>,
     pub(crate) options: HarnessOptions,
     provision: Provisioner<S>,
 }
@@ -154,7 +161,9 @@ impl<W: World + Clone> Harness<W, LocalSandbox> {
         let drive = Drive::open(home.join("drive"))?;
         let provision: Provisioner<LocalSandbox> =
             Arc::new(|ws: &Path, opts: &SandboxOptions| LocalSandbox::new(ws, opts.clone()));
-        Ok(Harness::new(world, blobs, drive, options, provision))
+        let mut harness = Harness::new(world, blobs, drive, options, provision);
+        harness.home = Some(home.to_path_buf());
+        Ok(harness)
     }
 }
 
@@ -171,6 +180,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             world,
             blobs,
             drive,
+            home: None,
             holder: Holder::new(format!("harness-{}", uuid::Uuid::now_v7().simple())),
             options,
             provision,
@@ -185,6 +195,21 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// The drive snapshots live in.
     pub fn drive(&self) -> &Drive {
         &self.drive
+    }
+
+    /// The blob store.
+    pub fn blobs(&self) -> &Blobs {
+        &self.blobs
+    }
+
+    /// The options this harness runs with.
+    pub fn options(&self) -> &HarnessOptions {
+        &self.options
+    }
+
+    /// The state directory (blobs, drive, managed workspaces), if local.
+    pub fn home(&self) -> Option<&Path> {
+        self.home.as_deref()
     }
 
     /// Creates a session: its log begins with the agent, model, workspace and the
@@ -213,8 +238,8 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             workspace: ws,
             initial_snapshot: Some(snapshot),
             created_at_ms: now_ms(),
-            budget_micro_usd: None,
-            approve_external: false,
+            budget_micro_usd: new.budget_micro_usd,
+            approve_external: new.approve_external,
         }];
         if let Some(text) = new.task {
             events.push(Event::UserMessage {
@@ -242,6 +267,13 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             .world
             .acquire_lease(session, &self.holder, self.options.lease_ttl)
             .await?;
+        self.wake_leased(lease).await
+    }
+
+    /// [`Harness::wake`] for a lease already taken (by [`World::claim`]).
+    pub async fn wake_leased(&self, lease: steadfast_world::Lease) -> Result<Driver<'_, W, S>> {
+        let session = lease.session.clone();
+        let session = session.as_str();
         let records = self.world.read(session, 1).await?;
         let state = fold(&records)?;
         let workspace = PathBuf::from(&state.workspace);

@@ -51,8 +51,9 @@ mod driver;
 mod harness;
 mod heartbeat;
 mod prompt;
+mod worker;
 
-pub use driver::{Driver, Progress, Stop};
+pub use driver::{Driver, Progress, Stop, APPROVAL_SIGNAL, APPROVAL_TOOL};
 pub use harness::{parse_model, Harness, HarnessOptions, ModelResolver, NewSession, Provisioner};
 
 /// Everything that can stop the harness.

@@ -1,0 +1,79 @@
+//! Workers: take turns from the world's queue and drive them.
+//!
+//! A worker claims a session that needs driving (a turn left running by a dead
+//! worker, a queued message, an awaited signal), wakes it, drives it until it is idle,
+//! waiting or ended, and gives the lease back. A worker that dies loses its lease
+//! (at once if it was on this host, else when the lease lapses) and another worker
+//! carries on from the log.
+
+use std::time::Duration;
+
+use steadfast_sandbox::Sandbox;
+use steadfast_world::{Holder, World};
+
+use tracing::Instrument;
+use crate::harness::Harness;
+
+/// How long a session whose driving failed with a retryable error is left alone.
+const COOL_DOWN: Duration = Duration::from_secs(5);
+/// How often an idle worker looks for work written by other processes.
+const POLL: Duration = Duration::from_millis(200);
+
+impl<W: World + Clone, S: Sandbox> Harness<W, S> {
+    /// Runs one worker until `shutdown` turns true. Each worker has its own lease
+    /// identity, so several can run in one process.
+    pub async fn work(&self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let holder = Holder::new(format!("worker-{}", uuid::Uuid::now_v7().simple()));
+        let mut changes = self.world.changes();
+        while !*shutdown.borrow() {
+            match self.world.claim(&holder, self.options.lease_ttl).await {
+                Ok(Some(lease)) => self.drive_claimed(lease).await,
+                Ok(None) => {
+                    tokio::select! {
+                        _ = changes.changed() => {}
+                        _ = tokio::time::sleep(POLL) => {}
+                        _ = shutdown.changed() => {}
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "claiming a turn failed");
+                    tokio::time::sleep(POLL * 5).await;
+                }
+            }
+        }
+    }
+
+    async fn drive_claimed(&self, lease: steadfast_world::Lease) {
+        let span = tracing::info_span!("drive", session = %lease.session, epoch = lease.epoch);
+        self.drive_claimed_inner(lease).instrument(span).await
+    }
+
+    async fn drive_claimed_inner(&self, lease: steadfast_world::Lease) {
+        let mut driver = match self.wake_leased(lease.clone()).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!(error = %e, "waking the session failed");
+                self.cool_down(&lease).await;
+                return;
+            }
+        };
+        match driver.run().await {
+            Ok(stop) => {
+                tracing::info!(?stop, "session stopped");
+                let _ = driver.release().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, retryable = e.is_retryable(), "driving the session failed");
+                drop(driver);
+                self.cool_down(&lease).await;
+            }
+        }
+    }
+
+    /// Keeps a failing session's lease for a while, so no worker retries it at once.
+    async fn cool_down(&self, lease: &steadfast_world::Lease) {
+        if let Err(e) = self.world.renew_lease(lease, COOL_DOWN).await {
+            tracing::debug!(error = %e, "could not hold the failing session back");
+        }
+    }
+}
