@@ -32,6 +32,33 @@ pub struct Config {
     /// Harness settings.
     #[serde(default)]
     pub harness: HarnessConfig,
+    /// API server settings.
+    #[serde(default)]
+    pub server: ServerConfig,
+}
+
+/// API server settings.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Bearer tokens (hashed: `steadfast hash-token <token>`) and their owners.
+    #[serde(default)]
+    pub tokens: Vec<TokenConfig>,
+    /// Refuse every request when no tokens are configured.
+    #[serde(default)]
+    pub production: bool,
+    /// Message posts allowed per session per minute.
+    pub messages_per_minute: Option<u32>,
+}
+
+/// A configured token.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct TokenConfig {
+    /// Who the token acts as.
+    pub owner: String,
+    /// BLAKE3 of the token, hex.
+    pub token_hash: String,
 }
 
 /// How to reach one provider.

@@ -56,6 +56,25 @@ enum Command {
     FakeProvider(commands::fake::FakeArgs),
     /// Measure the journal and wake costs against baselines, in one run.
     Bench(commands::bench::BenchArgs),
+    /// Serve the HTTP API, with workers taking turns.
+    Serve(commands::serve::ServeArgs),
+    /// Run workers only: take turns from the world's queue and drive them.
+    Worker(commands::serve::WorkerArgs),
+    /// Deliver a named signal to a session (e.g. `approval '{"approved": true}'`).
+    Signal {
+        /// The session.
+        session: String,
+        /// The signal's name.
+        name: String,
+        /// Its JSON payload.
+        #[arg(default_value = "null")]
+        payload: String,
+    },
+    /// Print the hash of a bearer token, for the `[server] tokens` configuration.
+    HashToken {
+        /// The token.
+        token: String,
+    },
     /// Apply pending database migrations (PostgreSQL worlds).
     Migrate,
     /// Print the effective configuration (`--dump`).
@@ -93,6 +112,20 @@ fn main() -> ExitCode {
             }
             Command::Sessions(args) => commands::sessions::run(&cli.home, &config, args).await,
             Command::Log(args) => commands::log::run(&cli.home, &config, args).await,
+            Command::Serve(args) => commands::serve::serve(&cli.home, &config, args).await,
+            Command::Worker(args) => commands::serve::worker(&cli.home, &config, args).await,
+            Command::Signal { session, name, payload } => {
+                let payload: serde_json::Value = serde_json::from_str(&payload)
+                    .map_err(|e| anyhow::anyhow!("the payload is not JSON: {e}"))?;
+                let world = setup::world(&cli.home, &config, false).await?;
+                let id = steadfast_world::World::post(&world, &session, steadfast_world::InboundKind::Signal, &name, &payload).await?;
+                eprintln!("steadfast: signal {name} queued for {session} (#{id}); `steadfast resume {session}` or a worker carries on");
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::HashToken { token } => {
+                println!("{}", steadfast_server::hash_token(&token));
+                Ok(ExitCode::SUCCESS)
+            }
             Command::Migrate => {
                 let world = setup::world(&cli.home, &config, true).await?;
                 world.migrate().await?;

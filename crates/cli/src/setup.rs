@@ -86,3 +86,36 @@ pub async fn world(home: &Path, config: &Config, migrate: bool) -> anyhow::Resul
         .await
         .with_context(|| format!("opening the world {}", spec.unwrap_or("(embedded SQLite)")))
 }
+
+/// A harness for a server or worker process: sessions of the `fake` provider use a
+/// fake provider started here (when one is needed), the rest use configured keys.
+pub async fn shared_harness(
+    home: &Path,
+    config: &Config,
+    world: AnyWorld,
+) -> anyhow::Result<(
+    std::sync::Arc<Harness<AnyWorld, LocalSandbox>>,
+    Option<FakeProvider>,
+)> {
+    let needs_fake = config.default_model().starts_with("fake/");
+    let fake = if needs_fake {
+        let (_, fake) = harness(home, config, world.clone(), "fake").await?;
+        fake
+    } else {
+        None
+    };
+    let fake_url = fake.as_ref().map(|f| f.base_url());
+    let real = config.harness_options();
+    let real_models = real.models.clone();
+    let models: steadfast_harness::ModelResolver =
+        std::sync::Arc::new(move |spec| match (&fake_url, spec.provider.as_str()) {
+            (Some(url), "fake") => (HarnessOptions::fake_provider(url).models)(spec),
+            _ => real_models(spec),
+        });
+    let mut options = real;
+    options.models = models;
+    // Workers renew often so a dead one's turn moves on quickly.
+    options.lease_ttl = options.lease_ttl.min(std::time::Duration::from_secs(6));
+    let harness = Harness::with_world(home, world, options)?;
+    Ok((std::sync::Arc::new(harness), fake))
+}

@@ -63,7 +63,7 @@ pub enum Progress<'a> {
     Restored(&'a str),
 }
 
-type Observer = Box<dyn FnMut(Progress<'_>) + Send>;
+type Observer = Box<dyn FnMut(Progress<'_>) + Send + Sync>;
 
 /// Drives one session under its lease. Dropping it (or the process dying) at any
 /// point loses nothing: the next [`Harness::wake`] carries on from the log.
@@ -98,7 +98,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     }
 
     /// Reports progress to `observer` from now on.
-    pub fn observe(&mut self, observer: impl FnMut(Progress<'_>) + Send + 'static) {
+    pub fn observe(&mut self, observer: impl FnMut(Progress<'_>) + Send + Sync + 'static) {
         self.observer = Box::new(observer);
     }
 

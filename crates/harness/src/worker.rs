@@ -11,8 +11,8 @@ use std::time::Duration;
 use steadfast_sandbox::Sandbox;
 use steadfast_world::{Holder, World};
 
-use tracing::Instrument;
 use crate::harness::Harness;
+use tracing::Instrument;
 
 /// How long a session whose driving failed with a retryable error is left alone.
 const COOL_DOWN: Duration = Duration::from_secs(5);

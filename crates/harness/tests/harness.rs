@@ -250,17 +250,37 @@ async fn a_steer_is_taken_after_the_call_in_flight() -> anyhow::Result<()> {
         tokio::time::sleep(std::time::Duration::from_millis(400)).await;
         harness
             .world()
-            .post(&id, steadfast_world::InboundKind::Steer, "", &json!("use python instead"))
+            .post(
+                &id,
+                steadfast_world::InboundKind::Steer,
+                "",
+                &json!("use python instead"),
+            )
             .await
             .unwrap();
     };
     let (stop, ()) = tokio::join!(driver.run(), steer);
     assert_eq!(stop?, Stop::Idle);
     let log = harness.world().read(&id, 1).await?;
-    let kinds: Vec<&str> = log.iter().map(|r| r.event.kind()).filter(|k| *k != "model_delta").collect();
-    let steer_at = kinds.iter().position(|k| *k == "steered").expect("steer in the log");
-    assert_eq!(kinds[steer_at - 1], "tool_call_outcome", "after the tool call in flight: {kinds:?}");
-    assert_eq!(kinds[steer_at + 1], "model_call_intent", "before the next model call: {kinds:?}");
+    let kinds: Vec<&str> = log
+        .iter()
+        .map(|r| r.event.kind())
+        .filter(|k| *k != "model_delta")
+        .collect();
+    let steer_at = kinds
+        .iter()
+        .position(|k| *k == "steered")
+        .expect("steer in the log");
+    assert_eq!(
+        kinds[steer_at - 1],
+        "tool_call_outcome",
+        "after the tool call in flight: {kinds:?}"
+    );
+    assert_eq!(
+        kinds[steer_at + 1],
+        "model_call_intent",
+        "before the next model call: {kinds:?}"
+    );
     let state = harness.state(&id).await?;
     let with_steer = &state.conversation[2];
     assert!(with_steer.text().contains("use python instead"));
@@ -284,13 +304,29 @@ async fn the_approval_tool_waits_for_a_signal_holding_nothing() -> anyhow::Resul
     driver.release().await?;
     assert_eq!(harness.world().session(&id).await?.status, "waiting");
     let other = Holder::new("someone-else");
-    assert!(harness.world().claim(&other, std::time::Duration::from_secs(5)).await?.is_none(), "nothing to do yet");
+    assert!(
+        harness
+            .world()
+            .claim(&other, std::time::Duration::from_secs(5))
+            .await?
+            .is_none(),
+        "nothing to do yet"
+    );
 
     harness
         .world()
-        .post(&id, steadfast_world::InboundKind::Signal, "approval", &json!({"approved": true, "message": "go ahead"}))
+        .post(
+            &id,
+            steadfast_world::InboundKind::Signal,
+            "approval",
+            &json!({"approved": true, "message": "go ahead"}),
+        )
         .await?;
-    let lease = harness.world().claim(&other, std::time::Duration::from_secs(5)).await?.expect("claimable now");
+    let lease = harness
+        .world()
+        .claim(&other, std::time::Duration::from_secs(5))
+        .await?
+        .expect("claimable now");
     let mut driver = harness.wake_leased(lease).await?;
     assert_eq!(driver.run().await?, Stop::Idle);
     let results: Vec<String> = driver.state().conversation[2]
@@ -306,8 +342,12 @@ async fn the_approval_tool_waits_for_a_signal_holding_nothing() -> anyhow::Resul
 }
 
 #[tokio::test]
-async fn external_effects_wait_for_approval_when_asked_and_a_denial_skips_them() -> anyhow::Result<()> {
-    let setup = Setup::new(json!([bash("curl -s http://127.0.0.1:9/ ; touch ran.txt"), {"text": "ok, not deploying"}])).await;
+async fn external_effects_wait_for_approval_when_asked_and_a_denial_skips_them(
+) -> anyhow::Result<()> {
+    let setup = Setup::new(
+        json!([bash("curl -s http://127.0.0.1:9/ ; touch ran.txt"), {"text": "ok, not deploying"}]),
+    )
+    .await;
     let harness = setup.harness();
     let mut new = NewSession::native("fake/m", &setup.workspace()).with_task("deploy");
     new.approve_external = true;
@@ -317,10 +357,18 @@ async fn external_effects_wait_for_approval_when_asked_and_a_denial_skips_them()
     assert!(!setup.workspace().join("ran.txt").exists());
     harness
         .world()
-        .post(&id, steadfast_world::InboundKind::Signal, "approval", &json!({"approved": false, "message": "not today"}))
+        .post(
+            &id,
+            steadfast_world::InboundKind::Signal,
+            "approval",
+            &json!({"approved": false, "message": "not today"}),
+        )
         .await?;
     assert_eq!(driver.run().await?, Stop::Idle);
-    assert!(!setup.workspace().join("ran.txt").exists(), "a denied call never runs");
+    assert!(
+        !setup.workspace().join("ran.txt").exists(),
+        "a denied call never runs"
+    );
     let log = harness.world().read(&id, 1).await?;
     assert!(!log.iter().any(|r| r.event.kind() == "tool_call_intent"));
     let last_user = &driver.state().conversation[2];
@@ -332,12 +380,18 @@ async fn external_effects_wait_for_approval_when_asked_and_a_denial_skips_them()
 async fn a_spend_cap_escalates_the_session() -> anyhow::Result<()> {
     let setup = Setup::new(json!([bash("true"), bash("true"), {"text": "done"}])).await;
     let harness = setup.harness();
-    let mut new = NewSession::native("anthropic/claude-sonnet-4-5", &setup.workspace()).with_task("go");
+    let mut new =
+        NewSession::native("anthropic/claude-sonnet-4-5", &setup.workspace()).with_task("go");
     new.budget_micro_usd = Some(1);
     let id = harness.start_session(new).await?;
     let mut driver = harness.wake(&id).await?;
     assert_eq!(driver.run().await?, Stop::Ended(EndState::Escalated));
-    assert!(driver.state().end_reason.as_deref().unwrap().contains("spend cap"));
+    assert!(driver
+        .state()
+        .end_reason
+        .as_deref()
+        .unwrap()
+        .contains("spend cap"));
     assert_eq!(setup.fake.calls(), 1);
     Ok(())
 }
@@ -346,13 +400,31 @@ async fn a_spend_cap_escalates_the_session() -> anyhow::Result<()> {
 async fn a_worker_takes_queued_messages_from_the_world() -> anyhow::Result<()> {
     let setup = Setup::new(json!([{"text": "first reply"}, {"text": "second reply"}])).await;
     let harness = setup.harness();
-    let id = harness.start_session(NewSession::native("fake/m", &setup.workspace())).await?;
+    let id = harness
+        .start_session(NewSession::native("fake/m", &setup.workspace()))
+        .await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let worker = harness.work(stop_rx);
     let client = async {
         let world = harness.world();
-        world.post(&id, steadfast_world::InboundKind::Message, "", &json!("one")).await.unwrap();
-        world.post(&id, steadfast_world::InboundKind::Message, "", &json!("two")).await.unwrap();
+        world
+            .post(
+                &id,
+                steadfast_world::InboundKind::Message,
+                "",
+                &json!("one"),
+            )
+            .await
+            .unwrap();
+        world
+            .post(
+                &id,
+                steadfast_world::InboundKind::Message,
+                "",
+                &json!("two"),
+            )
+            .await
+            .unwrap();
         for _ in 0..200 {
             let s = harness.state(&id).await.unwrap();
             if s.turn == 2 && s.status == steadfast_log::Status::Idle {

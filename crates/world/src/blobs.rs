@@ -53,6 +53,14 @@ impl Blobs {
         })
     }
 
+    /// Removes a blob (a missing one is not an error).
+    pub async fn delete(&self, hash: &str) -> Result<()> {
+        match self.store.delete(&ObjectPath::from(hash)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Error::Blob(e.to_string())),
+        }
+    }
+
     /// Reads a blob back, verifying its hash.
     pub async fn get(&self, hash: &str) -> Result<Vec<u8>> {
         let got = self

@@ -4,4 +4,5 @@ pub mod bench;
 pub mod fake;
 pub mod log;
 pub mod run;
+pub mod serve;
 pub mod sessions;

@@ -1,0 +1,141 @@
+//! `steadfast serve` (the API plus workers) and `steadfast worker` (workers alone).
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use steadfast_server::{app, Auth, ServerState, TokenEntry};
+
+use crate::config::Config;
+use crate::setup;
+
+/// Arguments of `steadfast serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8700", env = "STEADFAST_LISTEN")]
+    listen: String,
+    /// Workers to run in this process (0: API only).
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Production mode: with no tokens configured, refuse every request.
+    #[arg(long)]
+    production: bool,
+    /// Serve anyone, without authentication. Must be asked for by name, and needs
+    /// --session-spend-cap-usd.
+    #[arg(long, requires = "session_spend_cap_usd")]
+    public: bool,
+    /// The most any session may spend on models in public mode, in US dollars.
+    #[arg(long)]
+    session_spend_cap_usd: Option<f64>,
+}
+
+/// Arguments of `steadfast worker`.
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// Workers to run in this process.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+}
+
+fn production(args: &ServeArgs, config: &Config) -> bool {
+    args.production
+        || config.server.production
+        || std::env::var("STEADFAST_ENV").is_ok_and(|v| v == "production")
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+    }
+}
+
+pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let tokens: Vec<TokenEntry> = config
+        .server
+        .tokens
+        .iter()
+        .map(|t| TokenEntry {
+            owner: t.owner.clone(),
+            token_hash: t.token_hash.clone(),
+        })
+        .collect();
+    let public_cap = if args.public {
+        args.session_spend_cap_usd
+    } else {
+        None
+    };
+    let auth =
+        Auth::new(&tokens, production(&args, config), public_cap).map_err(anyhow::Error::msg)?;
+    let world = setup::world(home, config, false).await?;
+    let (harness, fake) = setup::shared_harness(home, config, world).await?;
+    let workspaces = home.join("workspaces");
+    std::fs::create_dir_all(&workspaces)?;
+    let mut state = ServerState::new(
+        harness.clone(),
+        auth.clone(),
+        workspaces,
+        config.default_model(),
+    );
+    if let Some(n) = config.server.messages_per_minute {
+        state.messages_per_minute = n;
+    }
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    eprintln!(
+        "steadfast: serving on http://{addr} ({} auth, {} workers); API described at /openapi.json",
+        auth.mode_name(),
+        args.workers
+    );
+    println!("http://{addr}");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut workers = spawn_workers(harness, args.workers, stop_rx);
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    let _ = stop_tx.send(true);
+    workers.abort_all();
+    drop(fake);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn worker(home: &Path, config: &Config, args: WorkerArgs) -> anyhow::Result<ExitCode> {
+    let world = setup::world(home, config, false).await?;
+    let (harness, fake) = setup::shared_harness(home, config, world).await?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut workers = spawn_workers(harness, args.workers.max(1), stop_rx);
+    eprintln!(
+        "steadfast: {} workers taking turns (pid {})",
+        args.workers.max(1),
+        std::process::id()
+    );
+    tokio::select! {
+        _ = shutdown_signal() => {}
+        _ = workers.join_next() => {}
+    }
+    let _ = stop_tx.send(true);
+    workers.abort_all();
+    drop(fake);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn spawn_workers(
+    harness: Arc<
+        steadfast_harness::Harness<steadfast_world::AnyWorld, steadfast_sandbox::LocalSandbox>,
+    >,
+    n: usize,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinSet<()> {
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let (harness, stop) = (harness.clone(), stop.clone());
+        set.spawn(async move { harness.work(stop).await });
+    }
+    set
+}

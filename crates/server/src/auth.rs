@@ -1,0 +1,120 @@
+//! Authentication: bearer tokens (stored only as BLAKE3 hashes) mapped to owners.
+
+use axum::http::{HeaderMap, StatusCode};
+use serde::Deserialize;
+
+use crate::error::ApiError;
+
+/// A configured token: its owner and the hex BLAKE3 hash of the token.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct TokenEntry {
+    /// Who the token acts as.
+    pub owner: String,
+    /// `hash_token(token)`.
+    pub token_hash: String,
+}
+
+/// How requests are authenticated.
+#[derive(Debug, Clone)]
+pub enum AuthMode {
+    /// Bearer tokens required.
+    Tokens(Vec<(blake3::Hash, String)>),
+    /// Development: no auth configured, not production; everyone is `local`.
+    Development,
+    /// Production with no tokens configured: every request is refused.
+    Closed,
+    /// Asked for by name: anyone may call; each session gets its own owner id (the
+    /// session id is the capability) and a spend cap.
+    Public {
+        /// The most any session may spend, millionths of a dollar.
+        session_cap_micro_usd: u64,
+    },
+}
+
+/// The server's authentication.
+#[derive(Debug, Clone)]
+pub struct Auth {
+    /// The mode.
+    pub mode: AuthMode,
+}
+
+/// The hash stored in configuration for `token`.
+pub fn hash_token(token: &str) -> String {
+    blake3::hash(token.as_bytes()).to_hex().to_string()
+}
+
+impl Auth {
+    /// Authentication from configured tokens and the mode flags.
+    pub fn new(
+        tokens: &[TokenEntry],
+        production: bool,
+        public_cap_usd: Option<f64>,
+    ) -> Result<Self, String> {
+        if let Some(cap) = public_cap_usd {
+            if !(cap > 0.0) {
+                return Err("--public needs a positive per-session spend cap".into());
+            }
+            return Ok(Auth {
+                mode: AuthMode::Public {
+                    session_cap_micro_usd: (cap * 1e6).round() as u64,
+                },
+            });
+        }
+        if tokens.is_empty() {
+            return Ok(Auth {
+                mode: if production {
+                    AuthMode::Closed
+                } else {
+                    AuthMode::Development
+                },
+            });
+        }
+        let mut parsed = Vec::new();
+        for t in tokens {
+            let hash = blake3::Hash::from_hex(&t.token_hash).map_err(|e| {
+                format!("token hash for {} is not a BLAKE3 hex digest: {e}", t.owner)
+            })?;
+            parsed.push((hash, t.owner.clone()));
+        }
+        Ok(Auth {
+            mode: AuthMode::Tokens(parsed),
+        })
+    }
+
+    /// The mode's name, for logs.
+    pub fn mode_name(&self) -> &'static str {
+        match self.mode {
+            AuthMode::Tokens(_) => "token",
+            AuthMode::Development => "development (no)",
+            AuthMode::Closed => "production, none configured: refusing all",
+            AuthMode::Public { .. } => "public (no)",
+        }
+    }
+
+    /// The owner a request acts as.
+    pub(crate) fn owner(&self, headers: &HeaderMap) -> Result<String, ApiError> {
+        let unauthorized = |m: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", m);
+        match &self.mode {
+            AuthMode::Development => Ok("local".into()),
+            AuthMode::Public { .. } => Ok("public".into()),
+            AuthMode::Closed => Err(unauthorized(
+                "this server runs in production mode with no authentication configured, so it refuses every request",
+            )),
+            AuthMode::Tokens(tokens) => {
+                let token = headers
+                    .get(axum::http::header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .ok_or_else(|| unauthorized("send a bearer token: Authorization: Bearer <token>"))?;
+                let presented = blake3::hash(token.trim().as_bytes());
+                // blake3::Hash compares in constant time.
+                tokens
+                    .iter()
+                    .find(|(hash, _)| *hash == presented)
+                    .map(|(_, owner)| owner.clone())
+                    .ok_or_else(|| unauthorized("unknown token"))
+            }
+        }
+    }
+}

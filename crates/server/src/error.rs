@@ -1,0 +1,92 @@
+//! API errors: a status and a JSON body `{"error": {"code", "message"}}`. Details of
+//! internal failures go to the log, not to the client.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+/// An error answered to a client.
+#[derive(Debug)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// A stable machine-readable code.
+    pub code: &'static str,
+    /// What went wrong, for humans.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error with this status, code and message.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// 404 for a session that does not exist or belongs to someone else (the two
+    /// are indistinguishable on purpose).
+    pub fn no_session(id: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "session_not_found",
+            format!("no session {id}"),
+        )
+    }
+
+    /// 500, with the detail logged only.
+    pub fn internal(detail: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %detail, "internal error");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "internal error; see the server log",
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Json(json!({"error": {"code": self.code, "message": self.message}}));
+        (self.status, body).into_response()
+    }
+}
+
+impl From<steadfast_world::Error> for ApiError {
+    fn from(e: steadfast_world::Error) -> Self {
+        use steadfast_world::Error as E;
+        match e {
+            E::NotFound(id) => ApiError::no_session(&id),
+            E::Ended(id) => ApiError::new(
+                StatusCode::CONFLICT,
+                "session_ended",
+                format!("session {id} has ended"),
+            ),
+            E::LeaseHeld { session, .. } => ApiError::new(
+                StatusCode::CONFLICT,
+                "session_busy",
+                format!("session {session} is being driven; try again when its turn is over"),
+            ),
+            E::Backend(_) | E::Blob(_) => {
+                let e = ApiError::internal(e);
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e.message)
+            }
+            other => ApiError::internal(other),
+        }
+    }
+}
+
+impl From<steadfast_harness::Error> for ApiError {
+    fn from(e: steadfast_harness::Error) -> Self {
+        match e {
+            steadfast_harness::Error::World(w) => w.into(),
+            steadfast_harness::Error::Invalid(m) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", m)
+            }
+            other => ApiError::internal(other),
+        }
+    }
+}

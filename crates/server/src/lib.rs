@@ -1,0 +1,73 @@
+//! The HTTP API: sessions, messages and steers, resumable event streams, signals.
+//!
+//! Build the router with [`app`]; `steadfast serve` runs it beside N workers that
+//! take turns from the world's queue, and `steadfast worker` runs workers alone. The
+//! API process never drives a turn itself: it writes to the world (sessions, inbox)
+//! and streams the log, so any API instance can serve any session.
+//!
+//! Event streams are server-sent events whose ids are log positions: reconnecting
+//! with `?cursor=N` or `Last-Event-ID: N` continues after position N with nothing
+//! lost or repeated, on any instance.
+
+mod auth;
+mod error;
+mod extract;
+mod limits;
+mod routes;
+mod stream;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::Router;
+use steadfast_harness::Harness;
+use steadfast_sandbox::LocalSandbox;
+use steadfast_world::World;
+
+pub use auth::{hash_token, Auth, AuthMode, TokenEntry};
+pub use error::ApiError;
+
+/// The largest request body accepted.
+pub const MAX_BODY: usize = 256 * 1024;
+
+/// What the API needs.
+pub struct ServerState<W> {
+    /// Creates sessions (snapshots their workspace) and reads their logs.
+    pub harness: Arc<Harness<W, LocalSandbox>>,
+    /// Who may call, and as whom.
+    pub auth: Auth,
+    /// Where managed workspaces are created.
+    pub workspaces: PathBuf,
+    /// The model of sessions that name none.
+    pub default_model: String,
+    /// Message posts allowed per session per minute.
+    pub messages_per_minute: u32,
+    pub(crate) limiter: limits::RateLimiter,
+}
+
+impl<W> ServerState<W> {
+    /// State with the given parts and default limits.
+    pub fn new(
+        harness: Arc<Harness<W, LocalSandbox>>,
+        auth: Auth,
+        workspaces: PathBuf,
+        default_model: String,
+    ) -> Self {
+        ServerState {
+            harness,
+            auth,
+            workspaces,
+            default_model,
+            messages_per_minute: 60,
+            limiter: limits::RateLimiter::default(),
+        }
+    }
+}
+
+/// The API's router.
+pub fn app<W: World + Clone>(state: ServerState<W>) -> Router {
+    routes::router(Arc::new(state))
+}
+
+/// The OpenAPI document of this API (checked in as `openapi.json`).
+pub const OPENAPI: &str = include_str!("../openapi.json");

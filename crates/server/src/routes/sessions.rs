@@ -1,0 +1,242 @@
+//! Creating, listing, showing, closing and deleting sessions.
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use steadfast_harness::NewSession;
+use steadfast_log::{EndState, Event, Output};
+use steadfast_world::{Holder, World};
+
+use super::{owned, Shared};
+use crate::auth::AuthMode;
+use crate::error::ApiError;
+use crate::extract::Body;
+
+/// `POST /v1/sessions`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CreateSession {
+    /// The agent (only `native` for now).
+    #[serde(default)]
+    agent: Option<String>,
+    /// `provider/model`.
+    #[serde(default)]
+    model: Option<String>,
+    /// Where the workspace comes from.
+    #[serde(default)]
+    workspace: Option<WorkspaceSource>,
+    /// Spend limits.
+    #[serde(default)]
+    budget: Option<Budget>,
+    /// Pause for approval before external-effect tool calls.
+    #[serde(default)]
+    approve_external: bool,
+    /// A first message, starting work at once.
+    #[serde(default)]
+    task: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+enum WorkspaceSource {
+    /// An empty directory, optionally seeded with files.
+    Empty {
+        #[serde(default)]
+        files: BTreeMap<String, String>,
+    },
+    /// The bundled demo project.
+    Demo,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Budget {
+    max_cost_usd: f64,
+}
+
+pub(crate) async fn create<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+    Body(req): Body<CreateSession>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let owner = state.auth.owner(&headers)?;
+    let invalid = |m: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", m);
+    let agent = req.agent.unwrap_or_else(|| "native".into());
+    if agent != "native" {
+        return Err(invalid(format!(
+            "agent: unknown agent `{agent}` (available: native)"
+        )));
+    }
+    let mut budget = match req.budget {
+        Some(b) if !(b.max_cost_usd > 0.0) => {
+            return Err(invalid("budget.max_cost_usd: must be positive".into()))
+        }
+        Some(b) => Some((b.max_cost_usd * 1e6).round() as u64),
+        None => None,
+    };
+    if let AuthMode::Public {
+        session_cap_micro_usd,
+    } = state.auth.mode
+    {
+        budget = Some(budget.map_or(session_cap_micro_usd, |b| b.min(session_cap_micro_usd)));
+    }
+    let model = req.model.unwrap_or_else(|| state.default_model.clone());
+    steadfast_harness::parse_model(&model).map_err(|e| invalid(format!("model: {e}")))?;
+
+    let dir = state
+        .workspaces
+        .join(format!("ws_{}", uuid::Uuid::now_v7().simple()));
+    std::fs::create_dir_all(&dir).map_err(ApiError::internal)?;
+    let root = dir.canonicalize().map_err(ApiError::internal)?;
+    match req.workspace.unwrap_or(WorkspaceSource::Empty {
+        files: BTreeMap::new(),
+    }) {
+        WorkspaceSource::Demo => {
+            steadfast_testkit::demo::write_project(&root).map_err(ApiError::internal)?
+        }
+        WorkspaceSource::Empty { files } => {
+            for (path, content) in files {
+                let target = steadfast_sandbox::confine(&root, &path)
+                    .map_err(|e| invalid(format!("workspace.files: {e}")))?;
+                if let Some(parent) = target.parent() {
+                    std::fs::create_dir_all(parent).map_err(ApiError::internal)?;
+                }
+                std::fs::write(&target, content).map_err(ApiError::internal)?;
+            }
+        }
+    }
+    let mut new = NewSession::native(&model, &root);
+    new.agent = agent;
+    new.owner = owner;
+    new.task = req.task;
+    new.budget_micro_usd = budget;
+    new.approve_external = req.approve_external;
+    let id = state.harness.start_session(new).await?;
+    let summary = state.harness.world().session(&id).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"id": id, "status": summary.status, "model": model, "workspace": root})),
+    ))
+}
+
+pub(crate) async fn list<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let owner = state.auth.owner(&headers)?;
+    if matches!(state.auth.mode, AuthMode::Public { .. }) {
+        // In public mode a session id is the capability: there is no listing.
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "listing sessions is disabled in public mode",
+        ));
+    }
+    let sessions: Vec<_> = state
+        .harness
+        .world()
+        .list_sessions()
+        .await?
+        .into_iter()
+        .filter(|s| s.owner == owner)
+        .collect();
+    Ok(Json(json!({"sessions": sessions})))
+}
+
+pub(crate) async fn show<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let owner = state.auth.owner(&headers)?;
+    let summary = owned(&state, &id, &owner).await?;
+    let s = state.harness.state(&id).await?;
+    Ok(Json(json!({
+        "id": id,
+        "status": s.status,
+        "title": summary.title,
+        "model": s.model.to_string(),
+        "turn": s.turn,
+        "last_seq": s.last_seq,
+        "waiting_for": s.waiting.as_ref().map(|w| &w.name),
+        "waiting_reason": s.waiting.as_ref().map(|w| &w.reason),
+        "end_reason": s.end_reason,
+        "usage": s.usage,
+        "cost_usd": s.cost_micro_usd as f64 / 1e6,
+        "budget_usd": s.budget_micro_usd.map(|b| b as f64 / 1e6),
+        "reply": s.last_reply(),
+        "created_at_ms": summary.created_at_ms,
+        "updated_at_ms": summary.updated_at_ms,
+    })))
+}
+
+pub(crate) async fn close<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let owner = state.auth.owner(&headers)?;
+    owned(&state, &id, &owner).await?;
+    let world = state.harness.world();
+    let holder = Holder::new(format!("api-{}", uuid::Uuid::now_v7().simple()));
+    let lease = world
+        .acquire_lease(&id, &holder, std::time::Duration::from_secs(10))
+        .await?;
+    let s = state.harness.state(&id).await?;
+    if !s.status.is_ended() {
+        world
+            .append(
+                &lease,
+                &[Event::SessionEnded {
+                    state: EndState::Completed,
+                    reason: "closed by its owner".into(),
+                    diff: vec![],
+                }],
+            )
+            .await?;
+    }
+    world.release_lease(&lease).await?;
+    Ok(Json(json!({"id": id, "status": "completed"})))
+}
+
+pub(crate) async fn delete<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let owner = state.auth.owner(&headers)?;
+    owned(&state, &id, &owner).await?;
+    let world = state.harness.world();
+    // Holding the lease keeps workers off the session while it goes.
+    let holder = Holder::new(format!("api-{}", uuid::Uuid::now_v7().simple()));
+    world
+        .acquire_lease(&id, &holder, std::time::Duration::from_secs(30))
+        .await?;
+    let s = state.harness.state(&id).await?;
+    let records = world.read(&id, 1).await?;
+    for record in &records {
+        if let Event::ToolCallOutcome {
+            output: Output::Blob(b),
+            ..
+        } = &record.event
+        {
+            if let Err(e) = state.harness.blobs().delete(&b.hash).await {
+                tracing::warn!(session = %id, blob = %b.hash, error = %e, "could not delete a blob");
+            }
+        }
+    }
+    world.delete_session(&id).await?;
+    // The workspace goes too if the server made it; its snapshot objects are shared
+    // by content and reclaimed by garbage collection.
+    let ws = std::path::Path::new(&s.workspace);
+    if let Ok(root) = state.workspaces.canonicalize() {
+        if ws.starts_with(&root) && ws != root {
+            let _ = std::fs::remove_dir_all(ws);
+        }
+    }
+    Ok(StatusCode::NO_CONTENT)
+}

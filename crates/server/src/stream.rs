@@ -1,0 +1,179 @@
+//! Session event streams: the log as server-sent events, ids = log positions.
+//!
+//! Every record becomes one event (`id` = its position, `event` = its type, `data` =
+//! the record as JSON), except that a model call cut off by a crash (or a dropped
+//! provider connection) becomes a `restart` event carrying the text the client should
+//! show in place of the turn's text so far. The frames are a pure function of the log,
+//! so every client, whenever and wherever it connects, sees the same bytes.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::response::sse::Event as SseEvent;
+use futures_util::stream::{self, Stream, StreamExt};
+use steadfast_log::{Block, Event, Record};
+use steadfast_world::{InboundKind, World};
+
+/// When a stream ends (with an `end` event).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Until {
+    /// When no turn is running and nothing is queued to start one.
+    Quiet,
+    /// When the turn that took this inbox entry is over.
+    Taken(u64),
+}
+
+/// What the stream knows of the session from the records it has passed.
+#[derive(Default)]
+struct Tracker {
+    turn_text: String,
+    status: &'static str,
+    seen_inbox: Vec<u64>,
+}
+
+impl Tracker {
+    fn observe(&mut self, record: &Record) {
+        match &record.event {
+            Event::SessionStarted { .. } | Event::TurnEnded { .. } => self.status = "idle",
+            Event::UserMessage { inbox_id, .. } => {
+                self.turn_text.clear();
+                self.status = "running";
+                self.seen_inbox.extend(inbox_id);
+            }
+            Event::Steered { inbox_id, .. } => self.seen_inbox.push(*inbox_id),
+            Event::SignalReceived { inbox_id, .. } => {
+                self.status = "running";
+                self.seen_inbox.push(*inbox_id);
+            }
+            Event::WaitStarted { .. } => self.status = "waiting",
+            Event::SessionEnded { .. } => self.status = "ended",
+            Event::ModelCallOutcome { content, .. } => {
+                for block in content {
+                    if let Block::Text { text } = block {
+                        if !self.turn_text.is_empty() {
+                            self.turn_text.push('\n');
+                        }
+                        self.turn_text.push_str(text);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn frame(&self, record: &Record) -> SseEvent {
+        let id = record.seq.to_string();
+        let restart = matches!(
+            record.event,
+            Event::ModelCallInterrupted { .. } | Event::ModelDelta { restart: true, .. }
+        );
+        if restart {
+            let data = serde_json::json!({"seq": record.seq, "text": self.turn_text});
+            return SseEvent::default()
+                .id(id)
+                .event("restart")
+                .data(data.to_string());
+        }
+        let data = serde_json::to_string(record).unwrap_or_default();
+        SseEvent::default()
+            .id(id)
+            .event(record.event.kind())
+            .data(data)
+    }
+}
+
+struct State<W> {
+    world: W,
+    session: String,
+    cursor: u64,
+    until: Until,
+    tracker: Tracker,
+    changes: tokio::sync::watch::Receiver<u64>,
+    primed: bool,
+    done: bool,
+}
+
+const POLL: Duration = Duration::from_millis(250);
+
+/// The events of `session` after position `cursor`, then the live tail, ending as
+/// `until` says.
+pub(crate) fn events<W: World + Clone>(
+    world: W,
+    session: String,
+    cursor: u64,
+    until: Until,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    let state = State {
+        changes: world.changes(),
+        world,
+        session,
+        cursor,
+        until,
+        tracker: Tracker::default(),
+        primed: false,
+        done: false,
+    };
+    stream::unfold(state, |mut s| async move {
+        if s.done {
+            return None;
+        }
+        let batch = s.next_batch().await;
+        Some((batch, s))
+    })
+    .flat_map(|batch| stream::iter(batch.into_iter().map(Ok)))
+}
+
+impl<W: World + Clone> State<W> {
+    async fn next_batch(&mut self) -> Vec<SseEvent> {
+        loop {
+            let from = if self.primed { self.cursor + 1 } else { 1 };
+            let records = match self.world.read(&self.session, from).await {
+                Ok(r) => r,
+                Err(e) => {
+                    self.done = true;
+                    let data = serde_json::json!({"error": {"code": "log_unreadable", "message": e.to_string()}});
+                    return vec![SseEvent::default().event("error").data(data.to_string())];
+                }
+            };
+            let mut out = Vec::new();
+            for record in &records {
+                // The frame comes first: a restart shows the turn's text before it.
+                if record.seq > self.cursor {
+                    out.push(self.tracker.frame(record));
+                    self.cursor = record.seq;
+                }
+                self.tracker.observe(record);
+            }
+            self.primed = true;
+            if self.finished().await {
+                self.done = true;
+                out.push(SseEvent::default().event("end").data("{}"));
+                return out;
+            }
+            if !out.is_empty() {
+                return out;
+            }
+            tokio::select! {
+                _ = self.changes.changed() => {}
+                _ = tokio::time::sleep(POLL) => {}
+            }
+        }
+    }
+
+    async fn finished(&self) -> bool {
+        let t = &self.tracker;
+        if t.status == "ended" {
+            return true;
+        }
+        if t.status == "running" {
+            return false;
+        }
+        match self.until {
+            Until::Taken(id) => t.seen_inbox.contains(&id),
+            Until::Quiet => match self.world.inbox(&self.session).await {
+                Ok(inbox) => !inbox.iter().any(|i| i.kind != InboundKind::Signal),
+                Err(_) => true,
+            },
+        }
+    }
+}
