@@ -52,7 +52,7 @@ impl Auth {
         public_cap_usd: Option<f64>,
     ) -> Result<Self, String> {
         if let Some(cap) = public_cap_usd {
-            if !(cap > 0.0) {
+            if !cap.is_finite() || cap <= 0.0 {
                 return Err("--public needs a positive per-session spend cap".into());
             }
             return Ok(Auth {

@@ -72,7 +72,7 @@ pub(crate) async fn create<W: World + Clone>(
         )));
     }
     let mut budget = match req.budget {
-        Some(b) if !(b.max_cost_usd > 0.0) => {
+        Some(b) if !b.max_cost_usd.is_finite() || b.max_cost_usd <= 0.0 => {
             return Err(invalid("budget.max_cost_usd: must be positive".into()))
         }
         Some(b) => Some((b.max_cost_usd * 1e6).round() as u64),
