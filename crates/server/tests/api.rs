@@ -26,13 +26,25 @@ impl Drop for Server {
     }
 }
 
-async fn server(steps: Value, auth: Auth, workers: usize, tweak: impl FnOnce(&mut ServerState<steadfast_world::SqliteWorld>)) -> Server {
+async fn server(
+    steps: Value,
+    auth: Auth,
+    workers: usize,
+    tweak: impl FnOnce(&mut ServerState<steadfast_world::SqliteWorld>),
+) -> Server {
     let script: Script = serde_json::from_value(json!({ "steps": steps })).unwrap();
     let fake = FakeProvider::start(script).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().join("home");
-    let harness = Arc::new(Harness::open_local(&home, HarnessOptions::fake_provider(&fake.base_url())).unwrap());
-    let mut state = ServerState::new(harness.clone(), auth, home.join("workspaces"), "fake/m".into());
+    let harness = Arc::new(
+        Harness::open_local(&home, HarnessOptions::fake_provider(&fake.base_url())).unwrap(),
+    );
+    let mut state = ServerState::new(
+        harness.clone(),
+        auth,
+        home.join("workspaces"),
+        "fake/m".into(),
+    );
     tweak(&mut state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -45,7 +57,12 @@ async fn server(steps: Value, auth: Auth, workers: usize, tweak: impl FnOnce(&mu
         let (h, rx) = (harness.clone(), stop_rx.clone());
         tasks.push(tokio::spawn(async move { h.work(rx).await }));
     }
-    Server { _dir: dir, url, _fake: fake, tasks }
+    Server {
+        _dir: dir,
+        url,
+        _fake: fake,
+        tasks,
+    }
 }
 
 fn dev() -> Auth {
@@ -53,12 +70,20 @@ fn dev() -> Auth {
 }
 
 fn tokens() -> Auth {
-    let entries = [("alice", "alice-secret"), ("bob", "bob-secret")]
-        .map(|(owner, token)| TokenEntry { owner: owner.into(), token_hash: hash_token(token) });
+    let entries =
+        [("alice", "alice-secret"), ("bob", "bob-secret")].map(|(owner, token)| TokenEntry {
+            owner: owner.into(),
+            token_hash: hash_token(token),
+        });
     Auth::new(&entries, true, None).unwrap()
 }
 
-async fn call(method: reqwest::Method, url: &str, token: Option<&str>, body: Option<Value>) -> (u16, Value) {
+async fn call(
+    method: reqwest::Method,
+    url: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
     let mut req = reqwest::Client::new().request(method, url);
     if let Some(t) = token {
         req = req.bearer_auth(t);
@@ -69,13 +94,18 @@ async fn call(method: reqwest::Method, url: &str, token: Option<&str>, body: Opt
     let resp = req.send().await.unwrap();
     let status = resp.status().as_u16();
     let text = resp.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }
 
 fn assert_error(got: &(u16, Value), status: u16, code: &str) {
     assert_eq!(got.0, status, "{got:?}");
     assert_eq!(got.1["error"]["code"], code, "{got:?}");
-    assert!(got.1["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+    assert!(got.1["error"]["message"]
+        .as_str()
+        .is_some_and(|m| !m.is_empty()));
 }
 
 /// One SSE frame as the client saw it.
@@ -102,7 +132,11 @@ async fn read_frames(url: &str, last_id: Option<&str>, limit: usize) -> (Vec<Fra
         if ev.event == "end" {
             return (frames, true);
         }
-        frames.push(Frame { id: ev.id, event: ev.event, data: ev.data });
+        frames.push(Frame {
+            id: ev.id,
+            event: ev.event,
+            data: ev.data,
+        });
         if frames.len() >= limit {
             return (frames, false);
         }
@@ -123,9 +157,19 @@ fn slow_steps() -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_keeps_dropping_sees_every_event_exactly_once() {
     let srv = server(slow_steps(), dev(), 1, |_| {}).await;
-    let (status, created) = call(reqwest::Method::POST, &format!("{}/v1/sessions", srv.url), None, Some(json!({"task": "go"}))).await;
+    let (status, created) = call(
+        reqwest::Method::POST,
+        &format!("{}/v1/sessions", srv.url),
+        None,
+        Some(json!({"task": "go"})),
+    )
+    .await;
     assert_eq!(status, 201, "{created}");
-    let events = format!("{}/v1/sessions/{}/events", srv.url, created["id"].as_str().unwrap());
+    let events = format!(
+        "{}/v1/sessions/{}/events",
+        srv.url,
+        created["id"].as_str().unwrap()
+    );
 
     // A client that drops after a pseudo-random number of events, all through the
     // turn, and reconnects with the last id it saw.
@@ -134,7 +178,9 @@ async fn a_client_that_keeps_dropping_sees_every_event_exactly_once() {
     let mut reconnects = 0;
     let mut reconnects_before_turn_end = None;
     loop {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let limit = 1 + (seed >> 33) as usize % 4;
         let last = dropping.last().map(|f: &Frame| f.id.clone());
         let (frames, ended) = read_frames(&events, last.as_deref(), limit).await;
@@ -156,10 +202,20 @@ async fn a_client_that_keeps_dropping_sees_every_event_exactly_once() {
     // A client that never dropped, and one that reads afterwards with ?cursor=0.
     let (whole, ended) = read_frames(&format!("{events}?cursor=0"), None, usize::MAX).await;
     assert!(ended);
-    assert_eq!(dropping, whole, "every event exactly once, in order, identical");
+    assert_eq!(
+        dropping, whole,
+        "every event exactly once, in order, identical"
+    );
     let ids: Vec<u64> = whole.iter().map(|f| f.id.parse().unwrap()).collect();
-    assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>(), "ids are log positions");
-    assert!(whole.iter().any(|f| f.event == "model_delta"), "text deltas stream");
+    assert_eq!(
+        ids,
+        (1..=ids.len() as u64).collect::<Vec<_>>(),
+        "ids are log positions"
+    );
+    assert!(
+        whole.iter().any(|f| f.event == "model_delta"),
+        "text deltas stream"
+    );
     assert!(whole.iter().any(|f| f.event == "turn_ended"));
     // A cursor in the middle continues from there.
     let (tail, _) = read_frames(&format!("{events}?cursor=10"), None, usize::MAX).await;
@@ -168,8 +224,20 @@ async fn a_client_that_keeps_dropping_sees_every_event_exactly_once() {
 
 #[tokio::test]
 async fn posting_a_message_streams_its_turn() {
-    let srv = server(json!([{"text": "hello there"}, {"text": "second"}]), dev(), 1, |_| {}).await;
-    let (_, created) = call(reqwest::Method::POST, &format!("{}/v1/sessions", srv.url), None, Some(json!({}))).await;
+    let srv = server(
+        json!([{"text": "hello there"}, {"text": "second"}]),
+        dev(),
+        1,
+        |_| {},
+    )
+    .await;
+    let (_, created) = call(
+        reqwest::Method::POST,
+        &format!("{}/v1/sessions", srv.url),
+        None,
+        Some(json!({})),
+    )
+    .await;
     let id = created["id"].as_str().unwrap();
     let resp = reqwest::Client::new()
         .post(format!("{}/v1/sessions/{id}/messages", srv.url))
@@ -190,7 +258,13 @@ async fn posting_a_message_streams_its_turn() {
     assert_eq!(kinds.first().map(String::as_str), Some("user_message"));
     assert!(kinds.contains(&"model_call_outcome".to_string()));
     assert_eq!(&kinds[kinds.len() - 2..], ["turn_ended", "end"]);
-    let (_, shown) = call(reqwest::Method::GET, &format!("{}/v1/sessions/{id}", srv.url), None, None).await;
+    let (_, shown) = call(
+        reqwest::Method::GET,
+        &format!("{}/v1/sessions/{id}", srv.url),
+        None,
+        None,
+    )
+    .await;
     assert_eq!(shown["reply"], "hello there");
     assert_eq!(shown["status"], "idle");
 }
@@ -199,9 +273,29 @@ async fn posting_a_message_streams_its_turn() {
 async fn tokens_owners_and_production_mode() {
     let srv = server(json!([{"text": "hi"}]), tokens(), 0, |_| {}).await;
     let sessions = format!("{}/v1/sessions", srv.url);
-    assert_error(&call(reqwest::Method::POST, &sessions, None, Some(json!({}))).await, 401, "unauthorized");
-    assert_error(&call(reqwest::Method::POST, &sessions, Some("nope"), Some(json!({}))).await, 401, "unauthorized");
-    let (status, created) = call(reqwest::Method::POST, &sessions, Some("alice-secret"), Some(json!({}))).await;
+    assert_error(
+        &call(reqwest::Method::POST, &sessions, None, Some(json!({}))).await,
+        401,
+        "unauthorized",
+    );
+    assert_error(
+        &call(
+            reqwest::Method::POST,
+            &sessions,
+            Some("nope"),
+            Some(json!({})),
+        )
+        .await,
+        401,
+        "unauthorized",
+    );
+    let (status, created) = call(
+        reqwest::Method::POST,
+        &sessions,
+        Some("alice-secret"),
+        Some(json!({})),
+    )
+    .await;
     assert_eq!(status, 201);
     let id = created["id"].as_str().unwrap();
     let mine = format!("{sessions}/{id}");
@@ -210,82 +304,300 @@ async fn tokens_owners_and_production_mode() {
     // if it did not exist.
     for (method, url, body) in [
         (reqwest::Method::GET, mine.clone(), None),
-        (reqwest::Method::POST, format!("{mine}/messages"), Some(json!({"text": "x"}))),
+        (
+            reqwest::Method::POST,
+            format!("{mine}/messages"),
+            Some(json!({"text": "x"})),
+        ),
         (reqwest::Method::GET, format!("{mine}/events"), None),
-        (reqwest::Method::POST, format!("{mine}/signals/approval"), Some(json!({}))),
+        (
+            reqwest::Method::POST,
+            format!("{mine}/signals/approval"),
+            Some(json!({})),
+        ),
         (reqwest::Method::POST, format!("{mine}/close"), None),
         (reqwest::Method::DELETE, mine.clone(), None),
     ] {
-        assert_error(&call(method.clone(), &url, Some("bob-secret"), body).await, 404, "session_not_found");
+        assert_error(
+            &call(method.clone(), &url, Some("bob-secret"), body).await,
+            404,
+            "session_not_found",
+        );
     }
     let (_, listed) = call(reqwest::Method::GET, &sessions, Some("bob-secret"), None).await;
     assert_eq!(listed["sessions"], json!([]));
     let (_, listed) = call(reqwest::Method::GET, &sessions, Some("alice-secret"), None).await;
     assert_eq!(listed["sessions"][0]["id"], id);
-    assert_eq!(call(reqwest::Method::GET, &mine, Some("alice-secret"), None).await.0, 200);
-    assert_error(&call(reqwest::Method::GET, &format!("{sessions}/ses_nope"), Some("alice-secret"), None).await, 404, "session_not_found");
-    assert_eq!(call(reqwest::Method::DELETE, &mine, Some("alice-secret"), None).await.0, 204);
-    assert_error(&call(reqwest::Method::GET, &mine, Some("alice-secret"), None).await, 404, "session_not_found");
+    assert_eq!(
+        call(reqwest::Method::GET, &mine, Some("alice-secret"), None)
+            .await
+            .0,
+        200
+    );
+    assert_error(
+        &call(
+            reqwest::Method::GET,
+            &format!("{sessions}/ses_nope"),
+            Some("alice-secret"),
+            None,
+        )
+        .await,
+        404,
+        "session_not_found",
+    );
+    assert_eq!(
+        call(reqwest::Method::DELETE, &mine, Some("alice-secret"), None)
+            .await
+            .0,
+        204
+    );
+    assert_error(
+        &call(reqwest::Method::GET, &mine, Some("alice-secret"), None).await,
+        404,
+        "session_not_found",
+    );
 
     // Production mode with no tokens: every request is refused.
     let closed = server(json!([]), Auth::new(&[], true, None).unwrap(), 0, |_| {}).await;
-    for (method, path) in [(reqwest::Method::POST, "/v1/sessions"), (reqwest::Method::GET, "/v1/sessions"), (reqwest::Method::GET, "/v1/sessions/x/events")] {
-        assert_error(&call(method, &format!("{}{path}", closed.url), Some("anything"), Some(json!({}))).await, 401, "unauthorized");
+    for (method, path) in [
+        (reqwest::Method::POST, "/v1/sessions"),
+        (reqwest::Method::GET, "/v1/sessions"),
+        (reqwest::Method::GET, "/v1/sessions/x/events"),
+    ] {
+        assert_error(
+            &call(
+                method,
+                &format!("{}{path}", closed.url),
+                Some("anything"),
+                Some(json!({})),
+            )
+            .await,
+            401,
+            "unauthorized",
+        );
     }
     // Public mode must name a positive spend cap, and caps every session's budget.
     assert!(Auth::new(&[], true, Some(0.0)).is_err());
-    let public = server(json!([]), Auth::new(&[], true, Some(0.5)).unwrap(), 0, |_| {}).await;
-    let (status, created) = call(reqwest::Method::POST, &format!("{}/v1/sessions", public.url), None, Some(json!({"budget": {"max_cost_usd": 100.0}}))).await;
+    let public = server(
+        json!([]),
+        Auth::new(&[], true, Some(0.5)).unwrap(),
+        0,
+        |_| {},
+    )
+    .await;
+    let (status, created) = call(
+        reqwest::Method::POST,
+        &format!("{}/v1/sessions", public.url),
+        None,
+        Some(json!({"budget": {"max_cost_usd": 100.0}})),
+    )
+    .await;
     assert_eq!(status, 201);
-    let (_, shown) = call(reqwest::Method::GET, &format!("{}/v1/sessions/{}", public.url, created["id"].as_str().unwrap()), None, None).await;
+    let (_, shown) = call(
+        reqwest::Method::GET,
+        &format!(
+            "{}/v1/sessions/{}",
+            public.url,
+            created["id"].as_str().unwrap()
+        ),
+        None,
+        None,
+    )
+    .await;
     assert_eq!(shown["budget_usd"], 0.5);
 }
 
 #[tokio::test]
 async fn bad_input_gets_clear_json_errors() {
-    let srv = server(json!([{"text": "hi"}]), dev(), 0, |s| s.messages_per_minute = 2).await;
+    let srv = server(json!([{"text": "hi"}]), dev(), 0, |s| {
+        s.messages_per_minute = 2
+    })
+    .await;
     let sessions = format!("{}/v1/sessions", srv.url);
     let client = reqwest::Client::new();
     let raw = |body: &'static str, ct: &'static str| {
         let client = client.clone();
         let url = sessions.clone();
         async move {
-            let resp = client.post(url).header("content-type", ct).body(body).send().await.unwrap();
+            let resp = client
+                .post(url)
+                .header("content-type", ct)
+                .body(body)
+                .send()
+                .await
+                .unwrap();
             (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
         }
     };
-    assert_error(&raw("{not json", "application/json").await, 400, "malformed_json");
-    assert_error(&raw("{}", "text/plain").await, 415, "unsupported_media_type");
-    let wrong = raw(r#"{"budget": {"max_cost_usd": "lots"}}"#, "application/json").await;
+    assert_error(
+        &raw("{not json", "application/json").await,
+        400,
+        "malformed_json",
+    );
+    assert_error(
+        &raw("{}", "text/plain").await,
+        415,
+        "unsupported_media_type",
+    );
+    let wrong = raw(
+        r#"{"budget": {"max_cost_usd": "lots"}}"#,
+        "application/json",
+    )
+    .await;
     assert_error(&wrong, 422, "invalid_body");
-    assert!(wrong.1["error"]["message"].as_str().unwrap().contains("budget.max_cost_usd"), "{wrong:?}");
-    assert_error(&raw(r#"{"modle": "x"}"#, "application/json").await, 422, "invalid_body");
-    assert_error(&call(reqwest::Method::POST, &sessions, None, Some(json!({"model": "noslash"}))).await, 422, "invalid_body");
-    assert_error(&call(reqwest::Method::POST, &sessions, None, Some(json!({"workspace": {"kind": "empty", "files": {"../escape.txt": "x"}}}))).await, 422, "invalid_body");
+    assert!(
+        wrong.1["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("budget.max_cost_usd"),
+        "{wrong:?}"
+    );
+    assert_error(
+        &raw(r#"{"modle": "x"}"#, "application/json").await,
+        422,
+        "invalid_body",
+    );
+    assert_error(
+        &call(
+            reqwest::Method::POST,
+            &sessions,
+            None,
+            Some(json!({"model": "noslash"})),
+        )
+        .await,
+        422,
+        "invalid_body",
+    );
+    assert_error(
+        &call(
+            reqwest::Method::POST,
+            &sessions,
+            None,
+            Some(json!({"workspace": {"kind": "empty", "files": {"../escape.txt": "x"}}})),
+        )
+        .await,
+        422,
+        "invalid_body",
+    );
     let huge = json!({"task": "x".repeat(300 * 1024)});
-    assert_error(&call(reqwest::Method::POST, &sessions, None, Some(huge)).await, 413, "body_too_large");
-    assert_error(&call(reqwest::Method::GET, &format!("{}/v2/whatever", srv.url), None, None).await, 404, "not_found");
+    assert_error(
+        &call(reqwest::Method::POST, &sessions, None, Some(huge)).await,
+        413,
+        "body_too_large",
+    );
+    assert_error(
+        &call(
+            reqwest::Method::GET,
+            &format!("{}/v2/whatever", srv.url),
+            None,
+            None,
+        )
+        .await,
+        404,
+        "not_found",
+    );
 
     let (_, created) = call(reqwest::Method::POST, &sessions, None, Some(json!({}))).await;
     let id = created["id"].as_str().unwrap();
     let messages = format!("{sessions}/{id}/messages");
-    assert_error(&call(reqwest::Method::POST, &messages, None, Some(json!({"text": ""}))).await, 422, "invalid_body");
-    assert_error(&call(reqwest::Method::POST, &messages, None, Some(json!({"text": "x", "kind": "shout"}))).await, 422, "invalid_body");
-    assert_error(&call(reqwest::Method::GET, &format!("{sessions}/{id}/events?cursor=-1"), None, None).await, 400, "invalid_query");
-    assert_error(&call(reqwest::Method::POST, &format!("{sessions}/{id}/signals/bad%20name"), None, None).await, 422, "invalid_signal");
+    assert_error(
+        &call(
+            reqwest::Method::POST,
+            &messages,
+            None,
+            Some(json!({"text": ""})),
+        )
+        .await,
+        422,
+        "invalid_body",
+    );
+    assert_error(
+        &call(
+            reqwest::Method::POST,
+            &messages,
+            None,
+            Some(json!({"text": "x", "kind": "shout"})),
+        )
+        .await,
+        422,
+        "invalid_body",
+    );
+    assert_error(
+        &call(
+            reqwest::Method::GET,
+            &format!("{sessions}/{id}/events?cursor=-1"),
+            None,
+            None,
+        )
+        .await,
+        400,
+        "invalid_query",
+    );
+    assert_error(
+        &call(
+            reqwest::Method::POST,
+            &format!("{sessions}/{id}/signals/bad%20name"),
+            None,
+            None,
+        )
+        .await,
+        422,
+        "invalid_signal",
+    );
     // Two messages a minute: the third is refused.
     for _ in 0..2 {
-        let resp = client.post(&messages).json(&json!({"text": "hi"})).send().await.unwrap();
+        let resp = client
+            .post(&messages)
+            .json(&json!({"text": "hi"}))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status(), 200);
     }
-    assert_error(&call(reqwest::Method::POST, &messages, None, Some(json!({"text": "hi"}))).await, 429, "rate_limited");
+    assert_error(
+        &call(
+            reqwest::Method::POST,
+            &messages,
+            None,
+            Some(json!({"text": "hi"})),
+        )
+        .await,
+        429,
+        "rate_limited",
+    );
     // The OpenAPI document is served and names every route.
-    let (status, doc) = call(reqwest::Method::GET, &format!("{}/openapi.json", srv.url), None, None).await;
+    let (status, doc) = call(
+        reqwest::Method::GET,
+        &format!("{}/openapi.json", srv.url),
+        None,
+        None,
+    )
+    .await;
     assert_eq!(status, 200);
-    for path in ["/v1/sessions", "/v1/sessions/{id}", "/v1/sessions/{id}/close", "/v1/sessions/{id}/messages", "/v1/sessions/{id}/events", "/v1/sessions/{id}/signals/{name}"] {
-        assert!(doc["paths"].get(path).is_some(), "{path} missing from openapi.json");
+    for path in [
+        "/v1/sessions",
+        "/v1/sessions/{id}",
+        "/v1/sessions/{id}/close",
+        "/v1/sessions/{id}/messages",
+        "/v1/sessions/{id}/events",
+        "/v1/sessions/{id}/signals/{name}",
+    ] {
+        assert!(
+            doc["paths"].get(path).is_some(),
+            "{path} missing from openapi.json"
+        );
     }
     // A closed session takes no more messages.
-    assert_eq!(call(reqwest::Method::POST, &format!("{sessions}/{id}/close"), None, None).await.0, 200);
+    assert_eq!(
+        call(
+            reqwest::Method::POST,
+            &format!("{sessions}/{id}/close"),
+            None,
+            None
+        )
+        .await
+        .0,
+        200
+    );
     tokio::time::sleep(Duration::from_millis(10)).await;
 }

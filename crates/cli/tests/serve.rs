@@ -1,0 +1,252 @@
+//! `steadfast serve` and `steadfast worker` as real processes: a worker SIGKILLed
+//! mid-turn, and a waiting session across a server restart.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+use steadfast_testkit::{FakeProvider, Script};
+use tokio::io::AsyncBufReadExt;
+
+const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
+
+fn command(home: &Path, fake: &FakeProvider, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.args(args)
+        .env("STEADFAST_HOME", home)
+        .env("ANTHROPIC_API_KEY", "test-key")
+        .env("ANTHROPIC_BASE_URL", fake.base_url())
+        .env("STEADFAST_MODEL", "anthropic/claude-sonnet-4-5")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("STEADFAST_FAULT")
+        .env_remove("STEADFAST_WORLD")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Starts `steadfast serve` and returns it with its base URL.
+async fn serve(home: &Path, fake: &FakeProvider, workers: &str) -> (tokio::process::Child, String) {
+    let mut child = command(
+        home,
+        fake,
+        &["serve", "--listen", "127.0.0.1:0", "--workers", workers],
+    )
+    .spawn()
+    .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let url = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("serve printed its URL")
+        .unwrap()
+        .unwrap();
+    (child, url)
+}
+
+async fn post(url: &str, body: Value) -> Value {
+    let resp = reqwest::Client::new()
+        .post(url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{url}: {}", resp.status());
+    resp.json().await.unwrap_or(Value::Null)
+}
+
+async fn get(url: &str) -> Value {
+    reqwest::get(url).await.unwrap().json().await.unwrap()
+}
+
+async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    for _ in 0..600 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn db(home: &Path) -> rusqlite::Connection {
+    rusqlite::Connection::open_with_flags(
+        home.join("world.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap()
+}
+
+fn home(dir: &tempfile::TempDir) -> PathBuf {
+    dir.path().join("home")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_worker_s_turn_is_finished_by_another() {
+    let long = "I am going to explain this slowly, one careful piece at a time, so the reply takes a while to stream.";
+    let script: Script = serde_json::from_value(json!({"steps": [
+        {"text": long, "chunk_delay_ms": 30, "tool_calls": [{"name": "write", "input": {"file_path": "notes.txt", "content": "one\n"}}]},
+        {"text": long, "chunk_delay_ms": 30, "tool_calls": [{"name": "bash", "input": {"command": "echo two >> notes.txt"}}]},
+        {"text": long, "chunk_delay_ms": 30},
+    ]}))
+    .unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let home = home(&dir);
+    let (_api, url) = serve(&home, &fake, "0").await;
+    let mut workers: Vec<_> = (0..2)
+        .map(|_| command(&home, &fake, &["worker"]).spawn().unwrap())
+        .collect();
+    let pids: Vec<i32> = workers.iter().map(|w| w.id().unwrap() as i32).collect();
+
+    let created = post(&format!("{url}/v1/sessions"), json!({"task": "take notes"})).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    let events_url = format!("{url}/v1/sessions/{id}/events");
+    let reader = tokio::spawn(async move {
+        let resp = reqwest::get(events_url).await.unwrap();
+        let mut stream = resp.bytes_stream().eventsource();
+        let mut frames = Vec::new();
+        while let Some(ev) = stream.next().await {
+            let ev = ev.unwrap();
+            if ev.event == "end" {
+                break;
+            }
+            frames.push((ev.event, ev.data));
+        }
+        frames
+    });
+
+    // Kill the worker driving the turn in the middle of its second model reply.
+    let mut victim = 0;
+    wait_for("the second reply to be streaming", async || {
+        let conn = db(&home);
+        let outcomes: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM events WHERE kind = 'model_call_outcome'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let last: String = conn
+            .query_row(
+                "SELECT kind FROM events ORDER BY seq DESC LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap_or_default();
+        victim = conn
+            .query_row("SELECT coalesce(lease_pid, 0) FROM sessions", [], |r| {
+                r.get(0)
+            })
+            .unwrap_or(0);
+        outcomes == 1 && last == "model_delta" && pids.contains(&victim)
+    })
+    .await;
+    kill(Pid::from_raw(victim), Signal::SIGKILL).unwrap();
+
+    let frames = tokio::time::timeout(Duration::from_secs(60), reader)
+        .await
+        .unwrap()
+        .unwrap();
+    let kinds: Vec<&str> = frames.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "restart").count(),
+        1,
+        "{kinds:?}"
+    );
+    let restart_at = kinds.iter().position(|k| *k == "restart").unwrap();
+    assert_eq!(
+        kinds[restart_at - 1],
+        "model_delta",
+        "the restart follows the cut reply: {kinds:?}"
+    );
+    let restart: Value = serde_json::from_str(&frames[restart_at].1).unwrap();
+    assert_eq!(
+        restart["text"], long,
+        "the text to show: the turn's first reply"
+    );
+    assert_eq!(kinds.last(), Some(&"turn_ended"));
+
+    // Only the cut reply was asked for again; every recorded reply exactly once.
+    assert_eq!(fake.calls(), 4);
+    assert_eq!(fake.state().distinct_requests(), 3);
+    let session = get(&format!("{url}/v1/sessions/{id}")).await;
+    assert_eq!(session["status"], "idle");
+    let ws = PathBuf::from(created["workspace"].as_str().unwrap());
+    assert_eq!(
+        std::fs::read_to_string(ws.join("notes.txt")).unwrap(),
+        "one\ntwo\n"
+    );
+    // The log's epochs show one driver at a time.
+    let conn = db(&home);
+    let epochs: Vec<i64> = conn
+        .prepare("SELECT epoch FROM events ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert!(epochs.windows(2).all(|w| w[0] <= w[1]), "{epochs:?}");
+    for w in &mut workers {
+        let _ = w.start_kill();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_session_resumes_after_a_server_restart() {
+    let script: Script = serde_json::from_value(json!({"steps": [
+        {"text": "This needs a human.", "tool_calls": [{"name": "request_approval", "input": {"reason": "release v2"}}]},
+        {"text": "Approved; releasing.", "tool_calls": [{"name": "bash", "input": {"command": "echo released > RELEASED"}}]},
+        {"text": "Released."},
+    ]}))
+    .unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let home = home(&dir);
+    let (mut server, url) = serve(&home, &fake, "1").await;
+    let created = post(&format!("{url}/v1/sessions"), json!({"task": "release it"})).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    wait_for("the session to wait", async || {
+        get(&format!("{url}/v1/sessions/{id}")).await["status"] == "waiting"
+    })
+    .await;
+    let shown = get(&format!("{url}/v1/sessions/{id}")).await;
+    assert_eq!(shown["waiting_for"], "approval");
+    assert_eq!(shown["waiting_reason"], "release v2");
+
+    kill(Pid::from_raw(server.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(20), server.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "serve stops cleanly on SIGTERM");
+
+    let (_server, url) = serve(&home, &fake, "1").await;
+    let accepted = post(
+        &format!("{url}/v1/sessions/{id}/signals/approval"),
+        json!({"approved": true}),
+    )
+    .await;
+    assert_eq!(accepted["signal"], "approval");
+    wait_for("the session to finish", async || {
+        get(&format!("{url}/v1/sessions/{id}")).await["status"] == "idle"
+    })
+    .await;
+    let ws = PathBuf::from(created["workspace"].as_str().unwrap());
+    assert_eq!(
+        std::fs::read_to_string(ws.join("RELEASED")).unwrap(),
+        "released\n"
+    );
+    assert_eq!(
+        get(&format!("{url}/v1/sessions/{id}")).await["reply"],
+        "Released."
+    );
+    assert_eq!(fake.calls(), 3);
+}
