@@ -308,12 +308,26 @@ impl LeaseRow {
     }
 }
 
+/// Whether process `pid` of this host has exited (a zombie not yet reaped by its
+/// parent counts as exited: it will never write again).
 fn process_is_gone(pid: u32) -> bool {
-    let pid = nix::unistd::Pid::from_raw(pid as i32);
-    matches!(
-        nix::sys::signal::kill(pid, None),
+    let target = nix::unistd::Pid::from_raw(pid as i32);
+    if matches!(
+        nix::sys::signal::kill(target, None),
         Err(nix::errno::Errno::ESRCH)
-    )
+    ) {
+        return true;
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let after = &stat[stat.rfind(')')? + 1..];
+            after
+                .split_whitespace()
+                .next()
+                .map(|state| state == "Z" || state == "X")
+        })
+        .unwrap_or(false)
 }
 
 /// What a batch of events changes in a session's summary row.
@@ -440,4 +454,22 @@ pub(crate) fn verify(
         });
     }
     decode_all(session, raw)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_killed_process_is_gone_even_before_it_is_reaped() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        assert!(!super::process_is_gone(pid));
+        child.kill().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(super::process_is_gone(pid), "a zombie is gone");
+        child.wait().unwrap();
+        assert!(super::process_is_gone(pid));
+    }
 }

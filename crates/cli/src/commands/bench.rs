@@ -16,7 +16,11 @@ pub enum Which {
     Journal,
     /// Reading and folding a 10,000-event session.
     Wake,
-    /// Both.
+    /// SIGKILL of the driving worker to the next event by another worker.
+    Recovery,
+    /// SSE events per second to 100 concurrent readers of one session.
+    Fanout,
+    /// All of them.
     All,
 }
 
@@ -32,9 +36,15 @@ pub struct BenchArgs {
     /// Events in the session to wake.
     #[arg(long, default_value_t = 10_000)]
     events: usize,
+    /// Worker kills to time.
+    #[arg(long, default_value_t = 7)]
+    rounds: usize,
+    /// Concurrent stream readers.
+    #[arg(long, default_value_t = 100)]
+    readers: usize,
 }
 
-fn tool_pair(i: usize) -> [Event; 2] {
+pub(crate) fn tool_pair(i: usize) -> [Event; 2] {
     let id = format!("toolu_{i}");
     [
         Event::ToolCallIntent {
@@ -56,7 +66,7 @@ fn tool_pair(i: usize) -> [Event; 2] {
     ]
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
+pub(crate) fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
 }
@@ -226,6 +236,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     if matches!(args.which, Which::Wake | Which::All) {
         wake(args.events).await?;
+    }
+    if matches!(args.which, Which::Recovery | Which::All) {
+        super::bench_server::recovery(args.rounds).await?;
+    }
+    if matches!(args.which, Which::Fanout | Which::All) {
+        super::bench_server::fanout(args.readers).await?;
     }
     Ok(ExitCode::SUCCESS)
 }

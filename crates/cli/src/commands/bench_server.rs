@@ -1,0 +1,231 @@
+//! Benchmarks of the server side: worker recovery and stream fan-out.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::json;
+use steadfast_harness::{Harness, HarnessOptions, NewSession};
+use steadfast_log::{Block, Event, ToolUse, Usage};
+use steadfast_server::{app, Auth, ServerState};
+use steadfast_testkit::{FakeProvider, Script};
+use steadfast_world::{Holder, World};
+
+use super::bench::{median, tool_pair};
+
+fn spawn_worker(
+    home: &std::path::Path,
+    fake: &FakeProvider,
+) -> anyhow::Result<std::process::Child> {
+    Ok(std::process::Command::new(std::env::current_exe()?)
+        .arg("worker")
+        .env("STEADFAST_HOME", home)
+        .env("ANTHROPIC_API_KEY", "bench")
+        .env("ANTHROPIC_BASE_URL", fake.base_url())
+        .env_remove("STEADFAST_WORLD")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?)
+}
+
+/// Median time from SIGKILL of the worker driving a turn to the next event of that
+/// session written by another worker.
+pub(crate) async fn recovery(rounds: usize) -> anyhow::Result<()> {
+    let text = "streaming slowly ".repeat(40);
+    let step = json!({"text": text, "chunk_delay_ms": 50, "tool_calls": [{"name": "bash", "input": {"command": "true"}}]});
+    let last = json!({"text": "done"});
+    let script: Script = serde_json::from_value(json!({"steps": [step.clone(), step, last]}))?;
+    let fake = FakeProvider::start(script).await?;
+    let dir = tempfile::tempdir()?;
+    let home = dir.path().join("home");
+    let harness = Harness::open_local(&home, HarnessOptions::fake_provider(&fake.base_url()))?;
+    let mut workers = vec![spawn_worker(&home, &fake)?, spawn_worker(&home, &fake)?];
+    let mut times = Vec::new();
+    for _ in 0..rounds {
+        let ws = dir.path().join(format!("ws{}", times.len()));
+        let id = harness
+            .start_session(NewSession::native("anthropic/claude-sonnet-4-5", &ws).with_task("go"))
+            .await?;
+        // Wait until a worker is streaming a reply.
+        let (pid, epoch, seq) = loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let summary = harness.world().session(&id).await?;
+            let log = harness.world().read(&id, summary.last_seq.max(1)).await?;
+            let streaming = log.last().is_some_and(|r| r.event.kind() == "model_delta");
+            let conn = rusqlite::Connection::open(home.join("world.db"))?;
+            let (pid, epoch): (Option<i64>, i64) = conn.query_row(
+                "SELECT lease_pid, lease_epoch FROM sessions WHERE id = ?1",
+                [&id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            if streaming && pid.is_some_and(|p| p as u32 != std::process::id()) {
+                break (pid.unwrap_or(0) as i32, epoch as u64, summary.last_seq);
+            }
+        };
+        let Some(index) = workers.iter().position(|w| w.id() as i32 == pid) else {
+            anyhow::bail!("the driving process {pid} is not one of the bench's workers");
+        };
+        let killed_at = Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )?;
+        loop {
+            let next = harness.world().read(&id, seq + 1).await?;
+            if next.iter().any(|r| r.epoch > epoch) {
+                times.push(killed_at.elapsed());
+                break;
+            }
+            if killed_at.elapsed() > Duration::from_secs(60) {
+                anyhow::bail!("no worker took the session over within a minute");
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let _ = workers[index].wait();
+        workers[index] = spawn_worker(&home, &fake)?;
+        // Let the session finish, so both workers are free for the next round.
+        while harness.world().session(&id).await?.status == "running" {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    for w in &mut workers {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+    let mut sorted = times.clone();
+    sorted.sort();
+    println!(
+        "recovery: SIGKILL of the driving worker to the next event by another ({rounds} kills)"
+    );
+    println!(
+        "  median {:.0} ms, min {:.0} ms, max {:.0} ms (target: median < 1000 ms)",
+        median(times).as_secs_f64() * 1e3,
+        sorted[0].as_secs_f64() * 1e3,
+        sorted[sorted.len() - 1].as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+/// Events per second delivered to many concurrent readers of one session's stream,
+/// against one reader alone.
+pub(crate) async fn fanout(readers: usize) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let home = dir.path().join("home");
+    let harness = Arc::new(Harness::open_local(
+        &home,
+        HarnessOptions::fake_provider("http://127.0.0.1:9"),
+    )?);
+    let world = harness.world().clone();
+    world.create_session("fan", "local").await?;
+    let lease = world
+        .acquire_lease("fan", &Holder::new("bench"), Duration::from_secs(600))
+        .await?;
+    let mut log = vec![
+        Event::SessionStarted {
+            agent: "native".into(),
+            model: steadfast_log::ModelSpec {
+                provider: "fake".into(),
+                model: "m".into(),
+            },
+            workspace: "/w".into(),
+            system: String::new(),
+            initial_snapshot: None,
+            created_at_ms: 0,
+            budget_micro_usd: None,
+            approve_external: false,
+        },
+        Event::UserMessage {
+            turn: 1,
+            text: "go".into(),
+            inbox_id: None,
+        },
+    ];
+    for i in 0..500 {
+        let call = ToolUse {
+            id: format!("toolu_{i}"),
+            name: "bash".into(),
+            input: json!({"command": "true"}),
+        };
+        log.push(Event::ModelCallIntent {
+            call_id: format!("mc_{i}"),
+            step: i + 1,
+            fingerprint: "f".into(),
+        });
+        log.push(Event::ModelDelta {
+            call_id: format!("mc_{i}"),
+            text: "thinking... ".repeat(8),
+            restart: false,
+        });
+        log.push(Event::ModelCallOutcome {
+            call_id: format!("mc_{i}"),
+            content: vec![Block::Text { text: "ok".into() }, Block::ToolUse(call)],
+            stop_reason: "tool_use".into(),
+            usage: Usage::default(),
+            cost_micro_usd: 0,
+        });
+        log.extend(tool_pair(i as usize));
+    }
+    for chunk in log.chunks(500) {
+        world.append(&lease, chunk).await?;
+    }
+    world
+        .append(
+            &lease,
+            &[Event::SessionEnded {
+                state: steadfast_log::EndState::Completed,
+                reason: "bench".into(),
+                diff: vec![],
+            }],
+        )
+        .await?;
+    let total = world.session("fan").await?.last_seq as usize;
+
+    let state = ServerState::new(
+        harness,
+        Auth::new(&[], false, None).map_err(anyhow::Error::msg)?,
+        dir.path().join("ws"),
+        "fake/m".into(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/v1/sessions/fan/events", listener.local_addr()?);
+    let server = tokio::spawn(async move { axum::serve(listener, app(state)).await });
+
+    let read_all = |url: String| async move {
+        let resp = reqwest::get(url).await?;
+        let mut stream = eventsource_stream::Eventsource::eventsource(resp.bytes_stream());
+        let mut n = 0usize;
+        while let Some(ev) = stream.next().await {
+            if ev?.event == "end" {
+                break;
+            }
+            n += 1;
+        }
+        anyhow::Ok(n)
+    };
+    let start = Instant::now();
+    assert_eq!(read_all(url.clone()).await?, total);
+    let one = start.elapsed();
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..readers)
+        .map(|_| tokio::spawn(read_all(url.clone())))
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await??, total);
+    }
+    let many = start.elapsed();
+    server.abort();
+    let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64();
+    println!("fan-out: a {total}-event session streamed over SSE");
+    println!("  1 reader:    {:>10.0} events/s", rate(total, one));
+    println!(
+        "  {readers} readers: {:>10.0} events/s in all",
+        rate(total * readers, many)
+    );
+    println!(
+        "  ratio: {:.1}x the single reader's throughput",
+        rate(total * readers, many) / rate(total, one)
+    );
+    Ok(())
+}
