@@ -601,3 +601,51 @@ async fn bad_input_gets_clear_json_errors() {
     );
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steer_sent_during_a_long_tool_call_is_taken_at_the_next_step() {
+    let srv = server(
+        json!([
+            {"text": "running the slow step", "tool_calls": [{"name": "bash", "input": {"command": "sleep 1; echo slow done"}}]},
+            {"text": "steered, finishing"}
+        ]),
+        dev(),
+        1,
+        |_| {},
+    )
+    .await;
+    let (_, created) = call(reqwest::Method::POST, &format!("{}/v1/sessions", srv.url), None, Some(json!({"task": "go"}))).await;
+    let id = created["id"].as_str().unwrap();
+    let events = format!("{}/v1/sessions/{id}/events", srv.url);
+    // Follow the stream until the slow command is running, then steer.
+    let mut last: Option<String> = None;
+    loop {
+        let (frames, _) = read_frames(&events, last.as_deref(), 1).await;
+        let frame = frames.into_iter().next().expect("the turn is still running");
+        if frame.event == "tool_call_intent" {
+            break;
+        }
+        last = Some(frame.id);
+    }
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/sessions/{id}/messages", srv.url))
+        .json(&json!({"text": "also update the changelog", "kind": "steer"}))
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream().eventsource();
+    let mut kinds = Vec::new();
+    while let Some(ev) = stream.next().await {
+        let ev = ev.unwrap();
+        if ev.event == "end" {
+            break;
+        }
+        if ev.event != "model_delta" {
+            kinds.push(ev.event);
+        }
+    }
+    let at = kinds.iter().position(|k| k == "steered").expect("the steer is in the stream");
+    assert_eq!(kinds[at - 1], "tool_call_outcome", "taken after the call in flight: {kinds:?}");
+    assert_eq!(kinds[at + 1], "model_call_intent", "before the next model call: {kinds:?}");
+    assert_eq!(kinds.last().map(String::as_str), Some("turn_ended"));
+}
