@@ -77,6 +77,8 @@ enum Command {
     },
     /// Apply pending database migrations (PostgreSQL worlds).
     Migrate,
+    /// Reclaim workspace snapshot objects that no session's log references.
+    Gc(commands::gc::GcArgs),
     /// Print the effective configuration (`--dump`).
     Config {
         /// Print it as TOML.
@@ -126,6 +128,7 @@ fn main() -> ExitCode {
                 println!("{}", steadfast_server::hash_token(&token));
                 Ok(ExitCode::SUCCESS)
             }
+            Command::Gc(args) => commands::gc::run(&cli.home, &config, args).await,
             Command::Migrate => {
                 let world = setup::world(&cli.home, &config, true).await?;
                 world.migrate().await?;

@@ -105,6 +105,28 @@ impl Drive {
         Ok(self.manifest(a)?.diff(&self.manifest(b)?))
     }
 
+    /// Removes stored objects that none of `keep` (snapshot ids) references, once they
+    /// are older than `min_age` (a snapshot being taken right now has written objects
+    /// that no log references yet; the grace period keeps them). Returns the number of
+    /// objects removed.
+    pub fn gc(&self, keep: &[String], min_age: std::time::Duration) -> Result<usize> {
+        let mut referenced = std::collections::HashSet::new();
+        for id in keep {
+            let manifest = match self.manifest(id) {
+                Ok(m) => m,
+                Err(Error::NotFound(_)) => continue,
+                Err(e) => return Err(e),
+            };
+            referenced.insert(id.clone());
+            for entry in manifest.entries.values() {
+                if let Entry::File { hash, .. } = entry {
+                    referenced.insert(hash.clone());
+                }
+            }
+        }
+        self.objects.sweep(&referenced, min_age)
+    }
+
     /// The bytes of a file in a snapshot.
     pub fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>> {
         match self.manifest(id)?.entries.get(path) {

@@ -56,6 +56,45 @@ impl ObjectStore {
         Ok(())
     }
 
+    /// Removes objects (and leftover temporary files) not in `keep` and older than
+    /// `min_age`. Returns how many were removed.
+    pub(crate) fn sweep(
+        &self,
+        keep: &std::collections::HashSet<String>,
+        min_age: std::time::Duration,
+    ) -> Result<usize> {
+        let old_enough = |path: &Path| {
+            std::fs::metadata(path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= min_age)
+        };
+        let mut removed = 0;
+        for dir in std::fs::read_dir(&self.dir).map_err(io("read", &self.dir))? {
+            let dir = dir.map_err(io("read", &self.dir))?.path();
+            let Some(prefix) = dir.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
+                continue;
+            };
+            if !dir.is_dir() {
+                continue;
+            }
+            for file in std::fs::read_dir(&dir).map_err(io("read", &dir))? {
+                let path = file.map_err(io("read", &dir))?.path();
+                let name = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or_default();
+                let unreferenced = prefix == "tmp" || !keep.contains(&format!("{prefix}{name}"));
+                if unreferenced && old_enough(&path) {
+                    std::fs::remove_file(&path).map_err(io("remove", &path))?;
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
+    }
+
     /// Reads an object and checks it still hashes to its name.
     pub(crate) fn get(&self, hash: &str) -> Result<Vec<u8>> {
         if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {

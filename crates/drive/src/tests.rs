@@ -136,3 +136,28 @@ fn a_corrupt_object_is_reported() {
     assert!(matches!(drive.restore(&ws, &id), Err(Error::Corrupt(h)) if &h == hash));
     assert!(matches!(drive.manifest("nope"), Err(Error::NotFound(_))));
 }
+
+#[test]
+fn gc_keeps_what_snapshots_reference_and_removes_the_rest() {
+    let (_d, drive, ws) = setup();
+    let old = drive.snapshot(&ws).unwrap();
+    fs::write(ws.join("src/lib.rs"), "fn only_in_new() {}\n").unwrap();
+    let new = drive.snapshot(&ws).unwrap();
+    // Nothing is old enough yet: a snapshot in progress is never swept.
+    assert_eq!(
+        drive
+            .gc(&[new.clone()], std::time::Duration::from_secs(3600))
+            .unwrap(),
+        0
+    );
+    let removed = drive.gc(&[new.clone()], std::time::Duration::ZERO).unwrap();
+    assert_eq!(removed, 2, "the old manifest and the old lib.rs");
+    assert!(matches!(drive.manifest(&old), Err(Error::NotFound(_))));
+    let fresh = ws.parent().unwrap().join("fresh");
+    drive.restore(&fresh, &new).unwrap();
+    assert_eq!(
+        tree(&fresh),
+        tree(&ws),
+        "everything the kept snapshot needs is there"
+    );
+}

@@ -10,7 +10,11 @@ use serde::{Deserialize, Serialize};
 use crate::event::Event;
 
 /// The schema version this code writes.
-pub const SCHEMA_VERSION: u16 = 1;
+///
+/// - 1: events internally tagged (`{"type": "user_message", ...}`), blocks likewise.
+/// - 2: events and blocks externally tagged (`{"user_message": {...}}`), which
+///   decodes several times faster; new events and optional fields for the server.
+pub const SCHEMA_VERSION: u16 = 2;
 
 /// An event with its place in the log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -154,11 +158,41 @@ pub fn decode(
 
 /// Rewrites an event body of an older schema into the current one, one version at a
 /// time. Each schema change adds a step here and a test that an old body still folds.
-fn upcast(schema: u16, value: serde_json::Value) -> Result<serde_json::Value, String> {
-    match schema {
-        SCHEMA_VERSION => Ok(value),
-        other => Err(format!("no upcaster from schema version {other}")),
+fn upcast(schema: u16, mut value: serde_json::Value) -> Result<serde_json::Value, String> {
+    let mut version = schema;
+    while version < SCHEMA_VERSION {
+        value = match version {
+            1 => v1_to_v2(value)?,
+            other => return Err(format!("no upcaster from schema version {other}")),
+        };
+        version += 1;
     }
+    Ok(value)
+}
+
+/// Moves an internal `"type"` tag outside: `{"type": "k", ...}` -> `{"k": {...}}`.
+fn retag(value: serde_json::Value) -> Result<serde_json::Value, String> {
+    let serde_json::Value::Object(mut fields) = value else {
+        return Err("expected an object".into());
+    };
+    let Some(serde_json::Value::String(kind)) = fields.remove("type") else {
+        return Err("no \"type\" tag".into());
+    };
+    // For `Block::ToolUse`, a newtype variant, the remaining fields are the `ToolUse`.
+    Ok(serde_json::json!({ kind: serde_json::Value::Object(fields) }))
+}
+
+/// Schema 1 -> 2: events and message blocks become externally tagged.
+fn v1_to_v2(value: serde_json::Value) -> Result<serde_json::Value, String> {
+    let mut event = retag(value)?;
+    if let Some(outcome) = event.get_mut("model_call_outcome") {
+        if let Some(serde_json::Value::Array(blocks)) = outcome.get_mut("content") {
+            for block in blocks.iter_mut() {
+                *block = retag(block.take())?;
+            }
+        }
+    }
+    Ok(event)
 }
 
 #[cfg(test)]
@@ -209,6 +243,40 @@ mod tests {
         assert!(decode("s1", 8, 3, rec.at_ms, &enc).is_err());
         assert!(decode("s2", 7, 3, rec.at_ms, &enc).is_err());
         assert!(decode("s1", 7, 4, rec.at_ms, &enc).is_err());
+    }
+
+    #[test]
+    fn schema_1_records_still_decode() {
+        // Bodies exactly as schema 1 wrote them.
+        let old = [
+            (
+                r#"{"type":"user_message","turn":1,"text":"fix it"}"#,
+                "user_message",
+            ),
+            (
+                r#"{"type":"model_call_outcome","call_id":"mc_1","content":[{"type":"text","text":"Looking."},{"type":"tool_use","id":"toolu_1","name":"read","input":{"file_path":"a"}}],"stop_reason":"tool_use","usage":{"input_tokens":5,"output_tokens":2},"cost_micro_usd":3}"#,
+                "model_call_outcome",
+            ),
+            (
+                r#"{"type":"tool_call_outcome","call_id":"toolu_1","is_error":false,"exit_code":null,"output":{"kind":"inline","text":"x"},"snapshot_after":null}"#,
+                "tool_call_outcome",
+            ),
+        ];
+        for (seq, (body, kind)) in old.iter().enumerate() {
+            let seq = seq as u64 + 1;
+            let body = body.as_bytes().to_vec();
+            let stored = EncodedRecord {
+                schema: 1,
+                checksum: checksum("s", seq, 1, 9, 1, &body),
+                body,
+            };
+            let record = decode("s", seq, 1, 9, &stored).unwrap();
+            assert_eq!(record.event.kind(), *kind);
+            if let Event::ModelCallOutcome { content, .. } = &record.event {
+                assert_eq!(content.len(), 2);
+                assert!(matches!(&content[1], crate::Block::ToolUse(t) if t.name == "read"));
+            }
+        }
     }
 
     #[test]

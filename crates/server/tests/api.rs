@@ -614,14 +614,23 @@ async fn a_steer_sent_during_a_long_tool_call_is_taken_at_the_next_step() {
         |_| {},
     )
     .await;
-    let (_, created) = call(reqwest::Method::POST, &format!("{}/v1/sessions", srv.url), None, Some(json!({"task": "go"}))).await;
+    let (_, created) = call(
+        reqwest::Method::POST,
+        &format!("{}/v1/sessions", srv.url),
+        None,
+        Some(json!({"task": "go"})),
+    )
+    .await;
     let id = created["id"].as_str().unwrap();
     let events = format!("{}/v1/sessions/{id}/events", srv.url);
     // Follow the stream until the slow command is running, then steer.
     let mut last: Option<String> = None;
     loop {
         let (frames, _) = read_frames(&events, last.as_deref(), 1).await;
-        let frame = frames.into_iter().next().expect("the turn is still running");
+        let frame = frames
+            .into_iter()
+            .next()
+            .expect("the turn is still running");
         if frame.event == "tool_call_intent" {
             break;
         }
@@ -644,8 +653,19 @@ async fn a_steer_sent_during_a_long_tool_call_is_taken_at_the_next_step() {
             kinds.push(ev.event);
         }
     }
-    let at = kinds.iter().position(|k| k == "steered").expect("the steer is in the stream");
-    assert_eq!(kinds[at - 1], "tool_call_outcome", "taken after the call in flight: {kinds:?}");
-    assert_eq!(kinds[at + 1], "model_call_intent", "before the next model call: {kinds:?}");
+    let at = kinds
+        .iter()
+        .position(|k| k == "steered")
+        .expect("the steer is in the stream");
+    assert_eq!(
+        kinds[at - 1],
+        "tool_call_outcome",
+        "taken after the call in flight: {kinds:?}"
+    );
+    assert_eq!(
+        kinds[at + 1],
+        "model_call_intent",
+        "before the next model call: {kinds:?}"
+    );
     assert_eq!(kinds.last().map(String::as_str), Some("turn_ended"));
 }

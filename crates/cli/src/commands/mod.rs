@@ -3,6 +3,7 @@
 pub mod bench;
 mod bench_server;
 pub mod fake;
+pub mod gc;
 pub mod log;
 pub mod run;
 pub mod serve;

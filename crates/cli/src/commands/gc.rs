@@ -1,0 +1,64 @@
+//! `steadfast gc`: reclaim drive objects no session's log references.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use steadfast_log::{Event, ToolResolution};
+use steadfast_world::World;
+
+use crate::config::Config;
+
+/// Arguments of `steadfast gc`.
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// Leave objects younger than this alone (a snapshot in progress has written
+    /// objects no log references yet).
+    #[arg(long, default_value_t = 3600)]
+    min_age_secs: u64,
+}
+
+/// Every snapshot a log mentions.
+fn snapshots(events: impl Iterator<Item = Event>, out: &mut BTreeSet<String>) {
+    for event in events {
+        let ids: Vec<Option<String>> = match event {
+            Event::SessionStarted {
+                initial_snapshot, ..
+            } => vec![initial_snapshot],
+            Event::ToolCallIntent {
+                snapshot_before, ..
+            } => vec![snapshot_before],
+            Event::ToolCallOutcome { snapshot_after, .. } => vec![snapshot_after],
+            Event::ToolCallInterrupted {
+                resolution: ToolResolution::RolledBack { snapshot },
+                ..
+            } => vec![snapshot],
+            _ => vec![],
+        };
+        out.extend(ids.into_iter().flatten());
+    }
+}
+
+pub async fn run(home: &Path, config: &Config, args: GcArgs) -> anyhow::Result<ExitCode> {
+    let world = crate::setup::world(home, config, false).await?;
+    let mut keep = BTreeSet::new();
+    let sessions = world.list_sessions().await?;
+    for s in &sessions {
+        let records = world.read(&s.id, 1).await?;
+        snapshots(records.into_iter().map(|r| r.event), &mut keep);
+    }
+    let drive = steadfast_drive::Drive::open(home.join("drive"))?;
+    let keep: Vec<String> = keep.into_iter().collect();
+    let removed = tokio::task::spawn_blocking(move || {
+        drive.gc(&keep, Duration::from_secs(args.min_age_secs))
+    })
+    .await??;
+    eprintln!(
+        "steadfast: {} sessions scanned; {removed} unreferenced drive objects older than {}s removed",
+        sessions.len(),
+        args.min_age_secs
+    );
+    Ok(ExitCode::SUCCESS)
+}
