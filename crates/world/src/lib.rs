@@ -267,9 +267,9 @@ pub trait World: Send + Sync + 'static {
     /// Removes a session: its log, inbox and summary.
     fn delete_session(&self, session: &str) -> impl Future<Output = Result<()>> + Send;
 
-    /// A counter that moves whenever this process appends or posts, so local readers
-    /// (stream tails, idle workers) wake at once; other processes' writes are seen by
-    /// polling.
+    /// A counter that moves when sessions change, so stream tails and idle workers
+    /// wake at once. SQLite: this process's appends and posts (other processes' are
+    /// seen by polling). PostgreSQL: every process's, through `LISTEN/NOTIFY`.
     fn changes(&self) -> tokio::sync::watch::Receiver<u64>;
 }
 

@@ -33,6 +33,59 @@ const MIGRATION_LOCK: i64 = 0x5354_4544_4641_5354;
 pub struct PostgresWorld {
     pool: Pool,
     changes: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+    _listener: Option<std::sync::Arc<AbortOnDrop>>,
+}
+
+/// Stops the `LISTEN` task when the last handle of the world goes.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The channel every append and post notifies, so idle workers and stream tails in
+/// every process wake at once instead of polling hot.
+const CHANNEL: &str = "steadfast";
+
+/// Listens on [`CHANNEL`] and bumps `changes` on every notification, reconnecting
+/// with backoff when the database goes away (and bumping once on reconnect, since
+/// anything may have happened meanwhile).
+async fn listen(config: tokio_postgres::Config, changes: std::sync::Arc<tokio::sync::watch::Sender<u64>>) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match config.connect(NoTls).await {
+            Ok((client, mut connection)) => {
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+                let driver = tokio::spawn(async move {
+                    while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                        match message {
+                            Ok(tokio_postgres::AsyncMessage::Notification(_)) => {
+                                if tx.send(()).is_err() {
+                                    return;
+                                }
+                            }
+                            Ok(_) => {}
+                            Err(_) => return,
+                        }
+                    }
+                });
+                if client.batch_execute(&format!("LISTEN {CHANNEL}")).await.is_ok() {
+                    backoff = Duration::from_millis(100);
+                    crate::bump(&changes);
+                    while rx.recv().await.is_some() {
+                        crate::bump(&changes);
+                    }
+                }
+                driver.abort();
+                tracing::warn!("lost the PostgreSQL notification connection; reconnecting");
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot reach PostgreSQL for notifications"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
 }
 
 impl std::fmt::Debug for PostgresWorld {
@@ -89,9 +142,16 @@ impl PostgresWorld {
         Ok(world)
     }
 
+    fn with_listener(mut self, config: tokio_postgres::Config) -> Self {
+        let task = tokio::spawn(listen(config, self.changes.clone()));
+        self._listener = Some(std::sync::Arc::new(AbortOnDrop(task)));
+        self
+    }
+
     fn connect_unchecked(url: &str) -> Result<Self> {
         let config = tokio_postgres::Config::from_str(url)
             .map_err(|e| Error::Backend(format!("bad PostgreSQL URL: {e}")))?;
+        let listen_config = config.clone();
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -106,10 +166,12 @@ impl PostgresWorld {
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
             .map_err(backend)?;
-        Ok(PostgresWorld {
+        let world = PostgresWorld {
             pool,
             changes: std::sync::Arc::new(tokio::sync::watch::channel(0).0),
-        })
+            _listener: None,
+        };
+        Ok(world.with_listener(listen_config))
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
@@ -383,6 +445,9 @@ impl World for PostgresWorld {
             .await
             .map_err(db)?;
         }
+        tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &lease.session])
+            .await
+            .map_err(db)?;
         tx.commit().await.map_err(db)?;
         crate::bump(&self.changes);
         Ok(records)
@@ -494,6 +559,9 @@ impl World for PostgresWorld {
             .await
             .map_err(db)?
             .get(0);
+        tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &session])
+            .await
+            .map_err(db)?;
         tx.commit().await.map_err(db)?;
         crate::bump(&self.changes);
         Ok(to_u64(id))

@@ -187,3 +187,26 @@ async fn inbox_feeds_the_turn_queue() {
     let db = TestDb::new().await;
     conformance::inbox_feeds_the_turn_queue(&db.world().await).await;
 }
+
+#[tokio::test]
+async fn another_process_s_writes_wake_listeners_through_notify() {
+    let db = TestDb::new().await;
+    let here = db.world().await;
+    let elsewhere = db.world().await; // another pool, as another process would have
+    // Let the listener connect (it bumps the counter once when it does).
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let mut changes = here.changes();
+    elsewhere.create_session("s1", "alice").await.unwrap();
+    let lease = elsewhere
+        .acquire_lease("s1", &Holder::new("w"), std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    elsewhere
+        .append(&lease, &[Event::UserMessage { turn: 1, text: "x".into(), inbox_id: None }])
+        .await
+        .unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(5), changes.changed())
+        .await
+        .expect("a NOTIFY from the other pool arrives")
+        .unwrap();
+}
