@@ -146,11 +146,16 @@ fn gc_keeps_what_snapshots_reference_and_removes_the_rest() {
     // Nothing is old enough yet: a snapshot in progress is never swept.
     assert_eq!(
         drive
-            .gc(std::slice::from_ref(&new), std::time::Duration::from_secs(3600))
+            .gc(
+                std::slice::from_ref(&new),
+                std::time::Duration::from_secs(3600)
+            )
             .unwrap(),
         0
     );
-    let removed = drive.gc(std::slice::from_ref(&new), std::time::Duration::ZERO).unwrap();
+    let removed = drive
+        .gc(std::slice::from_ref(&new), std::time::Duration::ZERO)
+        .unwrap();
     assert_eq!(removed, 2, "the old manifest and the old lib.rs");
     assert!(matches!(drive.manifest(&old), Err(Error::NotFound(_))));
     let fresh = ws.parent().unwrap().join("fresh");

@@ -52,14 +52,19 @@ const CHANNEL: &str = "steadfast";
 /// Listens on [`CHANNEL`] and bumps `changes` on every notification, reconnecting
 /// with backoff when the database goes away (and bumping once on reconnect, since
 /// anything may have happened meanwhile).
-async fn listen(config: tokio_postgres::Config, changes: std::sync::Arc<tokio::sync::watch::Sender<u64>>) {
+async fn listen(
+    config: tokio_postgres::Config,
+    changes: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+) {
     let mut backoff = Duration::from_millis(100);
     loop {
         match config.connect(NoTls).await {
             Ok((client, mut connection)) => {
                 let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
                 let driver = tokio::spawn(async move {
-                    while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                    while let Some(message) =
+                        std::future::poll_fn(|cx| connection.poll_message(cx)).await
+                    {
                         match message {
                             Ok(tokio_postgres::AsyncMessage::Notification(_)) => {
                                 if tx.send(()).is_err() {
@@ -71,7 +76,11 @@ async fn listen(config: tokio_postgres::Config, changes: std::sync::Arc<tokio::s
                         }
                     }
                 });
-                if client.batch_execute(&format!("LISTEN {CHANNEL}")).await.is_ok() {
+                if client
+                    .batch_execute(&format!("LISTEN {CHANNEL}"))
+                    .await
+                    .is_ok()
+                {
                     backoff = Duration::from_millis(100);
                     crate::bump(&changes);
                     while rx.recv().await.is_some() {

@@ -193,7 +193,7 @@ async fn another_process_s_writes_wake_listeners_through_notify() {
     let db = TestDb::new().await;
     let here = db.world().await;
     let elsewhere = db.world().await; // another pool, as another process would have
-    // Let the listener connect (it bumps the counter once when it does).
+                                      // Let the listener connect (it bumps the counter once when it does).
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let mut changes = here.changes();
     elsewhere.create_session("s1", "alice").await.unwrap();
@@ -202,7 +202,14 @@ async fn another_process_s_writes_wake_listeners_through_notify() {
         .await
         .unwrap();
     elsewhere
-        .append(&lease, &[Event::UserMessage { turn: 1, text: "x".into(), inbox_id: None }])
+        .append(
+            &lease,
+            &[Event::UserMessage {
+                turn: 1,
+                text: "x".into(),
+                inbox_id: None,
+            }],
+        )
         .await
         .unwrap();
     tokio::time::timeout(std::time::Duration::from_secs(5), changes.changed())
