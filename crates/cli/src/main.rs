@@ -136,7 +136,7 @@ fn main() -> ExitCode {
                 Ok(ExitCode::SUCCESS)
             }
             Command::FakeProvider(args) => commands::fake::run(args).await,
-            Command::Bench(args) => commands::bench::run(args).await,
+            Command::Bench(args) => commands::bench::run(args, config.world.as_deref()).await,
         }
     });
     match result {

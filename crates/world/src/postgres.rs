@@ -165,7 +165,7 @@ impl PostgresWorld {
             config,
             NoTls,
             ManagerConfig {
-                recycling_method: RecyclingMethod::Verified,
+                recycling_method: RecyclingMethod::Fast,
             },
         );
         let pool = Pool::builder(manager)
@@ -185,6 +185,12 @@ impl PostgresWorld {
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
         self.pool.get().await.map_err(backend)
+    }
+
+    /// A connection from the world's own pool, for tools and benchmarks that must
+    /// measure against exactly the same connections.
+    pub async fn pooled_connection(&self) -> Result<deadpool_postgres::Object> {
+        self.client().await
     }
 
     /// The schema version applied and the latest this build knows.
@@ -607,7 +613,10 @@ impl World for PostgresWorld {
         for row in rows {
             let session: String = row.get(0);
             let (lease, now) = lease_row(&tx, &session).await?;
-            if !lease.is_free_for(holder, now) {
+            // A session this holder already drives is not new work.
+            if lease.holder.as_deref() == Some(holder.id.as_str())
+                || !lease.is_free_for(holder, now)
+            {
                 continue;
             }
             let epoch = lease.epoch + 1;
@@ -666,6 +675,6 @@ WHERE s.status IN ('running', 'idle', 'waiting')
     OR (s.status = 'waiting' AND EXISTS (
         SELECT 1 FROM steadfast_inbox i WHERE i.session_id = s.id AND NOT i.taken AND i.kind = 'signal' AND i.name = s.waiting_for))
   )
-ORDER BY s.updated_at_ms
-LIMIT 32
+ORDER BY (s.lease_holder IS NOT NULL), s.updated_at_ms
+LIMIT 16
 FOR UPDATE SKIP LOCKED";

@@ -483,7 +483,8 @@ impl World for SqliteWorld {
             };
             for session in candidates {
                 let row = lease_row(&tx, &session)?;
-                if !row.is_free_for(&holder, now) {
+                // A session this holder already drives is not new work.
+                if row.holder.as_deref() == Some(holder.id.as_str()) || !row.is_free_for(&holder, now) {
                     continue;
                 }
                 let epoch = row.epoch + 1;
@@ -543,5 +544,5 @@ WHERE s.status IN ('running', 'idle', 'waiting')
     OR (s.status = 'waiting' AND EXISTS (
         SELECT 1 FROM inbox i WHERE i.session_id = s.id AND i.taken = 0 AND i.kind = 'signal' AND i.name = s.waiting_for))
   )
-ORDER BY s.updated_at_ms
-LIMIT 32";
+ORDER BY (s.lease_holder IS NOT NULL), s.updated_at_ms
+LIMIT 16";

@@ -20,6 +20,9 @@ pub enum Which {
     Recovery,
     /// SSE events per second to 100 concurrent readers of one session.
     Fanout,
+    /// PostgreSQL appends (1, 8, 32 sessions) against bare inserts, and queue claims
+    /// under 8 workers; needs `--world postgres://...`.
+    Postgres,
     /// All of them.
     All,
 }
@@ -227,7 +230,7 @@ async fn wake(events: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(args: BenchArgs, world: Option<&str>) -> anyhow::Result<ExitCode> {
     if cfg!(debug_assertions) {
         eprintln!("note: this is a debug build; use `cargo run --release -p steadfast-cli -- bench` for real numbers");
     }
@@ -242,6 +245,20 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     if matches!(args.which, Which::Fanout | Which::All) {
         super::bench_server::fanout(args.readers).await?;
+    }
+    if matches!(args.which, Which::Postgres | Which::All) {
+        match world.filter(|w| w.starts_with("postgres")) {
+            Some(url) => {
+                super::bench_pg::run(
+                    steadfast_world::PostgresWorld::connect_and_migrate(url).await?,
+                )
+                .await?
+            }
+            None if args.which == Which::Postgres => {
+                anyhow::bail!("the postgres benchmark needs --world postgres://... (a database it may write to)")
+            }
+            None => eprintln!("(postgres benchmark skipped: no --world postgres://... given)"),
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,6 +1,7 @@
 //! One module per command.
 
 pub mod bench;
+mod bench_pg;
 mod bench_server;
 pub mod fake;
 pub mod gc;

@@ -1,0 +1,190 @@
+//! PostgreSQL benchmarks: fenced appends against bare inserts over the same pool, and
+//! queue claims under competing workers.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use steadfast_world::{Holder, InboundKind, PostgresWorld, World};
+
+use super::bench::{median, tool_pair};
+
+const PAIRS_PER_SESSION: usize = 100;
+
+/// Runs the PostgreSQL benchmarks against `world` (sessions are created under a
+/// `bench_` prefix; a scratch table `steadfast_bench_bare` is created and dropped).
+pub(crate) async fn run(world: PostgresWorld) -> anyhow::Result<()> {
+    let world = Arc::new(world);
+    let run_id = uuid_suffix();
+    {
+        let client = world.pooled_connection().await?;
+        client
+            .batch_execute("CREATE TABLE IF NOT EXISTS steadfast_bench_bare (id BIGSERIAL PRIMARY KEY, body BYTEA NOT NULL)")
+            .await?;
+    }
+    println!("postgres journal: intent+outcome pairs, each append its own committed transaction");
+    println!(
+        "  {:>8} {:>16} {:>16} {:>7}",
+        "sessions", "bare pairs/s", "steadfast pairs/s", "ratio"
+    );
+    for concurrency in [1usize, 8, 32] {
+        let bodies: Arc<Vec<[Vec<u8>; 2]>> = Arc::new(
+            (0..PAIRS_PER_SESSION)
+                .map(|i| tool_pair(i).map(|e| serde_json::to_vec(&e).expect("serializes")))
+                .collect(),
+        );
+        // Baseline: the same bytes, one INSERT per event, over the same pool.
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..concurrency {
+            let (world, bodies) = (world.clone(), bodies.clone());
+            tasks.push(tokio::spawn(async move {
+                let client = world.pooled_connection().await?;
+                let insert = client
+                    .prepare_cached("INSERT INTO steadfast_bench_bare (body) VALUES ($1)")
+                    .await?;
+                for pair in bodies.iter() {
+                    for body in pair {
+                        client.execute(&insert, &[body]).await?;
+                    }
+                }
+                anyhow::Ok(())
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        let bare = start.elapsed();
+
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for n in 0..concurrency {
+            let world = world.clone();
+            let session = format!("bench_{run_id}_{concurrency}_{n}");
+            tasks.push(tokio::spawn(async move {
+                world.create_session(&session, "bench").await?;
+                let lease = world
+                    .acquire_lease(&session, &Holder::new("bench"), Duration::from_secs(600))
+                    .await?;
+                for i in 0..PAIRS_PER_SESSION {
+                    let [intent, outcome] = tool_pair(i);
+                    world.append(&lease, &[intent]).await?;
+                    world.append(&lease, &[outcome]).await?;
+                }
+                anyhow::Ok(())
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        let journal = start.elapsed();
+        let pairs = (concurrency * PAIRS_PER_SESSION) as f64;
+        println!(
+            "  {:>8} {:>16.0} {:>16.0} {:>6.2}x",
+            concurrency,
+            pairs / bare.as_secs_f64(),
+            pairs / journal.as_secs_f64(),
+            journal.as_secs_f64() / bare.as_secs_f64()
+        );
+    }
+
+    // Queue claims: 8 workers compete for 200 queued sessions.
+    let queued = 200;
+    for n in 0..queued {
+        let session = format!("bench_{run_id}_q{n}");
+        world.create_session(&session, "bench").await?;
+        let lease = world
+            .acquire_lease(&session, &Holder::new("bench"), Duration::from_secs(60))
+            .await?;
+        world.append(&lease, &[started()]).await?;
+        world.release_lease(&lease).await?;
+        world
+            .post(&session, InboundKind::Message, "", &serde_json::json!("go"))
+            .await?;
+    }
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let world = world.clone();
+        tasks.push(tokio::spawn(async move {
+            let holder = Holder::new(format!("bench-worker-{w}"));
+            let mut times = Vec::new();
+            let mut claimed = Vec::new();
+            let mut misses = 0;
+            // A claim can miss while rivals hold the rows it would take (SKIP LOCKED);
+            // a worker stops after a few misses in a row.
+            while misses < 3 {
+                let start = Instant::now();
+                let lease = world.claim(&holder, Duration::from_secs(600)).await?;
+                times.push(start.elapsed());
+                match lease {
+                    Some(l) => {
+                        misses = 0;
+                        claimed.push(l.session);
+                    }
+                    None => {
+                        misses += 1;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            }
+            anyhow::Ok((times, claimed))
+        }));
+    }
+    let mut times = Vec::new();
+    let mut claimed = Vec::new();
+    for t in tasks {
+        let (t, c) = t.await??;
+        times.extend(t);
+        claimed.extend(c);
+    }
+    let distinct: std::collections::HashSet<_> = claimed.iter().collect();
+    assert_eq!(distinct.len(), claimed.len(), "no session claimed twice");
+    assert!(claimed.len() >= queued, "every queued session was claimed");
+    let mut sorted = times.clone();
+    sorted.sort();
+    println!(
+        "postgres queue: 8 workers claiming {queued} queued sessions (FOR UPDATE SKIP LOCKED)"
+    );
+    println!(
+        "  claim latency median {:.2} ms, p99 {:.2} ms",
+        median(times).as_secs_f64() * 1e3,
+        sorted[sorted.len() * 99 / 100].as_secs_f64() * 1e3
+    );
+
+    let client = world.pooled_connection().await?;
+    client
+        .batch_execute("DROP TABLE IF EXISTS steadfast_bench_bare")
+        .await?;
+    client
+        .execute(
+            "DELETE FROM steadfast_sessions WHERE id LIKE $1",
+            &[&format!("bench_{run_id}_%")],
+        )
+        .await?;
+    Ok(())
+}
+
+fn started() -> steadfast_log::Event {
+    steadfast_log::Event::SessionStarted {
+        agent: "native".into(),
+        model: steadfast_log::ModelSpec {
+            provider: "fake".into(),
+            model: "m".into(),
+        },
+        workspace: "/w".into(),
+        system: String::new(),
+        initial_snapshot: None,
+        created_at_ms: 0,
+        budget_micro_usd: None,
+        approve_external: false,
+    }
+}
+
+fn uuid_suffix() -> String {
+    format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    )
+}
