@@ -23,6 +23,7 @@ use crate::{
 const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("postgres/001_init.sql")),
     (2, include_str!("postgres/002_inbox.sql")),
+    (3, include_str!("postgres/003_hot_updates.sql")),
 ];
 const STALE_FENCE: &str = "SF001";
 /// Serialises concurrent `migrate` runs (an arbitrary, fixed advisory-lock key).
@@ -34,7 +35,44 @@ pub struct PostgresWorld {
     pool: Pool,
     changes: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
     _listener: Option<std::sync::Arc<AbortOnDrop>>,
+    /// The last position this process appended per session and lease epoch: the
+    /// holder of a lease is the only writer, so its next append can be one
+    /// conditional statement instead of a locking transaction.
+    positions: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, (u64, u64)>>>,
 }
+
+/// Whether an append changes what other processes should act on (a turn starting,
+/// ending or pausing; inbox entries taken). Only those are announced with NOTIFY:
+/// NOTIFY serialises committing transactions across the whole database, so
+/// announcing every streamed delta would cap append throughput. Stream tails in other
+/// processes see the rest by polling.
+fn wakes_others(summary: &crate::Summary) -> bool {
+    summary.status.is_some() || summary.waiting_for.is_some() || !summary.taken.is_empty()
+}
+
+/// One append as one statement: it commits only if the lease and the expected
+/// position still hold (the trigger re-checks the epoch), marks taken inbox entries,
+/// and notifies listeners.
+const FAST_APPEND: &str = "
+WITH s AS (
+    UPDATE steadfast_sessions
+       SET last_seq = last_seq + $5, updated_at_ms = $6,
+           status = coalesce($7, status), title = coalesce($8, title),
+           waiting_for = CASE WHEN $9 THEN $10 ELSE waiting_for END
+     WHERE id = $1 AND lease_epoch = $2 AND lease_holder = $3 AND last_seq = $4
+ RETURNING id),
+ins AS (
+    INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum)
+    SELECT s.id, e.seq, $2, $6, e.schema, e.kind, e.body, e.checksum
+      FROM s, unnest($11::bigint[], $12::smallint[], $13::text[], $14::bytea[], $15::text[])
+           AS e(seq, schema, kind, body, checksum)
+ RETURNING 1),
+taken AS (
+    UPDATE steadfast_inbox SET taken = true
+     WHERE session_id = $1 AND id = ANY($16::bigint[]) AND EXISTS (SELECT 1 FROM s)
+ RETURNING 1),
+note AS (SELECT pg_notify('steadfast', id) FROM s WHERE $17)
+SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM note)";
 
 /// Stops the `LISTEN` task when the last handle of the world goes.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -179,6 +217,7 @@ impl PostgresWorld {
             pool,
             changes: std::sync::Arc::new(tokio::sync::watch::channel(0).0),
             _listener: None,
+            positions: Default::default(),
         };
         Ok(world.with_listener(listen_config))
     }
@@ -303,83 +342,89 @@ fn summary(r: &Row) -> SessionSummary {
 const SUMMARY_COLUMNS: &str =
     "id, owner, status, title, last_seq, created_at_ms, updated_at_ms FROM steadfast_sessions";
 
-impl World for PostgresWorld {
-    async fn create_session(&self, session: &str, owner: &str) -> Result<()> {
+impl PostgresWorld {
+    /// The one-statement append. `None` if the lease or position moved (the caller
+    /// then takes the locking path, which says which).
+    async fn append_fast(
+        &self,
+        lease: &Lease,
+        last: u64,
+        events: &[Event],
+    ) -> Result<Option<Vec<Record>>> {
         let client = self.client().await?;
-        let now = now_ms() as i64;
-        let inserted = client
-            .execute(
-                "INSERT INTO steadfast_sessions (id, owner, created_at_ms, updated_at_ms) VALUES ($1, $2, $3, $3) ON CONFLICT DO NOTHING",
-                &[&session, &owner, &now],
+        let at_ms = now_ms();
+        let records: Vec<Record> = events
+            .iter()
+            .enumerate()
+            .map(|(i, event)| Record {
+                seq: last + 1 + i as u64,
+                epoch: lease.epoch,
+                at_ms,
+                event: event.clone(),
+            })
+            .collect();
+        let encoded: Vec<_> = records
+            .iter()
+            .map(|r| record::encode(&lease.session, r))
+            .collect();
+        let seqs: Vec<i64> = records.iter().map(|r| r.seq as i64).collect();
+        let schemas: Vec<i16> = encoded.iter().map(|e| e.schema as i16).collect();
+        let kinds: Vec<&str> = records.iter().map(|r| r.event.kind()).collect();
+        let bodies: Vec<&[u8]> = encoded.iter().map(|e| e.body.as_slice()).collect();
+        let sums: Vec<&str> = encoded.iter().map(|e| e.checksum.as_str()).collect();
+        let summary = summarize(events);
+        let taken: Vec<i64> = summary.taken.iter().map(|t| *t as i64).collect();
+        let (wset, wval) = match &summary.waiting_for {
+            Some(v) => (true, v.clone()),
+            None => (false, None),
+        };
+        let notify = wakes_others(&summary);
+        let statement = client.prepare_cached(FAST_APPEND).await.map_err(db)?;
+        let row = client
+            .query_one(
+                &statement,
+                &[
+                    &lease.session,
+                    &(lease.epoch as i64),
+                    &lease.holder,
+                    &(last as i64),
+                    &(records.len() as i64),
+                    &(at_ms as i64),
+                    &summary.status,
+                    &summary.title,
+                    &wset,
+                    &wval,
+                    &seqs,
+                    &schemas,
+                    &kinds,
+                    &bodies,
+                    &sums,
+                    &taken,
+                    &notify,
+                ],
             )
             .await
             .map_err(db)?;
-        if inserted == 0 {
-            return Err(Error::AlreadyExists(session.to_string()));
+        if row.get::<_, i64>(0) == 0 {
+            self.positions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&lease.session);
+            return Ok(None);
         }
-        Ok(())
-    }
-
-    async fn acquire_lease(&self, session: &str, holder: &Holder, ttl: Duration) -> Result<Lease> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(db)?;
-        let (row, now) = lease_row(&tx, session).await?;
-        if !row.is_free_for(holder, now) {
-            return Err(Error::LeaseHeld {
-                session: session.to_string(),
-                holder: row.holder.unwrap_or_default(),
-                expires_in_ms: row.expires_ms.saturating_sub(now),
-            });
+        if let Some(r) = records.last() {
+            self.positions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(lease.session.clone(), (lease.epoch, r.seq));
         }
-        let epoch = row.epoch + 1;
-        tx.execute(
-            "UPDATE steadfast_sessions SET lease_epoch = $2, lease_holder = $3, lease_host = $4, lease_pid = $5, lease_expires_ms = $6 WHERE id = $1",
-            &[
-                &session,
-                &(epoch as i64),
-                &holder.id,
-                &holder.host,
-                &(holder.pid as i32),
-                &((now + ttl.as_millis() as u64) as i64),
-            ],
-        )
-        .await
-        .map_err(db)?;
-        tx.commit().await.map_err(db)?;
-        Ok(Lease {
-            session: session.to_string(),
-            holder: holder.id.clone(),
-            epoch,
-        })
+        crate::bump(&self.changes);
+        Ok(Some(records))
     }
 
-    async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<()> {
+    async fn append_locked(&self, lease: &Lease, events: &[Event]) -> Result<Vec<Record>> {
         let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(db)?;
-        let now = check_fence(&tx, lease).await?;
-        tx.execute(
-            "UPDATE steadfast_sessions SET lease_expires_ms = $2 WHERE id = $1",
-            &[&lease.session, &((now + ttl.as_millis() as u64) as i64)],
-        )
-        .await
-        .map_err(db)?;
-        tx.commit().await.map_err(db)
-    }
 
-    async fn release_lease(&self, lease: &Lease) -> Result<()> {
-        let client = self.client().await?;
-        client
-            .execute(
-                "UPDATE steadfast_sessions SET lease_holder = NULL, lease_host = NULL, lease_pid = NULL, lease_expires_ms = 0 WHERE id = $1 AND lease_epoch = $2 AND lease_holder = $3",
-                &[&lease.session, &(lease.epoch as i64), &lease.holder],
-            )
-            .await
-            .map_err(db)?;
-        Ok(())
-    }
-
-    async fn append(&self, lease: &Lease, events: &[Event]) -> Result<Vec<Record>> {
-        let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(db)?;
         check_fence(&tx, lease).await?;
         let last: i64 = tx
@@ -460,15 +505,17 @@ impl World for PostgresWorld {
             .await
             .map_err(db)?;
         }
-        tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &lease.session])
-            .await
-            .map_err(db)?;
+        if wakes_others(&summary) {
+            tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &lease.session])
+                .await
+                .map_err(db)?;
+        }
         tx.commit().await.map_err(db)?;
         crate::bump(&self.changes);
         Ok(records)
     }
 
-    async fn read(&self, session: &str, from: u64) -> Result<Vec<Record>> {
+    async fn read_verified(&self, session: &str, from: u64) -> Result<Vec<Record>> {
         let mut client = self.client().await?;
         // One snapshot for both queries, so the row count and the rows agree.
         let tx = client
@@ -516,7 +563,109 @@ impl World for PostgresWorld {
             .await
             .map_err(|e| Error::Backend(format!("decode task failed: {e}")))?
     }
+}
 
+impl World for PostgresWorld {
+    async fn create_session(&self, session: &str, owner: &str) -> Result<()> {
+        let client = self.client().await?;
+        let now = now_ms() as i64;
+        let inserted = client
+            .execute(
+                "INSERT INTO steadfast_sessions (id, owner, created_at_ms, updated_at_ms) VALUES ($1, $2, $3, $3) ON CONFLICT DO NOTHING",
+                &[&session, &owner, &now],
+            )
+            .await
+            .map_err(db)?;
+        if inserted == 0 {
+            return Err(Error::AlreadyExists(session.to_string()));
+        }
+        Ok(())
+    }
+
+    async fn acquire_lease(&self, session: &str, holder: &Holder, ttl: Duration) -> Result<Lease> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db)?;
+        let (row, now) = lease_row(&tx, session).await?;
+        if !row.is_free_for(holder, now) {
+            return Err(Error::LeaseHeld {
+                session: session.to_string(),
+                holder: row.holder.unwrap_or_default(),
+                expires_in_ms: row.expires_ms.saturating_sub(now),
+            });
+        }
+        let epoch = row.epoch + 1;
+        tx.execute(
+            "UPDATE steadfast_sessions SET lease_epoch = $2, lease_holder = $3, lease_host = $4, lease_pid = $5, lease_expires_ms = $6 WHERE id = $1",
+            &[
+                &session,
+                &(epoch as i64),
+                &holder.id,
+                &holder.host,
+                &(holder.pid as i32),
+                &((now + ttl.as_millis() as u64) as i64),
+            ],
+        )
+        .await
+        .map_err(db)?;
+        tx.commit().await.map_err(db)?;
+        Ok(Lease {
+            session: session.to_string(),
+            holder: holder.id.clone(),
+            epoch,
+        })
+    }
+
+    async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<()> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db)?;
+        let now = check_fence(&tx, lease).await?;
+        tx.execute(
+            "UPDATE steadfast_sessions SET lease_expires_ms = $2 WHERE id = $1",
+            &[&lease.session, &((now + ttl.as_millis() as u64) as i64)],
+        )
+        .await
+        .map_err(db)?;
+        tx.commit().await.map_err(db)
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> Result<()> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "UPDATE steadfast_sessions SET lease_holder = NULL, lease_host = NULL, lease_pid = NULL, lease_expires_ms = 0 WHERE id = $1 AND lease_epoch = $2 AND lease_holder = $3",
+                &[&lease.session, &(lease.epoch as i64), &lease.holder],
+            )
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn append(&self, lease: &Lease, events: &[Event]) -> Result<Vec<Record>> {
+        let known = self
+            .positions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&lease.session)
+            .filter(|(epoch, _)| *epoch == lease.epoch)
+            .map(|(_, last)| *last);
+        if let Some(last) = known {
+            if let Some(records) = self.append_fast(lease, last, events).await? {
+                return Ok(records);
+            }
+        }
+        let records = self.append_locked(lease, events).await?;
+        if let Some(last) = records.last() {
+            self.positions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(lease.session.clone(), (lease.epoch, last.seq));
+        }
+        Ok(records)
+    }
+
+    async fn read(&self, session: &str, from: u64) -> Result<Vec<Record>> {
+        self.read_verified(session, from).await
+    }
     async fn list_sessions(&self) -> Result<Vec<SessionSummary>> {
         let client = self.client().await?;
         let rows = client
