@@ -21,6 +21,9 @@ pub struct Config {
     /// Where sessions live: `postgres://...`, `sqlite:PATH`, or unset for the embedded
     /// SQLite world under the home directory.
     pub world: Option<String>,
+    /// Where big outputs go: `s3://bucket/prefix` (with the usual `AWS_*` variables)
+    /// or a directory; unset for `blobs/` under the home directory.
+    pub blobs: Option<String>,
     /// Default model of new sessions (`provider/model`).
     pub model: Option<String>,
     /// Per-provider endpoints.

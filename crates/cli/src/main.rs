@@ -30,6 +30,10 @@ struct Cli {
     /// SQLite world under --home).
     #[arg(long, global = true, env = "STEADFAST_WORLD")]
     world: Option<String>,
+    /// Where big outputs go: `s3://bucket/prefix` or a directory (default: blobs/
+    /// under --home).
+    #[arg(long, global = true, env = "STEADFAST_BLOBS")]
+    blobs: Option<String>,
     /// Log format for diagnostics on stderr: `text` or `json`.
     #[arg(
         long,
@@ -104,6 +108,9 @@ fn main() -> ExitCode {
         let mut config = config::Config::load(cli.config.as_deref())?;
         if cli.world.is_some() {
             config.world = cli.world.clone();
+        }
+        if cli.blobs.is_some() {
+            config.blobs = cli.blobs.clone();
         }
         match cli.command {
             Command::Run(args) => commands::run::run(&cli.home, &config, args).await,

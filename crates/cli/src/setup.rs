@@ -34,11 +34,12 @@ pub async fn harness(
             fake.base_url()
         );
         let options = config.apply(HarnessOptions::fake_provider(&fake.base_url()));
-        let harness = Harness::with_world(home, world, options)?;
+        let harness = Harness::with_world_and_blobs(home, world, blobs(home, config)?, options)?;
         Ok((harness, Some(fake)))
     } else {
+        let blobs = blobs(home, config)?;
         Ok((
-            Harness::with_world(home, world, config.harness_options())?,
+            Harness::with_world_and_blobs(home, world, blobs, config.harness_options())?,
             None,
         ))
     }
@@ -116,6 +117,16 @@ pub async fn shared_harness(
     options.models = models;
     // Workers renew often so a dead one's turn moves on quickly.
     options.lease_ttl = options.lease_ttl.min(std::time::Duration::from_secs(6));
-    let harness = Harness::with_world(home, world, options)?;
+    let harness = Harness::with_world_and_blobs(home, world, blobs(home, config)?, options)?;
     Ok((std::sync::Arc::new(harness), fake))
+}
+
+/// The blob store named by `STEADFAST_BLOBS` / the config file, or `blobs/` under
+/// `home`.
+pub fn blobs(home: &Path, config: &Config) -> anyhow::Result<steadfast_world::Blobs> {
+    Ok(match &config.blobs {
+        Some(url) => steadfast_world::Blobs::open(url)
+            .with_context(|| format!("opening the blob store {url}"))?,
+        None => steadfast_world::Blobs::local(&home.join("blobs"))?,
+    })
 }

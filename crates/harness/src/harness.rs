@@ -158,6 +158,17 @@ impl<W: World + Clone> Harness<W, LocalSandbox> {
     /// A harness over `world`, with blobs and drive under `home` and the local sandbox.
     pub fn with_world(home: &Path, world: W, options: HarnessOptions) -> Result<Self> {
         let blobs = Blobs::local(&home.join("blobs"))?;
+        Self::with_world_and_blobs(home, world, blobs, options)
+    }
+
+    /// A harness over `world` and `blobs`, with the drive under `home` and the local
+    /// sandbox.
+    pub fn with_world_and_blobs(
+        home: &Path,
+        world: W,
+        blobs: Blobs,
+        options: HarnessOptions,
+    ) -> Result<Self> {
         let drive = Drive::open(home.join("drive"))?;
         let provision: Provisioner<LocalSandbox> =
             Arc::new(|ws: &Path, opts: &SandboxOptions| LocalSandbox::new(ws, opts.clone()));

@@ -34,6 +34,34 @@ impl Blobs {
         })
     }
 
+    /// Blobs where `url` says: `s3://bucket/prefix` (any S3-compatible store, set up
+    /// by the usual `AWS_*` variables: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+    /// `AWS_REGION`, `AWS_ENDPOINT` for non-AWS stores, `AWS_ALLOW_HTTP`), or a
+    /// local directory (a path or `file://` URL).
+    pub fn open(url: &str) -> Result<Self> {
+        if let Some(rest) = url.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(Error::Blob(format!("no bucket in {url}")));
+            }
+            let store = object_store::aws::AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .build()
+                .map_err(|e| Error::Blob(format!("{url}: {e}")))?;
+            let prefix = prefix.trim_matches('/');
+            let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
+                Arc::new(store)
+            } else {
+                Arc::new(object_store::prefix::PrefixStore::new(store, prefix))
+            };
+            return Ok(Blobs {
+                store,
+                base_uri: url.trim_end_matches('/').to_string(),
+            });
+        }
+        Self::local(Path::new(url.strip_prefix("file://").unwrap_or(url)))
+    }
+
     /// Stores `bytes` and returns the reference the log keeps: hash, size, URI and
     /// ANSI-stripped head and tail excerpts.
     pub async fn put(&self, bytes: &[u8]) -> Result<BlobRef> {

@@ -1,0 +1,133 @@
+//! `STEADFAST_BLOBS=s3://...`: big outputs of a real run land in an S3-compatible
+//! store (moto's S3 server; `.ci/run` installs it).
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use steadfast_testkit::{FakeProvider, Script};
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn big_outputs_go_to_the_configured_s3_bucket() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _s3 = Server(
+        Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto_server must be installed (see .ci/run)"),
+    );
+    let endpoint = format!("http://127.0.0.1:{port}");
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(Command::new("curl")
+        .args(["-sf", "-X", "PUT", &format!("{endpoint}/outputs")])
+        .status()
+        .unwrap()
+        .success());
+
+    let script: Script = serde_json::from_value(json!({"steps": [
+        {"text": "lots of output", "tool_calls": [{"name": "bash", "input": {"command": "seq 1 50000"}}]},
+        {"text": "done"}
+    ]}))
+    .unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args([
+            "run",
+            "print numbers",
+            "--workspace",
+            dir.path().join("ws").to_str().unwrap(),
+            "--json",
+        ])
+        .env("STEADFAST_HOME", dir.path().join("home"))
+        .env("STEADFAST_BLOBS", "s3://outputs/steadfast")
+        .env("STEADFAST_MODEL", "anthropic/claude-sonnet-4-5")
+        .env("ANTHROPIC_API_KEY", "test-key")
+        .env("ANTHROPIC_BASE_URL", fake.base_url())
+        .env("AWS_ENDPOINT", &endpoint)
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let log = tokio::process::Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args(["log", result["session"].as_str().unwrap(), "--json"])
+        .env("STEADFAST_HOME", dir.path().join("home"))
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&log.stdout);
+    let blob = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find_map(|r| {
+            r["event"]["tool_call_outcome"]["output"]
+                .as_object()
+                .filter(|o| o["kind"] == "blob")
+                .cloned()
+        })
+        .expect("the big output is a blob reference");
+    let hash = blob["hash"].as_str().unwrap();
+    assert_eq!(blob["uri"], format!("s3://outputs/steadfast/{hash}"));
+    // The bucket holds it under the prefix, with the recorded size...
+    let listing = Command::new("curl")
+        .args([
+            "-sf",
+            &format!("{endpoint}/outputs?list-type=2&prefix=steadfast/"),
+        ])
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    assert!(
+        listing.contains(&format!("<Key>steadfast/{hash}</Key>")),
+        "{listing}"
+    );
+    assert!(
+        listing.contains(&format!("<Size>{}</Size>", blob["size"])),
+        "{listing}"
+    );
+    // ...and reading it back (hash-verified) gives the whole output.
+    for (k, v) in [
+        ("AWS_ENDPOINT", endpoint.as_str()),
+        ("AWS_ALLOW_HTTP", "true"),
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+        ("AWS_REGION", "us-east-1"),
+    ] {
+        std::env::set_var(k, v);
+    }
+    let bytes = steadfast_world::Blobs::open("s3://outputs/steadfast")
+        .unwrap()
+        .get(hash)
+        .await
+        .unwrap();
+    assert!(String::from_utf8_lossy(&bytes).ends_with("49999\n50000\n"));
+}
