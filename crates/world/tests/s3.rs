@@ -22,16 +22,18 @@ fn start_s3() -> (Server, String) {
         .local_addr()
         .unwrap()
         .port();
-    let child = Command::new("moto_server")
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("moto_server must be installed (pip install 'moto[server]'; see .ci/run)");
+    let server = Server(
+        Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto_server must be installed (pip install 'moto[server]'; see .ci/run)"),
+    );
     let url = format!("http://127.0.0.1:{port}");
     for _ in 0..100 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return (Server(child), url);
+            return (server, url);
         }
         std::thread::sleep(Duration::from_millis(100));
     }
