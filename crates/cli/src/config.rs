@@ -38,6 +38,9 @@ pub struct Config {
     /// API server settings.
     #[serde(default)]
     pub server: ServerConfig,
+    /// Apply pending migrations when opening the world (`--migrate`).
+    #[serde(default)]
+    pub migrate_on_open: bool,
 }
 
 /// API server settings.

@@ -30,6 +30,9 @@ struct Cli {
     /// SQLite world under --home).
     #[arg(long, global = true, env = "STEADFAST_WORLD")]
     world: Option<String>,
+    /// Apply pending PostgreSQL migrations when opening the world.
+    #[arg(long, global = true, env = "STEADFAST_MIGRATE")]
+    migrate: bool,
     /// Where big outputs go: `s3://bucket/prefix` or a directory (default: blobs/
     /// under --home).
     #[arg(long, global = true, env = "STEADFAST_BLOBS")]
@@ -112,6 +115,7 @@ fn main() -> ExitCode {
         if cli.blobs.is_some() {
             config.blobs = cli.blobs.clone();
         }
+        config.migrate_on_open = cli.migrate;
         match cli.command {
             Command::Run(args) => commands::run::run(&cli.home, &config, args).await,
             Command::Resume(args) => commands::run::resume(&cli.home, &config, args).await,

@@ -83,7 +83,7 @@ pub fn init_tracing(format: &str) {
 /// embedded SQLite world under `home`.
 pub async fn world(home: &Path, config: &Config, migrate: bool) -> anyhow::Result<AnyWorld> {
     let spec = config.world.as_deref();
-    AnyWorld::open(spec, home, migrate)
+    AnyWorld::open(spec, home, migrate || config.migrate_on_open)
         .await
         .with_context(|| format!("opening the world {}", spec.unwrap_or("(embedded SQLite)")))
 }

@@ -78,6 +78,9 @@ pub(crate) async fn run(world: PostgresWorld) -> anyhow::Result<()> {
         }
         let journal = start.elapsed();
         let pairs = (concurrency * PAIRS_PER_SESSION) as f64;
+        if concurrency == 1 {
+            latency_line(bare, journal);
+        }
         println!(
             "  {:>8} {:>16.0} {:>16.0} {:>6.2}x",
             concurrency,
@@ -161,6 +164,15 @@ pub(crate) async fn run(world: PostgresWorld) -> anyhow::Result<()> {
         )
         .await?;
     Ok(())
+}
+
+fn latency_line(bare: Duration, journal: Duration) {
+    let per = |d: Duration| d.as_secs_f64() * 1e3 / (2 * PAIRS_PER_SESSION) as f64;
+    println!(
+        "  one session, mean latency per append: bare INSERT {:.2} ms, fenced append {:.2} ms",
+        per(bare),
+        per(journal)
+    );
 }
 
 fn started() -> steadfast_log::Event {

@@ -28,7 +28,7 @@ pub async fn run(home: &Path, config: &Config, args: SessionsArgs) -> anyhow::Re
         return Ok(ExitCode::SUCCESS);
     }
     if sessions.is_empty() {
-        eprintln!("no sessions in {}", home.display());
+        eprintln!("no sessions");
         return Ok(ExitCode::SUCCESS);
     }
     writeln!(
