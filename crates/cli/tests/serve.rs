@@ -93,7 +93,8 @@ async fn a_sigkilled_worker_s_turn_is_finished_by_another() {
     let long = "I am going to explain this slowly, one careful piece at a time, so the reply takes a while to stream.";
     let script: Script = serde_json::from_value(json!({"steps": [
         {"text": long, "chunk_delay_ms": 30, "tool_calls": [{"name": "write", "input": {"file_path": "notes.txt", "content": "one\n"}}]},
-        {"text": long, "chunk_delay_ms": 30, "tool_calls": [{"name": "bash", "input": {"command": "echo two >> notes.txt"}}]},
+        // The second reply streams for about two seconds: the kill lands inside it.
+        {"text": long.repeat(3), "chunk_delay_ms": 30, "tool_calls": [{"name": "bash", "input": {"command": "echo two >> notes.txt"}}]},
         {"text": long, "chunk_delay_ms": 30},
     ]}))
     .unwrap();

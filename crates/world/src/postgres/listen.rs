@@ -1,0 +1,68 @@
+//! `LISTEN/NOTIFY`: every process's appends and posts wake idle workers and stream
+//! tails in every other process.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_postgres::NoTls;
+
+/// Stops the `LISTEN` task when the last handle of the world goes.
+pub(super) struct AbortOnDrop(pub(super) tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The channel every append and post notifies, so idle workers and stream tails in
+/// every process wake at once instead of polling hot.
+pub(super) const CHANNEL: &str = "steadfast";
+
+/// Listens on [`CHANNEL`] and bumps `changes` on every notification, reconnecting
+/// with backoff when the database goes away (and bumping once on reconnect, since
+/// anything may have happened meanwhile).
+pub(super) async fn listen(
+    config: tokio_postgres::Config,
+    changes: Arc<tokio::sync::watch::Sender<u64>>,
+) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match config.connect(NoTls).await {
+            Ok((client, mut connection)) => {
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+                let driver = tokio::spawn(async move {
+                    while let Some(message) =
+                        std::future::poll_fn(|cx| connection.poll_message(cx)).await
+                    {
+                        match message {
+                            Ok(tokio_postgres::AsyncMessage::Notification(_)) => {
+                                if tx.send(()).is_err() {
+                                    return;
+                                }
+                            }
+                            Ok(_) => {}
+                            Err(_) => return,
+                        }
+                    }
+                });
+                if client
+                    .batch_execute(&format!("LISTEN {CHANNEL}"))
+                    .await
+                    .is_ok()
+                {
+                    backoff = Duration::from_millis(100);
+                    crate::bump(&changes);
+                    while rx.recv().await.is_some() {
+                        crate::bump(&changes);
+                    }
+                }
+                driver.abort();
+                tracing::warn!("lost the PostgreSQL notification connection; reconnecting");
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot reach PostgreSQL for notifications"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
