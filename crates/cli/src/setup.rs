@@ -83,9 +83,10 @@ pub fn init_tracing(format: &str) {
 /// embedded SQLite world under `home`.
 pub async fn world(home: &Path, config: &Config, migrate: bool) -> anyhow::Result<AnyWorld> {
     let spec = config.world.as_deref();
-    AnyWorld::open(spec, home, migrate || config.migrate_on_open)
+    let world = AnyWorld::open(spec, home, migrate || config.migrate_on_open)
         .await
-        .with_context(|| format!("opening the world {}", spec.unwrap_or("(embedded SQLite)")))
+        .with_context(|| format!("opening the world {}", spec.unwrap_or("(embedded SQLite)")))?;
+    Ok(world.with_spill(blobs(home, config)?))
 }
 
 /// A harness for a server or worker process: sessions of the `fake` provider use a

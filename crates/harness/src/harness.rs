@@ -149,8 +149,9 @@ impl Harness<SqliteWorld, LocalSandbox> {
     /// The embedded default under `home`: `world.db` (SQLite), `blobs/`, `drive/`, and
     /// the local sandbox.
     pub fn open_local(home: &Path, options: HarnessOptions) -> Result<Self> {
-        let world = SqliteWorld::open(home.join("world.db"))?;
-        Harness::with_world(home, world, options)
+        let blobs = Blobs::local(&home.join("blobs"))?;
+        let world = SqliteWorld::open(home.join("world.db"))?.with_spill(blobs.clone());
+        Harness::with_world_and_blobs(home, world, blobs, options)
     }
 }
 

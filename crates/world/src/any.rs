@@ -49,6 +49,15 @@ impl AnyWorld {
         }
     }
 
+    /// Keeps records whose body is over 64 KiB in `blobs` (hash in the log).
+    pub fn with_spill(self, blobs: crate::Blobs) -> Self {
+        match self {
+            AnyWorld::Sqlite(w) => AnyWorld::Sqlite(w.with_spill(blobs)),
+            #[cfg(feature = "postgres")]
+            AnyWorld::Postgres(w) => AnyWorld::Postgres(w.with_spill(blobs)),
+        }
+    }
+
     /// Applies pending migrations (PostgreSQL; SQLite migrates on open). Returns the
     /// versions applied.
     pub async fn migrate(&self) -> Result<Vec<i32>> {

@@ -81,6 +81,20 @@ impl Blobs {
         })
     }
 
+    /// Stores `bytes` under their BLAKE3 hash and returns the hash (no excerpts: for
+    /// log records too big to keep inline).
+    pub async fn put_raw(&self, bytes: &[u8]) -> Result<String> {
+        let hash = blake3::hash(bytes).to_hex().to_string();
+        self.store
+            .put(
+                &ObjectPath::from(hash.as_str()),
+                bytes::Bytes::copy_from_slice(bytes).into(),
+            )
+            .await
+            .map_err(|e| Error::Blob(e.to_string()))?;
+        Ok(hash)
+    }
+
     /// Removes a blob (a missing one is not an error).
     pub async fn delete(&self, hash: &str) -> Result<()> {
         match self.store.delete(&ObjectPath::from(hash)).await {

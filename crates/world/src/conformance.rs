@@ -369,3 +369,32 @@ pub async fn inbox_feeds_the_turn_queue<W: World>(world: &W) {
         Err(Error::NotFound(_))
     ));
 }
+
+/// Records over 64 KiB keep their body in the blob store and read back whole; a lost
+/// body is reported as corruption of that position, never skipped.
+pub async fn big_records_spill_to_the_blob_store<W: World>(world: &W, blobs: &crate::Blobs) {
+    world.create_session("big", "alice").await.unwrap();
+    let lease = world
+        .acquire_lease("big", &Holder::new("h"), TTL)
+        .await
+        .unwrap();
+    let big = message(1, &"x".repeat(200_000));
+    world
+        .append(&lease, std::slice::from_ref(&big))
+        .await
+        .unwrap();
+    world.append(&lease, &[message(2, "small")]).await.unwrap();
+    let log = world.read("big", 1).await.unwrap();
+    assert_eq!(log[0].event, big);
+    assert_eq!(log[1].event, message(2, "small"));
+    let hash = blake3::hash(&serde_json::to_vec(&big).unwrap())
+        .to_hex()
+        .to_string();
+    assert!(
+        blobs.get(&hash).await.is_ok(),
+        "the body is in the blob store"
+    );
+    blobs.delete(&hash).await.unwrap();
+    let err = world.read("big", 1).await.unwrap_err();
+    assert!(matches!(err, Error::Corrupt { seq: 1, .. }), "{err}");
+}

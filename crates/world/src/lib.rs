@@ -382,6 +382,57 @@ pub(crate) fn summarize(events: &[Event]) -> Summary {
     s
 }
 
+/// Stores the bodies of `events` that are larger than [`INLINE_LIMIT`] in `spill`
+/// (if configured) and returns, per event, the blob hash of a spilled body.
+pub(crate) async fn spill_large(
+    spill: Option<&Blobs>,
+    events: &[Event],
+) -> Result<Vec<Option<String>>> {
+    let mut out = Vec::with_capacity(events.len());
+    for event in events {
+        let hash = match spill {
+            Some(blobs) => {
+                let body = serde_json::to_vec(event).map_err(|e| Error::Backend(e.to_string()))?;
+                if body.len() > INLINE_LIMIT {
+                    Some(blobs.put_raw(&body).await?)
+                } else {
+                    None
+                }
+            }
+            None => None,
+        };
+        out.push(hash);
+    }
+    Ok(out)
+}
+
+/// Puts the spilled bodies back into records read with an empty body and a blob hash.
+pub(crate) async fn unspill(
+    session: &str,
+    spill: Option<&Blobs>,
+    raw: &mut [(RawRecord, Option<String>)],
+) -> Result<()> {
+    for ((seq, _, _, enc), blob) in raw.iter_mut() {
+        let Some(hash) = blob else { continue };
+        let corrupt = |detail: String| Error::Corrupt {
+            session: session.to_string(),
+            seq: *seq,
+            detail,
+        };
+        let blobs = spill.ok_or_else(|| {
+            corrupt(format!(
+                "the record's body is in blob {hash}, but no blob store is configured"
+            ))
+        })?;
+        enc.body = blobs.get(hash).await.map_err(|e| {
+            corrupt(format!(
+                "the record's body (blob {hash}) cannot be read: {e}"
+            ))
+        })?;
+    }
+    Ok(())
+}
+
 /// A stored record as read: position, epoch, time, encoded body.
 pub(crate) type RawRecord = (u64, u64, u64, steadfast_log::EncodedRecord);
 

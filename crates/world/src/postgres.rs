@@ -28,6 +28,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("postgres/001_init.sql")),
     (2, include_str!("postgres/002_inbox.sql")),
     (3, include_str!("postgres/003_hot_updates.sql")),
+    (4, include_str!("postgres/004_spill.sql")),
 ];
 const STALE_FENCE: &str = "SF001";
 /// Serialises concurrent `migrate` runs (an arbitrary, fixed advisory-lock key).
@@ -43,6 +44,7 @@ pub struct PostgresWorld {
     /// holder of a lease is the only writer, so its next append can be one
     /// conditional statement instead of a locking transaction.
     positions: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, (u64, u64)>>>,
+    spill: Option<crate::Blobs>,
 }
 
 /// Whether an append changes what other processes should act on (a turn starting,
@@ -66,10 +68,10 @@ WITH s AS (
      WHERE id = $1 AND lease_epoch = $2 AND lease_holder = $3 AND last_seq = $4
  RETURNING id),
 ins AS (
-    INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum)
-    SELECT s.id, e.seq, $2, $6, e.schema, e.kind, e.body, e.checksum
-      FROM s, unnest($11::bigint[], $12::smallint[], $13::text[], $14::bytea[], $15::text[])
-           AS e(seq, schema, kind, body, checksum)
+    INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum, blob)
+    SELECT s.id, e.seq, $2, $6, e.schema, e.kind, e.body, e.checksum, e.blob
+      FROM s, unnest($11::bigint[], $12::smallint[], $13::text[], $14::bytea[], $15::text[], $18::text[])
+           AS e(seq, schema, kind, body, checksum, blob)
  RETURNING 1),
 taken AS (
     UPDATE steadfast_inbox SET taken = true
@@ -132,6 +134,12 @@ impl PostgresWorld {
         Ok(world)
     }
 
+    /// Keeps records whose body is over 64 KiB in `blobs` (hash in the log).
+    pub fn with_spill(mut self, blobs: crate::Blobs) -> Self {
+        self.spill = Some(blobs);
+        self
+    }
+
     fn with_listener(mut self, config: tokio_postgres::Config) -> Self {
         let task = tokio::spawn(listen(config, self.changes.clone()));
         self._listener = Some(std::sync::Arc::new(AbortOnDrop(task)));
@@ -161,6 +169,7 @@ impl PostgresWorld {
             changes: std::sync::Arc::new(tokio::sync::watch::channel(0).0),
             _listener: None,
             positions: Default::default(),
+            spill: None,
         };
         Ok(world.with_listener(listen_config))
     }
@@ -293,6 +302,7 @@ impl PostgresWorld {
         lease: &Lease,
         last: u64,
         events: &[Event],
+        spilled: &[Option<String>],
     ) -> Result<Option<Vec<Record>>> {
         let client = self.client().await?;
         let at_ms = now_ms();
@@ -313,7 +323,17 @@ impl PostgresWorld {
         let seqs: Vec<i64> = records.iter().map(|r| r.seq as i64).collect();
         let schemas: Vec<i16> = encoded.iter().map(|e| e.schema as i16).collect();
         let kinds: Vec<&str> = records.iter().map(|r| r.event.kind()).collect();
-        let bodies: Vec<&[u8]> = encoded.iter().map(|e| e.body.as_slice()).collect();
+        let bodies: Vec<&[u8]> = encoded
+            .iter()
+            .zip(spilled)
+            .map(|(e, blob)| {
+                if blob.is_some() {
+                    &[][..]
+                } else {
+                    e.body.as_slice()
+                }
+            })
+            .collect();
         let sums: Vec<&str> = encoded.iter().map(|e| e.checksum.as_str()).collect();
         let summary = summarize(events);
         let taken: Vec<i64> = summary.taken.iter().map(|t| *t as i64).collect();
@@ -344,6 +364,7 @@ impl PostgresWorld {
                     &sums,
                     &taken,
                     &notify,
+                    &spilled,
                 ],
             )
             .await
@@ -365,7 +386,12 @@ impl PostgresWorld {
         Ok(Some(records))
     }
 
-    async fn append_locked(&self, lease: &Lease, events: &[Event]) -> Result<Vec<Record>> {
+    async fn append_locked(
+        &self,
+        lease: &Lease,
+        events: &[Event],
+        spilled: &[Option<String>],
+    ) -> Result<Vec<Record>> {
         let mut client = self.client().await?;
 
         let tx = client.transaction().await.map_err(db)?;
@@ -382,12 +408,12 @@ impl PostgresWorld {
         let at_ms = now_ms();
         let insert = tx
             .prepare_cached(
-                "INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                "INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum, blob) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             )
             .await
             .map_err(db)?;
         let mut records = Vec::with_capacity(events.len());
-        for (i, event) in events.iter().enumerate() {
+        for (i, (event, blob)) in events.iter().zip(spilled).enumerate() {
             let record = Record {
                 seq: last + 1 + i as u64,
                 epoch: lease.epoch,
@@ -395,6 +421,7 @@ impl PostgresWorld {
                 event: event.clone(),
             };
             let enc = record::encode(&lease.session, &record);
+            let body: &[u8] = if blob.is_some() { &[] } else { &enc.body };
             tx.execute(
                 &insert,
                 &[
@@ -404,8 +431,9 @@ impl PostgresWorld {
                     &(at_ms as i64),
                     &(enc.schema as i16),
                     &record.event.kind(),
-                    &enc.body,
+                    &body,
                     &enc.checksum,
+                    blob,
                 ],
             )
             .await
@@ -480,27 +508,32 @@ impl PostgresWorld {
         let from = from.max(1);
         let rows = tx
             .query(
-                "SELECT seq, epoch, at_ms, schema, body, checksum FROM steadfast_events WHERE session_id = $1 AND seq >= $2 ORDER BY seq",
+                "SELECT seq, epoch, at_ms, schema, body, checksum, blob FROM steadfast_events WHERE session_id = $1 AND seq >= $2 ORDER BY seq",
                 &[&session, &(from as i64)],
             )
             .await
             .map_err(db)?;
         tx.commit().await.map_err(db)?;
-        let raw: Vec<RawRecord> = rows
+        let mut raw: Vec<(RawRecord, Option<String>)> = rows
             .into_iter()
             .map(|r| {
                 (
-                    to_u64(r.get(0)),
-                    to_u64(r.get(1)),
-                    to_u64(r.get(2)),
-                    EncodedRecord {
-                        schema: r.get::<_, i16>(3) as u16,
-                        body: r.get(4),
-                        checksum: r.get(5),
-                    },
+                    (
+                        to_u64(r.get(0)),
+                        to_u64(r.get(1)),
+                        to_u64(r.get(2)),
+                        EncodedRecord {
+                            schema: r.get::<_, i16>(3) as u16,
+                            body: r.get(4),
+                            checksum: r.get(5),
+                        },
+                    ),
+                    r.get(6),
                 )
             })
             .collect();
+        crate::unspill(session, self.spill.as_ref(), &mut raw).await?;
+        let raw: Vec<RawRecord> = raw.into_iter().map(|(r, _)| r).collect();
         let session = session.to_string();
         tokio::task::spawn_blocking(move || verify(&session, from, to_u64(last_seq), raw))
             .await
@@ -591,12 +624,13 @@ impl World for PostgresWorld {
             .get(&lease.session)
             .filter(|(epoch, _)| *epoch == lease.epoch)
             .map(|(_, last)| *last);
+        let spilled = crate::spill_large(self.spill.as_ref(), events).await?;
         if let Some(last) = known {
-            if let Some(records) = self.append_fast(lease, last, events).await? {
+            if let Some(records) = self.append_fast(lease, last, events, &spilled).await? {
                 return Ok(records);
             }
         }
-        let records = self.append_locked(lease, events).await?;
+        let records = self.append_locked(lease, events, &spilled).await?;
         if let Some(last) = records.last() {
             self.positions
                 .lock()

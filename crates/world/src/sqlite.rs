@@ -15,7 +15,10 @@ use crate::{
 };
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records the last.
-const MIGRATIONS: &[&str] = &[SCHEMA_V1, SCHEMA_V2];
+const MIGRATIONS: &[&str] = &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3];
+
+/// Records too big to keep inline keep their body in the blob store.
+const SCHEMA_V3: &str = "ALTER TABLE events ADD COLUMN blob TEXT;";
 
 const SCHEMA_V1: &str = r#"
 CREATE TABLE IF NOT EXISTS sessions (
@@ -65,6 +68,7 @@ pub struct SqliteWorld {
     conn: Arc<Mutex<Connection>>,
     path: PathBuf,
     changes: Arc<tokio::sync::watch::Sender<u64>>,
+    spill: Option<crate::Blobs>,
 }
 
 fn backend(e: rusqlite::Error) -> Error {
@@ -117,7 +121,14 @@ impl SqliteWorld {
             conn: Arc::new(Mutex::new(conn)),
             path,
             changes: Arc::new(tokio::sync::watch::channel(0).0),
+            spill: None,
         })
+    }
+
+    /// Keeps records whose body is over 64 KiB in `blobs` (hash in the log).
+    pub fn with_spill(mut self, blobs: crate::Blobs) -> Self {
+        self.spill = Some(blobs);
+        self
     }
 
     /// The database file.
@@ -267,6 +278,7 @@ impl World for SqliteWorld {
     }
 
     async fn append(&self, lease: &Lease, events: &[Event]) -> Result<Vec<Record>> {
+        let spilled = crate::spill_large(self.spill.as_ref(), events).await?;
         let (lease, events) = (lease.clone(), events.to_vec());
         let result = self.with(move |conn| {
             let tx = conn
@@ -281,10 +293,10 @@ impl World for SqliteWorld {
             {
                 let mut insert = tx
                     .prepare_cached(
-                        "INSERT INTO events (session_id, seq, epoch, at_ms, schema, kind, body, checksum) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                        "INSERT INTO events (session_id, seq, epoch, at_ms, schema, kind, body, checksum, blob) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                     )
                     .map_err(backend)?;
-                for (i, event) in events.into_iter().enumerate() {
+                for (i, (event, blob)) in events.into_iter().zip(spilled).enumerate() {
                     let record = Record {
                         seq: last + 1 + i as u64,
                         epoch: lease.epoch,
@@ -300,8 +312,9 @@ impl World for SqliteWorld {
                             at_ms,
                             enc.schema,
                             record.event.kind(),
-                            enc.body,
-                            enc.checksum
+                            if blob.is_some() { Vec::new() } else { enc.body },
+                            enc.checksum,
+                            blob
                         ])
                         .map_err(backend)?;
                     records.push(record);
@@ -340,39 +353,50 @@ impl World for SqliteWorld {
 
     async fn read(&self, session: &str, from: u64) -> Result<Vec<Record>> {
         let session = session.to_string();
-        self.with(move |conn| {
-            let exists: Option<u64> = conn
-                .query_row("SELECT last_seq FROM sessions WHERE id = ?1", [&session], |r| r.get(0))
-                .optional()
-                .map_err(backend)?;
-            let Some(last_seq) = exists else {
-                return Err(Error::NotFound(session));
-            };
-            let mut stmt = conn
-                .prepare_cached(
-                    "SELECT seq, epoch, at_ms, schema, body, checksum FROM events WHERE session_id = ?1 AND seq >= ?2 ORDER BY seq",
-                )
-                .map_err(backend)?;
-            let rows = stmt
-                .query_map(params![session, from.max(1)], |r| {
-                    Ok((
-                        r.get::<_, u64>(0)?,
-                        r.get::<_, u64>(1)?,
-                        r.get::<_, u64>(2)?,
-                        EncodedRecord {
-                            schema: r.get(3)?,
-                            body: r.get(4)?,
-                            checksum: r.get(5)?,
-                        },
-                    ))
-                })
-                .map_err(backend)?;
-            let raw = rows
-                .collect::<rusqlite::Result<Vec<RawRecord>>>()
-                .map_err(backend)?;
-            verify(&session, from.max(1), last_seq, raw)
-        })
-        .await
+        let from = from.max(1);
+        let name = session.clone();
+        let (last_seq, mut raw) = self
+            .with(move |conn| {
+                let exists: Option<u64> = conn
+                    .query_row("SELECT last_seq FROM sessions WHERE id = ?1", [&session], |r| r.get(0))
+                    .optional()
+                    .map_err(backend)?;
+                let Some(last_seq) = exists else {
+                    return Err(Error::NotFound(session));
+                };
+                let mut stmt = conn
+                    .prepare_cached(
+                        "SELECT seq, epoch, at_ms, schema, body, checksum, blob FROM events WHERE session_id = ?1 AND seq >= ?2 ORDER BY seq",
+                    )
+                    .map_err(backend)?;
+                let rows = stmt
+                    .query_map(params![session, from], |r| {
+                        Ok((
+                            (
+                                r.get::<_, u64>(0)?,
+                                r.get::<_, u64>(1)?,
+                                r.get::<_, u64>(2)?,
+                                EncodedRecord {
+                                    schema: r.get(3)?,
+                                    body: r.get(4)?,
+                                    checksum: r.get(5)?,
+                                },
+                            ),
+                            r.get::<_, Option<String>>(6)?,
+                        ))
+                    })
+                    .map_err(backend)?;
+                let raw = rows
+                    .collect::<rusqlite::Result<Vec<(RawRecord, Option<String>)>>>()
+                    .map_err(backend)?;
+                Ok((last_seq, raw))
+            })
+            .await?;
+        crate::unspill(&name, self.spill.as_ref(), &mut raw).await?;
+        let raw: Vec<RawRecord> = raw.into_iter().map(|(r, _)| r).collect();
+        tokio::task::spawn_blocking(move || verify(&name, from, last_seq, raw))
+            .await
+            .map_err(|e| Error::Backend(format!("decode task failed: {e}")))?
     }
 
     async fn list_sessions(&self) -> Result<Vec<SessionSummary>> {

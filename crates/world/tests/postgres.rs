@@ -217,3 +217,15 @@ async fn another_process_s_writes_wake_listeners_through_notify() {
         .expect("a NOTIFY from the other pool arrives")
         .unwrap();
 }
+
+#[tokio::test]
+async fn big_records_spill_to_the_blob_store() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let blobs = steadfast_world::Blobs::local(dir.path()).unwrap();
+    conformance::big_records_spill_to_the_blob_store(
+        &db.world().await.with_spill(blobs.clone()),
+        &blobs,
+    )
+    .await;
+}

@@ -124,3 +124,11 @@ async fn a_database_from_a_newer_build_is_refused() -> anyhow::Result<()> {
 async fn inbox_feeds_the_turn_queue() {
     conformance::inbox_feeds_the_turn_queue(&world().1).await;
 }
+
+#[tokio::test]
+async fn big_records_spill_to_the_blob_store() {
+    let (dir, world) = world();
+    let blobs = steadfast_world::Blobs::local(&dir.path().join("blobs")).unwrap();
+    conformance::big_records_spill_to_the_blob_store(&world.with_spill(blobs.clone()), &blobs)
+        .await;
+}
