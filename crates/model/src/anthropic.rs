@@ -4,7 +4,7 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use steadfast_log::{Block, Message, Role, ToolUse, Usage};
 
-use crate::retry::{classify_status, retry_after, transport, Attempt};
+use crate::retry::{send, Attempt};
 use crate::{sse, Delta, Endpoint, Error, ModelRequest, ModelResponse};
 
 const PROVIDER: &str = "anthropic";
@@ -92,20 +92,14 @@ pub(crate) async fn complete(
     on_delta: &mut (dyn FnMut(Delta) + Send),
 ) -> Result<ModelResponse, Attempt> {
     let url = format!("{}/v1/messages", endpoint.base_url.trim_end_matches('/'));
-    let response = http
-        .post(&url)
-        .header("x-api-key", &endpoint.api_key)
-        .header("anthropic-version", API_VERSION)
-        .json(&body(request))
-        .send()
-        .await
-        .map_err(|e| transport(e, false))?;
-    let status = response.status();
-    if !status.is_success() {
-        let after = retry_after(response.headers());
-        let text = response.text().await.unwrap_or_default();
-        return Err(classify_status(PROVIDER, status, after, &text));
-    }
+    let response = send(
+        PROVIDER,
+        http.post(&url)
+            .header("x-api-key", &endpoint.api_key)
+            .header("anthropic-version", API_VERSION)
+            .json(&body(request)),
+    )
+    .await?;
 
     let mut events = sse::events(response);
     let mut blocks: Vec<Option<Partial>> = Vec::new();

@@ -128,3 +128,19 @@ pub(crate) fn transport(e: reqwest::Error, streamed: bool) -> Attempt {
         streamed,
     }
 }
+
+/// Sends a prepared provider request; a transport failure or a non-2xx status becomes
+/// a retryable or fatal [`Attempt`].
+pub(crate) async fn send(
+    provider: &'static str,
+    request: reqwest::RequestBuilder,
+) -> Result<reqwest::Response, Attempt> {
+    let response = request.send().await.map_err(|e| transport(e, false))?;
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let after = retry_after(response.headers());
+    let text = response.text().await.unwrap_or_default();
+    Err(classify_status(provider, status, after, &text))
+}

@@ -267,6 +267,23 @@ async fn lease_row(tx: &Transaction<'_>, session: &str) -> Result<(LeaseRow, u64
     ))
 }
 
+/// Records `holder` as the session's lease holder at `epoch` until `expires_ms`.
+async fn take_lease(
+    tx: &Transaction<'_>,
+    session: &str,
+    holder: &Holder,
+    epoch: u64,
+    expires_ms: u64,
+) -> Result<()> {
+    tx.execute(
+        "UPDATE steadfast_sessions SET lease_epoch = $2, lease_holder = $3, lease_host = $4, lease_pid = $5, lease_expires_ms = $6 WHERE id = $1",
+        &[&session, &(epoch as i64), &holder.id, &holder.host, &(holder.pid as i32), &(expires_ms as i64)],
+    )
+    .await
+    .map_err(db)?;
+    Ok(())
+}
+
 async fn check_fence(tx: &Transaction<'_>, lease: &Lease) -> Result<u64> {
     let (row, now) = lease_row(tx, &lease.session).await?;
     if row.epoch != lease.epoch || row.holder.as_deref() != Some(lease.holder.as_str()) {
@@ -570,19 +587,7 @@ impl World for PostgresWorld {
             });
         }
         let epoch = row.epoch + 1;
-        tx.execute(
-            "UPDATE steadfast_sessions SET lease_epoch = $2, lease_holder = $3, lease_host = $4, lease_pid = $5, lease_expires_ms = $6 WHERE id = $1",
-            &[
-                &session,
-                &(epoch as i64),
-                &holder.id,
-                &holder.host,
-                &(holder.pid as i32),
-                &((now + ttl.as_millis() as u64) as i64),
-            ],
-        )
-        .await
-        .map_err(db)?;
+        take_lease(&tx, session, holder, epoch, now + ttl.as_millis() as u64).await?;
         tx.commit().await.map_err(db)?;
         Ok(Lease {
             session: session.to_string(),
@@ -746,19 +751,7 @@ impl World for PostgresWorld {
                 continue;
             }
             let epoch = lease.epoch + 1;
-            tx.execute(
-                "UPDATE steadfast_sessions SET lease_epoch = $2, lease_holder = $3, lease_host = $4, lease_pid = $5, lease_expires_ms = $6 WHERE id = $1",
-                &[
-                    &session,
-                    &(epoch as i64),
-                    &holder.id,
-                    &holder.host,
-                    &(holder.pid as i32),
-                    &((now + ttl.as_millis() as u64) as i64),
-                ],
-            )
-            .await
-            .map_err(db)?;
+            take_lease(&tx, &session, holder, epoch, now + ttl.as_millis() as u64).await?;
             tx.commit().await.map_err(db)?;
             return Ok(Some(Lease {
                 session,

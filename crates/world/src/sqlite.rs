@@ -169,6 +169,22 @@ fn lease_row(tx: &Connection, session: &str) -> Result<LeaseRow> {
     .ok_or_else(|| Error::NotFound(session.to_string()))
 }
 
+/// Records `holder` as the session's lease holder at `epoch` until `expires_ms`.
+fn take_lease(
+    tx: &Connection,
+    session: &str,
+    holder: &Holder,
+    epoch: u64,
+    expires_ms: u64,
+) -> Result<()> {
+    tx.execute(
+        "UPDATE sessions SET lease_epoch = ?2, lease_holder = ?3, lease_host = ?4, lease_pid = ?5, lease_expires_ms = ?6 WHERE id = ?1",
+        params![session, epoch, holder.id, holder.host, holder.pid, expires_ms],
+    )
+    .map_err(backend)?;
+    Ok(())
+}
+
 fn check_fence(tx: &Connection, lease: &Lease) -> Result<()> {
     let row = lease_row(tx, &lease.session)?;
     if row.epoch != lease.epoch || row.holder.as_deref() != Some(lease.holder.as_str()) {
@@ -232,11 +248,7 @@ impl World for SqliteWorld {
                 });
             }
             let epoch = row.epoch + 1;
-            tx.execute(
-                "UPDATE sessions SET lease_epoch = ?2, lease_holder = ?3, lease_host = ?4, lease_pid = ?5, lease_expires_ms = ?6 WHERE id = ?1",
-                params![session, epoch, holder.id, holder.host, holder.pid, now + ttl.as_millis() as u64],
-            )
-            .map_err(backend)?;
+            take_lease(&tx, &session, &holder, epoch, now + ttl.as_millis() as u64)?;
             tx.commit().map_err(backend)?;
             Ok(Lease {
                 session,
@@ -508,15 +520,13 @@ impl World for SqliteWorld {
             for session in candidates {
                 let row = lease_row(&tx, &session)?;
                 // A session this holder already drives is not new work.
-                if row.holder.as_deref() == Some(holder.id.as_str()) || !row.is_free_for(&holder, now) {
+                if row.holder.as_deref() == Some(holder.id.as_str())
+                    || !row.is_free_for(&holder, now)
+                {
                     continue;
                 }
                 let epoch = row.epoch + 1;
-                tx.execute(
-                    "UPDATE sessions SET lease_epoch = ?2, lease_holder = ?3, lease_host = ?4, lease_pid = ?5, lease_expires_ms = ?6 WHERE id = ?1",
-                    params![session, epoch, holder.id, holder.host, holder.pid, now + ttl.as_millis() as u64],
-                )
-                .map_err(backend)?;
+                take_lease(&tx, &session, &holder, epoch, now + ttl.as_millis() as u64)?;
                 tx.commit().map_err(backend)?;
                 return Ok(Some(Lease {
                     session,
