@@ -35,6 +35,13 @@ pub struct Config {
     /// Harness settings.
     #[serde(default)]
     pub harness: HarnessConfig,
+    /// Default bounds of new sessions.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    /// Model prices (USD per million tokens) overriding the built-in table, by
+    /// model-name prefix: `[prices."my-model"] input = 1.0, output = 4.0`.
+    #[serde(default)]
+    pub prices: BTreeMap<String, PriceConfig>,
     /// API server settings.
     #[serde(default)]
     pub server: ServerConfig,
@@ -100,6 +107,30 @@ pub struct HarnessConfig {
     pub max_tokens: Option<u32>,
     /// Lease time to live, seconds.
     pub lease_ttl_secs: Option<u64>,
+}
+
+/// Default bounds of new sessions (each can be set per session too).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Money per session, USD.
+    pub max_cost_usd: Option<f64>,
+    /// Tokens per session.
+    pub max_tokens: Option<u64>,
+    /// Turns per session.
+    pub max_turns: Option<u32>,
+    /// Wall-clock seconds per session.
+    pub max_duration_secs: Option<u64>,
+}
+
+/// A model's price, USD per million tokens.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct PriceConfig {
+    /// Input tokens.
+    pub input: f64,
+    /// Output tokens.
+    pub output: f64,
 }
 
 impl Config {
@@ -182,6 +213,11 @@ impl Config {
         if let Some(s) = h.lease_ttl_secs {
             options.lease_ttl = Duration::from_secs(s.max(3));
         }
+        for (model, price) in &self.prices {
+            options
+                .prices
+                .insert(model.clone(), (price.input, price.output));
+        }
         let s = &self.sandbox;
         options.sandbox.env.extend(s.env.clone());
         if let Some(t) = s.default_timeout_secs {
@@ -191,6 +227,23 @@ impl Config {
             options.sandbox.max_timeout = Duration::from_secs(t);
         }
         options
+    }
+
+    /// The bounds of a new session: the file's defaults, overridden by `over`.
+    pub fn limits(&self, over: &LimitsConfig) -> steadfast_log::Limits {
+        let l = &self.limits;
+        steadfast_log::Limits {
+            max_cost_micro_usd: over
+                .max_cost_usd
+                .or(l.max_cost_usd)
+                .map(|usd| (usd * 1e6).round() as u64),
+            max_tokens: over.max_tokens.or(l.max_tokens),
+            max_turns: over.max_turns.or(l.max_turns),
+            max_duration_ms: over
+                .max_duration_secs
+                .or(l.max_duration_secs)
+                .map(|s| s.saturating_mul(1000)),
+        }
     }
 
     /// The effective configuration as TOML, keys shown as set or unset, never their value.

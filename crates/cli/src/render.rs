@@ -112,7 +112,15 @@ pub fn timeline(record: &Record) -> Vec<String> {
             ToolResolution::Rerun => "tool call interrupted by a crash: read-only, will run again".into(),
             ToolResolution::RolledBack { snapshot } => format!("tool call interrupted by a crash: rolled back to snapshot {}; model told", snap(snapshot)),
             ToolResolution::OutcomeUnknown => "tool call interrupted by a crash: external effect, outcome unknown, NOT re-run; model told".into(),
+            ToolResolution::Reconciled { done: true, evidence } => format!("tool call interrupted by a crash: reconciled, the effect HAD happened; recorded as done ({})", short(evidence, 80)),
+            ToolResolution::Reconciled { done: false, evidence } => format!("tool call interrupted by a crash: reconciled, the effect had NOT happened; will run again ({})", short(evidence, 80)),
         },
+        Event::SandboxLost { reason, .. } => format!("sandbox lost: {}; a new one is provisioned on demand", short(reason, 100)),
+        Event::Escalated { breaker, reason, diff } => {
+            let mut lines = vec![format!("{head}  session escalated by the {breaker} breaker: {reason}; send signal `resume` (raising the limit) to go on")];
+            lines.extend(diff.iter().map(|d| format!("{:>30}{d}", "")));
+            return lines;
+        }
         Event::TurnEnded { turn } => format!("turn {turn} ended"),
         Event::SessionEnded { state, reason, diff } => {
             let mut lines = vec![format!("{head}  session {state}: {reason}")];

@@ -7,7 +7,7 @@ use steadfast_log::{
 };
 use steadfast_model::{pricing, Delta, ModelClient, ModelRequest, ToolDef};
 use steadfast_sandbox::{classify, tool_specs, Sandbox};
-use steadfast_world::{strip_ansi, InboundKind, Lease, World, INLINE_LIMIT};
+use steadfast_world::{now_ms, strip_ansi, InboundKind, Lease, World, INLINE_LIMIT};
 
 use crate::harness::Harness;
 
@@ -171,6 +171,17 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     /// Takes the next step at the frontier (one call, or one resolution). Returns
     /// `Some` when there is nothing left to do.
     pub async fn step(&mut self) -> Result<Option<Stop>> {
+        let max_steps = self.harness.options.max_steps_per_turn;
+        if let Some((breaker, reason)) = self.state.breaker(now_ms(), max_steps) {
+            let diff = self.diff_since_start().await;
+            self.append(vec![Event::Escalated {
+                breaker,
+                reason,
+                diff,
+            }])
+            .await?;
+            return Ok(None);
+        }
         match self.state.next() {
             Next::Ended(status) => Ok(Some(Stop::Ended(match status {
                 steadfast_log::Status::Failed => EndState::Failed,
@@ -230,26 +241,6 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             }
             Next::CallModel { .. } | Next::EndTurn if self.take_steer().await? => Ok(None),
             Next::CallModel { step } => {
-                if let Some(budget) = self.state.budget_micro_usd {
-                    if self.state.cost_micro_usd >= budget {
-                        let reason = format!(
-                            "spend cap reached: ${:.4} of ${:.4}",
-                            self.state.cost_micro_usd as f64 / 1e6,
-                            budget as f64 / 1e6
-                        );
-                        self.end(EndState::Escalated, &reason).await?;
-                        return Ok(None);
-                    }
-                }
-                if step > self.harness.options.max_steps_per_turn {
-                    let reason = format!(
-                        "step budget exhausted: {} model calls in turn {}",
-                        step - 1,
-                        self.state.turn
-                    );
-                    self.end(EndState::Escalated, &reason).await?;
-                    return Ok(None);
-                }
                 self.call_model(step).await?;
                 Ok(None)
             }
@@ -375,7 +366,11 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             }
         };
         point(points::MODEL_EFFECT);
-        let cost = pricing::cost_micro_usd(&self.state.model.model, &response.usage);
+        let cost = pricing::cost_with(
+            &self.harness.options.prices,
+            &self.state.model.model,
+            &response.usage,
+        );
         self.append(vec![Event::ModelCallOutcome {
             call_id,
             content: response.content,

@@ -35,6 +35,8 @@ pub struct HarnessOptions {
     pub max_steps_per_turn: u32,
     /// The most tokens a reply may have.
     pub max_tokens: u32,
+    /// Model prices that override the built-in table (for the cost breaker).
+    pub prices: steadfast_model::pricing::PriceTable,
 }
 
 impl std::fmt::Debug for HarnessOptions {
@@ -75,6 +77,7 @@ impl HarnessOptions {
             lease_ttl: Duration::from_secs(30),
             max_steps_per_turn: 200,
             max_tokens: 8192,
+            prices: Default::default(),
         }
     }
 }
@@ -98,6 +101,8 @@ pub struct NewSession {
     pub budget_micro_usd: Option<u64>,
     /// Pause for a human's approval before every external-effect tool call.
     pub approve_external: bool,
+    /// Bounds on tokens, turns and wall-clock time.
+    pub limits: steadfast_log::Limits,
 }
 
 impl NewSession {
@@ -111,6 +116,7 @@ impl NewSession {
             task: None,
             budget_micro_usd: None,
             approve_external: false,
+            limits: Default::default(),
         }
     }
 
@@ -252,6 +258,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             created_at_ms: now_ms(),
             budget_micro_usd: new.budget_micro_usd,
             approve_external: new.approve_external,
+            limits: new.limits,
         }];
         if let Some(text) = new.task {
             events.push(Event::UserMessage {

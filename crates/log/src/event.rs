@@ -127,7 +127,85 @@ pub enum ToolResolution {
     },
     /// An external effect: not re-run, the model told the outcome is unknown.
     OutcomeUnknown,
+    /// An external effect whose outcome a reconciler probe decided: if it happened,
+    /// the call is done and the model is shown the evidence; if not, it runs again.
+    Reconciled {
+        /// Whether the effect had taken place.
+        done: bool,
+        /// What the probe saw, for the model and the log's reader.
+        evidence: String,
+    },
 }
+
+/// The hard bounds of a session (DESIGN.md invariant 7). Each is checked as the log
+/// grows; hitting one escalates the session until a `resume` signal raises it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Money for model calls, millionths of a dollar.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_micro_usd: Option<u64>,
+    /// Tokens of model calls (input, output and cache, added up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// Turns (user messages that open work).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_turns: Option<u32>,
+    /// Wall-clock time since the session began, milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_duration_ms: Option<u64>,
+}
+
+impl Limits {
+    /// Whether no bound is set.
+    pub fn is_unbounded(&self) -> bool {
+        *self == Limits::default()
+    }
+
+    /// These limits with every bound `raise` sets taken from it.
+    pub fn raised(self, raise: &Limits) -> Limits {
+        Limits {
+            max_cost_micro_usd: raise.max_cost_micro_usd.or(self.max_cost_micro_usd),
+            max_tokens: raise.max_tokens.or(self.max_tokens),
+            max_turns: raise.max_turns.or(self.max_turns),
+            max_duration_ms: raise.max_duration_ms.or(self.max_duration_ms),
+        }
+    }
+}
+
+/// Which bound stopped a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Breaker {
+    /// The money limit.
+    Cost,
+    /// The token limit.
+    Tokens,
+    /// The wall-clock limit.
+    Duration,
+    /// The turn limit.
+    Turns,
+    /// Too many model calls in one turn.
+    Steps,
+    /// The same tool call, same input, three times running with no workspace change.
+    Loop,
+}
+
+impl std::fmt::Display for Breaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Breaker::Cost => "cost",
+            Breaker::Tokens => "tokens",
+            Breaker::Duration => "duration",
+            Breaker::Turns => "turns",
+            Breaker::Steps => "steps",
+            Breaker::Loop => "loop",
+        })
+    }
+}
+
+/// The signal that resumes an escalated session. Its payload may raise limits:
+/// `{"max_cost_usd": 2.5, "max_tokens": 10000, "max_turns": 20, "max_duration_s": 3600}`.
+pub const RESUME_SIGNAL: &str = "resume";
 
 /// How a session ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -175,6 +253,9 @@ pub enum Event {
         /// Pause for a human's approval before every external-effect tool call.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         approve_external: bool,
+        /// Bounds beyond the spend limit (tokens, turns, wall clock).
+        #[serde(default, skip_serializing_if = "Limits::is_unbounded")]
+        limits: Limits,
     },
     /// A user message, which opens a turn.
     UserMessage {
@@ -300,6 +381,26 @@ pub enum Event {
         /// The turn ended.
         turn: u32,
     },
+    /// A bound was hit: the session stops, escalated to a human, until a
+    /// [`RESUME_SIGNAL`] arrives (raising the bound, or acknowledging a loop).
+    Escalated {
+        /// The bound hit.
+        breaker: Breaker,
+        /// Why, in words.
+        reason: String,
+        /// The workspace diff since the session began.
+        #[serde(default)]
+        diff: Vec<String>,
+    },
+    /// The sandbox died (killed, out of memory, evicted). If a call was running in it,
+    /// the call is resolved next by invariant 4 and a new sandbox is provisioned.
+    SandboxLost {
+        /// The tool call that was running, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call_id: Option<String>,
+        /// What was seen.
+        reason: String,
+    },
     /// The session is over.
     SessionEnded {
         /// How it ended.
@@ -330,6 +431,8 @@ impl Event {
             Event::ToolCallOutcome { .. } => "tool_call_outcome",
             Event::ToolCallInterrupted { .. } => "tool_call_interrupted",
             Event::TurnEnded { .. } => "turn_ended",
+            Event::Escalated { .. } => "escalated",
+            Event::SandboxLost { .. } => "sandbox_lost",
             Event::SessionEnded { .. } => "session_ended",
         }
     }

@@ -9,8 +9,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::event::{
-    EndState, Event, ModelSpec, ToolClass, ToolResolution, Usage, DENIED,
-    INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK,
+    Breaker, EndState, Event, Limits, ModelSpec, ToolClass, ToolResolution, Usage, DENIED,
+    INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK, RESUME_SIGNAL,
 };
 use crate::message::{Block, Message, Role, ToolUse};
 use crate::record::Record;
@@ -27,17 +27,11 @@ pub enum Status {
     Completed,
     /// Ended: failed.
     Failed,
-    /// Ended: escalated to a human.
+    /// Stopped by a bound and escalated to a human: waits for a `resume` signal
+    /// (or, in logs that ended it, over for good).
     Escalated,
     /// Paused until a named signal arrives.
     Waiting,
-}
-
-impl Status {
-    /// Whether the session has ended.
-    pub fn is_ended(self) -> bool {
-        matches!(self, Status::Completed | Status::Failed | Status::Escalated)
-    }
 }
 
 impl std::fmt::Display for Status {
@@ -163,10 +157,22 @@ pub struct SessionState {
     pub approved: Vec<String>,
     /// The last inbox entry taken into the log.
     pub inbox_consumed: u64,
-    /// The spend limit, millionths of a dollar.
-    pub budget_micro_usd: Option<u64>,
+    /// The session's bounds, as raised by `resume` signals.
+    pub limits: Limits,
     /// Whether external-effect calls wait for approval.
     pub approve_external: bool,
+    /// Whether the session is over for good.
+    pub ended: bool,
+    /// The bound that stopped the session, while it is escalated.
+    pub escalated: Option<Breaker>,
+    /// How many tool calls in a row were the same call with the same input and left
+    /// the workspace as it was (the loop breaker's count).
+    pub loop_streak: u32,
+    /// The last tool call that ran (name and input), for the loop breaker.
+    pub last_tool_call: Option<(String, Value)>,
+    /// The step from which the step budget of the current turn counts (a `resume`
+    /// after the step breaker grants a fresh budget).
+    pub steps_from: u32,
 }
 
 /// Why a log could not be folded.
@@ -223,6 +229,7 @@ impl SessionState {
             created_at_ms,
             budget_micro_usd,
             approve_external,
+            limits,
         } = &record.event
         else {
             return Err(FoldError::NotStarted);
@@ -251,14 +258,103 @@ impl SessionState {
             waiting: None,
             approved: Vec::new(),
             inbox_consumed: 0,
-            budget_micro_usd: *budget_micro_usd,
+            limits: Limits {
+                max_cost_micro_usd: limits.max_cost_micro_usd.or(*budget_micro_usd),
+                ..*limits
+            },
             approve_external: *approve_external,
+            ended: false,
+            escalated: None,
+            loop_streak: 0,
+            last_tool_call: None,
+            steps_from: 0,
         })
+    }
+
+    /// Whether the session is over for good.
+    pub fn is_ended(&self) -> bool {
+        self.ended
+    }
+
+    /// The bound this session has hit, if any, at `now_ms` with at most
+    /// `max_steps_per_turn` model calls a turn. Checked before each model call and each
+    /// tool call of a running turn; see [`Event::Escalated`].
+    pub fn breaker(&self, now_ms: u64, max_steps_per_turn: u32) -> Option<(Breaker, String)> {
+        if self.status != Status::Running || self.waiting.is_some() {
+            return None;
+        }
+        let next = self.next();
+        if !matches!(next, Next::CallModel { .. } | Next::RunTool(_)) {
+            return None;
+        }
+        let elapsed = now_ms.saturating_sub(self.created_at_ms);
+        if let Some(max) = self.limits.max_duration_ms.filter(|m| elapsed >= *m) {
+            return Some((
+                Breaker::Duration,
+                format!(
+                    "wall-clock limit reached: {}s of {}s",
+                    elapsed / 1000,
+                    max / 1000
+                ),
+            ));
+        }
+        let Next::CallModel { step } = next else {
+            return None;
+        };
+        if let Some(max) = self.limits.max_cost_micro_usd {
+            if self.cost_micro_usd >= max {
+                return Some((
+                    Breaker::Cost,
+                    format!(
+                        "spend cap reached: ${:.4} of ${:.4}",
+                        self.cost_micro_usd as f64 / 1e6,
+                        max as f64 / 1e6
+                    ),
+                ));
+            }
+        }
+        let tokens = self.usage.input_tokens
+            + self.usage.output_tokens
+            + self.usage.cache_read_tokens
+            + self.usage.cache_write_tokens;
+        if let Some(max) = self.limits.max_tokens.filter(|m| tokens >= *m) {
+            return Some((
+                Breaker::Tokens,
+                format!("token limit reached: {tokens} of {max}"),
+            ));
+        }
+        if let Some(max) = self.limits.max_turns.filter(|m| self.turn > *m) {
+            return Some((
+                Breaker::Turns,
+                format!("turn limit reached: turn {} of at most {max}", self.turn),
+            ));
+        }
+        if self.loop_streak >= 3 {
+            let name = self.last_tool_call.as_ref().map_or("", |(n, _)| n.as_str());
+            return Some((
+                Breaker::Loop,
+                format!(
+                    "loop detected: the same `{name}` call with the same input ran {} times in a row without changing the workspace",
+                    self.loop_streak
+                ),
+            ));
+        }
+        if step.saturating_sub(self.steps_from) > max_steps_per_turn {
+            return Some((
+                Breaker::Steps,
+                format!(
+                    "step budget exhausted: {} model calls in turn {}",
+                    step - 1,
+                    self.turn
+                ),
+            ));
+        }
+        None
     }
 
     /// What the harness must do next.
     pub fn next(&self) -> Next {
-        if self.status.is_ended() {
+        if self.ended {
             return Next::Ended(self.status);
         }
         if let Some(w) = &self.waiting {
@@ -307,7 +403,7 @@ impl SessionState {
             kind,
             reason: reason.to_string(),
         };
-        if self.status.is_ended() {
+        if self.ended {
             return Err(bad("the session has already ended"));
         }
         match &record.event {
@@ -326,6 +422,7 @@ impl SessionState {
                 }
                 self.turn = *turn;
                 self.step = 0;
+                self.steps_from = 0;
                 self.status = Status::Running;
                 self.conversation.push(Message::user_text(text.clone()));
             }
@@ -384,6 +481,9 @@ impl SessionState {
                 self.take_inbox(Some(*inbox_id));
                 self.waiting = None;
                 self.status = Status::Running;
+                if let Some(breaker) = self.escalated.take() {
+                    self.resume(breaker, payload);
+                }
                 let denied =
                     payload.get("approved").and_then(serde_json::Value::as_bool) == Some(false);
                 if let Some(call_id) = &wait.call_id {
@@ -468,8 +568,10 @@ impl SessionState {
                 snapshot_after,
                 ..
             } => {
-                self.take_pending_tool(call_id)
+                let pending = self
+                    .take_pending_tool(call_id)
                     .ok_or_else(|| bad("no such pending tool call"))?;
+                self.count_loop(&pending, snapshot_after.as_ref());
                 if snapshot_after.is_some() {
                     self.last_snapshot = snapshot_after.clone();
                 }
@@ -492,6 +594,35 @@ impl SessionState {
                     ToolResolution::OutcomeUnknown => {
                         self.push_result(call_id, INTERRUPTED_OUTCOME_UNKNOWN.to_string(), true);
                     }
+                    ToolResolution::Reconciled { done: false, .. } => {}
+                    ToolResolution::Reconciled {
+                        done: true,
+                        evidence,
+                    } => {
+                        self.push_result(call_id, evidence.clone(), false);
+                    }
+                }
+            }
+            Event::Escalated {
+                breaker, reason, ..
+            } => {
+                if self.status != Status::Running || self.waiting.is_some() {
+                    return Err(bad("only a running turn can be escalated"));
+                }
+                self.status = Status::Escalated;
+                self.escalated = Some(*breaker);
+                self.waiting = Some(Wait {
+                    name: RESUME_SIGNAL.to_string(),
+                    reason: reason.clone(),
+                    call_id: None,
+                    before_call: None,
+                });
+            }
+            Event::SandboxLost { call_id, .. } => {
+                if let Some(id) = call_id {
+                    if self.pending_tool.as_ref().map(|p| &p.call_id) != Some(id) {
+                        return Err(bad("the lost call is not in flight"));
+                    }
                 }
             }
             Event::TurnEnded { turn } => {
@@ -507,6 +638,8 @@ impl SessionState {
                     EndState::Escalated => Status::Escalated,
                 };
                 self.end_reason = Some(reason.clone());
+                self.ended = true;
+                self.escalated = None;
                 self.pending_model = None;
                 self.pending_tool = None;
                 self.waiting = None;
@@ -514,6 +647,46 @@ impl SessionState {
         }
         self.last_seq = record.seq;
         Ok(())
+    }
+
+    /// Applies a `resume` signal's payload after `breaker` stopped the session.
+    fn resume(&mut self, breaker: Breaker, payload: &Value) {
+        let num = |name: &str| {
+            payload
+                .get(name)
+                .and_then(Value::as_f64)
+                .filter(|v| *v >= 0.0)
+        };
+        let raise = Limits {
+            max_cost_micro_usd: num("max_cost_usd").map(|usd| (usd * 1e6).round() as u64),
+            max_tokens: num("max_tokens").map(|v| v as u64),
+            max_turns: num("max_turns").map(|v| v as u32),
+            max_duration_ms: num("max_duration_s").map(|s| (s * 1000.0) as u64),
+        };
+        self.limits = self.limits.raised(&raise);
+        match breaker {
+            Breaker::Loop => self.loop_streak = 0,
+            Breaker::Steps => self.steps_from = self.step,
+            _ => {}
+        }
+    }
+
+    /// Counts a finished tool call towards the loop breaker.
+    fn count_loop(&mut self, call: &PendingTool, snapshot_after: Option<&String>) {
+        let unchanged = match snapshot_after {
+            None => true,
+            Some(after) => call.snapshot_before.as_ref() == Some(after),
+        };
+        let same = self
+            .last_tool_call
+            .as_ref()
+            .is_some_and(|(name, input)| *name == call.tool && *input == call.input);
+        self.loop_streak = match (unchanged, same) {
+            (false, _) => 0,
+            (true, true) => self.loop_streak + 1,
+            (true, false) => 1,
+        };
+        self.last_tool_call = Some((call.tool.clone(), call.input.clone()));
     }
 
     fn take_inbox(&mut self, inbox_id: Option<u64>) {

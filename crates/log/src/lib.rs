@@ -12,8 +12,8 @@ pub mod message;
 pub mod record;
 
 pub use event::{
-    BlobRef, EndState, Event, ModelSpec, Output, ToolClass, ToolResolution, Usage, DENIED,
-    INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK,
+    BlobRef, Breaker, EndState, Event, Limits, ModelSpec, Output, ToolClass, ToolResolution, Usage,
+    DENIED, INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK, RESUME_SIGNAL,
 };
 pub use fold::{fold, FoldError, Next, PendingModel, PendingTool, SessionState, Status, Wait};
 pub use message::{Block, Message, Role, ToolUse};

@@ -297,6 +297,7 @@ mod tests {
                 created_at_ms: 5,
                 budget_micro_usd: None,
                 approve_external: false,
+                limits: Default::default(),
             },
         };
         let mut enc = encode("s", &rec);

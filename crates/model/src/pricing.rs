@@ -28,10 +28,25 @@ pub fn price(model: &str) -> Option<(f64, f64)> {
         .map(|(_, i, o)| (*i, *o))
 }
 
+/// Prices a deployment sets for itself (negotiated rates, models the built-in table
+/// does not know): model-name prefix to USD per million input and output tokens.
+/// Longest prefix wins; consulted before the built-in table.
+pub type PriceTable = std::collections::BTreeMap<String, (f64, f64)>;
+
 /// The cost of a call in millionths of a dollar. Cache reads cost a tenth of input,
 /// cache writes a quarter more. Unknown models cost 0 (and are logged as such).
 pub fn cost_micro_usd(model: &str, usage: &Usage) -> u64 {
-    let Some((input, output)) = price(model) else {
+    cost_with(&PriceTable::new(), model, usage)
+}
+
+/// [`cost_micro_usd`] with `table` consulted first.
+pub fn cost_with(table: &PriceTable, model: &str, usage: &Usage) -> u64 {
+    let custom = table
+        .iter()
+        .filter(|(prefix, _)| model.starts_with(prefix.as_str()))
+        .max_by_key(|(prefix, _)| prefix.len())
+        .map(|(_, p)| *p);
+    let Some((input, output)) = custom.or_else(|| price(model)) else {
         return 0;
     };
     // USD per million tokens is exactly micro-USD per token.
@@ -58,5 +73,8 @@ mod tests {
             ..Usage::default()
         };
         assert_eq!(cost_micro_usd("claude-sonnet-4-5", &usage), 3_015_000);
+        let table = PriceTable::from([("claude-sonnet-4".to_string(), (1.0, 1.0))]);
+        assert_eq!(cost_with(&table, "claude-sonnet-4-5", &usage), 1_001_000);
+        assert_eq!(cost_with(&table, "house-model", &usage), 0);
     }
 }

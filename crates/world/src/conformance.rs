@@ -205,6 +205,7 @@ fn started() -> Event {
         created_at_ms: 0,
         budget_micro_usd: None,
         approve_external: false,
+        limits: Default::default(),
     }
 }
 
@@ -330,6 +331,44 @@ pub async fn inbox_feeds_the_turn_queue<W: World>(world: &W) {
         .unwrap()
         .expect("the awaited signal");
     assert_eq!(world.inbox("s1").await.unwrap().len(), 3);
+
+    // An escalated session takes messages and is claimable once `resume` arrives.
+    let signal = world.inbox("s1").await.unwrap()[2].id;
+    world
+        .append(
+            &resumed,
+            &[
+                Event::SignalReceived {
+                    name: "approval".into(),
+                    payload: json!({"approved": true}),
+                    inbox_id: signal,
+                },
+                Event::Escalated {
+                    breaker: steadfast_log::Breaker::Tokens,
+                    reason: "token limit".into(),
+                    diff: vec![],
+                },
+            ],
+        )
+        .await
+        .unwrap();
+    world.release_lease(&resumed).await.unwrap();
+    assert_eq!(world.session("s1").await.unwrap().status, "escalated");
+    assert_eq!(world.claim(&worker_a, TTL).await.unwrap(), None);
+    world
+        .post(
+            "s1",
+            InboundKind::Signal,
+            steadfast_log::RESUME_SIGNAL,
+            &json!({"max_tokens": 9}),
+        )
+        .await
+        .unwrap();
+    let resumed = world
+        .claim(&worker_a, TTL)
+        .await
+        .unwrap()
+        .expect("the resume signal");
 
     world
         .append(

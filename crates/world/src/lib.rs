@@ -368,6 +368,10 @@ pub(crate) fn summarize(events: &[Event]) -> Summary {
                 s.waiting_for = Some(None);
                 s.taken.push(*inbox_id);
             }
+            Event::Escalated { .. } => {
+                s.status = Some("escalated");
+                s.waiting_for = Some(Some(steadfast_log::RESUME_SIGNAL.to_string()));
+            }
             Event::SessionEnded { state, .. } => {
                 s.waiting_for = Some(None);
                 s.status = Some(match state {

@@ -29,6 +29,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (2, include_str!("postgres/002_inbox.sql")),
     (3, include_str!("postgres/003_hot_updates.sql")),
     (4, include_str!("postgres/004_spill.sql")),
+    (5, include_str!("postgres/005_escalated_resumes.sql")),
 ];
 const STALE_FENCE: &str = "SF001";
 /// Serialises concurrent `migrate` runs (an arbitrary, fixed advisory-lock key).
@@ -692,9 +693,7 @@ impl World for PostgresWorld {
             .map(|r| r.get(0));
         match status.as_deref() {
             None => return Err(Error::NotFound(session.to_string())),
-            Some("completed" | "failed" | "escalated") => {
-                return Err(Error::Ended(session.to_string()))
-            }
+            Some("completed" | "failed") => return Err(Error::Ended(session.to_string())),
             _ => {}
         }
         let id: i64 = tx
@@ -783,7 +782,7 @@ impl World for PostgresWorld {
 /// get a different one.
 const CLAIMABLE: &str = "
 SELECT s.id FROM steadfast_sessions s
-WHERE s.status IN ('running', 'idle', 'waiting')
+WHERE s.status IN ('running', 'idle', 'waiting', 'escalated')
   AND (s.lease_holder IS NULL
        OR s.lease_expires_ms <= (extract(epoch from clock_timestamp()) * 1000)::bigint
        OR s.lease_host = $1)
@@ -791,7 +790,7 @@ WHERE s.status IN ('running', 'idle', 'waiting')
     s.status = 'running'
     OR (s.status = 'idle' AND EXISTS (
         SELECT 1 FROM steadfast_inbox i WHERE i.session_id = s.id AND NOT i.taken AND i.kind IN ('message', 'steer')))
-    OR (s.status = 'waiting' AND EXISTS (
+    OR (s.status IN ('waiting', 'escalated') AND EXISTS (
         SELECT 1 FROM steadfast_inbox i WHERE i.session_id = s.id AND NOT i.taken AND i.kind = 'signal' AND i.name = s.waiting_for))
   )
 ORDER BY (s.lease_holder IS NOT NULL), s.updated_at_ms

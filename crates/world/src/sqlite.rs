@@ -458,7 +458,7 @@ impl World for SqliteWorld {
                     .map_err(backend)?;
                 match status.as_deref() {
                     None => return Err(Error::NotFound(session)),
-                    Some("completed" | "failed" | "escalated") => return Err(Error::Ended(session)),
+                    Some("completed" | "failed") => return Err(Error::Ended(session)),
                     _ => {}
                 }
                 tx.execute(
@@ -569,13 +569,13 @@ impl World for SqliteWorld {
 /// Rust (a holder on this host whose process is gone counts as free).
 const CLAIMABLE: &str = "
 SELECT s.id FROM sessions s
-WHERE s.status IN ('running', 'idle', 'waiting')
+WHERE s.status IN ('running', 'idle', 'waiting', 'escalated')
   AND (s.lease_holder IS NULL OR s.lease_expires_ms <= ?1 OR s.lease_host = ?2)
   AND (
     s.status = 'running'
     OR (s.status = 'idle' AND EXISTS (
         SELECT 1 FROM inbox i WHERE i.session_id = s.id AND i.taken = 0 AND i.kind IN ('message', 'steer')))
-    OR (s.status = 'waiting' AND EXISTS (
+    OR (s.status IN ('waiting', 'escalated') AND EXISTS (
         SELECT 1 FROM inbox i WHERE i.session_id = s.id AND i.taken = 0 AND i.kind = 'signal' AND i.name = s.waiting_for))
   )
 ORDER BY (s.lease_holder IS NOT NULL), s.updated_at_ms

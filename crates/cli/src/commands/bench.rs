@@ -142,6 +142,7 @@ async fn wake(events: usize) -> anyhow::Result<()> {
             created_at_ms: 0,
             budget_micro_usd: None,
             approve_external: false,
+            limits: Default::default(),
         },
         Event::UserMessage {
             turn: 1,

@@ -188,6 +188,7 @@ fn started() -> steadfast_log::Event {
         created_at_ms: 0,
         budget_micro_usd: None,
         approve_external: false,
+        limits: Default::default(),
     }
 }
 

@@ -135,6 +135,7 @@ pub(crate) async fn fanout(readers: usize) -> anyhow::Result<()> {
             created_at_ms: 0,
             budget_micro_usd: None,
             approve_external: false,
+            limits: Default::default(),
         },
         Event::UserMessage {
             turn: 1,

@@ -31,6 +31,18 @@ pub struct RunArgs {
     /// Print the final result as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// Escalate when the session has spent this much on model calls, USD.
+    #[arg(long)]
+    max_cost_usd: Option<f64>,
+    /// Escalate when the session has used this many tokens.
+    #[arg(long)]
+    max_tokens: Option<u64>,
+    /// Escalate before turn N+1.
+    #[arg(long)]
+    max_turns: Option<u32>,
+    /// Escalate when the session has run this many seconds.
+    #[arg(long)]
+    max_duration_secs: Option<u64>,
 }
 
 /// Arguments of `steadfast resume`.
@@ -58,9 +70,20 @@ pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<
         (None, Some(_)) => setup::demo_workspace()?,
         (None, None) => std::env::current_dir()?,
     };
-    let id = harness
-        .start_session(NewSession::native(&model, &workspace).with_task(&task))
-        .await?;
+    if args
+        .max_cost_usd
+        .is_some_and(|c| !c.is_finite() || c <= 0.0)
+    {
+        anyhow::bail!("--max-cost-usd must be a positive number");
+    }
+    let mut new = NewSession::native(&model, &workspace).with_task(&task);
+    new.limits = config.limits(&crate::config::LimitsConfig {
+        max_cost_usd: args.max_cost_usd,
+        max_tokens: args.max_tokens,
+        max_turns: args.max_turns,
+        max_duration_secs: args.max_duration_secs,
+    });
+    let id = harness.start_session(new).await?;
     eprintln!(
         "steadfast: session {id} ({model}) in {}",
         workspace.display()
@@ -168,7 +191,8 @@ async fn drive<W: World + Clone, S: Sandbox>(
         let out = serde_json::json!({
             "session": driver.session(),
             "status": state.status,
-            "reason": state.end_reason,
+            "reason": state.end_reason.clone().or(state.waiting.as_ref().map(|w| w.reason.clone())),
+            "escalated_by": state.escalated,
             "reply": reply,
             "workspace": state.workspace,
             "model_calls": state.model_calls,
@@ -187,6 +211,13 @@ async fn drive<W: World + Clone, S: Sandbox>(
             state.usage.output_tokens,
             state.cost_micro_usd as f64 / 1e6,
             state.workspace
+        );
+    }
+    if let (Some(breaker), Some(wait)) = (state.escalated, &state.waiting) {
+        eprintln!(
+            "steadfast: escalated by the {breaker} breaker: {}\nsteadfast: to go on, raise the bound and resume: steadfast signal {id} resume '{{\"max_cost_usd\": 5}}' && steadfast resume {id}",
+            wait.reason,
+            id = driver.session()
         );
     }
     Ok(match state.status {

@@ -21,6 +21,7 @@ impl Log {
             created_at_ms: 0,
             budget_micro_usd: None,
             approve_external: false,
+            limits: Default::default(),
         });
         log
     }

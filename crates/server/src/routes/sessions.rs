@@ -55,7 +55,14 @@ enum WorkspaceSource {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Budget {
-    max_cost_usd: f64,
+    #[serde(default)]
+    max_cost_usd: Option<f64>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    max_turns: Option<u32>,
+    #[serde(default)]
+    max_duration_s: Option<u64>,
 }
 
 pub(crate) async fn create<W: World + Clone>(
@@ -71,13 +78,25 @@ pub(crate) async fn create<W: World + Clone>(
             "agent: unknown agent `{agent}` (available: native)"
         )));
     }
-    let mut budget = match req.budget {
-        Some(b) if !b.max_cost_usd.is_finite() || b.max_cost_usd <= 0.0 => {
-            return Err(invalid("budget.max_cost_usd: must be positive".into()))
+    let mut limits = steadfast_log::Limits::default();
+    let mut budget = None;
+    if let Some(b) = req.budget {
+        budget = match b.max_cost_usd {
+            Some(usd) if !usd.is_finite() || usd <= 0.0 => {
+                return Err(invalid("budget.max_cost_usd: must be positive".into()))
+            }
+            Some(usd) => Some((usd * 1e6).round() as u64),
+            None => None,
+        };
+        if b.max_tokens == Some(0) || b.max_turns == Some(0) || b.max_duration_s == Some(0) {
+            return Err(invalid(
+                "budget: max_tokens, max_turns and max_duration_s must be positive".into(),
+            ));
         }
-        Some(b) => Some((b.max_cost_usd * 1e6).round() as u64),
-        None => None,
-    };
+        limits.max_tokens = b.max_tokens;
+        limits.max_turns = b.max_turns;
+        limits.max_duration_ms = b.max_duration_s.map(|s| s.saturating_mul(1000));
+    }
     if let AuthMode::Public {
         session_cap_micro_usd,
     } = state.auth.mode
@@ -114,6 +133,7 @@ pub(crate) async fn create<W: World + Clone>(
     new.owner = owner;
     new.task = req.task;
     new.budget_micro_usd = budget;
+    new.limits = limits;
     new.approve_external = req.approve_external;
     let id = state.harness.start_session(new).await?;
     let summary = state.harness.world().session(&id).await?;
@@ -167,7 +187,9 @@ pub(crate) async fn show<W: World + Clone>(
         "end_reason": s.end_reason,
         "usage": s.usage,
         "cost_usd": s.cost_micro_usd as f64 / 1e6,
-        "budget_usd": s.budget_micro_usd.map(|b| b as f64 / 1e6),
+        "budget_usd": s.limits.max_cost_micro_usd.map(|b| b as f64 / 1e6),
+        "limits": s.limits,
+        "escalated_by": s.escalated,
         "reply": s.last_reply(),
         "created_at_ms": summary.created_at_ms,
         "updated_at_ms": summary.updated_at_ms,
@@ -187,7 +209,7 @@ pub(crate) async fn close<W: World + Clone>(
         .acquire_lease(&id, &holder, std::time::Duration::from_secs(10))
         .await?;
     let s = state.harness.state(&id).await?;
-    if !s.status.is_ended() {
+    if !s.is_ended() {
         world
             .append(
                 &lease,
