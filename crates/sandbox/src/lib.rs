@@ -7,23 +7,32 @@
 //! none of the harness's credentials. Each call is classified ([`classify`]) as read,
 //! mutate or external, which decides how the harness resolves it after a crash.
 
+pub mod agent;
+mod any;
+mod bwrap;
 mod classify;
+mod env;
 mod local;
 mod orphans;
 mod paths;
+mod policy;
+pub mod proxy;
 pub mod tools;
 
 use std::future::Future;
 use std::path::Path;
 
+pub use any::{AnySandbox, Backend};
+pub use bwrap::{bwrap_available, BwrapSandbox};
 pub use classify::{classify, classify_command};
-pub use local::{LocalSandbox, SandboxOptions};
+pub use local::{looks_secret, LocalSandbox, SandboxOptions};
 pub use paths::confine;
+pub use policy::{HostRule, NetworkPolicy, ResourceLimits};
 pub use tools::{tool_specs, ToolSpec};
 
 /// What a tool call produced. Tool failures (a missing file, a non-zero exit) are
 /// outputs with `is_error` set: the model sees them and decides what to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ToolOutput {
     /// The text shown to the model (before any blob offload).
     pub text: String,
@@ -59,6 +68,10 @@ pub enum Error {
     /// The sandbox could not be set up or used.
     #[error("sandbox unavailable: {0}")]
     Unavailable(String),
+    /// The sandbox died (killed, out of memory, evicted) while a call ran in it. The
+    /// call's effect is unknown; the harness resolves it and provisions a new one.
+    #[error("sandbox died: {0}")]
+    Died(String),
 }
 
 /// The sandbox's result type.
@@ -70,7 +83,7 @@ pub trait Sandbox: Send + Sync + 'static {
     fn workspace(&self) -> &Path;
 
     /// Runs one tool call. Tool failures come back as `Ok` with `is_error`; `Err` means
-    /// the sandbox itself failed.
+    /// the sandbox itself failed ([`Error::Died`] if it is gone for good).
     fn execute(
         &self,
         tool: &str,

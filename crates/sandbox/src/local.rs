@@ -23,6 +23,19 @@ pub struct SandboxOptions {
     pub max_timeout: Duration,
     /// Most bytes of command output kept; the rest is counted and dropped.
     pub max_output_bytes: usize,
+    /// Which backend runs commands.
+    pub backend: crate::Backend,
+    /// Where an isolating backend's commands may connect.
+    pub network: crate::NetworkPolicy,
+    /// Resource limits of an isolating backend's commands.
+    pub limits: crate::ResourceLimits,
+    /// Host directories an isolating backend shows read-only besides the system
+    /// (a language toolchain under /root, say).
+    pub read_only_paths: Vec<std::path::PathBuf>,
+    /// The in-sandbox agent program and its leading arguments (an isolating backend
+    /// runs it inside the sandbox to serve commands): by default this executable with
+    /// `sandbox-agent`.
+    pub agent: Vec<String>,
 }
 
 impl Default for SandboxOptions {
@@ -32,6 +45,11 @@ impl Default for SandboxOptions {
             default_timeout: Duration::from_secs(120),
             max_timeout: Duration::from_secs(600),
             max_output_bytes: 8 * 1024 * 1024,
+            backend: crate::Backend::default(),
+            network: crate::NetworkPolicy::default(),
+            limits: crate::ResourceLimits::default(),
+            read_only_paths: Vec::new(),
+            agent: Vec::new(),
         }
     }
 }
@@ -86,34 +104,13 @@ impl LocalSandbox {
         ));
         std::fs::create_dir_all(&home)
             .map_err(|e| Error::Unavailable(format!("{}: {e}", home.display())))?;
-        let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
-        let mut env: BTreeMap<String, String> = [
-            ("PATH", path),
-            ("HOME", home.display().to_string()),
-            ("TMPDIR", home.display().to_string()),
-            ("LANG", "C.UTF-8".to_string()),
-            ("TERM", "dumb".to_string()),
-            ("NO_COLOR", "1".to_string()),
-            ("SHELL", "/bin/bash".to_string()),
-            ("USER", "agent".to_string()),
-            // Bytecode caches embed source mtimes, which restores change: noise in
-            // every snapshot and never what the agent meant to write.
-            ("PYTHONDONTWRITEBYTECODE", "1".to_string()),
-            ("GIT_TERMINAL_PROMPT", "0".to_string()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-        for (k, v) in &options.env {
-            if !looks_secret(k) {
-                env.insert(k.clone(), v.clone());
-            }
-        }
+        let home_str = home.display().to_string();
+        let env = crate::env::command_env(&home_str, &home_str, &options);
         Ok(LocalSandbox {
             root,
             _home: tempfile_dir::Home(home),
             registry,
-            env: env.into_iter().collect(),
+            env,
             options,
         })
     }
@@ -129,7 +126,8 @@ impl Sandbox for LocalSandbox {
             root: &self.root,
             env: &self.env,
             options: &self.options,
-            registry: &self.registry,
+            registry: Some(&self.registry),
+            limits: None,
         };
         Ok(tools::run(&ctx, tool, input).await)
     }

@@ -1,16 +1,20 @@
-//! `bash`: run a command in its own process group, with a timeout and an output cap.
+//! `bash`: run a command in its own process group, with a timeout, an output cap and
+//! (inside an isolating sandbox) resource limits.
 
 use std::io::Read;
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use nix::sys::resource::{getrusage, UsageWho};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
 use super::{opt_u64, str_arg, Context};
-use crate::ToolOutput;
+use crate::{ResourceLimits, ToolOutput};
 
 /// Kills the whole process group when dropped: on timeout, on cancellation (the
 /// future dropped) and after the command exits, so no background job outlives its call.
@@ -22,6 +26,50 @@ impl Drop for GroupGuard {
             let _ = killpg(pid, Signal::SIGKILL);
         }
     }
+}
+
+/// How often the process count is checked against the limit.
+const PROCESS_POLL: Duration = Duration::from_millis(20);
+
+/// The shell that applies the limits and then runs the command (`$1`). `ulimit`
+/// without `-S`/`-H` sets both, so the command cannot raise them again.
+fn limited(limits: &ResourceLimits, command: &str, cmd: &mut std::process::Command) {
+    let mut script = String::from("ulimit");
+    if let Some(s) = limits.cpu_secs {
+        script.push_str(&format!(" -t {s}"));
+    }
+    if let Some(mb) = limits.memory_mb {
+        script.push_str(&format!(" -v {}", mb * 1024));
+    }
+    if let Some(mb) = limits.file_mb {
+        script.push_str(&format!(" -f {}", mb * 1024 * 2)); // 512-byte blocks
+    }
+    script.push_str(" || exit 125; exec bash -c \"$1\"");
+    cmd.arg("-c").arg(script).arg("steadfast").arg(command);
+}
+
+/// Processes visible in this PID namespace.
+fn process_count() -> usize {
+    std::fs::read_dir("/proc").map_or(0, |d| {
+        d.filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+            })
+            .count()
+    })
+}
+
+fn children_cpu() -> Duration {
+    getrusage(UsageWho::RUSAGE_CHILDREN).map_or(Duration::ZERO, |u| {
+        let (user, sys) = (u.user_time(), u.system_time());
+        Duration::from_micros(
+            (user.tv_sec() * 1_000_000 + user.tv_usec() + sys.tv_sec() * 1_000_000 + sys.tv_usec())
+                as u64,
+        )
+    })
 }
 
 pub(crate) async fn run(ctx: &Context<'_>, input: &Value) -> ToolOutput {
@@ -43,9 +91,13 @@ pub(crate) async fn run(ctx: &Context<'_>, input: &Value) -> ToolOutput {
         Err(e) => return ToolOutput::error(format!("bash: cannot create pipe: {e}")),
     };
     let mut cmd = std::process::Command::new("bash");
-    cmd.arg("-c")
-        .arg(&command)
-        .current_dir(ctx.root)
+    match ctx.limits {
+        Some(limits) => limited(limits, &command, &mut cmd),
+        None => {
+            cmd.arg("-c").arg(&command);
+        }
+    }
+    cmd.current_dir(ctx.root)
         .env_clear()
         .envs(ctx.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
@@ -54,15 +106,41 @@ pub(crate) async fn run(ctx: &Context<'_>, input: &Value) -> ToolOutput {
         .process_group(0);
     let mut cmd = tokio::process::Command::from(cmd);
     cmd.kill_on_drop(true);
+    let cpu_before = children_cpu();
+    let baseline = process_count();
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => return ToolOutput::error(format!("bash: cannot start: {e}")),
     };
     drop(cmd); // closes our copies of the pipe's write end
-    let guard = GroupGuard(child.id().map(|p| Pid::from_raw(p as i32)));
+    let pgid = child.id().map(|p| Pid::from_raw(p as i32));
+    let guard = GroupGuard(pgid);
     let recorded = child
         .id()
-        .and_then(|p| crate::orphans::record(ctx.registry, p));
+        .zip(ctx.registry)
+        .and_then(|(p, registry)| crate::orphans::record(registry, p));
+
+    // The process limit: counted in the sandbox's own PID namespace, where every
+    // process is the command's (RLIMIT_NPROC does not bind a root-owned sandbox).
+    let too_many = Arc::new(AtomicBool::new(false));
+    let watchdog = ctx
+        .limits
+        .and_then(|l| l.processes)
+        .zip(pgid)
+        .map(|(max, pgid)| {
+            let flag = too_many.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(PROCESS_POLL).await;
+                    if process_count().saturating_sub(baseline) > max as usize {
+                        flag.store(true, Ordering::SeqCst);
+                        let _ = killpg(pgid, Signal::SIGKILL);
+                        crate::agent::kill_strays();
+                        return;
+                    }
+                }
+            })
+        });
 
     let cap = ctx.options.max_output_bytes;
     let collector = tokio::task::spawn_blocking(move || {
@@ -83,6 +161,9 @@ pub(crate) async fn run(ctx: &Context<'_>, input: &Value) -> ToolOutput {
     });
 
     let status = tokio::time::timeout(timeout, child.wait()).await;
+    if let Some(w) = watchdog {
+        w.abort();
+    }
     drop(guard); // the group goes, so the pipe closes even if a background job held it
     if let Some(file) = recorded {
         let _ = std::fs::remove_file(file);
@@ -91,36 +172,108 @@ pub(crate) async fn run(ctx: &Context<'_>, input: &Value) -> ToolOutput {
     let mut text = String::from_utf8_lossy(&kept).into_owned();
     if total > kept.len() {
         text.push_str(&format!(
-            "\n[steadfast] output truncated: {total} bytes written, first {} kept",
-            kept.len()
+            "\n[steadfast] output truncated: {total} bytes written, first {} kept (limit {} bytes)",
+            kept.len(),
+            cap
         ));
     }
-    match status {
+    let status = match status {
         Err(_) => {
             text.push_str(&format!(
                 "\n[steadfast] command timed out after {} ms; its process group was killed",
                 timeout.as_millis()
             ));
-            ToolOutput {
+            return ToolOutput {
                 text,
                 is_error: true,
                 exit_code: None,
-            }
+            };
         }
-        Ok(Err(e)) => ToolOutput::error(format!("bash: waiting for the command failed: {e}")),
-        Ok(Ok(status)) => {
-            let code = status.code();
-            let is_error = code != Some(0);
-            if let Some(c) = code.filter(|c| *c != 0) {
-                text.push_str(&format!("\nExit code {c}"));
-            } else if code.is_none() {
-                text.push_str("\n[steadfast] command was killed by a signal");
-            }
-            ToolOutput {
-                text,
-                is_error,
-                exit_code: code,
-            }
+        Ok(Err(e)) => {
+            return ToolOutput::error(format!("bash: waiting for the command failed: {e}"))
+        }
+        Ok(Ok(status)) => status,
+    };
+    let code = status.code();
+    // A signal that killed the command, whether we saw it directly or bash reported it.
+    let signal = status
+        .signal()
+        .or(code.filter(|c| *c > 128 && *c < 160).map(|c| c - 128));
+    let limit_hit = ctx.limits.and_then(|limits| {
+        limit_message(
+            limits,
+            signal,
+            children_cpu().saturating_sub(cpu_before),
+            too_many.load(Ordering::SeqCst),
+            &text,
+            code,
+        )
+    });
+    if let Some(c) = code.filter(|c| *c != 0) {
+        text.push_str(&format!("\nExit code {c}"));
+    } else if code.is_none() {
+        text.push_str("\n[steadfast] command was killed by a signal");
+    }
+    if let Some(message) = &limit_hit {
+        text.push_str(&format!("\n[steadfast] {message}"));
+    }
+    ToolOutput {
+        text,
+        is_error: code != Some(0) || limit_hit.is_some(),
+        exit_code: code,
+    }
+}
+
+/// Which resource limit (if any) ended a command, in words the model can act on.
+fn limit_message(
+    limits: &ResourceLimits,
+    signal: Option<i32>,
+    cpu: Duration,
+    too_many_processes: bool,
+    output: &str,
+    code: Option<i32>,
+) -> Option<String> {
+    const SIGKILL: i32 = 9;
+    const SIGXCPU: i32 = 24;
+    const SIGXFSZ: i32 = 25;
+    if too_many_processes {
+        return Some(format!(
+            "the command exceeded the sandbox's process limit ({} processes) and was killed",
+            limits.processes.unwrap_or_default()
+        ));
+    }
+    if let Some(secs) = limits.cpu_secs {
+        let spent = cpu.as_secs_f64() >= secs as f64 * 0.9;
+        if signal == Some(SIGXCPU) || (signal == Some(SIGKILL) && spent) {
+            return Some(format!(
+                "the command exceeded the sandbox's CPU time limit ({secs} s) and was killed"
+            ));
         }
     }
+    if let Some(mb) = limits.file_mb {
+        if signal == Some(SIGXFSZ) {
+            return Some(format!(
+                "the command tried to write a file over the sandbox's file size limit ({mb} MiB)"
+            ));
+        }
+    }
+    if let Some(mb) = limits.memory_mb {
+        let lower = output.to_ascii_lowercase();
+        let oom = [
+            "memoryerror",
+            "cannot allocate memory",
+            "out of memory",
+            "bad_alloc",
+            "memory allocation failed",
+            "memory allocation of",
+        ]
+        .iter()
+        .any(|m| lower.contains(m));
+        if code != Some(0) && oom {
+            return Some(format!(
+                "the command ran out of memory: the sandbox's memory limit is {mb} MiB"
+            ));
+        }
+    }
+    None
 }

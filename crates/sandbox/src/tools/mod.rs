@@ -9,15 +9,17 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::{SandboxOptions, ToolOutput};
+use crate::{ResourceLimits, SandboxOptions, ToolOutput};
 
 /// What a tool needs to run.
 pub(crate) struct Context<'a> {
     pub root: &'a Path,
     pub env: &'a [(String, String)],
     pub options: &'a SandboxOptions,
-    /// Where running commands are recorded (see `orphans`).
-    pub registry: &'a Path,
+    /// Where running commands are recorded (see `orphans`), when they can outlive us.
+    pub registry: Option<&'a Path>,
+    /// Resource limits for commands (enforced inside an isolating sandbox).
+    pub limits: Option<&'a ResourceLimits>,
 }
 
 /// A tool as offered to the model.

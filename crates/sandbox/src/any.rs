@@ -1,0 +1,102 @@
+//! Choosing a backend at run time.
+
+use std::path::Path;
+use std::sync::Once;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    bwrap_available, BwrapSandbox, LocalSandbox, Result, Sandbox, SandboxOptions, ToolOutput,
+};
+
+/// Which sandbox backend runs a session's commands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Backend {
+    /// `bwrap` where it works (and a sandbox agent is configured), else `local` with
+    /// a warning.
+    #[default]
+    Auto,
+    /// Plain processes on this machine (development, trusted workloads).
+    Local,
+    /// Bubblewrap namespaces; an error where they cannot be created.
+    Bwrap,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(Backend::Auto),
+            "local" => Ok(Backend::Local),
+            "bwrap" => Ok(Backend::Bwrap),
+            other => Err(format!(
+                "sandbox backend `{other}`: expected auto, local or bwrap"
+            )),
+        }
+    }
+}
+
+/// A sandbox of whichever backend the options chose.
+#[derive(Debug)]
+pub enum AnySandbox {
+    /// The `local` backend.
+    Local(LocalSandbox),
+    /// The `bwrap` backend.
+    Bwrap(BwrapSandbox),
+}
+
+impl AnySandbox {
+    /// Provisions a sandbox over `workspace` with the backend `options` name.
+    pub fn provision(workspace: &Path, options: &SandboxOptions) -> Result<Self> {
+        match options.backend {
+            Backend::Local => Ok(AnySandbox::Local(LocalSandbox::new(
+                workspace,
+                options.clone(),
+            )?)),
+            Backend::Bwrap => Ok(AnySandbox::Bwrap(BwrapSandbox::new(workspace, options)?)),
+            Backend::Auto => match (bwrap_available(), options.agent.is_empty()) {
+                (Ok(()), false) => Ok(AnySandbox::Bwrap(BwrapSandbox::new(workspace, options)?)),
+                (Err(why), false) => {
+                    static WARN: Once = Once::new();
+                    WARN.call_once(|| {
+                        tracing::warn!("sandbox: {why}; falling back to the local backend, which does NOT isolate commands from this machine");
+                        eprintln!("steadfast: warning: {why}; commands run with the local backend, NOT isolated from this machine");
+                    });
+                    Ok(AnySandbox::Local(LocalSandbox::new(
+                        workspace,
+                        options.clone(),
+                    )?))
+                }
+                (_, true) => Ok(AnySandbox::Local(LocalSandbox::new(
+                    workspace,
+                    options.clone(),
+                )?)),
+            },
+        }
+    }
+
+    /// The backend's name.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            AnySandbox::Local(_) => "local",
+            AnySandbox::Bwrap(_) => "bwrap",
+        }
+    }
+}
+
+impl Sandbox for AnySandbox {
+    fn workspace(&self) -> &Path {
+        match self {
+            AnySandbox::Local(s) => s.workspace(),
+            AnySandbox::Bwrap(s) => s.workspace(),
+        }
+    }
+
+    async fn execute(&self, tool: &str, input: &serde_json::Value) -> Result<ToolOutput> {
+        match self {
+            AnySandbox::Local(s) => s.execute(tool, input).await,
+            AnySandbox::Bwrap(s) => s.execute(tool, input).await,
+        }
+    }
+}

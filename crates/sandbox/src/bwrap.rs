@@ -1,0 +1,318 @@
+//! The `bwrap` backend: each sandbox is a bubblewrap container with its own mount,
+//! PID, IPC, UTS, user and network namespaces, holding the in-sandbox agent.
+//!
+//! Inside, the system directories are read-only, the workspace (at the same path as on
+//! the host, so paths agree between file tools and commands) is the only writable tree
+//! besides a private `/tmp` and home, `/proc` shows only the sandbox's processes, and
+//! the environment is the fixed allow-list of [`crate::env`]. Nothing else of the host
+//! is mounted: not the world's database, not the harness's configuration, not other
+//! workspaces. File tools run in the harness on the shared workspace (confined to it);
+//! commands go to the agent. A sandbox that dies is noticed on its next (or current)
+//! command and reported as [`Error::Died`].
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::agent::{self, AgentConfig, Request};
+use crate::proxy::EgressProxy;
+use crate::tools::{self, Context};
+use crate::{Error, NetworkPolicy, Result, Sandbox, SandboxOptions, ToolOutput};
+
+/// Where the shared directory appears inside the sandbox.
+const INSIDE_RUN: &str = "/run/steadfast";
+/// Where the agent program appears inside the sandbox.
+const INSIDE_AGENT: &str = "/run/steadfast-agent";
+/// The commands' home inside the sandbox.
+const INSIDE_HOME: &str = "/home/agent";
+/// The loopback port inside the sandbox that leads to the egress proxy.
+const PROXY_PORT: u16 = 3128;
+/// How long the agent may take to come up.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// System directories shown read-only (symlinks are recreated as symlinks).
+const SYSTEM: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
+];
+
+/// Whether bubblewrap can create its namespaces here (checked once per process).
+pub fn bwrap_available() -> std::result::Result<(), String> {
+    static CHECK: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    CHECK
+        .get_or_init(|| {
+            let out = std::process::Command::new("bwrap")
+                .args([
+                    "--unshare-all",
+                    "--die-with-parent",
+                    "--ro-bind",
+                    "/",
+                    "/",
+                    "true",
+                ])
+                .stdin(std::process::Stdio::null())
+                .output()
+                .map_err(|e| format!("bwrap not found ({e}); install bubblewrap"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "bwrap cannot create namespaces here: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
+        })
+        .clone()
+}
+
+/// A private directory on the host, shared with one sandbox, removed on drop.
+#[derive(Debug)]
+struct RunDir(PathBuf);
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One running bubblewrap sandbox over a workspace. Dropping it kills everything in it.
+#[derive(Debug)]
+pub struct BwrapSandbox {
+    root: PathBuf,
+    socket: PathBuf,
+    child: Mutex<tokio::process::Child>,
+    pid: u32,
+    options: SandboxOptions,
+    _proxy: Option<EgressProxy>,
+    // Last, so the directory goes after the processes using it.
+    run: RunDir,
+}
+
+impl BwrapSandbox {
+    /// Starts a sandbox over `workspace` and waits until its agent answers. Must be
+    /// called within a Tokio runtime (it may block briefly while the agent starts).
+    pub fn new(workspace: &Path, options: &SandboxOptions) -> Result<Self> {
+        bwrap_available().map_err(Error::Unavailable)?;
+        let (program, leading) = options
+            .agent
+            .split_first()
+            .ok_or_else(|| Error::Unavailable("no sandbox agent program configured".into()))?;
+        let program = std::fs::canonicalize(program)
+            .map_err(|e| Error::Unavailable(format!("sandbox agent {program}: {e}")))?;
+        std::fs::create_dir_all(workspace)
+            .map_err(|e| Error::Unavailable(format!("{}: {e}", workspace.display())))?;
+        let root = workspace
+            .canonicalize()
+            .map_err(|e| Error::Unavailable(format!("{}: {e}", workspace.display())))?;
+
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let run = RunDir(std::env::temp_dir().join(format!(
+            "steadfast-sbx-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        )));
+        std::fs::create_dir_all(&run.0)
+            .map_err(|e| Error::Unavailable(format!("{}: {e}", run.0.display())))?;
+        let proxy = match &options.network {
+            NetworkPolicy::AllowList(rules) => Some(
+                EgressProxy::start(&run.0.join("proxy.sock"), rules.clone())
+                    .map_err(|e| Error::Unavailable(format!("egress proxy: {e}")))?,
+            ),
+            _ => None,
+        };
+        let config = AgentConfig {
+            listen: Path::new(INSIDE_RUN).join("agent.sock"),
+            workspace: root.clone(),
+            proxy_socket: proxy
+                .as_ref()
+                .map(|_| Path::new(INSIDE_RUN).join("proxy.sock")),
+            proxy_port: PROXY_PORT,
+            limits: options.limits,
+            max_output_bytes: options.max_output_bytes,
+            default_timeout_ms: options.default_timeout.as_millis() as u64,
+            max_timeout_ms: options.max_timeout.as_millis() as u64,
+        };
+        let config = serde_json::to_string(&config)
+            .map_err(|e| Error::Unavailable(format!("agent configuration: {e}")))?;
+
+        let mut env = crate::env::command_env(INSIDE_HOME, "/tmp", options);
+        if proxy.is_some() {
+            let url = format!("http://127.0.0.1:{PROXY_PORT}");
+            for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+                env.push((name.to_string(), url.clone()));
+            }
+        }
+        let log = std::fs::File::create(run.0.join("agent.log"))
+            .map_err(|e| Error::Unavailable(format!("agent log: {e}")))?;
+        let log2 = log
+            .try_clone()
+            .map_err(|e| Error::Unavailable(format!("agent log: {e}")))?;
+        let mut cmd = tokio::process::Command::new("bwrap");
+        cmd.args(bwrap_args(&root, &run.0, &program, options, &env))
+            .arg("--")
+            .arg(INSIDE_AGENT)
+            .args(leading)
+            .arg(config)
+            .env_clear()
+            .stdin(std::process::Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .kill_on_drop(true);
+        let child = cmd
+            .spawn()
+            .map_err(|e| Error::Unavailable(format!("starting bwrap: {e}")))?;
+        let pid = child.id().unwrap_or_default();
+        let sandbox = BwrapSandbox {
+            root,
+            socket: run.0.join("agent.sock"),
+            child: Mutex::new(child),
+            pid,
+            options: options.clone(),
+            _proxy: proxy,
+            run,
+        };
+        sandbox.wait_ready()?;
+        Ok(sandbox)
+    }
+
+    /// The host PID of the sandbox's outermost process (bubblewrap).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Whether the sandbox is still running.
+    pub fn is_alive(&self) -> bool {
+        self.exit_status().is_none()
+    }
+
+    fn exit_status(&self) -> Option<String> {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        match child.try_wait() {
+            Ok(Some(status)) => Some(status.to_string()),
+            Ok(None) => None,
+            Err(e) => Some(e.to_string()),
+        }
+    }
+
+    fn wait_ready(&self) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                return Ok(());
+            }
+            if let Some(status) = self.exit_status() {
+                let log = std::fs::read_to_string(self.run.0.join("agent.log")).unwrap_or_default();
+                return Err(Error::Unavailable(format!(
+                    "the sandbox exited while starting ({status}): {}",
+                    log.trim()
+                )));
+            }
+            if start.elapsed() > START_TIMEOUT {
+                return Err(Error::Unavailable(
+                    "the sandbox agent did not start in time".into(),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+/// bubblewrap's arguments for a sandbox over `root` sharing `run`.
+fn bwrap_args(
+    root: &Path,
+    run: &Path,
+    agent: &Path,
+    options: &SandboxOptions,
+    env: &[(String, String)],
+) -> Vec<String> {
+    let mut a: Vec<String> = Vec::new();
+    let mut push = |items: &[&str]| a.extend(items.iter().map(|s| s.to_string()));
+    push(&["--unshare-all"]);
+    if options.network == NetworkPolicy::Open {
+        push(&["--share-net"]);
+    }
+    push(&[
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--hostname",
+        "sandbox",
+        "--clearenv",
+    ]);
+    for (k, v) in env {
+        push(&["--setenv", k, v]);
+    }
+    for dir in SYSTEM {
+        let path = Path::new(dir);
+        match std::fs::read_link(path) {
+            Ok(target) => push(&["--symlink", &target.to_string_lossy(), dir]),
+            Err(_) if path.is_dir() => push(&["--ro-bind", dir, dir]),
+            Err(_) => {}
+        }
+    }
+    push(&["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
+    push(&["--tmpfs", INSIDE_HOME]);
+    for extra in &options.read_only_paths {
+        let p = extra.to_string_lossy();
+        push(&["--ro-bind-try", &p, &p]);
+    }
+    let (run, agent, root) = (
+        run.to_string_lossy(),
+        agent.to_string_lossy(),
+        root.to_string_lossy(),
+    );
+    push(&[
+        "--bind",
+        &run,
+        INSIDE_RUN,
+        "--ro-bind",
+        &agent,
+        INSIDE_AGENT,
+    ]);
+    push(&["--bind", &root, &root, "--chdir", &root]);
+    a
+}
+
+impl Sandbox for BwrapSandbox {
+    fn workspace(&self) -> &Path {
+        &self.root
+    }
+
+    async fn execute(&self, tool: &str, input: &serde_json::Value) -> Result<ToolOutput> {
+        if tool != "bash" {
+            let ctx = Context {
+                root: &self.root,
+                env: &[],
+                options: &self.options,
+                registry: None,
+                limits: None,
+            };
+            return Ok(tools::run(&ctx, tool, input).await);
+        }
+        let request = Request {
+            tool: tool.to_string(),
+            input: input.clone(),
+        };
+        match agent::call(&self.socket, &request).await {
+            Ok(Some(out)) => Ok(out),
+            broken => {
+                let why = match broken {
+                    Err(e) => format!("lost the sandbox agent: {e}"),
+                    _ => "the sandbox agent went away mid-command".to_string(),
+                };
+                // Make sure it is gone: a half-dead sandbox is never used again.
+                let status = {
+                    let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+                    let _ = child.start_kill();
+                    std::thread::sleep(Duration::from_millis(10));
+                    child.try_wait().ok().flatten()
+                };
+                Err(Error::Died(match status {
+                    Some(s) => format!("{why} (sandbox exited: {s})"),
+                    None => why,
+                }))
+            }
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! What a sandbox may reach and use: its network policy and resource limits.
+
+use serde::{Deserialize, Serialize};
+
+/// Where a sandbox's commands may connect.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetworkPolicy {
+    /// No network at all: a private network namespace with only loopback (the default).
+    #[default]
+    DenyAll,
+    /// Only these hosts, over HTTP(S) through an egress proxy the harness runs outside
+    /// the sandbox; the sandbox can reach the proxy and nothing else.
+    AllowList(Vec<HostRule>),
+    /// The host's network, asked for by name.
+    Open,
+}
+
+impl NetworkPolicy {
+    /// Parses `deny-all`, `open` or `allow:host[:port],*.example.com,...`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "deny-all" | "none" => Ok(NetworkPolicy::DenyAll),
+            "open" => Ok(NetworkPolicy::Open),
+            other => match other.strip_prefix("allow:") {
+                Some(list) => {
+                    let rules = list
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(HostRule::parse)
+                        .collect::<Result<Vec<_>, _>>()?;
+                    if rules.is_empty() {
+                        return Err("allow: needs at least one host".into());
+                    }
+                    Ok(NetworkPolicy::AllowList(rules))
+                }
+                None => Err(format!(
+                    "network policy `{other}`: expected deny-all, open or allow:host1,host2"
+                )),
+            },
+        }
+    }
+}
+
+/// One allowed destination: a host name (`api.example.com`), a domain and its
+/// subdomains (`*.example.com`), optionally with a port (`localhost:8080`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostRule {
+    /// The host, lowercase; a leading `*.` matches any subdomain.
+    pub host: String,
+    /// The port, if only one is allowed.
+    pub port: Option<u16>,
+}
+
+impl HostRule {
+    /// Parses `host`, `host:port`, `*.domain` or `*.domain:port`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (host, port) = match text.rsplit_once(':') {
+            Some((h, p)) => (
+                h,
+                Some(
+                    p.parse::<u16>()
+                        .map_err(|_| format!("`{text}`: the port must be a number"))?,
+                ),
+            ),
+            None => (text, None),
+        };
+        let bare = host.strip_prefix("*.").unwrap_or(host);
+        if bare.is_empty()
+            || !bare
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+        {
+            return Err(format!("`{text}` is not a host name"));
+        }
+        Ok(HostRule {
+            host: host.to_ascii_lowercase(),
+            port,
+        })
+    }
+
+    /// Whether a connection to `host:port` is allowed by this rule.
+    pub fn allows(&self, host: &str, port: u16) -> bool {
+        let host = host.to_ascii_lowercase();
+        let host_ok = match self.host.strip_prefix("*.") {
+            Some(domain) => host.ends_with(&format!(".{domain}")),
+            None => host == self.host,
+        };
+        host_ok && self.port.is_none_or(|p| p == port)
+    }
+}
+
+/// Resource limits of a sandbox's commands. A command that hits one is killed (or
+/// fails) and the tool result says which limit it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceLimits {
+    /// Address space per process, MiB.
+    pub memory_mb: Option<u64>,
+    /// Processes alive at once (beyond the sandbox's own).
+    pub processes: Option<u32>,
+    /// CPU time per process, seconds.
+    pub cpu_secs: Option<u64>,
+    /// Largest file a command may write, MiB.
+    pub file_mb: Option<u64>,
+}
+
+impl Default for ResourceLimits {
+    fn default() -> Self {
+        ResourceLimits {
+            memory_mb: Some(8192),
+            processes: Some(512),
+            cpu_secs: Some(600),
+            file_mb: Some(1024),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_parse_and_rules_match_by_name_and_port() {
+        assert_eq!(NetworkPolicy::parse("deny-all"), Ok(NetworkPolicy::DenyAll));
+        assert_eq!(NetworkPolicy::parse("open"), Ok(NetworkPolicy::Open));
+        let NetworkPolicy::AllowList(rules) =
+            NetworkPolicy::parse("allow:localhost:8080, *.example.com").unwrap()
+        else {
+            panic!()
+        };
+        assert!(rules[0].allows("LOCALHOST", 8080));
+        assert!(!rules[0].allows("localhost", 8081));
+        assert!(!rules[0].allows("127.0.0.1", 8080));
+        assert!(rules[1].allows("api.example.com", 443));
+        assert!(!rules[1].allows("example.com.evil", 443));
+        assert!(!rules[1].allows("notexample.com", 443));
+        assert!(NetworkPolicy::parse("allow:").is_err());
+        assert!(NetworkPolicy::parse("allow:bad host").is_err());
+        assert!(NetworkPolicy::parse("allow:h:99999").is_err());
+        assert!(NetworkPolicy::parse("everything").is_err());
+    }
+}
