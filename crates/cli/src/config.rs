@@ -95,6 +95,23 @@ pub struct SandboxConfig {
     pub default_timeout_secs: Option<u64>,
     /// Longest `bash` timeout a call may ask for, seconds.
     pub max_timeout_secs: Option<u64>,
+    /// `auto` (bwrap where it works, else local with a warning), `bwrap` or `local`.
+    pub backend: Option<String>,
+    /// `deny-all` (default), `open`, or `allow:host[:port],*.domain,...`.
+    pub network: Option<String>,
+    /// Stop a session's sandbox after this many idle seconds (0: never).
+    pub idle_stop_secs: Option<u64>,
+    /// Address space per command process, MiB.
+    pub memory_mb: Option<u64>,
+    /// Processes at once per sandbox.
+    pub processes: Option<u32>,
+    /// CPU seconds per command process.
+    pub cpu_secs: Option<u64>,
+    /// Largest file a command may write, MiB.
+    pub file_mb: Option<u64>,
+    /// Host directories shown read-only inside the sandbox (toolchains under /root...).
+    #[serde(default)]
+    pub read_only_paths: Vec<PathBuf>,
 }
 
 /// Harness settings.
@@ -226,7 +243,46 @@ impl Config {
         if let Some(t) = s.max_timeout_secs {
             options.sandbox.max_timeout = Duration::from_secs(t);
         }
+        if let Some(Ok(b)) = s.backend.as_deref().map(str::parse) {
+            options.sandbox.backend = b;
+        }
+        if let Some(Ok(n)) = s
+            .network
+            .as_deref()
+            .map(steadfast_sandbox::NetworkPolicy::parse)
+        {
+            options.sandbox.network = n;
+        }
+        // The in-sandbox agent is this very program (`steadfast sandbox-agent`).
+        if let Ok(exe) = std::env::current_exe() {
+            options.sandbox.agent = vec![exe.display().to_string(), "sandbox-agent".into()];
+        }
+        let limits = &mut options.sandbox.limits;
+        limits.memory_mb = s.memory_mb.or(limits.memory_mb);
+        limits.processes = s.processes.or(limits.processes);
+        limits.cpu_secs = s.cpu_secs.or(limits.cpu_secs);
+        limits.file_mb = s.file_mb.or(limits.file_mb);
         options
+            .sandbox
+            .read_only_paths
+            .extend(s.read_only_paths.iter().cloned());
+        if let Some(secs) = s.idle_stop_secs {
+            options.sandbox_idle_stop = (secs > 0).then(|| Duration::from_secs(secs));
+        }
+        options
+    }
+
+    /// Checks settings that can be wrong in ways the file's types cannot say.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if let Some(b) = &self.sandbox.backend {
+            b.parse::<steadfast_sandbox::Backend>()
+                .map_err(|e| anyhow::anyhow!("[sandbox] backend: {e}"))?;
+        }
+        if let Some(n) = &self.sandbox.network {
+            steadfast_sandbox::NetworkPolicy::parse(n)
+                .map_err(|e| anyhow::anyhow!("[sandbox] network: {e}"))?;
+        }
+        Ok(())
     }
 
     /// The bounds of a new session: the file's defaults, overridden by `over`.

@@ -37,6 +37,14 @@ struct Cli {
     /// under --home).
     #[arg(long, global = true, env = "STEADFAST_BLOBS")]
     blobs: Option<String>,
+    /// The sandbox backend: `auto` (bwrap where it works, else local with a warning),
+    /// `bwrap` or `local`.
+    #[arg(long, global = true, env = "STEADFAST_SANDBOX")]
+    sandbox: Option<String>,
+    /// The sandbox's network: `deny-all` (default), `open`, or
+    /// `allow:host[:port],*.domain,...` (through an egress proxy).
+    #[arg(long, global = true, env = "STEADFAST_NETWORK")]
+    network: Option<String>,
     /// Log format for diagnostics on stderr: `text` or `json`.
     #[arg(
         long,
@@ -95,6 +103,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Inside a sandbox this program serves as its agent (see steadfast_sandbox::agent).
+    let mut args = std::env::args().skip(1);
+    if args.next().as_deref() == Some("sandbox-agent") {
+        return ExitCode::from(steadfast_sandbox::agent::main(args) as u8);
+    }
     let cli = Cli::parse();
     setup::init_tracing(&cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -116,6 +129,13 @@ fn main() -> ExitCode {
             config.blobs = cli.blobs.clone();
         }
         config.migrate_on_open = cli.migrate;
+        if cli.sandbox.is_some() {
+            config.sandbox.backend = cli.sandbox.clone();
+        }
+        if cli.network.is_some() {
+            config.sandbox.network = cli.network.clone();
+        }
+        config.check()?;
         match cli.command {
             Command::Run(args) => commands::run::run(&cli.home, &config, args).await,
             Command::Resume(args) => commands::run::resume(&cli.home, &config, args).await,

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use steadfast_harness::{Harness, HarnessOptions};
-use steadfast_sandbox::LocalSandbox;
+use steadfast_sandbox::AnySandbox;
 use steadfast_world::AnyWorld;
 
 use crate::config::Config;
@@ -17,7 +17,7 @@ pub async fn harness(
     config: &Config,
     world: AnyWorld,
     provider: &str,
-) -> anyhow::Result<(Harness<AnyWorld, LocalSandbox>, Option<FakeProvider>)> {
+) -> anyhow::Result<(Harness<AnyWorld, AnySandbox>, Option<FakeProvider>)> {
     if provider == "fake" {
         let script = match std::env::var("STEADFAST_FAKE_SCRIPT") {
             Ok(path) => Script::from_json(
@@ -96,7 +96,7 @@ pub async fn shared_harness(
     config: &Config,
     world: AnyWorld,
 ) -> anyhow::Result<(
-    std::sync::Arc<Harness<AnyWorld, LocalSandbox>>,
+    std::sync::Arc<Harness<AnyWorld, AnySandbox>>,
     Option<FakeProvider>,
 )> {
     let needs_fake = config.default_model().starts_with("fake/");

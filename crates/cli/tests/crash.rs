@@ -328,7 +328,14 @@ async fn an_interrupted_external_effect_is_reported_unknown_and_never_run_again(
         .unwrap();
         let case = Case::new(script).await;
         let out = case
-            .run("deploy", &[("STEADFAST_FAULT", format!("{point}:1"))])
+            .run(
+                "deploy",
+                &[
+                    ("STEADFAST_FAULT", format!("{point}:1")),
+                    // The deploy reaches a host service: the sandbox must allow it.
+                    ("STEADFAST_NETWORK", "open".to_string()),
+                ],
+            )
             .await;
         assert_eq!(
             out.status.signal(),

@@ -39,6 +39,7 @@ fn body_text(body: &serde_json::Value) -> String {
     }
 }
 use crate::heartbeat::Heartbeat;
+use crate::slot::SandboxSlot;
 use crate::{Error, Result};
 
 /// Why [`Driver::run`] returned.
@@ -71,7 +72,8 @@ pub struct Driver<'h, W, S> {
     harness: &'h Harness<W, S>,
     lease: Lease,
     state: SessionState,
-    sandbox: S,
+    sandbox: SandboxSlot<S>,
+    workspace: std::path::PathBuf,
     model: ModelClient,
     observer: Observer,
     _heartbeat: Heartbeat,
@@ -82,13 +84,14 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         harness: &'h Harness<W, S>,
         lease: Lease,
         state: SessionState,
-        sandbox: S,
+        sandbox: SandboxSlot<S>,
         model: ModelClient,
         heartbeat: Heartbeat,
     ) -> Self {
         Driver {
             harness,
             lease,
+            workspace: std::path::PathBuf::from(&state.workspace),
             state,
             sandbox,
             model,
@@ -286,6 +289,10 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     }
 
     async fn call_model(&mut self, step: u32) -> Result<()> {
+        if self.harness.options.prewarm_sandbox {
+            self.sandbox.hydrate_to(self.state.last_snapshot.clone());
+            self.sandbox.prewarm();
+        }
         let request = self.request();
         let call_id = format!("mc_{}", uuid::Uuid::now_v7().simple());
         self.append(vec![Event::ModelCallIntent {
@@ -429,8 +436,12 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 }])
                 .await;
         }
+        // A sandbox first (hydrated to the last recorded snapshot if it is new), so the
+        // snapshot below is taken of the workspace the call will really run on.
+        self.sandbox.hydrate_to(self.state.last_snapshot.clone());
+        self.sandbox.get().await?;
         let touches_workspace = class != ToolClass::Read;
-        let workspace = self.sandbox.workspace().to_path_buf();
+        let workspace = self.workspace.clone();
         let snapshot_before = if touches_workspace {
             Some(self.harness.snapshot(&workspace).await?)
         } else {
@@ -446,7 +457,25 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         .await?;
         point(points::TOOL_INTENT);
 
-        let out = self.sandbox.execute(&call.name, &call.input).await?;
+        let out = match self.execute(&call.name, &call.input).await {
+            Ok(out) => out,
+            Err(Error::Sandbox(steadfast_sandbox::Error::Died(reason))) => {
+                // Recorded, then resolved like a crash (invariant 4); the next call
+                // gets a new sandbox, hydrated to the last recorded snapshot.
+                tracing::warn!(session = %self.lease.session, %reason, "sandbox died mid-call");
+                self.sandbox.discard().await;
+                self.append(vec![Event::SandboxLost {
+                    call_id: Some(call.id.clone()),
+                    reason,
+                }])
+                .await?;
+                if let Some(pending) = self.state.pending_tool.clone() {
+                    self.resolve_tool(pending).await?;
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
         point(points::TOOL_EFFECT);
 
         let snapshot_after = if touches_workspace {
@@ -480,7 +509,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             ToolClass::Read => ToolResolution::Rerun,
             ToolClass::Mutate => {
                 if let Some(snapshot) = &pending.snapshot_before {
-                    let workspace = self.sandbox.workspace().to_path_buf();
+                    let workspace = self.workspace.clone();
                     let drive = self.harness.drive.clone();
                     let snap = snapshot.clone();
                     tokio::task::spawn_blocking(move || drive.restore(&workspace, &snap))
@@ -499,6 +528,25 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             resolution,
         }])
         .await
+    }
+
+    /// Runs a tool call in the session's sandbox, provisioning one if none runs.
+    async fn execute(
+        &self,
+        tool: &str,
+        input: &serde_json::Value,
+    ) -> Result<steadfast_sandbox::ToolOutput> {
+        self.sandbox.hydrate_to(self.state.last_snapshot.clone());
+        let sandbox = self.sandbox.get().await?;
+        let out = sandbox.execute(tool, input).await;
+        drop(sandbox);
+        self.sandbox.touch().await;
+        Ok(out?)
+    }
+
+    /// Whether a sandbox is running for this session now.
+    pub async fn has_sandbox(&self) -> bool {
+        self.sandbox.is_running().await
     }
 
     async fn diff_since_start(&self) -> Vec<String> {

@@ -7,18 +7,20 @@ use std::time::Duration;
 use steadfast_drive::Drive;
 use steadfast_log::{fold, Event, ModelSpec, SessionState};
 use steadfast_model::{Endpoint, ModelClient, RetryPolicy};
-use steadfast_sandbox::{LocalSandbox, Sandbox, SandboxOptions};
+use steadfast_sandbox::{AnySandbox, Sandbox, SandboxOptions};
 use steadfast_world::{now_ms, Blobs, Holder, SqliteWorld, World};
 
 use crate::driver::Driver;
 use crate::heartbeat::Heartbeat;
+use crate::slot::SandboxSlot;
 use crate::{prompt, Error, Result};
 
 /// Turns a session's model spec into a client (this is where credentials live).
 pub type ModelResolver =
     Arc<dyn Fn(&ModelSpec) -> steadfast_model::Result<ModelClient> + Send + Sync>;
 
-/// Makes the sandbox for a workspace.
+/// Makes the sandbox for a workspace. Called on a blocking thread, when a session
+/// first needs one (and again after an idle stop or a death).
 pub type Provisioner<S> =
     Arc<dyn Fn(&Path, &SandboxOptions) -> steadfast_sandbox::Result<S> + Send + Sync>;
 
@@ -37,6 +39,12 @@ pub struct HarnessOptions {
     pub max_tokens: u32,
     /// Model prices that override the built-in table (for the cost breaker).
     pub prices: steadfast_model::pricing::PriceTable,
+    /// Stop a session's sandbox after this long without a tool call (`None`: keep it
+    /// while the driver lives).
+    pub sandbox_idle_stop: Option<Duration>,
+    /// Start provisioning a sandbox in the background when a model call begins, so the
+    /// first tool call finds one ready (model calls never wait for it either way).
+    pub prewarm_sandbox: bool,
 }
 
 impl std::fmt::Debug for HarnessOptions {
@@ -46,6 +54,8 @@ impl std::fmt::Debug for HarnessOptions {
             .field("lease_ttl", &self.lease_ttl)
             .field("max_steps_per_turn", &self.max_steps_per_turn)
             .field("max_tokens", &self.max_tokens)
+            .field("sandbox_idle_stop", &self.sandbox_idle_stop)
+            .field("prewarm_sandbox", &self.prewarm_sandbox)
             .finish_non_exhaustive()
     }
 }
@@ -78,6 +88,8 @@ impl HarnessOptions {
             max_steps_per_turn: 200,
             max_tokens: 8192,
             prices: Default::default(),
+            sandbox_idle_stop: Some(Duration::from_secs(300)),
+            prewarm_sandbox: true,
         }
     }
 }
@@ -141,7 +153,7 @@ pub fn parse_model(spec: &str) -> Result<ModelSpec> {
 }
 
 /// Starts and wakes sessions. Stateless: any harness can wake any session.
-pub struct Harness<W = SqliteWorld, S = LocalSandbox> {
+pub struct Harness<W = SqliteWorld, S = AnySandbox> {
     pub(crate) world: W,
     pub(crate) blobs: Blobs,
     pub(crate) drive: Drive,
@@ -151,9 +163,9 @@ pub struct Harness<W = SqliteWorld, S = LocalSandbox> {
     provision: Provisioner<S>,
 }
 
-impl Harness<SqliteWorld, LocalSandbox> {
+impl Harness<SqliteWorld, AnySandbox> {
     /// The embedded default under `home`: `world.db` (SQLite), `blobs/`, `drive/`, and
-    /// the local sandbox.
+    /// the sandbox backend the options name.
     pub fn open_local(home: &Path, options: HarnessOptions) -> Result<Self> {
         let blobs = Blobs::local(&home.join("blobs"))?;
         let world = SqliteWorld::open(home.join("world.db"))?.with_spill(blobs.clone());
@@ -161,15 +173,16 @@ impl Harness<SqliteWorld, LocalSandbox> {
     }
 }
 
-impl<W: World + Clone> Harness<W, LocalSandbox> {
-    /// A harness over `world`, with blobs and drive under `home` and the local sandbox.
+impl<W: World + Clone> Harness<W, AnySandbox> {
+    /// A harness over `world`, with blobs and drive under `home` and the sandbox
+    /// backend the options name.
     pub fn with_world(home: &Path, world: W, options: HarnessOptions) -> Result<Self> {
         let blobs = Blobs::local(&home.join("blobs"))?;
         Self::with_world_and_blobs(home, world, blobs, options)
     }
 
-    /// A harness over `world` and `blobs`, with the drive under `home` and the local
-    /// sandbox.
+    /// A harness over `world` and `blobs`, with the drive under `home` and the
+    /// sandbox backend the options name.
     pub fn with_world_and_blobs(
         home: &Path,
         world: W,
@@ -177,8 +190,7 @@ impl<W: World + Clone> Harness<W, LocalSandbox> {
         options: HarnessOptions,
     ) -> Result<Self> {
         let drive = Drive::open(home.join("drive"))?;
-        let provision: Provisioner<LocalSandbox> =
-            Arc::new(|ws: &Path, opts: &SandboxOptions| LocalSandbox::new(ws, opts.clone()));
+        let provision: Provisioner<AnySandbox> = Arc::new(AnySandbox::provision);
         let mut harness = Harness::new(world, blobs, drive, options, provision);
         harness.home = Some(home.to_path_buf());
         Ok(harness)
@@ -279,8 +291,9 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     }
 
     /// Takes over a session: lease, fold, workspace restored to the last recorded
-    /// snapshot (hydrating an empty one), sandbox provisioned. The driver carries on
-    /// at the frontier of uncommitted work.
+    /// snapshot (hydrating an empty one). The sandbox is provisioned later, when the
+    /// session first needs one. The driver carries on at the frontier of uncommitted
+    /// work.
     pub async fn wake(&self, session: &str) -> Result<Driver<'_, W, S>> {
         let lease = self
             .world
@@ -303,7 +316,13 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 .await
                 .map_err(|e| Error::Invalid(format!("restore task failed: {e}")))??;
         }
-        let sandbox = (self.provision)(&workspace, &self.options.sandbox)?;
+        let sandbox = SandboxSlot::new(
+            workspace,
+            self.provision.clone(),
+            self.options.sandbox.clone(),
+            self.drive.clone(),
+            self.options.sandbox_idle_stop,
+        );
         let model = (self.options.models)(&state.model)?;
         let heartbeat = Heartbeat::start(self.world.clone(), lease.clone(), self.options.lease_ttl);
         Ok(Driver::new(self, lease, state, sandbox, model, heartbeat))

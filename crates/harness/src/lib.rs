@@ -51,6 +51,7 @@ mod driver;
 mod harness;
 mod heartbeat;
 mod prompt;
+mod slot;
 mod worker;
 
 pub use driver::{Driver, Progress, Stop, APPROVAL_SIGNAL, APPROVAL_TOOL};

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use steadfast_harness::Harness;
-use steadfast_sandbox::LocalSandbox;
+use steadfast_sandbox::AnySandbox;
 use steadfast_world::World;
 
 pub use auth::{hash_token, Auth, AuthMode, TokenEntry};
@@ -33,7 +33,7 @@ pub const MAX_BODY: usize = 256 * 1024;
 /// What the API needs.
 pub struct ServerState<W> {
     /// Creates sessions (snapshots their workspace) and reads their logs.
-    pub harness: Arc<Harness<W, LocalSandbox>>,
+    pub harness: Arc<Harness<W, AnySandbox>>,
     /// Who may call, and as whom.
     pub auth: Auth,
     /// Where managed workspaces are created.
@@ -48,7 +48,7 @@ pub struct ServerState<W> {
 impl<W> ServerState<W> {
     /// State with the given parts and default limits.
     pub fn new(
-        harness: Arc<Harness<W, LocalSandbox>>,
+        harness: Arc<Harness<W, AnySandbox>>,
         auth: Auth,
         workspaces: PathBuf,
         default_model: String,

@@ -127,7 +127,7 @@ pub async fn worker(home: &Path, config: &Config, args: WorkerArgs) -> anyhow::R
 
 fn spawn_workers(
     harness: Arc<
-        steadfast_harness::Harness<steadfast_world::AnyWorld, steadfast_sandbox::LocalSandbox>,
+        steadfast_harness::Harness<steadfast_world::AnyWorld, steadfast_sandbox::AnySandbox>,
     >,
     n: usize,
     stop: tokio::sync::watch::Receiver<bool>,

@@ -1,0 +1,256 @@
+//! A session's sandbox over time, with real bubblewrap sandboxes (this program is
+//! their agent): provisioned without delaying the first model call, stopped when idle
+//! and hydrated from the drive when needed again, replaced when killed mid-command.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use steadfast_drive::Drive;
+use steadfast_harness::{Harness, HarnessOptions, NewSession, Provisioner, Stop};
+use steadfast_log::{Event, ToolResolution};
+use steadfast_sandbox::{AnySandbox, Backend, Sandbox, SandboxOptions, ToolOutput};
+use steadfast_testkit::{FakeProvider, Script};
+use steadfast_world::{Blobs, SqliteWorld, World};
+
+/// What the tracking provisioner saw.
+#[derive(Default)]
+struct Seen {
+    provisions: AtomicU64,
+    /// Model calls the fake provider had received when each provisioning finished.
+    calls_when_ready: Mutex<Vec<u64>>,
+    pids: Mutex<Vec<u32>>,
+    stopped: AtomicU64,
+}
+
+/// A bwrap sandbox that reports to [`Seen`] and, when stopped, wipes the workspace the
+/// way a remote sandbox's disk goes with it (so the next one must be hydrated).
+struct Tracked {
+    inner: AnySandbox,
+    seen: Arc<Seen>,
+    wipe_on_stop: bool,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.seen.stopped.fetch_add(1, Ordering::SeqCst);
+        if self.wipe_on_stop {
+            let entries = std::fs::read_dir(self.inner.workspace())
+                .into_iter()
+                .flatten();
+            for path in entries.filter_map(Result::ok).map(|e| e.path()) {
+                let _ = if path.is_dir() {
+                    std::fs::remove_dir_all(path)
+                } else {
+                    std::fs::remove_file(path)
+                };
+            }
+        }
+    }
+}
+
+impl Sandbox for Tracked {
+    fn workspace(&self) -> &Path {
+        self.inner.workspace()
+    }
+
+    async fn execute(
+        &self,
+        tool: &str,
+        input: &serde_json::Value,
+    ) -> steadfast_sandbox::Result<ToolOutput> {
+        self.inner.execute(tool, input).await
+    }
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+    fake: FakeProvider,
+    seen: Arc<Seen>,
+}
+
+impl Setup {
+    async fn new(steps: serde_json::Value) -> Self {
+        let script: Script = serde_json::from_value(json!({ "steps": steps })).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+        std::fs::write(dir.path().join("ws/hello.txt"), "hello\n").unwrap();
+        Setup {
+            dir,
+            fake: FakeProvider::start(script).await.unwrap(),
+            seen: Arc::default(),
+        }
+    }
+
+    fn ws(&self) -> PathBuf {
+        self.dir.path().join("ws")
+    }
+
+    /// A harness whose sandboxes are bwrap, provisioned after `delay`.
+    fn harness(
+        &self,
+        delay: Duration,
+        wipe_on_stop: bool,
+        tune: impl FnOnce(&mut HarnessOptions),
+    ) -> Harness<SqliteWorld, Tracked> {
+        let home = self.dir.path().join("home");
+        let blobs = Blobs::local(&home.join("blobs")).unwrap();
+        let world = SqliteWorld::open(home.join("world.db")).unwrap();
+        let drive = Drive::open(home.join("drive")).unwrap();
+        let mut options = HarnessOptions::fake_provider(&self.fake.base_url());
+        options.sandbox = SandboxOptions {
+            backend: Backend::Bwrap,
+            agent: vec![
+                env!("CARGO_BIN_EXE_steadfast").to_string(),
+                "sandbox-agent".into(),
+            ],
+            ..SandboxOptions::default()
+        };
+        tune(&mut options);
+        let (seen, fake_calls) = (self.seen.clone(), self.fake.state().clone());
+        let provision: Provisioner<Tracked> = Arc::new(move |ws: &Path, opts: &SandboxOptions| {
+            std::thread::sleep(delay);
+            let inner = AnySandbox::provision(ws, opts)?;
+            let AnySandbox::Bwrap(b) = &inner else {
+                panic!("expected a bwrap sandbox")
+            };
+            seen.pids.lock().unwrap().push(b.pid());
+            seen.provisions.fetch_add(1, Ordering::SeqCst);
+            seen.calls_when_ready
+                .lock()
+                .unwrap()
+                .push(fake_calls.calls());
+            Ok(Tracked {
+                inner,
+                seen: seen.clone(),
+                wipe_on_stop,
+            })
+        });
+        Harness::new(world, blobs, drive, options, provision)
+    }
+}
+
+fn bash(command: &str) -> serde_json::Value {
+    json!({"text": "running", "tool_calls": [{"name": "bash", "input": {"command": command}}]})
+}
+
+#[tokio::test]
+async fn the_first_model_call_does_not_wait_for_a_slow_sandbox() {
+    let setup = Setup::new(json!([bash("cat hello.txt"), {"text": "done"}])).await;
+    let harness = setup.harness(Duration::from_millis(1500), false, |_| {});
+    let id = harness
+        .start_session(NewSession::native("fake/m", &setup.ws()).with_task("go"))
+        .await
+        .unwrap();
+    let mut driver = harness.wake(&id).await.unwrap();
+    assert_eq!(driver.run().await.unwrap(), Stop::Idle);
+    assert_eq!(setup.seen.provisions.load(Ordering::SeqCst), 1);
+    let ready = setup.seen.calls_when_ready.lock().unwrap().clone();
+    assert!(
+        ready[0] >= 1,
+        "the first model request reached the provider before provisioning finished"
+    );
+    assert_eq!(setup.fake.calls(), 2);
+}
+
+#[tokio::test]
+async fn an_idle_sandbox_is_stopped_and_the_next_one_hydrated_from_the_drive() {
+    // The second reply streams slowly: the sandbox idles meanwhile and is stopped
+    // (taking the workspace with it); the next command needs a new, hydrated one.
+    let slow = json!({"text": "thinking ".repeat(20), "chunk_delay_ms": 60,
+        "tool_calls": [{"name": "bash", "input": {"command": "cat hello.txt first.txt > second.txt"}}]});
+    let setup =
+        Setup::new(json!([bash("cat hello.txt > first.txt"), slow, {"text": "done"}])).await;
+    let harness = setup.harness(Duration::ZERO, true, |o| {
+        o.sandbox_idle_stop = Some(Duration::from_millis(200));
+        o.prewarm_sandbox = false;
+    });
+    let id = harness
+        .start_session(NewSession::native("fake/m", &setup.ws()).with_task("go"))
+        .await
+        .unwrap();
+    let mut driver = harness.wake(&id).await.unwrap();
+    assert!(!driver.has_sandbox().await, "nothing provisioned at wake");
+    assert_eq!(driver.run().await.unwrap(), Stop::Idle);
+    assert_eq!(setup.seen.provisions.load(Ordering::SeqCst), 2);
+    assert!(setup.seen.stopped.load(Ordering::SeqCst) >= 1);
+    assert_eq!(
+        std::fs::read_to_string(setup.ws().join("second.txt")).unwrap(),
+        "hello\nhello\n",
+        "the new sandbox saw the files of the last recorded step"
+    );
+}
+
+/// The bwrap process of a sandbox, found by the pid the provisioner saw.
+async fn wait_for_sandbox(seen: &Seen, n: usize) -> u32 {
+    for _ in 0..500 {
+        if let Some(pid) = seen.pids.lock().unwrap().get(n - 1) {
+            return *pid;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no sandbox was provisioned")
+}
+
+#[tokio::test]
+async fn a_sandbox_killed_mid_command_is_replaced_and_the_call_resolved() {
+    // The command appends, then sleeps; the sandbox is SIGKILLed while it sleeps.
+    // The append is rolled back with the call, and the model (told so) runs it again
+    // in a new sandbox: the file ends with one line, not two.
+    let setup = Setup::new(json!([bash("echo one >> log.txt; sleep 3"), {"text": "done"}])).await;
+    let harness = setup.harness(Duration::ZERO, false, |_| {});
+    let id = harness
+        .start_session(NewSession::native("fake/m", &setup.ws()).with_task("go"))
+        .await
+        .unwrap();
+    let mut driver = harness.wake(&id).await.unwrap();
+    let log_file = setup.ws().join("log.txt");
+    let killer = async {
+        let pid = wait_for_sandbox(&setup.seen, 1).await;
+        while !log_file.exists() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+    };
+    let (stop, ()) = tokio::join!(driver.run(), killer);
+    assert_eq!(stop.unwrap(), Stop::Idle);
+    assert_eq!(std::fs::read_to_string(&log_file).unwrap(), "one\n");
+    assert_eq!(setup.seen.provisions.load(Ordering::SeqCst), 2);
+
+    let log = harness.world().read(&id, 1).await.unwrap();
+    let kinds: Vec<&str> = log.iter().map(|r| r.event.kind()).collect();
+    let lost = kinds
+        .iter()
+        .position(|k| *k == "sandbox_lost")
+        .expect("recorded");
+    assert_eq!(kinds[lost - 1], "tool_call_intent");
+    assert!(matches!(
+        &log[lost + 1].event,
+        Event::ToolCallInterrupted {
+            resolution: ToolResolution::RolledBack { .. },
+            ..
+        }
+    ));
+    let outcomes = log
+        .iter()
+        .filter(|r| {
+            matches!(
+                &r.event,
+                Event::ToolCallOutcome {
+                    is_error: false,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(
+        outcomes, 1,
+        "the command ran to the end once, in the new sandbox"
+    );
+}

@@ -1,0 +1,173 @@
+//! A session's sandbox over time: provisioned when first needed (in the background
+//! while the model thinks), stopped when idle, provisioned again (hydrated from the
+//! drive) on demand, replaced when it dies.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+use steadfast_drive::Drive;
+use steadfast_sandbox::{Sandbox, SandboxOptions};
+use tokio::sync::Mutex;
+
+use crate::harness::Provisioner;
+use crate::{Error, Result};
+
+/// The running sandbox, if any, and when it was last used.
+struct Live<S> {
+    sandbox: Arc<S>,
+    last_used: Instant,
+}
+
+/// Holds at most one sandbox for a driver.
+pub(crate) struct SandboxSlot<S> {
+    workspace: PathBuf,
+    provision: Provisioner<S>,
+    options: SandboxOptions,
+    drive: Drive,
+    live: Arc<Mutex<Option<Live<S>>>>,
+    /// The snapshot a new sandbox is hydrated to (the log's last recorded one).
+    hydrate_to: Arc<StdMutex<Option<String>>>,
+    reaper: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl<S> Drop for SandboxSlot<S> {
+    fn drop(&mut self) {
+        if let Some(r) = &self.reaper {
+            r.abort();
+        }
+    }
+}
+
+impl<S: Sandbox> SandboxSlot<S> {
+    pub(crate) fn new(
+        workspace: PathBuf,
+        provision: Provisioner<S>,
+        options: SandboxOptions,
+        drive: Drive,
+        idle_stop: Option<Duration>,
+    ) -> Self {
+        let live: Arc<Mutex<Option<Live<S>>>> = Arc::new(Mutex::new(None));
+        let reaper = idle_stop.map(|idle| {
+            let live = live.clone();
+            tokio::spawn(async move {
+                let tick = (idle / 4).max(Duration::from_millis(10));
+                loop {
+                    tokio::time::sleep(tick).await;
+                    // A slot busy provisioning or running a call is not idle.
+                    let Ok(mut guard) = live.try_lock() else {
+                        continue;
+                    };
+                    let stale = guard.as_ref().is_some_and(|l| {
+                        l.last_used.elapsed() >= idle && Arc::strong_count(&l.sandbox) == 1
+                    });
+                    if stale {
+                        tracing::info!("sandbox idle for {idle:?}: stopping it");
+                        guard.take();
+                    }
+                }
+            })
+        });
+        SandboxSlot {
+            workspace,
+            provision,
+            options,
+            drive,
+            live,
+            hydrate_to: Arc::new(StdMutex::new(None)),
+            reaper,
+        }
+    }
+
+    /// Sets the snapshot the next sandbox is hydrated to.
+    pub(crate) fn hydrate_to(&self, snapshot: Option<String>) {
+        *self.hydrate_to.lock().unwrap_or_else(|e| e.into_inner()) = snapshot;
+    }
+
+    /// Starts provisioning in the background if no sandbox is running, so a tool call
+    /// later finds one ready; the caller goes on at once.
+    pub(crate) fn prewarm(&self) {
+        let Ok(guard) = self.live.try_lock() else {
+            return; // already provisioning or in use
+        };
+        if guard.is_some() {
+            return;
+        }
+        drop(guard);
+        let this = self.handle();
+        tokio::spawn(async move {
+            if let Err(e) = this.get().await {
+                tracing::warn!(error = %e, "sandbox prewarm failed; the next tool call retries");
+            }
+        });
+    }
+
+    /// The running sandbox, provisioning (and hydrating) one if there is none.
+    pub(crate) async fn get(&self) -> Result<Arc<S>> {
+        let mut guard = self.live.lock().await;
+        if let Some(live) = guard.as_mut() {
+            live.last_used = Instant::now();
+            return Ok(live.sandbox.clone());
+        }
+        let started = Instant::now();
+        let snapshot = self
+            .hydrate_to
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(snapshot) = snapshot {
+            let (drive, ws) = (self.drive.clone(), self.workspace.clone());
+            tokio::task::spawn_blocking(move || drive.restore(&ws, &snapshot))
+                .await
+                .map_err(|e| Error::Invalid(format!("hydration task failed: {e}")))??;
+        }
+        let (provision, ws, options) = (
+            self.provision.clone(),
+            self.workspace.clone(),
+            self.options.clone(),
+        );
+        let sandbox = tokio::task::spawn_blocking(move || provision(&ws, &options))
+            .await
+            .map_err(|e| Error::Invalid(format!("provisioning task failed: {e}")))??;
+        tracing::info!(
+            ms = started.elapsed().as_millis() as u64,
+            "sandbox provisioned"
+        );
+        let sandbox = Arc::new(sandbox);
+        *guard = Some(Live {
+            sandbox: sandbox.clone(),
+            last_used: Instant::now(),
+        });
+        Ok(sandbox)
+    }
+
+    /// Marks the running sandbox used now (after a call, so idleness counts from its end).
+    pub(crate) async fn touch(&self) {
+        if let Some(live) = self.live.lock().await.as_mut() {
+            live.last_used = Instant::now();
+        }
+    }
+
+    /// Forgets a sandbox that died; the next call provisions a new one.
+    pub(crate) async fn discard(&self) {
+        self.live.lock().await.take();
+    }
+
+    /// Whether a sandbox is running now.
+    pub(crate) async fn is_running(&self) -> bool {
+        self.live.lock().await.is_some()
+    }
+
+    /// A second handle on the same slot, for background provisioning.
+    fn handle(&self) -> Self {
+        SandboxSlot {
+            workspace: self.workspace.clone(),
+            provision: self.provision.clone(),
+            options: self.options.clone(),
+            drive: self.drive.clone(),
+            live: self.live.clone(),
+            hydrate_to: self.hydrate_to.clone(),
+            reaper: None,
+        }
+    }
+}
