@@ -468,3 +468,103 @@ async fn crashes_resume_on_the_postgres_world_too() {
             .await;
     }
 }
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[tokio::test]
+async fn an_interrupted_git_push_is_reconciled_and_never_pushed_twice() {
+    for point in ["tool.intent_committed", "tool.effect"] {
+        let script: Script = serde_json::from_value(serde_json::json!({"steps": [
+            {"text": "Pushing.", "tool_calls": [{"name": "bash", "input": {"command": "git push origin main"}}]},
+            {"text": "Pushed."}
+        ]}))
+        .unwrap();
+        let case = Case::new(script).await;
+        // A bare remote outside the workspace, counting the pushes it receives.
+        let remote = case.dir.path().join("remote.git");
+        git(
+            case.dir.path(),
+            &[
+                "init",
+                "-q",
+                "--bare",
+                "-b",
+                "main",
+                remote.to_str().unwrap(),
+            ],
+        );
+        let hook = remote.join("hooks/post-receive");
+        std::fs::write(
+            &hook,
+            "#!/bin/sh\necho pushed >> \"$(dirname \"$0\")/../pushes.log\"\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let pushes =
+            || std::fs::read_to_string(remote.join("pushes.log")).map_or(0, |s| s.lines().count());
+        let ws = case.workspace();
+        git(&ws, &["init", "-q", "-b", "main"]);
+        git(&ws, &["config", "user.email", "agent@example.com"]);
+        git(&ws, &["config", "user.name", "agent"]);
+        git(&ws, &["add", "-A"]);
+        git(&ws, &["commit", "-qm", "the fix"]);
+        git(&ws, &["remote", "add", "origin", remote.to_str().unwrap()]);
+        let commit = git(&ws, &["rev-parse", "HEAD"]);
+        // The remote is a host path: the local backend can reach it.
+        let local = ("STEADFAST_SANDBOX", "local".to_string());
+
+        let out = case
+            .run(
+                "push it",
+                &[("STEADFAST_FAULT", format!("{point}:1")), local.clone()],
+            )
+            .await;
+        assert_eq!(
+            out.status.signal(),
+            Some(libc_sigabrt()),
+            "{}",
+            stderr(&out)
+        );
+        let landed = point == "tool.effect";
+        assert_eq!(pushes(), usize::from(landed), "{point}");
+
+        let session = case.sessions().await.pop().unwrap();
+        let resumed = case
+            .steadfast(&["resume", &session, "--json"], &[local.clone()])
+            .await;
+        assert!(resumed.status.success(), "{}", stderr(&resumed));
+        assert_eq!(pushes(), 1, "{point}: pushed exactly once");
+        assert_eq!(git(&remote, &["rev-parse", "main"]), commit, "{point}");
+
+        let log = case.log(&session).await;
+        let interrupted = events(&log, "tool_call_interrupted");
+        assert_eq!(interrupted.len(), 1, "{point}");
+        assert_eq!(
+            interrupted[0]["resolution"]["kind"], "reconciled",
+            "{point}"
+        );
+        assert_eq!(interrupted[0]["resolution"]["done"], landed, "{point}");
+        // Landed: recorded as done, never run again. Not landed: run again, once.
+        let intents = events(&log, "tool_call_intent").len();
+        let outcomes = events(&log, "tool_call_outcome").len();
+        assert_eq!(
+            (intents, outcomes),
+            if landed { (1, 0) } else { (2, 1) },
+            "{point}"
+        );
+        assert_eq!(case.fake.calls(), 2, "{point}");
+    }
+}

@@ -521,13 +521,53 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                     snapshot: pending.snapshot_before.clone(),
                 }
             }
-            ToolClass::External => ToolResolution::OutcomeUnknown,
+            ToolClass::External => self.reconcile(&pending).await,
         };
         self.append(vec![Event::ToolCallInterrupted {
             call_id: pending.call_id,
             resolution,
         }])
         .await
+    }
+
+    /// Asks the first reconciler that knows an interrupted external call whether it
+    /// took place; outcome-unknown when none knows it or the probes cannot tell.
+    async fn reconcile(&self, pending: &PendingTool) -> ToolResolution {
+        use crate::reconcile::Verdict;
+        let reconcilers = self.harness.options.reconcilers.clone();
+        let Some(reconciler) = reconcilers
+            .iter()
+            .find(|r| r.matches(&pending.tool, &pending.input))
+        else {
+            return ToolResolution::OutcomeUnknown;
+        };
+        let mut outputs = Vec::new();
+        for probe in reconciler.probes(&pending.tool, &pending.input) {
+            match self
+                .execute("bash", &serde_json::json!({ "command": probe }))
+                .await
+            {
+                Ok(out) => outputs.push(out),
+                Err(e) => {
+                    tracing::warn!(reconciler = reconciler.name(), error = %e, "probe failed");
+                    return ToolResolution::OutcomeUnknown;
+                }
+            }
+        }
+        match reconciler.decide(&pending.tool, &pending.input, &outputs) {
+            Verdict::Done(evidence) => ToolResolution::Reconciled {
+                done: true,
+                evidence,
+            },
+            Verdict::NotDone(evidence) => ToolResolution::Reconciled {
+                done: false,
+                evidence,
+            },
+            Verdict::Unknown(why) => {
+                tracing::warn!(reconciler = reconciler.name(), %why, "could not reconcile");
+                ToolResolution::OutcomeUnknown
+            }
+        }
     }
 
     /// Runs a tool call in the session's sandbox, provisioning one if none runs.

@@ -45,6 +45,8 @@ pub struct HarnessOptions {
     /// Start provisioning a sandbox in the background when a model call begins, so the
     /// first tool call finds one ready (model calls never wait for it either way).
     pub prewarm_sandbox: bool,
+    /// Probes that decide, after a crash, whether an external effect took place.
+    pub reconcilers: Vec<Arc<dyn crate::reconcile::Reconciler>>,
 }
 
 impl std::fmt::Debug for HarnessOptions {
@@ -90,6 +92,7 @@ impl HarnessOptions {
             prices: Default::default(),
             sandbox_idle_stop: Some(Duration::from_secs(300)),
             prewarm_sandbox: true,
+            reconcilers: vec![Arc::new(crate::reconcile::GitPush)],
         }
     }
 }

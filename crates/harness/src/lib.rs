@@ -51,6 +51,7 @@ mod driver;
 mod harness;
 mod heartbeat;
 mod prompt;
+pub mod reconcile;
 mod slot;
 mod worker;
 
