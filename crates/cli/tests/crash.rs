@@ -543,7 +543,10 @@ async fn an_interrupted_git_push_is_reconciled_and_never_pushed_twice() {
 
         let session = case.sessions().await.pop().unwrap();
         let resumed = case
-            .steadfast(&["resume", &session, "--json"], std::slice::from_ref(&local))
+            .steadfast(
+                &["resume", &session, "--json"],
+                std::slice::from_ref(&local),
+            )
             .await;
         assert!(resumed.status.success(), "{}", stderr(&resumed));
         assert_eq!(pushes(), 1, "{point}: pushed exactly once");
