@@ -23,6 +23,9 @@ pub enum Which {
     /// PostgreSQL appends (1, 8, 32 sessions) against bare inserts, and queue claims
     /// under 8 workers; needs `--world postgres://...`.
     Postgres,
+    /// bwrap sandbox provisioning (cold and after an idle stop, hydrating 1,000 files)
+    /// and per-command overhead, against the local backend.
+    Sandbox,
     /// All of them.
     All,
 }
@@ -246,6 +249,13 @@ pub async fn run(args: BenchArgs, world: Option<&str>) -> anyhow::Result<ExitCod
     }
     if matches!(args.which, Which::Fanout | Which::All) {
         super::bench_server::fanout(args.readers).await?;
+    }
+    if matches!(args.which, Which::Sandbox | Which::All) {
+        match steadfast_sandbox::bwrap_available() {
+            Ok(()) => super::bench_sandbox::run(args.rounds).await?,
+            Err(e) if args.which == Which::Sandbox => anyhow::bail!("{e}"),
+            Err(e) => eprintln!("(sandbox benchmark skipped: {e})"),
+        }
     }
     if matches!(args.which, Which::Postgres | Which::All) {
         match world.filter(|w| w.starts_with("postgres")) {

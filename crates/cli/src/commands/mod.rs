@@ -2,6 +2,7 @@
 
 pub mod bench;
 mod bench_pg;
+mod bench_sandbox;
 mod bench_server;
 pub mod fake;
 pub mod gc;
