@@ -68,11 +68,13 @@ pub(crate) async fn run(rounds: usize) -> anyhow::Result<()> {
     let source = dir.path().join("source");
     write_workspace(&source)?;
     let snapshot = drive.snapshot(&source)?;
-    let mut options = SandboxOptions::default();
-    options.agent = vec![
-        std::env::current_exe()?.display().to_string(),
-        "sandbox-agent".into(),
-    ];
+    let options = SandboxOptions {
+        agent: vec![
+            std::env::current_exe()?.display().to_string(),
+            "sandbox-agent".into(),
+        ],
+        ..SandboxOptions::default()
+    };
     let bwrap = |ws: &Path| BwrapSandbox::new(ws, &options);
     let local = |ws: &Path| LocalSandbox::new(ws, SandboxOptions::default());
 
