@@ -254,3 +254,84 @@ async fn a_sandbox_killed_mid_command_is_replaced_and_the_call_resolved() {
         "the command ran to the end once, in the new sandbox"
     );
 }
+
+#[tokio::test]
+async fn a_session_waiting_on_a_human_holds_no_sandbox() {
+    let setup = Setup::new(json!([
+        bash("echo work > done.txt"),
+        {"text": "asking", "tool_calls": [{"name": "request_approval", "input": {"reason": "ship it?"}}]},
+        {"text": "done"}
+    ]))
+    .await;
+    let harness = setup.harness(Duration::ZERO, false, |_| {});
+    let id = harness
+        .start_session(NewSession::native("fake/m", &setup.ws()).with_task("go"))
+        .await
+        .unwrap();
+    let mut driver = harness.wake(&id).await.unwrap();
+    assert_eq!(
+        driver.run().await.unwrap(),
+        Stop::Waiting("approval".into())
+    );
+    assert!(!driver.has_sandbox().await);
+    assert_eq!(setup.seen.provisions.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        setup.seen.stopped.load(Ordering::SeqCst),
+        1,
+        "stopped while waiting"
+    );
+}
+
+/// An HTTP server on loopback answering `body`.
+fn http_server(body: &'static str) -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn each_session_has_its_own_network_policy() {
+    let port = http_server("registry-ok");
+    let fetch = format!("curl -sS -m 5 http://localhost:{port}/pkg > fetched.txt");
+    let setup = Setup::new(json!([bash(&fetch), {"text": "done"}])).await;
+    let harness = setup.harness(Duration::ZERO, false, |_| {}); // default: deny-all
+    let mut allowed = NewSession::native("fake/m", &setup.ws()).with_task("go");
+    allowed.network = Some(format!("allow:localhost:{port}"));
+    let id = harness.start_session(allowed).await.unwrap();
+    let mut driver = harness.wake(&id).await.unwrap();
+    assert_eq!(driver.run().await.unwrap(), Stop::Idle);
+    drop(driver);
+    assert_eq!(
+        std::fs::read_to_string(setup.ws().join("fetched.txt")).unwrap(),
+        "registry-ok"
+    );
+
+    // The same command in a session without the allowance reaches nothing.
+    let other = tempfile::tempdir().unwrap();
+    let id = harness
+        .start_session(NewSession::native("fake/m", other.path()).with_task("go"))
+        .await
+        .unwrap();
+    let mut driver = harness.wake(&id).await.unwrap();
+    assert_eq!(driver.run().await.unwrap(), Stop::Idle);
+    assert_eq!(
+        std::fs::read_to_string(other.path().join("fetched.txt")).unwrap(),
+        ""
+    );
+
+    let mut bad = NewSession::native("fake/m", &setup.ws());
+    bad.network = Some("everywhere".into());
+    assert!(harness.start_session(bad).await.is_err());
+}

@@ -166,6 +166,10 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     pub async fn run(&mut self) -> Result<Stop> {
         loop {
             if let Some(stop) = self.step().await? {
+                if stop != Stop::Idle {
+                    // Waiting on a human (or ended): hold no sandbox meanwhile.
+                    self.sandbox.discard().await;
+                }
                 return Ok(stop);
             }
         }

@@ -118,6 +118,9 @@ pub struct NewSession {
     pub approve_external: bool,
     /// Bounds on tokens, turns and wall-clock time.
     pub limits: steadfast_log::Limits,
+    /// The sandbox's network policy for this session (`deny-all`, `open`,
+    /// `allow:host,...`); `None` for the harness's default.
+    pub network: Option<String>,
 }
 
 impl NewSession {
@@ -132,6 +135,7 @@ impl NewSession {
             budget_micro_usd: None,
             approve_external: false,
             limits: Default::default(),
+            network: None,
         }
     }
 
@@ -249,6 +253,9 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// workspace's initial snapshot. Returns its id.
     pub async fn start_session(&self, new: NewSession) -> Result<String> {
         let model = parse_model(&new.model)?;
+        if let Some(policy) = &new.network {
+            steadfast_sandbox::NetworkPolicy::parse(policy).map_err(Error::Invalid)?;
+        }
         std::fs::create_dir_all(&new.workspace)
             .map_err(|e| Error::Invalid(format!("workspace {}: {e}", new.workspace.display())))?;
         let workspace = new
@@ -274,6 +281,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             budget_micro_usd: new.budget_micro_usd,
             approve_external: new.approve_external,
             limits: new.limits,
+            network: new.network,
         }];
         if let Some(text) = new.task {
             events.push(Event::UserMessage {
@@ -319,10 +327,15 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 .await
                 .map_err(|e| Error::Invalid(format!("restore task failed: {e}")))??;
         }
+        let mut sandbox_options = self.options.sandbox.clone();
+        if let Some(policy) = &state.network {
+            sandbox_options.network =
+                steadfast_sandbox::NetworkPolicy::parse(policy).map_err(Error::Invalid)?;
+        }
         let sandbox = SandboxSlot::new(
             workspace,
             self.provision.clone(),
-            self.options.sandbox.clone(),
+            sandbox_options,
             self.drive.clone(),
             self.options.sandbox_idle_stop,
         );

@@ -256,6 +256,10 @@ pub enum Event {
         /// Bounds beyond the spend limit (tokens, turns, wall clock).
         #[serde(default, skip_serializing_if = "Limits::is_unbounded")]
         limits: Limits,
+        /// The sandbox's network policy for this session (`deny-all`, `open`,
+        /// `allow:host,...`), when it differs from the harness's default.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        network: Option<String>,
     },
     /// A user message, which opens a turn.
     UserMessage {

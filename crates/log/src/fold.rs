@@ -163,6 +163,8 @@ pub struct SessionState {
     pub approve_external: bool,
     /// Whether the session is over for good.
     pub ended: bool,
+    /// The session's own network policy, if it has one.
+    pub network: Option<String>,
     /// The bound that stopped the session, while it is escalated.
     pub escalated: Option<Breaker>,
     /// How many tool calls in a row were the same call with the same input and left
@@ -230,6 +232,7 @@ impl SessionState {
             budget_micro_usd,
             approve_external,
             limits,
+            network,
         } = &record.event
         else {
             return Err(FoldError::NotStarted);
@@ -264,6 +267,7 @@ impl SessionState {
             },
             approve_external: *approve_external,
             ended: false,
+            network: network.clone(),
             escalated: None,
             loop_streak: 0,
             last_tool_call: None,

@@ -298,6 +298,7 @@ mod tests {
                 budget_micro_usd: None,
                 approve_external: false,
                 limits: Default::default(),
+                network: None,
             },
         };
         let mut enc = encode("s", &rec);

@@ -405,6 +405,37 @@ async fn tokens_owners_and_production_mode() {
     )
     .await;
     assert_eq!(shown["budget_usd"], 0.5);
+
+    // A public server never opens the sandbox's network; an allow-list is the session's.
+    let (status, refused) = call(
+        reqwest::Method::POST,
+        &format!("{}/v1/sessions", public.url),
+        None,
+        Some(json!({"network": "open"})),
+    )
+    .await;
+    assert_eq!(status, 403, "{refused}");
+    let (status, created) = call(
+        reqwest::Method::POST,
+        &format!("{}/v1/sessions", public.url),
+        None,
+        Some(json!({"network": "allow:pypi.org", "budget": {"max_turns": 3}})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let (_, shown) = call(
+        reqwest::Method::GET,
+        &format!(
+            "{}/v1/sessions/{}",
+            public.url,
+            created["id"].as_str().unwrap()
+        ),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(shown["network"], "allow:pypi.org");
+    assert_eq!(shown["limits"]["max_turns"], 3);
 }
 
 #[tokio::test]
@@ -457,6 +488,17 @@ async fn bad_input_gets_clear_json_errors() {
         422,
         "invalid_body",
     );
+    let bad_network = raw(r#"{"network": "everywhere"}"#, "application/json").await;
+    assert_error(&bad_network, 422, "invalid_body");
+    assert!(
+        bad_network.1["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("network"),
+        "{bad_network:?}"
+    );
+    let bad_budget = raw(r#"{"budget": {"max_turns": 0}}"#, "application/json").await;
+    assert_error(&bad_budget, 422, "invalid_body");
     assert_error(
         &call(
             reqwest::Method::POST,

@@ -206,6 +206,7 @@ fn started() -> Event {
         budget_micro_usd: None,
         approve_external: false,
         limits: Default::default(),
+        network: None,
     }
 }
 

@@ -146,6 +146,7 @@ async fn wake(events: usize) -> anyhow::Result<()> {
             budget_micro_usd: None,
             approve_external: false,
             limits: Default::default(),
+            network: None,
         },
         Event::UserMessage {
             turn: 1,

@@ -189,6 +189,7 @@ fn started() -> steadfast_log::Event {
         budget_micro_usd: None,
         approve_external: false,
         limits: Default::default(),
+        network: None,
     }
 }
 

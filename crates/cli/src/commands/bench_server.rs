@@ -136,6 +136,7 @@ pub(crate) async fn fanout(readers: usize) -> anyhow::Result<()> {
             budget_micro_usd: None,
             approve_external: false,
             limits: Default::default(),
+            network: None,
         },
         Event::UserMessage {
             turn: 1,

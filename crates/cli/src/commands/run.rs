@@ -83,6 +83,8 @@ pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<
         max_turns: args.max_turns,
         max_duration_secs: args.max_duration_secs,
     });
+    // The network policy given for this run stays the session's across resumes.
+    new.network = config.sandbox.network.clone();
     let id = harness.start_session(new).await?;
     eprintln!(
         "steadfast: session {id} ({model}) in {}",

@@ -22,6 +22,7 @@ impl Log {
             budget_micro_usd: None,
             approve_external: false,
             limits: Default::default(),
+            network: None,
         });
         log
     }

@@ -35,6 +35,10 @@ pub(crate) struct CreateSession {
     /// Pause for approval before external-effect tool calls.
     #[serde(default)]
     approve_external: bool,
+    /// The sandbox's network: `deny-all`, `allow:host[:port],...` or (not on public
+    /// servers) `open`.
+    #[serde(default)]
+    network: Option<String>,
     /// A first message, starting work at once.
     #[serde(default)]
     task: Option<String>,
@@ -103,6 +107,19 @@ pub(crate) async fn create<W: World + Clone>(
     {
         budget = Some(budget.map_or(session_cap_micro_usd, |b| b.min(session_cap_micro_usd)));
     }
+    if let Some(policy) = &req.network {
+        let parsed = steadfast_sandbox::NetworkPolicy::parse(policy)
+            .map_err(|e| invalid(format!("network: {e}")))?;
+        if parsed == steadfast_sandbox::NetworkPolicy::Open
+            && matches!(state.auth.mode, AuthMode::Public { .. })
+        {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "network: `open` is not available on this server",
+            ));
+        }
+    }
     let model = req.model.unwrap_or_else(|| state.default_model.clone());
     steadfast_harness::parse_model(&model).map_err(|e| invalid(format!("model: {e}")))?;
 
@@ -135,6 +152,7 @@ pub(crate) async fn create<W: World + Clone>(
     new.budget_micro_usd = budget;
     new.limits = limits;
     new.approve_external = req.approve_external;
+    new.network = req.network;
     let id = state.harness.start_session(new).await?;
     let summary = state.harness.world().session(&id).await?;
     Ok((
@@ -190,6 +208,7 @@ pub(crate) async fn show<W: World + Clone>(
         "budget_usd": s.limits.max_cost_micro_usd.map(|b| b as f64 / 1e6),
         "limits": s.limits,
         "escalated_by": s.escalated,
+        "network": s.network,
         "reply": s.last_reply(),
         "created_at_ms": summary.created_at_ms,
         "updated_at_ms": summary.updated_at_ms,
