@@ -91,6 +91,11 @@ pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<
         workspace.display()
     );
     eprintln!("steadfast: if this process stops, carry on with: steadfast resume {id}");
+    eprintln!(
+        "steadfast: sandbox {} (network {})",
+        setup::sandbox_backend(&harness.options().sandbox),
+        config.sandbox.network.as_deref().unwrap_or("deny-all")
+    );
     let mut driver = harness.wake(&id).await?;
     watch(&mut driver);
     let code = drive(&mut driver, args.json).await;
