@@ -115,6 +115,9 @@ pub fn timeline(record: &Record) -> Vec<String> {
             ToolResolution::Reconciled { done: true, evidence } => format!("tool call interrupted by a crash: reconciled, the effect HAD happened; recorded as done ({})", short(evidence, 80)),
             ToolResolution::Reconciled { done: false, evidence } => format!("tool call interrupted by a crash: reconciled, the effect had NOT happened; will run again ({})", short(evidence, 80)),
         },
+        Event::ExchangeIntent { index, api, fingerprint, stream, .. } => format!("gateway request #{index} ({api}{}, request {})", if *stream { ", streaming" } else { "" }, &fingerprint[..12.min(fingerprint.len())]),
+        Event::ExchangeOutcome { status, body, .. } => format!("gateway reply: HTTP {status}, {} bytes recorded", body.len()),
+        Event::ReplayDiverged { index, snapshot } => format!("replay diverged at request #{index}: later records superseded, workspace restored to {}", snap(snapshot)),
         Event::SandboxLost { reason, .. } => format!("sandbox lost: {}; a new one is provisioned on demand", short(reason, 100)),
         Event::Escalated { breaker, reason, diff } => {
             let mut lines = vec![format!("{head}  session escalated by the {breaker} breaker: {reason}; send signal `resume` (raising the limit) to go on")];

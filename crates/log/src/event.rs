@@ -405,6 +405,46 @@ pub enum Event {
         /// What was seen.
         reason: String,
     },
+    /// A wrapped agent's model request reached the gateway and is about to go to the
+    /// provider (a request at an index that was cut off before, asked again, replaces
+    /// it).
+    ExchangeIntent {
+        /// Unique per attempt.
+        call_id: String,
+        /// Its position among the session's exchanges (from 0).
+        index: u32,
+        /// Which API: `anthropic.messages`, `anthropic.count_tokens`, `openai.chat`,
+        /// `openai.responses`.
+        api: String,
+        /// BLAKE3 of the normalized request (see the gateway's normalization).
+        fingerprint: String,
+        /// Whether the reply streams.
+        stream: bool,
+        /// The workspace snapshot when the request arrived: where a divergence here
+        /// restores the workspace to.
+        snapshot: Option<String>,
+    },
+    /// The provider's whole reply to an exchange, byte for byte as the client got it
+    /// (every streamed event).
+    ExchangeOutcome {
+        /// The intent answered.
+        call_id: String,
+        /// The HTTP status.
+        status: u16,
+        /// The reply's content type.
+        content_type: String,
+        /// The reply's body.
+        body: String,
+    },
+    /// A restarted wrapped agent sent a request that differs from the record at
+    /// `index`: the exchanges and tool calls recorded from there on are superseded and
+    /// the workspace is back at `snapshot`.
+    ReplayDiverged {
+        /// The first superseded exchange.
+        index: u32,
+        /// The snapshot the workspace was restored to.
+        snapshot: Option<String>,
+    },
     /// The session is over.
     SessionEnded {
         /// How it ended.
@@ -437,6 +477,9 @@ impl Event {
             Event::TurnEnded { .. } => "turn_ended",
             Event::Escalated { .. } => "escalated",
             Event::SandboxLost { .. } => "sandbox_lost",
+            Event::ExchangeIntent { .. } => "exchange_intent",
+            Event::ExchangeOutcome { .. } => "exchange_outcome",
+            Event::ReplayDiverged { .. } => "replay_diverged",
             Event::SessionEnded { .. } => "session_ended",
         }
     }

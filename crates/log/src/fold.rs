@@ -84,6 +84,23 @@ pub struct Wait {
     pub before_call: Option<String>,
 }
 
+/// One model request of a wrapped agent, as recorded by the gateway.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Exchange {
+    /// The attempt's id.
+    pub call_id: String,
+    /// Which API.
+    pub api: String,
+    /// The normalized request's hash.
+    pub fingerprint: String,
+    /// Whether the reply streams.
+    pub stream: bool,
+    /// The workspace snapshot when the request arrived.
+    pub snapshot: Option<String>,
+    /// The reply, once recorded: status, content type, body.
+    pub reply: Option<(u16, String, String)>,
+}
+
 /// What the harness must do next.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Next {
@@ -175,6 +192,9 @@ pub struct SessionState {
     /// The step from which the step budget of the current turn counts (a `resume`
     /// after the step breaker grants a fresh budget).
     pub steps_from: u32,
+    /// A wrapped agent's model requests, in order, as the gateway recorded them
+    /// (superseded ones removed).
+    pub exchanges: Vec<Exchange>,
 }
 
 /// Why a log could not be folded.
@@ -272,6 +292,7 @@ impl SessionState {
             loop_streak: 0,
             last_tool_call: None,
             steps_from: 0,
+            exchanges: Vec::new(),
         })
     }
 
@@ -634,6 +655,55 @@ impl SessionState {
                     return Err(bad("the turn is not finished"));
                 }
                 self.status = Status::Idle;
+            }
+            Event::ExchangeIntent {
+                call_id,
+                index,
+                api,
+                fingerprint,
+                stream,
+                snapshot,
+            } => {
+                let exchange = Exchange {
+                    call_id: call_id.clone(),
+                    api: api.clone(),
+                    fingerprint: fingerprint.clone(),
+                    stream: *stream,
+                    snapshot: snapshot.clone(),
+                    reply: None,
+                };
+                let (at, len) = (*index as usize, self.exchanges.len());
+                match self.exchanges.get_mut(at) {
+                    None if at == len => self.exchanges.push(exchange),
+                    Some(old) if old.reply.is_none() => *old = exchange,
+                    _ => {
+                        return Err(bad(
+                            "an exchange index must be the next one or a cut-off one",
+                        ))
+                    }
+                }
+            }
+            Event::ExchangeOutcome {
+                call_id,
+                status,
+                content_type,
+                body,
+            } => {
+                let exchange = self
+                    .exchanges
+                    .iter_mut()
+                    .find(|e| &e.call_id == call_id && e.reply.is_none())
+                    .ok_or_else(|| bad("no such pending exchange"))?;
+                exchange.reply = Some((*status, content_type.clone(), body.clone()));
+            }
+            Event::ReplayDiverged { index, snapshot } => {
+                if *index as usize > self.exchanges.len() {
+                    return Err(bad("divergence past the recorded exchanges"));
+                }
+                self.exchanges.truncate(*index as usize);
+                if snapshot.is_some() {
+                    self.last_snapshot = snapshot.clone();
+                }
             }
             Event::SessionEnded { state, reason, .. } => {
                 self.status = match state {

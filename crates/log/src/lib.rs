@@ -15,6 +15,8 @@ pub use event::{
     BlobRef, Breaker, EndState, Event, Limits, ModelSpec, Output, ToolClass, ToolResolution, Usage,
     DENIED, INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK, RESUME_SIGNAL,
 };
-pub use fold::{fold, FoldError, Next, PendingModel, PendingTool, SessionState, Status, Wait};
+pub use fold::{
+    fold, Exchange, FoldError, Next, PendingModel, PendingTool, SessionState, Status, Wait,
+};
 pub use message::{Block, Message, Role, ToolUse};
 pub use record::{CodecError, EncodedRecord, Record, SCHEMA_VERSION};

@@ -1,0 +1,582 @@
+//! The model gateway: how a wrapped agent (Claude Code, Codex, Pi, or any program that
+//! speaks the Anthropic or OpenAI APIs) calls a model durably.
+//!
+//! The gateway answers the Anthropic Messages API (`POST /v1/messages`, with any query
+//! string such as `?beta=true`, and `/v1/messages/count_tokens`), the OpenAI Chat
+//! Completions API (`POST /v1/chat/completions`), the OpenAI Responses API
+//! (`POST /v1/responses`) and `GET /v1/models`, streaming or not. Each request is an
+//! [`Event::ExchangeIntent`] in the session's log before it goes to the provider, with
+//! the harness's own credentials; the reply streams through to the client as it
+//! arrives and, whole, becomes the [`Event::ExchangeOutcome`]. The client authenticates
+//! with a session-scoped token that is worth nothing anywhere else.
+//!
+//! **Replay.** A gateway opened over a session that already has exchanges (a wrapped
+//! agent restarted after a crash) answers each request that matches the record from
+//! the log — the same bytes, so the same events and ids — without calling the
+//! provider. A request matches the recorded exchange at the replay cursor, or one of
+//! the next few still unanswered ones (a client may send side requests concurrently,
+//! in any order), when the [`normalize::fingerprint`]s agree. A request that matches
+//! nothing while recorded exchanges remain is a **divergence**: an
+//! [`Event::ReplayDiverged`] supersedes the record from the cursor on, the workspace is
+//! restored to the snapshot recorded with that exchange, and the request goes to the
+//! provider. A recorded request whose reply was cut off by a crash is asked again.
+
+pub mod normalize;
+mod relay;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex as StdMutex};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path as AxPath, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use steadfast_drive::Drive;
+use steadfast_log::{fold, Event, Exchange};
+use steadfast_world::{Lease, World};
+use tokio::sync::Mutex;
+
+/// The largest request body accepted (Claude Code sends about 100 KB; long sessions
+/// more).
+pub const MAX_REQUEST_BYTES: usize = 32 * 1024 * 1024;
+
+/// How many recorded exchanges past the cursor a request may match (concurrent side
+/// requests arrive in any order).
+const REPLAY_WINDOW: usize = 4;
+
+/// Where a provider is and the key the harness holds for it.
+#[derive(Clone)]
+pub struct Upstream {
+    /// Base URL: `https://api.anthropic.com` for Anthropic (the gateway adds
+    /// `/v1/messages`), `https://api.openai.com/v1` for OpenAI (it adds
+    /// `/chat/completions`).
+    pub base_url: String,
+    /// The real API key. Never leaves the harness.
+    pub api_key: String,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("base_url", &self.base_url)
+            .field("api_key", &"<redacted>")
+            .finish()
+    }
+}
+
+/// The providers a gateway may call.
+#[derive(Debug, Clone, Default)]
+pub struct Upstreams {
+    /// For the Anthropic APIs.
+    pub anthropic: Option<Upstream>,
+    /// For the OpenAI APIs.
+    pub openai: Option<Upstream>,
+}
+
+/// Failures opening a gateway.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The world failed.
+    #[error(transparent)]
+    World(#[from] steadfast_world::Error),
+    /// The session's log does not fold.
+    #[error("session log: {0}")]
+    Log(#[from] steadfast_log::FoldError),
+}
+
+/// What a gateway is opened with.
+pub struct GatewayConfig<W> {
+    /// The world the session lives in.
+    pub world: W,
+    /// The session's lease (held by the wrapped agent's driver).
+    pub lease: Lease,
+    /// The drive, for restoring the workspace on a divergence.
+    pub drive: Drive,
+    /// The session's workspace.
+    pub workspace: PathBuf,
+    /// The token the wrapped agent must present.
+    pub token: String,
+    /// The providers.
+    pub upstreams: Upstreams,
+    /// Model names `GET /v1/models` lists.
+    pub models: Vec<String>,
+    /// The session's last recorded workspace snapshot, shared with whatever records
+    /// tool calls, so each exchange notes where its divergence would restore to.
+    pub last_snapshot: Arc<StdMutex<Option<String>>>,
+}
+
+/// The replay pass of one run of the wrapped agent.
+struct Replay {
+    /// The session's exchanges as recorded (kept in step with what this gateway appends).
+    recorded: Vec<Exchange>,
+    /// Which recorded exchanges this run has already been answered from (or re-asked).
+    consumed: Vec<bool>,
+}
+
+impl Replay {
+    fn cursor(&self) -> usize {
+        self.consumed
+            .iter()
+            .position(|c| !c)
+            .unwrap_or(self.consumed.len())
+    }
+}
+
+pub(crate) struct Shared<W> {
+    pub(crate) world: W,
+    pub(crate) lease: Lease,
+    drive: Drive,
+    workspace: PathBuf,
+    token_hash: blake3::Hash,
+    pub(crate) upstreams: Upstreams,
+    models: Vec<String>,
+    last_snapshot: Arc<StdMutex<Option<String>>>,
+    replay: Mutex<Replay>,
+    pub(crate) http: reqwest::Client,
+    /// Exchanges this gateway answered from the log / sent to the provider.
+    pub(crate) counters: StdMutex<Counters>,
+}
+
+/// What a gateway did, for tests and progress displays.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Requests answered from the log.
+    pub replayed: u64,
+    /// Requests sent to the provider.
+    pub live: u64,
+    /// Divergences declared.
+    pub diverged: u64,
+}
+
+/// A gateway over one session.
+pub struct Gateway<W> {
+    shared: Arc<Shared<W>>,
+}
+
+impl<W> Clone for Gateway<W> {
+    fn clone(&self) -> Self {
+        Gateway {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// The kinds of request the gateway serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Api {
+    AnthropicMessages,
+    AnthropicCountTokens,
+    OpenAiChat,
+    OpenAiResponses,
+}
+
+impl Api {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Api::AnthropicMessages => "anthropic.messages",
+            Api::AnthropicCountTokens => "anthropic.count_tokens",
+            Api::OpenAiChat => "openai.chat",
+            Api::OpenAiResponses => "openai.responses",
+        }
+    }
+
+    fn is_anthropic(self) -> bool {
+        matches!(self, Api::AnthropicMessages | Api::AnthropicCountTokens)
+    }
+}
+
+/// An error in the wire format of the API asked.
+pub(crate) fn api_error(
+    api: Option<Api>,
+    status: StatusCode,
+    kind: &str,
+    message: &str,
+) -> Response {
+    let body = if api.is_some_and(Api::is_anthropic) {
+        json!({"type": "error", "error": {"type": kind, "message": message}})
+    } else {
+        json!({"error": {"message": message, "type": kind, "code": kind}})
+    };
+    (status, Json(body)).into_response()
+}
+
+impl<W: World + Clone> Gateway<W> {
+    /// Opens a gateway for a (new) run of the session's wrapped agent: its replay pass
+    /// starts at the session's first recorded exchange.
+    pub async fn open(config: GatewayConfig<W>) -> Result<Self, Error> {
+        let records = config.world.read(&config.lease.session, 1).await?;
+        let state = fold(&records)?;
+        let consumed = vec![false; state.exchanges.len()];
+        let http = reqwest::Client::builder()
+            .build()
+            .unwrap_or_else(|_| reqwest::Client::new());
+        Ok(Gateway {
+            shared: Arc::new(Shared {
+                world: config.world,
+                lease: config.lease,
+                drive: config.drive,
+                workspace: config.workspace,
+                token_hash: blake3::hash(config.token.as_bytes()),
+                upstreams: config.upstreams,
+                models: config.models,
+                last_snapshot: config.last_snapshot,
+                replay: Mutex::new(Replay {
+                    recorded: state.exchanges,
+                    consumed,
+                }),
+                http,
+                counters: StdMutex::default(),
+            }),
+        })
+    }
+
+    /// What this gateway has done so far.
+    pub fn counters(&self) -> Counters {
+        *self
+            .shared
+            .counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The HTTP routes.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/v1/messages", post(messages::<W>))
+            .route("/v1/messages/count_tokens", post(count_tokens::<W>))
+            .route("/v1/chat/completions", post(chat::<W>))
+            .route("/v1/responses", post(responses::<W>))
+            .route("/v1/models", get(models::<W>))
+            .route("/v1/models/{id}", get(model::<W>))
+            .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
+            .with_state(self.shared.clone())
+    }
+}
+
+impl<W: World + Clone> Shared<W> {
+    fn authorized(&self, headers: &HeaderMap) -> bool {
+        let presented = headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .or_else(|| {
+                headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+            });
+        presented.is_some_and(|t| blake3::hash(t.trim().as_bytes()) == self.token_hash)
+    }
+
+    /// Counts an event of this gateway.
+    pub(crate) fn count(&self, f: impl FnOnce(&mut Counters)) {
+        f(&mut self.counters.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    /// Matches a request against the record: `Ok(Some(reply))` to answer from the log,
+    /// `Ok(None)` with the index to record a live call at.
+    async fn route(&self, api: Api, fingerprint: &str, stream: bool) -> Result<Routed, Response> {
+        let mut replay = self.replay.lock().await;
+        let cursor = replay.cursor();
+        let end = (cursor + REPLAY_WINDOW).min(replay.recorded.len());
+        let hit = (cursor..end)
+            .find(|&i| !replay.consumed[i] && replay.recorded[i].fingerprint == fingerprint);
+        if let Some(i) = hit {
+            replay.consumed[i] = true;
+            if let Some(reply) = replay.recorded[i].reply.clone() {
+                self.count(|c| c.replayed += 1);
+                return Ok(Routed::Replay(reply));
+            }
+            // Recorded but cut off before its reply: ask again, in its place.
+            return self
+                .record_intent(&mut replay, i, api, fingerprint, stream)
+                .await;
+        }
+        if cursor < replay.recorded.len() {
+            self.diverge(&mut replay, cursor).await?;
+        }
+        let index = replay.recorded.len();
+        self.record_intent(&mut replay, index, api, fingerprint, stream)
+            .await
+    }
+
+    async fn diverge(&self, replay: &mut Replay, at: usize) -> Result<(), Response> {
+        let snapshot = replay.recorded[at].snapshot.clone();
+        tracing::warn!(
+            index = at,
+            "replay diverged: superseding the record from here"
+        );
+        if let Some(snap) = &snapshot {
+            let (drive, ws, snap) = (self.drive.clone(), self.workspace.clone(), snap.clone());
+            tokio::task::spawn_blocking(move || drive.restore(&ws, &snap))
+                .await
+                .map_err(|e| internal(&e.to_string()))?
+                .map_err(|e| internal(&e.to_string()))?;
+        }
+        self.world
+            .append(
+                &self.lease,
+                &[Event::ReplayDiverged {
+                    index: at as u32,
+                    snapshot: snapshot.clone(),
+                }],
+            )
+            .await
+            .map_err(|e| internal(&e.to_string()))?;
+        replay.recorded.truncate(at);
+        replay.consumed.truncate(at);
+        *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = snapshot;
+        self.count(|c| c.diverged += 1);
+        Ok(())
+    }
+
+    async fn record_intent(
+        &self,
+        replay: &mut Replay,
+        index: usize,
+        api: Api,
+        fingerprint: &str,
+        stream: bool,
+    ) -> Result<Routed, Response> {
+        let call_id = format!("gx_{}", uuid::Uuid::now_v7().simple());
+        let snapshot = self
+            .last_snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let exchange = Exchange {
+            call_id: call_id.clone(),
+            api: api.name().to_string(),
+            fingerprint: fingerprint.to_string(),
+            stream,
+            snapshot: snapshot.clone(),
+            reply: None,
+        };
+        self.world
+            .append(
+                &self.lease,
+                &[Event::ExchangeIntent {
+                    call_id: call_id.clone(),
+                    index: index as u32,
+                    api: exchange.api.clone(),
+                    fingerprint: exchange.fingerprint.clone(),
+                    stream,
+                    snapshot,
+                }],
+            )
+            .await
+            .map_err(|e| internal(&e.to_string()))?;
+        if index == replay.recorded.len() {
+            replay.recorded.push(exchange);
+            replay.consumed.push(true);
+        } else {
+            replay.recorded[index] = exchange;
+        }
+        steadfast_fault::point(steadfast_fault::points::MODEL_INTENT);
+        self.count(|c| c.live += 1);
+        Ok(Routed::Live { call_id })
+    }
+
+    /// Notes a recorded reply in the replay mirror.
+    pub(crate) async fn recorded(&self, call_id: &str, reply: (u16, String, String)) {
+        let mut replay = self.replay.lock().await;
+        if let Some(e) = replay.recorded.iter_mut().find(|e| e.call_id == call_id) {
+            e.reply = Some(reply);
+        }
+    }
+}
+
+pub(crate) fn internal(message: &str) -> Response {
+    api_error(
+        None,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "api_error",
+        message,
+    )
+}
+
+/// Where a request goes.
+pub(crate) enum Routed {
+    /// Answered from the log: status, content type, body.
+    Replay((u16, String, String)),
+    /// Sent to the provider, recorded under this id.
+    Live { call_id: String },
+}
+
+/// The common path of every model request.
+async fn handle<W: World + Clone>(
+    shared: Arc<Shared<W>>,
+    api: Api,
+    headers: HeaderMap,
+    query: Option<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    if !shared.authorized(&headers) {
+        return api_error(
+            Some(api),
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "invalid session token for this gateway",
+        );
+    }
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) => {
+            return api_error(
+                Some(api),
+                rejection.status(),
+                "request_too_large",
+                &format!("{rejection} (the limit is {MAX_REQUEST_BYTES} bytes)"),
+            )
+        }
+    };
+    let request: Value = match serde_json::from_slice(&body) {
+        Ok(v @ Value::Object(_)) => v,
+        Ok(_) => {
+            return api_error(
+                Some(api),
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "the request body must be a JSON object",
+            )
+        }
+        Err(e) => {
+            return api_error(
+                Some(api),
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &format!("the request body is not JSON: {e}"),
+            )
+        }
+    };
+    let upstream = if api.is_anthropic() {
+        shared.upstreams.anthropic.clone()
+    } else {
+        shared.upstreams.openai.clone()
+    };
+    let Some(upstream) = upstream else {
+        return api_error(
+            Some(api),
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            &format!("this gateway has no provider for {}", api.name()),
+        );
+    };
+    let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
+    let fingerprint = normalize::fingerprint(api.name(), &request);
+    match shared.route(api, &fingerprint, stream).await {
+        Err(response) => response,
+        Ok(Routed::Replay(reply)) => relay::replay(reply),
+        Ok(Routed::Live { call_id }) => {
+            relay::live(shared, api, upstream, headers, query, body, call_id).await
+        }
+    }
+}
+
+async fn messages<W: World + Clone>(
+    State(shared): State<Arc<Shared<W>>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(shared, Api::AnthropicMessages, headers, query, body).await
+}
+
+async fn count_tokens<W: World + Clone>(
+    State(shared): State<Arc<Shared<W>>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(shared, Api::AnthropicCountTokens, headers, query, body).await
+}
+
+async fn chat<W: World + Clone>(
+    State(shared): State<Arc<Shared<W>>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(shared, Api::OpenAiChat, headers, query, body).await
+}
+
+async fn responses<W: World + Clone>(
+    State(shared): State<Arc<Shared<W>>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(shared, Api::OpenAiResponses, headers, query, body).await
+}
+
+/// Whether a request is in Anthropic's dialect (by its headers).
+fn anthropic_dialect(headers: &HeaderMap) -> bool {
+    headers.contains_key("anthropic-version") || headers.contains_key("x-api-key")
+}
+
+fn model_entry(anthropic: bool, id: &str) -> Value {
+    if anthropic {
+        json!({"type": "model", "id": id, "display_name": id, "created_at": "2025-01-01T00:00:00Z"})
+    } else {
+        json!({"id": id, "object": "model", "created": 1_735_689_600, "owned_by": "steadfast"})
+    }
+}
+
+/// The models of this session, answered locally (no provider call, same every run).
+async fn models<W: World + Clone>(
+    State(shared): State<Arc<Shared<W>>>,
+    headers: HeaderMap,
+) -> Response {
+    let anthropic = anthropic_dialect(&headers);
+    let api = anthropic.then_some(Api::AnthropicMessages);
+    if !shared.authorized(&headers) {
+        return api_error(
+            api,
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "invalid session token for this gateway",
+        );
+    }
+    let data: Vec<Value> = shared
+        .models
+        .iter()
+        .map(|m| model_entry(anthropic, m))
+        .collect();
+    let body = if anthropic {
+        json!({"data": data, "has_more": false,
+               "first_id": shared.models.first(), "last_id": shared.models.last()})
+    } else {
+        json!({"object": "list", "data": data})
+    };
+    Json(body).into_response()
+}
+
+async fn model<W: World + Clone>(
+    State(shared): State<Arc<Shared<W>>>,
+    headers: HeaderMap,
+    AxPath(id): AxPath<String>,
+) -> Response {
+    let anthropic = anthropic_dialect(&headers);
+    let api = anthropic.then_some(Api::AnthropicMessages);
+    if !shared.authorized(&headers) {
+        return api_error(
+            api,
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "invalid session token for this gateway",
+        );
+    }
+    if shared.models.contains(&id) {
+        Json(model_entry(anthropic, &id)).into_response()
+    } else {
+        api_error(
+            api,
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            &format!("model {id} is not offered by this gateway"),
+        )
+    }
+}

@@ -1,0 +1,383 @@
+//! The gateway against a real SQLite world, a real drive and the fake provider over
+//! loopback HTTP: live calls are recorded, a restarted client is answered from the log
+//! byte for byte without the provider, a divergence supersedes the record and restores
+//! the workspace, and bad requests get clear errors in the API's own format.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use steadfast_drive::Drive;
+use steadfast_gateway::{Gateway, GatewayConfig, Upstream, Upstreams};
+use steadfast_log::{fold, Event, ModelSpec};
+use steadfast_testkit::{FakeProvider, Script};
+use steadfast_world::{Holder, Lease, SqliteWorld, World};
+
+const TOKEN: &str = "sf-session-token-for-tests";
+
+struct Setup {
+    dir: tempfile::TempDir,
+    fake: FakeProvider,
+    world: SqliteWorld,
+    drive: Drive,
+    lease: Lease,
+    last_snapshot: Arc<Mutex<Option<String>>>,
+}
+
+impl Setup {
+    async fn new(steps: Value) -> Self {
+        let script: Script = serde_json::from_value(json!({ "steps": steps })).unwrap();
+        let fake = FakeProvider::start(script).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+        std::fs::write(dir.path().join("ws/a.txt"), "v1").unwrap();
+        let world = SqliteWorld::open(dir.path().join("world.db")).unwrap();
+        let drive = Drive::open(dir.path().join("drive")).unwrap();
+        let snapshot = drive.snapshot(&dir.path().join("ws")).unwrap();
+        world.create_session("s1", "alice").await.unwrap();
+        let lease = world
+            .acquire_lease(
+                "s1",
+                &Holder::new("wrapped-driver"),
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        world
+            .append(
+                &lease,
+                &[Event::SessionStarted {
+                    agent: "claude-code".into(),
+                    model: ModelSpec {
+                        provider: "anthropic".into(),
+                        model: "claude-sonnet-4-5".into(),
+                    },
+                    workspace: dir.path().join("ws").display().to_string(),
+                    system: String::new(),
+                    initial_snapshot: Some(snapshot.clone()),
+                    created_at_ms: 0,
+                    budget_micro_usd: None,
+                    approve_external: false,
+                    limits: Default::default(),
+                    network: None,
+                }],
+            )
+            .await
+            .unwrap();
+        Setup {
+            fake,
+            world,
+            drive,
+            lease,
+            last_snapshot: Arc::new(Mutex::new(Some(snapshot))),
+            dir,
+        }
+    }
+
+    fn ws(&self) -> PathBuf {
+        self.dir.path().join("ws")
+    }
+
+    /// A gateway for a new run of the wrapped agent, served on loopback.
+    async fn run(&self) -> (String, Gateway<SqliteWorld>, tokio::task::JoinHandle<()>) {
+        let gateway = Gateway::open(GatewayConfig {
+            world: self.world.clone(),
+            lease: self.lease.clone(),
+            drive: self.drive.clone(),
+            workspace: self.ws(),
+            token: TOKEN.into(),
+            upstreams: Upstreams {
+                anthropic: Some(Upstream {
+                    base_url: self.fake.base_url(),
+                    api_key: "sk-ant-real-key".into(),
+                }),
+                openai: Some(Upstream {
+                    base_url: format!("{}/v1", self.fake.base_url()),
+                    api_key: "sk-openai-real-key".into(),
+                }),
+            },
+            models: vec!["claude-sonnet-4-5".into()],
+            last_snapshot: self.last_snapshot.clone(),
+        })
+        .await
+        .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let app = gateway.router();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        (url, gateway, task)
+    }
+
+    /// Changes the workspace and records its snapshot as the session's last.
+    fn edit(&self, content: &str) -> String {
+        std::fs::write(self.ws().join("a.txt"), content).unwrap();
+        let snap = self.drive.snapshot(&self.ws()).unwrap();
+        *self.last_snapshot.lock().unwrap() = Some(snap.clone());
+        snap
+    }
+}
+
+fn messages_request(session: &str, text: &str, stream: bool) -> Value {
+    json!({
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 1024,
+        "stream": stream,
+        "metadata": {"user_id": format!("user_x_account__session_{session}")},
+        "system": [{"type": "text", "text": format!("Today's date is 2026-11-3{}.", session.len() % 2),
+                    "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": text}],
+    })
+}
+
+async fn post(url: &str, token: &str, body: &Value) -> (u16, String) {
+    let resp = reqwest::Client::new()
+        .post(url)
+        .header("x-api-key", token)
+        .header("anthropic-version", "2023-06-01")
+        .header("authorization", format!("Bearer {token}"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.text().await.unwrap())
+}
+
+async fn exchanges(setup: &Setup) -> Vec<steadfast_log::Exchange> {
+    fold(&setup.world.read("s1", 1).await.unwrap())
+        .unwrap()
+        .exchanges
+}
+
+#[tokio::test]
+async fn a_restarted_client_is_answered_from_the_log_byte_for_byte() {
+    let setup = Setup::new(json!([
+        {"text": "Looking.", "tool_calls": [{"name": "bash", "input": {"command": "ls"}}]},
+        {"text": "Done."}
+    ]))
+    .await;
+    let (url, first, _task) = setup.run().await;
+    let streamed = post(
+        &format!("{url}/v1/messages?beta=true"),
+        TOKEN,
+        &messages_request("6f1c2a9e-1111-4a4a-8b8b-0123456789ab", "go", true),
+    )
+    .await;
+    assert_eq!(streamed.0, 200, "{}", streamed.1);
+    assert!(streamed.1.contains("event: message_stop"), "{}", streamed.1);
+    let chat = post(
+        &format!("{url}/v1/chat/completions"),
+        TOKEN,
+        &json!({"model": "gpt-5", "messages": [{"role": "user", "content": "go"}]}),
+    )
+    .await;
+    assert_eq!(chat.0, 200, "{}", chat.1);
+    assert_eq!(setup.fake.calls(), 2);
+    assert_eq!(first.counters().live, 2);
+    // Each reply is recorded whole, after it streamed through.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let recorded = exchanges(&setup).await;
+    assert_eq!(recorded.len(), 2);
+    assert_eq!(recorded[0].reply.as_ref().unwrap().2, streamed.1);
+    assert_eq!(recorded[1].reply.as_ref().unwrap().2, chat.1);
+
+    // A new run of the client: another session id, another date in its prompt.
+    let (url, second, _task2) = setup.run().await;
+    let again = post(
+        &format!("{url}/v1/messages?beta=true"),
+        TOKEN,
+        &messages_request("0a0b0c0d-2222-4c4c-9d9d-ba9876543210", "go", true),
+    )
+    .await;
+    assert_eq!(again, streamed);
+    let chat_again = post(
+        &format!("{url}/v1/chat/completions"),
+        TOKEN,
+        &json!({"model": "gpt-5", "messages": [{"role": "user", "content": "go"}]}),
+    )
+    .await;
+    assert_eq!(chat_again, chat);
+    assert_eq!(setup.fake.calls(), 2, "the provider was not asked again");
+    assert_eq!(second.counters().replayed, 2);
+
+    // Past the record, requests go to the provider again.
+    let next = post(
+        &format!("{url}/v1/messages"),
+        TOKEN,
+        &messages_request("x", "and then?", false),
+    )
+    .await;
+    assert_eq!(next.0, 200);
+    assert_eq!(setup.fake.calls(), 3);
+}
+
+#[tokio::test]
+async fn a_request_that_differs_from_the_record_diverges_and_restores_the_workspace() {
+    let setup = Setup::new(json!([{"text": "one"}, {"text": "two"}])).await;
+    let (url, _, _task) = setup.run().await;
+    post(
+        &format!("{url}/v1/messages"),
+        TOKEN,
+        &messages_request("a", "first", false),
+    )
+    .await;
+    let at_second = setup.edit("v2"); // a tool changed the workspace between requests
+    post(
+        &format!("{url}/v1/messages"),
+        TOKEN,
+        &messages_request("a", "second", false),
+    )
+    .await;
+    setup.edit("v3"); // and again after
+    assert_eq!(setup.fake.calls(), 2);
+
+    let (url, gateway, _task2) = setup.run().await;
+    let (status, _) = post(
+        &format!("{url}/v1/messages"),
+        TOKEN,
+        &messages_request("b", "first", false),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(setup.fake.calls(), 2, "the first request still matches");
+    let (status, _) = post(
+        &format!("{url}/v1/messages"),
+        TOKEN,
+        &messages_request("b", "something else", false),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        setup.fake.calls(),
+        3,
+        "the diverging request went to the provider"
+    );
+    assert_eq!(gateway.counters().diverged, 1);
+    assert_eq!(
+        std::fs::read_to_string(setup.ws().join("a.txt")).unwrap(),
+        "v2",
+        "the workspace is back where it was when the superseded request was made"
+    );
+    let log = setup.world.read("s1", 1).await.unwrap();
+    let diverged = log
+        .iter()
+        .find_map(|r| match &r.event {
+            Event::ReplayDiverged { index, snapshot } => Some((*index, snapshot.clone())),
+            _ => None,
+        })
+        .expect("recorded");
+    assert_eq!(diverged, (1, Some(at_second)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let recorded = exchanges(&setup).await;
+    assert_eq!(
+        recorded.len(),
+        2,
+        "the superseded exchange is gone, the new one in its place"
+    );
+}
+
+#[tokio::test]
+async fn a_reply_cut_off_before_it_was_recorded_is_asked_again_in_its_place() {
+    let setup = Setup::new(json!([{"text": "one"}])).await;
+    let request = messages_request("a", "first", true);
+    setup
+        .world
+        .append(
+            &setup.lease,
+            &[Event::ExchangeIntent {
+                call_id: "gx_cut".into(),
+                index: 0,
+                api: "anthropic.messages".into(),
+                fingerprint: steadfast_gateway::normalize::fingerprint(
+                    "anthropic.messages",
+                    &request,
+                ),
+                stream: true,
+                snapshot: None,
+            }],
+        )
+        .await
+        .unwrap();
+    let (url, gateway, _task) = setup.run().await;
+    let (status, body) = post(&format!("{url}/v1/messages"), TOKEN, &request).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (gateway.counters().live, gateway.counters().diverged),
+        (1, 0)
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let recorded = exchanges(&setup).await;
+    assert_eq!(recorded.len(), 1);
+    assert!(recorded[0].reply.is_some());
+}
+
+#[tokio::test]
+async fn bad_requests_get_clear_errors_in_the_api_s_own_format() {
+    let setup = Setup::new(json!([{"text": "one"}])).await;
+    let (url, _, _task) = setup.run().await;
+    let client = reqwest::Client::new();
+    // No token, or another one: refused, and the provider never sees the request.
+    for token in ["", "sk-ant-real-key", "wrong"] {
+        let resp = client
+            .post(format!("{url}/v1/messages"))
+            .header("x-api-key", token)
+            .json(&messages_request("a", "x", false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 401);
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["error"]["type"], "authentication_error");
+    }
+    let resp = client
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("not JSON"));
+    let resp = client
+        .post(format!("{url}/v1/messages"))
+        .header("x-api-key", TOKEN)
+        .body(vec![b' '; steadfast_gateway::MAX_REQUEST_BYTES + 10])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["type"], "error");
+    assert_eq!(setup.fake.calls(), 0);
+
+    // The models listing is answered here, in either dialect.
+    let anthropic: Value = client
+        .get(format!("{url}/v1/models"))
+        .header("x-api-key", TOKEN)
+        .header("anthropic-version", "2023-06-01")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(anthropic["data"][0]["type"], "model");
+    let openai: Value = client
+        .get(format!("{url}/v1/models"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(openai["object"], "list");
+    assert_eq!(openai["data"][0]["id"], "claude-sonnet-4-5");
+}
