@@ -381,3 +381,48 @@ async fn bad_requests_get_clear_errors_in_the_api_s_own_format() {
     assert_eq!(openai["object"], "list");
     assert_eq!(openai["data"][0]["id"], "claude-sonnet-4-5");
 }
+
+/// Runs the SDK client script against a gateway; its parsed results as JSON.
+async fn sdk_clients(url: &str) -> Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/sdk_clients.py");
+    let out = tokio::process::Command::new("python3")
+        .args([script, url, TOKEN])
+        .output()
+        .await
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "the SDKs failed (pip install anthropic openai): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn the_official_python_sdks_parse_live_and_replayed_replies() {
+    let setup = Setup::new(json!([
+        {"text": "Listing the files now.", "tool_calls": [{"name": "bash", "input": {"command": "ls -la"}}]}
+    ]))
+    .await;
+    let (url, first, _task) = setup.run().await;
+    let live = sdk_clients(&url).await;
+    let calls = setup.fake.calls();
+    assert_eq!(calls, 6, "six model calls (count_tokens is not one)");
+    assert_eq!(first.counters().live, 7);
+    // What each SDK parsed, including the tool call and its input.
+    assert_eq!(live["anthropic"][1]["name"], "bash");
+    assert_eq!(live["anthropic"][1]["input"]["command"], "ls -la");
+    assert_eq!(live["anthropic_stream"][0], "Listing the files now.");
+    assert_eq!(live["anthropic_stream"][2]["input"]["command"], "ls -la");
+    assert_eq!(live["chat"][1][0][2]["command"], "ls -la");
+    assert_eq!(live["chat_stream"][1][0][1], "bash");
+    assert_eq!(live["responses"][0], "Listing the files now.");
+    assert_eq!(live["responses_stream"][1][0][2]["command"], "ls -la");
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (url, second, _task2) = setup.run().await;
+    let replayed = sdk_clients(&url).await;
+    assert_eq!(replayed, live, "the same results, ids included");
+    assert_eq!(setup.fake.calls(), calls, "all answered from the log");
+    assert_eq!(second.counters().replayed, 7);
+}

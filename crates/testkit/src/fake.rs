@@ -69,6 +69,9 @@ pub fn router(state: Arc<FakeState>) -> Router {
         .route("/v1/messages", post(anthropic))
         .route("/v1/chat/completions", post(openai))
         .route("/chat/completions", post(openai))
+        .route("/v1/responses", post(responses))
+        .route("/responses", post(responses))
+        .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/_fake/calls", get(counters))
         .with_state(state)
 }
@@ -123,6 +126,99 @@ async fn openai(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: S
     serve(&state, Format::OpenAi, &body).await
 }
 
+/// The scripted step `index`, counted as a call; `Err` with the scripted failure's
+/// status if it is to fail this time.
+fn count_call(state: &FakeState, index: usize, body: &str) -> Result<crate::Step, StatusCode> {
+    let step = state
+        .script
+        .steps
+        .get(index)
+        .cloned()
+        .unwrap_or_else(|| crate::Step {
+            text: "(the fake provider's script has no more steps)".into(),
+            ..Default::default()
+        });
+    let mut c = state.lock();
+    c.calls += 1;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(body, &mut hasher);
+    c.request_hashes.push(std::hash::Hasher::finish(&hasher));
+    if c.per_step.len() <= index {
+        c.per_step.resize(index + 1, 0);
+        c.failures_served.resize(index + 1, 0);
+    }
+    c.per_step[index] += 1;
+    if let Some(fail) = &step.fail {
+        if c.failures_served[index] < fail.times {
+            c.failures_served[index] += 1;
+            let status =
+                StatusCode::from_u16(fail.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            return Err(status);
+        }
+    }
+    Ok(step)
+}
+
+/// `POST /v1/responses`: the OpenAI Responses API.
+async fn responses(
+    State(state): State<Arc<FakeState>>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
+    if !headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("Bearer "))
+    {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "invalid_api_key",
+            "a bearer token is required",
+        );
+    }
+    let request: Value = match serde_json::from_str(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &format!("body is not JSON: {e}"),
+            )
+        }
+    };
+    let Some(input) = request.get("input") else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "input: field required",
+        );
+    };
+    let index = crate::responses::step_index(input);
+    let step = match count_call(&state, index, &body) {
+        Ok(step) => step,
+        Err(status) => return error(status, "scripted_error", "scripted failure"),
+    };
+    let model = request
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("fake");
+    let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
+    crate::responses::reply(index, &step, model, (body.len() / 4) as u64, stream)
+}
+
+/// `POST /v1/messages/count_tokens`: an estimate (a quarter of the body's bytes); not
+/// a model call, so not counted as one.
+async fn count_tokens(headers: HeaderMap, body: String) -> Response {
+    if headers.get("x-api-key").is_none() {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "x-api-key header is required",
+        );
+    }
+    Json(json!({"input_tokens": (body.len() / 4).max(1)})).into_response()
+}
+
 async fn serve(state: &FakeState, format: Format, body: &str) -> Response {
     let request: Value = match serde_json::from_str(body) {
         Ok(v) => v,
@@ -142,35 +238,10 @@ async fn serve(state: &FakeState, format: Format, body: &str) -> Response {
         );
     };
     let index = wire::step_index(format, messages);
-    let step = state
-        .script
-        .steps
-        .get(index)
-        .cloned()
-        .unwrap_or_else(|| crate::Step {
-            text: "(the fake provider's script has no more steps)".into(),
-            ..Default::default()
-        });
-    {
-        let mut c = state.lock();
-        c.calls += 1;
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        std::hash::Hash::hash(body, &mut hasher);
-        c.request_hashes.push(std::hash::Hasher::finish(&hasher));
-        if c.per_step.len() <= index {
-            c.per_step.resize(index + 1, 0);
-            c.failures_served.resize(index + 1, 0);
-        }
-        c.per_step[index] += 1;
-        if let Some(fail) = &step.fail {
-            if c.failures_served[index] < fail.times {
-                c.failures_served[index] += 1;
-                let status =
-                    StatusCode::from_u16(fail.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-                return error(status, "scripted_error", "scripted failure");
-            }
-        }
-    }
+    let step = match count_call(state, index, body) {
+        Ok(step) => step,
+        Err(status) => return error(status, "scripted_error", "scripted failure"),
+    };
     let model = request
         .get("model")
         .and_then(Value::as_str)

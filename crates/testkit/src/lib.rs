@@ -1,12 +1,13 @@
 //! Test kit: the fake model provider and the bundled demo task.
 //!
-//! The fake provider speaks the Anthropic Messages and OpenAI Chat Completions wire
-//! formats, streaming and not, plays a [`Script`] of replies and tool calls, and counts
+//! The fake provider speaks the Anthropic Messages, OpenAI Chat Completions and OpenAI
+//! Responses wire formats, streaming and not, plays a [`Script`] of replies and tool calls, and counts
 //! every call it receives, so tests measure duplicate model calls instead of assuming
 //! there are none. It is also what `steadfast run` talks to when no API key is set.
 
 pub mod demo;
 mod fake;
+mod responses;
 mod wire;
 
 pub use fake::{router, FakeProvider, FakeState};
