@@ -38,6 +38,9 @@ pub struct Config {
     /// Default bounds of new sessions.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// Wrapped CLI agents.
+    #[serde(default)]
+    pub agents: AgentsConfig,
     /// Model prices (USD per million tokens) overriding the built-in table, by
     /// model-name prefix: `[prices."my-model"] input = 1.0, output = 4.0`.
     #[serde(default)]
@@ -138,6 +141,31 @@ pub struct LimitsConfig {
     pub max_turns: Option<u32>,
     /// Wall-clock seconds per session.
     pub max_duration_secs: Option<u64>,
+}
+
+/// Wrapped CLI agents (Claude Code, ...).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct AgentsConfig {
+    /// Where their npm packages are installed (`steadfast install-agent <name>`).
+    pub install_dir: Option<PathBuf>,
+    /// Restarts of a CLI that died mid-turn before the session fails.
+    pub max_restarts: Option<u32>,
+    /// The longest a turn may run, seconds.
+    pub turn_timeout_secs: Option<u64>,
+    /// Named agents: `[[agents.named]] name = "reviewer", adapter = "claude-code"`.
+    #[serde(default)]
+    pub named: Vec<NamedAgent>,
+}
+
+/// A named agent: a name sessions use, for one of the adapters.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct NamedAgent {
+    /// The name (`--agent <name>`).
+    pub name: String,
+    /// The adapter: `claude-code`, ...
+    pub adapter: String,
 }
 
 /// A model's price, USD per million tokens.
@@ -274,6 +302,26 @@ impl Config {
 
     /// Checks settings that can be wrong in ways the file's types cannot say.
     pub fn check(&self) -> anyhow::Result<()> {
+        let mut seen = std::collections::BTreeSet::new();
+        for agent in &self.agents.named {
+            anyhow::ensure!(
+                seen.insert(agent.name.as_str()),
+                "[[agents.named]]: two agents are named `{}`",
+                agent.name
+            );
+            anyhow::ensure!(
+                agent.name != "native" && steadfast_wrap::Adapter::named(&agent.name).is_none(),
+                "[[agents.named]]: `{}` is a built-in agent's name",
+                agent.name
+            );
+            anyhow::ensure!(
+                steadfast_wrap::Adapter::named(&agent.adapter).is_some(),
+                "[[agents.named]] {}: unknown adapter `{}` (available: {})",
+                agent.name,
+                agent.adapter,
+                steadfast_wrap::Adapter::names().join(", ")
+            );
+        }
         if let Some(b) = &self.sandbox.backend {
             b.parse::<steadfast_sandbox::Backend>()
                 .map_err(|e| anyhow::anyhow!("[sandbox] backend: {e}"))?;

@@ -85,6 +85,11 @@ enum Command {
         #[arg(default_value = "null")]
         payload: String,
     },
+    /// Install a wrapped CLI agent's pinned npm package (`claude-code`, ...).
+    InstallAgent {
+        /// The agent.
+        name: String,
+    },
     /// Print the hash of a bearer token, for the `[server] tokens` configuration.
     HashToken {
         /// The token.
@@ -154,6 +159,9 @@ fn main() -> ExitCode {
                 let id = steadfast_world::World::post(&world, &session, steadfast_world::InboundKind::Signal, &name, &payload).await?;
                 eprintln!("steadfast: signal {name} queued for {session} (#{id}); `steadfast resume {session}` or a worker carries on");
                 Ok(ExitCode::SUCCESS)
+            }
+            Command::InstallAgent { name } => {
+                commands::wrapped::install(&cli.home, &config, &name).await
             }
             Command::HashToken { token } => {
                 println!("{}", steadfast_server::hash_token(&token));

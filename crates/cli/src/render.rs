@@ -124,7 +124,7 @@ pub fn timeline(record: &Record) -> Vec<String> {
             lines.extend(diff.iter().map(|d| format!("{:>30}{d}", "")));
             return lines;
         }
-        Event::TurnEnded { turn } => format!("turn {turn} ended"),
+        Event::TurnEnded { turn, reply } => match reply { Some(r) => format!("turn {turn} ended: {}", short(r, 100)), None => format!("turn {turn} ended") },
         Event::SessionEnded { state, reason, diff } => {
             let mut lines = vec![format!("{head}  session {state}: {reason}")];
             lines.extend(diff.iter().map(|d| format!("{:>30}{d}", "")));

@@ -107,6 +107,8 @@ pub struct GatewayConfig<W> {
     /// The session's last recorded workspace snapshot, shared with whatever records
     /// tool calls, so each exchange notes where its divergence would restore to.
     pub last_snapshot: Arc<StdMutex<Option<String>>>,
+    /// Told the index of a divergence (so recorded tool calls after it stop replaying).
+    pub on_diverge: Option<Arc<dyn Fn(u32) + Send + Sync>>,
 }
 
 /// The replay pass of one run of the wrapped agent.
@@ -135,6 +137,7 @@ pub(crate) struct Shared<W> {
     pub(crate) upstreams: Upstreams,
     models: Vec<String>,
     last_snapshot: Arc<StdMutex<Option<String>>>,
+    on_diverge: Option<Arc<dyn Fn(u32) + Send + Sync>>,
     replay: Mutex<Replay>,
     pub(crate) http: reqwest::Client,
     /// Exchanges this gateway answered from the log / sent to the provider.
@@ -224,6 +227,7 @@ impl<W: World + Clone> Gateway<W> {
                 upstreams: config.upstreams,
                 models: config.models,
                 last_snapshot: config.last_snapshot,
+                on_diverge: config.on_diverge,
                 replay: Mutex::new(Replay {
                     recorded: state.exchanges,
                     consumed,
@@ -329,6 +333,9 @@ impl<W: World + Clone> Shared<W> {
         replay.recorded.truncate(at);
         replay.consumed.truncate(at);
         *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = snapshot;
+        if let Some(hook) = &self.on_diverge {
+            hook(at as u32);
+        }
         self.count(|c| c.diverged += 1);
         Ok(())
     }

@@ -38,9 +38,9 @@ fn body_text(body: &serde_json::Value) -> String {
         other => other.to_string(),
     }
 }
-use crate::heartbeat::Heartbeat;
 use crate::slot::SandboxSlot;
 use crate::{Error, Result};
+use steadfast_world::Heartbeat;
 
 /// Why [`Driver::run`] returned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -253,7 +253,8 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             }
             Next::EndTurn => {
                 let turn = self.state.turn;
-                self.append(vec![Event::TurnEnded { turn }]).await?;
+                self.append(vec![Event::TurnEnded { turn, reply: None }])
+                    .await?;
                 Ok(None)
             }
         }

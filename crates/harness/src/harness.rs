@@ -11,9 +11,9 @@ use steadfast_sandbox::{AnySandbox, Sandbox, SandboxOptions};
 use steadfast_world::{now_ms, Blobs, Holder, SqliteWorld, World};
 
 use crate::driver::Driver;
-use crate::heartbeat::Heartbeat;
 use crate::slot::SandboxSlot;
 use crate::{prompt, Error, Result};
+use steadfast_world::Heartbeat;
 
 /// Turns a session's model spec into a client (this is where credentials live).
 pub type ModelResolver =

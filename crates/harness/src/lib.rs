@@ -49,7 +49,6 @@
 
 mod driver;
 mod harness;
-mod heartbeat;
 mod prompt;
 pub mod reconcile;
 mod slot;

@@ -384,6 +384,9 @@ pub enum Event {
     TurnEnded {
         /// The turn ended.
         turn: u32,
+        /// A wrapped agent's final answer (the native loop's is in its last reply).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reply: Option<String>,
     },
     /// A bound was hit: the session stops, escalated to a human, until a
     /// [`RESUME_SIGNAL`] arrives (raising the bound, or acknowledging a loop).

@@ -101,6 +101,26 @@ pub struct Exchange {
     pub reply: Option<(u16, String, String)>,
 }
 
+/// A tool call of a wrapped agent (through the MCP server), as recorded.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WrappedTool {
+    /// The call's id (the harness's; MCP calls carry none of the model's).
+    pub call_id: String,
+    /// The tool.
+    pub tool: String,
+    /// Its input.
+    pub input: Value,
+    /// How it may affect the world.
+    pub class: ToolClass,
+    /// The snapshot taken before it ran.
+    pub snapshot_before: Option<String>,
+    /// How many exchanges were recorded when it was called (a divergence at an
+    /// earlier exchange supersedes it).
+    pub after_exchanges: u32,
+    /// Its result, once recorded (or resolved after a crash): text and error flag.
+    pub result: Option<(String, bool)>,
+}
+
 /// What the harness must do next.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Next {
@@ -195,6 +215,10 @@ pub struct SessionState {
     /// A wrapped agent's model requests, in order, as the gateway recorded them
     /// (superseded ones removed).
     pub exchanges: Vec<Exchange>,
+    /// A wrapped agent's tool calls, in order (superseded ones removed).
+    pub wrapped_tools: Vec<WrappedTool>,
+    /// A wrapped agent's last final answer.
+    pub wrapped_reply: Option<String>,
 }
 
 /// Why a log could not be folded.
@@ -293,7 +317,92 @@ impl SessionState {
             last_tool_call: None,
             steps_from: 0,
             exchanges: Vec::new(),
+            wrapped_tools: Vec::new(),
+            wrapped_reply: None,
         })
+    }
+
+    /// Whether the session runs a wrapped agent (a CLI through the gateway) rather
+    /// than the native loop.
+    pub fn is_wrapped(&self) -> bool {
+        self.agent != "native"
+    }
+
+    /// A wrapped agent's tool event; `Ok(false)` if `event` is not one.
+    fn apply_wrapped_tool(&mut self, event: &Event) -> Result<bool, &'static str> {
+        match event {
+            Event::ToolCallIntent {
+                call_id,
+                tool,
+                input,
+                class,
+                snapshot_before,
+            } => {
+                if snapshot_before.is_some() {
+                    self.last_snapshot = snapshot_before.clone();
+                }
+                self.wrapped_tools.push(WrappedTool {
+                    call_id: call_id.clone(),
+                    tool: tool.clone(),
+                    input: input.clone(),
+                    class: *class,
+                    snapshot_before: snapshot_before.clone(),
+                    after_exchanges: self.exchanges.len() as u32,
+                    result: None,
+                });
+            }
+            Event::ToolCallOutcome {
+                call_id,
+                is_error,
+                output,
+                snapshot_after,
+                ..
+            } => {
+                let t = self
+                    .wrapped_tools
+                    .iter_mut()
+                    .find(|t| &t.call_id == call_id && t.result.is_none())
+                    .ok_or("no such pending tool call")?;
+                t.result = Some((output.for_model(), *is_error));
+                if snapshot_after.is_some() {
+                    self.last_snapshot = snapshot_after.clone();
+                }
+            }
+            Event::ToolCallInterrupted {
+                call_id,
+                resolution,
+            } => {
+                let at = self
+                    .wrapped_tools
+                    .iter()
+                    .position(|t| &t.call_id == call_id && t.result.is_none())
+                    .ok_or("no such pending tool call")?;
+                let result = match resolution {
+                    ToolResolution::Rerun | ToolResolution::Reconciled { done: false, .. } => None,
+                    ToolResolution::RolledBack { snapshot } => {
+                        if snapshot.is_some() {
+                            self.last_snapshot = snapshot.clone();
+                        }
+                        Some((INTERRUPTED_ROLLED_BACK.to_string(), true))
+                    }
+                    ToolResolution::OutcomeUnknown => {
+                        Some((INTERRUPTED_OUTCOME_UNKNOWN.to_string(), true))
+                    }
+                    ToolResolution::Reconciled {
+                        done: true,
+                        evidence,
+                    } => Some((evidence.clone(), false)),
+                };
+                match result {
+                    Some(r) => self.wrapped_tools[at].result = Some(r),
+                    None => {
+                        self.wrapped_tools.remove(at);
+                    }
+                }
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
     }
 
     /// Whether the session is over for good.
@@ -407,6 +516,9 @@ impl SessionState {
 
     /// The text of the model's last reply.
     pub fn last_reply(&self) -> Option<String> {
+        if self.is_wrapped() {
+            return self.wrapped_reply.clone();
+        }
         self.conversation
             .iter()
             .rev()
@@ -430,6 +542,16 @@ impl SessionState {
         };
         if self.ended {
             return Err(bad("the session has already ended"));
+        }
+        if self.is_wrapped() {
+            match self.apply_wrapped_tool(&record.event) {
+                Ok(true) => {
+                    self.last_seq = record.seq;
+                    return Ok(());
+                }
+                Ok(false) => {}
+                Err(reason) => return Err(bad(reason)),
+            }
         }
         match &record.event {
             Event::SessionStarted { .. } => return Err(bad("session already started")),
@@ -650,11 +772,19 @@ impl SessionState {
                     }
                 }
             }
-            Event::TurnEnded { turn } => {
-                if *turn != self.turn || self.next() != Next::EndTurn {
+            Event::TurnEnded { turn, reply } => {
+                let finished = if self.is_wrapped() {
+                    self.status == Status::Running
+                } else {
+                    self.next() == Next::EndTurn
+                };
+                if *turn != self.turn || !finished {
                     return Err(bad("the turn is not finished"));
                 }
                 self.status = Status::Idle;
+                if reply.is_some() {
+                    self.wrapped_reply = reply.clone();
+                }
             }
             Event::ExchangeIntent {
                 call_id,
@@ -701,6 +831,7 @@ impl SessionState {
                     return Err(bad("divergence past the recorded exchanges"));
                 }
                 self.exchanges.truncate(*index as usize);
+                self.wrapped_tools.retain(|t| t.after_exchanges <= *index);
                 if snapshot.is_some() {
                     self.last_snapshot = snapshot.clone();
                 }

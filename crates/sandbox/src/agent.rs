@@ -31,6 +31,9 @@ pub struct AgentConfig {
     pub proxy_socket: Option<PathBuf>,
     /// The loopback port inside the sandbox that leads to the egress proxy.
     pub proxy_port: u16,
+    /// More loopback ports leading to host sockets (as seen inside): `(port, path)`.
+    #[serde(default)]
+    pub forwards: Vec<(u16, PathBuf)>,
     /// Limits of each command.
     pub limits: ResourceLimits,
     /// Most output bytes kept per command.
@@ -115,6 +118,10 @@ async fn serve(config: AgentConfig) -> std::io::Result<()> {
         let listener = TcpListener::bind(("127.0.0.1", config.proxy_port)).await?;
         tokio::spawn(forward(listener, proxy.clone()));
     }
+    for (port, socket) in &config.forwards {
+        let listener = TcpListener::bind(("127.0.0.1", *port)).await?;
+        tokio::spawn(forward(listener, socket.clone()));
+    }
     let _ = std::fs::remove_file(&config.listen);
     let listener = UnixListener::bind(&config.listen)?;
     let env: Vec<(String, String)> = std::env::vars().collect();
@@ -170,7 +177,7 @@ async fn handle(
     write.shutdown().await
 }
 
-/// Carries connections to the in-sandbox proxy port out to the harness's proxy socket.
+/// Carries connections to an in-sandbox loopback port out to a host socket.
 async fn forward(listener: TcpListener, proxy: PathBuf) {
     while let Ok((mut inside, _)) = listener.accept().await {
         let proxy = proxy.clone();

@@ -37,6 +37,16 @@ impl std::str::FromStr for Backend {
     }
 }
 
+/// Whether sandboxes made with `options` isolate their commands (bwrap), rather than
+/// run them as plain local processes.
+pub fn isolates(options: &SandboxOptions) -> bool {
+    match options.backend {
+        Backend::Local => false,
+        Backend::Bwrap => true,
+        Backend::Auto => !options.agent.is_empty() && bwrap_available().is_ok(),
+    }
+}
+
 /// A sandbox of whichever backend the options chose.
 #[derive(Debug)]
 pub enum AnySandbox {

@@ -127,6 +127,11 @@ impl BwrapSandbox {
                 .as_ref()
                 .map(|_| Path::new(INSIDE_RUN).join("proxy.sock")),
             proxy_port: PROXY_PORT,
+            forwards: options
+                .forwards
+                .iter()
+                .map(|(port, socket)| (*port, forward_path(*port, socket)))
+                .collect(),
             limits: options.limits,
             max_output_bytes: options.max_output_bytes,
             default_timeout_ms: options.default_timeout.as_millis() as u64,
@@ -217,6 +222,16 @@ impl BwrapSandbox {
     }
 }
 
+/// Where the host socket of forwarded port `port` appears inside the sandbox. (Its
+/// directory is what is mounted: a socket file mounted on its own cannot be connected
+/// to everywhere, e.g. under gVisor.)
+fn forward_path(port: u16, socket: &Path) -> PathBuf {
+    let name = socket.file_name().unwrap_or_default();
+    Path::new("/run/steadfast-forward")
+        .join(port.to_string())
+        .join(name)
+}
+
 /// bubblewrap's arguments for a sandbox over `root` sharing `run`.
 fn bwrap_args(
     root: &Path,
@@ -270,6 +285,17 @@ fn bwrap_args(
         &agent,
         INSIDE_AGENT,
     ]);
+    for (port, socket) in &options.forwards {
+        let inside = forward_path(*port, socket);
+        let (Some(host_dir), Some(inside_dir)) = (socket.parent(), inside.parent()) else {
+            continue;
+        };
+        push(&[
+            "--bind",
+            &host_dir.to_string_lossy(),
+            &inside_dir.to_string_lossy(),
+        ]);
+    }
     push(&["--bind", &root, &root, "--chdir", &root]);
     a
 }
@@ -308,7 +334,13 @@ impl Sandbox for BwrapSandbox {
                     std::thread::sleep(Duration::from_millis(10));
                     child.try_wait().ok().flatten()
                 };
+                let log = std::fs::read_to_string(self.run.0.join("agent.log")).unwrap_or_default();
+                let log = log.trim();
+                let log = &log[log.len().saturating_sub(400)..];
                 Err(Error::Died(match status {
+                    Some(s) if !log.is_empty() => {
+                        format!("{why} (sandbox exited: {s}; it said: {log})")
+                    }
                     Some(s) => format!("{why} (sandbox exited: {s})"),
                     None => why,
                 }))

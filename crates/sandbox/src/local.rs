@@ -32,6 +32,9 @@ pub struct SandboxOptions {
     /// Host directories an isolating backend shows read-only besides the system
     /// (a language toolchain under /root, say).
     pub read_only_paths: Vec<std::path::PathBuf>,
+    /// Loopback ports inside an isolating sandbox that lead to Unix sockets of the
+    /// host (a wrapped agent's gateway and tool server): `(port, socket path)`.
+    pub forwards: Vec<(u16, std::path::PathBuf)>,
     /// The in-sandbox agent program and its leading arguments (an isolating backend
     /// runs it inside the sandbox to serve commands): by default this executable with
     /// `sandbox-agent`.
@@ -49,6 +52,7 @@ impl Default for SandboxOptions {
             network: crate::NetworkPolicy::default(),
             limits: crate::ResourceLimits::default(),
             read_only_paths: Vec::new(),
+            forwards: Vec::new(),
             agent: Vec::new(),
         }
     }

@@ -126,6 +126,49 @@ async fn openai(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: S
     serve(&state, Format::OpenAi, &body).await
 }
 
+/// The tool names a request offers (Anthropic, Chat Completions and Responses shapes,
+/// including tools grouped in namespaces).
+fn offered_tools(request: &Value) -> Vec<String> {
+    fn collect(tools: &[Value], prefix: &str, out: &mut Vec<String>) {
+        for t in tools {
+            let name = t
+                .get("name")
+                .or_else(|| t.get("function").and_then(|f| f.get("name")))
+                .and_then(Value::as_str);
+            if let Some(inner) = t.get("tools").and_then(Value::as_array) {
+                let ns = name.unwrap_or_default();
+                collect(inner, &format!("{prefix}{ns}."), out);
+            } else if let Some(name) = name {
+                out.push(format!("{prefix}{name}"));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    if let Some(tools) = request.get("tools").and_then(Value::as_array) {
+        collect(tools, "", &mut out);
+    }
+    out
+}
+
+/// A scripted tool name as the client offers it: scripts say `bash`, Claude Code
+/// offers MCP tools as `mcp__steadfast__bash`, Codex as `steadfast.bash`.
+fn resolve_tool_names(mut step: crate::Step, request: &Value) -> crate::Step {
+    let offered = offered_tools(request);
+    for call in &mut step.tool_calls {
+        if offered.contains(&call.name) {
+            continue;
+        }
+        let suffixes = [format!("__{}", call.name), format!(".{}", call.name)];
+        if let Some(found) = offered
+            .iter()
+            .find(|o| suffixes.iter().any(|s| o.ends_with(s.as_str())))
+        {
+            call.name = found.clone();
+        }
+    }
+    step
+}
+
 /// The scripted step `index`, counted as a call; `Err` with the scripted failure's
 /// status if it is to fail this time.
 fn count_call(state: &FakeState, index: usize, body: &str) -> Result<crate::Step, StatusCode> {
@@ -195,7 +238,7 @@ async fn responses(
     };
     let index = crate::responses::step_index(input);
     let step = match count_call(&state, index, &body) {
-        Ok(step) => step,
+        Ok(step) => resolve_tool_names(step, &request),
         Err(status) => return error(status, "scripted_error", "scripted failure"),
     };
     let model = request
@@ -239,7 +282,7 @@ async fn serve(state: &FakeState, format: Format, body: &str) -> Response {
     };
     let index = wire::step_index(format, messages);
     let step = match count_call(state, index, body) {
-        Ok(step) => step,
+        Ok(step) => resolve_tool_names(step, &request),
         Err(status) => return error(status, "scripted_error", "scripted failure"),
     };
     let model = request

@@ -16,6 +16,7 @@
 mod any;
 pub mod blobs;
 pub mod conformance;
+mod heartbeat;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod sqlite;
@@ -28,6 +29,7 @@ use steadfast_log::record;
 use steadfast_log::{Event, Record};
 
 pub use any::AnyWorld;
+pub use heartbeat::Heartbeat;
 
 /// Bumps a change counter (see [`World::changes`]).
 pub(crate) fn bump(tx: &tokio::sync::watch::Sender<u64>) {

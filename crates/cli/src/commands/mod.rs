@@ -10,3 +10,4 @@ pub mod log;
 pub mod run;
 pub mod serve;
 pub mod sessions;
+pub mod wrapped;

@@ -31,6 +31,10 @@ pub struct RunArgs {
     /// Print the final result as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// The agent: `native` (the built-in loop), a wrapped CLI (`claude-code`, ...) or
+    /// an agent named in the configuration.
+    #[arg(long, default_value = "native")]
+    agent: String,
     /// Escalate when the session has spent this much on model calls, USD.
     #[arg(long)]
     max_cost_usd: Option<f64>,
@@ -85,6 +89,11 @@ pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<
     });
     // The network policy given for this run stays the session's across resumes.
     new.network = config.sandbox.network.clone();
+    if args.agent != "native" {
+        let adapter = super::wrapped::adapter(config, &args.agent)?;
+        drop(harness);
+        return super::wrapped::run(home, config, adapter, new, args.json).await;
+    }
     let id = harness.start_session(new).await?;
     eprintln!(
         "steadfast: session {id} ({model}) in {}",
@@ -112,6 +121,17 @@ pub async fn resume(home: &Path, config: &Config, args: ResumeArgs) -> anyhow::R
         .await
         .with_context(|| format!("reading session {}", args.session))?;
     drop(probe);
+    if state.is_wrapped() {
+        return super::wrapped::resume(
+            home,
+            config,
+            &args.session,
+            &state.agent,
+            &state.model.provider,
+            args.json,
+        )
+        .await;
+    }
     let (harness, fake) = setup::harness(home, config, world, &state.model.provider).await?;
     let mut driver = harness.wake(&args.session).await?;
     eprintln!(

@@ -95,7 +95,10 @@ fn a_full_turn_folds_to_idle_with_conversation_and_spend() {
     log.tool_intent("t2", ToolClass::Read);
     log.tool_outcome("t2");
     log.model("m2", 2, &[]);
-    log.push(Event::TurnEnded { turn: 1 });
+    log.push(Event::TurnEnded {
+        turn: 1,
+        reply: None,
+    });
     let state = fold(&log.0).unwrap();
     assert_eq!(state.status, Status::Idle);
     assert_eq!(state.conversation.len(), 4);

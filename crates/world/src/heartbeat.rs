@@ -3,13 +3,14 @@
 
 use std::time::Duration;
 
-use steadfast_world::{Lease, World};
+use crate::{Lease, World};
 
 /// Renews the lease every third of its time to live until dropped.
-pub(crate) struct Heartbeat(tokio::task::JoinHandle<()>);
+pub struct Heartbeat(tokio::task::JoinHandle<()>);
 
 impl Heartbeat {
-    pub(crate) fn start<W: World + Clone>(world: W, lease: Lease, ttl: Duration) -> Self {
+    /// Starts renewing `lease` (for `ttl` each time) in the background.
+    pub fn start<W: World + Clone>(world: W, lease: Lease, ttl: Duration) -> Self {
         Heartbeat(tokio::spawn(async move {
             let mut tick = tokio::time::interval(ttl / 3);
             tick.tick().await;
@@ -19,7 +20,7 @@ impl Heartbeat {
                     // A stale fence means another holder took over: our next append
                     // fails too, which stops the driver. Other errors are retried.
                     tracing::warn!(session = %lease.session, error = %e, "lease renewal failed");
-                    if matches!(e, steadfast_world::Error::StaleFence { .. }) {
+                    if matches!(e, crate::Error::StaleFence { .. }) {
                         return;
                     }
                 }

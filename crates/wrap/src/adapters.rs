@@ -1,0 +1,121 @@
+//! How each wrapped CLI is installed, pointed at the gateway and the MCP tools, and
+//! started for a turn.
+//!
+//! Every adapter resumes the same way after a crash: the CLI is started again for the
+//! turn from its beginning and walks back through the log (the gateway answers its
+//! recorded model requests, the journal its recorded tool calls) to where it was. We
+//! chose this over each CLI's own resume mechanism (Claude Code's `--resume`, Codex's
+//! `resume`, Pi's sessions) because it is one mechanism for all of them, needs no
+//! knowledge of their transcript formats, and cannot disagree with the log: the CLI's
+//! own transcript is rebuilt from the log every time, so there is never a transcript
+//! with a tool call and no result to repair. A tool call a crash cut off is resolved
+//! before the restart (invariant 4) and the CLI, replaying, gets that resolution as the
+//! tool's result — the model is told the call was interrupted.
+//!
+//! | adapter | API | built-in tools | tools |
+//! |---|---|---|---|
+//! | `claude-code` | Anthropic Messages | off (`--tools ""`) | MCP (`--mcp-config`, `--strict-mcp-config`) |
+//! | `codex` | OpenAI Responses | off where Codex allows | MCP (`[mcp_servers]` in `config.toml`) |
+//! | `pi` | configurable | off (`--no-builtin-tools`) | an extension calling the MCP server |
+
+use std::path::{Path, PathBuf};
+
+/// A wrapped CLI.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Adapter {
+    /// Its name (`--agent <name>`).
+    pub name: String,
+    /// The npm package that installs it.
+    pub package: &'static str,
+    /// The version the tests pin.
+    pub version: &'static str,
+    /// Its executable, relative to the install directory.
+    pub bin: &'static str,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    ClaudeCode,
+}
+
+/// What a turn's launch needs to know.
+#[derive(Debug, Clone)]
+pub struct Launch<'a> {
+    /// The gateway's base URL as the CLI reaches it (`http://127.0.0.1:PORT`).
+    pub gateway: &'a str,
+    /// The MCP server's URL as the CLI reaches it (`http://127.0.0.1:PORT/mcp`).
+    pub mcp: &'a str,
+    /// The session-scoped token the gateway accepts.
+    pub token: &'a str,
+    /// The user's message for the turn.
+    pub task: &'a str,
+    /// The provider's model name.
+    pub model: &'a str,
+    /// Where the npm packages are installed (`<dir>/node_modules/.bin/...`).
+    pub install_dir: &'a Path,
+}
+
+/// Single-quotes a word for the shell.
+pub fn quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
+impl Adapter {
+    /// The adapter named `name`, if there is one.
+    pub fn named(name: &str) -> Option<Adapter> {
+        match name {
+            "claude-code" => Some(Adapter {
+                name: name.into(),
+                package: "@anthropic-ai/claude-code",
+                version: "2.1.197",
+                bin: "node_modules/.bin/claude",
+                kind: Kind::ClaudeCode,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The names of every adapter.
+    pub fn names() -> &'static [&'static str] {
+        &["claude-code"]
+    }
+
+    /// The command that installs the CLI into `dir` (run once, outside any session;
+    /// nothing is fetched while a session runs).
+    pub fn install_command(&self, dir: &Path) -> String {
+        format!(
+            "cd {} && npm install --no-audit --no-fund --ignore-scripts {}@{}",
+            quote(&dir.display().to_string()),
+            self.package,
+            self.version
+        )
+    }
+
+    /// The CLI's executable under `dir`.
+    pub fn executable(&self, dir: &Path) -> PathBuf {
+        dir.join(self.bin)
+    }
+
+    /// The shell command that runs one turn of the CLI inside its sandbox.
+    pub fn command(&self, launch: &Launch<'_>) -> String {
+        let bin = quote(&self.executable(launch.install_dir).display().to_string());
+        match self.kind {
+            Kind::ClaudeCode => {
+                let mcp = serde_json::json!({"mcpServers": {crate::mcp::SERVER_NAME: {"type": "http", "url": launch.mcp}}});
+                format!(
+                    "export IS_SANDBOX=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1 \
+                     DISABLE_TELEMETRY=1 DISABLE_ERROR_REPORTING=1 \
+                     ANTHROPIC_BASE_URL={gw} ANTHROPIC_API_KEY={token}; \
+                     exec {bin} -p {task} --tools '' --mcp-config {mcp} --strict-mcp-config \
+                     --dangerously-skip-permissions --model {model} --output-format text",
+                    gw = quote(launch.gateway),
+                    token = quote(launch.token),
+                    task = quote(launch.task),
+                    mcp = quote(&mcp.to_string()),
+                    model = quote(launch.model),
+                )
+            }
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! Driving one turn of a wrapped CLI, durably.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use serde_json::json;
+use steadfast_drive::Drive;
+use steadfast_gateway::{Counters, Gateway, GatewayConfig, Upstreams};
+use steadfast_log::{fold, EndState, Event, Role, SessionState, Status};
+use steadfast_sandbox::{isolates, AnySandbox, NetworkPolicy, Sandbox, SandboxOptions};
+use steadfast_world::{Blobs, Heartbeat, Lease, World};
+
+use crate::adapters::{Adapter, Launch};
+use crate::journal::{resolve_cut_off, MakeSandbox, ToolJournal};
+use crate::{mcp, Error, Result};
+
+/// The loopback ports inside the CLI's sandbox that lead to the gateway and the MCP
+/// server.
+const GATEWAY_PORT: u16 = 4180;
+const MCP_PORT: u16 = 4181;
+
+/// How a wrapped CLI is run.
+#[derive(Debug, Clone)]
+pub struct WrappedOptions {
+    /// The CLI.
+    pub adapter: Adapter,
+    /// Where its npm package is installed.
+    pub install_dir: PathBuf,
+    /// Sandbox settings (of the tools' sandbox; the CLI's gets no network but the
+    /// gateway and the tools).
+    pub sandbox: SandboxOptions,
+    /// The providers the gateway calls.
+    pub upstreams: Upstreams,
+    /// How many times a CLI that died mid-turn is started again before the session fails.
+    pub max_restarts: u32,
+    /// The longest a turn may run.
+    pub turn_timeout: Duration,
+    /// How long the session's lease lasts without renewal.
+    pub lease_ttl: Duration,
+}
+
+/// How a turn went.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TurnReport {
+    /// The CLI's final answer.
+    pub reply: String,
+    /// Times the CLI was started again after dying.
+    pub restarts: u32,
+    /// The gateway's counts, over all starts.
+    pub exchanges: Counters,
+    /// Tool calls answered from the record, and run, over all starts.
+    pub tools: (u64, u64),
+}
+
+/// Serves `router` until dropped.
+struct Served(tokio::task::JoinHandle<()>);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Where the CLI reaches a server, and the server.
+async fn serve(
+    router: axum::Router,
+    unix: Option<(u16, PathBuf)>,
+) -> Result<(String, Served, Option<(u16, PathBuf)>)> {
+    match unix {
+        Some((port, path)) => {
+            let _ = std::fs::remove_file(&path);
+            let listener = tokio::net::UnixListener::bind(&path)
+                .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
+            let task = tokio::spawn(async move {
+                let _ = axum::serve(listener, router).await;
+            });
+            Ok((
+                format!("http://127.0.0.1:{port}"),
+                Served(task),
+                Some((port, path)),
+            ))
+        }
+        None => {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .map_err(|e| Error::Invalid(e.to_string()))?;
+            let addr = listener
+                .local_addr()
+                .map_err(|e| Error::Invalid(e.to_string()))?;
+            let task = tokio::spawn(async move {
+                let _ = axum::serve(listener, router).await;
+            });
+            Ok((format!("http://{addr}"), Served(task), None))
+        }
+    }
+}
+
+/// The user message that opened the current turn.
+fn task_of(state: &SessionState) -> Option<String> {
+    state
+        .conversation
+        .iter()
+        .rev()
+        .find(|m| m.role == Role::User)
+        .map(|m| m.text())
+}
+
+/// A random session-scoped token: worth nothing outside this gateway.
+fn token() -> String {
+    let seed = format!(
+        "{}-{:?}",
+        uuid::Uuid::now_v7(),
+        std::time::SystemTime::now()
+    );
+    format!("sf-gw-{}", &blake3::hash(seed.as_bytes()).to_hex()[..40])
+}
+
+/// Drives the open turn of a wrapped session to its end: the CLI runs (again, after a
+/// crash, replaying the log) until it finishes, and the turn's end is recorded.
+pub async fn drive_turn<W: World + Clone>(
+    world: &W,
+    lease: &Lease,
+    blobs: &Blobs,
+    drive: &Drive,
+    options: &WrappedOptions,
+) -> Result<TurnReport> {
+    let mut report = TurnReport::default();
+    let _heartbeat = Heartbeat::start(world.clone(), lease.clone(), options.lease_ttl);
+    loop {
+        let state = fold(&world.read(&lease.session, 1).await?)?;
+        if state.status != Status::Running {
+            return Err(Error::Invalid(format!(
+                "session {} is {}: no turn to drive",
+                lease.session, state.status
+            )));
+        }
+        let task = task_of(&state).unwrap_or_default();
+        let workspace = PathBuf::from(&state.workspace);
+        let model = state.model.model.clone();
+        // Invariant 4 for tool calls a crash cut off, and the workspace back in step.
+        let last = resolve_cut_off(
+            world,
+            lease,
+            drive,
+            &workspace,
+            &state.wrapped_tools,
+            state.last_snapshot.clone(),
+        )
+        .await?;
+        let state = fold(&world.read(&lease.session, 1).await?)?;
+        let last_snapshot = Arc::new(StdMutex::new(last));
+
+        let tool_options = SandboxOptions {
+            forwards: Vec::new(),
+            ..options.sandbox.clone()
+        };
+        let tool_ws = workspace.clone();
+        let make: MakeSandbox<AnySandbox> =
+            Arc::new(move || AnySandbox::provision(&tool_ws, &tool_options));
+        let journal = Arc::new(ToolJournal::new(
+            world.clone(),
+            lease.clone(),
+            drive.clone(),
+            blobs.clone(),
+            workspace.clone(),
+            make,
+            state.wrapped_tools.clone(),
+            last_snapshot.clone(),
+        ));
+        let token = token();
+        let hook = journal.clone();
+        let gateway = Gateway::open(GatewayConfig {
+            world: world.clone(),
+            lease: lease.clone(),
+            drive: drive.clone(),
+            workspace: workspace.clone(),
+            token: token.clone(),
+            upstreams: options.upstreams.clone(),
+            models: vec![model.clone()],
+            last_snapshot,
+            on_diverge: Some(Arc::new(move |at| hook.diverged(at))),
+        })
+        .await?;
+
+        // In an isolating sandbox the CLI reaches the servers through forwarded
+        // loopback ports (its network has nothing else); in a local one, directly.
+        let sockets = tempfile_dir()?;
+        let isolated = isolates(&options.sandbox);
+        let unix = |port: u16, name: &str| isolated.then(|| (port, sockets.0.join(name)));
+        let (gw_url, _gw, gw_fwd) =
+            serve(gateway.router(), unix(GATEWAY_PORT, "gateway.sock")).await?;
+        let (mcp_base, _mcp, mcp_fwd) =
+            serve(mcp::router(journal.clone()), unix(MCP_PORT, "mcp.sock")).await?;
+        let mut cli_options = SandboxOptions {
+            network: NetworkPolicy::DenyAll,
+            forwards: gw_fwd.into_iter().chain(mcp_fwd).collect(),
+            max_timeout: options.turn_timeout,
+            ..options.sandbox.clone()
+        };
+        cli_options
+            .read_only_paths
+            .push(options.install_dir.clone());
+        let launch = Launch {
+            gateway: &gw_url,
+            mcp: &format!("{mcp_base}/mcp"),
+            token: &token,
+            task: &task,
+            model: &model,
+            install_dir: &options.install_dir,
+        };
+        let command = options.adapter.command(&launch);
+        let cli_ws = workspace.clone();
+        let cli = tokio::task::spawn_blocking(move || AnySandbox::provision(&cli_ws, &cli_options))
+            .await
+            .map_err(|e| Error::Task(e.to_string()))??;
+        tracing::info!(agent = %options.adapter.name, restarts = report.restarts, "starting the wrapped CLI");
+        let result = cli
+            .execute(
+                "bash",
+                &json!({"command": command, "timeout": options.turn_timeout.as_millis() as u64}),
+            )
+            .await;
+        drop(cli);
+        let counters = gateway.counters();
+        report.exchanges.replayed += counters.replayed;
+        report.exchanges.live += counters.live;
+        report.exchanges.diverged += counters.diverged;
+        let (replayed, ran) = journal.counters();
+        report.tools.0 += replayed;
+        report.tools.1 += ran;
+        let why = match result {
+            Ok(out) if !out.is_error => {
+                let reply = out.text.trim().to_string();
+                world
+                    .append(
+                        lease,
+                        &[Event::TurnEnded {
+                            turn: state.turn,
+                            reply: Some(reply.clone()),
+                        }],
+                    )
+                    .await?;
+                report.reply = reply;
+                return Ok(report);
+            }
+            Ok(out) => format!("the CLI stopped: {}", tail(&out.text)),
+            Err(steadfast_sandbox::Error::Died(why)) => format!("its sandbox died: {why}"),
+            Err(e) => return Err(e.into()),
+        };
+        if report.restarts >= options.max_restarts {
+            let reason = format!(
+                "{} failed {} times; last: {why}",
+                options.adapter.name,
+                report.restarts + 1
+            );
+            world
+                .append(
+                    lease,
+                    &[Event::SessionEnded {
+                        state: EndState::Failed,
+                        reason: reason.clone(),
+                        diff: Vec::new(),
+                    }],
+                )
+                .await?;
+            return Err(Error::Invalid(reason));
+        }
+        tracing::warn!(agent = %options.adapter.name, %why, "the wrapped CLI died mid-turn; starting it again");
+        report.restarts += 1;
+    }
+}
+
+fn tail(text: &str) -> String {
+    let start = text.len().saturating_sub(600);
+    let start = (start..text.len())
+        .find(|i| text.is_char_boundary(*i))
+        .unwrap_or(0);
+    text[start..].trim().to_string()
+}
+
+/// A private temporary directory, removed on drop.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tempfile_dir() -> Result<TempDir> {
+    let dir =
+        std::env::temp_dir().join(format!("steadfast-wrap-{}", uuid::Uuid::now_v7().simple()));
+    std::fs::create_dir_all(&dir).map_err(|e| Error::Invalid(format!("{}: {e}", dir.display())))?;
+    Ok(TempDir(dir))
+}
