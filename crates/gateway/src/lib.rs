@@ -109,6 +109,9 @@ pub struct GatewayConfig<W> {
     pub last_snapshot: Arc<StdMutex<Option<String>>>,
     /// Told the index of a divergence (so recorded tool calls after it stop replaying).
     pub on_diverge: Option<Arc<dyn Fn(u32) + Send + Sync>>,
+    /// The most exchanges the session's turn may have: past it, requests are refused
+    /// (HTTP 429) and [`Gateway::exhausted`] says so, for the driver to escalate.
+    pub max_exchanges: Option<usize>,
 }
 
 /// The replay pass of one run of the wrapped agent.
@@ -138,6 +141,8 @@ pub(crate) struct Shared<W> {
     models: Vec<String>,
     last_snapshot: Arc<StdMutex<Option<String>>>,
     on_diverge: Option<Arc<dyn Fn(u32) + Send + Sync>>,
+    max_exchanges: Option<usize>,
+    exhausted: std::sync::atomic::AtomicBool,
     replay: Mutex<Replay>,
     pub(crate) http: reqwest::Client,
     /// Exchanges this gateway answered from the log / sent to the provider.
@@ -228,6 +233,8 @@ impl<W: World + Clone> Gateway<W> {
                 models: config.models,
                 last_snapshot: config.last_snapshot,
                 on_diverge: config.on_diverge,
+                max_exchanges: config.max_exchanges,
+                exhausted: std::sync::atomic::AtomicBool::new(false),
                 replay: Mutex::new(Replay {
                     recorded: state.exchanges,
                     consumed,
@@ -236,6 +243,13 @@ impl<W: World + Clone> Gateway<W> {
                 counters: StdMutex::default(),
             }),
         })
+    }
+
+    /// Whether a request was refused because the turn had used its exchanges.
+    pub fn exhausted(&self) -> bool {
+        self.shared
+            .exhausted
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// What this gateway has done so far.
@@ -303,6 +317,16 @@ impl<W: World + Clone> Shared<W> {
             self.diverge(&mut replay, cursor).await?;
         }
         let index = replay.recorded.len();
+        if self.max_exchanges.is_some_and(|max| index >= max) {
+            self.exhausted
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            return Err(api_error(
+                Some(api),
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                "steadfast: this turn has used all the model calls it may make; the session is escalated",
+            ));
+        }
         self.record_intent(&mut replay, index, api, fingerprint, stream)
             .await
     }
@@ -474,6 +498,13 @@ async fn handle<W: World + Clone>(
     };
     let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
     let fingerprint = normalize::fingerprint(api.name(), &request);
+    // A debugging aid: what the client sent, by fingerprint.
+    if let Some(dir) = std::env::var_os("STEADFAST_GATEWAY_DUMP") {
+        let _ = std::fs::write(
+            std::path::Path::new(&dir).join(format!("{}.json", &fingerprint[..16])),
+            &body,
+        );
+    }
     match shared.route(api, &fingerprint, stream).await {
         Err(response) => response,
         Ok(Routed::Replay(reply)) => relay::replay(reply),

@@ -100,6 +100,7 @@ impl Setup {
             models: vec!["claude-sonnet-4-5".into()],
             last_snapshot: self.last_snapshot.clone(),
             on_diverge: None,
+            max_exchanges: None,
         })
         .await
         .unwrap();

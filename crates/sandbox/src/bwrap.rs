@@ -65,6 +65,76 @@ pub fn bwrap_available() -> std::result::Result<(), String> {
         .clone()
 }
 
+/// Spawns `cmd` from one thread that lives as long as the process. bubblewrap's
+/// `--die-with-parent` ties the sandbox to the thread that started it, so starting it
+/// from a pool thread (which exits when idle) would kill it after a few seconds.
+fn spawn_from_a_lasting_thread(cmd: std::process::Command) -> std::io::Result<std::process::Child> {
+    type Job = (
+        std::process::Command,
+        std::sync::mpsc::Sender<std::io::Result<std::process::Child>>,
+    );
+    static SPAWNER: OnceLock<Mutex<std::sync::mpsc::Sender<Job>>> = OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("steadfast-sandbox-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("the sandbox spawner thread starts");
+        Mutex::new(tx)
+    });
+    let (reply, result) = std::sync::mpsc::channel();
+    spawner
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((cmd, reply))
+        .map_err(|_| std::io::Error::other("the sandbox spawner thread is gone"))?;
+    result
+        .recv()
+        .map_err(|_| std::io::Error::other("the sandbox spawner thread is gone"))?
+}
+
+/// Kills sandboxes left behind by harness processes that died (where the kernel did not
+/// take them down with their parent): each run directory names its owner's PID and
+/// holds the sandbox's.
+fn reap_abandoned() {
+    let Ok(dir) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in dir.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(owner) = name
+            .strip_prefix("steadfast-sbx-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let owner_alive = owner == std::process::id() as i32
+            || nix::sys::signal::kill(nix::unistd::Pid::from_raw(owner), None).is_ok();
+        if owner_alive {
+            continue;
+        }
+        if let Some(pid) = std::fs::read_to_string(entry.path().join("bwrap.pid"))
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+        {
+            let is_bwrap = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.starts_with(b"bwrap"));
+            if is_bwrap {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        let _ = std::fs::remove_dir_all(entry.path());
+    }
+}
+
 /// A private directory on the host, shared with one sandbox, removed on drop.
 #[derive(Debug)]
 struct RunDir(PathBuf);
@@ -80,7 +150,7 @@ impl Drop for RunDir {
 pub struct BwrapSandbox {
     root: PathBuf,
     socket: PathBuf,
-    child: Mutex<tokio::process::Child>,
+    child: Mutex<std::process::Child>,
     pid: u32,
     options: SandboxOptions,
     _proxy: Option<EgressProxy>,
@@ -105,6 +175,8 @@ impl BwrapSandbox {
             .canonicalize()
             .map_err(|e| Error::Unavailable(format!("{}: {e}", workspace.display())))?;
 
+        static REAPED: std::sync::Once = std::sync::Once::new();
+        REAPED.call_once(reap_abandoned);
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let run = RunDir(std::env::temp_dir().join(format!(
             "steadfast-sbx-{}-{}",
@@ -152,7 +224,7 @@ impl BwrapSandbox {
         let log2 = log
             .try_clone()
             .map_err(|e| Error::Unavailable(format!("agent log: {e}")))?;
-        let mut cmd = tokio::process::Command::new("bwrap");
+        let mut cmd = std::process::Command::new("bwrap");
         cmd.args(bwrap_args(&root, &run.0, &program, options, &env))
             .arg("--")
             .arg(INSIDE_AGENT)
@@ -161,12 +233,11 @@ impl BwrapSandbox {
             .env_clear()
             .stdin(std::process::Stdio::null())
             .stdout(log)
-            .stderr(log2)
-            .kill_on_drop(true);
-        let child = cmd
-            .spawn()
+            .stderr(log2);
+        let child = spawn_from_a_lasting_thread(cmd)
             .map_err(|e| Error::Unavailable(format!("starting bwrap: {e}")))?;
-        let pid = child.id().unwrap_or_default();
+        let pid = child.id();
+        let _ = std::fs::write(run.0.join("bwrap.pid"), pid.to_string());
         let sandbox = BwrapSandbox {
             root,
             socket: run.0.join("agent.sock"),
@@ -300,6 +371,14 @@ fn bwrap_args(
     a
 }
 
+impl Drop for BwrapSandbox {
+    fn drop(&mut self) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
 impl Sandbox for BwrapSandbox {
     fn workspace(&self) -> &Path {
         &self.root
@@ -330,7 +409,7 @@ impl Sandbox for BwrapSandbox {
                 // Make sure it is gone: a half-dead sandbox is never used again.
                 let status = {
                     let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
-                    let _ = child.start_kill();
+                    let _ = child.kill();
                     std::thread::sleep(Duration::from_millis(10));
                     child.try_wait().ok().flatten()
                 };

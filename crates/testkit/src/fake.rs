@@ -246,7 +246,10 @@ async fn responses(
         .and_then(Value::as_str)
         .unwrap_or("fake");
     let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
-    crate::responses::reply(index, &step, model, (body.len() / 4) as u64, stream)
+    // Ids differ between a step and its redo after a rollback (clients key their
+    // transcripts by tool-call id), and are the same for the same request.
+    let seed = index * 1000 + input.as_array().map_or(0, Vec::len);
+    crate::responses::reply(seed, &step, model, (body.len() / 4) as u64, stream)
 }
 
 /// `POST /v1/messages/count_tokens`: an estimate (a quarter of the body's bytes); not
@@ -295,7 +298,10 @@ async fn serve(state: &FakeState, format: Format, body: &str) -> Response {
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let input_tokens = (body.len() / 4) as u64;
-    wire::reply(format, index, &step, &model, input_tokens, stream)
+    // Ids differ between a step and its redo after a rollback (clients key their
+    // transcripts by tool-call id), and are the same for the same request.
+    let seed = index * 1000 + messages.len();
+    wire::reply(format, seed, &step, &model, input_tokens, stream)
 }
 
 /// A fake provider running on a loopback port, for tests and the offline demo.

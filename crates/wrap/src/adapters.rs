@@ -85,7 +85,7 @@ impl Adapter {
     /// nothing is fetched while a session runs).
     pub fn install_command(&self, dir: &Path) -> String {
         format!(
-            "cd {} && npm install --no-audit --no-fund --ignore-scripts {}@{}",
+            "cd {} && npm install --no-audit --no-fund {}@{}",
             quote(&dir.display().to_string()),
             self.package,
             self.version

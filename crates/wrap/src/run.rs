@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 use steadfast_drive::Drive;
 use steadfast_gateway::{Counters, Gateway, GatewayConfig, Upstreams};
-use steadfast_log::{fold, EndState, Event, Role, SessionState, Status};
+use steadfast_log::{fold, Breaker, EndState, Event, Role, SessionState, Status};
 use steadfast_sandbox::{isolates, AnySandbox, NetworkPolicy, Sandbox, SandboxOptions};
 use steadfast_world::{Blobs, Heartbeat, Lease, World};
 
@@ -38,6 +38,8 @@ pub struct WrappedOptions {
     pub turn_timeout: Duration,
     /// How long the session's lease lasts without renewal.
     pub lease_ttl: Duration,
+    /// The most model calls a turn may make; past it the session escalates.
+    pub max_exchanges_per_turn: usize,
 }
 
 /// How a turn went.
@@ -180,6 +182,7 @@ pub async fn drive_turn<W: World + Clone>(
             models: vec![model.clone()],
             last_snapshot,
             on_diverge: Some(Arc::new(move |at| hook.diverged(at))),
+            max_exchanges: Some(options.max_exchanges_per_turn),
         })
         .await?;
 
@@ -229,6 +232,24 @@ pub async fn drive_turn<W: World + Clone>(
         let (replayed, ran) = journal.counters();
         report.tools.0 += replayed;
         report.tools.1 += ran;
+        if gateway.exhausted() {
+            let reason = format!(
+                "step budget exhausted: {} model calls in turn {}",
+                options.max_exchanges_per_turn, state.turn
+            );
+            world
+                .append(
+                    lease,
+                    &[Event::Escalated {
+                        breaker: Breaker::Steps,
+                        reason: reason.clone(),
+                        diff: Vec::new(),
+                    }],
+                )
+                .await?;
+            report.reply = reason;
+            return Ok(report);
+        }
         let why = match result {
             Ok(out) if !out.is_error => {
                 let reply = out.text.trim().to_string();

@@ -115,6 +115,7 @@ fn options(
         max_restarts: config.agents.max_restarts.unwrap_or(5),
         turn_timeout: Duration::from_secs(config.agents.turn_timeout_secs.unwrap_or(3600)),
         lease_ttl: harness.options().lease_ttl,
+        max_exchanges_per_turn: harness.options().max_steps_per_turn as usize,
     })
 }
 

@@ -1,0 +1,53 @@
+//! Helpers shared by the CLI's process-level tests.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use serde_json::Value;
+
+/// The records of one kind in a `steadfast log --json` listing.
+pub fn events<'a>(log: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    // Events are stored externally tagged: {"event": {"<kind>": {...}}}.
+    log.iter().filter_map(|r| r["event"].get(kind)).collect()
+}
+
+/// Every file under `dir` with its bytes and executable bit (`.git` included).
+pub fn tree(dir: &Path) -> BTreeMap<String, (Vec<u8>, bool)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = BTreeMap::new();
+    for entry in walkdir(dir) {
+        let meta = std::fs::symlink_metadata(&entry).unwrap();
+        let rel = entry.strip_prefix(dir).unwrap().display().to_string();
+        let bytes = if meta.is_file() {
+            std::fs::read(&entry).unwrap()
+        } else {
+            Vec::new()
+        };
+        out.insert(
+            rel,
+            (
+                bytes,
+                meta.permissions().mode() & 0o111 != 0 && meta.is_file(),
+            ),
+        );
+    }
+    out
+}
+
+fn walkdir(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        out.push(path.clone());
+        if path.is_dir() && !path.is_symlink() {
+            out.extend(walkdir(&path));
+        }
+    }
+    out
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}

@@ -1,0 +1,269 @@
+//! Wrapped CLIs, installed from npm at their pinned versions and run unchanged through
+//! the gateway against the fake provider: a crash-free run of the demo task, then the
+//! same run crashed at several points — the harness process aborted (taking the CLI
+//! with it) after a model intent, mid-stream, after a tool intent, after a tool's
+//! effect and after a tool outcome, or the CLI process alone SIGKILLed mid-turn — and
+//! carried on. Each must end with the crash-free workspace, and the fake provider must
+//! never have been asked again for a reply the log had recorded.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::{events, stderr, tree};
+use serde_json::Value;
+use steadfast_testkit::{demo, FakeProvider};
+
+const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
+
+/// Where the CLIs are installed for the tests (kept between runs; installed by the
+/// first test that needs them, from the npm registry, at the adapters' pinned versions).
+fn agents_dir() -> PathBuf {
+    std::env::var_os("STEADFAST_TEST_AGENTS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/steadfast-test-agents"))
+}
+
+/// Installs `agent` with `steadfast install-agent` unless it already is.
+async fn installed(agent: &str, bin: &str) {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _one_at_a_time = LOCK.lock().await;
+    if agents_dir().join(bin).exists() {
+        return;
+    }
+    let out = tokio::process::Command::new(BIN)
+        .args(["install-agent", agent])
+        .env("STEADFAST_AGENTS_DIR", agents_dir())
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "install: {}", stderr(&out));
+}
+
+struct Case {
+    dir: tempfile::TempDir,
+    fake: FakeProvider,
+}
+
+impl Case {
+    async fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        demo::write_project(&dir.path().join("ws")).unwrap();
+        let fake = FakeProvider::start(demo::script()).await.unwrap();
+        Case { dir, fake }
+    }
+
+    fn workspace(&self) -> PathBuf {
+        self.dir.path().join("ws")
+    }
+
+    fn command(&self, args: &[&str], env: &[(&str, String)]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(BIN);
+        cmd.args(args)
+            .current_dir(self.dir.path())
+            .env("STEADFAST_HOME", self.dir.path().join("home"))
+            .env("STEADFAST_AGENTS_DIR", agents_dir())
+            .env("ANTHROPIC_API_KEY", "sk-ant-the-harness-real-key")
+            .env("ANTHROPIC_BASE_URL", self.fake.base_url())
+            .env("OPENAI_API_KEY", "sk-openai-the-harness-real-key")
+            .env("OPENAI_BASE_URL", format!("{}/v1", self.fake.base_url()))
+            .env_remove("STEADFAST_FAULT")
+            .env_remove("STEADFAST_MODEL");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    async fn steadfast(&self, args: &[&str], env: &[(&str, String)]) -> Output {
+        self.command(args, env).output().await.unwrap()
+    }
+
+    async fn run(&self, agent: &str, model: &str, env: &[(&str, String)]) -> Output {
+        let ws = self.workspace().display().to_string();
+        let args = [
+            "run",
+            demo::TASK,
+            "--agent",
+            agent,
+            "--workspace",
+            &ws,
+            "--model",
+            model,
+            "--json",
+        ];
+        self.steadfast(&args, env).await
+    }
+
+    async fn session(&self) -> String {
+        let out = self.steadfast(&["sessions", "--json"], &[]).await;
+        let line = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap()
+            .to_string();
+        serde_json::from_str::<Value>(&line).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    async fn log(&self, session: &str) -> Vec<Value> {
+        let out = self.steadfast(&["log", session, "--json"], &[]).await;
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// Every provider call had an intent in the log before it was made (a replayed
+    /// request makes none), and at most one call — the one whose reply the crash cut
+    /// off — was paid for without its reply being recorded.
+    async fn assert_nothing_paid_twice(&self, session: &str, label: &str) {
+        let log = self.log(session).await;
+        let intents = events(&log, "exchange_intent").len() as u64;
+        let outcomes = events(&log, "exchange_outcome").len() as u64;
+        let calls = self.fake.calls();
+        assert!(
+            calls <= intents,
+            "{label}: {calls} provider calls, {intents} intents"
+        );
+        assert!(
+            calls <= outcomes + 1,
+            "{label}: {calls} provider calls for {outcomes} recorded replies"
+        );
+    }
+}
+
+/// The crash-free run of `agent` and its final workspace.
+async fn reference(
+    agent: &str,
+    model: &str,
+) -> std::collections::BTreeMap<String, (Vec<u8>, bool)> {
+    let case = Case::new().await;
+    let out = case.run(agent, model, &[]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["status"], "completed");
+    assert!(
+        std::fs::read_to_string(case.workspace().join("CHANGELOG.md"))
+            .unwrap()
+            .contains("off-by-one"),
+        "the CLI did the task with the sandbox's tools"
+    );
+    let session = case.session().await;
+    case.assert_nothing_paid_twice(&session, "crash-free").await;
+    tree(&case.workspace())
+}
+
+async fn crash_and_resume(agent: &str, model: &str) {
+    let expected = reference(agent, model).await;
+    let points = [
+        "model.intent_committed:2",
+        "model.mid_stream:3",
+        "tool.intent_committed:2",
+        "tool.effect:3",
+        "tool.outcome_committed:5",
+    ];
+    for point in points {
+        let case = Case::new().await;
+        let out = case
+            .run(agent, model, &[("STEADFAST_FAULT", point.to_string())])
+            .await;
+        assert_eq!(out.status.signal(), Some(6), "{point}: {}", stderr(&out));
+        let session = case.session().await;
+        let resumed = case.steadfast(&["resume", &session, "--json"], &[]).await;
+        assert!(resumed.status.success(), "{point}: {}", stderr(&resumed));
+        let text = stderr(&resumed);
+        assert!(
+            text.contains("answered from the log"),
+            "{point}: the restarted CLI replayed the log: {text}"
+        );
+        assert_eq!(
+            tree(&case.workspace()),
+            expected,
+            "{point}: the crash-free workspace"
+        );
+        case.assert_nothing_paid_twice(&session, point).await;
+    }
+}
+
+/// The host PID of a process whose command line contains `needle` and the workspace.
+fn find_process(needle: &str, workspace: &Path) -> Option<i32> {
+    let ws = workspace.display().to_string();
+    std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(Result::ok)
+        .find_map(|e| {
+            let pid: i32 = e.file_name().to_string_lossy().parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            let cwd = std::fs::read_link(e.path().join("cwd")).ok()?;
+            (cmdline.contains(needle) && cwd.display().to_string() == ws).then_some(pid)
+        })
+}
+
+/// The CLI process alone is SIGKILLed mid-turn; the harness notices and starts it again.
+async fn kill_the_cli_mid_turn(agent: &str, model: &str, needle: &str) {
+    let expected = reference(agent, model).await;
+    let case = Case::new().await;
+    let child = case
+        .command(
+            &[
+                "run",
+                demo::TASK,
+                "--agent",
+                agent,
+                "--workspace",
+                &case.workspace().display().to_string(),
+                "--model",
+                model,
+                "--json",
+            ],
+            &[],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the fix is in (a few calls in), kill the CLI.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the CLI never got going"
+        );
+        if case.fake.calls() >= 4 {
+            if let Some(pid) = find_process(needle, &case.workspace()) {
+                nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                )
+                .unwrap();
+                break;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let out = child.wait_with_output().await.unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stderr(&out);
+    assert!(text.contains("1 restart(s)"), "{text}");
+    assert_eq!(tree(&case.workspace()), expected);
+    let session = case.session().await;
+    case.assert_nothing_paid_twice(&session, "cli killed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_survives_crashes_at_every_kind_of_point() {
+    installed("claude-code", "node_modules/.bin/claude").await;
+    crash_and_resume("claude-code", "anthropic/claude-sonnet-4-5").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_killed_mid_turn_is_started_again_and_finishes() {
+    installed("claude-code", "node_modules/.bin/claude").await;
+    kill_the_cli_mid_turn("claude-code", "anthropic/claude-sonnet-4-5", "claude").await;
+}
