@@ -267,3 +267,15 @@ async fn claude_code_killed_mid_turn_is_started_again_and_finishes() {
     installed("claude-code", "node_modules/.bin/claude").await;
     kill_the_cli_mid_turn("claude-code", "anthropic/claude-sonnet-4-5", "claude").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_survives_crashes_at_every_kind_of_point() {
+    installed("codex", "node_modules/.bin/codex").await;
+    crash_and_resume("codex", "openai/gpt-5").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_killed_mid_turn_is_started_again_and_finishes() {
+    installed("codex", "node_modules/.bin/codex").await;
+    kill_the_cli_mid_turn("codex", "openai/gpt-5", "codex").await;
+}

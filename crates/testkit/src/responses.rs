@@ -59,11 +59,15 @@ fn output_items(index: usize, step: &Step) -> Vec<Value> {
             "role": "assistant", "content": [{"type": "output_text", "text": step.text, "annotations": []}]}));
     }
     for (j, call) in step.tool_calls.iter().enumerate() {
-        items.push(
-            json!({"type": "function_call", "id": format!("fc_fake_{index}_{j}"),
+        let mut item = json!({"type": "function_call", "id": format!("fc_fake_{index}_{j}"),
             "call_id": format!("call_fake_{index}_{j}"), "name": call.name,
-            "arguments": call.input.to_string(), "status": "completed"}),
-        );
+            "arguments": call.input.to_string(), "status": "completed"});
+        // A tool of a namespace (`ns.tool`) is called by its own name within it.
+        if let Some((namespace, name)) = call.name.rsplit_once('.') {
+            item["name"] = json!(name);
+            item["namespace"] = json!(namespace);
+        }
+        items.push(item);
     }
     items
 }

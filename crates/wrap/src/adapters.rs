@@ -37,7 +37,37 @@ pub struct Adapter {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     ClaudeCode,
+    Codex,
 }
+
+/// Codex's configuration: the gateway as a Responses-API provider, the MCP tools, and
+/// everything that would reach the network or run commands outside the journal off.
+const CODEX_CONFIG: &str = r#"model = "{model}"
+model_provider = "steadfast"
+approval_policy = "never"
+sandbox_mode = "danger-full-access"
+web_search = "disabled"
+check_for_update_on_startup = false
+
+[model_providers.steadfast]
+name = "steadfast"
+base_url = "{gateway}/v1"
+env_key = "STEADFAST_GATEWAY_TOKEN"
+wire_api = "responses"
+
+[mcp_servers.steadfast]
+url = "{mcp}"
+
+[features]
+plugins = false
+apps = false
+shell_tool = false
+unified_exec = false
+view_image = false
+goals = false
+multi_agent = false
+shell_snapshot = false
+"#;
 
 /// What a turn's launch needs to know.
 #[derive(Debug, Clone)]
@@ -72,13 +102,20 @@ impl Adapter {
                 bin: "node_modules/.bin/claude",
                 kind: Kind::ClaudeCode,
             }),
+            "codex" => Some(Adapter {
+                name: name.into(),
+                package: "@openai/codex",
+                version: "0.171.0",
+                bin: "node_modules/.bin/codex",
+                kind: Kind::Codex,
+            }),
             _ => None,
         }
     }
 
     /// The names of every adapter.
     pub fn names() -> &'static [&'static str] {
-        &["claude-code"]
+        &["claude-code", "codex"]
     }
 
     /// The command that installs the CLI into `dir` (run once, outside any session;
@@ -114,6 +151,21 @@ impl Adapter {
                     task = quote(launch.task),
                     mcp = quote(&mcp.to_string()),
                     model = quote(launch.model),
+                )
+            }
+            Kind::Codex => {
+                let config = CODEX_CONFIG
+                    .replace("{model}", launch.model)
+                    .replace("{gateway}", launch.gateway)
+                    .replace("{mcp}", launch.mcp);
+                format!(
+                    "export CODEX_HOME=\"$HOME/.codex\" STEADFAST_GATEWAY_TOKEN={token}; \
+                     mkdir -p \"$CODEX_HOME\" && printf '%s' {config} > \"$CODEX_HOME/config.toml\" && \
+                     exec {bin} exec --skip-git-repo-check --color never -m {model} {task}",
+                    token = quote(launch.token),
+                    config = quote(&config),
+                    model = quote(launch.model),
+                    task = quote(launch.task),
                 )
             }
         }
