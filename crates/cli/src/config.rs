@@ -418,6 +418,25 @@ mod tests {
     }
 
     #[test]
+    fn two_agents_with_one_name_are_a_configuration_error() {
+        let parse = |text: &str| toml::from_str::<Config>(text).unwrap().check();
+        let one = "[[agents.named]]\nname = \"reviewer\"\nadapter = \"claude-code\"\n";
+        assert!(parse(one).is_ok());
+        let twice = format!("{one}[[agents.named]]\nname = \"reviewer\"\nadapter = \"codex\"\n");
+        let err = parse(&twice).unwrap_err().to_string();
+        assert!(err.contains("two agents are named `reviewer`"), "{err}");
+        let shadow = "[[agents.named]]\nname = \"codex\"\nadapter = \"pi\"\n";
+        assert!(parse(shadow).is_err(), "a built-in agent's name");
+        let unknown = "[[agents.named]]\nname = \"x\"\nadapter = \"aider\"\n";
+        assert!(parse(unknown)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown adapter"));
+        let bad_network = "[sandbox]\nnetwork = \"everywhere\"\n";
+        assert!(parse(bad_network).is_err());
+    }
+
+    #[test]
     fn unknown_keys_and_keys_in_the_file_are_refused() {
         assert!(toml::from_str::<Config>("[providers.openai]\napi-key = \"sk-oops\"").is_err());
         assert!(toml::from_str::<Config>("modle = \"x\"").is_err());

@@ -49,9 +49,13 @@ struct Case {
 
 impl Case {
     async fn new() -> Self {
+        Self::with_script(demo::script()).await
+    }
+
+    async fn with_script(script: steadfast_testkit::Script) -> Self {
         let dir = tempfile::tempdir().unwrap();
         demo::write_project(&dir.path().join("ws")).unwrap();
-        let fake = FakeProvider::start(demo::script()).await.unwrap();
+        let fake = FakeProvider::start(script).await.unwrap();
         Case { dir, fake }
     }
 
@@ -186,6 +190,11 @@ async fn crash_and_resume(agent: &str, model: &str) {
             expected,
             "{point}: the crash-free workspace"
         );
+        let log = case.log(&session).await;
+        assert!(
+            events(&log, "replay_diverged").is_empty(),
+            "{point}: the restarted CLI's requests matched the record (normalization)"
+        );
         case.assert_nothing_paid_twice(&session, point).await;
     }
 }
@@ -208,8 +217,11 @@ fn find_process(needle: &str, workspace: &Path) -> Option<i32> {
 /// The CLI process alone is SIGKILLed mid-turn; the harness notices and starts it again.
 async fn kill_the_cli_mid_turn(agent: &str, model: &str, needle: &str) {
     let expected = reference(agent, model).await;
-    let case = Case::new().await;
-    let child = case
+    // The fifth reply streams slowly, so the CLI is surely mid-turn when it is killed.
+    let mut script = demo::script();
+    script.steps[4].chunk_delay_ms = 100;
+    let case = Case::with_script(script).await;
+    let mut child = case
         .command(
             &[
                 "run",
@@ -235,7 +247,11 @@ async fn kill_the_cli_mid_turn(agent: &str, model: &str, needle: &str) {
             std::time::Instant::now() < deadline,
             "the CLI never got going"
         );
-        if case.fake.calls() >= 4 {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before the kill"
+        );
+        if case.fake.calls() >= 5 {
             if let Some(pid) = find_process(needle, &case.workspace()) {
                 nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(pid),
@@ -278,4 +294,94 @@ async fn codex_survives_crashes_at_every_kind_of_point() {
 async fn codex_killed_mid_turn_is_started_again_and_finishes() {
     installed("codex", "node_modules/.bin/codex").await;
     kill_the_cli_mid_turn("codex", "openai/gpt-5", "codex").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pi_survives_crashes_at_every_kind_of_point() {
+    installed("pi", "node_modules/.bin/pi").await;
+    crash_and_resume("pi", "anthropic/claude-sonnet-4-5").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pi_killed_mid_turn_is_started_again_and_finishes() {
+    installed("pi", "node_modules/.bin/pi").await;
+    // Pi names its process `pi` (padded with spaces, over its arguments).
+    kill_the_cli_mid_turn("pi", "anthropic/claude-sonnet-4-5", "pi  ").await;
+}
+
+/// The environment and arguments of every process whose command line has `needle`.
+fn process_texts(needle: &str) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            // The CLI, not the harness (whose arguments name the agent too).
+            let program = cmdline.split(' ').next().unwrap_or_default();
+            if !cmdline.contains(needle) || program.ends_with("/steadfast") {
+                return None;
+            }
+            let environ = std::fs::read(e.path().join("environ")).unwrap_or_default();
+            Some(format!(
+                "{cmdline}\n{}",
+                String::from_utf8_lossy(&environ).replace('\0', "\n")
+            ))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_provider_key_never_reaches_a_wrapped_cli_or_its_tools() {
+    installed("claude-code", "node_modules/.bin/claude").await;
+    const KEY: &str = "sk-ant-the-harness-real-key";
+    // A tool call looks for the key everywhere a command can: its environment, every
+    // process's arguments and environment, and the files it can read. (The pattern is
+    // spelled so that the probe's own command line does not contain the key.)
+    let probe = "{ env; cat /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; \
+         grep -rIl --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev -e sk-ant-the-harness-rea[l]-key / 2>/dev/null; } > probe.txt; echo probed"
+    .to_string();
+    let script: steadfast_testkit::Script = serde_json::from_value(serde_json::json!({"steps": [
+        {"text": "Probing.", "tool_calls": [{"name": "bash", "input": {"command": probe}}]},
+        {"text": "Done, slowly.", "chunk_delay_ms": 400}
+    ]}))
+    .unwrap();
+    let case = Case::with_script(script).await;
+    let mut run = case
+        .command(
+            &[
+                "run",
+                "probe",
+                "--agent",
+                "claude-code",
+                "--workspace",
+                &case.workspace().display().to_string(),
+                "--model",
+                "anthropic/claude-sonnet-4-5",
+            ],
+            &[],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Meanwhile, look at the CLI's processes from outside.
+    let mut seen = Vec::new();
+    while run.try_wait().unwrap().is_none() {
+        seen.extend(process_texts("claude"));
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let out = run.wait_with_output().await.unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        seen.iter().any(|t| t.contains("ANTHROPIC_API_KEY=sf-gw-")),
+        "the CLI was seen, holding its session token"
+    );
+    for text in &seen {
+        assert!(!text.contains(KEY), "the key reached the CLI: {text}");
+    }
+    let probe = std::fs::read_to_string(case.workspace().join("probe.txt")).unwrap();
+    assert!(probe.contains("PATH="), "the probe ran: {probe}");
+    assert!(!probe.contains(KEY), "the key reached a tool: {probe}");
 }

@@ -143,6 +143,8 @@ pub(crate) struct Shared<W> {
     on_diverge: Option<Arc<dyn Fn(u32) + Send + Sync>>,
     max_exchanges: Option<usize>,
     exhausted: std::sync::atomic::AtomicBool,
+    /// Replies still streaming from the provider (and being recorded).
+    pub(crate) inflight: tokio::sync::watch::Sender<usize>,
     replay: Mutex<Replay>,
     pub(crate) http: reqwest::Client,
     /// Exchanges this gateway answered from the log / sent to the provider.
@@ -235,6 +237,7 @@ impl<W: World + Clone> Gateway<W> {
                 on_diverge: config.on_diverge,
                 max_exchanges: config.max_exchanges,
                 exhausted: std::sync::atomic::AtomicBool::new(false),
+                inflight: tokio::sync::watch::Sender::new(0),
                 replay: Mutex::new(Replay {
                     recorded: state.exchanges,
                     consumed,
@@ -250,6 +253,14 @@ impl<W: World + Clone> Gateway<W> {
         self.shared
             .exhausted
             .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Waits (at most `limit`) until every reply this gateway started relaying has
+    /// been recorded, so a client started again after this one died is answered from
+    /// the log instead of asking the provider again.
+    pub async fn settle(&self, limit: std::time::Duration) {
+        let mut rx = self.shared.inflight.subscribe();
+        let _ = tokio::time::timeout(limit, rx.wait_for(|n| *n == 0)).await;
     }
 
     /// What this gateway has done so far.

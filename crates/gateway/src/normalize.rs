@@ -11,7 +11,9 @@
 //! - inside every string, UUIDs become `<uuid>`, ISO dates and times become `<date>` /
 //!   `<time>` (Claude Code's system prompt carries today's date), and runs of ten or
 //!   more digits become `<n>` (Unix timestamps, and the time-based ids Codex puts in
-//!   many fields).
+//!   many fields), and Codex's `Wall time: N seconds` note on each tool output loses its
+//!   number (a replayed tool result is the same result, however long the first run
+//!   took).
 //!
 //! Headers (request ids, per-run session ids, user agents) are never part of it. Ids the
 //! provider assigned (message, tool-call ids) are kept: on replay the client gets the
@@ -36,6 +38,8 @@ fn patterns() -> &'static [(Regex, &'static str)] {
             (r"\d{4}-\d{2}-\d{2}", "<date>"),
             (r"\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:?\d{2})?", "<time>"),
             (r"\d{10,}", "<n>"),
+            // Codex prefixes every tool output it sends back with how long it took.
+            (r"Wall time: [0-9.]+ seconds", "Wall time: <t> seconds"),
         ]
         .into_iter()
         .map(|(re, with)| (Regex::new(re).expect("valid pattern"), with))
@@ -121,6 +125,11 @@ mod tests {
         assert_ne!(
             fingerprint("anthropic.messages", &json!({})),
             fingerprint("openai.chat", &json!({}))
+        );
+        let codex = |t: &str| json!({"input": [{"type": "function_call_output", "output": format!("Wall time: {t} seconds\nOutput:\nok")}]});
+        assert_eq!(
+            fingerprint("openai.responses", &codex("0.0146")),
+            fingerprint("openai.responses", &codex("0.0469"))
         );
         // Provider-assigned ids are kept.
         let with_id = |id: &str| json!({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": id}]}]});

@@ -44,6 +44,15 @@ fn response(status: u16, content_type: &str, body: Body) -> Response {
     response
 }
 
+/// Counts a relay as finished when dropped (however it ends).
+struct Inflight<W>(Arc<Shared<W>>);
+
+impl<W> Drop for Inflight<W> {
+    fn drop(&mut self) {
+        self.0.inflight.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
 /// Answers from the log: the recorded bytes, a streamed reply event by event.
 pub(crate) fn replay((status, content_type, body): (u16, String, String)) -> Response {
     if content_type.starts_with("text/event-stream") {
@@ -109,7 +118,9 @@ pub(crate) async fn live<W: World + Clone>(
         .to_string();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     let ct = content_type.clone();
+    shared.inflight.send_modify(|n| *n += 1);
     tokio::spawn(async move {
+        let _done = Inflight(shared.clone());
         let mut recorded = Vec::new();
         let mut chunks = upstream_response.bytes_stream();
         let mut first = true;

@@ -217,6 +217,8 @@ pub struct SessionState {
     pub exchanges: Vec<Exchange>,
     /// A wrapped agent's tool calls, in order (superseded ones removed).
     pub wrapped_tools: Vec<WrappedTool>,
+    /// Exchanges replaced or superseded (their late replies are ignored).
+    pub superseded_exchanges: Vec<String>,
     /// A wrapped agent's last final answer.
     pub wrapped_reply: Option<String>,
 }
@@ -318,6 +320,7 @@ impl SessionState {
             steps_from: 0,
             exchanges: Vec::new(),
             wrapped_tools: Vec::new(),
+            superseded_exchanges: Vec::new(),
             wrapped_reply: None,
         })
     }
@@ -805,7 +808,10 @@ impl SessionState {
                 let (at, len) = (*index as usize, self.exchanges.len());
                 match self.exchanges.get_mut(at) {
                     None if at == len => self.exchanges.push(exchange),
-                    Some(old) if old.reply.is_none() => *old = exchange,
+                    Some(old) if old.reply.is_none() => {
+                        self.superseded_exchanges.push(old.call_id.clone());
+                        *old = exchange;
+                    }
                     _ => {
                         return Err(bad(
                             "an exchange index must be the next one or a cut-off one",
@@ -819,18 +825,27 @@ impl SessionState {
                 content_type,
                 body,
             } => {
-                let exchange = self
+                match self
                     .exchanges
                     .iter_mut()
                     .find(|e| &e.call_id == call_id && e.reply.is_none())
-                    .ok_or_else(|| bad("no such pending exchange"))?;
-                exchange.reply = Some((*status, content_type.clone(), body.clone()));
+                {
+                    Some(exchange) => {
+                        exchange.reply = Some((*status, content_type.clone(), body.clone()))
+                    }
+                    // A reply that finished streaming after its request was asked
+                    // again (or superseded by a divergence): kept, but not used.
+                    None if self.superseded_exchanges.contains(call_id) => {}
+                    None => return Err(bad("no such pending exchange")),
+                }
             }
             Event::ReplayDiverged { index, snapshot } => {
                 if *index as usize > self.exchanges.len() {
                     return Err(bad("divergence past the recorded exchanges"));
                 }
-                self.exchanges.truncate(*index as usize);
+                let cut = (*index as usize).min(self.exchanges.len());
+                let gone = self.exchanges.drain(cut..).map(|e| e.call_id);
+                self.superseded_exchanges.extend(gone);
                 self.wrapped_tools.retain(|t| t.after_exchanges <= *index);
                 if snapshot.is_some() {
                     self.last_snapshot = snapshot.clone();

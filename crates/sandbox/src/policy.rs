@@ -95,7 +95,9 @@ impl HostRule {
 /// fails) and the tool result says which limit it was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResourceLimits {
-    /// Address space per process, MiB.
+    /// Address space per process, MiB (`RLIMIT_AS`: what a process may reserve, which
+    /// bounds what it can use; runtimes that reserve much more than they use, such as
+    /// V8 with WebAssembly, need it generous).
     pub memory_mb: Option<u64>,
     /// Processes alive at once (beyond the sandbox's own).
     pub processes: Option<u32>,
@@ -108,7 +110,9 @@ pub struct ResourceLimits {
 impl Default for ResourceLimits {
     fn default() -> Self {
         ResourceLimits {
-            memory_mb: Some(8192),
+            // An address-space bound, not resident memory: Node's WebAssembly alone
+            // reserves about 10 GiB, so a tight default would break ordinary tools.
+            memory_mb: Some(32768),
             processes: Some(512),
             cpu_secs: Some(600),
             file_mb: Some(1024),

@@ -202,6 +202,18 @@ fn count_call(state: &FakeState, index: usize, body: &str) -> Result<crate::Step
     Ok(step)
 }
 
+/// A slow step is slow for clients that do not stream too: the whole reply waits as
+/// long as its chunks would have taken.
+async fn slow_down(step: &crate::Step, stream: bool) {
+    if !stream && step.chunk_delay_ms > 0 {
+        let chunks = step.text.chars().count() / 16 + 1;
+        tokio::time::sleep(std::time::Duration::from_millis(
+            step.chunk_delay_ms * chunks as u64,
+        ))
+        .await;
+    }
+}
+
 /// `POST /v1/responses`: the OpenAI Responses API.
 async fn responses(
     State(state): State<Arc<FakeState>>,
@@ -249,6 +261,7 @@ async fn responses(
     // Ids differ between a step and its redo after a rollback (clients key their
     // transcripts by tool-call id), and are the same for the same request.
     let seed = index * 1000 + input.as_array().map_or(0, Vec::len);
+    slow_down(&step, stream).await;
     crate::responses::reply(seed, &step, model, (body.len() / 4) as u64, stream)
 }
 
@@ -301,6 +314,7 @@ async fn serve(state: &FakeState, format: Format, body: &str) -> Response {
     // Ids differ between a step and its redo after a rollback (clients key their
     // transcripts by tool-call id), and are the same for the same request.
     let seed = index * 1000 + messages.len();
+    slow_down(&step, stream).await;
     wire::reply(format, seed, &step, &model, input_tokens, stream)
 }
 

@@ -140,6 +140,7 @@ pub async fn drive_turn<W: World + Clone>(
         let task = task_of(&state).unwrap_or_default();
         let workspace = PathBuf::from(&state.workspace);
         let model = state.model.model.clone();
+        let provider = state.model.provider.clone();
         // Invariant 4 for tool calls a crash cut off, and the workspace back in step.
         let last = resolve_cut_off(
             world,
@@ -204,11 +205,14 @@ pub async fn drive_turn<W: World + Clone>(
         cli_options
             .read_only_paths
             .push(options.install_dir.clone());
+        // The CLIs are Node programs: V8 reserves address space far beyond what it uses.
+        cli_options.limits.memory_mb = None;
         let launch = Launch {
             gateway: &gw_url,
             mcp: &format!("{mcp_base}/mcp"),
             token: &token,
             task: &task,
+            provider: &provider,
             model: &model,
             install_dir: &options.install_dir,
         };
@@ -225,6 +229,9 @@ pub async fn drive_turn<W: World + Clone>(
             )
             .await;
         drop(cli);
+        // A reply the dead CLI was receiving is still being recorded: let it finish, so
+        // the next start gets it from the log rather than paying for it again.
+        gateway.settle(Duration::from_secs(600)).await;
         let counters = gateway.counters();
         report.exchanges.replayed += counters.replayed;
         report.exchanges.live += counters.live;

@@ -26,6 +26,9 @@ pub enum Which {
     /// bwrap sandbox provisioning (cold and after an idle stop, hydrating 1,000 files)
     /// and per-command overhead, against the local backend.
     Sandbox,
+    /// Added latency and time-to-first-byte of the gateway against calling the
+    /// provider directly.
+    Gateway,
     /// All of them.
     All,
 }
@@ -250,6 +253,9 @@ pub async fn run(args: BenchArgs, world: Option<&str>) -> anyhow::Result<ExitCod
     }
     if matches!(args.which, Which::Fanout | Which::All) {
         super::bench_server::fanout(args.readers).await?;
+    }
+    if matches!(args.which, Which::Gateway | Which::All) {
+        super::bench_gateway::run(args.rounds.max(20)).await?;
     }
     if matches!(args.which, Which::Sandbox | Which::All) {
         match steadfast_sandbox::bwrap_available() {

@@ -280,3 +280,80 @@ proptest! {
         prop_assert_eq!(whole, incremental);
     }
 }
+
+fn exchange(call_id: &str, index: u32) -> Event {
+    Event::ExchangeIntent {
+        call_id: call_id.into(),
+        index,
+        api: "anthropic.messages".into(),
+        fingerprint: format!("f{index}"),
+        stream: true,
+        snapshot: Some(format!("s{index}")),
+    }
+}
+
+fn reply(call_id: &str) -> Event {
+    Event::ExchangeOutcome {
+        call_id: call_id.into(),
+        status: 200,
+        content_type: "text/event-stream".into(),
+        body: format!("reply of {call_id}"),
+    }
+}
+
+#[test]
+fn a_late_reply_of_a_request_asked_again_is_kept_but_not_used() {
+    let mut log = Log::new();
+    if let Event::SessionStarted { agent, .. } = &mut log.0[0].event {
+        *agent = "claude-code".into();
+    }
+    log.push(exchange("a", 0));
+    log.push(reply("a"));
+    log.push(exchange("b1", 1)); // cut off (its client died)...
+    log.push(exchange("b2", 1)); // ...so the restarted client asked again
+    log.push(reply("b2"));
+    log.push(reply("b1")); // the first attempt's reply finished streaming late
+    let state = fold(&log.0).unwrap();
+    assert_eq!(state.exchanges.len(), 2);
+    assert_eq!(state.exchanges[1].call_id, "b2");
+    assert_eq!(state.exchanges[1].reply.as_ref().unwrap().2, "reply of b2");
+    // A reply for a request never made is still an inconsistency.
+    log.push(reply("nobody"));
+    assert!(fold(&log.0).is_err());
+    // A recorded exchange cannot be replaced.
+    let mut log2 = Log::new();
+    if let Event::SessionStarted { agent, .. } = &mut log2.0[0].event {
+        *agent = "codex".into();
+    }
+    log2.push(exchange("a", 0));
+    log2.push(reply("a"));
+    log2.push(exchange("a2", 0));
+    assert!(fold(&log2.0).is_err());
+}
+
+#[test]
+fn a_divergence_supersedes_later_exchanges_and_their_tool_calls() {
+    let mut log = Log::new();
+    if let Event::SessionStarted { agent, .. } = &mut log.0[0].event {
+        *agent = "pi".into();
+    }
+    log.push(exchange("a", 0));
+    log.push(reply("a"));
+    log.push(Event::ToolCallIntent {
+        call_id: "t1".into(),
+        tool: "bash".into(),
+        input: json!({"command": "make"}),
+        class: ToolClass::Mutate,
+        snapshot_before: Some("s1".into()),
+    });
+    log.push(exchange("b", 1));
+    log.push(Event::ReplayDiverged {
+        index: 1,
+        snapshot: Some("s1".into()),
+    });
+    log.push(reply("b")); // the superseded request's reply, late
+    let state = fold(&log.0).unwrap();
+    assert_eq!(state.exchanges.len(), 1);
+    assert_eq!(state.wrapped_tools.len(), 1, "the tool call came before #1");
+    assert_eq!(state.last_snapshot.as_deref(), Some("s1"));
+}

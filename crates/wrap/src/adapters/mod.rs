@@ -16,7 +16,7 @@
 //! |---|---|---|---|
 //! | `claude-code` | Anthropic Messages | off (`--tools ""`) | MCP (`--mcp-config`, `--strict-mcp-config`) |
 //! | `codex` | OpenAI Responses | off where Codex allows | MCP (`[mcp_servers]` in `config.toml`) |
-//! | `pi` | configurable | off (`--no-builtin-tools`) | an extension calling the MCP server |
+//! | `pi` | Anthropic Messages or OpenAI Chat (by the session's provider) | off (`--no-builtin-tools`) | an extension (`-e`) calling the MCP server |
 
 use std::path::{Path, PathBuf};
 
@@ -38,7 +38,11 @@ pub struct Adapter {
 enum Kind {
     ClaudeCode,
     Codex,
+    Pi,
 }
+
+/// Pi's extension that gives it the journaled tools (Pi has no MCP client).
+const PI_TOOLS: &str = include_str!("pi_tools.js");
 
 /// Codex's configuration: the gateway as a Responses-API provider, the MCP tools, and
 /// everything that would reach the network or run commands outside the journal off.
@@ -80,6 +84,9 @@ pub struct Launch<'a> {
     pub token: &'a str,
     /// The user's message for the turn.
     pub task: &'a str,
+    /// The provider (`anthropic` or `openai`): which of the gateway's APIs a CLI that
+    /// speaks several uses.
+    pub provider: &'a str,
     /// The provider's model name.
     pub model: &'a str,
     /// Where the npm packages are installed (`<dir>/node_modules/.bin/...`).
@@ -109,13 +116,20 @@ impl Adapter {
                 bin: "node_modules/.bin/codex",
                 kind: Kind::Codex,
             }),
+            "pi" => Some(Adapter {
+                name: name.into(),
+                package: "@mariozechner/pi-coding-agent",
+                version: "0.73.1",
+                bin: "node_modules/.bin/pi",
+                kind: Kind::Pi,
+            }),
             _ => None,
         }
     }
 
     /// The names of every adapter.
     pub fn names() -> &'static [&'static str] {
-        &["claude-code", "codex"]
+        &["claude-code", "codex", "pi"]
     }
 
     /// The command that installs the CLI into `dir` (run once, outside any session;
@@ -164,6 +178,29 @@ impl Adapter {
                      exec {bin} exec --skip-git-repo-check --color never -m {model} {task}",
                     token = quote(launch.token),
                     config = quote(&config),
+                    model = quote(launch.model),
+                    task = quote(launch.task),
+                )
+            }
+            Kind::Pi => {
+                let (api, base) = match launch.provider {
+                    "openai" => ("openai-completions", format!("{}/v1", launch.gateway)),
+                    _ => ("anthropic-messages", launch.gateway.to_string()),
+                };
+                let models = serde_json::json!({"providers": {"steadfast": {
+                    "baseUrl": base, "api": api, "apiKey": launch.token,
+                    "models": [{"id": launch.model}],
+                }}});
+                format!(
+                    "export PI_OFFLINE=1 STEADFAST_MCP_URL={mcp}; mkdir -p \"$HOME/.pi/agent\" && \
+                     printf '%s' {models} > \"$HOME/.pi/agent/models.json\" && \
+                     printf '%s' {tools} > \"$HOME/.pi/steadfast-tools.js\" && \
+                     exec {bin} -p --no-builtin-tools --no-extensions -e \"$HOME/.pi/steadfast-tools.js\" \
+                     --no-skills --no-prompt-templates --no-context-files --no-session --offline \
+                     --provider steadfast --model {model} {task}",
+                    mcp = quote(launch.mcp),
+                    models = quote(&models.to_string()),
+                    tools = quote(PI_TOOLS),
                     model = quote(launch.model),
                     task = quote(launch.task),
                 )
