@@ -165,6 +165,9 @@ pub(crate) async fn run(ctx: &Context<'_>, input: &Value) -> ToolOutput {
         w.abort();
     }
     drop(guard); // the group goes, so the pipe closes even if a background job held it
+                 // Inside a sandbox, so does everything else a command started (even in a session
+                 // of its own, which the group kill misses and which would hold the pipe open).
+    crate::agent::kill_strays();
     if let Some(file) = recorded {
         let _ = std::fs::remove_file(file);
     }
