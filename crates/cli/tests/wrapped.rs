@@ -385,3 +385,48 @@ async fn the_provider_key_never_reaches_a_wrapped_cli_or_its_tools() {
     assert!(probe.contains("PATH="), "the probe ran: {probe}");
     assert!(!probe.contains(KEY), "the key reached a tool: {probe}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrapped_cli_is_bounded_and_a_raised_bound_resumes_it() {
+    installed("claude-code", "node_modules/.bin/claude").await;
+    let expected = reference("claude-code", "anthropic/claude-sonnet-4-5").await;
+    let case = Case::new().await;
+    let ws = case.workspace().display().to_string();
+    let args = [
+        "run",
+        demo::TASK,
+        "--agent",
+        "claude-code",
+        "--workspace",
+        &ws,
+        "--model",
+        "anthropic/claude-sonnet-4-5",
+        "--max-tokens",
+        "8000",
+        "--json",
+    ];
+    let out = case.steadfast(&args, &[]).await;
+    assert_eq!(out.status.code(), Some(2), "escalated: {}", stderr(&out));
+    let session = case.session().await;
+    let calls = case.fake.calls();
+    assert!(calls >= 1 && calls < 8, "stopped part way: {calls} calls");
+    let text =
+        String::from_utf8_lossy(&case.steadfast(&["log", &session], &[]).await.stdout).into_owned();
+    assert!(text.contains("escalated by the tokens breaker"), "{text}");
+
+    // Without a raise nothing moves; with one, the turn finishes where it would have.
+    let again = case.steadfast(&["resume", &session], &[]).await;
+    assert_eq!(again.status.code(), Some(2), "{}", stderr(&again));
+    assert_eq!(case.fake.calls(), calls);
+    let signal = case
+        .steadfast(
+            &["signal", &session, "resume", r#"{"max_tokens": 100000000}"#],
+            &[],
+        )
+        .await;
+    assert!(signal.status.success(), "{}", stderr(&signal));
+    let resumed = case.steadfast(&["resume", &session, "--json"], &[]).await;
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    assert_eq!(tree(&case.workspace()), expected);
+    case.assert_nothing_paid_twice(&session, "bounded").await;
+}

@@ -23,6 +23,7 @@
 
 pub mod normalize;
 mod relay;
+mod usage;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -36,7 +37,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use steadfast_drive::Drive;
-use steadfast_log::{fold, Event, Exchange};
+use steadfast_log::{fold, Breaker, Event, Exchange, SessionState};
 use steadfast_world::{Lease, World};
 use tokio::sync::Mutex;
 
@@ -109,9 +110,12 @@ pub struct GatewayConfig<W> {
     pub last_snapshot: Arc<StdMutex<Option<String>>>,
     /// Told the index of a divergence (so recorded tool calls after it stop replaying).
     pub on_diverge: Option<Arc<dyn Fn(u32) + Send + Sync>>,
-    /// The most exchanges the session's turn may have: past it, requests are refused
-    /// (HTTP 429) and [`Gateway::exhausted`] says so, for the driver to escalate.
+    /// The most exchanges the session's turn may have: past it, or past any of the
+    /// session's bounds (money, tokens, turns, wall clock), requests are refused
+    /// (HTTP 429) and [`Gateway::escalation`] says why, for the driver to escalate.
     pub max_exchanges: Option<usize>,
+    /// Model prices overriding the built-in table (what the cost bound counts).
+    pub prices: steadfast_model::pricing::PriceTable,
 }
 
 /// The replay pass of one run of the wrapped agent.
@@ -142,7 +146,12 @@ pub(crate) struct Shared<W> {
     last_snapshot: Arc<StdMutex<Option<String>>>,
     on_diverge: Option<Arc<dyn Fn(u32) + Send + Sync>>,
     max_exchanges: Option<usize>,
-    exhausted: std::sync::atomic::AtomicBool,
+    pub(crate) prices: steadfast_model::pricing::PriceTable,
+    /// The session as of this gateway's opening, with the spend recorded since: what
+    /// the bounds are checked against.
+    pub(crate) session: StdMutex<SessionState>,
+    escalation: StdMutex<Option<(Breaker, String)>>,
+    escalated: tokio::sync::watch::Sender<bool>,
     /// Replies still streaming from the provider (and being recorded).
     pub(crate) inflight: tokio::sync::watch::Sender<usize>,
     replay: Mutex<Replay>,
@@ -221,6 +230,7 @@ impl<W: World + Clone> Gateway<W> {
         let records = config.world.read(&config.lease.session, 1).await?;
         let state = fold(&records)?;
         let consumed = vec![false; state.exchanges.len()];
+        let exchanges = state.exchanges.clone();
         let http = reqwest::Client::builder()
             .build()
             .unwrap_or_else(|_| reqwest::Client::new());
@@ -236,10 +246,13 @@ impl<W: World + Clone> Gateway<W> {
                 last_snapshot: config.last_snapshot,
                 on_diverge: config.on_diverge,
                 max_exchanges: config.max_exchanges,
-                exhausted: std::sync::atomic::AtomicBool::new(false),
+                prices: config.prices,
+                session: StdMutex::new(state.clone()),
+                escalation: StdMutex::new(None),
+                escalated: tokio::sync::watch::Sender::new(false),
                 inflight: tokio::sync::watch::Sender::new(0),
                 replay: Mutex::new(Replay {
-                    recorded: state.exchanges,
+                    recorded: exchanges,
                     consumed,
                 }),
                 http,
@@ -248,11 +261,20 @@ impl<W: World + Clone> Gateway<W> {
         })
     }
 
-    /// Whether a request was refused because the turn had used its exchanges.
-    pub fn exhausted(&self) -> bool {
+    /// Resolves once a request has been refused for crossing a bound (the driver then
+    /// stops the CLI rather than let it retry).
+    pub async fn escalated(&self) {
+        let mut rx = self.shared.escalated.subscribe();
+        let _ = rx.wait_for(|e| *e).await;
+    }
+
+    /// The bound a refused request hit, if one was: the session must escalate.
+    pub fn escalation(&self) -> Option<(Breaker, String)> {
         self.shared
-            .exhausted
-            .load(std::sync::atomic::Ordering::SeqCst)
+            .escalation
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Waits (at most `limit`) until every reply this gateway started relaying has
@@ -328,14 +350,15 @@ impl<W: World + Clone> Shared<W> {
             self.diverge(&mut replay, cursor).await?;
         }
         let index = replay.recorded.len();
-        if self.max_exchanges.is_some_and(|max| index >= max) {
-            self.exhausted
-                .store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(hit) = self.bound_hit(index) {
+            let message = format!("steadfast: {}; the session is escalated", hit.1);
+            *self.escalation.lock().unwrap_or_else(|e| e.into_inner()) = Some(hit);
+            self.escalated.send_replace(true);
             return Err(api_error(
                 Some(api),
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_error",
-                "steadfast: this turn has used all the model calls it may make; the session is escalated",
+                &message,
             ));
         }
         self.record_intent(&mut replay, index, api, fingerprint, stream)
@@ -420,6 +443,25 @@ impl<W: World + Clone> Shared<W> {
         steadfast_fault::point(steadfast_fault::points::MODEL_INTENT);
         self.count(|c| c.live += 1);
         Ok(Routed::Live { call_id })
+    }
+
+    /// The bound a new model call at exchange `index` would cross, if any.
+    fn bound_hit(&self, index: usize) -> Option<(Breaker, String)> {
+        let session = self.session.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(hit) = session.bound_hit(steadfast_world::now_ms()) {
+            return Some(hit);
+        }
+        let used = index.saturating_sub(session.exchanges_from as usize);
+        let max = self.max_exchanges?;
+        (used >= max).then(|| {
+            (
+                Breaker::Steps,
+                format!(
+                    "step budget exhausted: {used} model calls in turn {}",
+                    session.turn
+                ),
+            )
+        })
     }
 
     /// Notes a recorded reply in the replay mirror.

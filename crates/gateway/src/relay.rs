@@ -145,11 +145,25 @@ pub(crate) async fn live<W: World + Clone>(
         }
         steadfast_fault::point(steadfast_fault::points::MODEL_EFFECT);
         let body = String::from_utf8_lossy(&recorded).into_owned();
+        let usage = crate::usage::of_reply(api, &body);
+        let cost_micro_usd = usage.map_or(0, |u| {
+            let session = shared.session.lock().unwrap_or_else(|e| e.into_inner());
+            steadfast_model::pricing::cost_with(&shared.prices, &session.model.model, &u)
+        });
+        {
+            let mut session = shared.session.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(u) = &usage {
+                session.usage.add(u);
+            }
+            session.cost_micro_usd += cost_micro_usd;
+        }
         let event = Event::ExchangeOutcome {
             call_id: call_id.clone(),
             status,
             content_type: ct.clone(),
             body: body.clone(),
+            usage,
+            cost_micro_usd,
         };
         match shared.world.append(&shared.lease, &[event]).await {
             Ok(_) => {

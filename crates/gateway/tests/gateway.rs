@@ -101,6 +101,7 @@ impl Setup {
             last_snapshot: self.last_snapshot.clone(),
             on_diverge: None,
             max_exchanges: None,
+            prices: Default::default(),
         })
         .await
         .unwrap();

@@ -203,6 +203,10 @@ impl std::fmt::Display for Breaker {
     }
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// The signal that resumes an escalated session. Its payload may raise limits:
 /// `{"max_cost_usd": 2.5, "max_tokens": 10000, "max_turns": 20, "max_duration_s": 3600}`.
 pub const RESUME_SIGNAL: &str = "resume";
@@ -438,6 +442,12 @@ pub enum Event {
         content_type: String,
         /// The reply's body.
         body: String,
+        /// Tokens the reply reports having consumed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usage: Option<Usage>,
+        /// What it cost, millionths of a dollar.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        cost_micro_usd: u64,
     },
     /// A restarted wrapped agent sent a request that differs from the record at
     /// `index`: the exchanges and tool calls recorded from there on are superseded and

@@ -219,6 +219,9 @@ pub struct SessionState {
     pub wrapped_tools: Vec<WrappedTool>,
     /// Exchanges replaced or superseded (their late replies are ignored).
     pub superseded_exchanges: Vec<String>,
+    /// The exchange from which a wrapped turn's model-call budget counts (a `resume`
+    /// after the step breaker grants a fresh one).
+    pub exchanges_from: u32,
     /// A wrapped agent's last final answer.
     pub wrapped_reply: Option<String>,
 }
@@ -321,6 +324,7 @@ impl SessionState {
             exchanges: Vec::new(),
             wrapped_tools: Vec::new(),
             superseded_exchanges: Vec::new(),
+            exchanges_from: 0,
             wrapped_reply: None,
         })
     }
@@ -424,48 +428,15 @@ impl SessionState {
         if !matches!(next, Next::CallModel { .. } | Next::RunTool(_)) {
             return None;
         }
-        let elapsed = now_ms.saturating_sub(self.created_at_ms);
-        if let Some(max) = self.limits.max_duration_ms.filter(|m| elapsed >= *m) {
-            return Some((
-                Breaker::Duration,
-                format!(
-                    "wall-clock limit reached: {}s of {}s",
-                    elapsed / 1000,
-                    max / 1000
-                ),
-            ));
+        if let Some(hit) = self.bound_hit(now_ms) {
+            // The wall clock stops tool calls too; the rest, the next model call.
+            if hit.0 == Breaker::Duration || matches!(next, Next::CallModel { .. }) {
+                return Some(hit);
+            }
         }
         let Next::CallModel { step } = next else {
             return None;
         };
-        if let Some(max) = self.limits.max_cost_micro_usd {
-            if self.cost_micro_usd >= max {
-                return Some((
-                    Breaker::Cost,
-                    format!(
-                        "spend cap reached: ${:.4} of ${:.4}",
-                        self.cost_micro_usd as f64 / 1e6,
-                        max as f64 / 1e6
-                    ),
-                ));
-            }
-        }
-        let tokens = self.usage.input_tokens
-            + self.usage.output_tokens
-            + self.usage.cache_read_tokens
-            + self.usage.cache_write_tokens;
-        if let Some(max) = self.limits.max_tokens.filter(|m| tokens >= *m) {
-            return Some((
-                Breaker::Tokens,
-                format!("token limit reached: {tokens} of {max}"),
-            ));
-        }
-        if let Some(max) = self.limits.max_turns.filter(|m| self.turn > *m) {
-            return Some((
-                Breaker::Turns,
-                format!("turn limit reached: turn {} of at most {max}", self.turn),
-            ));
-        }
         if self.loop_streak >= 3 {
             let name = self.last_tool_call.as_ref().map_or("", |(n, _)| n.as_str());
             return Some((
@@ -484,6 +455,53 @@ impl SessionState {
                     step - 1,
                     self.turn
                 ),
+            ));
+        }
+        None
+    }
+
+    /// The session-wide bound (money, tokens, turns, wall clock) hit at `now_ms`, if
+    /// any: what a wrapped agent's gateway checks before each model call.
+    pub fn bound_hit(&self, now_ms: u64) -> Option<(Breaker, String)> {
+        let elapsed = now_ms.saturating_sub(self.created_at_ms);
+        if let Some(max) = self.limits.max_duration_ms.filter(|m| elapsed >= *m) {
+            return Some((
+                Breaker::Duration,
+                format!(
+                    "wall-clock limit reached: {}s of {}s",
+                    elapsed / 1000,
+                    max / 1000
+                ),
+            ));
+        }
+        if let Some(max) = self
+            .limits
+            .max_cost_micro_usd
+            .filter(|m| self.cost_micro_usd >= *m)
+        {
+            return Some((
+                Breaker::Cost,
+                format!(
+                    "spend cap reached: ${:.4} of ${:.4}",
+                    self.cost_micro_usd as f64 / 1e6,
+                    max as f64 / 1e6
+                ),
+            ));
+        }
+        let tokens = self.usage.input_tokens
+            + self.usage.output_tokens
+            + self.usage.cache_read_tokens
+            + self.usage.cache_write_tokens;
+        if let Some(max) = self.limits.max_tokens.filter(|m| tokens >= *m) {
+            return Some((
+                Breaker::Tokens,
+                format!("token limit reached: {tokens} of {max}"),
+            ));
+        }
+        if let Some(max) = self.limits.max_turns.filter(|m| self.turn > *m) {
+            return Some((
+                Breaker::Turns,
+                format!("turn limit reached: turn {} of at most {max}", self.turn),
             ));
         }
         None
@@ -573,6 +591,7 @@ impl SessionState {
                 self.turn = *turn;
                 self.step = 0;
                 self.steps_from = 0;
+                self.exchanges_from = self.exchanges.len() as u32;
                 self.status = Status::Running;
                 self.conversation.push(Message::user_text(text.clone()));
             }
@@ -824,7 +843,14 @@ impl SessionState {
                 status,
                 content_type,
                 body,
+                usage,
+                cost_micro_usd,
             } => {
+                // Paid for whether or not the reply is used.
+                if let Some(u) = usage {
+                    self.usage.add(u);
+                }
+                self.cost_micro_usd += cost_micro_usd;
                 match self
                     .exchanges
                     .iter_mut()
@@ -886,7 +912,10 @@ impl SessionState {
         self.limits = self.limits.raised(&raise);
         match breaker {
             Breaker::Loop => self.loop_streak = 0,
-            Breaker::Steps => self.steps_from = self.step,
+            Breaker::Steps => {
+                self.steps_from = self.step;
+                self.exchanges_from = self.exchanges.len() as u32;
+            }
             _ => {}
         }
     }

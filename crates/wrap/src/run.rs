@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 use steadfast_drive::Drive;
 use steadfast_gateway::{Counters, Gateway, GatewayConfig, Upstreams};
-use steadfast_log::{fold, Breaker, EndState, Event, Role, SessionState, Status};
+use steadfast_log::{fold, EndState, Event, Role, SessionState, Status};
 use steadfast_sandbox::{isolates, AnySandbox, NetworkPolicy, Sandbox, SandboxOptions};
 use steadfast_world::{Blobs, Heartbeat, Lease, World};
 
@@ -40,6 +40,8 @@ pub struct WrappedOptions {
     pub lease_ttl: Duration,
     /// The most model calls a turn may make; past it the session escalates.
     pub max_exchanges_per_turn: usize,
+    /// Model prices overriding the built-in table (for the cost bound).
+    pub prices: steadfast_model::pricing::PriceTable,
 }
 
 /// How a turn went.
@@ -184,6 +186,7 @@ pub async fn drive_turn<W: World + Clone>(
             last_snapshot,
             on_diverge: Some(Arc::new(move |at| hook.diverged(at))),
             max_exchanges: Some(options.max_exchanges_per_turn),
+            prices: options.prices.clone(),
         })
         .await?;
 
@@ -222,12 +225,12 @@ pub async fn drive_turn<W: World + Clone>(
             .await
             .map_err(|e| Error::Task(e.to_string()))??;
         tracing::info!(agent = %options.adapter.name, restarts = report.restarts, "starting the wrapped CLI");
-        let result = cli
-            .execute(
-                "bash",
-                &json!({"command": command, "timeout": options.turn_timeout.as_millis() as u64}),
-            )
-            .await;
+        let input = json!({"command": command, "timeout": options.turn_timeout.as_millis() as u64});
+        // A bound crossed stops the CLI at once (it would only retry the refusal).
+        let result = tokio::select! {
+            result = cli.execute("bash", &input) => result,
+            () = gateway.escalated() => Ok(steadfast_sandbox::ToolOutput::error("stopped: a bound was crossed")),
+        };
         drop(cli);
         // A reply the dead CLI was receiving is still being recorded: let it finish, so
         // the next start gets it from the log rather than paying for it again.
@@ -239,18 +242,15 @@ pub async fn drive_turn<W: World + Clone>(
         let (replayed, ran) = journal.counters();
         report.tools.0 += replayed;
         report.tools.1 += ran;
-        if gateway.exhausted() {
-            let reason = format!(
-                "step budget exhausted: {} model calls in turn {}",
-                options.max_exchanges_per_turn, state.turn
-            );
+        if let Some((breaker, reason)) = gateway.escalation() {
+            let diff = diff_since_start(drive, &world.read(&lease.session, 1).await?)?;
             world
                 .append(
                     lease,
                     &[Event::Escalated {
-                        breaker: Breaker::Steps,
+                        breaker,
                         reason: reason.clone(),
-                        diff: Vec::new(),
+                        diff,
                     }],
                 )
                 .await?;
@@ -297,6 +297,19 @@ pub async fn drive_turn<W: World + Clone>(
         tracing::warn!(agent = %options.adapter.name, %why, "the wrapped CLI died mid-turn; starting it again");
         report.restarts += 1;
     }
+}
+
+/// The workspace diff since the session began, for an escalation.
+fn diff_since_start(drive: &Drive, records: &[steadfast_log::Record]) -> Result<Vec<String>> {
+    let state = fold(records)?;
+    let (Some(first), Some(last)) = (&state.initial_snapshot, &state.last_snapshot) else {
+        return Ok(Vec::new());
+    };
+    Ok(drive
+        .diff(first, last)?
+        .into_iter()
+        .map(|c| format!("{} {}", format!("{:?}", c.kind).to_lowercase(), c.path))
+        .collect())
 }
 
 fn tail(text: &str) -> String {

@@ -94,6 +94,7 @@ pub(crate) async fn run(rounds: usize) -> anyhow::Result<()> {
         last_snapshot: Default::default(),
         on_diverge: None,
         max_exchanges: None,
+        prices: Default::default(),
     })
     .await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -11,7 +11,7 @@ use steadfast_harness::{Harness, NewSession};
 use steadfast_log::{EndState, Event, Status};
 use steadfast_sandbox::AnySandbox;
 use steadfast_testkit::FakeProvider;
-use steadfast_world::{AnyWorld, Holder, World};
+use steadfast_world::{AnyWorld, Holder, InboundKind, World};
 use steadfast_wrap::{drive_turn, Adapter, WrappedOptions};
 
 use crate::config::Config;
@@ -116,6 +116,7 @@ fn options(
         turn_timeout: Duration::from_secs(config.agents.turn_timeout_secs.unwrap_or(3600)),
         lease_ttl: harness.options().lease_ttl,
         max_exchanges_per_turn: harness.options().max_steps_per_turn as usize,
+        prices: harness.options().prices.clone(),
     })
 }
 
@@ -131,7 +132,27 @@ async fn drive(
     let lease = world
         .acquire_lease(id, &holder, harness.options().lease_ttl)
         .await?;
-    let state = harness.state(id).await?;
+    let mut state = harness.state(id).await?;
+    // A session escalated (or waiting) goes on once its signal has arrived.
+    if let Some(wait) = &state.waiting {
+        let inbox = world.inbox(id).await?;
+        if let Some(signal) = inbox
+            .into_iter()
+            .find(|i| i.kind == InboundKind::Signal && i.name == wait.name)
+        {
+            world
+                .append(
+                    &lease,
+                    &[Event::SignalReceived {
+                        name: signal.name,
+                        payload: signal.body,
+                        inbox_id: signal.id,
+                    }],
+                )
+                .await?;
+            state = harness.state(id).await?;
+        }
+    }
     if state.status == Status::Running {
         let report = drive_turn(world, &lease, harness.blobs(), harness.drive(), options)
             .await
@@ -156,6 +177,12 @@ async fn drive(
     }
     world.release_lease(&lease).await?;
     let state = harness.state(id).await?;
+    if let (Some(breaker), Some(wait)) = (state.escalated, &state.waiting) {
+        eprintln!(
+            "steadfast: escalated by the {breaker} breaker: {}\nsteadfast: to go on, raise the bound and resume: steadfast signal {id} resume '{{\"max_tokens\": 1000000}}' && steadfast resume {id}",
+            wait.reason
+        );
+    }
     let reply = state.last_reply().unwrap_or_default();
     if json {
         println!(
