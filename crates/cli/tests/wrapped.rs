@@ -409,7 +409,7 @@ async fn a_wrapped_cli_is_bounded_and_a_raised_bound_resumes_it() {
     assert_eq!(out.status.code(), Some(2), "escalated: {}", stderr(&out));
     let session = case.session().await;
     let calls = case.fake.calls();
-    assert!(calls >= 1 && calls < 8, "stopped part way: {calls} calls");
+    assert!((1..8).contains(&calls), "stopped part way: {calls} calls");
     let text =
         String::from_utf8_lossy(&case.steadfast(&["log", &session], &[]).await.stdout).into_owned();
     assert!(text.contains("escalated by the tokens breaker"), "{text}");

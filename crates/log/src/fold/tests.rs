@@ -298,6 +298,12 @@ fn reply(call_id: &str) -> Event {
         status: 200,
         content_type: "text/event-stream".into(),
         body: format!("reply of {call_id}"),
+        usage: Some(Usage {
+            input_tokens: 10,
+            output_tokens: 1,
+            ..Usage::default()
+        }),
+        cost_micro_usd: 5,
     }
 }
 
@@ -317,6 +323,11 @@ fn a_late_reply_of_a_request_asked_again_is_kept_but_not_used() {
     assert_eq!(state.exchanges.len(), 2);
     assert_eq!(state.exchanges[1].call_id, "b2");
     assert_eq!(state.exchanges[1].reply.as_ref().unwrap().2, "reply of b2");
+    assert_eq!(
+        state.cost_micro_usd, 15,
+        "every reply paid for counts, used or not"
+    );
+    assert_eq!(state.usage.input_tokens, 30);
     // A reply for a request never made is still an inconsistency.
     log.push(reply("nobody"));
     assert!(fold(&log.0).is_err());
