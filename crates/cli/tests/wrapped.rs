@@ -430,3 +430,41 @@ async fn a_wrapped_cli_is_bounded_and_a_raised_bound_resumes_it() {
     assert_eq!(tree(&case.workspace()), expected);
     case.assert_nothing_paid_twice(&session, "bounded").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrapped_cli_going_in_circles_trips_the_loop_breaker() {
+    installed("claude-code", "node_modules/.bin/claude").await;
+    let look = serde_json::json!({"text": "Looking again.", "tool_calls": [{"name": "bash", "input": {"command": "cat stats.py"}}]});
+    let script: steadfast_testkit::Script = serde_json::from_value(serde_json::json!({
+        "steps": [look.clone(), look.clone(), look, {"text": "Done looking."}]
+    }))
+    .unwrap();
+    let case = Case::with_script(script).await;
+    let ws = case.workspace().display().to_string();
+    let args = [
+        "run",
+        "look",
+        "--agent",
+        "claude-code",
+        "--workspace",
+        &ws,
+        "--model",
+        "anthropic/claude-sonnet-4-5",
+    ];
+    let out = case.steadfast(&args, &[]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(case.fake.calls(), 3, "the fourth model call was refused");
+    let session = case.session().await;
+    let text =
+        String::from_utf8_lossy(&case.steadfast(&["log", &session], &[]).await.stdout).into_owned();
+    assert!(text.contains("escalated by the loop breaker"), "{text}");
+
+    // A human looked: resuming starts the count over, and the turn ends.
+    let signal = case
+        .steadfast(&["signal", &session, "resume", "{}"], &[])
+        .await;
+    assert!(signal.status.success(), "{}", stderr(&signal));
+    let resumed = case.steadfast(&["resume", &session], &[]).await;
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    assert_eq!(case.fake.calls(), 4);
+}

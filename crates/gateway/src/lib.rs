@@ -116,7 +116,13 @@ pub struct GatewayConfig<W> {
     pub max_exchanges: Option<usize>,
     /// Model prices overriding the built-in table (what the cost bound counts).
     pub prices: steadfast_model::pricing::PriceTable,
+    /// A further bound checked before each model call (a wrapped agent's loop breaker,
+    /// counted by its tool journal).
+    pub extra_bound: Option<BoundCheck>,
 }
+
+/// A bound check: the breaker and reason if the session must stop.
+pub type BoundCheck = Arc<dyn Fn() -> Option<(Breaker, String)> + Send + Sync>;
 
 /// The replay pass of one run of the wrapped agent.
 struct Replay {
@@ -147,6 +153,7 @@ pub(crate) struct Shared<W> {
     on_diverge: Option<Arc<dyn Fn(u32) + Send + Sync>>,
     max_exchanges: Option<usize>,
     pub(crate) prices: steadfast_model::pricing::PriceTable,
+    extra_bound: Option<BoundCheck>,
     /// The session as of this gateway's opening, with the spend recorded since: what
     /// the bounds are checked against.
     pub(crate) session: StdMutex<SessionState>,
@@ -247,6 +254,7 @@ impl<W: World + Clone> Gateway<W> {
                 on_diverge: config.on_diverge,
                 max_exchanges: config.max_exchanges,
                 prices: config.prices,
+                extra_bound: config.extra_bound,
                 session: StdMutex::new(state.clone()),
                 escalation: StdMutex::new(None),
                 escalated: tokio::sync::watch::Sender::new(false),
@@ -449,6 +457,9 @@ impl<W: World + Clone> Shared<W> {
     fn bound_hit(&self, index: usize) -> Option<(Breaker, String)> {
         let session = self.session.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(hit) = session.bound_hit(steadfast_world::now_ms()) {
+            return Some(hit);
+        }
+        if let Some(hit) = self.extra_bound.as_ref().and_then(|check| check()) {
             return Some(hit);
         }
         let used = index.saturating_sub(session.exchanges_from as usize);

@@ -102,6 +102,7 @@ impl Setup {
             on_diverge: None,
             max_exchanges: None,
             prices: Default::default(),
+            extra_bound: None,
         })
         .await
         .unwrap();

@@ -371,6 +371,12 @@ impl SessionState {
                     .find(|t| &t.call_id == call_id && t.result.is_none())
                     .ok_or("no such pending tool call")?;
                 t.result = Some((output.for_model(), *is_error));
+                let unchanged = match snapshot_after {
+                    None => true,
+                    Some(after) => t.snapshot_before.as_ref() == Some(after),
+                };
+                let (tool, input) = (t.tool.clone(), t.input.clone());
+                self.count_call(&tool, &input, unchanged);
                 if snapshot_after.is_some() {
                     self.last_snapshot = snapshot_after.clone();
                 }
@@ -437,15 +443,8 @@ impl SessionState {
         let Next::CallModel { step } = next else {
             return None;
         };
-        if self.loop_streak >= 3 {
-            let name = self.last_tool_call.as_ref().map_or("", |(n, _)| n.as_str());
-            return Some((
-                Breaker::Loop,
-                format!(
-                    "loop detected: the same `{name}` call with the same input ran {} times in a row without changing the workspace",
-                    self.loop_streak
-                ),
-            ));
+        if let Some(hit) = self.loop_hit() {
+            return Some(hit);
         }
         if step.saturating_sub(self.steps_from) > max_steps_per_turn {
             return Some((
@@ -926,16 +925,37 @@ impl SessionState {
             None => true,
             Some(after) => call.snapshot_before.as_ref() == Some(after),
         };
+        self.count_call(&call.tool, &call.input, unchanged);
+    }
+
+    /// Counts a finished tool call (`unchanged`: it left the workspace as it was)
+    /// towards the loop breaker. Public for wrapped agents' tool journals, which count
+    /// as they go.
+    pub fn count_call(&mut self, tool: &str, input: &Value, unchanged: bool) {
         let same = self
             .last_tool_call
             .as_ref()
-            .is_some_and(|(name, input)| *name == call.tool && *input == call.input);
+            .is_some_and(|(name, last)| name == tool && last == input);
         self.loop_streak = match (unchanged, same) {
             (false, _) => 0,
             (true, true) => self.loop_streak + 1,
             (true, false) => 1,
         };
-        self.last_tool_call = Some((call.tool.clone(), call.input.clone()));
+        self.last_tool_call = Some((tool.to_string(), input.clone()));
+    }
+
+    /// The loop breaker's verdict: the same call three times running with no change.
+    pub fn loop_hit(&self) -> Option<(Breaker, String)> {
+        (self.loop_streak >= 3).then(|| {
+            let name = self.last_tool_call.as_ref().map_or("", |(n, _)| n.as_str());
+            (
+                Breaker::Loop,
+                format!(
+                    "loop detected: the same `{name}` call with the same input ran {} times in a row without changing the workspace",
+                    self.loop_streak
+                ),
+            )
+        })
     }
 
     fn take_inbox(&mut self, inbox_id: Option<u64>) {

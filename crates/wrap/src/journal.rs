@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use serde_json::Value;
 use steadfast_drive::Drive;
 use steadfast_fault::{point, points};
-use steadfast_log::{Event, Output, ToolClass, ToolResolution, WrappedTool};
+use steadfast_log::{Event, Output, SessionState, ToolClass, ToolResolution, WrappedTool};
 use steadfast_sandbox::{classify, Sandbox};
 use steadfast_world::{strip_ansi, Blobs, Lease, World, INLINE_LIMIT};
 use tokio::sync::{Mutex, OnceCell};
@@ -41,6 +41,8 @@ pub struct ToolJournal<W, S> {
     last_snapshot: Arc<StdMutex<Option<String>>>,
     /// Tool calls recorded after this many exchanges are superseded (a divergence).
     superseded_after: StdMutex<Option<u32>>,
+    /// The session as folded at the start, counting the loop breaker on from there.
+    session: StdMutex<SessionState>,
     counters: StdMutex<(u64, u64)>,
 }
 
@@ -55,9 +57,10 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
         blobs: Blobs,
         workspace: PathBuf,
         make_sandbox: MakeSandbox<S>,
-        recorded: Vec<WrappedTool>,
+        session: &SessionState,
         last_snapshot: Arc<StdMutex<Option<String>>>,
     ) -> Self {
+        let recorded = session.wrapped_tools.clone();
         let consumed = vec![false; recorded.len()];
         ToolJournal {
             world,
@@ -70,8 +73,18 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             replay: Mutex::new(Replay { recorded, consumed }),
             last_snapshot,
             superseded_after: StdMutex::new(None),
+            session: StdMutex::new(session.clone()),
             counters: StdMutex::new((0, 0)),
         }
+    }
+
+    /// The loop breaker's verdict over the calls so far (for the gateway to refuse the
+    /// next model call and the session to escalate).
+    pub fn loop_hit(&self) -> Option<(steadfast_log::Breaker, String)> {
+        self.session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .loop_hit()
     }
 
     /// Calls answered from the record, and calls run.
@@ -146,10 +159,11 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
                     tool: tool.to_string(),
                     input: input.clone(),
                     class,
-                    snapshot_before,
+                    snapshot_before: snapshot_before.clone(),
                 }],
             )
             .await?;
+        let snapshot_before_copy = snapshot_before;
         point(points::TOOL_INTENT);
         let sandbox = self
             .sandbox
@@ -187,6 +201,11 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
                 }],
             )
             .await?;
+        let unchanged = snapshot_after.is_none() || snapshot_after == snapshot_before_copy;
+        self.session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .count_call(tool, input, unchanged);
         if snapshot_after.is_some() {
             *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = snapshot_after;
         }

@@ -170,7 +170,7 @@ pub async fn drive_turn<W: World + Clone>(
             blobs.clone(),
             workspace.clone(),
             make,
-            state.wrapped_tools.clone(),
+            &state,
             last_snapshot.clone(),
         ));
         let token = token();
@@ -187,6 +187,10 @@ pub async fn drive_turn<W: World + Clone>(
             on_diverge: Some(Arc::new(move |at| hook.diverged(at))),
             max_exchanges: Some(options.max_exchanges_per_turn),
             prices: options.prices.clone(),
+            extra_bound: Some({
+                let journal = journal.clone();
+                Arc::new(move || journal.loop_hit())
+            }),
         })
         .await?;
 

@@ -95,6 +95,7 @@ pub(crate) async fn run(rounds: usize) -> anyhow::Result<()> {
         on_diverge: None,
         max_exchanges: None,
         prices: Default::default(),
+        extra_bound: None,
     })
     .await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

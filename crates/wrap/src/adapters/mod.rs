@@ -175,7 +175,10 @@ impl Adapter {
                 format!(
                     "export CODEX_HOME=\"$HOME/.codex\" STEADFAST_GATEWAY_TOKEN={token}; \
                      mkdir -p \"$CODEX_HOME\" && printf '%s' {config} > \"$CODEX_HOME/config.toml\" && \
-                     exec {bin} exec --skip-git-repo-check --color never -m {model} {task}",
+                     {bin} exec --skip-git-repo-check --color never -m {model} \
+                     -o \"$CODEX_HOME/last-message.txt\" {task} > \"$CODEX_HOME/run.log\" 2>&1; \
+                     rc=$?; if [ $rc = 0 ]; then cat \"$CODEX_HOME/last-message.txt\"; \
+                     else tail -c 4000 \"$CODEX_HOME/run.log\"; fi; exit $rc",
                     token = quote(launch.token),
                     config = quote(&config),
                     model = quote(launch.model),
