@@ -33,7 +33,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path as AxPath, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use steadfast_drive::Drive;
@@ -305,10 +305,13 @@ impl<W: World + Clone> Gateway<W> {
     /// The HTTP routes.
     pub fn router(&self) -> Router {
         Router::new()
-            .route("/v1/messages", post(messages::<W>))
-            .route("/v1/messages/count_tokens", post(count_tokens::<W>))
-            .route("/v1/chat/completions", post(chat::<W>))
-            .route("/v1/responses", post(responses::<W>))
+            .route("/v1/messages", api_route::<W>(Api::AnthropicMessages))
+            .route(
+                "/v1/messages/count_tokens",
+                api_route::<W>(Api::AnthropicCountTokens),
+            )
+            .route("/v1/chat/completions", api_route::<W>(Api::OpenAiChat))
+            .route("/v1/responses", api_route::<W>(Api::OpenAiResponses))
             .route("/v1/models", get(models::<W>))
             .route("/v1/models/{id}", get(model::<W>))
             .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
@@ -562,13 +565,6 @@ async fn handle<W: World + Clone>(
     };
     let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
     let fingerprint = normalize::fingerprint(api.name(), &request);
-    // A debugging aid: what the client sent, by fingerprint.
-    if let Some(dir) = std::env::var_os("STEADFAST_GATEWAY_DUMP") {
-        let _ = std::fs::write(
-            std::path::Path::new(&dir).join(format!("{}.json", &fingerprint[..16])),
-            &body,
-        );
-    }
     match shared.route(api, &fingerprint, stream).await {
         Err(response) => response,
         Ok(Routed::Replay(reply)) => relay::replay(reply),
@@ -578,45 +574,41 @@ async fn handle<W: World + Clone>(
     }
 }
 
-async fn messages<W: World + Clone>(
-    State(shared): State<Arc<Shared<W>>>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    handle(shared, Api::AnthropicMessages, headers, query, body).await
-}
-
-async fn count_tokens<W: World + Clone>(
-    State(shared): State<Arc<Shared<W>>>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    handle(shared, Api::AnthropicCountTokens, headers, query, body).await
-}
-
-async fn chat<W: World + Clone>(
-    State(shared): State<Arc<Shared<W>>>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    handle(shared, Api::OpenAiChat, headers, query, body).await
-}
-
-async fn responses<W: World + Clone>(
-    State(shared): State<Arc<Shared<W>>>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    handle(shared, Api::OpenAiResponses, headers, query, body).await
+/// The POST route of one model API.
+fn api_route<W: World + Clone>(api: Api) -> MethodRouter<Arc<Shared<W>>> {
+    post(
+        move |State(shared): State<Arc<Shared<W>>>,
+              headers: HeaderMap,
+              RawQuery(query): RawQuery,
+              body: Result<Bytes, BytesRejection>| {
+            handle(shared, api, headers, query, body)
+        },
+    )
 }
 
 /// Whether a request is in Anthropic's dialect (by its headers).
 fn anthropic_dialect(headers: &HeaderMap) -> bool {
     headers.contains_key("anthropic-version") || headers.contains_key("x-api-key")
+}
+
+/// The dialect of a model-listing request (Anthropic's or OpenAI's), once its token is
+/// checked.
+fn listing_auth<W: World + Clone>(
+    shared: &Shared<W>,
+    headers: &HeaderMap,
+) -> Result<(bool, Option<Api>), Response> {
+    let anthropic = anthropic_dialect(headers);
+    let api = anthropic.then_some(Api::AnthropicMessages);
+    if shared.authorized(headers) {
+        Ok((anthropic, api))
+    } else {
+        Err(api_error(
+            api,
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "invalid session token for this gateway",
+        ))
+    }
 }
 
 fn model_entry(anthropic: bool, id: &str) -> Value {
@@ -632,16 +624,10 @@ async fn models<W: World + Clone>(
     State(shared): State<Arc<Shared<W>>>,
     headers: HeaderMap,
 ) -> Response {
-    let anthropic = anthropic_dialect(&headers);
-    let api = anthropic.then_some(Api::AnthropicMessages);
-    if !shared.authorized(&headers) {
-        return api_error(
-            api,
-            StatusCode::UNAUTHORIZED,
-            "authentication_error",
-            "invalid session token for this gateway",
-        );
-    }
+    let (anthropic, _) = match listing_auth(&shared, &headers) {
+        Ok(dialect) => dialect,
+        Err(refused) => return refused,
+    };
     let data: Vec<Value> = shared
         .models
         .iter()
@@ -661,16 +647,10 @@ async fn model<W: World + Clone>(
     headers: HeaderMap,
     AxPath(id): AxPath<String>,
 ) -> Response {
-    let anthropic = anthropic_dialect(&headers);
-    let api = anthropic.then_some(Api::AnthropicMessages);
-    if !shared.authorized(&headers) {
-        return api_error(
-            api,
-            StatusCode::UNAUTHORIZED,
-            "authentication_error",
-            "invalid session token for this gateway",
-        );
-    }
+    let (anthropic, api) = match listing_auth(&shared, &headers) {
+        Ok(dialect) => dialect,
+        Err(refused) => return refused,
+    };
     if shared.models.contains(&id) {
         Json(model_entry(anthropic, &id)).into_response()
     } else {
