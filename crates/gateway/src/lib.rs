@@ -591,24 +591,17 @@ fn anthropic_dialect(headers: &HeaderMap) -> bool {
     headers.contains_key("anthropic-version") || headers.contains_key("x-api-key")
 }
 
-/// The dialect of a model-listing request (Anthropic's or OpenAI's), once its token is
-/// checked.
-fn listing_auth<W: World + Clone>(
-    shared: &Shared<W>,
-    headers: &HeaderMap,
-) -> Result<(bool, Option<Api>), Response> {
-    let anthropic = anthropic_dialect(headers);
-    let api = anthropic.then_some(Api::AnthropicMessages);
-    if shared.authorized(headers) {
-        Ok((anthropic, api))
-    } else {
-        Err(api_error(
-            api,
+/// The refusal of a model-listing request without this gateway's token, in the
+/// request's dialect (Anthropic's or OpenAI's).
+fn refuse_listing<W: World + Clone>(shared: &Shared<W>, headers: &HeaderMap) -> Option<Response> {
+    (!shared.authorized(headers)).then(|| {
+        api_error(
+            anthropic_dialect(headers).then_some(Api::AnthropicMessages),
             StatusCode::UNAUTHORIZED,
             "authentication_error",
             "invalid session token for this gateway",
-        ))
-    }
+        )
+    })
 }
 
 fn model_entry(anthropic: bool, id: &str) -> Value {
@@ -624,10 +617,10 @@ async fn models<W: World + Clone>(
     State(shared): State<Arc<Shared<W>>>,
     headers: HeaderMap,
 ) -> Response {
-    let (anthropic, _) = match listing_auth(&shared, &headers) {
-        Ok(dialect) => dialect,
-        Err(refused) => return refused,
-    };
+    if let Some(refused) = refuse_listing(&shared, &headers) {
+        return refused;
+    }
+    let anthropic = anthropic_dialect(&headers);
     let data: Vec<Value> = shared
         .models
         .iter()
@@ -647,10 +640,11 @@ async fn model<W: World + Clone>(
     headers: HeaderMap,
     AxPath(id): AxPath<String>,
 ) -> Response {
-    let (anthropic, api) = match listing_auth(&shared, &headers) {
-        Ok(dialect) => dialect,
-        Err(refused) => return refused,
-    };
+    if let Some(refused) = refuse_listing(&shared, &headers) {
+        return refused;
+    }
+    let anthropic = anthropic_dialect(&headers);
+    let api = anthropic.then_some(Api::AnthropicMessages);
     if shared.models.contains(&id) {
         Json(model_entry(anthropic, &id)).into_response()
     } else {
