@@ -47,20 +47,22 @@ impl Setup {
         world
             .append(
                 &lease,
-                &[Event::SessionStarted {
-                    agent: "claude-code".into(),
-                    model: ModelSpec {
-                        provider: "anthropic".into(),
-                        model: "claude-sonnet-4-5".into(),
-                    },
-                    workspace: dir.path().join("ws").display().to_string(),
-                    system: String::new(),
-                    initial_snapshot: Some(snapshot.clone()),
-                    created_at_ms: 0,
-                    budget_micro_usd: None,
-                    approve_external: false,
-                    limits: Default::default(),
-                    network: None,
+                &[{
+                    let mut start = Event::bare_start(
+                        "claude-code",
+                        ModelSpec {
+                            provider: "anthropic".into(),
+                            model: "claude-sonnet-4-5".into(),
+                        },
+                        &dir.path().join("ws").display().to_string(),
+                    );
+                    if let Event::SessionStarted {
+                        initial_snapshot, ..
+                    } = &mut start
+                    {
+                        *initial_snapshot = Some(snapshot.clone());
+                    }
+                    start
                 }],
             )
             .await

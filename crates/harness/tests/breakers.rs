@@ -120,8 +120,17 @@ async fn a_token_limit_escalates_and_a_resume_without_a_raise_stops_again() {
     assert_eq!(escalation(&harness, &id).await.0, Breaker::Tokens);
     assert_eq!(setup.fake.calls(), 1);
 
-    // The bound still holds: the session escalates again at once, calling nothing.
-    assert_eq!(resume(&harness, &id, json!({})).await, escalated());
+    // A payload that raises nothing (here: values of the wrong kind, which are
+    // ignored) leaves the bound in force: the session escalates again, calling nothing.
+    assert_eq!(
+        resume(
+            &harness,
+            &id,
+            json!({"max_tokens": "lots", "max_turns": -1})
+        )
+        .await,
+        escalated()
+    );
     assert_eq!(setup.fake.calls(), 1);
 
     assert_eq!(

@@ -471,6 +471,24 @@ pub enum Event {
 }
 
 impl Event {
+    /// A session's first record with nothing but its agent, model and workspace set
+    /// (no system prompt, snapshot, clock or bounds): for tests, benchmarks and tools
+    /// that write logs by hand.
+    pub fn bare_start(agent: &str, model: ModelSpec, workspace: &str) -> Event {
+        Event::SessionStarted {
+            agent: agent.into(),
+            model,
+            workspace: workspace.into(),
+            system: String::new(),
+            initial_snapshot: None,
+            created_at_ms: 0,
+            budget_micro_usd: None,
+            approve_external: false,
+            limits: Limits::default(),
+            network: None,
+        }
+    }
+
     /// A short name for the event type, as stored and shown.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -193,21 +193,14 @@ pub async fn summaries_follow_the_log<W: World>(world: &W) {
 }
 
 fn started() -> Event {
-    Event::SessionStarted {
-        agent: "native".into(),
-        model: steadfast_log::ModelSpec {
+    Event::bare_start(
+        "native",
+        steadfast_log::ModelSpec {
             provider: "fake".into(),
             model: "m".into(),
         },
-        workspace: "/w".into(),
-        system: String::new(),
-        initial_snapshot: None,
-        created_at_ms: 0,
-        budget_micro_usd: None,
-        approve_external: false,
-        limits: Default::default(),
-        network: None,
-    }
+        "/w",
+    )
 }
 
 /// The inbox and the turn queue: a session is claimable exactly when it needs a

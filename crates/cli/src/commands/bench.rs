@@ -136,21 +136,14 @@ async fn wake(events: usize) -> anyhow::Result<()> {
         .acquire_lease("bench", &Holder::new("bench"), Duration::from_secs(3600))
         .await?;
     let mut log = vec![
-        Event::SessionStarted {
-            agent: "native".into(),
-            model: steadfast_log::ModelSpec {
+        Event::bare_start(
+            "native",
+            steadfast_log::ModelSpec {
                 provider: "fake".into(),
                 model: "m".into(),
             },
-            workspace: "/w".into(),
-            system: "system".into(),
-            initial_snapshot: None,
-            created_at_ms: 0,
-            budget_micro_usd: None,
-            approve_external: false,
-            limits: Default::default(),
-            network: None,
-        },
+            "/w",
+        ),
         Event::UserMessage {
             turn: 1,
             text: "work".into(),

@@ -60,21 +60,14 @@ pub(crate) async fn run(rounds: usize) -> anyhow::Result<()> {
     world
         .append(
             &lease,
-            &[Event::SessionStarted {
-                agent: "claude-code".into(),
-                model: ModelSpec {
+            &[Event::bare_start(
+                "claude-code",
+                ModelSpec {
                     provider: "anthropic".into(),
                     model: "claude-sonnet-4-5".into(),
                 },
-                workspace: dir.path().display().to_string(),
-                system: String::new(),
-                initial_snapshot: None,
-                created_at_ms: 0,
-                budget_micro_usd: None,
-                approve_external: false,
-                limits: Default::default(),
-                network: None,
-            }],
+                &dir.path().display().to_string(),
+            )],
         )
         .await?;
     let gateway = Gateway::open(GatewayConfig {

@@ -176,21 +176,14 @@ fn latency_line(bare: Duration, journal: Duration) {
 }
 
 fn started() -> steadfast_log::Event {
-    steadfast_log::Event::SessionStarted {
-        agent: "native".into(),
-        model: steadfast_log::ModelSpec {
+    steadfast_log::Event::bare_start(
+        "native",
+        steadfast_log::ModelSpec {
             provider: "fake".into(),
             model: "m".into(),
         },
-        workspace: "/w".into(),
-        system: String::new(),
-        initial_snapshot: None,
-        created_at_ms: 0,
-        budget_micro_usd: None,
-        approve_external: false,
-        limits: Default::default(),
-        network: None,
-    }
+        "/w",
+    )
 }
 
 fn uuid_suffix() -> String {

@@ -123,21 +123,14 @@ pub(crate) async fn fanout(readers: usize) -> anyhow::Result<()> {
         .acquire_lease("fan", &Holder::new("bench"), Duration::from_secs(600))
         .await?;
     let mut log = vec![
-        Event::SessionStarted {
-            agent: "native".into(),
-            model: steadfast_log::ModelSpec {
+        Event::bare_start(
+            "native",
+            steadfast_log::ModelSpec {
                 provider: "fake".into(),
                 model: "m".into(),
             },
-            workspace: "/w".into(),
-            system: String::new(),
-            initial_snapshot: None,
-            created_at_ms: 0,
-            budget_micro_usd: None,
-            approve_external: false,
-            limits: Default::default(),
-            network: None,
-        },
+            "/w",
+        ),
         Event::UserMessage {
             turn: 1,
             text: "go".into(),
