@@ -166,6 +166,13 @@ pub struct NamedAgent {
     pub name: String,
     /// The adapter: `claude-code`, ...
     pub adapter: String,
+    /// The model of its sessions when none is given (`provider/model`).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The CLI version (default: the adapter's pinned one); install it with
+    /// `steadfast install-agent <name>`.
+    #[serde(default)]
+    pub version: Option<String>,
 }
 
 /// A model's price, USD per million tokens.
@@ -297,7 +304,43 @@ impl Config {
         if let Some(secs) = s.idle_stop_secs {
             options.sandbox_idle_stop = (secs > 0).then(|| Duration::from_secs(secs));
         }
+        self.apply_agents(&mut options.agents);
         options
+    }
+
+    /// Wrapped agents: install directory, named agents, restarts, turn timeout, and
+    /// the providers their gateway calls (with the keys this configuration names).
+    fn apply_agents(&self, agents: &mut steadfast_harness::AgentOptions) {
+        let a = &self.agents;
+        agents.install_dir = std::env::var_os("STEADFAST_AGENTS_DIR")
+            .map(PathBuf::from)
+            .or_else(|| a.install_dir.clone());
+        agents.named = a
+            .named
+            .iter()
+            .map(|n| steadfast_harness::NamedAgent {
+                name: n.name.clone(),
+                adapter: n.adapter.clone(),
+                model: n.model.clone(),
+                version: n.version.clone(),
+            })
+            .collect();
+        if let Some(n) = a.max_restarts {
+            agents.max_restarts = n;
+        }
+        if let Some(t) = a.turn_timeout_secs {
+            agents.turn_timeout = Duration::from_secs(t);
+        }
+        let upstream = |p: &str| {
+            self.endpoint(p).map(|e| steadfast_gateway::Upstream {
+                base_url: e.base_url,
+                api_key: e.api_key,
+            })
+        };
+        agents.upstreams = steadfast_gateway::Upstreams {
+            anthropic: upstream("anthropic"),
+            openai: upstream("openai"),
+        };
     }
 
     /// Checks settings that can be wrong in ways the file's types cannot say.
@@ -314,13 +357,21 @@ impl Config {
                 "[[agents.named]]: `{}` is a built-in agent's name",
                 agent.name
             );
-            anyhow::ensure!(
-                steadfast_wrap::Adapter::named(&agent.adapter).is_some(),
-                "[[agents.named]] {}: unknown adapter `{}` (available: {})",
-                agent.name,
-                agent.adapter,
-                steadfast_wrap::Adapter::names().join(", ")
-            );
+            let adapter = steadfast_wrap::Adapter::named(&agent.adapter).with_context(|| {
+                format!(
+                    "[[agents.named]] {}: unknown adapter `{}` (available: {})",
+                    agent.name,
+                    agent.adapter,
+                    steadfast_wrap::Adapter::names().join(", ")
+                )
+            })?;
+            adapter
+                .at_version(agent.version.as_deref())
+                .map_err(|e| anyhow::anyhow!("[[agents.named]] {}: {e}", agent.name))?;
+            if let Some(model) = &agent.model {
+                steadfast_harness::parse_model(model)
+                    .map_err(|e| anyhow::anyhow!("[[agents.named]] {}: model: {e}", agent.name))?;
+            }
         }
         if let Some(b) = &self.sandbox.backend {
             b.parse::<steadfast_sandbox::Backend>()

@@ -33,7 +33,8 @@ pub async fn harness(
             "steadfast: using the bundled FAKE model provider at {} (no ANTHROPIC_API_KEY or OPENAI_API_KEY set): it plays a scripted demo, not a real model",
             fake.base_url()
         );
-        let options = config.apply(HarnessOptions::fake_provider(&fake.base_url()));
+        let mut options = config.apply(HarnessOptions::fake_provider(&fake.base_url()));
+        options.agents.upstreams = fake_upstreams(&fake.base_url());
         let harness = Harness::with_world_and_blobs(home, world, blobs(home, config)?, options)?;
         Ok((harness, Some(fake)))
     } else {
@@ -42,6 +43,18 @@ pub async fn harness(
             Harness::with_world_and_blobs(home, world, blobs, config.harness_options())?,
             None,
         ))
+    }
+}
+
+/// The fake provider as the gateway's upstream for both APIs.
+fn fake_upstreams(base_url: &str) -> steadfast_gateway::Upstreams {
+    let up = |url: String| steadfast_gateway::Upstream {
+        base_url: url,
+        api_key: "fake-provider-key".into(),
+    };
+    steadfast_gateway::Upstreams {
+        anthropic: Some(up(base_url.to_string())),
+        openai: Some(up(format!("{base_url}/v1"))),
     }
 }
 
@@ -116,6 +129,14 @@ pub async fn shared_harness(
         });
     let mut options = real;
     options.models = models;
+    // Wrapped agents of a server whose default is the fake provider reach it for any
+    // API that has no configured provider.
+    if let Some(fake) = &fake {
+        let up = fake_upstreams(&fake.base_url());
+        let ups = &mut options.agents.upstreams;
+        ups.anthropic = ups.anthropic.take().or(up.anthropic);
+        ups.openai = ups.openai.take().or(up.openai);
+    }
     // Workers renew often so a dead one's turn moves on quickly.
     options.lease_ttl = options.lease_ttl.min(std::time::Duration::from_secs(6));
     let harness = Harness::with_world_and_blobs(home, world, blobs(home, config)?, options)?;

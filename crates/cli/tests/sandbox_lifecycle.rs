@@ -144,7 +144,7 @@ async fn the_first_model_call_does_not_wait_for_a_slow_sandbox() {
         .start_session(NewSession::native("fake/m", &setup.ws()).with_task("go"))
         .await
         .unwrap();
-    let mut driver = harness.wake(&id).await.unwrap();
+    let mut driver = harness.wake_native(&id).await.unwrap();
     assert_eq!(driver.run().await.unwrap(), Stop::Idle);
     assert_eq!(setup.seen.provisions.load(Ordering::SeqCst), 1);
     let ready = setup.seen.calls_when_ready.lock().unwrap().clone();
@@ -171,7 +171,7 @@ async fn an_idle_sandbox_is_stopped_and_the_next_one_hydrated_from_the_drive() {
         .start_session(NewSession::native("fake/m", &setup.ws()).with_task("go"))
         .await
         .unwrap();
-    let mut driver = harness.wake(&id).await.unwrap();
+    let mut driver = harness.wake_native(&id).await.unwrap();
     assert!(!driver.has_sandbox().await, "nothing provisioned at wake");
     assert_eq!(driver.run().await.unwrap(), Stop::Idle);
     assert_eq!(setup.seen.provisions.load(Ordering::SeqCst), 2);
@@ -205,7 +205,7 @@ async fn a_sandbox_killed_mid_command_is_replaced_and_the_call_resolved() {
         .start_session(NewSession::native("fake/m", &setup.ws()).with_task("go"))
         .await
         .unwrap();
-    let mut driver = harness.wake(&id).await.unwrap();
+    let mut driver = harness.wake_native(&id).await.unwrap();
     let log_file = setup.ws().join("log.txt");
     let killer = async {
         let pid = wait_for_sandbox(&setup.seen, 1).await;
@@ -268,7 +268,7 @@ async fn a_session_waiting_on_a_human_holds_no_sandbox() {
         .start_session(NewSession::native("fake/m", &setup.ws()).with_task("go"))
         .await
         .unwrap();
-    let mut driver = harness.wake(&id).await.unwrap();
+    let mut driver = harness.wake_native(&id).await.unwrap();
     assert_eq!(
         driver.run().await.unwrap(),
         Stop::Waiting("approval".into())
@@ -310,7 +310,7 @@ async fn each_session_has_its_own_network_policy() {
     let mut allowed = NewSession::native("fake/m", &setup.ws()).with_task("go");
     allowed.network = Some(format!("allow:localhost:{port}"));
     let id = harness.start_session(allowed).await.unwrap();
-    let mut driver = harness.wake(&id).await.unwrap();
+    let mut driver = harness.wake_native(&id).await.unwrap();
     assert_eq!(driver.run().await.unwrap(), Stop::Idle);
     drop(driver);
     assert_eq!(
@@ -324,7 +324,7 @@ async fn each_session_has_its_own_network_policy() {
         .start_session(NewSession::native("fake/m", other.path()).with_task("go"))
         .await
         .unwrap();
-    let mut driver = harness.wake(&id).await.unwrap();
+    let mut driver = harness.wake_native(&id).await.unwrap();
     assert_eq!(driver.run().await.unwrap(), Stop::Idle);
     assert_eq!(
         std::fs::read_to_string(other.path().join("fetched.txt")).unwrap(),

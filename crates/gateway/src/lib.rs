@@ -236,7 +236,11 @@ impl<W: World + Clone> Gateway<W> {
     pub async fn open(config: GatewayConfig<W>) -> Result<Self, Error> {
         let records = config.world.read(&config.lease.session, 1).await?;
         let state = fold(&records)?;
-        let consumed = vec![false; state.exchanges.len()];
+        // Only the open turn replays: a restarted CLI starts its turn over, and the
+        // exchanges of earlier turns are history it never asks for again.
+        let from = (state.turn_start.exchanges as usize).min(state.exchanges.len());
+        let mut consumed = vec![false; state.exchanges.len()];
+        consumed[..from].fill(true);
         let exchanges = state.exchanges.clone();
         let http = reqwest::Client::builder()
             .build()

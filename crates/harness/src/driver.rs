@@ -32,7 +32,7 @@ fn approval_tool() -> ToolDef {
 }
 
 /// A message body as text: a JSON string as is, anything else as JSON.
-fn body_text(body: &serde_json::Value) -> String {
+pub(crate) fn body_text(body: &serde_json::Value) -> String {
     match body {
         serde_json::Value::String(s) => s.clone(),
         other => other.to_string(),

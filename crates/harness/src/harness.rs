@@ -10,7 +10,8 @@ use steadfast_model::{Endpoint, ModelClient, RetryPolicy};
 use steadfast_sandbox::{AnySandbox, Sandbox, SandboxOptions};
 use steadfast_world::{now_ms, Blobs, Holder, SqliteWorld, World};
 
-use crate::driver::Driver;
+use crate::driver::{Driver, Stop};
+use crate::wrapped::WrappedDriver;
 use crate::slot::SandboxSlot;
 use crate::{prompt, Error, Result};
 use steadfast_world::Heartbeat;
@@ -47,6 +48,8 @@ pub struct HarnessOptions {
     pub prewarm_sandbox: bool,
     /// Probes that decide, after a crash, whether an external effect took place.
     pub reconcilers: Vec<Arc<dyn crate::reconcile::Reconciler>>,
+    /// Wrapped agents: where their CLIs are, and the providers their gateway calls.
+    pub agents: crate::wrapped::AgentOptions,
 }
 
 impl std::fmt::Debug for HarnessOptions {
@@ -93,6 +96,7 @@ impl HarnessOptions {
             sandbox_idle_stop: Some(Duration::from_secs(300)),
             prewarm_sandbox: true,
             reconcilers: vec![Arc::new(crate::reconcile::GitPush)],
+            agents: Default::default(),
         }
     }
 }
@@ -301,11 +305,10 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         Ok(fold(&records)?)
     }
 
-    /// Takes over a session: lease, fold, workspace restored to the last recorded
-    /// snapshot (hydrating an empty one). The sandbox is provisioned later, when the
-    /// session first needs one. The driver carries on at the frontier of uncommitted
-    /// work.
-    pub async fn wake(&self, session: &str) -> Result<Driver<'_, W, S>> {
+    /// Takes over a session and returns the driver its agent needs: the native loop,
+    /// or its wrapped CLI with the gateway and the journaled tools. The single entry
+    /// point for every agent (workers, the server, `run` and `resume`).
+    pub async fn wake(&self, session: &str) -> Result<Awake<'_, W, S>> {
         let lease = self
             .world
             .acquire_lease(session, &self.holder, self.options.lease_ttl)
@@ -314,11 +317,38 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     }
 
     /// [`Harness::wake`] for a lease already taken (by [`World::claim`]).
-    pub async fn wake_leased(&self, lease: steadfast_world::Lease) -> Result<Driver<'_, W, S>> {
-        let session = lease.session.clone();
-        let session = session.as_str();
-        let records = self.world.read(session, 1).await?;
-        let state = fold(&records)?;
+    pub async fn wake_leased(&self, lease: steadfast_world::Lease) -> Result<Awake<'_, W, S>> {
+        let state = fold(&self.world.read(&lease.session, 1).await?)?;
+        if state.is_wrapped() {
+            Ok(Awake::Wrapped(self.wrapped_driver(lease, state)?))
+        } else {
+            Ok(Awake::Native(self.native_driver(lease, state).await?))
+        }
+    }
+
+    /// Takes over a native session for the native loop: lease, fold, workspace
+    /// restored to the last recorded snapshot (hydrating an empty one). The sandbox is
+    /// provisioned later, when the session first needs one. The driver carries on at
+    /// the frontier of uncommitted work. A wrapped session is refused: the native loop
+    /// never drives one.
+    pub async fn wake_native(&self, session: &str) -> Result<Driver<'_, W, S>> {
+        match self.wake(session).await? {
+            Awake::Native(driver) => Ok(driver),
+            Awake::Wrapped(driver) => {
+                let agent = driver.state().agent.clone();
+                let _ = driver.release().await;
+                Err(Error::Invalid(format!(
+                    "session {session} runs the `{agent}` agent, not the native loop"
+                )))
+            }
+        }
+    }
+
+    async fn native_driver(
+        &self,
+        lease: steadfast_world::Lease,
+        state: SessionState,
+    ) -> Result<Driver<'_, W, S>> {
         let workspace = PathBuf::from(&state.workspace);
         if let Some(snapshot) = &state.last_snapshot {
             let drive = self.drive.clone();
@@ -350,5 +380,63 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         Ok(tokio::task::spawn_blocking(move || drive.snapshot(&ws))
             .await
             .map_err(|e| Error::Invalid(format!("snapshot task failed: {e}")))??)
+    }
+}
+
+/// A woken session: the driver its agent needs.
+pub enum Awake<'h, W, S> {
+    /// The native agent loop.
+    Native(Driver<'h, W, S>),
+    /// A wrapped CLI through the gateway and the journaled tools.
+    Wrapped(WrappedDriver<'h, W, S>),
+}
+
+impl<W: World + Clone, S: Sandbox> Awake<'_, W, S> {
+    /// Works until the turn is done, the session waits for a signal, or it ends.
+    pub async fn run(&mut self) -> Result<Stop> {
+        match self {
+            Awake::Native(d) => d.run().await,
+            Awake::Wrapped(d) => d.run().await,
+        }
+    }
+
+    /// Sends a user message, opening a turn.
+    pub async fn send(&mut self, text: &str) -> Result<()> {
+        match self {
+            Awake::Native(d) => d.send(text).await,
+            Awake::Wrapped(d) => d.send(text).await,
+        }
+    }
+
+    /// Ends the session.
+    pub async fn end(&mut self, state: steadfast_log::EndState, reason: &str) -> Result<()> {
+        match self {
+            Awake::Native(d) => d.end(state, reason).await,
+            Awake::Wrapped(d) => d.end(state, reason).await,
+        }
+    }
+
+    /// The session's state as of the driver's last look at its log.
+    pub fn state(&self) -> &SessionState {
+        match self {
+            Awake::Native(d) => d.state(),
+            Awake::Wrapped(d) => d.state(),
+        }
+    }
+
+    /// The session id.
+    pub fn session(&self) -> &str {
+        match self {
+            Awake::Native(d) => d.session(),
+            Awake::Wrapped(d) => d.session(),
+        }
+    }
+
+    /// Gives the lease back.
+    pub async fn release(self) -> Result<()> {
+        match self {
+            Awake::Native(d) => d.release().await,
+            Awake::Wrapped(d) => d.release().await,
+        }
     }
 }

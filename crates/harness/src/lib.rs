@@ -27,7 +27,7 @@
 //! let session = {
 //!     let harness = Harness::open_local(&home, options.clone())?;
 //!     let id = harness.start_session(NewSession::native("fake/demo", &workspace)).await?;
-//!     let mut driver = harness.wake(&id).await?;
+//!     let mut driver = harness.wake_native(&id).await?;
 //!     driver.send(demo::TASK).await?;
 //!     for _ in 0..5 {
 //!         driver.step().await?;
@@ -38,7 +38,7 @@
 //!
 //! // A new harness wakes the session and finishes the turn from the log.
 //! let harness = Harness::open_local(&home, options)?;
-//! let mut driver = harness.wake(&session).await?;
+//! let mut driver = harness.wake_native(&session).await?;
 //! assert_eq!(driver.run().await?, Stop::Idle);
 //! assert!(std::fs::read_to_string(workspace.join("CHANGELOG.md"))?.contains("off-by-one"));
 //! // One model call per step: nothing was asked twice.
@@ -53,9 +53,13 @@ mod prompt;
 pub mod reconcile;
 mod slot;
 mod worker;
+mod wrapped;
 
 pub use driver::{Driver, Progress, Stop, APPROVAL_SIGNAL, APPROVAL_TOOL};
-pub use harness::{parse_model, Harness, HarnessOptions, ModelResolver, NewSession, Provisioner};
+pub use harness::{
+    parse_model, Awake, Harness, HarnessOptions, ModelResolver, NewSession, Provisioner,
+};
+pub use wrapped::{AgentInfo, AgentOptions, NamedAgent, WrappedDriver};
 
 /// Everything that can stop the harness.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +79,9 @@ pub enum Error {
     /// The log does not fold.
     #[error("session log: {0}")]
     Log(#[from] steadfast_log::FoldError),
+    /// A wrapped agent's run failed.
+    #[error(transparent)]
+    Wrapped(#[from] steadfast_wrap::Error),
     /// The request does not fit the session's state.
     #[error("{0}")]
     Invalid(String),
@@ -87,6 +94,11 @@ impl Error {
             Error::World(e) => e.is_retryable(),
             Error::Model(e) => e.is_retryable(),
             Error::Sandbox(_) => true,
+            Error::Wrapped(e) => match e {
+                steadfast_wrap::Error::World(e) => e.is_retryable(),
+                steadfast_wrap::Error::Sandbox(_) | steadfast_wrap::Error::Task(_) => true,
+                _ => false,
+            },
             _ => false,
         }
     }

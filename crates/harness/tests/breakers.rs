@@ -33,7 +33,7 @@ async fn resume(harness: &Harness, id: &str, payload: serde_json::Value) -> Stop
         .post(id, InboundKind::Signal, RESUME_SIGNAL, &payload)
         .await
         .unwrap();
-    let mut driver = harness.wake(id).await.unwrap();
+    let mut driver = harness.wake_native(id).await.unwrap();
     let stop = driver.run().await.unwrap();
     driver.release().await.unwrap();
     stop
@@ -46,7 +46,7 @@ async fn start(harness: &Harness, setup: &Setup, model: &str, limits: Limits) ->
 }
 
 async fn run(harness: &Harness, id: &str) -> Stop {
-    let mut driver = harness.wake(id).await.unwrap();
+    let mut driver = harness.wake_native(id).await.unwrap();
     let stop = driver.run().await.unwrap();
     driver.release().await.unwrap();
     stop

@@ -18,18 +18,18 @@ async fn a_second_driver_is_fenced_out_and_the_log_never_interleaves() -> anyhow
         .start_session(NewSession::native("fake/m", &setup.workspace()))
         .await?;
 
-    let mut a = one.wake(&id).await?;
+    let mut a = one.wake_native(&id).await?;
     a.send("go").await?;
     a.step().await?; // model call
     assert!(matches!(
-        two.wake(&id).await,
+        two.wake_native(&id).await,
         Err(Error::World(steadfast_world::Error::LeaseHeld { .. }))
     ));
 
     // A's lease lapses (say its host stalled); B takes the session over.
     let db = rusqlite::Connection::open(setup.dir.path().join("home/world.db"))?;
     db.execute("UPDATE sessions SET lease_expires_ms = 0", [])?;
-    let mut b = two.wake(&id).await?;
+    let mut b = two.wake_native(&id).await?;
     assert_eq!(b.run().await?, Stop::Idle);
 
     // A wakes up and tries to carry on: every append is rejected by the store.
@@ -66,7 +66,7 @@ async fn big_outputs_go_to_the_blob_store_with_excerpts_in_context() -> anyhow::
     let id = harness
         .start_session(NewSession::native("fake/m", &setup.workspace()))
         .await?;
-    let mut driver = harness.wake(&id).await?;
+    let mut driver = harness.wake_native(&id).await?;
     driver.send("go").await?;
     assert_eq!(driver.run().await?, Stop::Idle);
 
@@ -112,7 +112,7 @@ async fn a_rejected_model_call_fails_the_session_clearly() -> anyhow::Result<()>
     let id = harness
         .start_session(NewSession::native("fake/m", &setup.workspace()))
         .await?;
-    let mut driver = harness.wake(&id).await?;
+    let mut driver = harness.wake_native(&id).await?;
     driver.send("go").await?;
     assert_eq!(driver.run().await?, Stop::Ended(EndState::Failed));
     let state = harness.state(&id).await?;
@@ -128,11 +128,11 @@ async fn a_message_is_refused_while_a_turn_is_open() -> anyhow::Result<()> {
     let id = harness
         .start_session(NewSession::native("fake/m", &setup.workspace()))
         .await?;
-    let mut driver = harness.wake(&id).await?;
+    let mut driver = harness.wake_native(&id).await?;
     driver.send("go").await?;
     assert!(matches!(driver.send("again").await, Err(Error::Invalid(_))));
     assert!(matches!(
-        harness.wake("ses_unknown").await,
+        harness.wake_native("ses_unknown").await,
         Err(Error::World(steadfast_world::Error::NotFound(_)))
     ));
     assert!(harness
@@ -153,7 +153,7 @@ async fn the_harness_credentials_never_reach_a_command() -> anyhow::Result<()> {
     let id = harness
         .start_session(NewSession::native("fake/m", &setup.workspace()))
         .await?;
-    let mut driver = harness.wake(&id).await?;
+    let mut driver = harness.wake_native(&id).await?;
     driver.send("go").await?;
     driver.run().await?;
     let log = harness.world().read(&id, 1).await?;
@@ -178,7 +178,7 @@ async fn a_steer_is_taken_after_the_call_in_flight() -> anyhow::Result<()> {
     let harness = setup.harness();
     let new = NewSession::native("fake/m", &setup.workspace()).with_task("go");
     let id = harness.start_session(new).await?;
-    let mut driver = harness.wake(&id).await?;
+    let mut driver = harness.wake_native(&id).await?;
     let steer = async {
         tokio::time::sleep(std::time::Duration::from_millis(400)).await;
         harness
@@ -232,7 +232,7 @@ async fn the_approval_tool_waits_for_a_signal_holding_nothing() -> anyhow::Resul
     let id = harness
         .start_session(NewSession::native("fake/m", &setup.workspace()).with_task("go"))
         .await?;
-    let mut driver = harness.wake(&id).await?;
+    let mut driver = harness.wake_native(&id).await?;
     assert_eq!(driver.run().await?, Stop::Waiting("approval".into()));
     driver.release().await?;
     assert_eq!(harness.world().session(&id).await?.status, "waiting");
@@ -285,7 +285,7 @@ async fn external_effects_wait_for_approval_when_asked_and_a_denial_skips_them(
     let mut new = NewSession::native("fake/m", &setup.workspace()).with_task("deploy");
     new.approve_external = true;
     let id = harness.start_session(new).await?;
-    let mut driver = harness.wake(&id).await?;
+    let mut driver = harness.wake_native(&id).await?;
     assert_eq!(driver.run().await?, Stop::Waiting("approval".into()));
     assert!(!setup.workspace().join("ran.txt").exists());
     harness

@@ -119,6 +119,34 @@ pub struct WrappedTool {
     pub after_exchanges: u32,
     /// Its result, once recorded (or resolved after a crash): text and error flag.
     pub result: Option<(String, bool)>,
+    /// The workspace snapshot after it (recorded, or the one a crash resolution left
+    /// the workspace at): where a replay that answers it from the record puts the
+    /// workspace, so the restarted agent sees what it saw the first time.
+    pub snapshot_after: Option<String>,
+    /// Whether it ran to a recorded outcome (not resolved after a crash).
+    pub done: bool,
+}
+
+impl WrappedTool {
+    /// Whether this call is a completed external effect: a fact about the world that
+    /// no replay, diverged or not, may bring about again.
+    pub fn is_external_fact(&self) -> bool {
+        self.class == ToolClass::External && self.done
+    }
+}
+
+/// Where the open turn of a wrapped agent began: what a CLI started again to replay
+/// it must be shown first.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TurnStart {
+    /// The first of the turn's exchanges.
+    pub exchanges: u32,
+    /// The first of the turn's wrapped tool calls.
+    pub tools: usize,
+    /// The workspace when the turn began.
+    pub snapshot: Option<String>,
+    /// The message that opened the turn, as sent (steers taken later not included).
+    pub task: String,
 }
 
 /// What the harness must do next.
@@ -224,6 +252,11 @@ pub struct SessionState {
     pub exchanges_from: u32,
     /// A wrapped agent's last final answer.
     pub wrapped_reply: Option<String>,
+    /// Where the current (or last) turn began.
+    pub turn_start: TurnStart,
+    /// Completed external effects of the current turn that a divergence superseded:
+    /// still facts, answered from the record if the agent asks for them again.
+    pub external_facts: Vec<WrappedTool>,
 }
 
 /// Why a log could not be folded.
@@ -326,6 +359,11 @@ impl SessionState {
             superseded_exchanges: Vec::new(),
             exchanges_from: 0,
             wrapped_reply: None,
+            turn_start: TurnStart {
+                snapshot: initial_snapshot.clone(),
+                ..TurnStart::default()
+            },
+            external_facts: Vec::new(),
         })
     }
 
@@ -356,6 +394,8 @@ impl SessionState {
                     snapshot_before: snapshot_before.clone(),
                     after_exchanges: self.exchanges.len() as u32,
                     result: None,
+                    snapshot_after: None,
+                    done: false,
                 });
             }
             Event::ToolCallOutcome {
@@ -371,6 +411,8 @@ impl SessionState {
                     .find(|t| &t.call_id == call_id && t.result.is_none())
                     .ok_or("no such pending tool call")?;
                 t.result = Some((output.for_model(), *is_error));
+                t.done = true;
+                t.snapshot_after = snapshot_after.clone().or_else(|| t.snapshot_before.clone());
                 let unchanged = match snapshot_after {
                     None => true,
                     Some(after) => t.snapshot_before.as_ref() == Some(after),
@@ -407,7 +449,11 @@ impl SessionState {
                     } => Some((evidence.clone(), false)),
                 };
                 match result {
-                    Some(r) => self.wrapped_tools[at].result = Some(r),
+                    Some(r) => {
+                        let t = &mut self.wrapped_tools[at];
+                        t.result = Some(r);
+                        t.snapshot_after = t.snapshot_before.clone();
+                    }
                     None => {
                         self.wrapped_tools.remove(at);
                     }
@@ -591,6 +637,13 @@ impl SessionState {
                 self.step = 0;
                 self.steps_from = 0;
                 self.exchanges_from = self.exchanges.len() as u32;
+                self.turn_start = TurnStart {
+                    exchanges: self.exchanges.len() as u32,
+                    tools: self.wrapped_tools.len(),
+                    snapshot: self.last_snapshot.clone(),
+                    task: text.clone(),
+                };
+                self.external_facts.clear();
                 self.status = Status::Running;
                 self.conversation.push(Message::user_text(text.clone()));
             }
@@ -871,7 +924,15 @@ impl SessionState {
                 let cut = (*index as usize).min(self.exchanges.len());
                 let gone = self.exchanges.drain(cut..).map(|e| e.call_id);
                 self.superseded_exchanges.extend(gone);
-                self.wrapped_tools.retain(|t| t.after_exchanges <= *index);
+                let (kept, superseded) = std::mem::take(&mut self.wrapped_tools)
+                    .into_iter()
+                    .partition(|t| t.after_exchanges <= *index);
+                self.wrapped_tools = kept;
+                self.external_facts.extend(
+                    superseded
+                        .into_iter()
+                        .filter(WrappedTool::is_external_fact),
+                );
                 if snapshot.is_some() {
                     self.last_snapshot = snapshot.clone();
                 }

@@ -17,7 +17,7 @@ pub use event::{
 };
 pub use fold::{
     fold, Exchange, FoldError, Next, PendingModel, PendingTool, SessionState, Status, Wait,
-    WrappedTool,
+    TurnStart, WrappedTool,
 };
 pub use message::{Block, Message, Role, ToolUse};
 pub use record::{CodecError, EncodedRecord, Record, SCHEMA_VERSION};

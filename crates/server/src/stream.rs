@@ -29,6 +29,11 @@ struct Tracker {
     turn_text: String,
     status: &'static str,
     seen_inbox: Vec<u64>,
+    /// A wrapped agent's exchanges in the open turn: index, and whether answered (an
+    /// intent at an index still unanswered asks again for a reply a crash cut off).
+    exchanges: std::collections::BTreeMap<u32, bool>,
+    /// Each exchange attempt's index.
+    exchange_calls: std::collections::HashMap<String, u32>,
 }
 
 impl Tracker {
@@ -37,6 +42,8 @@ impl Tracker {
             Event::SessionStarted { .. } | Event::TurnEnded { .. } => self.status = "idle",
             Event::UserMessage { inbox_id, .. } => {
                 self.turn_text.clear();
+                self.exchanges.clear();
+                self.exchange_calls.clear();
                 self.status = "running";
                 self.seen_inbox.extend(inbox_id);
             }
@@ -47,6 +54,15 @@ impl Tracker {
             }
             Event::WaitStarted { .. } => self.status = "waiting",
             Event::SessionEnded { .. } => self.status = "ended",
+            Event::ExchangeIntent { index, call_id, .. } => {
+                self.exchanges.insert(*index, false);
+                self.exchange_calls.insert(call_id.clone(), *index);
+            }
+            Event::ExchangeOutcome { call_id, .. } => {
+                if let Some(index) = self.exchange_calls.get(call_id) {
+                    self.exchanges.insert(*index, true);
+                }
+            }
             Event::ModelCallOutcome { content, .. } => {
                 for block in content {
                     if let Block::Text { text } = block {
@@ -66,7 +82,8 @@ impl Tracker {
         let restart = matches!(
             record.event,
             Event::ModelCallInterrupted { .. } | Event::ModelDelta { restart: true, .. }
-        );
+        ) || matches!(&record.event, Event::ExchangeIntent { index, .. }
+                if self.exchanges.get(index) == Some(&false));
         if restart {
             let data = serde_json::json!({"seq": record.seq, "text": self.turn_text});
             return SseEvent::default()

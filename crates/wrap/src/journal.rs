@@ -2,6 +2,21 @@
 //! native harness (snapshot before, intent, effect, snapshot after, outcome), plus
 //! replay: a restarted agent that makes a recorded call again gets the recorded result
 //! and nothing runs.
+//!
+//! **Lockstep.** A replayed call also puts the workspace where that call left it the
+//! first time (its recorded after-snapshot), so everything the agent folds into its
+//! next request — `git status`, file listings, what it reads itself — is what it saw
+//! the first time, and its requests match the record without masking anything. The
+//! turn's driver starts the agent on the turn's starting snapshot; once the replay
+//! reaches the frontier the workspace is the live one again.
+//!
+//! **Facts.** A completed external effect (a `curl -X POST`, a push) is never run
+//! again: if a divergence superseded its record and the agent asks for the very same
+//! call, it is answered from that record (and recorded again, as answered).
+//!
+//! **Steering.** A `steer` message waiting in the inbox reaches the agent with the
+//! next tool result it gets (appended to the result's text, in the same append that
+//! records the result, so a replay shows it again at the same point).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -10,6 +25,7 @@ use serde_json::Value;
 use steadfast_drive::Drive;
 use steadfast_fault::{point, points};
 use steadfast_log::{Event, Output, SessionState, ToolClass, ToolResolution, WrappedTool};
+use steadfast_world::InboundKind;
 use steadfast_sandbox::{classify, Sandbox};
 use steadfast_world::{strip_ansi, Blobs, Lease, World, INLINE_LIMIT};
 use tokio::sync::{Mutex, OnceCell};
@@ -24,8 +40,20 @@ const REPLAY_WINDOW: usize = 8;
 pub type MakeSandbox<S> = Arc<dyn Fn() -> steadfast_sandbox::Result<S> + Send + Sync>;
 
 struct Replay {
+    /// The open turn's recorded calls.
     recorded: Vec<WrappedTool>,
     consumed: Vec<bool>,
+    /// Completed external effects a divergence superseded (never run again).
+    facts: Vec<WrappedTool>,
+    facts_used: Vec<bool>,
+}
+
+/// What a recorded call answers with.
+enum Answer {
+    /// A call of the current record: its result, and where it left the workspace.
+    Recorded((String, bool), Option<String>),
+    /// A superseded external effect asked for again: its result, re-recorded.
+    Fact(WrappedTool),
 }
 
 /// Runs and records a wrapped agent's tool calls.
@@ -44,6 +72,11 @@ pub struct ToolJournal<W, S> {
     /// The session as folded at the start, counting the loop breaker on from there.
     session: StdMutex<SessionState>,
     counters: StdMutex<(u64, u64)>,
+    /// The most tool calls the turn may make; past it calls are refused and the
+    /// session escalates (the runaway guard, whatever the agent does).
+    max_calls: usize,
+    /// Tool calls this turn has made so far (recorded ones included).
+    calls: std::sync::atomic::AtomicUsize,
 }
 
 impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
@@ -60,8 +93,11 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
         session: &SessionState,
         last_snapshot: Arc<StdMutex<Option<String>>>,
     ) -> Self {
-        let recorded = session.wrapped_tools.clone();
+        let from = session.turn_start.tools.min(session.wrapped_tools.len());
+        let recorded = session.wrapped_tools[from..].to_vec();
         let consumed = vec![false; recorded.len()];
+        let facts = session.external_facts.clone();
+        let facts_used = vec![false; facts.len()];
         ToolJournal {
             world,
             lease,
@@ -70,7 +106,14 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             workspace,
             make_sandbox,
             sandbox: OnceCell::new(),
-            replay: Mutex::new(Replay { recorded, consumed }),
+            calls: std::sync::atomic::AtomicUsize::new(recorded.len()),
+            replay: Mutex::new(Replay {
+                recorded,
+                consumed,
+                facts,
+                facts_used,
+            }),
+            max_calls: usize::MAX,
             last_snapshot,
             superseded_after: StdMutex::new(None),
             session: StdMutex::new(session.clone()),
@@ -78,9 +121,22 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
         }
     }
 
-    /// The loop breaker's verdict over the calls so far (for the gateway to refuse the
-    /// next model call and the session to escalate).
+    /// The same journal with at most `max` tool calls a turn.
+    pub fn with_max_calls(mut self, max: usize) -> Self {
+        self.max_calls = max;
+        self
+    }
+
+    /// The loop breaker's verdict over the calls so far, or the runaway guard's (for
+    /// the gateway to refuse the next model call and the session to escalate).
     pub fn loop_hit(&self) -> Option<(steadfast_log::Breaker, String)> {
+        let calls = self.calls.load(std::sync::atomic::Ordering::SeqCst);
+        if calls >= self.max_calls {
+            return Some((
+                steadfast_log::Breaker::Steps,
+                format!("step budget exhausted: {calls} tool calls in this turn"),
+            ));
+        }
         self.session
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -103,13 +159,25 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
 
     /// Runs (or replays) one call; the text and error flag the agent gets back.
     pub async fn call(&self, tool: &str, input: &Value) -> Result<(String, bool)> {
-        if let Some(result) = self.replayed(tool, input).await {
-            return Ok(result);
+        match self.replayed(tool, input).await {
+            Some(Answer::Recorded(result, after)) => {
+                self.lockstep(after).await?;
+                return Ok(result);
+            }
+            Some(Answer::Fact(fact)) => return self.answer_fact(fact).await,
+            None => {}
+        }
+        let calls = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if calls > self.max_calls {
+            return Ok((
+                format!("[steadfast] refused: this turn has made {} tool calls, its limit; the session is escalated to a human", self.max_calls),
+                true,
+            ));
         }
         self.run(tool, input).await
     }
 
-    async fn replayed(&self, tool: &str, input: &Value) -> Option<(String, bool)> {
+    async fn replayed(&self, tool: &str, input: &Value) -> Option<Answer> {
         let limit = *self
             .superseded_after
             .lock()
@@ -121,17 +189,123 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             .position(|c| !c)
             .unwrap_or(replay.consumed.len());
         let end = (cursor + REPLAY_WINDOW).min(replay.recorded.len());
-        let hit = (cursor..end).find(|&i| {
+        let current = (cursor..end).find(|&i| {
             let t = &replay.recorded[i];
             !replay.consumed[i]
                 && t.tool == tool
                 && &t.input == input
                 && t.result.is_some()
                 && limit.is_none_or(|l| t.after_exchanges <= l)
-        })?;
-        replay.consumed[hit] = true;
+        });
+        if let Some(hit) = current {
+            replay.consumed[hit] = true;
+            self.counters.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
+            let t = &replay.recorded[hit];
+            let after = if limit.is_none() { t.snapshot_after.clone() } else { None };
+            return Some(Answer::Recorded(t.result.clone()?, after));
+        }
+        // A completed external effect is a fact, superseded or not: the same call is
+        // answered from its record, wherever it stands.
+        let superseded = replay
+            .recorded
+            .iter()
+            .enumerate()
+            .filter(|(i, t)| {
+                !replay.consumed[*i] && limit.is_some_and(|l| t.after_exchanges > l)
+            })
+            .map(|(i, t)| (Some(i), t));
+        let facts = replay
+            .facts
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !replay.facts_used[*i])
+            .map(|(_, t)| (None, t));
+        let (at, fact) = superseded
+            .chain(facts)
+            .find(|(_, t)| t.is_external_fact() && t.tool == tool && &t.input == input)
+            .map(|(at, t)| (at, t.clone()))?;
+        match at {
+            Some(i) => replay.consumed[i] = true,
+            None => {
+                let i = replay
+                    .facts
+                    .iter()
+                    .enumerate()
+                    .position(|(i, t)| !replay.facts_used[i] && *t == fact)?;
+                replay.facts_used[i] = true;
+            }
+        }
         self.counters.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
-        replay.recorded[hit].result.clone()
+        Some(Answer::Fact(fact))
+    }
+
+    /// Puts the workspace where a replayed call left it the first time.
+    async fn lockstep(&self, after: Option<String>) -> Result<()> {
+        let Some(after) = after else { return Ok(()) };
+        let current = self
+            .last_snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if current.as_deref() == Some(after.as_str()) {
+            return Ok(());
+        }
+        let (drive, ws, snap) = (self.drive.clone(), self.workspace.clone(), after.clone());
+        tokio::task::spawn_blocking(move || drive.restore(&ws, &snap))
+            .await
+            .map_err(|e| Error::Task(e.to_string()))??;
+        *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(after);
+        Ok(())
+    }
+
+    /// Answers a superseded external effect from its record, and records it again in
+    /// the new line of history (nothing runs; the workspace does not move).
+    async fn answer_fact(&self, fact: WrappedTool) -> Result<(String, bool)> {
+        let (text, is_error) = fact.result.clone().unwrap_or_default();
+        let snapshot = self
+            .last_snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let call_id = format!("wt_{}", uuid::Uuid::now_v7().simple());
+        tracing::info!(tool = %fact.tool, original = %fact.call_id, "an external effect already done is answered from its record, not run again");
+        self.world
+            .append(
+                &self.lease,
+                &[
+                    Event::ToolCallIntent {
+                        call_id: call_id.clone(),
+                        tool: fact.tool.clone(),
+                        input: fact.input.clone(),
+                        class: ToolClass::External,
+                        snapshot_before: snapshot.clone(),
+                    },
+                    Event::ToolCallOutcome {
+                        call_id,
+                        is_error,
+                        exit_code: None,
+                        output: Output::Inline { text: text.clone() },
+                        snapshot_after: snapshot,
+                    },
+                ],
+            )
+            .await?;
+        Ok((text, is_error))
+    }
+
+    /// A steer waiting in the inbox, taken with the result it is appended to.
+    async fn steer(&self) -> Result<Option<(String, u64)>> {
+        let inbox = self.world.inbox(&self.lease.session).await?;
+        Ok(inbox
+            .into_iter()
+            .find(|i| i.kind == InboundKind::Steer)
+            .map(|i| {
+                let text = match i.body {
+                    Value::String(s) => s,
+                    other => other.to_string(),
+                };
+                (text, i.id)
+            }))
     }
 
     async fn snapshot(&self) -> Result<String> {
@@ -182,25 +356,28 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
         } else {
             None
         };
-        let text = strip_ansi(&out.text);
+        let mut text = strip_ansi(&out.text);
+        let steer = self.steer().await?;
+        if let Some((words, _)) = &steer {
+            text.push_str(&format!("\n\n[steadfast] a message from the user arrived while this ran: {words}"));
+        }
         let output = if text.len() > INLINE_LIMIT {
             Output::Blob(self.blobs.put(text.as_bytes()).await?)
         } else {
             Output::Inline { text }
         };
         let shown = output.for_model();
-        self.world
-            .append(
-                &self.lease,
-                &[Event::ToolCallOutcome {
-                    call_id,
-                    is_error: out.is_error,
-                    exit_code: out.exit_code,
-                    output,
-                    snapshot_after: snapshot_after.clone(),
-                }],
-            )
-            .await?;
+        let mut events = vec![Event::ToolCallOutcome {
+            call_id,
+            is_error: out.is_error,
+            exit_code: out.exit_code,
+            output,
+            snapshot_after: snapshot_after.clone(),
+        }];
+        if let Some((text, inbox_id)) = steer {
+            events.push(Event::Steered { text, inbox_id });
+        }
+        self.world.append(&self.lease, &events).await?;
         let unchanged = snapshot_after.is_none() || snapshot_after == snapshot_before_copy;
         self.session
             .lock()

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 use steadfast_drive::Drive;
 use steadfast_gateway::{Counters, Gateway, GatewayConfig, Upstreams};
-use steadfast_log::{fold, EndState, Event, Role, SessionState, Status};
+use steadfast_log::{fold, EndState, Event, Status};
 use steadfast_sandbox::{isolates, AnySandbox, NetworkPolicy, Sandbox, SandboxOptions};
 use steadfast_world::{Blobs, Heartbeat, Lease, World};
 
@@ -42,6 +42,9 @@ pub struct WrappedOptions {
     pub max_exchanges_per_turn: usize,
     /// Model prices overriding the built-in table (for the cost bound).
     pub prices: steadfast_model::pricing::PriceTable,
+    /// The most tool calls a turn may make; past it the session escalates (the
+    /// runaway guard).
+    pub max_tool_calls_per_turn: usize,
 }
 
 /// How a turn went.
@@ -100,16 +103,6 @@ async fn serve(
     }
 }
 
-/// The user message that opened the current turn.
-fn task_of(state: &SessionState) -> Option<String> {
-    state
-        .conversation
-        .iter()
-        .rev()
-        .find(|m| m.role == Role::User)
-        .map(|m| m.text())
-}
-
 /// A random session-scoped token: worth nothing outside this gateway.
 fn token() -> String {
     let seed = format!(
@@ -139,7 +132,7 @@ pub async fn drive_turn<W: World + Clone>(
                 lease.session, state.status
             )));
         }
-        let task = task_of(&state).unwrap_or_default();
+        let task = state.turn_start.task.clone();
         let workspace = PathBuf::from(&state.workspace);
         let model = state.model.model.clone();
         let provider = state.model.provider.clone();
@@ -154,7 +147,22 @@ pub async fn drive_turn<W: World + Clone>(
         )
         .await?;
         let state = fold(&world.read(&lease.session, 1).await?)?;
-        let last_snapshot = Arc::new(StdMutex::new(last));
+        // Lockstep: a CLI started again over a turn with a record sees the workspace
+        // as the turn began; each call answered from the record moves it on to where
+        // that call left it, until the replay reaches the frontier.
+        let replays = state.exchanges.len() > state.turn_start.exchanges as usize
+            || state.wrapped_tools.len() > state.turn_start.tools;
+        let start = match &state.turn_start.snapshot {
+            Some(snap) if replays && last.as_ref() != Some(snap) => {
+                let (d, ws, snap) = (drive.clone(), workspace.clone(), snap.clone());
+                tokio::task::spawn_blocking(move || d.restore(&ws, &snap))
+                    .await
+                    .map_err(|e| Error::Task(e.to_string()))??;
+                state.turn_start.snapshot.clone()
+            }
+            _ => last,
+        };
+        let last_snapshot = Arc::new(StdMutex::new(start));
 
         let tool_options = SandboxOptions {
             forwards: Vec::new(),
@@ -163,16 +171,19 @@ pub async fn drive_turn<W: World + Clone>(
         let tool_ws = workspace.clone();
         let make: MakeSandbox<AnySandbox> =
             Arc::new(move || AnySandbox::provision(&tool_ws, &tool_options));
-        let journal = Arc::new(ToolJournal::new(
-            world.clone(),
-            lease.clone(),
-            drive.clone(),
-            blobs.clone(),
-            workspace.clone(),
-            make,
-            &state,
-            last_snapshot.clone(),
-        ));
+        let journal = Arc::new(
+            ToolJournal::new(
+                world.clone(),
+                lease.clone(),
+                drive.clone(),
+                blobs.clone(),
+                workspace.clone(),
+                make,
+                &state,
+                last_snapshot.clone(),
+            )
+            .with_max_calls(options.max_tool_calls_per_turn),
+        );
         let token = token();
         let hook = journal.clone();
         let gateway = Gateway::open(GatewayConfig {
@@ -324,7 +335,8 @@ fn tail(text: &str) -> String {
     text[start..].trim().to_string()
 }
 
-/// A private temporary directory, removed on drop.
+/// A private temporary directory (the CLI's sockets), removed on drop; one a dead
+/// process left behind is reaped by the next run.
 struct TempDir(PathBuf);
 
 impl Drop for TempDir {
@@ -333,9 +345,40 @@ impl Drop for TempDir {
     }
 }
 
+const TEMP_PREFIX: &str = "steadfast-wrap-";
+
 fn tempfile_dir() -> Result<TempDir> {
-    let dir =
-        std::env::temp_dir().join(format!("steadfast-wrap-{}", uuid::Uuid::now_v7().simple()));
+    reap_temp_dirs(&std::env::temp_dir());
+    let dir = std::env::temp_dir().join(format!(
+        "{TEMP_PREFIX}{}-{}",
+        std::process::id(),
+        uuid::Uuid::now_v7().simple()
+    ));
     std::fs::create_dir_all(&dir).map_err(|e| Error::Invalid(format!("{}: {e}", dir.display())))?;
     Ok(TempDir(dir))
+}
+
+/// Removes the per-run directories of processes that no longer exist (a SIGKILL
+/// leaves its directory behind).
+pub fn reap_temp_dirs(root: &std::path::Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return 0;
+    };
+    let mut reaped = 0;
+    for entry in entries.filter_map(std::result::Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(TEMP_PREFIX)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+            || std::path::Path::new(&format!("/proc/{pid}")).exists();
+        if !alive && std::fs::remove_dir_all(entry.path()).is_ok() {
+            reaped += 1;
+        }
+    }
+    reaped
 }

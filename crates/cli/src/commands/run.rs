@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use steadfast_harness::{Driver, NewSession, Progress, Stop};
+use steadfast_harness::{Awake, Driver, NewSession, Progress, Stop};
 use steadfast_log::EndState;
 use steadfast_model::Delta;
 use steadfast_sandbox::Sandbox;
@@ -60,10 +60,21 @@ pub struct ResumeArgs {
 }
 
 pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<ExitCode> {
-    let model = args.model.unwrap_or_else(|| config.default_model());
+    let named_model = config
+        .agents
+        .named
+        .iter()
+        .find(|a| a.name == args.agent)
+        .and_then(|a| a.model.clone());
+    let model = args
+        .model
+        .or(named_model)
+        .unwrap_or_else(|| config.default_model());
     let provider = model.split('/').next().unwrap_or_default().to_string();
     let world = setup::world(home, config, false).await?;
     let (harness, fake) = setup::harness(home, config, world, &provider).await?;
+    // Before the session exists: an agent that cannot run here leaves nothing behind.
+    harness.check_agent(&args.agent)?;
     let task = match (args.task, &fake) {
         (Some(t), _) => t,
         (None, Some(_)) => demo::TASK.to_string(),
@@ -81,6 +92,7 @@ pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<
         anyhow::bail!("--max-cost-usd must be a positive number");
     }
     let mut new = NewSession::native(&model, &workspace).with_task(&task);
+    new.agent = args.agent.clone();
     new.limits = config.limits(&crate::config::LimitsConfig {
         max_cost_usd: args.max_cost_usd,
         max_tokens: args.max_tokens,
@@ -89,14 +101,10 @@ pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<
     });
     // The network policy given for this run stays the session's across resumes.
     new.network = config.sandbox.network.clone();
-    if args.agent != "native" {
-        let adapter = super::wrapped::adapter(config, &args.agent)?;
-        drop(harness);
-        return super::wrapped::run(home, config, adapter, new, args.json).await;
-    }
     let id = harness.start_session(new).await?;
     eprintln!(
-        "steadfast: session {id} ({model}) in {}",
+        "steadfast: session {id} ({}, {model}) in {}",
+        args.agent,
         workspace.display()
     );
     eprintln!("steadfast: if this process stops, carry on with: steadfast resume {id}");
@@ -105,43 +113,30 @@ pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<
         setup::sandbox_backend(&harness.options().sandbox),
         config.sandbox.network.as_deref().unwrap_or("deny-all")
     );
-    let mut driver = harness.wake(&id).await?;
-    watch(&mut driver);
-    let code = drive(&mut driver, args.json).await;
+    let mut awake = harness.wake(&id).await?;
+    let code = drive(&mut awake, args.json).await;
     drop(fake);
     code
 }
 
 pub async fn resume(home: &Path, config: &Config, args: ResumeArgs) -> anyhow::Result<ExitCode> {
     let world = setup::world(home, config, false).await?;
-    let probe =
-        steadfast_harness::Harness::with_world(home, world.clone(), config.harness_options())?;
-    let state = probe
-        .state(&args.session)
+    let records = world
+        .read(&args.session, 1)
         .await
         .with_context(|| format!("reading session {}", args.session))?;
-    drop(probe);
-    if state.is_wrapped() {
-        return super::wrapped::resume(
-            home,
-            config,
-            &args.session,
-            &state.agent,
-            &state.model.provider,
-            args.json,
-        )
-        .await;
-    }
+    let state = steadfast_log::fold(&records)
+        .with_context(|| format!("reading session {}", args.session))?;
     let (harness, fake) = setup::harness(home, config, world, &state.model.provider).await?;
-    let mut driver = harness.wake(&args.session).await?;
+    let mut awake = harness.wake(&args.session).await?;
     eprintln!(
-        "steadfast: resuming session {} at #{} ({})",
-        args.session,
-        driver.state().last_seq,
-        driver.state().status
+        "steadfast: resuming session {} ({}) at #{} ({})",
+        args.session, state.agent, state.last_seq, state.status
     );
-    watch(&mut driver);
-    let code = drive(&mut driver, args.json).await;
+    if state.is_wrapped() {
+        eprintln!("steadfast: the {} CLI replays its turn from the log", state.agent);
+    }
+    let code = drive(&mut awake, args.json).await;
     drop(fake);
     code
 }
@@ -185,38 +180,49 @@ fn watch<W: World + Clone, S: Sandbox>(driver: &mut Driver<'_, W, S>) {
 }
 
 async fn drive<W: World + Clone, S: Sandbox>(
-    driver: &mut Driver<'_, W, S>,
+    awake: &mut Awake<'_, W, S>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
+    if let Awake::Native(driver) = awake {
+        watch(driver);
+    }
     let result = tokio::select! {
-        result = driver.run() => result,
+        result = awake.run() => result,
         _ = tokio::signal::ctrl_c() => {
             // Dropping the run stops the call in flight (a command's whole process
             // group is killed); its intent stays in the log for resume to resolve.
-            eprintln!("\nsteadfast: interrupted; nothing is lost. Carry on with: steadfast resume {}", driver.session());
+            eprintln!("\nsteadfast: interrupted; nothing is lost. Carry on with: steadfast resume {}", awake.session());
             return Ok(ExitCode::from(130));
         }
     };
+    if let Awake::Wrapped(driver) = awake {
+        let r = driver.report();
+        eprintln!(
+            "steadfast: turn done: {} model calls answered from the log, {} sent to the provider; {} tool calls replayed, {} run; {} restart(s)",
+            r.exchanges.replayed, r.exchanges.live, r.tools.0, r.tools.1, r.restarts
+        );
+    }
     let stop = match result {
         Ok(stop) => stop,
         Err(e) if e.is_retryable() => {
             eprintln!("steadfast: stopped: {e}");
             eprintln!(
                 "steadfast: nothing is lost; carry on with: steadfast resume {}",
-                driver.session()
+                awake.session()
             );
             return Ok(ExitCode::from(3));
         }
         Err(e) => return Err(e.into()),
     };
     if stop == Stop::Idle {
-        driver.end(EndState::Completed, "task completed").await?;
+        awake.end(EndState::Completed, "task completed").await?;
     }
-    let state = driver.state().clone();
+    let state = awake.state().clone();
     let reply = state.last_reply().unwrap_or_default();
     if json {
         let out = serde_json::json!({
-            "session": driver.session(),
+            "session": awake.session(),
+            "agent": state.agent,
             "status": state.status,
             "reason": state.end_reason.clone().or(state.waiting.as_ref().map(|w| w.reason.clone())),
             "escalated_by": state.escalated,
@@ -231,7 +237,7 @@ async fn drive<W: World + Clone, S: Sandbox>(
         println!("{reply}");
         eprintln!(
             "steadfast: session {} {}: {} model calls, {} input + {} output tokens, ${:.4}; workspace {}",
-            driver.session(),
+            awake.session(),
             state.status,
             state.model_calls,
             state.usage.input_tokens,
@@ -241,10 +247,27 @@ async fn drive<W: World + Clone, S: Sandbox>(
         );
     }
     if let (Some(breaker), Some(wait)) = (state.escalated, &state.waiting) {
+        // The raise that lets the bound that tripped pass (a loop or step budget needs
+        // only a human's go-ahead).
+        let raise = match breaker {
+            steadfast_log::Breaker::Cost => format!(
+                "{{\"max_cost_usd\": {:.2}}}",
+                (state.cost_micro_usd as f64 / 1e6 * 2.0).max(1.0)
+            ),
+            steadfast_log::Breaker::Tokens => format!(
+                "{{\"max_tokens\": {}}}",
+                (state.usage.input_tokens + state.usage.output_tokens).saturating_mul(2).max(100_000)
+            ),
+            steadfast_log::Breaker::Turns => {
+                format!("{{\"max_turns\": {}}}", state.turn.saturating_mul(2).max(2))
+            }
+            steadfast_log::Breaker::Duration => "{\"max_duration_s\": 86400}".to_string(),
+            _ => "{}".to_string(),
+        };
         eprintln!(
-            "steadfast: escalated by the {breaker} breaker: {}\nsteadfast: to go on, raise the bound and resume: steadfast signal {id} resume '{{\"max_cost_usd\": 5}}' && steadfast resume {id}",
+            "steadfast: escalated by the {breaker} breaker: {}\nsteadfast: to go on, raise the bound and resume: steadfast signal {id} resume '{raise}' && steadfast resume {id}",
             wait.reason,
-            id = driver.session()
+            id = awake.session()
         );
     }
     Ok(match state.status {

@@ -37,6 +37,7 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
             "/v1/sessions/{id}/signals/{name}",
             post(messages::signal::<W>),
         )
+        .route("/v1/agents", get(sessions::agents::<W>))
         .route("/openapi.json", get(openapi))
         .route("/healthz", get(|| async { "ok" }))
         .fallback(not_found)

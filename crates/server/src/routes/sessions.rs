@@ -20,7 +20,8 @@ use crate::extract::Body;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CreateSession {
-    /// The agent (only `native` for now).
+    /// The agent: `native`, a wrapped CLI (`claude-code`, `codex`, `pi`) or a name
+    /// from `[[agents.named]]` (see `GET /v1/agents`).
     #[serde(default)]
     agent: Option<String>,
     /// `provider/model`.
@@ -77,11 +78,11 @@ pub(crate) async fn create<W: World + Clone>(
     let owner = state.auth.owner(&headers)?;
     let invalid = |m: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", m);
     let agent = req.agent.unwrap_or_else(|| "native".into());
-    if agent != "native" {
-        return Err(invalid(format!(
-            "agent: unknown agent `{agent}` (available: native)"
-        )));
-    }
+    // Checked before anything is made: an agent that cannot run here leaves nothing.
+    state
+        .harness
+        .check_agent(&agent)
+        .map_err(|e| invalid(format!("agent: {e}")))?;
     let mut limits = steadfast_log::Limits::default();
     let mut budget = None;
     if let Some(b) = req.budget {
@@ -120,7 +121,16 @@ pub(crate) async fn create<W: World + Clone>(
             ));
         }
     }
-    let model = req.model.unwrap_or_else(|| state.default_model.clone());
+    let named_model = state
+        .harness
+        .options()
+        .agents
+        .named_agent(&agent)
+        .and_then(|a| a.model.clone());
+    let model = req
+        .model
+        .or(named_model)
+        .unwrap_or_else(|| state.default_model.clone());
     steadfast_harness::parse_model(&model).map_err(|e| invalid(format!("model: {e}")))?;
 
     let dir = state
@@ -280,4 +290,13 @@ pub(crate) async fn delete<W: World + Clone>(
         }
     }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/agents`: the agents sessions can name, and whether each can run here.
+pub(crate) async fn agents<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    state.auth.owner(&headers)?;
+    Ok(Json(json!({"agents": state.harness.agents()})))
 }

@@ -27,8 +27,14 @@ pub struct Adapter {
     pub name: String,
     /// The npm package that installs it.
     pub package: &'static str,
-    /// The version the tests pin.
-    pub version: &'static str,
+    /// The version sessions of this agent run: the pinned one unless chosen
+    /// (`install-agent claude-code@2.1.332`, `version = ...` of a named agent).
+    pub version: String,
+    /// The version the tests pin (the default).
+    pub pinned: &'static str,
+    /// The versions the adapter is tested with (the pinned one and the newest the npm
+    /// registry served when it was last checked).
+    pub tested: &'static str,
     /// Its executable, relative to the install directory.
     pub bin: &'static str,
     kind: Kind,
@@ -105,25 +111,65 @@ impl Adapter {
             "claude-code" => Some(Adapter {
                 name: name.into(),
                 package: "@anthropic-ai/claude-code",
-                version: "2.1.197",
+                version: "2.1.197".into(),
+                pinned: "2.1.197",
+                tested: ">=2.1.197 <3",
                 bin: "node_modules/.bin/claude",
                 kind: Kind::ClaudeCode,
             }),
             "codex" => Some(Adapter {
                 name: name.into(),
                 package: "@openai/codex",
-                version: "0.171.0",
+                version: "0.171.0".into(),
+                pinned: "0.171.0",
+                tested: ">=0.171.0 <0.200",
                 bin: "node_modules/.bin/codex",
                 kind: Kind::Codex,
             }),
             "pi" => Some(Adapter {
                 name: name.into(),
                 package: "@mariozechner/pi-coding-agent",
-                version: "0.73.1",
+                version: "0.73.1".into(),
+                pinned: "0.73.1",
+                tested: ">=0.73.1 <0.80",
                 bin: "node_modules/.bin/pi",
                 kind: Kind::Pi,
             }),
             _ => None,
+        }
+    }
+
+    /// The same adapter at `version` (`None`: the pinned one). A version must look
+    /// like one (digits, dots, a pre-release tag); anything else is refused.
+    pub fn at_version(mut self, version: Option<&str>) -> Result<Adapter, String> {
+        let Some(version) = version.filter(|v| !v.is_empty()) else {
+            return Ok(self);
+        };
+        let ok = version.chars().next().is_some_and(|c| c.is_ascii_digit())
+            && version
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '+'));
+        if !ok {
+            return Err(format!(
+                "version `{version}` of {} is not a version (e.g. {})",
+                self.package, self.pinned
+            ));
+        }
+        self.version = version.to_string();
+        Ok(self)
+    }
+
+    /// Where this version is installed under `dir`: the pinned version at `dir`
+    /// itself, any other in a directory of its own.
+    pub fn prefix(&self, dir: &Path) -> PathBuf {
+        if self.version == self.pinned {
+            dir.to_path_buf()
+        } else {
+            dir.join(format!(
+                "{}@{}",
+                self.package.replace('/', "+"),
+                self.version
+            ))
         }
     }
 
@@ -135,17 +181,16 @@ impl Adapter {
     /// The command that installs the CLI into `dir` (run once, outside any session;
     /// nothing is fetched while a session runs).
     pub fn install_command(&self, dir: &Path) -> String {
+        let prefix = quote(&self.prefix(dir).display().to_string());
         format!(
-            "cd {} && npm install --no-audit --no-fund {}@{}",
-            quote(&dir.display().to_string()),
-            self.package,
-            self.version
+            "mkdir -p {prefix} && cd {prefix} && npm install --no-audit --no-fund {}@{}",
+            self.package, self.version
         )
     }
 
     /// The CLI's executable under `dir`.
     pub fn executable(&self, dir: &Path) -> PathBuf {
-        dir.join(self.bin)
+        self.prefix(dir).join(self.bin)
     }
 
     /// The shell command that runs one turn of the CLI inside its sandbox.

@@ -1,0 +1,382 @@
+//! Wrapped agents under the one [`Harness::wake`]: a session whose agent is a CLI
+//! (Claude Code, Codex, Pi, ...) is driven by a [`WrappedDriver`], which runs the CLI
+//! through the gateway and the journaled tools ([`steadfast_wrap`]), exactly as a
+//! native session is driven by the native loop. Workers, the server, `run` and
+//! `resume` all come here through `wake`, so whichever process picks a session up
+//! drives it with the agent it was started with, and never with another.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+use steadfast_gateway::Upstreams;
+use steadfast_log::{fold, EndState, Event, SessionState, Status};
+use steadfast_sandbox::{NetworkPolicy, Sandbox};
+use steadfast_world::{InboundKind, Lease, World};
+use steadfast_wrap::{drive_turn, Adapter, TurnReport, WrappedOptions};
+
+use crate::driver::{body_text, Stop};
+use crate::harness::Harness;
+use crate::{Error, Result};
+
+/// How many tool calls a wrapped turn may make per model call it is allowed: the
+/// runaway guard's ceiling (a reply may ask for several tools at once).
+const TOOL_CALLS_PER_STEP: usize = 4;
+
+/// How wrapped agents are found, installed and run.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// Where their npm packages are installed (`None`: `agents/` under the home).
+    pub install_dir: Option<PathBuf>,
+    /// Agents configured by name (`[[agents.named]]`).
+    pub named: Vec<NamedAgent>,
+    /// The providers the gateway calls, with the harness's own keys.
+    pub upstreams: Upstreams,
+    /// Restarts of a CLI that died mid-turn before the session fails.
+    pub max_restarts: u32,
+    /// The longest a turn may run.
+    pub turn_timeout: Duration,
+}
+
+impl Default for AgentOptions {
+    fn default() -> Self {
+        AgentOptions {
+            install_dir: None,
+            named: Vec::new(),
+            upstreams: Upstreams::default(),
+            max_restarts: 5,
+            turn_timeout: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// An agent configured by name: one of the adapters, at a version, with a default
+/// model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NamedAgent {
+    /// The name sessions use (`"agent": "reviewer"`).
+    pub name: String,
+    /// The adapter (`claude-code`, `codex`, `pi`).
+    pub adapter: String,
+    /// The model of its sessions when none is given (`provider/model`).
+    pub model: Option<String>,
+    /// The CLI version (`None`: the adapter's pinned one).
+    pub version: Option<String>,
+}
+
+/// An agent a session can run, as `GET /v1/agents` lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct AgentInfo {
+    /// The name sessions use.
+    pub name: String,
+    /// `native`, or the adapter of a wrapped CLI.
+    pub adapter: String,
+    /// The CLI's npm package (wrapped agents).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub package: Option<String>,
+    /// The version sessions run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The versions the adapter is tested with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tested: Option<String>,
+    /// The model of its sessions when none is given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Whether sessions can run it on this host now (its CLI is installed).
+    pub installed: bool,
+}
+
+impl AgentOptions {
+    /// Where wrapped CLIs are installed for a harness whose home is `home`.
+    pub fn install_dir_under(&self, home: Option<&Path>) -> PathBuf {
+        self.install_dir.clone().unwrap_or_else(|| {
+            home.map_or_else(|| PathBuf::from(".steadfast"), Path::to_path_buf)
+                .join("agents")
+        })
+    }
+
+    /// The named agent called `agent`, if the configuration has one.
+    pub fn named_agent(&self, agent: &str) -> Option<&NamedAgent> {
+        self.named.iter().find(|a| a.name == agent)
+    }
+
+    /// The adapter a session's agent stands for (a configured agent's, or a built-in
+    /// adapter's), at the version it runs. `native` has none.
+    pub fn adapter(&self, agent: &str) -> Result<Adapter> {
+        let named = self.named_agent(agent);
+        let adapter_name = named.map_or(agent, |a| a.adapter.as_str());
+        let mut adapter = Adapter::named(adapter_name).ok_or_else(|| {
+            let mut known = vec!["native".to_string()];
+            known.extend(Adapter::names().iter().map(|n| n.to_string()));
+            known.extend(self.named.iter().map(|a| a.name.clone()));
+            Error::Invalid(format!(
+                "unknown agent `{agent}` (available: {})",
+                known.join(", ")
+            ))
+        })?;
+        adapter = adapter
+            .at_version(named.and_then(|a| a.version.as_deref()))
+            .map_err(Error::Invalid)?;
+        adapter.name = agent.to_string();
+        Ok(adapter)
+    }
+}
+
+impl<W: World + Clone, S: Sandbox> Harness<W, S> {
+    /// Where wrapped CLIs are installed.
+    pub fn install_dir(&self) -> PathBuf {
+        self.options.agents.install_dir_under(self.home.as_deref())
+    }
+
+    /// The adapter a session's agent stands for; see [`AgentOptions::adapter`].
+    pub fn adapter(&self, agent: &str) -> Result<Adapter> {
+        self.options.agents.adapter(agent)
+    }
+
+    /// Checks that sessions of `agent` can run here: `native`, or a known wrapped
+    /// agent whose CLI is installed. The error says what to do.
+    pub fn check_agent(&self, agent: &str) -> Result<()> {
+        if agent == "native" {
+            return Ok(());
+        }
+        let adapter = self.adapter(agent)?;
+        let dir = self.install_dir();
+        if !adapter.executable(&dir).exists() {
+            return Err(Error::Invalid(format!(
+                "agent `{agent}` ({}@{}) is not installed in {}; run: steadfast install-agent {}@{}",
+                adapter.package,
+                adapter.version,
+                dir.display(),
+                adapter.name,
+                adapter.version
+            )));
+        }
+        Ok(())
+    }
+
+    /// Every agent sessions can name: the native loop, the built-in adapters and the
+    /// configured agents.
+    pub fn agents(&self) -> Vec<AgentInfo> {
+        let dir = self.install_dir();
+        let mut out = vec![AgentInfo {
+            name: "native".into(),
+            adapter: "native".into(),
+            package: None,
+            version: None,
+            tested: None,
+            model: None,
+            installed: true,
+        }];
+        let names = Adapter::names()
+            .iter()
+            .map(|n| n.to_string())
+            .chain(self.options.agents.named.iter().map(|a| a.name.clone()));
+        for name in names {
+            let Ok(adapter) = self.adapter(&name) else {
+                continue;
+            };
+            let named = self.options.agents.named_agent(&name);
+            out.push(AgentInfo {
+                installed: adapter.executable(&dir).exists(),
+                adapter: named.map_or(name.clone(), |a| a.adapter.clone()),
+                name,
+                package: Some(adapter.package.to_string()),
+                version: Some(adapter.version.clone()),
+                tested: Some(adapter.tested.to_string()),
+                model: named.and_then(|a| a.model.clone()),
+            });
+        }
+        out
+    }
+
+    /// The driver of a wrapped session under `lease`.
+    pub(crate) fn wrapped_driver(
+        &self,
+        lease: Lease,
+        state: SessionState,
+    ) -> Result<WrappedDriver<'_, W, S>> {
+        let adapter = self.adapter(&state.agent)?;
+        self.check_agent(&state.agent)?;
+        let mut sandbox = self.options.sandbox.clone();
+        // The session's own network policy, as recorded in its log.
+        if let Some(policy) = &state.network {
+            sandbox.network = NetworkPolicy::parse(policy).map_err(Error::Invalid)?;
+        }
+        let agents = &self.options.agents;
+        let options = WrappedOptions {
+            adapter,
+            install_dir: self.install_dir(),
+            sandbox,
+            upstreams: agents.upstreams.clone(),
+            max_restarts: agents.max_restarts,
+            turn_timeout: agents.turn_timeout,
+            lease_ttl: self.options.lease_ttl,
+            max_exchanges_per_turn: self.options.max_steps_per_turn as usize,
+            prices: self.options.prices.clone(),
+            max_tool_calls_per_turn: (self.options.max_steps_per_turn as usize)
+                .saturating_mul(TOOL_CALLS_PER_STEP),
+        };
+        Ok(WrappedDriver {
+            harness: self,
+            lease,
+            state,
+            options,
+            report: TurnReport::default(),
+        })
+    }
+}
+
+/// Drives one wrapped session under its lease: takes its messages and signals from
+/// the inbox and runs each turn's CLI to the turn's end. Dropping it (or the process
+/// dying) loses nothing: the next wake replays the turn from the log.
+pub struct WrappedDriver<'h, W, S> {
+    harness: &'h Harness<W, S>,
+    lease: Lease,
+    state: SessionState,
+    options: WrappedOptions,
+    report: TurnReport,
+}
+
+impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
+    /// The session's state as of the last look at its log.
+    pub fn state(&self) -> &SessionState {
+        &self.state
+    }
+
+    /// The session id.
+    pub fn session(&self) -> &str {
+        &self.lease.session
+    }
+
+    /// What the turns driven so far did (replayed and live calls, restarts).
+    pub fn report(&self) -> &TurnReport {
+        &self.report
+    }
+
+    async fn refresh(&mut self) -> Result<()> {
+        self.state = fold(&self.harness.world.read(&self.lease.session, 1).await?)?;
+        Ok(())
+    }
+
+    async fn append(&mut self, events: &[Event]) -> Result<()> {
+        self.harness.world.append(&self.lease, events).await?;
+        self.refresh().await
+    }
+
+    /// Works until the turn is done (and no message is queued), the session waits
+    /// for a signal, or it ends.
+    pub async fn run(&mut self) -> Result<Stop> {
+        loop {
+            self.refresh().await?;
+            if self.state.ended {
+                return Ok(Stop::Ended(end_state(self.state.status)));
+            }
+            if let Some(wait) = self.state.waiting.clone() {
+                let inbox = self.harness.world.inbox(&self.lease.session).await?;
+                let Some(signal) = inbox
+                    .into_iter()
+                    .find(|i| i.kind == InboundKind::Signal && i.name == wait.name)
+                else {
+                    return Ok(Stop::Waiting(wait.name));
+                };
+                self.append(&[Event::SignalReceived {
+                    name: signal.name,
+                    payload: signal.body,
+                    inbox_id: signal.id,
+                }])
+                .await?;
+                continue;
+            }
+            match self.state.status {
+                Status::Running => {
+                    let turn = drive_turn(
+                        &self.harness.world,
+                        &self.lease,
+                        &self.harness.blobs,
+                        &self.harness.drive,
+                        &self.options,
+                    )
+                    .await;
+                    match turn {
+                        Ok(report) => self.add(report),
+                        Err(e) => {
+                            // A CLI that failed past its restarts has ended the session.
+                            self.refresh().await?;
+                            if self.state.ended {
+                                return Ok(Stop::Ended(end_state(self.state.status)));
+                            }
+                            return Err(e.into());
+                        }
+                    }
+                }
+                _ => {
+                    let inbox = self.harness.world.inbox(&self.lease.session).await?;
+                    let Some(item) = inbox.into_iter().find(|i| i.kind != InboundKind::Signal)
+                    else {
+                        return Ok(Stop::Idle);
+                    };
+                    let turn = self.state.turn + 1;
+                    self.append(&[Event::UserMessage {
+                        turn,
+                        text: body_text(&item.body),
+                        inbox_id: Some(item.id),
+                    }])
+                    .await?;
+                }
+            }
+        }
+    }
+
+    fn add(&mut self, turn: TurnReport) {
+        let r = &mut self.report;
+        r.reply = turn.reply;
+        r.restarts += turn.restarts;
+        r.exchanges.replayed += turn.exchanges.replayed;
+        r.exchanges.live += turn.exchanges.live;
+        r.exchanges.diverged += turn.exchanges.diverged;
+        r.tools.0 += turn.tools.0;
+        r.tools.1 += turn.tools.1;
+    }
+
+    /// Sends a user message, opening a turn.
+    pub async fn send(&mut self, text: &str) -> Result<()> {
+        if self.state.status != Status::Idle || self.state.ended {
+            return Err(Error::Invalid(format!(
+                "session {} is {}; a message can only start a turn when it is idle",
+                self.lease.session, self.state.status
+            )));
+        }
+        let turn = self.state.turn + 1;
+        self.append(&[Event::UserMessage {
+            turn,
+            text: text.to_string(),
+            inbox_id: None,
+        }])
+        .await
+    }
+
+    /// Ends the session.
+    pub async fn end(&mut self, state: EndState, reason: &str) -> Result<()> {
+        self.append(&[Event::SessionEnded {
+            state,
+            reason: reason.to_string(),
+            diff: Vec::new(),
+        }])
+        .await
+    }
+
+    /// Gives the lease back so another harness need not wait for it to lapse.
+    pub async fn release(self) -> Result<()> {
+        self.harness.world.release_lease(&self.lease).await?;
+        Ok(())
+    }
+}
+
+fn end_state(status: Status) -> EndState {
+    match status {
+        Status::Failed => EndState::Failed,
+        Status::Escalated => EndState::Escalated,
+        _ => EndState::Completed,
+    }
+}
