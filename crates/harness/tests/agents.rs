@@ -1,0 +1,86 @@
+//! One wake for every agent: a session is driven by the agent it was started with and
+//! never by another. A wrapped session a worker cannot run (its CLI is not installed
+//! on this host) is left as it is — no native model call, no tool call, not one
+//! record — and the native loop refuses a wrapped session outright.
+
+use serde_json::json;
+use steadfast_harness::{Awake, Error, NewSession};
+use steadfast_world::World;
+
+mod common;
+
+use common::{bash, Setup};
+
+#[tokio::test]
+async fn a_worker_never_drives_a_wrapped_session_with_the_native_loop() -> anyhow::Result<()> {
+    let setup = Setup::new(json!([bash("echo native >> hello.txt"), {"text": "done"}])).await;
+    let harness = setup.harness_with(|o| {
+        o.agents.install_dir = Some(setup.dir.path().join("no-agents-here"));
+    });
+    let mut new = NewSession::native("anthropic/claude-sonnet-4-5", &setup.workspace())
+        .with_task("write hello");
+    new.agent = "claude-code".into();
+    let wrapped = harness.start_session(new).await?;
+    let native = harness
+        .start_session(NewSession::native("fake/m", &setup.workspace()).with_task("go"))
+        .await?;
+    let before = harness.world().read(&wrapped, 1).await?.len();
+
+    // The native loop will not take it, with words that say why.
+    let refused = harness.wake_native(&wrapped).await.err().expect("refused");
+    assert!(
+        matches!(&refused, Error::Invalid(m) if m.contains("claude-code")),
+        "{refused}"
+    );
+    // `wake` hands each session the driver of its own agent.
+    match harness.wake(&native).await? {
+        Awake::Native(d) => d.release().await?,
+        Awake::Wrapped(_) => panic!("a native session got the wrapped driver"),
+    }
+
+    // A worker finds both sessions needing a driver: it finishes the native one and
+    // leaves the wrapped one untouched.
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let work = harness.work(rx);
+    let finished = async {
+        for _ in 0..200 {
+            if harness.state(&native).await?.status == steadfast_log::Status::Idle {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        // Long enough for several claims of the wrapped session.
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        stop.send(true)?;
+        anyhow::Ok(())
+    };
+    let (_, finished) = tokio::join!(work, finished);
+    finished?;
+    assert_eq!(harness.state(&native).await?.status, steadfast_log::Status::Idle);
+    let records = harness.world().read(&wrapped, 1).await?;
+    assert_eq!(records.len(), before, "nothing was appended to the wrapped session");
+    assert_eq!(setup.fake.calls(), 1 + 1, "only the native session called the model");
+    assert_eq!(
+        std::fs::read_to_string(setup.workspace().join("hello.txt"))?,
+        "hello\nnative\n"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_agent_that_cannot_run_is_refused_before_a_session_exists() -> anyhow::Result<()> {
+    let setup = Setup::new(json!([])).await;
+    let harness = setup.harness_with(|o| {
+        o.agents.install_dir = Some(setup.dir.path().join("no-agents-here"));
+    });
+    let err = harness.check_agent("claude-code").unwrap_err().to_string();
+    assert!(err.contains("steadfast install-agent claude-code@"), "{err}");
+    let err = harness.check_agent("aider").unwrap_err().to_string();
+    assert!(err.contains("unknown agent `aider`"), "{err}");
+    harness.check_agent("native")?;
+    let listed = harness.agents();
+    let names: Vec<&str> = listed.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, ["native", "claude-code", "codex", "pi"]);
+    assert!(listed.iter().skip(1).all(|a| !a.installed));
+    Ok(())
+}
