@@ -1,0 +1,286 @@
+//! Wrapped agents hosted by the API and its workers: a Claude Code session is created
+//! through `POST /v1/sessions`, its turn is streamed over SSE, and the worker process
+//! driving it is SIGKILLed mid-turn; the other worker takes the session over and
+//! finishes the turn by replaying its log (nothing paid twice, nothing run by the
+//! native loop), and the SSE client sees the turn through to its `end`. On the
+//! embedded SQLite world and on PostgreSQL.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use steadfast_testkit::{demo, FakeProvider};
+use tokio::io::AsyncBufReadExt;
+
+const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
+
+fn agents_dir() -> PathBuf {
+    std::env::var_os("STEADFAST_TEST_AGENTS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/steadfast-test-agents"))
+}
+
+async fn installed(agent: &str, bin: &str) {
+    if agents_dir().join(bin).exists() {
+        return;
+    }
+    let out = tokio::process::Command::new(BIN)
+        .args(["install-agent", agent])
+        .env("STEADFAST_AGENTS_DIR", agents_dir())
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "install: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+struct Site {
+    home: PathBuf,
+    world: Option<String>,
+    fake_url: String,
+}
+
+impl Site {
+    fn command(&self, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(BIN);
+        cmd.args(args)
+            .env("STEADFAST_HOME", &self.home)
+            .env("STEADFAST_AGENTS_DIR", agents_dir())
+            .env("ANTHROPIC_API_KEY", "sk-ant-the-harness-real-key")
+            .env("ANTHROPIC_BASE_URL", &self.fake_url)
+            .env("STEADFAST_MODEL", "anthropic/claude-sonnet-4-5")
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("STEADFAST_FAULT")
+            .env_remove("STEADFAST_WORLD")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        if let Some(world) = &self.world {
+            cmd.env("STEADFAST_WORLD", world);
+        }
+        cmd
+    }
+
+    async fn api(&self) -> (tokio::process::Child, String) {
+        let mut child = self
+            .command(&["serve", "--listen", "127.0.0.1:0", "--workers", "0"])
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let url = tokio::io::BufReader::new(stdout)
+            .lines()
+            .next_line()
+            .await
+            .unwrap()
+            .unwrap();
+        (child, url)
+    }
+
+    fn worker(&self) -> tokio::process::Child {
+        self.command(&["worker", "--workers", "1"]).spawn().unwrap()
+    }
+
+    async fn log(&self, id: &str) -> Vec<Value> {
+        let out = self.command(&["log", id, "--json"]).output().await.unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+fn kind(record: &Value) -> String {
+    record["event"]
+        .as_object()
+        .and_then(|o| o.keys().next().cloned())
+        .unwrap_or_default()
+}
+
+/// The parent of process `pid`.
+fn parent(pid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|p| p.trim().parse().ok())
+}
+
+/// Which of `workers` runs the CLI working in `workspace`, if one does yet.
+fn driving_worker(workers: &[i32], needle: &str, workspace: &Path) -> Option<i32> {
+    let ws = workspace.display().to_string();
+    for entry in std::fs::read_dir("/proc").ok()?.filter_map(Result::ok) {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let cwd = std::fs::read_link(entry.path().join("cwd")).unwrap_or_default();
+        if !cmdline.contains(needle) || cwd.display().to_string() != ws {
+            continue;
+        }
+        let mut at = pid;
+        while let Some(up) = parent(at) {
+            if workers.contains(&up) {
+                return Some(up);
+            }
+            if up <= 1 {
+                break;
+            }
+            at = up;
+        }
+    }
+    None
+}
+
+async fn takeover(site: Site, fake: &FakeProvider) {
+    let (_api, url) = site.api().await;
+    let mut workers = [site.worker(), site.worker()];
+    let pids: Vec<i32> = workers.iter().map(|w| w.id().unwrap() as i32).collect();
+    let http = reqwest::Client::new();
+
+    // The agents this server offers, and a wrapped session through the API.
+    let agents: Value = http.get(format!("{url}/v1/agents")).send().await.unwrap().json().await.unwrap();
+    let claude = agents["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "claude-code")
+        .expect("claude-code is listed");
+    assert_eq!(claude["installed"], true, "{agents}");
+    let resp = http
+        .post(format!("{url}/v1/sessions"))
+        .json(&json!({"agent": "claude-code", "workspace": {"kind": "demo"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let created: Value = resp.json().await.unwrap();
+    let id = created["id"].as_str().unwrap().to_string();
+    let workspace = PathBuf::from(created["workspace"].as_str().unwrap());
+
+    // The turn streams over SSE from the message's own request.
+    let stream = http
+        .post(format!("{url}/v1/sessions/{id}/messages"))
+        .json(&json!({"text": demo::TASK}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let reader = tokio::spawn(async move {
+        let mut events = Vec::new();
+        let mut stream = stream.bytes_stream().eventsource();
+        while let Some(ev) = stream.next().await {
+            let ev = ev.unwrap();
+            let end = ev.event == "end";
+            events.push(ev.event);
+            if end {
+                break;
+            }
+        }
+        events
+    });
+
+    // A few calls in, SIGKILL the worker that drives the session.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let victim = loop {
+        assert!(std::time::Instant::now() < deadline, "the CLI never got going");
+        if fake.calls() >= 3 {
+            if let Some(pid) = driving_worker(&pids, "claude", &workspace) {
+                break pid;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let at = pids.iter().position(|p| *p == victim).unwrap();
+    workers[at].start_kill().unwrap();
+    let _ = workers[at].wait().await;
+
+    let events = tokio::time::timeout(Duration::from_secs(180), reader)
+        .await
+        .expect("the turn finished on the other worker")
+        .unwrap();
+    assert_eq!(events.last().map(String::as_str), Some("end"), "{events:?}");
+    assert!(events.iter().any(|e| e == "turn_ended"), "{events:?}");
+    let shown: Value = http.get(format!("{url}/v1/sessions/{id}")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(shown["status"], "idle", "{shown}");
+    assert!(
+        std::fs::read_to_string(workspace.join("CHANGELOG.md"))
+            .unwrap()
+            .contains("off-by-one"),
+        "the task was finished"
+    );
+    let log = site.log(&id).await;
+    let kinds: Vec<String> = log.iter().map(kind).collect();
+    assert!(
+        !kinds.iter().any(|k| k.starts_with("model_call")),
+        "the native loop never touched the wrapped session: {kinds:?}"
+    );
+    assert!(!kinds.iter().any(|k| k == "replay_diverged"), "{kinds:?}");
+    let intents = kinds.iter().filter(|k| *k == "exchange_intent").count() as u64;
+    let outcomes = kinds.iter().filter(|k| *k == "exchange_outcome").count() as u64;
+    assert!(fake.calls() <= intents && fake.calls() <= outcomes + 1, "{} calls, {intents} intents, {outcomes} outcomes", fake.calls());
+    assert!(log.len() < 200, "no runaway: {} records", log.len());
+    // The turn was driven under two leases: the killed worker's, then the other's.
+    let opened = kinds.iter().position(|k| k == "user_message").unwrap();
+    let epochs: std::collections::BTreeSet<u64> = log[opened..]
+        .iter()
+        .filter_map(|r| r["epoch"].as_u64())
+        .collect();
+    assert!(epochs.len() >= 2, "the turn moved to another worker: epochs {epochs:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrapped_session_moves_to_another_worker_on_sqlite() {
+    installed("claude-code", "node_modules/.bin/claude").await;
+    let mut script = demo::script();
+    script.steps[4].chunk_delay_ms = 60;
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let site = Site {
+        home: dir.path().join("home"),
+        world: None,
+        fake_url: fake.base_url(),
+    };
+    takeover(site, &fake).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrapped_session_moves_to_another_worker_on_postgres() {
+    installed("claude-code", "node_modules/.bin/claude").await;
+    let admin = std::env::var("STEADFAST_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+        .await
+        .expect("PostgreSQL must be running");
+    tokio::spawn(conn);
+    let name = format!("steadfast_wrapped_{}", std::process::id());
+    client
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .await
+        .unwrap();
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap();
+    let world = format!("{}/{name}", &admin[..admin.rfind('/').unwrap()]);
+    let mut script = demo::script();
+    script.steps[4].chunk_delay_ms = 60;
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let site = Site {
+        home: dir.path().join("home"),
+        world: Some(world),
+        fake_url: fake.base_url(),
+    };
+    let migrated = site.command(&["migrate"]).output().await.unwrap();
+    assert!(migrated.status.success());
+    takeover(site, &fake).await;
+    client
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .await
+        .unwrap();
+}
