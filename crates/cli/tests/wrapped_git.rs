@@ -321,3 +321,41 @@ async fn pi_in_a_git_repository_survives_every_kind_of_crash() {
     installed("pi", "node_modules/.bin/pi").await;
     git_workspace_crash_suite("pi", "anthropic/claude-sonnet-4-5").await;
 }
+
+/// A divergence forced on purpose: the session's agent is upgraded between the crash
+/// and the resume (here from Claude Code to Pi, whose requests share nothing with
+/// Claude Code's), so the restarted CLI's first request matches nothing recorded and
+/// the turn is done again from its start. The outside service was already reached
+/// before the crash: the same call is answered from its record, not made again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_diverged_replay_never_repeats_an_external_effect() {
+    installed("claude-code", "node_modules/.bin/claude").await;
+    installed("pi", "node_modules/.bin/pi").await;
+    let expected = reference("claude-code", "anthropic/claude-sonnet-4-5").await;
+    let case = Case::new().await;
+    let config = |adapter: &str| {
+        std::fs::write(
+            case.dir.path().join("steadfast.toml"),
+            format!("[[agents.named]]\nname = \"coder\"\nadapter = \"{adapter}\"\n"),
+        )
+        .unwrap()
+    };
+    config("claude-code");
+    let out = case
+        .run_command("coder", "anthropic/claude-sonnet-4-5", &[("STEADFAST_FAULT", "tool.outcome_committed:6".into())])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.signal(), Some(6), "{}", stderr(&out));
+    assert_eq!(case.service.hits(), 1, "the effect happened before the crash");
+    config("pi");
+    let session = case.session().await;
+    resume(&case, &session, "diverged").await;
+    let log = case.log(&session).await;
+    assert!(
+        !events(&log, "replay_diverged").is_empty(),
+        "the upgraded agent's requests did not match the record"
+    );
+    assert_eq!(case.service.hits(), 1, "the external effect was not made again");
+    assert_eq!(case.files(), expected, "the crash-free workspace");
+}
