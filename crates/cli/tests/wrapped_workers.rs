@@ -231,6 +231,33 @@ async fn takeover(site: Site, fake: &FakeProvider) {
         .filter_map(|r| r["epoch"].as_u64())
         .collect();
     assert!(epochs.len() >= 2, "the turn moved to another worker: epochs {epochs:?}");
+
+    // A second turn starts from where the first left off: its CLI is a new run that
+    // replays nothing of turn 1 (no divergence, no workspace put back).
+    let before = fake.calls();
+    let second = http
+        .post(format!("{url}/v1/sessions/{id}/messages"))
+        .json(&json!({"text": "Now check the tests once more."}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(second.status(), 200);
+    let body = tokio::time::timeout(Duration::from_secs(120), second.text())
+        .await
+        .expect("the second turn finished")
+        .unwrap();
+    assert!(body.contains("event: end"), "{body}");
+    assert!(fake.calls() > before, "the second turn called the model");
+    let log = site.log(&id).await;
+    let kinds: Vec<String> = log.iter().map(kind).collect();
+    assert!(!kinds.iter().any(|k| k == "replay_diverged"), "turn 2 replayed nothing of turn 1: {kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| *k == "turn_ended").count(), 2, "{kinds:?}");
+    assert!(
+        std::fs::read_to_string(workspace.join("CHANGELOG.md"))
+            .unwrap()
+            .contains("off-by-one"),
+        "turn 1's work is still there"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
