@@ -184,11 +184,12 @@ async fn takeover(site: Site, fake: &FakeProvider) {
         events
     });
 
-    // A few calls in, SIGKILL the worker that drives the session.
+    // While the fifth reply streams (slowly), SIGKILL the worker that drives the
+    // session: the reply is cut off, and asked again by the other worker's CLI.
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     let victim = loop {
         assert!(std::time::Instant::now() < deadline, "the CLI never got going");
-        if fake.calls() >= 3 {
+        if fake.calls() >= 5 {
             if let Some(pid) = driving_worker(&pids, "claude", &workspace) {
                 break pid;
             }
@@ -205,6 +206,14 @@ async fn takeover(site: Site, fake: &FakeProvider) {
         .unwrap();
     assert_eq!(events.last().map(String::as_str), Some("end"), "{events:?}");
     assert!(events.iter().any(|e| e == "turn_ended"), "{events:?}");
+    assert!(
+        events.iter().any(|e| e == "model_delta"),
+        "the replies' text streamed as it was written: {events:?}"
+    );
+    assert!(
+        events.iter().any(|e| e == "restart"),
+        "the cut-off reply was announced as starting over: {events:?}"
+    );
     let shown: Value = http.get(format!("{url}/v1/sessions/{id}")).send().await.unwrap().json().await.unwrap();
     assert_eq!(shown["status"], "idle", "{shown}");
     assert!(
@@ -264,7 +273,7 @@ async fn takeover(site: Site, fake: &FakeProvider) {
 async fn a_wrapped_session_moves_to_another_worker_on_sqlite() {
     installed("claude-code", "node_modules/.bin/claude").await;
     let mut script = demo::script();
-    script.steps[4].chunk_delay_ms = 60;
+    script.steps[4].chunk_delay_ms = 150;
     let fake = FakeProvider::start(script).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let site = Site {
@@ -295,7 +304,7 @@ async fn a_wrapped_session_moves_to_another_worker_on_postgres() {
         .unwrap();
     let world = format!("{}/{name}", &admin[..admin.rfind('/').unwrap()]);
     let mut script = demo::script();
-    script.steps[4].chunk_delay_ms = 60;
+    script.steps[4].chunk_delay_ms = 150;
     let fake = FakeProvider::start(script).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let site = Site {

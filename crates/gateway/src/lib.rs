@@ -21,6 +21,7 @@
 //! restored to the snapshot recorded with that exchange, and the request goes to the
 //! provider. A recorded request whose reply was cut off by a crash is asked again.
 
+mod deltas;
 pub mod normalize;
 mod relay;
 mod usage;

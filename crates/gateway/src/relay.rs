@@ -124,12 +124,25 @@ pub(crate) async fn live<W: World + Clone>(
         let mut recorded = Vec::new();
         let mut chunks = upstream_response.bytes_stream();
         let mut first = true;
+        let streamed = ct.starts_with("text/event-stream");
+        let mut text = crate::deltas::TextDeltas::default();
+        let writer = streamed.then(|| {
+            crate::deltas::DeltaWriter::start(
+                shared.world.clone(),
+                shared.lease.clone(),
+                call_id.clone(),
+            )
+        });
         while let Some(chunk) = chunks.next().await {
             match chunk {
                 Ok(bytes) => {
                     recorded.extend_from_slice(&bytes);
+                    let piece = writer.as_ref().map(|_| text.feed(api, &bytes));
                     // A client that went away does not stop the recording.
                     let _ = tx.send(Ok(bytes)).await;
+                    if let (Some(w), Some(piece)) = (&writer, piece) {
+                        w.push(piece);
+                    }
                     if first {
                         steadfast_fault::point(steadfast_fault::points::MODEL_MID_STREAM);
                         first = false;
@@ -142,6 +155,9 @@ pub(crate) async fn live<W: World + Clone>(
                     return;
                 }
             }
+        }
+        if let Some(w) = writer {
+            w.finish().await;
         }
         steadfast_fault::point(steadfast_fault::points::MODEL_EFFECT);
         let body = String::from_utf8_lossy(&recorded).into_owned();

@@ -664,7 +664,11 @@ impl SessionState {
                 }
             }
             Event::ModelDelta { call_id, .. } => {
-                if self.pending_model.as_ref().map(|p| &p.call_id) != Some(call_id) {
+                // A native model call in flight, or a wrapped agent's exchange whose
+                // reply is streaming (or was cut off: its late pieces are kept).
+                let exchange = self.exchanges.iter().any(|e| &e.call_id == call_id)
+                    || self.superseded_exchanges.contains(call_id);
+                if self.pending_model.as_ref().map(|p| &p.call_id) != Some(call_id) && !exchange {
                     return Err(bad("a delta of a model call that is not in flight"));
                 }
             }

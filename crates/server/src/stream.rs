@@ -32,8 +32,8 @@ struct Tracker {
     /// A wrapped agent's exchanges in the open turn: index, and whether answered (an
     /// intent at an index still unanswered asks again for a reply a crash cut off).
     exchanges: std::collections::BTreeMap<u32, bool>,
-    /// Each exchange attempt's index.
-    exchange_calls: std::collections::HashMap<String, u32>,
+    /// Each exchange attempt's index, and the text it has streamed so far.
+    exchange_calls: std::collections::HashMap<String, (u32, String)>,
 }
 
 impl Tracker {
@@ -56,11 +56,27 @@ impl Tracker {
             Event::SessionEnded { .. } => self.status = "ended",
             Event::ExchangeIntent { index, call_id, .. } => {
                 self.exchanges.insert(*index, false);
-                self.exchange_calls.insert(call_id.clone(), *index);
+                self.exchange_calls
+                    .insert(call_id.clone(), (*index, String::new()));
+            }
+            Event::ModelDelta {
+                call_id,
+                text,
+                restart: false,
+            } => {
+                if let Some((_, streamed)) = self.exchange_calls.get_mut(call_id) {
+                    streamed.push_str(text);
+                }
             }
             Event::ExchangeOutcome { call_id, .. } => {
-                if let Some(index) = self.exchange_calls.get(call_id) {
-                    self.exchanges.insert(*index, true);
+                if let Some((index, streamed)) = self.exchange_calls.remove(call_id) {
+                    self.exchanges.insert(index, true);
+                    if !streamed.is_empty() {
+                        if !self.turn_text.is_empty() {
+                            self.turn_text.push('\n');
+                        }
+                        self.turn_text.push_str(&streamed);
+                    }
                 }
             }
             Event::ModelCallOutcome { content, .. } => {
