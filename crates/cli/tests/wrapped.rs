@@ -159,6 +159,13 @@ async fn reference(
     );
     let session = case.session().await;
     case.assert_nothing_paid_twice(&session, "crash-free").await;
+    // Every tool call went through the journal (no built-in tool of the CLI's ran).
+    let log = case.log(&session).await;
+    assert_eq!(
+        events(&log, "tool_call_outcome").len(),
+        7,
+        "the demo's seven tool calls were journaled"
+    );
     tree(&case.workspace())
 }
 
@@ -307,6 +314,18 @@ async fn pi_killed_mid_turn_is_started_again_and_finishes() {
     installed("pi", "node_modules/.bin/pi").await;
     // Pi names its process `pi` (padded with spaces, over its arguments).
     kill_the_cli_mid_turn("pi", "anthropic/claude-sonnet-4-5", "pi  ").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_survives_crashes_at_every_kind_of_point() {
+    installed("opencode", "node_modules/.bin/opencode").await;
+    crash_and_resume("opencode", "anthropic/claude-sonnet-4-5").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_killed_mid_turn_is_started_again_and_finishes() {
+    installed("opencode", "node_modules/.bin/opencode").await;
+    kill_the_cli_mid_turn("opencode", "anthropic/claude-sonnet-4-5", "opencode").await;
 }
 
 /// The environment and arguments of every process whose command line has `needle`.

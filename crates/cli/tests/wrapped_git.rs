@@ -322,6 +322,12 @@ async fn pi_in_a_git_repository_survives_every_kind_of_crash() {
     git_workspace_crash_suite("pi", "anthropic/claude-sonnet-4-5").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_in_a_git_repository_survives_every_kind_of_crash() {
+    installed("opencode", "node_modules/.bin/opencode").await;
+    git_workspace_crash_suite("opencode", "anthropic/claude-sonnet-4-5").await;
+}
+
 /// A divergence forced on purpose: the session's agent is upgraded between the crash
 /// and the resume (here from Claude Code to Pi, whose requests share nothing with
 /// Claude Code's), so the restarted CLI's first request matches nothing recorded and

@@ -169,7 +169,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             installed: true,
         }];
         let names = Adapter::names()
-            .iter()
+            .into_iter()
             .map(|n| n.to_string())
             .chain(self.options.agents.named.iter().map(|a| a.name.clone()));
         for name in names {

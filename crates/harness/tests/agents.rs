@@ -80,7 +80,7 @@ async fn an_agent_that_cannot_run_is_refused_before_a_session_exists() -> anyhow
     harness.check_agent("native")?;
     let listed = harness.agents();
     let names: Vec<&str> = listed.iter().map(|a| a.name.as_str()).collect();
-    assert_eq!(names, ["native", "claude-code", "codex", "pi"]);
+    assert_eq!(names, ["native", "claude-code", "codex", "pi", "opencode"]);
     assert!(listed.iter().skip(1).all(|a| !a.installed));
     Ok(())
 }

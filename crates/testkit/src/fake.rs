@@ -151,14 +151,19 @@ fn offered_tools(request: &Value) -> Vec<String> {
 }
 
 /// A scripted tool name as the client offers it: scripts say `bash`, Claude Code
-/// offers MCP tools as `mcp__steadfast__bash`, Codex as `steadfast.bash`.
+/// offers MCP tools as `mcp__steadfast__bash`, Codex as `steadfast.bash`, OpenCode as
+/// `steadfast_bash`.
 fn resolve_tool_names(mut step: crate::Step, request: &Value) -> crate::Step {
     let offered = offered_tools(request);
     for call in &mut step.tool_calls {
         if offered.contains(&call.name) {
             continue;
         }
-        let suffixes = [format!("__{}", call.name), format!(".{}", call.name)];
+        let suffixes = [
+            format!("__{}", call.name),
+            format!(".{}", call.name),
+            format!("_{}", call.name),
+        ];
         if let Some(found) = offered
             .iter()
             .find(|o| suffixes.iter().any(|s| o.ends_with(s.as_str())))

@@ -17,13 +17,62 @@
 //! | `claude-code` | Anthropic Messages | off (`--tools ""`) | MCP (`--mcp-config`, `--strict-mcp-config`) |
 //! | `codex` | OpenAI Responses | off where Codex allows | MCP (`[mcp_servers]` in `config.toml`) |
 //! | `pi` | Anthropic Messages or OpenAI Chat (by the session's provider) | off (`--no-builtin-tools`) | an extension (`-e`) calling the MCP server |
+//! | `opencode` | Anthropic Messages or OpenAI Responses (by the session's provider) | off (`"tools": {...: false}`) | MCP (`"mcp"` in its inline config) |
+//!
+//! **Adding a CLI** is one file here implementing [`Cli`] (its npm package, the version
+//! it is pinned to and the range it is tested with, its executable, and the shell
+//! command that runs one turn pointed at the gateway and the MCP server with every
+//! built-in tool that would bypass the journal turned off) and one line in
+//! [`CLIS`]. Nothing else in Steadfast knows which CLIs exist.
+
 
 use std::path::{Path, PathBuf};
 
-/// A wrapped CLI.
-#[derive(Debug, Clone, PartialEq, Eq)]
+mod claude_code;
+mod codex;
+mod opencode;
+mod pi;
+
+/// One wrapped CLI: how it is installed and how it runs a turn. Implementations are
+/// stateless; the command they build is the whole contract with the CLI:
+///
+/// - it must send every model request to `launch.gateway` with `launch.token` as its
+///   key (the provider's real key never reaches it);
+/// - it must get its tools only from the MCP server at `launch.mcp` (any built-in that
+///   runs commands, edits files or reaches the network is turned off, or its effects
+///   would bypass the journal);
+/// - it must be deterministic given the same replies and tool results (no state kept
+///   between runs: a turn is replayed by starting it again);
+/// - it prints the turn's final answer on stdout and exits 0, or exits non-zero.
+pub trait Cli: Send + Sync + 'static {
+    /// The adapter's name (`--agent <name>`, `"agent": "<name>"`).
+    fn name(&self) -> &'static str;
+    /// The npm package that installs it.
+    fn package(&self) -> &'static str;
+    /// The version installed by default (what the tests pin).
+    fn pinned(&self) -> &'static str;
+    /// The versions it is tested with.
+    fn tested(&self) -> &'static str;
+    /// Its executable, relative to the install prefix.
+    fn bin(&self) -> &'static str;
+    /// The shell command (run with `bash -c` in the CLI's sandbox) for one turn;
+    /// `bin` is the executable, shell-quoted.
+    fn command(&self, bin: &str, launch: &Launch<'_>) -> String;
+}
+
+/// Every CLI Steadfast can wrap.
+pub const CLIS: &[&dyn Cli] = &[
+    &claude_code::ClaudeCode,
+    &codex::Codex,
+    &pi::Pi,
+    &opencode::OpenCode,
+];
+
+/// A wrapped CLI as a session's agent runs it: which CLI, at which version, under
+/// which name.
+#[derive(Clone)]
 pub struct Adapter {
-    /// Its name (`--agent <name>`).
+    /// Its name (`--agent <name>`): the adapter's, or a named agent's.
     pub name: String,
     /// The npm package that installs it.
     pub package: &'static str,
@@ -32,52 +81,30 @@ pub struct Adapter {
     pub version: String,
     /// The version the tests pin (the default).
     pub pinned: &'static str,
-    /// The versions the adapter is tested with (the pinned one and the newest the npm
-    /// registry served when it was last checked).
+    /// The versions the adapter is tested with.
     pub tested: &'static str,
-    /// Its executable, relative to the install directory.
-    pub bin: &'static str,
-    kind: Kind,
+    cli: &'static dyn Cli,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    ClaudeCode,
-    Codex,
-    Pi,
+impl std::fmt::Debug for Adapter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Adapter")
+            .field("name", &self.name)
+            .field("cli", &self.cli.name())
+            .field("version", &self.version)
+            .finish()
+    }
 }
 
-/// Pi's extension that gives it the journaled tools (Pi has no MCP client).
-const PI_TOOLS: &str = include_str!("pi_tools.js");
+impl PartialEq for Adapter {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+            && self.cli.name() == other.cli.name()
+            && self.version == other.version
+    }
+}
 
-/// Codex's configuration: the gateway as a Responses-API provider, the MCP tools, and
-/// everything that would reach the network or run commands outside the journal off.
-const CODEX_CONFIG: &str = r#"model = "{model}"
-model_provider = "steadfast"
-approval_policy = "never"
-sandbox_mode = "danger-full-access"
-web_search = "disabled"
-check_for_update_on_startup = false
-
-[model_providers.steadfast]
-name = "steadfast"
-base_url = "{gateway}/v1"
-env_key = "STEADFAST_GATEWAY_TOKEN"
-wire_api = "responses"
-
-[mcp_servers.steadfast]
-url = "{mcp}"
-
-[features]
-plugins = false
-apps = false
-shell_tool = false
-unified_exec = false
-view_image = false
-goals = false
-multi_agent = false
-shell_snapshot = false
-"#;
+impl Eq for Adapter {}
 
 /// What a turn's launch needs to know.
 #[derive(Debug, Clone)]
@@ -105,38 +132,22 @@ pub fn quote(word: &str) -> String {
 }
 
 impl Adapter {
-    /// The adapter named `name`, if there is one.
+    /// The adapter named `name`, if there is one, at its pinned version.
     pub fn named(name: &str) -> Option<Adapter> {
-        match name {
-            "claude-code" => Some(Adapter {
-                name: name.into(),
-                package: "@anthropic-ai/claude-code",
-                version: "2.1.197".into(),
-                pinned: "2.1.197",
-                tested: ">=2.1.197 <3",
-                bin: "node_modules/.bin/claude",
-                kind: Kind::ClaudeCode,
-            }),
-            "codex" => Some(Adapter {
-                name: name.into(),
-                package: "@openai/codex",
-                version: "0.171.0".into(),
-                pinned: "0.171.0",
-                tested: ">=0.171.0 <0.200",
-                bin: "node_modules/.bin/codex",
-                kind: Kind::Codex,
-            }),
-            "pi" => Some(Adapter {
-                name: name.into(),
-                package: "@mariozechner/pi-coding-agent",
-                version: "0.73.1".into(),
-                pinned: "0.73.1",
-                tested: ">=0.73.1 <0.80",
-                bin: "node_modules/.bin/pi",
-                kind: Kind::Pi,
-            }),
-            _ => None,
-        }
+        let cli = *CLIS.iter().find(|c| c.name() == name)?;
+        Some(Adapter {
+            name: name.to_string(),
+            package: cli.package(),
+            version: cli.pinned().to_string(),
+            pinned: cli.pinned(),
+            tested: cli.tested(),
+            cli,
+        })
+    }
+
+    /// The adapter's own name (a named agent's adapter).
+    pub fn cli_name(&self) -> &'static str {
+        self.cli.name()
     }
 
     /// The same adapter at `version` (`None`: the pinned one). A version must look
@@ -174,8 +185,8 @@ impl Adapter {
     }
 
     /// The names of every adapter.
-    pub fn names() -> &'static [&'static str] {
-        &["claude-code", "codex", "pi"]
+    pub fn names() -> Vec<&'static str> {
+        CLIS.iter().map(|c| c.name()).collect()
     }
 
     /// The command that installs the CLI into `dir` (run once, outside any session;
@@ -190,69 +201,12 @@ impl Adapter {
 
     /// The CLI's executable under `dir`.
     pub fn executable(&self, dir: &Path) -> PathBuf {
-        self.prefix(dir).join(self.bin)
+        self.prefix(dir).join(self.cli.bin())
     }
 
     /// The shell command that runs one turn of the CLI inside its sandbox.
     pub fn command(&self, launch: &Launch<'_>) -> String {
         let bin = quote(&self.executable(launch.install_dir).display().to_string());
-        match self.kind {
-            Kind::ClaudeCode => {
-                let mcp = serde_json::json!({"mcpServers": {crate::mcp::SERVER_NAME: {"type": "http", "url": launch.mcp}}});
-                format!(
-                    "export IS_SANDBOX=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1 \
-                     DISABLE_TELEMETRY=1 DISABLE_ERROR_REPORTING=1 \
-                     ANTHROPIC_BASE_URL={gw} ANTHROPIC_API_KEY={token}; \
-                     exec {bin} -p {task} --tools '' --mcp-config {mcp} --strict-mcp-config \
-                     --dangerously-skip-permissions --model {model} --output-format text",
-                    gw = quote(launch.gateway),
-                    token = quote(launch.token),
-                    task = quote(launch.task),
-                    mcp = quote(&mcp.to_string()),
-                    model = quote(launch.model),
-                )
-            }
-            Kind::Codex => {
-                let config = CODEX_CONFIG
-                    .replace("{model}", launch.model)
-                    .replace("{gateway}", launch.gateway)
-                    .replace("{mcp}", launch.mcp);
-                format!(
-                    "export CODEX_HOME=\"$HOME/.codex\" STEADFAST_GATEWAY_TOKEN={token}; \
-                     mkdir -p \"$CODEX_HOME\" && printf '%s' {config} > \"$CODEX_HOME/config.toml\" && \
-                     {bin} exec --skip-git-repo-check --color never -m {model} \
-                     -o \"$CODEX_HOME/last-message.txt\" {task} > \"$CODEX_HOME/run.log\" 2>&1; \
-                     rc=$?; if [ $rc = 0 ]; then cat \"$CODEX_HOME/last-message.txt\"; \
-                     else tail -c 4000 \"$CODEX_HOME/run.log\"; fi; exit $rc",
-                    token = quote(launch.token),
-                    config = quote(&config),
-                    model = quote(launch.model),
-                    task = quote(launch.task),
-                )
-            }
-            Kind::Pi => {
-                let (api, base) = match launch.provider {
-                    "openai" => ("openai-completions", format!("{}/v1", launch.gateway)),
-                    _ => ("anthropic-messages", launch.gateway.to_string()),
-                };
-                let models = serde_json::json!({"providers": {"steadfast": {
-                    "baseUrl": base, "api": api, "apiKey": launch.token,
-                    "models": [{"id": launch.model}],
-                }}});
-                format!(
-                    "export PI_OFFLINE=1 STEADFAST_MCP_URL={mcp}; mkdir -p \"$HOME/.pi/agent\" && \
-                     printf '%s' {models} > \"$HOME/.pi/agent/models.json\" && \
-                     printf '%s' {tools} > \"$HOME/.pi/steadfast-tools.js\" && \
-                     exec {bin} -p --no-builtin-tools --no-extensions -e \"$HOME/.pi/steadfast-tools.js\" \
-                     --no-skills --no-prompt-templates --no-context-files --no-session --offline \
-                     --provider steadfast --model {model} {task}",
-                    mcp = quote(launch.mcp),
-                    models = quote(&models.to_string()),
-                    tools = quote(PI_TOOLS),
-                    model = quote(launch.model),
-                    task = quote(launch.task),
-                )
-            }
-        }
+        self.cli.command(&bin, launch)
     }
 }
