@@ -85,10 +85,18 @@ enum Command {
         #[arg(default_value = "null")]
         payload: String,
     },
-    /// Install a wrapped CLI agent's pinned npm package (`claude-code`, ...).
+    /// Install a wrapped CLI agent's npm package: `claude-code` (its pinned version),
+    /// `claude-code@2.1.332`, or a named agent (at its configured version).
     InstallAgent {
-        /// The agent.
+        /// The agent, optionally `@<version>`.
         name: String,
+    },
+    /// List the agents sessions can run (native, the wrapped CLIs, named agents) with
+    /// their versions and whether each is installed.
+    Agents {
+        /// One JSON object per agent on stdout.
+        #[arg(long)]
+        json: bool,
     },
     /// Print the hash of a bearer token, for the `[server] tokens` configuration.
     HashToken {
@@ -163,6 +171,7 @@ fn main() -> ExitCode {
             Command::InstallAgent { name } => {
                 commands::wrapped::install(&cli.home, &config, &name).await
             }
+            Command::Agents { json } => commands::wrapped::list(&cli.home, &config, json),
             Command::HashToken { token } => {
                 println!("{}", steadfast_server::hash_token(&token));
                 Ok(ExitCode::SUCCESS)

@@ -26,13 +26,11 @@ fn agents_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/tmp/steadfast-test-agents"))
 }
 
-/// Installs `agent` with `steadfast install-agent` unless it already is.
-async fn installed(agent: &str, bin: &str) {
+/// Installs `agent` at its pinned version (`install-agent` does nothing when it is
+/// already installed at that version).
+async fn installed(agent: &str) {
     static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let _one_at_a_time = LOCK.lock().await;
-    if agents_dir().join(bin).exists() {
-        return;
-    }
     let out = tokio::process::Command::new(BIN)
         .args(["install-agent", agent])
         .env("STEADFAST_AGENTS_DIR", agents_dir())
@@ -281,50 +279,50 @@ async fn kill_the_cli_mid_turn(agent: &str, model: &str, needle: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_survives_crashes_at_every_kind_of_point() {
-    installed("claude-code", "node_modules/.bin/claude").await;
+    installed("claude-code").await;
     crash_and_resume("claude-code", "anthropic/claude-sonnet-4-5").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_killed_mid_turn_is_started_again_and_finishes() {
-    installed("claude-code", "node_modules/.bin/claude").await;
+    installed("claude-code").await;
     kill_the_cli_mid_turn("claude-code", "anthropic/claude-sonnet-4-5", "claude").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_survives_crashes_at_every_kind_of_point() {
-    installed("codex", "node_modules/.bin/codex").await;
+    installed("codex").await;
     crash_and_resume("codex", "openai/gpt-5").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_killed_mid_turn_is_started_again_and_finishes() {
-    installed("codex", "node_modules/.bin/codex").await;
+    installed("codex").await;
     kill_the_cli_mid_turn("codex", "openai/gpt-5", "codex").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pi_survives_crashes_at_every_kind_of_point() {
-    installed("pi", "node_modules/.bin/pi").await;
+    installed("pi").await;
     crash_and_resume("pi", "anthropic/claude-sonnet-4-5").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pi_killed_mid_turn_is_started_again_and_finishes() {
-    installed("pi", "node_modules/.bin/pi").await;
+    installed("pi").await;
     // Pi names its process `pi` (padded with spaces, over its arguments).
     kill_the_cli_mid_turn("pi", "anthropic/claude-sonnet-4-5", "pi  ").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opencode_survives_crashes_at_every_kind_of_point() {
-    installed("opencode", "node_modules/.bin/opencode").await;
+    installed("opencode").await;
     crash_and_resume("opencode", "anthropic/claude-sonnet-4-5").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opencode_killed_mid_turn_is_started_again_and_finishes() {
-    installed("opencode", "node_modules/.bin/opencode").await;
+    installed("opencode").await;
     kill_the_cli_mid_turn("opencode", "anthropic/claude-sonnet-4-5", "opencode").await;
 }
 
@@ -353,7 +351,7 @@ fn process_texts(needle: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_provider_key_never_reaches_a_wrapped_cli_or_its_tools() {
-    installed("claude-code", "node_modules/.bin/claude").await;
+    installed("claude-code").await;
     const KEY: &str = "sk-ant-the-harness-real-key";
     // A tool call looks for the key everywhere a command can: its environment, every
     // process's arguments and environment, and the files it can read. (The pattern is
@@ -407,7 +405,7 @@ async fn the_provider_key_never_reaches_a_wrapped_cli_or_its_tools() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrapped_cli_is_bounded_and_a_raised_bound_resumes_it() {
-    installed("claude-code", "node_modules/.bin/claude").await;
+    installed("claude-code").await;
     let expected = reference("claude-code", "anthropic/claude-sonnet-4-5").await;
     let case = Case::new().await;
     let ws = case.workspace().display().to_string();
@@ -452,7 +450,7 @@ async fn a_wrapped_cli_is_bounded_and_a_raised_bound_resumes_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrapped_cli_going_in_circles_trips_the_loop_breaker() {
-    installed("claude-code", "node_modules/.bin/claude").await;
+    installed("claude-code").await;
     let look = serde_json::json!({"text": "Looking again.", "tool_calls": [{"name": "bash", "input": {"command": "cat stats.py"}}]});
     let script: steadfast_testkit::Script = serde_json::from_value(serde_json::json!({
         "steps": [look.clone(), look.clone(), look, {"text": "Done looking."}]

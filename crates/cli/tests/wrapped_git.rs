@@ -29,12 +29,11 @@ fn agents_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/tmp/steadfast-test-agents"))
 }
 
-async fn installed(agent: &str, bin: &str) {
+/// Installs `agent` at its pinned version (`install-agent` does nothing when it is
+/// already installed at that version).
+async fn installed(agent: &str) {
     static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let _one_at_a_time = LOCK.lock().await;
-    if agents_dir().join(bin).exists() {
-        return;
-    }
     let out = tokio::process::Command::new(BIN)
         .args(["install-agent", agent])
         .env("STEADFAST_AGENTS_DIR", agents_dir())
@@ -84,13 +83,12 @@ impl Service {
 
 /// The demo task with an external effect and a slow command in the middle.
 fn script(service: &str) -> Script {
-    let mut steps: Vec<Value> = serde_json::from_str::<Value>(include_str!(
-        "../../testkit/demo/script.json"
-    ))
-    .unwrap()["steps"]
-        .as_array()
-        .unwrap()
-        .clone();
+    let mut steps: Vec<Value> =
+        serde_json::from_str::<Value>(include_str!("../../testkit/demo/script.json")).unwrap()
+            ["steps"]
+            .as_array()
+            .unwrap()
+            .clone();
     let post = json!({"text": "Telling the tracker.", "tool_calls": [{"name": "bash",
         "input": {"command": format!("curl -s -X POST -d fixed {service}")}}]});
     let slow = json!({"text": "Waiting for the build.", "tool_calls": [{"name": "bash",
@@ -120,7 +118,11 @@ fn repository(dir: &Path) {
     git(dir, &["commit", "-q", "-m", "stats: mean and median"]);
     git(dir, &["add", "-A"]);
     git(dir, &["commit", "-q", "-m", "tests and changelog"]);
-    std::fs::write(dir.join("NOTES.md"), "Release notes live in CHANGELOG.md.\n").unwrap();
+    std::fs::write(
+        dir.join("NOTES.md"),
+        "Release notes live in CHANGELOG.md.\n",
+    )
+    .unwrap();
     git(dir, &["add", "NOTES.md"]);
     git(dir, &["commit", "-q", "-m", "notes"]);
 }
@@ -132,9 +134,11 @@ struct Case {
 }
 
 impl Case {
-    async fn new() -> Self {
+    /// A case whose `steadfast.toml` is `config`.
+    async fn new(config: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         repository(&dir.path().join("ws"));
+        std::fs::write(dir.path().join("steadfast.toml"), config).unwrap();
         let service = Service::start().await;
         let fake = FakeProvider::start(script(&service.url)).await.unwrap();
         Case { dir, fake, service }
@@ -165,11 +169,26 @@ impl Case {
 
     /// `steadfast run` with the network open (so the tool reaches the service); a
     /// resume gets no such flag and must take the policy from the session's log.
-    fn run_command(&self, agent: &str, model: &str, env: &[(&str, String)]) -> tokio::process::Command {
+    fn run_command(
+        &self,
+        agent: &str,
+        model: &str,
+        env: &[(&str, String)],
+    ) -> tokio::process::Command {
         let ws = self.workspace().display().to_string();
         let mut env = env.to_vec();
         env.push(("STEADFAST_NETWORK", "open".into()));
-        let args = ["run", demo::TASK, "--agent", agent, "--workspace", &ws, "--model", model, "--json"];
+        let args = [
+            "run",
+            demo::TASK,
+            "--agent",
+            agent,
+            "--workspace",
+            &ws,
+            "--model",
+            model,
+            "--json",
+        ];
         self.command(&args, &env)
     }
 
@@ -215,17 +234,24 @@ impl Case {
         let intents = events(&log, "exchange_intent").len() as u64;
         let outcomes = events(&log, "exchange_outcome").len() as u64;
         let calls = self.fake.calls();
-        assert!(calls <= intents, "{label}: {calls} provider calls, {intents} intents");
+        assert!(
+            calls <= intents,
+            "{label}: {calls} provider calls, {intents} intents"
+        );
         assert!(
             calls <= outcomes + 1,
             "{label}: {calls} provider calls for {outcomes} recorded replies: only a cut-off reply is asked again"
         );
-        assert_eq!(self.service.hits(), 1, "{label}: the outside service was reached exactly once");
+        assert_eq!(
+            self.service.hits(),
+            1,
+            "{label}: the outside service was reached exactly once"
+        );
     }
 }
 
-async fn reference(agent: &str, model: &str) -> BTreeMap<String, (Vec<u8>, bool)> {
-    let case = Case::new().await;
+async fn reference(agent: &str, model: &str, config: &str) -> BTreeMap<String, (Vec<u8>, bool)> {
+    let case = Case::new(config).await;
     let out = case.run_command(agent, model, &[]).output().await.unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let result: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -245,11 +271,16 @@ async fn resume(case: &Case, session: &str, label: &str) {
     let resumed = case.steadfast(&["resume", session, "--json"]).await;
     assert!(resumed.status.success(), "{label}: {}", stderr(&resumed));
     let result: Value = serde_json::from_slice(&resumed.stdout).unwrap();
-    assert_eq!(result["status"], "completed", "{label}: {}", stderr(&resumed));
+    assert_eq!(
+        result["status"],
+        "completed",
+        "{label}: {}",
+        stderr(&resumed)
+    );
 }
 
-async fn git_workspace_crash_suite(agent: &str, model: &str) {
-    let expected = reference(agent, model).await;
+async fn git_workspace_crash_suite(agent: &str, model: &str, config: &str) {
+    let expected = reference(agent, model, config).await;
     let points = [
         "model.intent_committed:2",
         "model.mid_stream:3",
@@ -259,7 +290,7 @@ async fn git_workspace_crash_suite(agent: &str, model: &str) {
         "tool.outcome_committed:6",
     ];
     for point in points {
-        let case = Case::new().await;
+        let case = Case::new(config).await;
         let out = case
             .run_command(agent, model, &[("STEADFAST_FAULT", point.to_string())])
             .output()
@@ -273,12 +304,18 @@ async fn git_workspace_crash_suite(agent: &str, model: &str) {
     }
 
     // SIGKILL of the harness while the slow command runs.
-    let case = Case::new().await;
+    let case = Case::new(config).await;
     let mut child = case.run_command(agent, model, &[]).spawn().unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     loop {
-        assert!(std::time::Instant::now() < deadline, "the slow command never started");
-        assert!(child.try_wait().unwrap().is_none(), "the run ended before the kill");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slow command never started"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before the kill"
+        );
         if sleeping(&case.workspace()) {
             child.kill().await.unwrap();
             break;
@@ -287,7 +324,11 @@ async fn git_workspace_crash_suite(agent: &str, model: &str) {
     }
     let session = case.session().await;
     resume(&case, &session, "killed in a slow command").await;
-    assert_eq!(case.files(), expected, "killed in a slow command: the crash-free workspace");
+    assert_eq!(
+        case.files(),
+        expected,
+        "killed in a slow command: the crash-free workspace"
+    );
     case.check(&session, "killed in a slow command").await;
 }
 
@@ -306,26 +347,26 @@ fn sleeping(workspace: &Path) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_in_a_git_repository_survives_every_kind_of_crash() {
-    installed("claude-code", "node_modules/.bin/claude").await;
-    git_workspace_crash_suite("claude-code", "anthropic/claude-sonnet-4-5").await;
+    installed("claude-code").await;
+    git_workspace_crash_suite("claude-code", "anthropic/claude-sonnet-4-5", "").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_in_a_git_repository_survives_every_kind_of_crash() {
-    installed("codex", "node_modules/.bin/codex").await;
-    git_workspace_crash_suite("codex", "openai/gpt-5").await;
+    installed("codex").await;
+    git_workspace_crash_suite("codex", "openai/gpt-5", "").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pi_in_a_git_repository_survives_every_kind_of_crash() {
-    installed("pi", "node_modules/.bin/pi").await;
-    git_workspace_crash_suite("pi", "anthropic/claude-sonnet-4-5").await;
+    installed("pi").await;
+    git_workspace_crash_suite("pi", "anthropic/claude-sonnet-4-5", "").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opencode_in_a_git_repository_survives_every_kind_of_crash() {
-    installed("opencode", "node_modules/.bin/opencode").await;
-    git_workspace_crash_suite("opencode", "anthropic/claude-sonnet-4-5").await;
+    installed("opencode").await;
+    git_workspace_crash_suite("opencode", "anthropic/claude-sonnet-4-5", "").await;
 }
 
 /// A divergence forced on purpose: the session's agent is upgraded between the crash
@@ -335,10 +376,10 @@ async fn opencode_in_a_git_repository_survives_every_kind_of_crash() {
 /// before the crash: the same call is answered from its record, not made again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_diverged_replay_never_repeats_an_external_effect() {
-    installed("claude-code", "node_modules/.bin/claude").await;
-    installed("pi", "node_modules/.bin/pi").await;
-    let expected = reference("claude-code", "anthropic/claude-sonnet-4-5").await;
-    let case = Case::new().await;
+    installed("claude-code").await;
+    installed("pi").await;
+    let expected = reference("claude-code", "anthropic/claude-sonnet-4-5", "").await;
+    let case = Case::new("").await;
     let config = |adapter: &str| {
         std::fs::write(
             case.dir.path().join("steadfast.toml"),
@@ -348,12 +389,20 @@ async fn a_diverged_replay_never_repeats_an_external_effect() {
     };
     config("claude-code");
     let out = case
-        .run_command("coder", "anthropic/claude-sonnet-4-5", &[("STEADFAST_FAULT", "tool.outcome_committed:6".into())])
+        .run_command(
+            "coder",
+            "anthropic/claude-sonnet-4-5",
+            &[("STEADFAST_FAULT", "tool.outcome_committed:6".into())],
+        )
         .output()
         .await
         .unwrap();
     assert_eq!(out.status.signal(), Some(6), "{}", stderr(&out));
-    assert_eq!(case.service.hits(), 1, "the effect happened before the crash");
+    assert_eq!(
+        case.service.hits(),
+        1,
+        "the effect happened before the crash"
+    );
     config("pi");
     let session = case.session().await;
     resume(&case, &session, "diverged").await;
@@ -362,6 +411,94 @@ async fn a_diverged_replay_never_repeats_an_external_effect() {
         !events(&log, "replay_diverged").is_empty(),
         "the upgraded agent's requests did not match the record"
     );
-    assert_eq!(case.service.hits(), 1, "the external effect was not made again");
+    assert_eq!(
+        case.service.hits(),
+        1,
+        "the external effect was not made again"
+    );
     assert_eq!(case.files(), expected, "the crash-free workspace");
+}
+
+/// The newest version of `package` the npm registry serves.
+async fn newest(package: &str) -> String {
+    let out = tokio::process::Command::new("npm")
+        .args(["view", package, "version"])
+        .output()
+        .await
+        .expect("npm runs");
+    assert!(out.status.success(), "npm view {package}: {}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The same suite on the newest version the npm registry serves (installed with
+/// `install-agent <adapter>@<version>`, run as a named agent at that version).
+async fn newest_version_suite(adapter: &str, package: &str, model: &str) {
+    let version = newest(package).await;
+    let listed = tokio::process::Command::new(BIN)
+        .args(["agents", "--json"])
+        .output()
+        .await
+        .unwrap();
+    let pinned = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|a| a["name"] == adapter)
+        .and_then(|a| a["version"].as_str().map(str::to_string))
+        .expect("the adapter is listed");
+    if version == pinned {
+        eprintln!(
+            "{adapter}: the newest version is the pinned one ({version}); its suite covers it"
+        );
+        return;
+    }
+    let name = format!("{adapter}-newest");
+    let config = format!(
+        "[[agents.named]]\nname = \"{name}\"\nadapter = \"{adapter}\"\nversion = \"{version}\"\n"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("steadfast.toml"), &config).unwrap();
+    let out = tokio::process::Command::new(BIN)
+        .args(["install-agent", &name])
+        .current_dir(dir.path())
+        .env("STEADFAST_AGENTS_DIR", agents_dir())
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "install {name} ({version}): {}",
+        stderr(&out)
+    );
+    eprintln!("{adapter}: the newest version is {version}");
+    git_workspace_crash_suite(&name, model, &config).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_newest_claude_code_in_a_git_repository_survives_every_kind_of_crash() {
+    newest_version_suite(
+        "claude-code",
+        "@anthropic-ai/claude-code",
+        "anthropic/claude-sonnet-4-5",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_newest_codex_in_a_git_repository_survives_every_kind_of_crash() {
+    newest_version_suite("codex", "@openai/codex", "openai/gpt-5").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_newest_pi_in_a_git_repository_survives_every_kind_of_crash() {
+    newest_version_suite(
+        "pi",
+        "@mariozechner/pi-coding-agent",
+        "anthropic/claude-sonnet-4-5",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_newest_opencode_in_a_git_repository_survives_every_kind_of_crash() {
+    newest_version_suite("opencode", "opencode-ai", "anthropic/claude-sonnet-4-5").await;
 }

@@ -23,17 +23,22 @@ fn agents_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/tmp/steadfast-test-agents"))
 }
 
-async fn installed(agent: &str, bin: &str) {
-    if agents_dir().join(bin).exists() {
-        return;
-    }
+/// Installs `agent` at its pinned version (`install-agent` does nothing when it is
+/// already installed at that version).
+async fn installed(agent: &str) {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _one_at_a_time = LOCK.lock().await;
     let out = tokio::process::Command::new(BIN)
         .args(["install-agent", agent])
         .env("STEADFAST_AGENTS_DIR", agents_dir())
         .output()
         .await
         .unwrap();
-    assert!(out.status.success(), "install: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "install: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 struct Site {
@@ -143,7 +148,14 @@ async fn takeover(site: Site, fake: &FakeProvider) {
     let http = reqwest::Client::new();
 
     // The agents this server offers, and a wrapped session through the API.
-    let agents: Value = http.get(format!("{url}/v1/agents")).send().await.unwrap().json().await.unwrap();
+    let agents: Value = http
+        .get(format!("{url}/v1/agents"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let claude = agents["agents"]
         .as_array()
         .unwrap()
@@ -188,7 +200,10 @@ async fn takeover(site: Site, fake: &FakeProvider) {
     // session: the reply is cut off, and asked again by the other worker's CLI.
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     let victim = loop {
-        assert!(std::time::Instant::now() < deadline, "the CLI never got going");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the CLI never got going"
+        );
         if fake.calls() >= 5 {
             if let Some(pid) = driving_worker(&pids, "claude", &workspace) {
                 break pid;
@@ -214,7 +229,14 @@ async fn takeover(site: Site, fake: &FakeProvider) {
         events.iter().any(|e| e == "restart"),
         "the cut-off reply was announced as starting over: {events:?}"
     );
-    let shown: Value = http.get(format!("{url}/v1/sessions/{id}")).send().await.unwrap().json().await.unwrap();
+    let shown: Value = http
+        .get(format!("{url}/v1/sessions/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(shown["status"], "idle", "{shown}");
     assert!(
         std::fs::read_to_string(workspace.join("CHANGELOG.md"))
@@ -231,7 +253,11 @@ async fn takeover(site: Site, fake: &FakeProvider) {
     assert!(!kinds.iter().any(|k| k == "replay_diverged"), "{kinds:?}");
     let intents = kinds.iter().filter(|k| *k == "exchange_intent").count() as u64;
     let outcomes = kinds.iter().filter(|k| *k == "exchange_outcome").count() as u64;
-    assert!(fake.calls() <= intents && fake.calls() <= outcomes + 1, "{} calls, {intents} intents, {outcomes} outcomes", fake.calls());
+    assert!(
+        fake.calls() <= intents && fake.calls() <= outcomes + 1,
+        "{} calls, {intents} intents, {outcomes} outcomes",
+        fake.calls()
+    );
     assert!(log.len() < 200, "no runaway: {} records", log.len());
     // The turn was driven under two leases: the killed worker's, then the other's.
     let opened = kinds.iter().position(|k| k == "user_message").unwrap();
@@ -239,7 +265,10 @@ async fn takeover(site: Site, fake: &FakeProvider) {
         .iter()
         .filter_map(|r| r["epoch"].as_u64())
         .collect();
-    assert!(epochs.len() >= 2, "the turn moved to another worker: epochs {epochs:?}");
+    assert!(
+        epochs.len() >= 2,
+        "the turn moved to another worker: epochs {epochs:?}"
+    );
 
     // A second turn starts from where the first left off: its CLI is a new run that
     // replays nothing of turn 1 (no divergence, no workspace put back).
@@ -259,8 +288,15 @@ async fn takeover(site: Site, fake: &FakeProvider) {
     assert!(fake.calls() > before, "the second turn called the model");
     let log = site.log(&id).await;
     let kinds: Vec<String> = log.iter().map(kind).collect();
-    assert!(!kinds.iter().any(|k| k == "replay_diverged"), "turn 2 replayed nothing of turn 1: {kinds:?}");
-    assert_eq!(kinds.iter().filter(|k| *k == "turn_ended").count(), 2, "{kinds:?}");
+    assert!(
+        !kinds.iter().any(|k| k == "replay_diverged"),
+        "turn 2 replayed nothing of turn 1: {kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "turn_ended").count(),
+        2,
+        "{kinds:?}"
+    );
     assert!(
         std::fs::read_to_string(workspace.join("CHANGELOG.md"))
             .unwrap()
@@ -271,7 +307,7 @@ async fn takeover(site: Site, fake: &FakeProvider) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrapped_session_moves_to_another_worker_on_sqlite() {
-    installed("claude-code", "node_modules/.bin/claude").await;
+    installed("claude-code").await;
     let mut script = demo::script();
     script.steps[4].chunk_delay_ms = 150;
     let fake = FakeProvider::start(script).await.unwrap();
@@ -286,7 +322,7 @@ async fn a_wrapped_session_moves_to_another_worker_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrapped_session_moves_to_another_worker_on_postgres() {
-    installed("claude-code", "node_modules/.bin/claude").await;
+    installed("claude-code").await;
     let admin = std::env::var("STEADFAST_TEST_POSTGRES")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)

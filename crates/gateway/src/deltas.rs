@@ -44,7 +44,10 @@ impl TextDeltas {
 /// Where the first complete event ends (after its blank line).
 fn find_event_end(bytes: &[u8]) -> Option<usize> {
     let lf = bytes.windows(2).position(|w| w == b"\n\n").map(|i| i + 2);
-    let crlf = bytes.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4);
+    let crlf = bytes
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| i + 4);
     match (lf, crlf) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -128,8 +131,12 @@ mod tests {
         let mut text = d.feed(Api::AnthropicMessages, a);
         text += &d.feed(Api::AnthropicMessages, b);
         assert_eq!(text, "Hello");
-        let chat = "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\r\n\r\ndata: [DONE]\r\n\r\n";
-        assert_eq!(TextDeltas::default().feed(Api::OpenAiChat, chat.as_bytes()), "Hi");
+        let chat =
+            "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\r\n\r\ndata: [DONE]\r\n\r\n";
+        assert_eq!(
+            TextDeltas::default().feed(Api::OpenAiChat, chat.as_bytes()),
+            "Hi"
+        );
         let responses = "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Yo\"}\n\n";
         assert_eq!(
             TextDeltas::default().feed(Api::OpenAiResponses, responses.as_bytes()),

@@ -11,8 +11,8 @@ use steadfast_sandbox::{AnySandbox, Sandbox, SandboxOptions};
 use steadfast_world::{now_ms, Blobs, Holder, SqliteWorld, World};
 
 use crate::driver::{Driver, Stop};
-use crate::wrapped::WrappedDriver;
 use crate::slot::SandboxSlot;
+use crate::wrapped::WrappedDriver;
 use crate::{prompt, Error, Result};
 use steadfast_world::Heartbeat;
 

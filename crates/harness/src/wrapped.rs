@@ -121,6 +121,40 @@ impl AgentOptions {
         adapter.name = agent.to_string();
         Ok(adapter)
     }
+
+    /// Every agent sessions can name (the native loop, the built-in adapters and the
+    /// configured agents), as installed under `dir`.
+    pub fn list(&self, dir: &Path) -> Vec<AgentInfo> {
+        let mut out = vec![AgentInfo {
+            name: "native".into(),
+            adapter: "native".into(),
+            package: None,
+            version: None,
+            tested: None,
+            model: None,
+            installed: true,
+        }];
+        let names = Adapter::names()
+            .into_iter()
+            .map(|n| n.to_string())
+            .chain(self.named.iter().map(|a| a.name.clone()));
+        for name in names {
+            let Ok(adapter) = self.adapter(&name) else {
+                continue;
+            };
+            let named = self.named_agent(&name);
+            out.push(AgentInfo {
+                installed: adapter.is_installed(dir),
+                adapter: named.map_or(name.clone(), |a| a.adapter.clone()),
+                name,
+                package: Some(adapter.package.to_string()),
+                version: Some(adapter.version.clone()),
+                tested: Some(adapter.tested.to_string()),
+                model: named.and_then(|a| a.model.clone()),
+            });
+        }
+        out
+    }
 }
 
 impl<W: World + Clone, S: Sandbox> Harness<W, S> {
@@ -142,9 +176,12 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         }
         let adapter = self.adapter(agent)?;
         let dir = self.install_dir();
-        if !adapter.executable(&dir).exists() {
+        if !adapter.is_installed(&dir) {
+            let found = adapter
+                .installed_version(&dir)
+                .map_or_else(|| "is not installed".to_string(), |v| format!("is at {v}"));
             return Err(Error::Invalid(format!(
-                "agent `{agent}` ({}@{}) is not installed in {}; run: steadfast install-agent {}@{}",
+                "agent `{agent}` needs {}@{}, which {found} in {}; run: steadfast install-agent {}@{}",
                 adapter.package,
                 adapter.version,
                 dir.display(),
@@ -158,36 +195,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// Every agent sessions can name: the native loop, the built-in adapters and the
     /// configured agents.
     pub fn agents(&self) -> Vec<AgentInfo> {
-        let dir = self.install_dir();
-        let mut out = vec![AgentInfo {
-            name: "native".into(),
-            adapter: "native".into(),
-            package: None,
-            version: None,
-            tested: None,
-            model: None,
-            installed: true,
-        }];
-        let names = Adapter::names()
-            .into_iter()
-            .map(|n| n.to_string())
-            .chain(self.options.agents.named.iter().map(|a| a.name.clone()));
-        for name in names {
-            let Ok(adapter) = self.adapter(&name) else {
-                continue;
-            };
-            let named = self.options.agents.named_agent(&name);
-            out.push(AgentInfo {
-                installed: adapter.executable(&dir).exists(),
-                adapter: named.map_or(name.clone(), |a| a.adapter.clone()),
-                name,
-                package: Some(adapter.package.to_string()),
-                version: Some(adapter.version.clone()),
-                tested: Some(adapter.tested.to_string()),
-                model: named.and_then(|a| a.model.clone()),
-            });
-        }
-        out
+        self.options.agents.list(&self.install_dir())
     }
 
     /// The driver of a wrapped session under `lease`.

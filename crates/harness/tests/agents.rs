@@ -56,10 +56,21 @@ async fn a_worker_never_drives_a_wrapped_session_with_the_native_loop() -> anyho
     };
     let (_, finished) = tokio::join!(work, finished);
     finished?;
-    assert_eq!(harness.state(&native).await?.status, steadfast_log::Status::Idle);
+    assert_eq!(
+        harness.state(&native).await?.status,
+        steadfast_log::Status::Idle
+    );
     let records = harness.world().read(&wrapped, 1).await?;
-    assert_eq!(records.len(), before, "nothing was appended to the wrapped session");
-    assert_eq!(setup.fake.calls(), 1 + 1, "only the native session called the model");
+    assert_eq!(
+        records.len(),
+        before,
+        "nothing was appended to the wrapped session"
+    );
+    assert_eq!(
+        setup.fake.calls(),
+        1 + 1,
+        "only the native session called the model"
+    );
     assert_eq!(
         std::fs::read_to_string(setup.workspace().join("hello.txt"))?,
         "hello\nnative\n"
@@ -74,7 +85,10 @@ async fn an_agent_that_cannot_run_is_refused_before_a_session_exists() -> anyhow
         o.agents.install_dir = Some(setup.dir.path().join("no-agents-here"));
     });
     let err = harness.check_agent("claude-code").unwrap_err().to_string();
-    assert!(err.contains("steadfast install-agent claude-code@"), "{err}");
+    assert!(
+        err.contains("steadfast install-agent claude-code@"),
+        "{err}"
+    );
     let err = harness.check_agent("aider").unwrap_err().to_string();
     assert!(err.contains("unknown agent `aider`"), "{err}");
     harness.check_agent("native")?;

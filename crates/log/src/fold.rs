@@ -932,11 +932,8 @@ impl SessionState {
                     .into_iter()
                     .partition(|t| t.after_exchanges <= *index);
                 self.wrapped_tools = kept;
-                self.external_facts.extend(
-                    superseded
-                        .into_iter()
-                        .filter(WrappedTool::is_external_fact),
-                );
+                self.external_facts
+                    .extend(superseded.into_iter().filter(WrappedTool::is_external_fact));
                 if snapshot.is_some() {
                     self.last_snapshot = snapshot.clone();
                 }

@@ -25,8 +25,8 @@ use serde_json::Value;
 use steadfast_drive::Drive;
 use steadfast_fault::{point, points};
 use steadfast_log::{Event, Output, SessionState, ToolClass, ToolResolution, WrappedTool};
-use steadfast_world::InboundKind;
 use steadfast_sandbox::{classify, Sandbox};
+use steadfast_world::InboundKind;
 use steadfast_world::{strip_ansi, Blobs, Lease, World, INLINE_LIMIT};
 use tokio::sync::{Mutex, OnceCell};
 
@@ -201,7 +201,11 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             replay.consumed[hit] = true;
             self.counters.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
             let t = &replay.recorded[hit];
-            let after = if limit.is_none() { t.snapshot_after.clone() } else { None };
+            let after = if limit.is_none() {
+                t.snapshot_after.clone()
+            } else {
+                None
+            };
             return Some(Answer::Recorded(t.result.clone()?, after));
         }
         // A completed external effect is a fact, superseded or not: the same call is
@@ -210,9 +214,7 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             .recorded
             .iter()
             .enumerate()
-            .filter(|(i, t)| {
-                !replay.consumed[*i] && limit.is_some_and(|l| t.after_exchanges > l)
-            })
+            .filter(|(i, t)| !replay.consumed[*i] && limit.is_some_and(|l| t.after_exchanges > l))
             .map(|(i, t)| (Some(i), t));
         let facts = replay
             .facts
@@ -359,7 +361,9 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
         let mut text = strip_ansi(&out.text);
         let steer = self.steer().await?;
         if let Some((words, _)) = &steer {
-            text.push_str(&format!("\n\n[steadfast] a message from the user arrived while this ran: {words}"));
+            text.push_str(&format!(
+                "\n\n[steadfast] a message from the user arrived while this ran: {words}"
+            ));
         }
         let output = if text.len() > INLINE_LIMIT {
             Output::Blob(self.blobs.put(text.as_bytes()).await?)

@@ -134,7 +134,10 @@ pub async fn resume(home: &Path, config: &Config, args: ResumeArgs) -> anyhow::R
         args.session, state.agent, state.last_seq, state.status
     );
     if state.is_wrapped() {
-        eprintln!("steadfast: the {} CLI replays its turn from the log", state.agent);
+        eprintln!(
+            "steadfast: the {} CLI replays its turn from the log",
+            state.agent
+        );
     }
     let code = drive(&mut awake, args.json).await;
     drop(fake);
@@ -256,7 +259,9 @@ async fn drive<W: World + Clone, S: Sandbox>(
             ),
             steadfast_log::Breaker::Tokens => format!(
                 "{{\"max_tokens\": {}}}",
-                (state.usage.input_tokens + state.usage.output_tokens).saturating_mul(2).max(100_000)
+                (state.usage.input_tokens + state.usage.output_tokens)
+                    .saturating_mul(2)
+                    .max(100_000)
             ),
             steadfast_log::Breaker::Turns => {
                 format!("{{\"max_turns\": {}}}", state.turn.saturating_mul(2).max(2))

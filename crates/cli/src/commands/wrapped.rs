@@ -1,4 +1,5 @@
-//! `steadfast install-agent <name>[@<version>]`: installs a wrapped CLI's npm package.
+//! `steadfast install-agent <name>[@<version>]`: installs a wrapped CLI's npm package;
+//! `steadfast agents`: lists the agents sessions can run.
 //! (Sessions of wrapped agents are driven by the harness, like every other session.)
 
 use std::path::Path;
@@ -26,6 +27,15 @@ pub async fn install(home: &Path, config: &Config, spec: &str) -> anyhow::Result
             .map_err(anyhow::Error::msg)?;
     }
     let dir = agents.install_dir_under(Some(home));
+    if adapter.is_installed(&dir) {
+        eprintln!(
+            "steadfast: {}@{} is already installed at {}",
+            adapter.package,
+            adapter.version,
+            adapter.executable(&dir).display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let command = adapter.install_command(&dir);
     eprintln!("steadfast: {command}");
@@ -35,8 +45,8 @@ pub async fn install(home: &Path, config: &Config, spec: &str) -> anyhow::Result
         .await?;
     anyhow::ensure!(status.success(), "npm install failed ({status})");
     anyhow::ensure!(
-        adapter.executable(&dir).exists(),
-        "npm installed {}@{} but {} is missing",
+        adapter.is_installed(&dir),
+        "npm ran, but {}@{} is not at {}",
         adapter.package,
         adapter.version,
         adapter.executable(&dir).display()
@@ -53,6 +63,38 @@ pub async fn install(home: &Path, config: &Config, spec: &str) -> anyhow::Result
             "steadfast: sessions use it when the agent is configured at this version: [[agents.named]] name = \"...\", adapter = \"{name}\", version = \"{}\"",
             adapter.version
         );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `steadfast agents`: every agent sessions can name, its version and the range its
+/// adapter is tested with, and whether it is installed.
+pub fn list(home: &Path, config: &Config, json: bool) -> anyhow::Result<ExitCode> {
+    let agents = config.harness_options().agents;
+    let dir = agents.install_dir_under(Some(home));
+    for info in agents.list(&dir) {
+        if json {
+            println!("{}", serde_json::to_string(&info)?);
+        } else {
+            println!(
+                "{:<16} {:<12} {:<40} {}",
+                info.name,
+                info.adapter,
+                info.package.as_ref().map_or_else(
+                    || "built in".to_string(),
+                    |p| format!(
+                        "{p}@{} (tested: {})",
+                        info.version.as_deref().unwrap_or_default(),
+                        info.tested.as_deref().unwrap_or_default()
+                    )
+                ),
+                if info.installed {
+                    "installed"
+                } else {
+                    "not installed"
+                }
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -381,7 +381,9 @@ fn wrapped_tool(log: &mut Log, id: &str, class: ToolClass, before: &str, after: 
         call_id: id.into(),
         is_error: false,
         exit_code: Some(0),
-        output: Output::Inline { text: format!("{id} done") },
+        output: Output::Inline {
+            text: format!("{id} done"),
+        },
         snapshot_after: Some(after.into()),
     });
 }
@@ -393,17 +395,33 @@ fn a_wrapped_turn_knows_where_it_began_and_keeps_its_external_facts() {
         *agent = "claude-code".into();
     }
     // Turn 1: one exchange and one edit, then the turn ends.
-    log.push(Event::UserMessage { turn: 1, text: "one".into(), inbox_id: None });
+    log.push(Event::UserMessage {
+        turn: 1,
+        text: "one".into(),
+        inbox_id: None,
+    });
     log.push(exchange("a", 0));
     log.push(reply("a"));
     wrapped_tool(&mut log, "edit", ToolClass::Mutate, "s0", "s1");
-    log.push(Event::TurnEnded { turn: 1, reply: Some("ok".into()) });
+    log.push(Event::TurnEnded {
+        turn: 1,
+        reply: Some("ok".into()),
+    });
     // Turn 2 starts where turn 1 left the workspace and the record.
-    log.push(Event::UserMessage { turn: 2, text: "two".into(), inbox_id: None });
+    log.push(Event::UserMessage {
+        turn: 2,
+        text: "two".into(),
+        inbox_id: None,
+    });
     let state = fold(&log.0).unwrap();
     assert_eq!(
         state.turn_start,
-        TurnStart { exchanges: 1, tools: 1, snapshot: Some("s1".into()), task: "two".into() }
+        TurnStart {
+            exchanges: 1,
+            tools: 1,
+            snapshot: Some("s1".into()),
+            task: "two".into()
+        }
     );
     assert_eq!(state.wrapped_tools[0].snapshot_after.as_deref(), Some("s1"));
     // A steer is not part of the task a restarted CLI is given.
@@ -411,16 +429,38 @@ fn a_wrapped_turn_knows_where_it_began_and_keeps_its_external_facts() {
     log.push(reply("b"));
     wrapped_tool(&mut log, "curl -X POST x", ToolClass::External, "s1", "s1");
     wrapped_tool(&mut log, "touch y", ToolClass::Mutate, "s1", "s2");
-    log.push(Event::ReplayDiverged { index: 1, snapshot: Some("s1".into()) });
+    log.push(Event::ReplayDiverged {
+        index: 1,
+        snapshot: Some("s1".into()),
+    });
     let state = fold(&log.0).unwrap();
     assert_eq!(state.turn_start.task, "two");
-    assert_eq!(state.wrapped_tools.len(), 1, "turn 1's edit stays; turn 2's calls are superseded");
-    let facts: Vec<&str> = state.external_facts.iter().map(|t| t.call_id.as_str()).collect();
-    assert_eq!(facts, ["curl -X POST x"], "the completed external effect is still a fact");
+    assert_eq!(
+        state.wrapped_tools.len(),
+        1,
+        "turn 1's edit stays; turn 2's calls are superseded"
+    );
+    let facts: Vec<&str> = state
+        .external_facts
+        .iter()
+        .map(|t| t.call_id.as_str())
+        .collect();
+    assert_eq!(
+        facts,
+        ["curl -X POST x"],
+        "the completed external effect is still a fact"
+    );
     // A new turn has no superseded facts of its own.
     log.push(exchange("c", 1));
     log.push(reply("c"));
-    log.push(Event::TurnEnded { turn: 2, reply: None });
-    log.push(Event::UserMessage { turn: 3, text: "three".into(), inbox_id: None });
+    log.push(Event::TurnEnded {
+        turn: 2,
+        reply: None,
+    });
+    log.push(Event::UserMessage {
+        turn: 3,
+        text: "three".into(),
+        inbox_id: None,
+    });
     assert!(fold(&log.0).unwrap().external_facts.is_empty());
 }

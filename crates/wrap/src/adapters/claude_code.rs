@@ -21,7 +21,7 @@ impl Cli for ClaudeCode {
     }
 
     fn tested(&self) -> &'static str {
-        "2.1.197, 2.1.332"
+        "2.1.197 to 2.1.332"
     }
 
     fn bin(&self) -> &'static str {

@@ -25,7 +25,6 @@
 //! built-in tool that would bypass the journal turned off) and one line in
 //! [`CLIS`]. Nothing else in Steadfast knows which CLIs exist.
 
-
 use std::path::{Path, PathBuf};
 
 mod claude_code;
@@ -194,9 +193,28 @@ impl Adapter {
     pub fn install_command(&self, dir: &Path) -> String {
         let prefix = quote(&self.prefix(dir).display().to_string());
         format!(
-            "mkdir -p {prefix} && cd {prefix} && npm install --no-audit --no-fund {}@{}",
+            "mkdir -p {prefix} && cd {prefix} && {{ [ -f package.json ] || printf '{{\"private\": true}}\\n' > package.json; }} && npm install --no-audit --no-fund --save-exact {}@{}",
             self.package, self.version
         )
+    }
+
+    /// The version of the CLI installed under `dir`, if one is (read from its
+    /// package's `package.json`).
+    pub fn installed_version(&self, dir: &Path) -> Option<String> {
+        let manifest = self
+            .prefix(dir)
+            .join("node_modules")
+            .join(self.package)
+            .join("package.json");
+        let text = std::fs::read_to_string(manifest).ok()?;
+        let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+        json["version"].as_str().map(str::to_string)
+    }
+
+    /// Whether this version of the CLI is installed under `dir`.
+    pub fn is_installed(&self, dir: &Path) -> bool {
+        self.executable(dir).exists()
+            && self.installed_version(dir).as_deref() == Some(self.version.as_str())
     }
 
     /// The CLI's executable under `dir`.
