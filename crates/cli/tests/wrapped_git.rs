@@ -136,6 +136,11 @@ struct Case {
 impl Case {
     /// A case whose `steadfast.toml` is `config`.
     async fn new(config: &str) -> Self {
+        Self::playing(config, script).await
+    }
+
+    /// A case whose model plays `script` (given the outside service's URL).
+    async fn playing(config: &str, script: impl FnOnce(&str) -> Script) -> Self {
         let dir = tempfile::tempdir().unwrap();
         repository(&dir.path().join("ws"));
         std::fs::write(dir.path().join("steadfast.toml"), config).unwrap();
@@ -501,4 +506,88 @@ async fn the_newest_pi_in_a_git_repository_survives_every_kind_of_crash() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_newest_opencode_in_a_git_repository_survives_every_kind_of_crash() {
     newest_version_suite("opencode", "opencode-ai", "anthropic/claude-sonnet-4-5").await;
+}
+
+/// The reconcilers decide a wrapped agent's cut-off external effect exactly as they do
+/// a native one's: a `git push` cut off before it ran is run again (once), one cut off
+/// after it landed is recorded as done with the evidence, and never pushed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrapped_agent_s_interrupted_git_push_is_reconciled() {
+    installed("claude-code").await;
+    for (point, landed) in [("tool.intent_committed:1", false), ("tool.effect:1", true)] {
+        let case = Case::playing("", |_| {
+            serde_json::from_value(json!({"steps": [
+                {"text": "Pushing.", "tool_calls": [{"name": "bash", "input": {"command": "git push origin main"}}]},
+                {"text": "Pushed."}
+            ]}))
+            .unwrap()
+        })
+        .await;
+        // A bare remote outside the workspace that counts the pushes it receives (the
+        // local backend, so the tools can reach a host path).
+        let remote = case.dir.path().join("remote.git");
+        git(
+            case.dir.path(),
+            &[
+                "init",
+                "-q",
+                "--bare",
+                "-b",
+                "main",
+                remote.to_str().unwrap(),
+            ],
+        );
+        let hook = remote.join("hooks/post-receive");
+        std::fs::write(
+            &hook,
+            "#!/bin/sh\necho pushed >> \"$(dirname \"$0\")/../pushes.log\"\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let pushes =
+            || std::fs::read_to_string(remote.join("pushes.log")).map_or(0, |s| s.lines().count());
+        git(
+            &case.workspace(),
+            &["remote", "add", "origin", remote.to_str().unwrap()],
+        );
+        let local = ("STEADFAST_SANDBOX", "local".to_string());
+        let out = case
+            .run_command(
+                "claude-code",
+                "anthropic/claude-sonnet-4-5",
+                &[("STEADFAST_FAULT", point.to_string()), local.clone()],
+            )
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(out.status.signal(), Some(6), "{point}: {}", stderr(&out));
+        assert_eq!(pushes(), usize::from(landed), "{point}");
+        let session = case.session().await;
+        let resumed = case
+            .command(
+                &["resume", &session, "--json"],
+                std::slice::from_ref(&local),
+            )
+            .output()
+            .await
+            .unwrap();
+        assert!(resumed.status.success(), "{point}: {}", stderr(&resumed));
+        assert_eq!(pushes(), 1, "{point}: pushed exactly once");
+        let log = case.log(&session).await;
+        let interrupted = events(&log, "tool_call_interrupted");
+        assert_eq!(interrupted.len(), 1, "{point}");
+        assert_eq!(
+            interrupted[0]["resolution"]["kind"], "reconciled",
+            "{point}: {interrupted:?}"
+        );
+        assert_eq!(interrupted[0]["resolution"]["done"], landed, "{point}");
+        let intents = events(&log, "tool_call_intent").len();
+        let outcomes = events(&log, "tool_call_outcome").len();
+        assert_eq!(
+            (intents, outcomes),
+            if landed { (1, 0) } else { (2, 1) },
+            "{point}"
+        );
+    }
 }

@@ -3,7 +3,7 @@
 use steadfast_fault::{point, points};
 use steadfast_log::fold::Next;
 use steadfast_log::{
-    EndState, Event, Output, PendingTool, Record, SessionState, ToolClass, ToolResolution, ToolUse,
+    EndState, Event, Output, PendingTool, Record, SessionState, ToolClass, ToolUse,
 };
 use steadfast_model::{pricing, Delta, ModelClient, ModelRequest, ToolDef};
 use steadfast_sandbox::{classify, tool_specs, Sandbox};
@@ -506,73 +506,42 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         Ok(())
     }
 
-    /// Invariant 4 for a tool call cut off by a crash. The workspace has already been
+    /// Invariant 4 for a tool call cut off by a crash (one resolution for every agent:
+    /// [`steadfast_sandbox::reconcile::resolve`]). The workspace has already been
     /// restored to the last recorded snapshot by `wake`, which for a pending call is
     /// the snapshot taken just before it.
     async fn resolve_tool(&mut self, pending: PendingTool) -> Result<()> {
-        let resolution = match pending.class {
-            ToolClass::Read => ToolResolution::Rerun,
-            ToolClass::Mutate => {
-                if let Some(snapshot) = &pending.snapshot_before {
-                    let workspace = self.workspace.clone();
-                    let drive = self.harness.drive.clone();
-                    let snap = snapshot.clone();
-                    tokio::task::spawn_blocking(move || drive.restore(&workspace, &snap))
-                        .await
-                        .map_err(|e| Error::Invalid(format!("restore task failed: {e}")))??;
-                    (self.observer)(Progress::Restored(snapshot));
-                }
-                ToolResolution::RolledBack {
-                    snapshot: pending.snapshot_before.clone(),
-                }
+        if pending.class == ToolClass::Mutate {
+            if let Some(snapshot) = &pending.snapshot_before {
+                let workspace = self.workspace.clone();
+                let drive = self.harness.drive.clone();
+                let snap = snapshot.clone();
+                tokio::task::spawn_blocking(move || drive.restore(&workspace, &snap))
+                    .await
+                    .map_err(|e| Error::Invalid(format!("restore task failed: {e}")))??;
+                (self.observer)(Progress::Restored(snapshot));
             }
-            ToolClass::External => self.reconcile(&pending).await,
-        };
+        }
+        let reconcilers = self.harness.options.reconcilers.clone();
+        let this = &*self;
+        let resolution = steadfast_sandbox::reconcile::resolve(
+            &reconcilers,
+            pending.class,
+            &pending.tool,
+            &pending.input,
+            pending.snapshot_before.clone(),
+            |command| async move {
+                this.execute("bash", &serde_json::json!({ "command": command }))
+                    .await
+                    .map_err(|e| e.to_string())
+            },
+        )
+        .await;
         self.append(vec![Event::ToolCallInterrupted {
             call_id: pending.call_id,
             resolution,
         }])
         .await
-    }
-
-    /// Asks the first reconciler that knows an interrupted external call whether it
-    /// took place; outcome-unknown when none knows it or the probes cannot tell.
-    async fn reconcile(&self, pending: &PendingTool) -> ToolResolution {
-        use crate::reconcile::Verdict;
-        let reconcilers = self.harness.options.reconcilers.clone();
-        let Some(reconciler) = reconcilers
-            .iter()
-            .find(|r| r.matches(&pending.tool, &pending.input))
-        else {
-            return ToolResolution::OutcomeUnknown;
-        };
-        let mut outputs = Vec::new();
-        for probe in reconciler.probes(&pending.tool, &pending.input) {
-            match self
-                .execute("bash", &serde_json::json!({ "command": probe }))
-                .await
-            {
-                Ok(out) => outputs.push(out),
-                Err(e) => {
-                    tracing::warn!(reconciler = reconciler.name(), error = %e, "probe failed");
-                    return ToolResolution::OutcomeUnknown;
-                }
-            }
-        }
-        match reconciler.decide(&pending.tool, &pending.input, &outputs) {
-            Verdict::Done(evidence) => ToolResolution::Reconciled {
-                done: true,
-                evidence,
-            },
-            Verdict::NotDone(evidence) => ToolResolution::Reconciled {
-                done: false,
-                evidence,
-            },
-            Verdict::Unknown(why) => {
-                tracing::warn!(reconciler = reconciler.name(), %why, "could not reconcile");
-                ToolResolution::OutcomeUnknown
-            }
-        }
     }
 
     /// Runs a tool call in the session's sandbox, provisioning one if none runs.

@@ -47,7 +47,7 @@ pub struct HarnessOptions {
     /// first tool call finds one ready (model calls never wait for it either way).
     pub prewarm_sandbox: bool,
     /// Probes that decide, after a crash, whether an external effect took place.
-    pub reconcilers: Vec<Arc<dyn crate::reconcile::Reconciler>>,
+    pub reconcilers: Vec<Arc<dyn steadfast_sandbox::reconcile::Reconciler>>,
     /// Wrapped agents: where their CLIs are, and the providers their gateway calls.
     pub agents: crate::wrapped::AgentOptions,
 }
@@ -95,7 +95,7 @@ impl HarnessOptions {
             prices: Default::default(),
             sandbox_idle_stop: Some(Duration::from_secs(300)),
             prewarm_sandbox: true,
-            reconcilers: vec![Arc::new(crate::reconcile::GitPush)],
+            reconcilers: vec![Arc::new(steadfast_sandbox::reconcile::GitPush)],
             agents: Default::default(),
         }
     }

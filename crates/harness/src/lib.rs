@@ -50,7 +50,6 @@
 mod driver;
 mod harness;
 mod prompt;
-pub mod reconcile;
 mod slot;
 mod worker;
 mod wrapped;
@@ -59,6 +58,7 @@ pub use driver::{Driver, Progress, Stop, APPROVAL_SIGNAL, APPROVAL_TOOL};
 pub use harness::{
     parse_model, Awake, Harness, HarnessOptions, ModelResolver, NewSession, Provisioner,
 };
+pub use steadfast_sandbox::reconcile;
 pub use wrapped::{AgentInfo, AgentOptions, NamedAgent, WrappedDriver};
 
 /// Everything that can stop the harness.

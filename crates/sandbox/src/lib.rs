@@ -17,6 +17,7 @@ mod orphans;
 mod paths;
 mod policy;
 pub mod proxy;
+pub mod reconcile;
 pub mod tools;
 
 use std::future::Future;

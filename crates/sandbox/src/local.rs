@@ -78,12 +78,46 @@ pub struct LocalSandbox {
 }
 
 mod tempfile_dir {
+    use std::collections::HashSet;
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+
+    /// The homes of this process's live local sandboxes.
+    static IN_USE: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+
     /// A private home directory for commands, outside the workspace, removed on drop.
+    ///
+    /// Its path is the same every run: `steadfast-home-<workspace hash>-<n>`, with `n`
+    /// the lowest slot no live sandbox of this process over the same workspace holds
+    /// (so a wrapped CLI's sandbox and its tools' sandbox get homes of their own, and
+    /// a CLI started again to replay a turn sees the home path it saw the first time).
+    /// It starts empty every time, as an isolating backend's home does.
     #[derive(Debug)]
-    pub struct Home(pub std::path::PathBuf);
+    pub struct Home(pub PathBuf);
+
+    impl Home {
+        pub fn claim(root: &Path) -> std::io::Result<Home> {
+            let key = blake3::hash(root.to_string_lossy().as_bytes()).to_hex();
+            let mut guard = IN_USE.lock().unwrap_or_else(|e| e.into_inner());
+            let in_use = guard.get_or_insert_with(HashSet::new);
+            let home = (0..)
+                .map(|n| std::env::temp_dir().join(format!("steadfast-home-{}-{n}", &key[..12])))
+                .find(|h| !in_use.contains(h))
+                .unwrap_or_default();
+            let _ = std::fs::remove_dir_all(&home);
+            std::fs::create_dir_all(&home)?;
+            in_use.insert(home.clone());
+            Ok(Home(home))
+        }
+    }
+
     impl Drop for Home {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
+            let mut guard = IN_USE.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(in_use) = guard.as_mut() {
+                in_use.remove(&self.0);
+            }
         }
     }
 }
@@ -98,21 +132,13 @@ impl LocalSandbox {
             .map_err(|e| Error::Unavailable(format!("{}: {e}", workspace.display())))?;
         let registry = crate::orphans::registry(&root);
         crate::orphans::reap(&registry, &root);
-        let home = std::env::temp_dir().join(format!(
-            "steadfast-home-{}-{}",
-            std::process::id(),
-            blake3::hash(root.to_string_lossy().as_bytes())
-                .to_hex()
-                .get(..12)
-                .unwrap_or("x")
-        ));
-        std::fs::create_dir_all(&home)
-            .map_err(|e| Error::Unavailable(format!("{}: {e}", home.display())))?;
-        let home_str = home.display().to_string();
+        let home = tempfile_dir::Home::claim(&root)
+            .map_err(|e| Error::Unavailable(format!("a home for commands: {e}")))?;
+        let home_str = home.0.display().to_string();
         let env = crate::env::command_env(&home_str, &home_str, &options);
         Ok(LocalSandbox {
             root,
-            _home: tempfile_dir::Home(home),
+            _home: home,
             registry,
             env,
             options,

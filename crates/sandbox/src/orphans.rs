@@ -4,8 +4,10 @@
 //! them, and a harness killed with SIGKILL cannot kill them either. Left alone, such a
 //! command would keep changing the workspace after the next harness restored it. So
 //! each running command's process group is recorded in a file outside the workspace,
-//! and a new sandbox over the same workspace first kills every process still in a
-//! recorded group whose working directory is inside the workspace.
+//! with the process that ran it, and a new sandbox over the same workspace first kills
+//! every process still in a recorded group whose recorder is gone and whose working
+//! directory is inside the workspace. (A live harness's commands are never touched: a
+//! wrapped CLI and its tools run in two sandboxes over one workspace at once.)
 
 use std::path::{Path, PathBuf};
 
@@ -24,7 +26,7 @@ pub(crate) fn registry(root: &Path) -> PathBuf {
 pub(crate) fn record(registry: &Path, pgid: u32) -> Option<PathBuf> {
     std::fs::create_dir_all(registry).ok()?;
     let file = registry.join(format!("{pgid}.pgid"));
-    std::fs::write(&file, pgid.to_string()).ok()?;
+    std::fs::write(&file, format!("{pgid} {}", std::process::id())).ok()?;
     Some(file)
 }
 
@@ -37,9 +39,19 @@ pub(crate) fn reap(registry: &Path, root: &Path) -> usize {
     let groups: Vec<i32> = entries
         .filter_map(Result::ok)
         .filter_map(|e| {
-            let pgid = std::fs::read_to_string(e.path()).ok()?.trim().parse().ok();
+            let text = std::fs::read_to_string(e.path()).ok()?;
+            let mut words = text.split_whitespace();
+            let pgid: i32 = words.next()?.parse().ok()?;
+            let owner: Option<i32> = words.next().and_then(|w| w.parse().ok());
+            // Still running under a live harness (this one, or another on this host).
+            let owner_alive = owner.is_some_and(|o| {
+                o == std::process::id() as i32 || kill(Pid::from_raw(o), None).is_ok()
+            });
+            if owner_alive {
+                return None;
+            }
             let _ = std::fs::remove_file(e.path());
-            pgid
+            Some(pgid)
         })
         .collect();
     if groups.is_empty() {

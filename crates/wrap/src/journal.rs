@@ -24,7 +24,8 @@ use std::sync::{Arc, Mutex as StdMutex};
 use serde_json::Value;
 use steadfast_drive::Drive;
 use steadfast_fault::{point, points};
-use steadfast_log::{Event, Output, SessionState, ToolClass, ToolResolution, WrappedTool};
+use steadfast_log::{Event, Output, SessionState, ToolClass, WrappedTool};
+use steadfast_sandbox::reconcile::Reconciler;
 use steadfast_sandbox::{classify, Sandbox};
 use steadfast_world::InboundKind;
 use steadfast_world::{strip_ansi, Blobs, Lease, World, INLINE_LIMIT};
@@ -396,31 +397,69 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
     }
 }
 
-/// Resolves the wrapped tool calls a crash cut off (DESIGN.md invariant 4): a read
+/// Resolves the wrapped tool calls a crash cut off (DESIGN.md invariant 4), through the
+/// same [`resolve`](steadfast_sandbox::reconcile::resolve) as the native loop: a read
 /// runs again when the agent asks again; a mutation is rolled back to its snapshot and
-/// the agent, on replay, is told so; an external effect is reported outcome-unknown.
-/// Returns the snapshot the workspace must be at.
-pub async fn resolve_cut_off<W: World>(
+/// the agent, on replay, is told so; an external effect is asked of the reconcilers
+/// (their probes run in a sandbox from `make_sandbox`, on the workspace as it was just
+/// before the call) and otherwise reported outcome-unknown. Returns the snapshot the
+/// workspace must be at.
+#[allow(clippy::too_many_arguments)]
+pub async fn resolve_cut_off<W: World, S: Sandbox>(
     world: &W,
     lease: &Lease,
     drive: &Drive,
     workspace: &std::path::Path,
     tools: &[WrappedTool],
     mut last_snapshot: Option<String>,
+    reconcilers: &[Arc<dyn Reconciler>],
+    make_sandbox: &MakeSandbox<S>,
 ) -> Result<Option<String>> {
+    let restore = |snap: String| {
+        let (drive, ws) = (drive.clone(), workspace.to_path_buf());
+        async move {
+            tokio::task::spawn_blocking(move || drive.restore(&ws, &snap))
+                .await
+                .map_err(|e| Error::Task(e.to_string()))?
+                .map_err(Error::from)
+        }
+    };
+    let mut sandbox: Option<S> = None;
     for t in tools.iter().filter(|t| t.result.is_none()) {
-        let resolution = match t.class {
-            ToolClass::Read => ToolResolution::Rerun,
-            ToolClass::Mutate => {
-                if t.snapshot_before.is_some() {
-                    last_snapshot = t.snapshot_before.clone();
-                }
-                ToolResolution::RolledBack {
-                    snapshot: t.snapshot_before.clone(),
-                }
+        if t.class == ToolClass::Mutate && t.snapshot_before.is_some() {
+            last_snapshot = t.snapshot_before.clone();
+        }
+        let probing = t.class == ToolClass::External
+            && reconcilers.iter().any(|r| r.matches(&t.tool, &t.input));
+        if probing {
+            if let Some(snap) = &t.snapshot_before {
+                restore(snap.clone()).await?;
             }
-            ToolClass::External => ToolResolution::OutcomeUnknown,
-        };
+            if sandbox.is_none() {
+                let make = make_sandbox.clone();
+                sandbox = Some(
+                    tokio::task::spawn_blocking(move || make())
+                        .await
+                        .map_err(|e| Error::Task(e.to_string()))??,
+                );
+            }
+        }
+        let probe_in = sandbox.as_ref();
+        let resolution = steadfast_sandbox::reconcile::resolve(
+            reconcilers,
+            t.class,
+            &t.tool,
+            &t.input,
+            t.snapshot_before.clone(),
+            |command| async move {
+                let sandbox = probe_in.ok_or("no sandbox to probe in")?;
+                sandbox
+                    .execute("bash", &serde_json::json!({ "command": command }))
+                    .await
+                    .map_err(|e| e.to_string())
+            },
+        )
+        .await;
         tracing::info!(call = %t.call_id, tool = %t.tool, ?resolution, "resolving a cut-off tool call");
         world
             .append(
@@ -433,10 +472,7 @@ pub async fn resolve_cut_off<W: World>(
             .await?;
     }
     if let Some(snap) = &last_snapshot {
-        let (drive, ws, snap) = (drive.clone(), workspace.to_path_buf(), snap.clone());
-        tokio::task::spawn_blocking(move || drive.restore(&ws, &snap))
-            .await
-            .map_err(|e| Error::Task(e.to_string()))??;
+        restore(snap.clone()).await?;
     }
     Ok(last_snapshot)
 }

@@ -45,6 +45,8 @@ pub struct WrappedOptions {
     /// The most tool calls a turn may make; past it the session escalates (the
     /// runaway guard).
     pub max_tool_calls_per_turn: usize,
+    /// Probes that decide, after a crash, whether an external effect took place.
+    pub reconcilers: Vec<Arc<dyn steadfast_sandbox::reconcile::Reconciler>>,
 }
 
 /// How a turn went.
@@ -136,6 +138,13 @@ pub async fn drive_turn<W: World + Clone>(
         let workspace = PathBuf::from(&state.workspace);
         let model = state.model.model.clone();
         let provider = state.model.provider.clone();
+        let tool_options = SandboxOptions {
+            forwards: Vec::new(),
+            ..options.sandbox.clone()
+        };
+        let tool_ws = workspace.clone();
+        let make: MakeSandbox<AnySandbox> =
+            Arc::new(move || AnySandbox::provision(&tool_ws, &tool_options));
         // Invariant 4 for tool calls a crash cut off, and the workspace back in step.
         let last = resolve_cut_off(
             world,
@@ -144,6 +153,8 @@ pub async fn drive_turn<W: World + Clone>(
             &workspace,
             &state.wrapped_tools,
             state.last_snapshot.clone(),
+            &options.reconcilers,
+            &make,
         )
         .await?;
         let state = fold(&world.read(&lease.session, 1).await?)?;
@@ -164,13 +175,6 @@ pub async fn drive_turn<W: World + Clone>(
         };
         let last_snapshot = Arc::new(StdMutex::new(start));
 
-        let tool_options = SandboxOptions {
-            forwards: Vec::new(),
-            ..options.sandbox.clone()
-        };
-        let tool_ws = workspace.clone();
-        let make: MakeSandbox<AnySandbox> =
-            Arc::new(move || AnySandbox::provision(&tool_ws, &tool_options));
         let journal = Arc::new(
             ToolJournal::new(
                 world.clone(),

@@ -11,11 +11,17 @@
 //! To add one (say, for HTTP calls carrying an idempotency key), implement the trait:
 //! `matches` picks the calls it knows, `probes` says which commands observe the effect
 //! (`curl -s https://api.example.com/orders?idempotency_key=...`), and `decide` reads
-//! their outputs. Register it in [`crate::HarnessOptions::reconcilers`]. Probes must
+//! their outputs. Register it in the harness's options (`HarnessOptions::reconcilers`);
+//! the native loop and wrapped agents' journals resolve through the same [`resolve`]. Probes must
 //! not change anything; they may run more than once.
 
 use serde_json::Value;
-use steadfast_sandbox::ToolOutput;
+use std::future::Future;
+use std::sync::Arc;
+
+use steadfast_log::{ToolClass, ToolResolution};
+
+use crate::ToolOutput;
 
 /// What a probe decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +44,68 @@ pub trait Reconciler: Send + Sync {
     fn probes(&self, tool: &str, input: &Value) -> Vec<String>;
     /// The verdict, from the probes' outputs (in the same order).
     fn decide(&self, tool: &str, input: &Value, outputs: &[ToolOutput]) -> Verdict;
+}
+
+impl std::fmt::Debug for dyn Reconciler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Invariant 4's resolution of a tool call a crash cut off, for the native loop and
+/// wrapped agents alike: a read runs again; a mutation is rolled back to the snapshot
+/// taken before it (the caller restores the workspace); an external effect is asked of
+/// the first reconciler that knows it — `probe` runs each of its read-only commands in
+/// the session's sandbox, the workspace at the call's before-snapshot — and is
+/// outcome-unknown when none knows it or the probes cannot tell.
+pub async fn resolve<F, Fut>(
+    reconcilers: &[Arc<dyn Reconciler>],
+    class: ToolClass,
+    tool: &str,
+    input: &Value,
+    snapshot_before: Option<String>,
+    mut probe: F,
+) -> ToolResolution
+where
+    F: FnMut(String) -> Fut,
+    Fut: Future<Output = Result<ToolOutput, String>>,
+{
+    match class {
+        ToolClass::Read => return ToolResolution::Rerun,
+        ToolClass::Mutate => {
+            return ToolResolution::RolledBack {
+                snapshot: snapshot_before,
+            }
+        }
+        ToolClass::External => {}
+    }
+    let Some(reconciler) = reconcilers.iter().find(|r| r.matches(tool, input)) else {
+        return ToolResolution::OutcomeUnknown;
+    };
+    let mut outputs = Vec::new();
+    for command in reconciler.probes(tool, input) {
+        match probe(command).await {
+            Ok(out) => outputs.push(out),
+            Err(e) => {
+                tracing::warn!(reconciler = reconciler.name(), error = %e, "probe failed");
+                return ToolResolution::OutcomeUnknown;
+            }
+        }
+    }
+    match reconciler.decide(tool, input, &outputs) {
+        Verdict::Done(evidence) => ToolResolution::Reconciled {
+            done: true,
+            evidence,
+        },
+        Verdict::NotDone(evidence) => ToolResolution::Reconciled {
+            done: false,
+            evidence,
+        },
+        Verdict::Unknown(why) => {
+            tracing::warn!(reconciler = reconciler.name(), %why, "could not reconcile");
+            ToolResolution::OutcomeUnknown
+        }
+    }
 }
 
 /// `git push [remote] [src[:dst]]`: done if the remote branch now points at the commit
