@@ -485,3 +485,49 @@ async fn a_wrapped_cli_going_in_circles_trips_the_loop_breaker() {
     assert!(resumed.status.success(), "{}", stderr(&resumed));
     assert_eq!(case.fake.calls(), 4);
 }
+
+/// The runaway guard: however a wrapped CLI misbehaves, a turn makes at most four tool
+/// calls per model call it is allowed; past that every call is refused, the next model
+/// call too, and the session escalates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrapped_cli_cannot_run_away_with_tool_calls() {
+    installed("claude-code").await;
+    let calls: Vec<serde_json::Value> = (0..15)
+        .map(|i| serde_json::json!({"name": "bash", "input": {"command": format!("echo {i} >> runaway.txt")}}))
+        .collect();
+    let script: steadfast_testkit::Script = serde_json::from_value(serde_json::json!({
+        "steps": [{"text": "Many at once.", "tool_calls": calls}, {"text": "Done."}]
+    }))
+    .unwrap();
+    let case = Case::with_script(script).await;
+    std::fs::write(
+        case.dir.path().join("steadfast.toml"),
+        "[harness]\nmax-steps-per-turn = 3\n",
+    )
+    .unwrap();
+    let ws = case.workspace().display().to_string();
+    let args = [
+        "run",
+        "go",
+        "--agent",
+        "claude-code",
+        "--workspace",
+        &ws,
+        "--model",
+        "anthropic/claude-sonnet-4-5",
+    ];
+    let out = case.steadfast(&args, &[]).await;
+    assert_eq!(out.status.code(), Some(2), "escalated: {}", stderr(&out));
+    let session = case.session().await;
+    let log = case.log(&session).await;
+    assert_eq!(
+        events(&log, "tool_call_intent").len(),
+        12,
+        "twelve calls ran (3 model calls x 4), the rest were refused"
+    );
+    let text =
+        String::from_utf8_lossy(&case.steadfast(&["log", &session], &[]).await.stdout).into_owned();
+    assert!(text.contains("tool calls in this turn"), "{text}");
+    let lines = std::fs::read_to_string(case.workspace().join("runaway.txt")).unwrap();
+    assert_eq!(lines.lines().count(), 12);
+}

@@ -356,3 +356,69 @@ async fn a_wrapped_session_moves_to_another_worker_on_postgres() {
         .await
         .unwrap();
 }
+
+/// A steer reaches a running wrapped turn with the next tool result its CLI gets, and
+/// the log records it there (so a replay shows it again at the same point).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steer_reaches_a_running_wrapped_turn() {
+    installed("claude-code").await;
+    let mut script = demo::script();
+    script.steps[4].chunk_delay_ms = 150;
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let site = Site {
+        home: dir.path().join("home"),
+        world: None,
+        fake_url: fake.base_url(),
+    };
+    let (_api, url) = site.api().await;
+    let _worker = site.worker();
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{url}/v1/sessions"))
+        .json(&json!({"agent": "claude-code", "workspace": {"kind": "demo"}, "task": demo::TASK}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"].as_str().unwrap().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while fake.calls() < 5 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the turn never got going"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    const STEER: &str = "Also keep the changelog entry short.";
+    let steered = http
+        .post(format!("{url}/v1/sessions/{id}/messages"))
+        .json(&json!({"text": STEER, "kind": "steer"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(steered.status(), 200);
+    let body = tokio::time::timeout(Duration::from_secs(120), steered.text())
+        .await
+        .expect("the turn finished")
+        .unwrap();
+    assert!(body.contains("event: end"), "{body}");
+    let log = site.log(&id).await;
+    let kinds: Vec<String> = log.iter().map(kind).collect();
+    let at = kinds
+        .iter()
+        .position(|k| k == "steered")
+        .expect("the steer was taken");
+    assert_eq!(kinds[at - 1], "tool_call_outcome", "{kinds:?}");
+    let outcome = log[at - 1]["event"]["tool_call_outcome"].to_string();
+    assert!(
+        outcome.contains(STEER),
+        "the CLI got it with the tool result: {outcome}"
+    );
+    assert!(
+        kinds[at..].iter().any(|k| k == "exchange_intent"),
+        "the turn went on after the steer: {kinds:?}"
+    );
+}

@@ -386,3 +386,27 @@ pub fn reap_temp_dirs(root: &std::path::Path) -> usize {
     }
     reaped
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn directories_of_dead_runs_are_reaped_and_live_ones_kept() {
+        let root =
+            std::env::temp_dir().join(format!("reap-test-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&root).unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let gone = root.join(format!("{TEMP_PREFIX}{dead}-a"));
+        let live = root.join(format!("{TEMP_PREFIX}{}-b", std::process::id()));
+        let other = root.join("something-else");
+        for dir in [&gone, &live, &other] {
+            std::fs::create_dir_all(dir.join("inner")).unwrap();
+        }
+        assert_eq!(reap_temp_dirs(&root), 1);
+        assert!(!gone.exists() && live.exists() && other.exists());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}
