@@ -251,3 +251,42 @@ async fn a_waiting_session_resumes_after_a_server_restart() {
     );
     assert_eq!(fake.calls(), 3);
 }
+
+/// A server and its workers started together on a new home all open its world: none
+/// fails with "database is locked" (SQLite's switch of a new file to WAL does not wait
+/// for the busy handler).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_and_workers_started_at_once_all_open_a_new_world() {
+    let fake = FakeProvider::start(Script { steps: Vec::new() })
+        .await
+        .unwrap();
+    for round in 0..12 {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let worker = command(&home, &fake, &["worker", "--workers", "2"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let server = command(
+            &home,
+            &fake,
+            &["serve", "--listen", "127.0.0.1:0", "--workers", "1"],
+        )
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        for mut child in [worker, server] {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "round {round}: a process exited: {}",
+                {
+                    let out = child.wait_with_output().await.unwrap();
+                    String::from_utf8_lossy(&out.stderr).into_owned()
+                }
+            );
+            child.start_kill().unwrap();
+            let _ = child.wait().await;
+        }
+    }
+}

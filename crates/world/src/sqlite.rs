@@ -86,8 +86,22 @@ impl SqliteWorld {
         let conn = Connection::open(&path).map_err(backend)?;
         conn.busy_timeout(Duration::from_secs(10))
             .map_err(backend)?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(backend)?;
+        // Switching a new file to WAL takes an exclusive lock for which SQLite does not
+        // call the busy handler: processes opening one world at once (a server and its
+        // workers started together) wait their turn here instead of failing.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match conn.pragma_update(None, "journal_mode", "WAL") {
+                Ok(()) => break,
+                Err(rusqlite::Error::SqliteFailure(e, _))
+                    if e.code == rusqlite::ErrorCode::DatabaseBusy
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(backend(e)),
+            }
+        }
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(backend)?;
         let version: i64 = conn
