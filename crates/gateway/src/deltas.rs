@@ -6,8 +6,10 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use std::sync::Arc;
+
 use steadfast_log::Event;
-use steadfast_world::{Lease, World};
+use steadfast_world::{LiveSession, World};
 
 use crate::Api;
 
@@ -78,7 +80,7 @@ pub(crate) struct DeltaWriter {
 }
 
 impl DeltaWriter {
-    pub(crate) fn start<W: World>(world: W, lease: Lease, call_id: String) -> Self {
+    pub(crate) fn start<W: World>(live: Arc<LiveSession<W>>, call_id: String) -> Self {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let task = tokio::spawn(async move {
             let mut buffer = String::new();
@@ -96,7 +98,7 @@ impl DeltaWriter {
                         text: std::mem::take(&mut buffer),
                         restart: false,
                     };
-                    if let Err(e) = world.append(&lease, &[event]).await {
+                    if let Err(e) = live.append(&[event]).await {
                         tracing::debug!(error = %e, "journaling streamed text failed");
                     }
                     since = Instant::now();

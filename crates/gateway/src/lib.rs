@@ -38,8 +38,8 @@ use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use steadfast_drive::Drive;
-use steadfast_log::{fold, Breaker, Event, Exchange, SessionState};
-use steadfast_world::{Lease, World};
+use steadfast_log::{Breaker, Event};
+use steadfast_world::{LiveSession, World};
 use tokio::sync::Mutex;
 
 /// The largest request body accepted (Claude Code sends about 100 KB; long sessions
@@ -85,17 +85,13 @@ pub enum Error {
     /// The world failed.
     #[error(transparent)]
     World(#[from] steadfast_world::Error),
-    /// The session's log does not fold.
-    #[error("session log: {0}")]
-    Log(#[from] steadfast_log::FoldError),
 }
 
 /// What a gateway is opened with.
 pub struct GatewayConfig<W> {
-    /// The world the session lives in.
-    pub world: W,
-    /// The session's lease (held by the wrapped agent's driver).
-    pub lease: Lease,
+    /// The session's log under the wrapped agent's driver's lease: every exchange is
+    /// appended through it, and the bounds and the replay read its state.
+    pub live: Arc<LiveSession<W>>,
     /// The drive, for restoring the workspace on a divergence.
     pub drive: Drive,
     /// The session's workspace.
@@ -106,11 +102,10 @@ pub struct GatewayConfig<W> {
     pub upstreams: Upstreams,
     /// Model names `GET /v1/models` lists.
     pub models: Vec<String>,
-    /// The session's last recorded workspace snapshot, shared with whatever records
-    /// tool calls, so each exchange notes where its divergence would restore to.
+    /// Where the workspace is now (it moves as a replay answers recorded tool calls),
+    /// shared with whatever records tool calls, so each exchange notes where its
+    /// divergence would restore to.
     pub last_snapshot: Arc<StdMutex<Option<String>>>,
-    /// Told the index of a divergence (so recorded tool calls after it stop replaying).
-    pub on_diverge: Option<Arc<dyn Fn(u32) + Send + Sync>>,
     /// The most exchanges the session's turn may have: past it, or past any of the
     /// session's bounds (money, tokens, turns, wall clock), requests are refused
     /// (HTTP 429) and [`Gateway::escalation`] says why, for the driver to escalate.
@@ -125,39 +120,37 @@ pub struct GatewayConfig<W> {
 /// A bound check: the breaker and reason if the session must stop.
 pub type BoundCheck = Arc<dyn Fn() -> Option<(Breaker, String)> + Send + Sync>;
 
-/// The replay pass of one run of the wrapped agent.
+/// The replay pass of one run of the wrapped agent: which of the open turn's recorded
+/// exchanges this run has been answered from (or has re-asked, or made itself).
+#[derive(Default)]
 struct Replay {
-    /// The session's exchanges as recorded (kept in step with what this gateway appends).
-    recorded: Vec<Exchange>,
-    /// Which recorded exchanges this run has already been answered from (or re-asked).
-    consumed: Vec<bool>,
+    consumed: std::collections::HashSet<String>,
 }
 
-impl Replay {
-    fn cursor(&self) -> usize {
-        self.consumed
-            .iter()
-            .position(|c| !c)
-            .unwrap_or(self.consumed.len())
-    }
+/// Where one request goes, as the record says.
+enum Plan {
+    /// Answered from the record at this index.
+    Replay(usize, (u16, String, String)),
+    /// Recorded at this index but cut off before its reply: asked again in its place.
+    Reask(usize),
+    /// Nothing recorded matches while recorded exchanges remain from this index, whose
+    /// snapshot the workspace goes back to.
+    Diverge(usize, Option<String>),
+    /// Past the record: a new exchange at this index.
+    New(usize),
 }
 
 pub(crate) struct Shared<W> {
-    pub(crate) world: W,
-    pub(crate) lease: Lease,
+    pub(crate) live: Arc<LiveSession<W>>,
     drive: Drive,
     workspace: PathBuf,
     token_hash: blake3::Hash,
     pub(crate) upstreams: Upstreams,
     models: Vec<String>,
     last_snapshot: Arc<StdMutex<Option<String>>>,
-    on_diverge: Option<Arc<dyn Fn(u32) + Send + Sync>>,
     max_exchanges: Option<usize>,
     pub(crate) prices: steadfast_model::pricing::PriceTable,
     extra_bound: Option<BoundCheck>,
-    /// The session as of this gateway's opening, with the spend recorded since: what
-    /// the bounds are checked against.
-    pub(crate) session: StdMutex<SessionState>,
     escalation: StdMutex<Option<(Breaker, String)>>,
     escalated: tokio::sync::watch::Sender<bool>,
     /// Replies still streaming from the provider (and being recorded).
@@ -233,41 +226,29 @@ pub(crate) fn api_error(
 
 impl<W: World + Clone> Gateway<W> {
     /// Opens a gateway for a (new) run of the session's wrapped agent: its replay pass
-    /// starts at the session's first recorded exchange.
+    /// starts at the open turn's first recorded exchange (a restarted CLI starts its
+    /// turn over; earlier turns' exchanges are history it never asks for again).
     pub async fn open(config: GatewayConfig<W>) -> Result<Self, Error> {
-        let records = config.world.read(&config.lease.session, 1).await?;
-        let state = fold(&records)?;
-        // Only the open turn replays: a restarted CLI starts its turn over, and the
-        // exchanges of earlier turns are history it never asks for again.
-        let from = (state.turn_start.exchanges as usize).min(state.exchanges.len());
-        let mut consumed = vec![false; state.exchanges.len()];
-        consumed[..from].fill(true);
-        let exchanges = state.exchanges.clone();
         let http = reqwest::Client::builder()
+            .tcp_nodelay(true)
             .build()
             .unwrap_or_else(|_| reqwest::Client::new());
         Ok(Gateway {
             shared: Arc::new(Shared {
-                world: config.world,
-                lease: config.lease,
+                live: config.live,
                 drive: config.drive,
                 workspace: config.workspace,
                 token_hash: blake3::hash(config.token.as_bytes()),
                 upstreams: config.upstreams,
                 models: config.models,
                 last_snapshot: config.last_snapshot,
-                on_diverge: config.on_diverge,
                 max_exchanges: config.max_exchanges,
                 prices: config.prices,
                 extra_bound: config.extra_bound,
-                session: StdMutex::new(state.clone()),
                 escalation: StdMutex::new(None),
                 escalated: tokio::sync::watch::Sender::new(false),
                 inflight: tokio::sync::watch::Sender::new(0),
-                replay: Mutex::new(Replay {
-                    recorded: exchanges,
-                    consumed,
-                }),
+                replay: Mutex::new(Replay::default()),
                 http,
                 counters: StdMutex::default(),
             }),
@@ -343,29 +324,51 @@ impl<W: World + Clone> Shared<W> {
         f(&mut self.counters.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
+    /// What the record says of a request with `fingerprint`.
+    fn plan(&self, replay: &Replay, fingerprint: &str) -> Plan {
+        self.live.with(|s| {
+            let from = (s.turn_start.exchanges as usize).min(s.exchanges.len());
+            let open = |i: &usize| !replay.consumed.contains(&s.exchanges[*i].call_id);
+            let Some(cursor) = (from..s.exchanges.len()).find(open) else {
+                return Plan::New(s.exchanges.len());
+            };
+            let end = (cursor + REPLAY_WINDOW).min(s.exchanges.len());
+            match (cursor..end)
+                .filter(open)
+                .find(|&i| s.exchanges[i].fingerprint == fingerprint)
+            {
+                Some(i) => match &s.exchanges[i].reply {
+                    Some(reply) => Plan::Replay(i, reply.clone()),
+                    None => Plan::Reask(i),
+                },
+                None => Plan::Diverge(cursor, s.exchanges[cursor].snapshot.clone()),
+            }
+        })
+    }
+
     /// Matches a request against the record: `Ok(Some(reply))` to answer from the log,
     /// `Ok(None)` with the index to record a live call at.
     async fn route(&self, api: Api, fingerprint: &str, stream: bool) -> Result<Routed, Response> {
         let mut replay = self.replay.lock().await;
-        let cursor = replay.cursor();
-        let end = (cursor + REPLAY_WINDOW).min(replay.recorded.len());
-        let hit = (cursor..end)
-            .find(|&i| !replay.consumed[i] && replay.recorded[i].fingerprint == fingerprint);
-        if let Some(i) = hit {
-            replay.consumed[i] = true;
-            if let Some(reply) = replay.recorded[i].reply.clone() {
+        let index = match self.plan(&replay, fingerprint) {
+            Plan::Replay(i, reply) => {
+                let call_id = self.live.with(|s| s.exchanges[i].call_id.clone());
+                replay.consumed.insert(call_id);
                 self.count(|c| c.replayed += 1);
                 return Ok(Routed::Replay(reply));
             }
             // Recorded but cut off before its reply: ask again, in its place.
-            return self
-                .record_intent(&mut replay, i, api, fingerprint, stream)
-                .await;
-        }
-        if cursor < replay.recorded.len() {
-            self.diverge(&mut replay, cursor).await?;
-        }
-        let index = replay.recorded.len();
+            Plan::Reask(i) => {
+                return self
+                    .record_intent(&mut replay, i, api, fingerprint, stream)
+                    .await
+            }
+            Plan::Diverge(at, snapshot) => {
+                self.diverge(at, snapshot).await?;
+                at
+            }
+            Plan::New(index) => index,
+        };
         if let Some(hit) = self.bound_hit(index) {
             let message = format!("steadfast: {}; the session is escalated", hit.1);
             *self.escalation.lock().unwrap_or_else(|e| e.into_inner()) = Some(hit);
@@ -381,8 +384,7 @@ impl<W: World + Clone> Shared<W> {
             .await
     }
 
-    async fn diverge(&self, replay: &mut Replay, at: usize) -> Result<(), Response> {
-        let snapshot = replay.recorded[at].snapshot.clone();
+    async fn diverge(&self, at: usize, snapshot: Option<String>) -> Result<(), Response> {
         tracing::warn!(
             index = at,
             "replay diverged: superseding the record from here"
@@ -394,22 +396,14 @@ impl<W: World + Clone> Shared<W> {
                 .map_err(|e| internal(&e.to_string()))?
                 .map_err(|e| internal(&e.to_string()))?;
         }
-        self.world
-            .append(
-                &self.lease,
-                &[Event::ReplayDiverged {
-                    index: at as u32,
-                    snapshot: snapshot.clone(),
-                }],
-            )
+        self.live
+            .append(&[Event::ReplayDiverged {
+                index: at as u32,
+                snapshot: snapshot.clone(),
+            }])
             .await
             .map_err(|e| internal(&e.to_string()))?;
-        replay.recorded.truncate(at);
-        replay.consumed.truncate(at);
         *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = snapshot;
-        if let Some(hook) = &self.on_diverge {
-            hook(at as u32);
-        }
         self.count(|c| c.diverged += 1);
         Ok(())
     }
@@ -428,34 +422,18 @@ impl<W: World + Clone> Shared<W> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let exchange = Exchange {
-            call_id: call_id.clone(),
-            api: api.name().to_string(),
-            fingerprint: fingerprint.to_string(),
-            stream,
-            snapshot: snapshot.clone(),
-            reply: None,
-        };
-        self.world
-            .append(
-                &self.lease,
-                &[Event::ExchangeIntent {
-                    call_id: call_id.clone(),
-                    index: index as u32,
-                    api: exchange.api.clone(),
-                    fingerprint: exchange.fingerprint.clone(),
-                    stream,
-                    snapshot,
-                }],
-            )
+        self.live
+            .append(&[Event::ExchangeIntent {
+                call_id: call_id.clone(),
+                index: index as u32,
+                api: api.name().to_string(),
+                fingerprint: fingerprint.to_string(),
+                stream,
+                snapshot,
+            }])
             .await
             .map_err(|e| internal(&e.to_string()))?;
-        if index == replay.recorded.len() {
-            replay.recorded.push(exchange);
-            replay.consumed.push(true);
-        } else {
-            replay.recorded[index] = exchange;
-        }
+        replay.consumed.insert(call_id.clone());
         steadfast_fault::point(steadfast_fault::points::MODEL_INTENT);
         self.count(|c| c.live += 1);
         Ok(Routed::Live { call_id })
@@ -463,32 +441,26 @@ impl<W: World + Clone> Shared<W> {
 
     /// The bound a new model call at exchange `index` would cross, if any.
     fn bound_hit(&self, index: usize) -> Option<(Breaker, String)> {
-        let session = self.session.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(hit) = session.bound_hit(steadfast_world::now_ms()) {
+        let (hit, used, turn) = self.live.with(|s| {
+            (
+                s.bound_hit(steadfast_world::now_ms()),
+                index.saturating_sub(s.exchanges_from as usize),
+                s.turn,
+            )
+        });
+        if let Some(hit) = hit {
             return Some(hit);
         }
         if let Some(hit) = self.extra_bound.as_ref().and_then(|check| check()) {
             return Some(hit);
         }
-        let used = index.saturating_sub(session.exchanges_from as usize);
         let max = self.max_exchanges?;
         (used >= max).then(|| {
             (
                 Breaker::Steps,
-                format!(
-                    "step budget exhausted: {used} model calls in turn {}",
-                    session.turn
-                ),
+                format!("step budget exhausted: {used} model calls in turn {turn}"),
             )
         })
-    }
-
-    /// Notes a recorded reply in the replay mirror.
-    pub(crate) async fn recorded(&self, call_id: &str, reply: (u16, String, String)) {
-        let mut replay = self.replay.lock().await;
-        if let Some(e) = replay.recorded.iter_mut().find(|e| e.call_id == call_id) {
-            e.reply = Some(reply);
-        }
     }
 }
 

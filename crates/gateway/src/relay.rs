@@ -126,13 +126,8 @@ pub(crate) async fn live<W: World + Clone>(
         let mut first = true;
         let streamed = ct.starts_with("text/event-stream");
         let mut text = crate::deltas::TextDeltas::default();
-        let writer = streamed.then(|| {
-            crate::deltas::DeltaWriter::start(
-                shared.world.clone(),
-                shared.lease.clone(),
-                call_id.clone(),
-            )
-        });
+        let writer = streamed
+            .then(|| crate::deltas::DeltaWriter::start(shared.live.clone(), call_id.clone()));
         while let Some(chunk) = chunks.next().await {
             match chunk {
                 Ok(bytes) => {
@@ -162,30 +157,21 @@ pub(crate) async fn live<W: World + Clone>(
         steadfast_fault::point(steadfast_fault::points::MODEL_EFFECT);
         let body = String::from_utf8_lossy(&recorded).into_owned();
         let usage = crate::usage::of_reply(api, &body);
+        let model = shared.live.with(|s| s.model.model.clone());
         let cost_micro_usd = usage.map_or(0, |u| {
-            let session = shared.session.lock().unwrap_or_else(|e| e.into_inner());
-            steadfast_model::pricing::cost_with(&shared.prices, &session.model.model, &u)
+            steadfast_model::pricing::cost_with(&shared.prices, &model, &u)
         });
-        {
-            let mut session = shared.session.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(u) = &usage {
-                session.usage.add(u);
-            }
-            session.cost_micro_usd += cost_micro_usd;
-        }
+        // The fold counts the spend as the outcome is applied: the bounds see it next.
         let event = Event::ExchangeOutcome {
             call_id: call_id.clone(),
             status,
             content_type: ct.clone(),
-            body: body.clone(),
+            body,
             usage,
             cost_micro_usd,
         };
-        match shared.world.append(&shared.lease, &[event]).await {
-            Ok(_) => {
-                shared.recorded(&call_id, (status, ct, body)).await;
-                steadfast_fault::point(steadfast_fault::points::MODEL_OUTCOME);
-            }
+        match shared.live.append(&[event]).await {
+            Ok(_) => steadfast_fault::point(steadfast_fault::points::MODEL_OUTCOME),
             Err(e) => tracing::error!(error = %e, "recording a gateway reply failed"),
         }
         drop(tx);

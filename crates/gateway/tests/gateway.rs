@@ -12,7 +12,7 @@ use steadfast_drive::Drive;
 use steadfast_gateway::{Gateway, GatewayConfig, Upstream, Upstreams};
 use steadfast_log::{fold, Event, ModelSpec};
 use steadfast_testkit::{FakeProvider, Script};
-use steadfast_world::{Holder, Lease, SqliteWorld, World};
+use steadfast_world::{Holder, Lease, LiveSession, SqliteWorld, World};
 
 const TOKEN: &str = "sf-session-token-for-tests";
 
@@ -83,9 +83,11 @@ impl Setup {
 
     /// A gateway for a new run of the wrapped agent, served on loopback.
     async fn run(&self) -> (String, Gateway<SqliteWorld>, tokio::task::JoinHandle<()>) {
+        let live = LiveSession::open(self.world.clone(), self.lease.clone())
+            .await
+            .unwrap();
         let gateway = Gateway::open(GatewayConfig {
-            world: self.world.clone(),
-            lease: self.lease.clone(),
+            live: Arc::new(live),
             drive: self.drive.clone(),
             workspace: self.ws(),
             token: TOKEN.into(),
@@ -101,7 +103,6 @@ impl Setup {
             },
             models: vec!["claude-sonnet-4-5".into()],
             last_snapshot: self.last_snapshot.clone(),
-            on_diverge: None,
             max_exchanges: None,
             prices: Default::default(),
             extra_bound: None,

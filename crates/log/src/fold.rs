@@ -991,9 +991,8 @@ impl SessionState {
     }
 
     /// Counts a finished tool call (`unchanged`: it left the workspace as it was)
-    /// towards the loop breaker. Public for wrapped agents' tool journals, which count
-    /// as they go.
-    pub fn count_call(&mut self, tool: &str, input: &Value, unchanged: bool) {
+    /// towards the loop breaker.
+    fn count_call(&mut self, tool: &str, input: &Value, unchanged: bool) {
         let same = self
             .last_tool_call
             .as_ref()

@@ -623,6 +623,7 @@ async fn bad_input_gets_clear_json_errors() {
         "/v1/sessions/{id}/messages",
         "/v1/sessions/{id}/events",
         "/v1/sessions/{id}/signals/{name}",
+        "/v1/agents",
     ] {
         assert!(
             doc["paths"].get(path).is_some(),

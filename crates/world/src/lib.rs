@@ -17,6 +17,7 @@ mod any;
 pub mod blobs;
 pub mod conformance;
 mod heartbeat;
+mod live;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod sqlite;
@@ -30,6 +31,7 @@ use steadfast_log::{Event, Record};
 
 pub use any::AnyWorld;
 pub use heartbeat::Heartbeat;
+pub use live::LiveSession;
 
 /// Bumps a change counter (see [`World::changes`]).
 pub(crate) fn bump(tx: &tokio::sync::watch::Sender<u64>) {

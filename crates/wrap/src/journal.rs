@@ -18,6 +18,7 @@
 //! next tool result it gets (appended to the result's text, in the same append that
 //! records the result, so a replay shows it again at the same point).
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex as StdMutex};
 
@@ -28,7 +29,7 @@ use steadfast_log::{Event, Output, SessionState, ToolClass, WrappedTool};
 use steadfast_sandbox::reconcile::Reconciler;
 use steadfast_sandbox::{classify, Sandbox};
 use steadfast_world::InboundKind;
-use steadfast_world::{strip_ansi, Blobs, Lease, World, INLINE_LIMIT};
+use steadfast_world::{strip_ansi, Blobs, Lease, LiveSession, World, INLINE_LIMIT};
 use tokio::sync::{Mutex, OnceCell};
 
 use crate::{Error, Result};
@@ -40,38 +41,27 @@ const REPLAY_WINDOW: usize = 8;
 /// Makes the sandbox tools run in, when the first call needs one.
 pub type MakeSandbox<S> = Arc<dyn Fn() -> steadfast_sandbox::Result<S> + Send + Sync>;
 
-struct Replay {
-    /// The open turn's recorded calls.
-    recorded: Vec<WrappedTool>,
-    consumed: Vec<bool>,
-    /// Completed external effects a divergence superseded (never run again).
-    facts: Vec<WrappedTool>,
-    facts_used: Vec<bool>,
-}
-
 /// What a recorded call answers with.
 enum Answer {
-    /// A call of the current record: its result, and where it left the workspace.
-    Recorded((String, bool), Option<String>),
-    /// A superseded external effect asked for again: its result, re-recorded.
+    /// A call of the current record: its id, its result, and where it left the
+    /// workspace.
+    Recorded(String, (String, bool), Option<String>),
+    /// A superseded external effect asked for again: re-recorded, its result given.
     Fact(WrappedTool),
 }
 
 /// Runs and records a wrapped agent's tool calls.
 pub struct ToolJournal<W, S> {
-    world: W,
-    lease: Lease,
+    live: Arc<LiveSession<W>>,
     drive: Drive,
     blobs: Blobs,
     workspace: PathBuf,
     make_sandbox: MakeSandbox<S>,
     sandbox: OnceCell<S>,
-    replay: Mutex<Replay>,
+    /// The recorded calls (and superseded external facts) this run has been answered
+    /// from, and the calls it made itself: never matched again.
+    consumed: Mutex<HashSet<String>>,
     last_snapshot: Arc<StdMutex<Option<String>>>,
-    /// Tool calls recorded after this many exchanges are superseded (a divergence).
-    superseded_after: StdMutex<Option<u32>>,
-    /// The session as folded at the start, counting the loop breaker on from there.
-    session: StdMutex<SessionState>,
     counters: StdMutex<(u64, u64)>,
     /// The most tool calls the turn may make; past it calls are refused and the
     /// session escalates (the runaway guard, whatever the agent does).
@@ -81,43 +71,28 @@ pub struct ToolJournal<W, S> {
 }
 
 impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
-    /// A journal for one run of the agent, replaying `recorded` (the session's wrapped
-    /// tool calls, all resolved).
-    #[allow(clippy::too_many_arguments)]
+    /// A journal for one run of the agent over the session's log (its cut-off calls
+    /// resolved), replaying the open turn's recorded calls.
     pub fn new(
-        world: W,
-        lease: Lease,
+        live: Arc<LiveSession<W>>,
         drive: Drive,
         blobs: Blobs,
         workspace: PathBuf,
         make_sandbox: MakeSandbox<S>,
-        session: &SessionState,
         last_snapshot: Arc<StdMutex<Option<String>>>,
     ) -> Self {
-        let from = session.turn_start.tools.min(session.wrapped_tools.len());
-        let recorded = session.wrapped_tools[from..].to_vec();
-        let consumed = vec![false; recorded.len()];
-        let facts = session.external_facts.clone();
-        let facts_used = vec![false; facts.len()];
+        let recorded = live.with(|s| s.wrapped_tools.len().saturating_sub(s.turn_start.tools));
         ToolJournal {
-            world,
-            lease,
+            live,
             drive,
             blobs,
             workspace,
             make_sandbox,
             sandbox: OnceCell::new(),
-            calls: std::sync::atomic::AtomicUsize::new(recorded.len()),
-            replay: Mutex::new(Replay {
-                recorded,
-                consumed,
-                facts,
-                facts_used,
-            }),
+            calls: std::sync::atomic::AtomicUsize::new(recorded),
+            consumed: Mutex::new(HashSet::new()),
             max_calls: usize::MAX,
             last_snapshot,
-            superseded_after: StdMutex::new(None),
-            session: StdMutex::new(session.clone()),
             counters: StdMutex::new((0, 0)),
         }
     }
@@ -138,10 +113,7 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
                 format!("step budget exhausted: {calls} tool calls in this turn"),
             ));
         }
-        self.session
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .loop_hit()
+        self.live.with(SessionState::loop_hit)
     }
 
     /// Calls answered from the record, and calls run.
@@ -149,19 +121,10 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
         *self.counters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The gateway superseded the record from exchange `index` on: tool calls made
-    /// after it are no longer answered from the record.
-    pub fn diverged(&self, index: u32) {
-        *self
-            .superseded_after
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(index);
-    }
-
     /// Runs (or replays) one call; the text and error flag the agent gets back.
     pub async fn call(&self, tool: &str, input: &Value) -> Result<(String, bool)> {
         match self.replayed(tool, input).await {
-            Some(Answer::Recorded(result, after)) => {
+            Some(Answer::Recorded(_, result, after)) => {
                 self.lockstep(after).await?;
                 return Ok(result);
             }
@@ -179,67 +142,39 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
     }
 
     async fn replayed(&self, tool: &str, input: &Value) -> Option<Answer> {
-        let limit = *self
-            .superseded_after
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let mut replay = self.replay.lock().await;
-        let cursor = replay
-            .consumed
-            .iter()
-            .position(|c| !c)
-            .unwrap_or(replay.consumed.len());
-        let end = (cursor + REPLAY_WINDOW).min(replay.recorded.len());
-        let current = (cursor..end).find(|&i| {
-            let t = &replay.recorded[i];
-            !replay.consumed[i]
-                && t.tool == tool
-                && &t.input == input
-                && t.result.is_some()
-                && limit.is_none_or(|l| t.after_exchanges <= l)
-        });
-        if let Some(hit) = current {
-            replay.consumed[hit] = true;
-            self.counters.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
-            let t = &replay.recorded[hit];
-            let after = if limit.is_none() {
-                t.snapshot_after.clone()
-            } else {
-                None
-            };
-            return Some(Answer::Recorded(t.result.clone()?, after));
-        }
-        // A completed external effect is a fact, superseded or not: the same call is
-        // answered from its record, wherever it stands.
-        let superseded = replay
-            .recorded
-            .iter()
-            .enumerate()
-            .filter(|(i, t)| !replay.consumed[*i] && limit.is_some_and(|l| t.after_exchanges > l))
-            .map(|(i, t)| (Some(i), t));
-        let facts = replay
-            .facts
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !replay.facts_used[*i])
-            .map(|(_, t)| (None, t));
-        let (at, fact) = superseded
-            .chain(facts)
-            .find(|(_, t)| t.is_external_fact() && t.tool == tool && &t.input == input)
-            .map(|(at, t)| (at, t.clone()))?;
-        match at {
-            Some(i) => replay.consumed[i] = true,
-            None => {
-                let i = replay
-                    .facts
-                    .iter()
-                    .enumerate()
-                    .position(|(i, t)| !replay.facts_used[i] && *t == fact)?;
-                replay.facts_used[i] = true;
+        let mut consumed = self.consumed.lock().await;
+        let answer = self.live.with(|s| {
+            let from = s.turn_start.tools.min(s.wrapped_tools.len());
+            let open = |t: &&WrappedTool| !consumed.contains(&t.call_id);
+            let turn = &s.wrapped_tools[from..];
+            let cursor = turn.iter().position(|t| open(&t)).unwrap_or(turn.len());
+            let end = (cursor + REPLAY_WINDOW).min(turn.len());
+            let recorded = turn[cursor..end]
+                .iter()
+                .filter(open)
+                .find(|t| t.tool == tool && &t.input == input && t.result.is_some());
+            if let Some(t) = recorded {
+                return Some(Answer::Recorded(
+                    t.call_id.clone(),
+                    t.result.clone()?,
+                    t.snapshot_after.clone(),
+                ));
             }
-        }
+            // A completed external effect is a fact, superseded or not: the same call
+            // is answered from its record, wherever it stood.
+            s.external_facts
+                .iter()
+                .filter(open)
+                .find(|t| t.is_external_fact() && t.tool == tool && &t.input == input)
+                .map(|t| Answer::Fact(t.clone()))
+        })?;
+        let id = match &answer {
+            Answer::Recorded(id, ..) => id.clone(),
+            Answer::Fact(t) => t.call_id.clone(),
+        };
+        consumed.insert(id);
         self.counters.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
-        Some(Answer::Fact(fact))
+        Some(answer)
     }
 
     /// Puts the workspace where a replayed call left it the first time.
@@ -272,33 +207,31 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             .clone();
         let call_id = format!("wt_{}", uuid::Uuid::now_v7().simple());
         tracing::info!(tool = %fact.tool, original = %fact.call_id, "an external effect already done is answered from its record, not run again");
-        self.world
-            .append(
-                &self.lease,
-                &[
-                    Event::ToolCallIntent {
-                        call_id: call_id.clone(),
-                        tool: fact.tool.clone(),
-                        input: fact.input.clone(),
-                        class: ToolClass::External,
-                        snapshot_before: snapshot.clone(),
-                    },
-                    Event::ToolCallOutcome {
-                        call_id,
-                        is_error,
-                        exit_code: None,
-                        output: Output::Inline { text: text.clone() },
-                        snapshot_after: snapshot,
-                    },
-                ],
-            )
+        self.consumed.lock().await.insert(call_id.clone());
+        self.live
+            .append(&[
+                Event::ToolCallIntent {
+                    call_id: call_id.clone(),
+                    tool: fact.tool.clone(),
+                    input: fact.input.clone(),
+                    class: ToolClass::External,
+                    snapshot_before: snapshot.clone(),
+                },
+                Event::ToolCallOutcome {
+                    call_id,
+                    is_error,
+                    exit_code: None,
+                    output: Output::Inline { text: text.clone() },
+                    snapshot_after: snapshot,
+                },
+            ])
             .await?;
         Ok((text, is_error))
     }
 
     /// A steer waiting in the inbox, taken with the result it is appended to.
     async fn steer(&self) -> Result<Option<(String, u64)>> {
-        let inbox = self.world.inbox(&self.lease.session).await?;
+        let inbox = self.live.world().inbox(&self.live.lease().session).await?;
         Ok(inbox
             .into_iter()
             .find(|i| i.kind == InboundKind::Steer)
@@ -328,19 +261,17 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             None
         };
         let call_id = format!("wt_{}", uuid::Uuid::now_v7().simple());
-        self.world
-            .append(
-                &self.lease,
-                &[Event::ToolCallIntent {
-                    call_id: call_id.clone(),
-                    tool: tool.to_string(),
-                    input: input.clone(),
-                    class,
-                    snapshot_before: snapshot_before.clone(),
-                }],
-            )
+        // Made by this run: never an answer for a later call of it.
+        self.consumed.lock().await.insert(call_id.clone());
+        self.live
+            .append(&[Event::ToolCallIntent {
+                call_id: call_id.clone(),
+                tool: tool.to_string(),
+                input: input.clone(),
+                class,
+                snapshot_before,
+            }])
             .await?;
-        let snapshot_before_copy = snapshot_before;
         point(points::TOOL_INTENT);
         let sandbox = self
             .sandbox
@@ -382,12 +313,8 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
         if let Some((text, inbox_id)) = steer {
             events.push(Event::Steered { text, inbox_id });
         }
-        self.world.append(&self.lease, &events).await?;
-        let unchanged = snapshot_after.is_none() || snapshot_after == snapshot_before_copy;
-        self.session
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .count_call(tool, input, unchanged);
+        // The fold counts the call towards the loop breaker as the outcome is applied.
+        self.live.append(&events).await?;
         if snapshot_after.is_some() {
             *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = snapshot_after;
         }

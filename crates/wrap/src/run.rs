@@ -9,7 +9,7 @@ use steadfast_drive::Drive;
 use steadfast_gateway::{Counters, Gateway, GatewayConfig, Upstreams};
 use steadfast_log::{fold, EndState, Event, Status};
 use steadfast_sandbox::{isolates, AnySandbox, NetworkPolicy, Sandbox, SandboxOptions};
-use steadfast_world::{Blobs, Heartbeat, Lease, World};
+use steadfast_world::{Blobs, Heartbeat, Lease, LiveSession, World};
 
 use crate::adapters::{Adapter, Launch};
 use crate::journal::{resolve_cut_off, MakeSandbox, ToolJournal};
@@ -175,31 +175,29 @@ pub async fn drive_turn<W: World + Clone>(
         };
         let last_snapshot = Arc::new(StdMutex::new(start));
 
+        // From here on every append of this run goes through one live view of the log,
+        // whose state the fold alone changes.
+        let live = Arc::new(LiveSession::open(world.clone(), lease.clone()).await?);
         let journal = Arc::new(
             ToolJournal::new(
-                world.clone(),
-                lease.clone(),
+                live.clone(),
                 drive.clone(),
                 blobs.clone(),
                 workspace.clone(),
                 make,
-                &state,
                 last_snapshot.clone(),
             )
             .with_max_calls(options.max_tool_calls_per_turn),
         );
         let token = token();
-        let hook = journal.clone();
         let gateway = Gateway::open(GatewayConfig {
-            world: world.clone(),
-            lease: lease.clone(),
+            live: live.clone(),
             drive: drive.clone(),
             workspace: workspace.clone(),
             token: token.clone(),
             upstreams: options.upstreams.clone(),
             models: vec![model.clone()],
             last_snapshot,
-            on_diverge: Some(Arc::new(move |at| hook.diverged(at))),
             max_exchanges: Some(options.max_exchanges_per_turn),
             prices: options.prices.clone(),
             extra_bound: Some({

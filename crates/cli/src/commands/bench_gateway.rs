@@ -71,8 +71,7 @@ pub(crate) async fn run(rounds: usize) -> anyhow::Result<()> {
         )
         .await?;
     let gateway = Gateway::open(GatewayConfig {
-        world,
-        lease,
+        live: std::sync::Arc::new(steadfast_world::LiveSession::open(world, lease).await?),
         drive,
         workspace: dir.path().to_path_buf(),
         token: TOKEN.into(),
@@ -85,7 +84,6 @@ pub(crate) async fn run(rounds: usize) -> anyhow::Result<()> {
         },
         models: vec![],
         last_snapshot: Default::default(),
-        on_diverge: None,
         max_exchanges: None,
         prices: Default::default(),
         extra_bound: None,
