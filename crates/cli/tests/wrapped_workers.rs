@@ -1,4 +1,4 @@
-//! Wrapped agents hosted by the API and its workers: a Claude Code session is created
+//! Wrapped agents hosted by the API and its workers: a session of each CLI is created
 //! through `POST /v1/sessions`, its turn is streamed over SSE, and the worker process
 //! driving it is SIGKILLed mid-turn; the other worker takes the session over and
 //! finishes the turn by replaying its log (nothing paid twice, nothing run by the
@@ -55,8 +55,9 @@ impl Site {
             .env("STEADFAST_AGENTS_DIR", agents_dir())
             .env("ANTHROPIC_API_KEY", "sk-ant-the-harness-real-key")
             .env("ANTHROPIC_BASE_URL", &self.fake_url)
+            .env("OPENAI_API_KEY", "sk-openai-the-harness-real-key")
+            .env("OPENAI_BASE_URL", format!("{}/v1", self.fake_url))
             .env("STEADFAST_MODEL", "anthropic/claude-sonnet-4-5")
-            .env_remove("OPENAI_API_KEY")
             .env_remove("STEADFAST_FAULT")
             .env_remove("STEADFAST_WORLD")
             .stdin(Stdio::null())
@@ -141,7 +142,20 @@ fn driving_worker(workers: &[i32], needle: &str, workspace: &Path) -> Option<i32
     None
 }
 
-async fn takeover(site: Site, fake: &FakeProvider) {
+/// The four CLIs: agent, model, and what its process's command line contains.
+const CLIS: &[(&str, &str, &str)] = &[
+    ("claude-code", "anthropic/claude-sonnet-4-5", "claude"),
+    ("codex", "openai/gpt-5", "codex"),
+    ("pi", "anthropic/claude-sonnet-4-5", "pi  "),
+    ("opencode", "anthropic/claude-sonnet-4-5", "opencode"),
+];
+
+/// Returns how many replies the kill cut off (asked again by the other worker).
+async fn takeover(
+    site: Site,
+    fake: &FakeProvider,
+    (agent, model, needle): (&str, &str, &str),
+) -> usize {
     let (_api, url) = site.api().await;
     let mut workers = [site.worker(), site.worker()];
     let pids: Vec<i32> = workers.iter().map(|w| w.id().unwrap() as i32).collect();
@@ -160,12 +174,12 @@ async fn takeover(site: Site, fake: &FakeProvider) {
         .as_array()
         .unwrap()
         .iter()
-        .find(|a| a["name"] == "claude-code")
-        .expect("claude-code is listed");
+        .find(|a| a["name"] == agent)
+        .expect("the agent is listed");
     assert_eq!(claude["installed"], true, "{agents}");
     let resp = http
         .post(format!("{url}/v1/sessions"))
-        .json(&json!({"agent": "claude-code", "workspace": {"kind": "demo"}}))
+        .json(&json!({"agent": agent, "model": model, "workspace": {"kind": "demo"}}))
         .send()
         .await
         .unwrap();
@@ -204,8 +218,15 @@ async fn takeover(site: Site, fake: &FakeProvider) {
             std::time::Instant::now() < deadline,
             "the CLI never got going"
         );
-        if fake.calls() >= 5 {
-            if let Some(pid) = driving_worker(&pids, "claude", &workspace) {
+        // The slow fifth reply has been asked for (some CLIs send side requests too,
+        // so the call count alone does not say which reply streams).
+        if fake
+            .state()
+            .calls_per_step()
+            .get(4)
+            .is_some_and(|n| *n >= 1)
+        {
+            if let Some(pid) = driving_worker(&pids, needle, &workspace) {
                 break pid;
             }
         }
@@ -219,15 +240,15 @@ async fn takeover(site: Site, fake: &FakeProvider) {
         .await
         .expect("the turn finished on the other worker")
         .unwrap();
-    assert_eq!(events.last().map(String::as_str), Some("end"), "{events:?}");
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("end"),
+        "{agent}: {events:?}"
+    );
     assert!(events.iter().any(|e| e == "turn_ended"), "{events:?}");
     assert!(
         events.iter().any(|e| e == "model_delta"),
         "the replies' text streamed as it was written: {events:?}"
-    );
-    assert!(
-        events.iter().any(|e| e == "restart"),
-        "the cut-off reply was announced as starting over: {events:?}"
     );
     let shown: Value = http
         .get(format!("{url}/v1/sessions/{id}"))
@@ -246,6 +267,19 @@ async fn takeover(site: Site, fake: &FakeProvider) {
     );
     let log = site.log(&id).await;
     let kinds: Vec<String> = log.iter().map(kind).collect();
+    // A reply the kill cut off is asked again at its index; the stream says so.
+    let mut asked = std::collections::BTreeMap::new();
+    for r in &log {
+        if let Some(index) = r["event"]["exchange_intent"]["index"].as_u64() {
+            *asked.entry(index).or_insert(0) += 1;
+        }
+    }
+    let reasked = asked.values().filter(|n| **n > 1).count();
+    assert_eq!(
+        events.iter().filter(|e| *e == "restart").count(),
+        reasked,
+        "{agent}: each cut-off reply was announced as starting over: {events:?}"
+    );
     assert!(
         !kinds.iter().any(|k| k.starts_with("model_call")),
         "the native loop never touched the wrapped session: {kinds:?}"
@@ -303,58 +337,72 @@ async fn takeover(site: Site, fake: &FakeProvider) {
             .contains("off-by-one"),
         "turn 1's work is still there"
     );
+    reasked
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wrapped_session_moves_to_another_worker_on_sqlite() {
-    installed("claude-code").await;
+fn slow_fifth_reply() -> steadfast_testkit::Script {
     let mut script = demo::script();
-    script.steps[4].chunk_delay_ms = 150;
-    let fake = FakeProvider::start(script).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let site = Site {
-        home: dir.path().join("home"),
-        world: None,
-        fake_url: fake.base_url(),
-    };
-    takeover(site, &fake).await;
+    // Long enough that the kill surely lands while it streams.
+    script.steps[4].chunk_delay_ms = 400;
+    script
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wrapped_session_moves_to_another_worker_on_postgres() {
-    installed("claude-code").await;
+async fn wrapped_sessions_move_to_another_worker_on_sqlite() {
+    let mut cut_off = 0;
+    for cli in CLIS {
+        installed(cli.0).await;
+        let fake = FakeProvider::start(slow_fifth_reply()).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site {
+            home: dir.path().join("home"),
+            world: None,
+            fake_url: fake.base_url(),
+        };
+        cut_off += takeover(site, &fake, *cli).await;
+    }
+    assert!(cut_off > 0, "at least one kill cut a reply off mid-stream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrapped_sessions_move_to_another_worker_on_postgres() {
     let admin = std::env::var("STEADFAST_TEST_POSTGRES")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
         .await
         .expect("PostgreSQL must be running");
     tokio::spawn(conn);
-    let name = format!("steadfast_wrapped_{}", std::process::id());
-    client
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .await
-        .unwrap();
-    client
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .unwrap();
-    let world = format!("{}/{name}", &admin[..admin.rfind('/').unwrap()]);
-    let mut script = demo::script();
-    script.steps[4].chunk_delay_ms = 150;
-    let fake = FakeProvider::start(script).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let site = Site {
-        home: dir.path().join("home"),
-        world: Some(world),
-        fake_url: fake.base_url(),
-    };
-    let migrated = site.command(&["migrate"]).output().await.unwrap();
-    assert!(migrated.status.success());
-    takeover(site, &fake).await;
-    client
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .await
-        .unwrap();
+    for cli in CLIS {
+        installed(cli.0).await;
+        let name = format!(
+            "steadfast_wrapped_{}_{}",
+            std::process::id(),
+            cli.0.replace('-', "_")
+        );
+        client
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .await
+            .unwrap();
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        let world = format!("{}/{name}", &admin[..admin.rfind('/').unwrap()]);
+        let fake = FakeProvider::start(slow_fifth_reply()).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let site = Site {
+            home: dir.path().join("home"),
+            world: Some(world),
+            fake_url: fake.base_url(),
+        };
+        let migrated = site.command(&["migrate"]).output().await.unwrap();
+        assert!(migrated.status.success());
+        takeover(site, &fake, *cli).await;
+        client
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .await
+            .unwrap();
+    }
 }
 
 /// A steer reaches a running wrapped turn with the next tool result its CLI gets, and
@@ -362,9 +410,7 @@ async fn a_wrapped_session_moves_to_another_worker_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_steer_reaches_a_running_wrapped_turn() {
     installed("claude-code").await;
-    let mut script = demo::script();
-    script.steps[4].chunk_delay_ms = 150;
-    let fake = FakeProvider::start(script).await.unwrap();
+    let fake = FakeProvider::start(slow_fifth_reply()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let site = Site {
         home: dir.path().join("home"),
