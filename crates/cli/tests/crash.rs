@@ -163,6 +163,23 @@ async fn every_crash_point_resumes_to_the_crash_free_result() {
             let result: Value = serde_json::from_slice(&resumed.stdout).unwrap();
             assert_eq!(result["status"], "completed", "{label}");
 
+            // No sandbox outlives the processes that started it (the aborted run's
+            // included, whenever it died).
+            let ws = case
+                .workspace()
+                .canonicalize()
+                .unwrap()
+                .display()
+                .to_string();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while sandboxes_of(&ws) > 0 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{label}: a sandbox of the dead runs is still running"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+
             // Files: byte for byte what the crash-free run left.
             let got = tree(&case.workspace());
             assert_eq!(
@@ -530,4 +547,18 @@ async fn an_interrupted_git_push_is_reconciled_and_never_pushed_twice() {
         );
         assert_eq!(case.fake.calls(), 2, "{point}");
     }
+}
+
+/// How many sandbox agents serve `workspace`.
+fn sandboxes_of(workspace: &str) -> usize {
+    let needle = format!("\"workspace\":\"{workspace}\"");
+    std::fs::read_dir("/proc").map_or(0, |dir| {
+        dir.filter_map(Result::ok)
+            .filter(|e| {
+                let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                let cmdline = String::from_utf8_lossy(&cmdline);
+                cmdline.contains("sandbox-agent") && cmdline.contains(&needle)
+            })
+            .count()
+    })
 }

@@ -42,6 +42,12 @@ pub struct AgentConfig {
     pub default_timeout_ms: u64,
     /// Longest timeout a command may ask for, ms.
     pub max_timeout_ms: u64,
+    /// Standard input is a pipe whose other end only the harness holds: when it closes
+    /// (the harness is gone, however it died), the agent exits, and the sandbox with it.
+    /// Kernel parent-death signals miss a harness that dies while bubblewrap is still
+    /// starting; the pipe does not.
+    #[serde(default)]
+    pub lifeline: bool,
 }
 
 /// One command for the agent.
@@ -94,6 +100,17 @@ pub fn main(args: impl IntoIterator<Item = String>) -> i32 {
         }
     };
     let _ = IN_SANDBOX.set(());
+    if config.lifeline {
+        std::thread::spawn(|| {
+            let mut buf = [0u8; 64];
+            loop {
+                match std::io::Read::read(&mut std::io::stdin(), &mut buf) {
+                    Ok(0) | Err(_) => std::process::exit(0),
+                    Ok(_) => {}
+                }
+            }
+        });
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -154,6 +154,8 @@ pub struct BwrapSandbox {
     pid: u32,
     options: SandboxOptions,
     _proxy: Option<EgressProxy>,
+    /// Closing it (dropping the sandbox, or this process dying) ends the sandbox.
+    _lifeline: std::io::PipeWriter,
     // Last, so the directory goes after the processes using it.
     run: RunDir,
 }
@@ -208,6 +210,7 @@ impl BwrapSandbox {
             max_output_bytes: options.max_output_bytes,
             default_timeout_ms: options.default_timeout.as_millis() as u64,
             max_timeout_ms: options.max_timeout.as_millis() as u64,
+            lifeline: true,
         };
         let config = serde_json::to_string(&config)
             .map_err(|e| Error::Unavailable(format!("agent configuration: {e}")))?;
@@ -224,6 +227,11 @@ impl BwrapSandbox {
         let log2 = log
             .try_clone()
             .map_err(|e| Error::Unavailable(format!("agent log: {e}")))?;
+        // The sandbox lives while this end of its lifeline is open (see
+        // `AgentConfig::lifeline`); both ends are close-on-exec, so no other child
+        // holds it.
+        let (lifeline_in, lifeline) =
+            std::io::pipe().map_err(|e| Error::Unavailable(format!("lifeline pipe: {e}")))?;
         let mut cmd = std::process::Command::new("bwrap");
         cmd.args(bwrap_args(&root, &run.0, &program, options, &env))
             .arg("--")
@@ -231,7 +239,7 @@ impl BwrapSandbox {
             .args(leading)
             .arg(config)
             .env_clear()
-            .stdin(std::process::Stdio::null())
+            .stdin(std::process::Stdio::from(lifeline_in))
             .stdout(log)
             .stderr(log2);
         let child = spawn_from_a_lasting_thread(cmd)
@@ -245,6 +253,7 @@ impl BwrapSandbox {
             pid,
             options: options.clone(),
             _proxy: proxy,
+            _lifeline: lifeline,
             run,
         };
         sandbox.wait_ready()?;
