@@ -72,7 +72,7 @@ pub struct LocalSandbox {
     root: PathBuf,
     /// Kept for its `Drop`, which removes the directory.
     _home: tempfile_dir::Home,
-    env: Vec<(String, String)>,
+    pub(crate) env: Vec<(String, String)>,
     options: SandboxOptions,
     registry: PathBuf,
 }
@@ -104,16 +104,54 @@ mod tempfile_dir {
                 .map(|n| std::env::temp_dir().join(format!("steadfast-home-{}-{n}", &key[..12])))
                 .find(|h| !in_use.contains(h))
                 .unwrap_or_default();
+            reap_abandoned(in_use);
             let _ = std::fs::remove_dir_all(&home);
             std::fs::create_dir_all(&home)?;
+            std::fs::write(owner_file(&home), std::process::id().to_string())?;
             in_use.insert(home.clone());
             Ok(Home(home))
+        }
+    }
+
+    /// Beside each home: the process that made it.
+    fn owner_file(home: &Path) -> PathBuf {
+        home.with_extension("owner")
+    }
+
+    /// Removes the homes of processes that died without removing them (SIGKILL).
+    fn reap_abandoned(in_use: &HashSet<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+            return;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let path = entry.path();
+            let is_owner_file = path.extension().is_some_and(|e| e == "owner")
+                && entry
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("steadfast-home-");
+            if !is_owner_file {
+                continue;
+            }
+            let home = path.with_extension("");
+            let owner = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|p| p.trim().parse::<i32>().ok());
+            let alive = owner.is_some_and(|pid| {
+                pid == std::process::id() as i32
+                    || nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+            });
+            if !alive && !in_use.contains(&home) {
+                let _ = std::fs::remove_dir_all(&home);
+                let _ = std::fs::remove_file(&path);
+            }
         }
     }
 
     impl Drop for Home {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
+            let _ = std::fs::remove_file(owner_file(&self.0));
             let mut guard = IN_USE.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(in_use) = guard.as_mut() {
                 in_use.remove(&self.0);
