@@ -51,9 +51,21 @@ impl<W: World> LiveSession<W> {
     pub async fn append(&self, events: &[Event]) -> Result<Vec<Record>> {
         let _in_order = self.appending.lock().await;
         let records = self.world.append(&self.lease, events).await?;
+        let first = records.first().map_or(0, |r| r.seq);
+        let from = self.with(|s| s.last_seq + 1);
+        // Something else appended under this lease meanwhile (a call of an earlier run
+        // of the agent finishing late): catch up from the log, in order.
+        let mut missed = if from < first {
+            self.world.read(&self.lease.session, from).await?
+        } else {
+            Vec::new()
+        };
+        missed.retain(|r| r.seq < first);
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        for record in &records {
-            state.apply(record).map_err(|e| corrupt(&self.lease, &e))?;
+        for record in missed.iter().chain(&records) {
+            if record.seq > state.last_seq {
+                state.apply(record).map_err(|e| corrupt(&self.lease, &e))?;
+            }
         }
         Ok(records)
     }

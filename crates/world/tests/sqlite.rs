@@ -132,3 +132,42 @@ async fn big_records_spill_to_the_blob_store() {
     conformance::big_records_spill_to_the_blob_store(&world.with_spill(blobs.clone()), &blobs)
         .await;
 }
+
+/// A live view of a session stays the fold of its log even when something else
+/// appended under the same lease meanwhile (a late call of an earlier run).
+#[tokio::test]
+async fn a_live_session_catches_up_with_appends_made_around_it() {
+    let (_dir, world) = world();
+    world.create_session("s", "me").await.unwrap();
+    let lease = world
+        .acquire_lease("s", &Holder::new("h"), std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    let model = steadfast_log::ModelSpec {
+        provider: "fake".into(),
+        model: "m".into(),
+    };
+    world
+        .append(&lease, &[Event::bare_start("claude-code", model, "/w")])
+        .await
+        .unwrap();
+    let live = steadfast_world::LiveSession::open(world.clone(), lease.clone())
+        .await
+        .unwrap();
+    let message = |turn| Event::UserMessage {
+        turn,
+        text: format!("turn {turn}"),
+        inbox_id: None,
+    };
+    world.append(&lease, &[message(1)]).await.unwrap();
+    live.append(&[Event::TurnEnded {
+        turn: 1,
+        reply: Some("done".into()),
+    }])
+    .await
+    .unwrap();
+    let state = live.state();
+    assert_eq!(state.last_seq, 3);
+    assert_eq!(state.turn, 1);
+    assert_eq!(state.status, steadfast_log::Status::Idle);
+}

@@ -68,6 +68,17 @@ pub struct ToolJournal<W, S> {
     max_calls: usize,
     /// Tool calls this turn has made so far (recorded ones included).
     calls: std::sync::atomic::AtomicUsize,
+    /// Calls running now (they run to their end even if the agent that asked died).
+    inflight: tokio::sync::watch::Sender<usize>,
+}
+
+/// Counts a running call as finished when dropped (however it ends).
+struct Running<'a>(&'a tokio::sync::watch::Sender<usize>);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
@@ -94,7 +105,17 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             max_calls: usize::MAX,
             last_snapshot,
             counters: StdMutex::new((0, 0)),
+            inflight: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// Waits (at most `limit`) until every call this journal started has recorded its
+    /// outcome: a command still running when its agent died finishes and is recorded
+    /// before the agent is started again (it is answered from the record then, never
+    /// run twice).
+    pub async fn settle(&self, limit: std::time::Duration) {
+        let mut rx = self.inflight.subscribe();
+        let _ = tokio::time::timeout(limit, rx.wait_for(|n| *n == 0)).await;
     }
 
     /// The same journal with at most `max` tool calls a turn.
@@ -138,6 +159,8 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
                 true,
             ));
         }
+        self.inflight.send_modify(|n| *n += 1);
+        let _running = Running(&self.inflight);
         self.run(tool, input).await
     }
 

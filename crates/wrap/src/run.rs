@@ -252,6 +252,8 @@ pub async fn drive_turn<W: World + Clone>(
         // A reply the dead CLI was receiving is still being recorded: let it finish, so
         // the next start gets it from the log rather than paying for it again.
         gateway.settle(Duration::from_secs(600)).await;
+        // So is a tool call it was waiting on.
+        journal.settle(options.turn_timeout).await;
         let counters = gateway.counters();
         report.exchanges.replayed += counters.replayed;
         report.exchanges.live += counters.live;
