@@ -17,31 +17,11 @@ use std::process::Output;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use common::{events, stderr, tree};
+use common::{agents_dir, events, installed, stderr, tree};
 use serde_json::{json, Value};
 use steadfast_testkit::{demo, FakeProvider, Script};
 
 const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
-
-fn agents_dir() -> PathBuf {
-    std::env::var_os("STEADFAST_TEST_AGENTS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/tmp/steadfast-test-agents"))
-}
-
-/// Installs `agent` at its pinned version (`install-agent` does nothing when it is
-/// already installed at that version).
-async fn installed(agent: &str) {
-    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    let _one_at_a_time = LOCK.lock().await;
-    let out = tokio::process::Command::new(BIN)
-        .args(["install-agent", agent])
-        .env("STEADFAST_AGENTS_DIR", agents_dir())
-        .output()
-        .await
-        .unwrap();
-    assert!(out.status.success(), "install: {}", stderr(&out));
-}
 
 /// An outside service on loopback that counts the POSTs it receives.
 struct Service {

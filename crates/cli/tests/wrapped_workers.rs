@@ -5,6 +5,8 @@
 //! native loop), and the SSE client sees the turn through to its `end`. On the
 //! embedded SQLite world and on PostgreSQL.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -15,31 +17,9 @@ use serde_json::{json, Value};
 use steadfast_testkit::{demo, FakeProvider};
 use tokio::io::AsyncBufReadExt;
 
+use common::{agents_dir, installed};
+
 const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
-
-fn agents_dir() -> PathBuf {
-    std::env::var_os("STEADFAST_TEST_AGENTS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/tmp/steadfast-test-agents"))
-}
-
-/// Installs `agent` at its pinned version (`install-agent` does nothing when it is
-/// already installed at that version).
-async fn installed(agent: &str) {
-    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    let _one_at_a_time = LOCK.lock().await;
-    let out = tokio::process::Command::new(BIN)
-        .args(["install-agent", agent])
-        .env("STEADFAST_AGENTS_DIR", agents_dir())
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "install: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 struct Site {
     home: PathBuf,

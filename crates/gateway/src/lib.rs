@@ -10,9 +10,9 @@
 //! arrives and, whole, becomes the [`Event::ExchangeOutcome`]. The client authenticates
 //! with a session-scoped token that is worth nothing anywhere else.
 //!
-//! **Replay.** A gateway opened over a session that already has exchanges (a wrapped
-//! agent restarted after a crash) answers each request that matches the record from
-//! the log — the same bytes, so the same events and ids — without calling the
+//! **Replay.** A gateway opened over a session whose open turn already has exchanges (a
+//! wrapped agent restarted after a crash) answers each request that matches the record
+//! from the log — the same bytes, so the same events and ids — without calling the
 //! provider. A request matches the recorded exchange at the replay cursor, or one of
 //! the next few still unanswered ones (a client may send side requests concurrently,
 //! in any order), when the [`normalize::fingerprint`]s agree. A request that matches

@@ -51,3 +51,25 @@ fn walkdir(dir: &Path) -> Vec<PathBuf> {
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
+
+/// Where the wrapped CLIs are installed for the tests (kept between runs; installed by
+/// the first test that needs them, from the npm registry).
+pub fn agents_dir() -> PathBuf {
+    std::env::var_os("STEADFAST_TEST_AGENTS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/steadfast-test-agents"))
+}
+
+/// Installs `agent` at its pinned version with `steadfast install-agent` (which does
+/// nothing when it is already installed at that version), one install at a time.
+pub async fn installed(agent: &str) {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _one_at_a_time = LOCK.lock().await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args(["install-agent", agent])
+        .env("STEADFAST_AGENTS_DIR", agents_dir())
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "install: {}", stderr(&out));
+}
