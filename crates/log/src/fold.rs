@@ -860,8 +860,18 @@ impl SessionState {
                     return Err(bad("the turn is not finished"));
                 }
                 self.status = Status::Idle;
-                if reply.is_some() {
-                    self.wrapped_reply = reply.clone();
+                if let Some(reply) = reply {
+                    self.wrapped_reply = Some(reply.clone());
+                    // A wrapped agent's answer joins the conversation: the history the
+                    // next turn's CLI is given (it keeps no memory between runs).
+                    if self.is_wrapped() {
+                        self.conversation.push(Message {
+                            role: Role::Assistant,
+                            content: vec![Block::Text {
+                                text: reply.clone(),
+                            }],
+                        });
+                    }
                 }
             }
             Event::ExchangeIntent {

@@ -26,6 +26,8 @@ struct Counters {
     per_step: Vec<u64>,
     failures_served: Vec<u32>,
     request_hashes: Vec<u64>,
+    /// Every request body received, in order.
+    requests: Vec<String>,
 }
 
 impl FakeState {
@@ -49,6 +51,11 @@ impl FakeState {
         hashes.sort_unstable();
         hashes.dedup();
         hashes.len()
+    }
+
+    /// Every request body received, in order (for tests that check what a client sent).
+    pub fn requests(&self) -> Vec<String> {
+        self.lock().requests.clone()
     }
 
     /// Calls received per script step.
@@ -191,6 +198,7 @@ fn count_call(state: &FakeState, index: usize, body: &str) -> Result<crate::Step
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     std::hash::Hash::hash(body, &mut hasher);
     c.request_hashes.push(std::hash::Hasher::finish(&hasher));
+    c.requests.push(body.to_string());
     if c.per_step.len() <= index {
         c.per_step.resize(index + 1, 0);
         c.failures_served.resize(index + 1, 0);

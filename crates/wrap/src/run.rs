@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 use steadfast_drive::Drive;
 use steadfast_gateway::{Counters, Gateway, GatewayConfig, Upstreams};
-use steadfast_log::{fold, EndState, Event, Status};
+use steadfast_log::{fold, EndState, Event, Role, SessionState, Status};
 use steadfast_sandbox::{isolates, AnySandbox, NetworkPolicy, Sandbox, SandboxOptions};
 use steadfast_world::{Blobs, Heartbeat, Lease, LiveSession, World};
 
@@ -105,6 +105,35 @@ async fn serve(
     }
 }
 
+/// What a turn's CLI is asked: the turn's message as sent, preceded by the session's
+/// earlier turns (each user message, steers included, and the agent's final answer).
+/// A CLI run keeps no memory of its own between turns; the log is its memory. Built
+/// from the log alone, so a CLI started again to replay the turn is asked the same.
+pub fn turn_prompt(state: &SessionState) -> String {
+    let task = &state.turn_start.task;
+    let current = state
+        .conversation
+        .iter()
+        .rposition(|m| m.role == Role::User)
+        .unwrap_or(0);
+    let earlier = &state.conversation[..current];
+    if earlier.is_empty() {
+        return task.clone();
+    }
+    let mut prompt = String::from(
+        "This session has had earlier turns. What was said, for context (the workspace already has their changes):\n",
+    );
+    for message in earlier {
+        let who = match message.role {
+            Role::User => "User",
+            Role::Assistant => "You answered",
+        };
+        prompt.push_str(&format!("\n{who}: {}\n", message.text().trim()));
+    }
+    prompt.push_str(&format!("\nThe user's new message:\n\n{task}"));
+    prompt
+}
+
 /// A random session-scoped token: worth nothing outside this gateway.
 fn token() -> String {
     let seed = format!(
@@ -134,7 +163,7 @@ pub async fn drive_turn<W: World + Clone>(
                 lease.session, state.status
             )));
         }
-        let task = state.turn_start.task.clone();
+        let task = turn_prompt(&state);
         let workspace = PathBuf::from(&state.workspace);
         let model = state.model.model.clone();
         let provider = state.model.provider.clone();
