@@ -357,21 +357,28 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 .await
                 .map_err(|e| Error::Invalid(format!("restore task failed: {e}")))??;
         }
-        let mut sandbox_options = self.options.sandbox.clone();
-        if let Some(policy) = &state.network {
-            sandbox_options.network =
-                steadfast_sandbox::NetworkPolicy::parse(policy).map_err(Error::Invalid)?;
-        }
         let sandbox = SandboxSlot::new(
             workspace,
             self.provision.clone(),
-            sandbox_options,
+            self.sandbox_options(&state)?,
             self.drive.clone(),
             self.options.sandbox_idle_stop,
         );
         let model = (self.options.models)(&state.model)?;
         let heartbeat = Heartbeat::start(self.world.clone(), lease.clone(), self.options.lease_ttl);
         Ok(Driver::new(self, lease, state, sandbox, model, heartbeat))
+    }
+
+    /// The sandbox settings of a session: the harness's, with the network policy the
+    /// session's log records (kept across resumes, whatever the resuming process was
+    /// told), for every agent alike.
+    pub(crate) fn sandbox_options(&self, state: &SessionState) -> Result<SandboxOptions> {
+        let mut options = self.options.sandbox.clone();
+        if let Some(policy) = &state.network {
+            options.network =
+                steadfast_sandbox::NetworkPolicy::parse(policy).map_err(Error::Invalid)?;
+        }
+        Ok(options)
     }
 
     pub(crate) async fn snapshot(&self, workspace: &Path) -> Result<String> {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Serialize;
 use steadfast_gateway::Upstreams;
 use steadfast_log::{fold, EndState, Event, SessionState, Status};
-use steadfast_sandbox::{NetworkPolicy, Sandbox};
+use steadfast_sandbox::Sandbox;
 use steadfast_world::{InboundKind, Lease, World};
 use steadfast_wrap::{drive_turn, Adapter, TurnReport, WrappedOptions};
 
@@ -206,11 +206,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     ) -> Result<WrappedDriver<'_, W, S>> {
         let adapter = self.adapter(&state.agent)?;
         self.check_agent(&state.agent)?;
-        let mut sandbox = self.options.sandbox.clone();
-        // The session's own network policy, as recorded in its log.
-        if let Some(policy) = &state.network {
-            sandbox.network = NetworkPolicy::parse(policy).map_err(Error::Invalid)?;
-        }
+        let sandbox = self.sandbox_options(&state)?;
         let agents = &self.options.agents;
         let options = WrappedOptions {
             adapter,
