@@ -28,8 +28,7 @@ use steadfast_fault::{point, points};
 use steadfast_log::{Event, Output, SessionState, ToolClass, WrappedTool};
 use steadfast_sandbox::reconcile::Reconciler;
 use steadfast_sandbox::{classify, Sandbox};
-use steadfast_world::InboundKind;
-use steadfast_world::{strip_ansi, Blobs, Lease, LiveSession, World, INLINE_LIMIT};
+use steadfast_world::{strip_ansi, Blobs, InboundKind, Lease, LiveSession, World, INLINE_LIMIT};
 use tokio::sync::{Mutex, OnceCell};
 
 use crate::{Error, Result};
