@@ -1,6 +1,8 @@
 //! Many processes on one PostgreSQL world: three worker processes and two API
 //! processes, twenty concurrent sessions, workers SIGKILLed at random throughout.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
@@ -10,6 +12,8 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use steadfast_testkit::{FakeProvider, Script};
 use tokio::io::AsyncBufReadExt;
+
+use common::TestDatabase;
 
 const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
 const SESSIONS: usize = 20;
@@ -58,28 +62,6 @@ impl Fleet {
     }
 }
 
-async fn fresh_database() -> (String, String) {
-    let admin = std::env::var("STEADFAST_TEST_POSTGRES")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
-        .await
-        .expect("PostgreSQL must be running");
-    tokio::spawn(conn);
-    let name = format!("steadfast_fleet_{}", std::process::id());
-    client
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .await
-        .unwrap();
-    client
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .unwrap();
-    (
-        format!("{}/{name}", &admin[..admin.rfind('/').unwrap()]),
-        name,
-    )
-}
-
 fn workspace(created: &Value) -> PathBuf {
     PathBuf::from(created["workspace"].as_str().unwrap())
 }
@@ -111,7 +93,8 @@ async fn twenty_sessions_survive_random_worker_kills_on_postgres() {
     let script: Script = serde_json::from_value(json!({"steps": [step(1), step(2), step(3), {"text": "All three steps done.", "chunk_delay_ms": 15}]})).unwrap();
     let fake = FakeProvider::start(script).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (world, db) = fresh_database().await;
+    let db = TestDatabase::create(&format!("steadfast_fleet_{}", std::process::id())).await;
+    let world = db.url.clone();
     let fleet = Fleet {
         home: dir.path().join("home"),
         world,
@@ -246,15 +229,5 @@ async fn twenty_sessions_survive_random_worker_kills_on_postgres() {
     for w in &mut workers {
         let _ = w.start_kill();
     }
-    let (client, conn) = tokio_postgres::connect(
-        &std::env::var("STEADFAST_TEST_POSTGRES")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into()),
-        tokio_postgres::NoTls,
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
-    let _ = client
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-        .await;
+    db.drop_now().await;
 }

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use steadfast_testkit::{demo, FakeProvider};
 use tokio::io::AsyncBufReadExt;
 
-use common::{agents_dir, installed};
+use common::{agents_dir, installed, TestDatabase};
 
 const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
 
@@ -356,12 +356,6 @@ async fn wrapped_sessions_move_to_another_worker_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrapped_sessions_move_to_another_worker_on_postgres() {
-    let admin = std::env::var("STEADFAST_TEST_POSTGRES")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
-        .await
-        .expect("PostgreSQL must be running");
-    tokio::spawn(conn);
     for cli in CLIS {
         installed(cli.0).await;
         let name = format!(
@@ -369,29 +363,18 @@ async fn wrapped_sessions_move_to_another_worker_on_postgres() {
             std::process::id(),
             cli.0.replace('-', "_")
         );
-        client
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            .await
-            .unwrap();
-        client
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .unwrap();
-        let world = format!("{}/{name}", &admin[..admin.rfind('/').unwrap()]);
+        let db = TestDatabase::create(&name).await;
         let fake = FakeProvider::start(slow_fifth_reply()).await.unwrap();
         let dir = tempfile::tempdir().unwrap();
         let site = Site {
             home: dir.path().join("home"),
-            world: Some(world),
+            world: Some(db.url.clone()),
             fake_url: fake.base_url(),
         };
         let migrated = site.command(&["migrate"]).output().await.unwrap();
         assert!(migrated.status.success());
         takeover(site, &fake, *cli).await;
-        client
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            .await
-            .unwrap();
+        db.drop_now().await;
     }
 }
 

@@ -497,6 +497,31 @@ async fn bad_input_gets_clear_json_errors() {
             .contains("network"),
         "{bad_network:?}"
     );
+    // Agents: an unknown one, and a wrapped CLI this server does not have installed.
+    // Both are refused before anything exists (no session, no workspace).
+    let unknown = raw(r#"{"agent": "aider"}"#, "application/json").await;
+    assert_error(&unknown, 422, "invalid_body");
+    let message = unknown.1["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("agent: unknown agent `aider`") && message.contains("opencode"),
+        "{unknown:?}"
+    );
+    let missing = raw(r#"{"agent": "claude-code"}"#, "application/json").await;
+    assert_error(&missing, 422, "invalid_body");
+    assert!(
+        missing.1["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("steadfast install-agent claude-code@"),
+        "{missing:?}"
+    );
+    let listed = call(reqwest::Method::GET, &sessions, None, None).await;
+    assert_eq!(listed.0, 200);
+    assert_eq!(
+        listed.1["sessions"].as_array().map(Vec::len),
+        Some(0),
+        "{listed:?}"
+    );
     let bad_budget = raw(r#"{"budget": {"max_turns": 0}}"#, "application/json").await;
     assert_error(&bad_budget, 422, "invalid_body");
     assert_error(

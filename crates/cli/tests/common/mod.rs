@@ -73,3 +73,48 @@ pub async fn installed(agent: &str) {
         .unwrap();
     assert!(out.status.success(), "install: {}", stderr(&out));
 }
+
+/// A PostgreSQL database of a test's own on the real server (`STEADFAST_TEST_POSTGRES`,
+/// default the local trust-auth server), made empty; dropped by [`TestDatabase::drop_now`].
+pub struct TestDatabase {
+    /// The world URL of the database.
+    pub url: String,
+    name: String,
+    admin: tokio_postgres::Client,
+}
+
+impl TestDatabase {
+    /// Creates (or re-creates, empty) the database `name`.
+    pub async fn create(name: &str) -> Self {
+        let admin_url = std::env::var("STEADFAST_TEST_POSTGRES")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let (admin, conn) = tokio_postgres::connect(&admin_url, tokio_postgres::NoTls)
+            .await
+            .expect("PostgreSQL must be running");
+        tokio::spawn(conn);
+        // One statement each: CREATE DATABASE cannot run in a (multi-statement) block.
+        for sql in [
+            format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            format!("CREATE DATABASE {name}"),
+        ] {
+            admin.batch_execute(&sql).await.unwrap();
+        }
+        let url = format!("{}/{name}", &admin_url[..admin_url.rfind('/').unwrap()]);
+        TestDatabase {
+            url,
+            name: name.to_string(),
+            admin,
+        }
+    }
+
+    /// Drops the database, whoever is still connected.
+    pub async fn drop_now(self) {
+        let _ = self
+            .admin
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ))
+            .await;
+    }
+}

@@ -228,3 +228,27 @@ impl Adapter {
         self.cli.command(&bin, launch)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_version_is_a_version_and_nothing_a_shell_would_run() {
+        let claude = Adapter::named("claude-code").unwrap();
+        for bad in ["1.0;rm -rf /", "$(id)", "latest", "2.1 .3", "../x", "`x`"] {
+            assert!(claude.clone().at_version(Some(bad)).is_err(), "{bad}");
+        }
+        let newer = claude.clone().at_version(Some("2.1.332")).unwrap();
+        assert_eq!(newer.version, "2.1.332");
+        // Each version has a prefix of its own; the pinned one is the directory itself.
+        let dir = Path::new("/agents");
+        assert_eq!(claude.prefix(dir), dir);
+        assert_ne!(newer.prefix(dir), dir);
+        assert!(newer
+            .install_command(dir)
+            .contains("@anthropic-ai/claude-code@2.1.332"));
+        assert!(Adapter::named("aider").is_none());
+        assert_eq!(Adapter::names(), ["claude-code", "codex", "pi", "opencode"]);
+    }
+}
