@@ -112,6 +112,16 @@ pub struct SandboxConfig {
     pub cpu_secs: Option<u64>,
     /// Largest file a command may write, MiB.
     pub file_mb: Option<u64>,
+    /// Resident memory of a whole sandbox, MiB (a cgroup, where the host has one).
+    pub resident_mb: Option<u64>,
+    /// Disk a session's workspace may grow to, MiB.
+    pub workspace_mb: Option<u64>,
+    /// Size of a sandbox's private /tmp and home, MiB.
+    pub tmp_mb: Option<u64>,
+    /// Internal destinations (loopback, private, link-local addresses) an allow-list
+    /// may reach, by name (`host:port`); sessions cannot add to these.
+    #[serde(default)]
+    pub internal_hosts: Vec<String>,
     /// Host directories shown read-only inside the sandbox (toolchains under /root...).
     #[serde(default)]
     pub read_only_paths: Vec<PathBuf>,
@@ -297,6 +307,14 @@ impl Config {
         limits.processes = s.processes.or(limits.processes);
         limits.cpu_secs = s.cpu_secs.or(limits.cpu_secs);
         limits.file_mb = s.file_mb.or(limits.file_mb);
+        limits.resident_mb = s.resident_mb.or(limits.resident_mb);
+        limits.workspace_mb = s.workspace_mb.or(limits.workspace_mb);
+        limits.tmp_mb = s.tmp_mb.or(limits.tmp_mb);
+        options.sandbox.internal_hosts = s
+            .internal_hosts
+            .iter()
+            .filter_map(|h| steadfast_sandbox::HostRule::parse(h).ok())
+            .collect();
         options
             .sandbox
             .read_only_paths
@@ -380,6 +398,10 @@ impl Config {
         if let Some(n) = &self.sandbox.network {
             steadfast_sandbox::NetworkPolicy::parse(n)
                 .map_err(|e| anyhow::anyhow!("[sandbox] network: {e}"))?;
+        }
+        for host in &self.sandbox.internal_hosts {
+            steadfast_sandbox::HostRule::parse(host)
+                .map_err(|e| anyhow::anyhow!("[sandbox] internal-hosts: {e}"))?;
         }
         Ok(())
     }

@@ -16,7 +16,8 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::agent::{self, AgentConfig, Request};
-use crate::proxy::EgressProxy;
+use crate::cgroup::Cgroup;
+use crate::proxy::{EgressProxy, EgressRules};
 use crate::tools::{self, Context};
 use crate::{Error, NetworkPolicy, Result, Sandbox, SandboxOptions, ToolOutput};
 
@@ -36,6 +37,47 @@ const SYSTEM: &[&str] = &[
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
 ];
 
+/// The uid and gid commands run as inside the sandbox.
+const SANDBOX_UID: &str = "1000";
+
+/// A file or directory of the host's `/etc` that its owner keeps from other users.
+struct Secret {
+    path: PathBuf,
+    is_dir: bool,
+}
+
+/// What of the host's `/etc` other users may not read (`/etc/shadow`, private keys
+/// under `/etc/ssl/private`, ...): hidden in every sandbox, since the sandbox's user
+/// maps to the harness's, which may own them. Found once per process.
+fn host_secrets() -> &'static [Secret] {
+    use std::os::unix::fs::PermissionsExt;
+    static FOUND: OnceLock<Vec<Secret>> = OnceLock::new();
+    FOUND.get_or_init(|| {
+        let mut found = Vec::new();
+        let mut walk = walkdir::WalkDir::new("/etc").max_depth(6).into_iter();
+        while let Some(Ok(entry)) = walk.next() {
+            if entry.path_is_symlink() {
+                continue;
+            }
+            let Ok(meta) = entry.metadata() else { continue };
+            let mode = meta.permissions().mode();
+            if meta.is_dir() && mode & 0o005 != 0o005 {
+                found.push(Secret {
+                    path: entry.path().to_path_buf(),
+                    is_dir: true,
+                });
+                walk.skip_current_dir();
+            } else if meta.is_file() && mode & 0o004 == 0 {
+                found.push(Secret {
+                    path: entry.path().to_path_buf(),
+                    is_dir: false,
+                });
+            }
+        }
+        found
+    })
+}
+
 /// Whether bubblewrap can create its namespaces here (checked once per process).
 pub fn bwrap_available() -> std::result::Result<(), String> {
     static CHECK: OnceLock<std::result::Result<(), String>> = OnceLock::new();
@@ -44,6 +86,11 @@ pub fn bwrap_available() -> std::result::Result<(), String> {
             let out = std::process::Command::new("bwrap")
                 .args([
                     "--unshare-all",
+                    "--unshare-user",
+                    "--uid",
+                    SANDBOX_UID,
+                    "--gid",
+                    SANDBOX_UID,
                     "--die-with-parent",
                     "--ro-bind",
                     "/",
@@ -101,21 +148,24 @@ fn spawn_from_a_lasting_thread(cmd: std::process::Command) -> std::io::Result<st
 /// take them down with their parent): each run directory names its owner's PID and
 /// holds the sandbox's.
 fn reap_abandoned() {
-    let Ok(dir) = std::fs::read_dir(std::env::temp_dir()) else {
-        return;
-    };
-    for entry in dir.filter_map(Result::ok) {
-        let name = entry.file_name().to_string_lossy().into_owned();
+    /// Whether the harness that named a run directory `name` still runs.
+    fn owner_alive(name: &str) -> bool {
         let Some(owner) = name
             .strip_prefix("steadfast-sbx-")
             .and_then(|rest| rest.split('-').next())
             .and_then(|p| p.parse::<i32>().ok())
         else {
-            continue;
+            return true;
         };
-        let owner_alive = owner == std::process::id() as i32
-            || nix::sys::signal::kill(nix::unistd::Pid::from_raw(owner), None).is_ok();
-        if owner_alive {
+        owner == std::process::id() as i32
+            || nix::sys::signal::kill(nix::unistd::Pid::from_raw(owner), None).is_ok()
+    }
+    let Ok(dir) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in dir.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("steadfast-sbx-") || owner_alive(&name) {
             continue;
         }
         if let Some(pid) = std::fs::read_to_string(entry.path().join("bwrap.pid"))
@@ -133,6 +183,8 @@ fn reap_abandoned() {
         }
         let _ = std::fs::remove_dir_all(entry.path());
     }
+    // After the processes above are gone, so their groups are empty.
+    crate::cgroup::reap(owner_alive);
 }
 
 /// A private directory on the host, shared with one sandbox, removed on drop.
@@ -156,6 +208,9 @@ pub struct BwrapSandbox {
     _proxy: Option<EgressProxy>,
     /// Closing it (dropping the sandbox, or this process dying) ends the sandbox.
     _lifeline: std::io::PipeWriter,
+    /// The kernel's bounds on the sandbox's memory and processes, where the host has
+    /// control groups; dropped after the processes.
+    cgroup: Option<Cgroup>,
     // Last, so the directory goes after the processes using it.
     run: RunDir,
 }
@@ -189,8 +244,14 @@ impl BwrapSandbox {
             .map_err(|e| Error::Unavailable(format!("{}: {e}", run.0.display())))?;
         let proxy = match &options.network {
             NetworkPolicy::AllowList(rules) => Some(
-                EgressProxy::start(&run.0.join("proxy.sock"), rules.clone())
-                    .map_err(|e| Error::Unavailable(format!("egress proxy: {e}")))?,
+                EgressProxy::start(
+                    &run.0.join("proxy.sock"),
+                    EgressRules {
+                        allow: rules.clone(),
+                        internal: options.internal_hosts.clone(),
+                    },
+                )
+                .map_err(|e| Error::Unavailable(format!("egress proxy: {e}")))?,
             ),
             _ => None,
         };
@@ -232,13 +293,24 @@ impl BwrapSandbox {
         // holds it.
         let (lifeline_in, lifeline) =
             std::io::pipe().map_err(|e| Error::Unavailable(format!("lifeline pipe: {e}")))?;
-        let mut cmd = std::process::Command::new("bwrap");
+        // bubblewrap starts inside the sandbox's control groups (through a shell that
+        // joins them and then becomes bubblewrap), so everything it starts is in them.
+        let cgroup = sandbox_cgroup(&run.0, &options.limits);
+        let mut cmd = match &cgroup {
+            Some(group) => {
+                let mut cmd = std::process::Command::new("sh");
+                cmd.args(group.joining_shell()).arg("bwrap");
+                cmd
+            }
+            None => std::process::Command::new("bwrap"),
+        };
         cmd.args(bwrap_args(&root, &run.0, &program, options, &env))
             .arg("--")
             .arg(INSIDE_AGENT)
             .args(leading)
             .arg(config)
             .env_clear()
+            .envs(std::env::var_os("PATH").map(|p| ("PATH", p)))
             .stdin(std::process::Stdio::from(lifeline_in))
             .stdout(log)
             .stderr(log2);
@@ -253,6 +325,7 @@ impl BwrapSandbox {
             pid,
             options: options.clone(),
             _proxy: proxy,
+            cgroup,
             _lifeline: lifeline,
             run,
         };
@@ -302,6 +375,27 @@ impl BwrapSandbox {
     }
 }
 
+/// The sandbox's control groups, named like its run directory. Where the host has none
+/// that can be used, says so once and returns `None`: the rlimits and the process
+/// watchdog then are the only bounds (a sandbox's total resident memory is unbounded).
+fn sandbox_cgroup(run: &Path, limits: &crate::ResourceLimits) -> Option<Cgroup> {
+    let name = run.file_name()?.to_string_lossy().into_owned();
+    match Cgroup::create(&name, limits) {
+        Ok(group) => group,
+        Err(why) => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    %why,
+                    "no control group for bwrap sandboxes: memory is bounded per process \
+                     (address space) only, processes by the agent's watchdog"
+                )
+            });
+            None
+        }
+    }
+}
+
 /// Where the host socket of forwarded port `port` appears inside the sandbox. (Its
 /// directory is what is mounted: a socket file mounted on its own cannot be connected
 /// to everywhere, e.g. under gVisor.)
@@ -322,7 +416,16 @@ fn bwrap_args(
 ) -> Vec<String> {
     let mut a: Vec<String> = Vec::new();
     let mut push = |items: &[&str]| a.extend(items.iter().map(|s| s.to_string()));
-    push(&["--unshare-all"]);
+    // A user namespace of its own even when the harness runs as root, where the
+    // commands are an unprivileged user with no capabilities.
+    push(&[
+        "--unshare-all",
+        "--unshare-user",
+        "--uid",
+        SANDBOX_UID,
+        "--gid",
+        SANDBOX_UID,
+    ]);
     if options.network == NetworkPolicy::Open {
         push(&["--share-net"]);
     }
@@ -346,8 +449,24 @@ fn bwrap_args(
             Err(_) => {}
         }
     }
-    push(&["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
-    push(&["--tmpfs", INSIDE_HOME]);
+    for secret in host_secrets() {
+        let p = secret.path.to_string_lossy();
+        match secret.is_dir {
+            true => push(&["--tmpfs", &p, "--remount-ro", &p]),
+            false => push(&["--ro-bind", "/dev/null", &p]),
+        }
+    }
+    push(&["--proc", "/proc", "--dev", "/dev"]);
+    let size = options
+        .limits
+        .tmp_mb
+        .map(|mb| (mb * 1024 * 1024).to_string());
+    for dir in ["/tmp", INSIDE_HOME] {
+        if let Some(size) = &size {
+            push(&["--size", size]);
+        }
+        push(&["--tmpfs", dir]);
+    }
     for extra in &options.read_only_paths {
         let p = extra.to_string_lossy();
         push(&["--ro-bind-try", &p, &p]);
@@ -408,8 +527,23 @@ impl Sandbox for BwrapSandbox {
             tool: tool.to_string(),
             input: input.clone(),
         };
+        let oom_before = self.cgroup.as_ref().map_or(0, Cgroup::oom_kills);
         match agent::call(&self.socket, &request).await {
-            Ok(Some(out)) => Ok(out),
+            Ok(Some(mut out)) => {
+                if self
+                    .cgroup
+                    .as_ref()
+                    .is_some_and(|g| g.oom_kills() > oom_before)
+                {
+                    out.is_error = true;
+                    out.text.push_str(&format!(
+                        "\n[steadfast] the command ran out of memory: the sandbox's memory \
+                         limit is {} MiB resident, and the kernel killed it",
+                        self.options.limits.resident_mb.unwrap_or_default()
+                    ));
+                }
+                Ok(out)
+            }
             broken => {
                 let why = match broken {
                     Err(e) => format!("lost the sandbox agent: {e}"),

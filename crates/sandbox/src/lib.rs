@@ -7,9 +7,11 @@
 //! none of the harness's credentials. Each call is classified ([`classify`]) as read,
 //! mutate or external, which decides how the harness resolves it after a crash.
 
+mod addresses;
 pub mod agent;
 mod any;
 mod bwrap;
+mod cgroup;
 mod classify;
 mod env;
 mod local;

@@ -27,6 +27,9 @@ pub struct SandboxOptions {
     pub backend: crate::Backend,
     /// Where an isolating backend's commands may connect.
     pub network: crate::NetworkPolicy,
+    /// Internal destinations (loopback, private, link-local) the operator lets an
+    /// allow-list reach by these names; nothing a session asks for can add one.
+    pub internal_hosts: Vec<crate::HostRule>,
     /// Resource limits of an isolating backend's commands.
     pub limits: crate::ResourceLimits,
     /// Host directories an isolating backend shows read-only besides the system
@@ -50,6 +53,7 @@ impl Default for SandboxOptions {
             max_output_bytes: 8 * 1024 * 1024,
             backend: crate::Backend::default(),
             network: crate::NetworkPolicy::default(),
+            internal_hosts: Vec::new(),
             limits: crate::ResourceLimits::default(),
             read_only_paths: Vec::new(),
             forwards: Vec::new(),

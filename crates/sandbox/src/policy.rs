@@ -105,6 +105,18 @@ pub struct ResourceLimits {
     pub cpu_secs: Option<u64>,
     /// Largest file a command may write, MiB.
     pub file_mb: Option<u64>,
+    /// Resident memory of the whole sandbox, MiB, enforced by a cgroup where the host
+    /// offers one (v2, or v1's memory controller); see [`crate::cgroup`].
+    #[serde(default)]
+    pub resident_mb: Option<u64>,
+    /// Disk the workspace may grow to, MiB: a command that grows it past this is
+    /// killed (checked while it runs, so it can overshoot by what it writes between
+    /// two checks; `file_mb` bounds each file exactly).
+    #[serde(default)]
+    pub workspace_mb: Option<u64>,
+    /// Size of the sandbox's private `/tmp` (and home), MiB, each a RAM-backed tmpfs.
+    #[serde(default)]
+    pub tmp_mb: Option<u64>,
 }
 
 impl Default for ResourceLimits {
@@ -116,6 +128,9 @@ impl Default for ResourceLimits {
             processes: Some(512),
             cpu_secs: Some(600),
             file_mb: Some(1024),
+            resident_mb: Some(8192),
+            workspace_mb: Some(10240),
+            tmp_mb: Some(1024),
         }
     }
 }

@@ -5,20 +5,34 @@
 //! sandbox; the sandbox's agent carries connections from a loopback port to it, and
 //! commands find it through `HTTP_PROXY`/`HTTPS_PROXY`. The proxy speaks HTTP proxy
 //! requests (`CONNECT host:port` for TLS, absolute-form requests for plain HTTP),
-//! checks each destination against the allow-list by name and port, and refuses the
-//! rest with a 403 that says why. The decision is made here, outside the sandbox, so
-//! nothing a command does can widen it.
+//! checks every request (each one on a kept-alive connection, too) against the
+//! allow-list by name and port, resolves the name itself and refuses any internal
+//! address (see [`crate::addresses`]) unless the operator opened that name, and refuses
+//! the rest with a 403 that says why. The decision is made here, outside the sandbox,
+//! so nothing a command does can widen it.
 
+use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpStream, UnixListener, UnixStream};
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpStream, UnixListener};
 
 use crate::HostRule;
 
-/// The most bytes of a request head the proxy reads.
-const MAX_HEAD: usize = 64 * 1024;
+/// What the proxy lets through: the session's allow-list, screened by address.
+#[derive(Debug, Clone, Default)]
+pub struct EgressRules {
+    /// The session's allow-list, by name and port.
+    pub allow: Vec<HostRule>,
+    /// Internal destinations the operator opened in the server's configuration: only
+    /// these names may lead to a loopback, private or link-local address.
+    pub internal: Vec<HostRule>,
+}
 
 /// A running proxy; stops when dropped.
 #[derive(Debug)]
@@ -33,8 +47,8 @@ impl Drop for EgressProxy {
 }
 
 impl EgressProxy {
-    /// Starts a proxy on the Unix socket `socket` allowing `rules`.
-    pub fn start(socket: &Path, rules: Vec<HostRule>) -> std::io::Result<Self> {
+    /// Starts a proxy on the Unix socket `socket` allowing what `rules` allow.
+    pub fn start(socket: &Path, rules: EgressRules) -> std::io::Result<Self> {
         let _ = std::fs::remove_file(socket);
         let listener = UnixListener::bind(socket)?;
         let rules = Arc::new(rules);
@@ -42,7 +56,17 @@ impl EgressProxy {
             while let Ok((stream, _)) = listener.accept().await {
                 let rules = rules.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = serve(stream, &rules).await {
+                    let service = hyper::service::service_fn(move |req| {
+                        let rules = rules.clone();
+                        async move { Ok::<_, Infallible>(handle(req, &rules).await) }
+                    });
+                    // Every request on a kept-alive connection comes through `handle`.
+                    let served = hyper::server::conn::http1::Builder::new()
+                        .preserve_header_case(true)
+                        .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades()
+                        .await;
+                    if let Err(e) = served {
                         tracing::debug!(error = %e, "egress proxy connection ended");
                     }
                 });
@@ -52,150 +76,238 @@ impl EgressProxy {
     }
 }
 
-/// A parsed proxy request: where to, and what to send upstream first.
-struct Target {
-    host: String,
-    port: u16,
-    /// `None` for CONNECT (the tunnel starts empty), else the rewritten request head.
-    head: Option<Vec<u8>>,
+type Body = BoxBody<Bytes, hyper::Error>;
+
+fn refusal(status: StatusCode, why: &str) -> Response<Body> {
+    let body = format!("steadfast egress proxy: {why}\n");
+    let mut response = Response::new(
+        Full::new(Bytes::from(body))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain"),
+    );
+    response
 }
 
-async fn serve(mut client: UnixStream, rules: &[HostRule]) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(4096);
-    let head_end = loop {
-        if let Some(i) = find(&buf, b"\r\n\r\n") {
-            break i + 4;
-        }
-        if buf.len() > MAX_HEAD {
-            return refuse(
-                &mut client,
-                "431 Request Header Fields Too Large",
-                "request head too large",
-            )
-            .await;
-        }
-        let mut chunk = [0u8; 4096];
-        let n = client.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&chunk[..n]);
+/// Checks one request against the rules and carries it out.
+async fn handle(req: Request<Incoming>, rules: &EgressRules) -> Response<Body> {
+    let (host, port) = match destination(&req) {
+        Ok(d) => d,
+        Err(why) => return refusal(StatusCode::BAD_REQUEST, &why),
     };
-    let target = match parse(&buf[..head_end]) {
-        Ok(t) => t,
-        Err(why) => return refuse(&mut client, "400 Bad Request", &why).await,
+    let addrs = match admit(rules, &host, port).await {
+        Ok(a) => a,
+        Err(why) => {
+            tracing::info!(%host, port, %why, "egress refused");
+            return refusal(StatusCode::FORBIDDEN, &why);
+        }
     };
-    if !rules.iter().any(|r| r.allows(&target.host, target.port)) {
-        let why = format!(
-            "egress to {}:{} is not allowed by this session's network policy",
-            target.host, target.port
-        );
-        tracing::info!(host = %target.host, port = target.port, "egress refused");
-        return refuse(&mut client, "403 Forbidden", &why).await;
-    }
-    let mut upstream = match TcpStream::connect((target.host.as_str(), target.port)).await {
+    let upstream = match TcpStream::connect(&addrs[..]).await {
         Ok(s) => s,
         Err(e) => {
-            let why = format!("cannot reach {}:{}: {e}", target.host, target.port);
-            return refuse(&mut client, "502 Bad Gateway", &why).await;
+            let why = format!("cannot reach {host}:{port}: {e}");
+            return refusal(StatusCode::BAD_GATEWAY, &why);
         }
     };
-    match target.head {
-        None => {
-            client
-                .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-                .await?
-        }
-        Some(head) => upstream.write_all(&head).await?,
-    }
-    upstream.write_all(&buf[head_end..]).await?;
-    tokio::io::copy_bidirectional(&mut client, &mut upstream).await?;
-    Ok(())
-}
-
-async fn refuse(client: &mut UnixStream, status: &str, why: &str) -> std::io::Result<()> {
-    let body = format!("steadfast egress proxy: {why}\n");
-    let reply = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    client.write_all(reply.as_bytes()).await?;
-    client.shutdown().await
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-/// Splits `host[:port]`, with `default` for a missing port.
-fn host_port(authority: &str, default: u16) -> Result<(String, u16), String> {
-    let authority = authority.rsplit('@').next().unwrap_or(authority);
-    match authority.rsplit_once(':') {
-        Some((h, p)) if !h.contains(']') || h.ends_with(']') => Ok((
-            h.trim_matches(['[', ']']).to_string(),
-            p.parse()
-                .map_err(|_| format!("bad port in `{authority}`"))?,
-        )),
-        _ => Ok((authority.trim_matches(['[', ']']).to_string(), default)),
-    }
-}
-
-fn parse(head: &[u8]) -> Result<Target, String> {
-    let text = std::str::from_utf8(head).map_err(|_| "request head is not UTF-8".to_string())?;
-    let (line, rest) = text.split_once("\r\n").ok_or("no request line")?;
-    let mut parts = line.split(' ');
-    let (Some(method), Some(uri), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(format!("malformed request line `{line}`"));
-    };
-    if method.eq_ignore_ascii_case("CONNECT") {
-        let (host, port) = host_port(uri, 443)?;
-        return Ok(Target {
-            host,
-            port,
-            head: None,
+    let _ = upstream.set_nodelay(true);
+    if req.method() == Method::CONNECT {
+        tokio::spawn(async move {
+            match hyper::upgrade::on(req).await {
+                Ok(upgraded) => {
+                    let mut upstream = upstream;
+                    let _ =
+                        tokio::io::copy_bidirectional(&mut TokioIo::new(upgraded), &mut upstream)
+                            .await;
+                }
+                Err(e) => tracing::debug!(error = %e, "egress tunnel never started"),
+            }
         });
+        return Response::new(
+            Full::new(Bytes::new())
+                .map_err(|never| match never {})
+                .boxed(),
+        );
     }
-    let Some(after) = uri.strip_prefix("http://") else {
+    forward(req, upstream, &host, port).await
+}
+
+/// Sends a plain-HTTP request upstream in origin form and relays the response.
+async fn forward(
+    mut req: Request<Incoming>,
+    upstream: TcpStream,
+    host: &str,
+    port: u16,
+) -> Response<Body> {
+    let path = req
+        .uri()
+        .path_and_query()
+        .map_or("/".to_string(), |p| p.to_string());
+    *req.uri_mut() = match path.parse() {
+        Ok(uri) => uri,
+        Err(_) => return refusal(StatusCode::BAD_REQUEST, "bad request path"),
+    };
+    for hop in ["proxy-connection", "proxy-authorization", "keep-alive"] {
+        req.headers_mut().remove(hop);
+    }
+    let (mut sender, connection) =
+        match hyper::client::conn::http1::handshake(TokioIo::new(upstream)).await {
+            Ok(pair) => pair,
+            Err(e) => {
+                let why = format!("cannot talk to {host}:{port}: {e}");
+                return refusal(StatusCode::BAD_GATEWAY, &why);
+            }
+        };
+    tokio::spawn(connection);
+    match sender.send_request(req).await {
+        Ok(response) => response.map(|b| b.boxed()),
+        Err(e) => refusal(
+            StatusCode::BAD_GATEWAY,
+            &format!("{host}:{port} did not answer: {e}"),
+        ),
+    }
+}
+
+/// Where a proxy request goes: `CONNECT host:port`, or an absolute `http://` URI.
+fn destination<B>(req: &Request<B>) -> Result<(String, u16), String> {
+    let uri = req.uri();
+    if req.method() == Method::CONNECT {
+        let authority = uri
+            .authority()
+            .ok_or_else(|| format!("CONNECT `{uri}` names no host:port"))?;
+        return Ok((
+            bare_host(authority.host()),
+            authority.port_u16().unwrap_or(443),
+        ));
+    }
+    if uri.scheme_str() != Some("http") {
         return Err(format!(
             "`{uri}`: only CONNECT and absolute http:// requests go through this proxy"
         ));
+    }
+    let host = uri.host().ok_or_else(|| format!("`{uri}` names no host"))?;
+    Ok((bare_host(host), uri.port_u16().unwrap_or(80)))
+}
+
+fn bare_host(host: &str) -> String {
+    host.trim_matches(['[', ']']).to_ascii_lowercase()
+}
+
+/// Decides whether `host:port` may be reached, resolving it here (outside the
+/// sandbox) and checking every address it resolves to. Returns the addresses to
+/// connect to, so what was checked is what is used: a name cannot resolve to a public
+/// address for the check and an internal one for the connection.
+pub(crate) async fn admit(
+    rules: &EgressRules,
+    host: &str,
+    port: u16,
+) -> Result<Vec<SocketAddr>, String> {
+    if !rules.allow.iter().any(|r| r.allows(host, port)) {
+        return Err(format!(
+            "egress to {host}:{port} is not allowed by this session's network policy"
+        ));
+    }
+    let addrs: Vec<SocketAddr> = match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => vec![SocketAddr::new(ip, port)],
+        // The system resolver also reads numeric spellings (`127.1`, `0x7f.1`,
+        // `2130706433`) as the addresses they are.
+        Err(_) => tokio::net::lookup_host((host, port))
+            .await
+            .map_err(|e| format!("cannot resolve {host}: {e}"))?
+            .collect(),
     };
-    let (authority, path) = match after.find('/') {
-        Some(i) => (&after[..i], &after[i..]),
-        None => (after, "/"),
-    };
-    let (host, port) = host_port(authority, 80)?;
-    let head = format!("{method} {path} {version}\r\n{rest}").into_bytes();
-    Ok(Target {
-        host,
-        port,
-        head: Some(head),
-    })
+    let opened = rules.internal.iter().any(|r| r.allows(host, port));
+    if !opened {
+        if let Some((addr, kind)) = addrs
+            .iter()
+            .find_map(|a| crate::addresses::internal_kind(a.ip()).map(|k| (a, k)))
+        {
+            return Err(format!(
+                "egress to {host}:{port} is refused: it resolves to {}, {kind}, which a \
+                 sandbox may never reach (only the operator can open an internal \
+                 destination, in the server's configuration)",
+                addr.ip()
+            ));
+        }
+    }
+    if addrs.is_empty() {
+        return Err(format!("{host} resolves to no address"));
+    }
+    Ok(addrs)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn rules(allow: &str, internal: &[&str]) -> EgressRules {
+        let crate::NetworkPolicy::AllowList(allow) =
+            crate::NetworkPolicy::parse(&format!("allow:{allow}")).unwrap()
+        else {
+            panic!()
+        };
+        EgressRules {
+            allow,
+            internal: internal
+                .iter()
+                .map(|r| HostRule::parse(r).unwrap())
+                .collect(),
+        }
+    }
+
+    #[tokio::test]
+    async fn internal_destinations_are_refused_whatever_their_spelling() {
+        let names = "localhost:5432,127.0.0.1:5432,127.1:5432,0x7f.1:5432,2130706433:5432,\
+                     10.0.0.7:80,169.254.169.254:80,0.0.0.0:5432";
+        let r = rules(names, &[]);
+        for host in [
+            "localhost",
+            "127.0.0.1",
+            "127.1",
+            "0x7f.1",
+            "2130706433",
+            "0.0.0.0",
+        ] {
+            let why = admit(&r, host, 5432).await.unwrap_err();
+            assert!(why.contains("may never reach"), "{host}: {why}");
+        }
+        for host in ["10.0.0.7", "169.254.169.254"] {
+            assert!(admit(&r, host, 80).await.is_err(), "{host}");
+        }
+        // Not on the list at all: refused by name, before any lookup.
+        let why = admit(&r, "example.com", 443).await.unwrap_err();
+        assert!(why.contains("not allowed"), "{why}");
+    }
+
+    #[tokio::test]
+    async fn an_operator_opens_an_internal_name_and_only_that_one() {
+        let r = rules("localhost:8080,127.0.0.1:8080", &["localhost:8080"]);
+        let addrs = admit(&r, "localhost", 8080).await.unwrap();
+        assert!(addrs.iter().all(|a| a.ip().is_loopback()));
+        assert!(admit(&r, "127.0.0.1", 8080).await.is_err());
+        assert!(admit(&r, "localhost", 8081).await.is_err());
+    }
+
     #[test]
-    fn requests_parse_into_destinations() {
-        let t = parse(b"CONNECT api.example.com:8443 HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    fn requests_name_their_destinations() {
+        let req =
+            |method: &str, uri: &str| Request::builder().method(method).uri(uri).body(()).unwrap();
         assert_eq!(
-            (t.host.as_str(), t.port, t.head.is_none()),
-            ("api.example.com", 8443, true)
+            destination(&req("CONNECT", "api.example.com:8443")).unwrap(),
+            ("api.example.com".to_string(), 8443)
         );
-        let t =
-            parse(b"GET http://localhost:9000/a?b=1 HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
-        assert_eq!((t.host.as_str(), t.port), ("localhost", 9000));
         assert_eq!(
-            t.head.unwrap(),
-            b"GET /a?b=1 HTTP/1.1\r\nHost: localhost\r\n\r\n".to_vec()
+            destination(&req("GET", "http://LocalHost:9000/a?b=1")).unwrap(),
+            ("localhost".to_string(), 9000)
         );
-        let t = parse(b"GET http://example.com HTTP/1.1\r\n\r\n").unwrap();
-        assert_eq!((t.host.as_str(), t.port), ("example.com", 80));
-        assert!(parse(b"GET /relative HTTP/1.1\r\n\r\n").is_err());
-        assert!(parse(b"garbage\r\n\r\n").is_err());
+        assert_eq!(
+            destination(&req("GET", "http://[::1]/")).unwrap(),
+            ("::1".to_string(), 80)
+        );
+        assert!(destination(&req("GET", "/relative")).is_err());
+        assert!(destination(&req("GET", "https://example.com/")).is_err());
     }
 }

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use steadfast_sandbox::{
-    AnySandbox, Backend, BwrapSandbox, Error, LocalSandbox, NetworkPolicy, ResourceLimits, Sandbox,
-    SandboxOptions, ToolOutput,
+    AnySandbox, Backend, BwrapSandbox, Error, HostRule, LocalSandbox, NetworkPolicy,
+    ResourceLimits, Sandbox, SandboxOptions, ToolOutput,
 };
 
 fn options() -> SandboxOptions {
@@ -216,7 +216,12 @@ async fn an_allow_list_lets_through_only_the_hosts_it_names() {
     let other = http_server("hello-from-other");
     let f = Fixture::new();
     let mut opts = options();
-    opts.network = NetworkPolicy::parse(&format!("allow:localhost:{allowed}")).unwrap();
+    opts.network = NetworkPolicy::parse(&format!(
+        "allow:localhost:{allowed},localhost:{other},127.0.0.1:{allowed}"
+    ))
+    .unwrap();
+    // Loopback is internal: reachable only by the name the operator opened.
+    opts.internal_hosts = vec![HostRule::parse(&format!("localhost:{allowed}")).unwrap()];
     let sandbox = BwrapSandbox::new(&f.ws(), &opts).unwrap();
 
     let out = bash(
@@ -226,20 +231,22 @@ async fn an_allow_list_lets_through_only_the_hosts_it_names() {
     .await;
     assert_eq!(out.text.trim(), "hello-from-allowed", "{}", out.text);
 
-    // Same host, another port: refused by the proxy, with the reason.
+    // Same host, another port: on the session's list, but not opened by the operator.
     let out = bash(
         &sandbox,
         &format!("curl -sS -m 5 http://localhost:{other}/"),
     )
     .await;
     assert!(!out.text.contains("hello-from-other"), "{}", out.text);
-    assert!(out.text.contains("not allowed"), "{}", out.text);
-    // The allowed port under another name is another host.
+    assert!(out.text.contains("may never reach"), "{}", out.text);
+    // The allowed port under another name is another destination.
     let out = bash(
         &sandbox,
         &format!("curl -sS -m 5 http://127.0.0.1:{allowed}/"),
     )
     .await;
+    assert!(out.text.contains("may never reach"), "{}", out.text);
+    let out = bash(&sandbox, "curl -sS -m 5 http://example.com/").await;
     assert!(out.text.contains("not allowed"), "{}", out.text);
     // Around the proxy there is no network.
     let out = bash(
@@ -270,6 +277,7 @@ async fn each_resource_limit_gives_a_clear_tool_error() {
             processes: Some(20),
             cpu_secs: Some(1),
             file_mb: Some(1),
+            ..ResourceLimits::default()
         },
         max_output_bytes: 10_000,
         ..options()
@@ -385,4 +393,239 @@ async fn file_tools_stay_confined_and_backends_are_chosen_by_name() {
     )
     .unwrap();
     assert_eq!(local.backend(), "local", "no agent configured: local");
+}
+
+/// A loopback HTTP/1.1 server that keeps connections alive and answers `body` to each
+/// request on them.
+fn keep_alive_server(body: &'static str) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+                let mut stream = stream;
+                loop {
+                    let mut line = String::new();
+                    // The head ends at an empty line; these requests carry no body.
+                    loop {
+                        line.clear();
+                        match std::io::BufRead::read_line(&mut reader, &mut line) {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) if line == "\r\n" => break,
+                            Ok(_) => {}
+                        }
+                    }
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if stream.write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn an_allow_list_never_reaches_an_internal_address_by_any_spelling() {
+    let port = keep_alive_server("internal-service");
+    let f = Fixture::new();
+    let mut opts = options();
+    let spellings = [
+        "localhost",
+        "127.0.0.1",
+        "127.1",
+        "0x7f000001",
+        "0x7f.1",
+        "2130706433",
+        "0.0.0.0",
+        "10.0.0.1",
+        "169.254.169.254",
+    ];
+    let list: Vec<String> = spellings.iter().map(|h| format!("{h}:{port}")).collect();
+    opts.network = NetworkPolicy::parse(&format!("allow:{}", list.join(","))).unwrap();
+    let sandbox = BwrapSandbox::new(&f.ws(), &opts).unwrap();
+    for host in spellings {
+        for how in ["", "-p "] {
+            // Plain HTTP through the proxy, and a CONNECT tunnel (`-p`).
+            let out = bash(
+                &sandbox,
+                &format!("curl -sS -m 5 {how}http://{host}:{port}/ 2>&1"),
+            )
+            .await;
+            assert!(
+                !out.text.contains("internal-service"),
+                "reached {host} {how}: {}",
+                out.text
+            );
+        }
+    }
+    // IPv6 loopback cannot even be named in an allow-list, and is refused.
+    let out = bash(
+        &sandbox,
+        &format!("curl -sS -m 5 http://[::1]:{port}/ 2>&1"),
+    )
+    .await;
+    assert!(!out.text.contains("internal-service"), "{}", out.text);
+    let out = bash(&sandbox, "echo still-fine").await;
+    assert_eq!(out.text.trim(), "still-fine");
+}
+
+#[tokio::test]
+async fn every_request_on_a_kept_alive_proxy_connection_is_checked() {
+    let port = keep_alive_server("opened-service");
+    let f = Fixture::new();
+    let mut opts = options();
+    opts.network =
+        NetworkPolicy::parse(&format!("allow:localhost:{port},127.0.0.1:{port}")).unwrap();
+    opts.internal_hosts = vec![HostRule::parse(&format!("localhost:{port}")).unwrap()];
+    let sandbox = BwrapSandbox::new(&f.ws(), &opts).unwrap();
+    // One connection to the proxy, three requests: the opened name, then a name the
+    // operator did not open, then one the session did not list.
+    let script = format!(
+        r#"python3 - <<'EOF'
+import http.client
+c = http.client.HTTPConnection("127.0.0.1", 3128)
+for url in ["http://localhost:{port}/a", "http://127.0.0.1:{port}/b", "http://example.com/c"]:
+    c.request("GET", url)
+    r = c.getresponse()
+    print(r.status, r.read().decode().strip())
+EOF"#
+    );
+    let out = bash(&sandbox, &script).await;
+    let lines: Vec<&str> = out.text.lines().collect();
+    assert_eq!(lines.first(), Some(&"200 opened-service"), "{}", out.text);
+    assert!(lines[1].starts_with("403"), "{}", out.text);
+    assert!(lines[1].contains("may never reach"), "{}", out.text);
+    assert!(
+        lines[2].starts_with("403") && lines[2].contains("not allowed"),
+        "{}",
+        out.text
+    );
+}
+
+#[tokio::test]
+async fn host_secrets_are_hidden_and_commands_are_not_root() {
+    let f = Fixture::new();
+    let sandbox = BwrapSandbox::new(&f.ws(), &options()).unwrap();
+    let out = bash(&sandbox, "id -u; id -g").await;
+    assert_eq!(
+        out.text.split_whitespace().collect::<Vec<_>>(),
+        ["1000", "1000"]
+    );
+    let out = bash(&sandbox, "cat /etc/shadow; echo; ls -A /etc/ssl/private").await;
+    assert!(!out.text.contains("root:"), "{}", out.text);
+    assert!(
+        !out.text.contains(".key") && !out.text.contains(".pem"),
+        "{}",
+        out.text
+    );
+    if std::path::Path::new("/etc/shadow").exists() {
+        let on_host = std::fs::read_to_string("/etc/shadow").unwrap_or_default();
+        assert!(on_host.is_empty() || !out.text.contains(on_host.lines().next().unwrap()));
+    }
+    // Ordinary system files are still there.
+    let out = bash(&sandbox, "head -1 /etc/passwd").await;
+    assert!(out.text.starts_with("root:"), "{}", out.text);
+}
+
+#[tokio::test]
+async fn disk_files_tmp_and_processes_are_bounded_and_the_session_goes_on() {
+    let f = Fixture::new();
+    let opts = SandboxOptions {
+        limits: ResourceLimits {
+            file_mb: Some(2),
+            workspace_mb: Some(20),
+            tmp_mb: Some(8),
+            processes: Some(40),
+            ..ResourceLimits::default()
+        },
+        max_output_bytes: 20_000,
+        ..options()
+    };
+    let sandbox = BwrapSandbox::new(&f.ws(), &opts).unwrap();
+
+    // `file-mb` is exact: 2 MiB fits, a byte more does not.
+    let out = bash(&sandbox, "head -c 2097152 /dev/zero > exact.bin && echo ok").await;
+    assert_eq!(out.text.trim(), "ok", "{}", out.text);
+    let out = bash(&sandbox, "head -c 2097153 /dev/zero > over.bin").await;
+    assert!(out.text.contains("file size limit (2 MiB)"), "{}", out.text);
+    // A sparse file's length counts too.
+    let out = bash(&sandbox, "truncate -s 1G sparse.bin").await;
+    assert!(out.is_error, "{}", out.text);
+    assert!(std::fs::metadata(f.ws().join("sparse.bin")).map_or(0, |m| m.len()) <= 2 << 20);
+    bash(&sandbox, "rm -f exact.bin over.bin sparse.bin").await;
+
+    // The workspace as a whole: many files under the file limit, far past the quota.
+    let out = bash(
+        &sandbox,
+        "for i in $(seq 1 300); do head -c 1048576 /dev/zero > fill-$i.bin; sleep 0.01; done",
+    )
+    .await;
+    assert!(out.text.contains("disk quota (20 MiB)"), "{}", out.text);
+    let written: u64 = std::fs::read_dir(f.ws())
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    assert!(
+        written < 60 << 20,
+        "stopped near the quota: {written} bytes"
+    );
+    let out = bash(&sandbox, "rm -f fill-*.bin && echo cleaned").await;
+    assert_eq!(out.text.trim(), "cleaned", "{}", out.text);
+
+    // /tmp is small and private.
+    let out = bash(
+        &sandbox,
+        "for i in $(seq 1 20); do head -c 1048576 /dev/zero > /tmp/f$i || break; done",
+    )
+    .await;
+    assert!(out.text.contains("No space left"), "{}", out.text);
+
+    // A fork bomb is stopped and the next command runs.
+    let out = bash(&sandbox, "bomb() { bomb | bomb & }; bomb; sleep 5").await;
+    assert!(out.is_error, "{}", out.text);
+    let out = bash(&sandbox, "echo after-the-bomb").await;
+    assert_eq!(out.text.trim(), "after-the-bomb", "{}", out.text);
+}
+
+#[tokio::test]
+async fn resident_memory_is_bounded_for_the_whole_sandbox_where_cgroups_exist() {
+    let f = Fixture::new();
+    let opts = SandboxOptions {
+        limits: ResourceLimits {
+            memory_mb: None,
+            resident_mb: Some(128),
+            ..ResourceLimits::default()
+        },
+        ..options()
+    };
+    let sandbox = BwrapSandbox::new(&f.ws(), &opts).unwrap();
+    let writable = std::fs::metadata("/sys/fs/cgroup/memory")
+        .or_else(|_| std::fs::metadata("/sys/fs/cgroup/cgroup.controllers"))
+        .is_ok()
+        && std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap()) == 0;
+    if !writable {
+        eprintln!("skipped: no control groups this process may create");
+        return;
+    }
+    // Four processes of 64 MiB each: each under any per-process bound, together over.
+    let out = bash(
+        &sandbox,
+        "for i in 1 2 3 4; do python3 -c 'import time; b = bytearray(64 << 20); time.sleep(3)' & done; wait; echo done",
+    )
+    .await;
+    assert!(
+        out.text.contains("memory limit is 128 MiB resident"),
+        "{}",
+        out.text
+    );
+    let out = bash(&sandbox, "echo alive").await;
+    assert_eq!(out.text.trim(), "alive", "{}", out.text);
 }

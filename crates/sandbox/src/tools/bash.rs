@@ -31,6 +31,9 @@ impl Drop for GroupGuard {
 /// How often the process count is checked against the limit.
 const PROCESS_POLL: Duration = Duration::from_millis(20);
 
+/// How often, at most, the workspace's size is checked against its quota.
+const QUOTA_POLL: Duration = Duration::from_millis(200);
+
 /// The shell that applies the limits and then runs the command (`$1`). `ulimit`
 /// without `-S`/`-H` sets both, so the command cannot raise them again.
 fn limited(limits: &ResourceLimits, command: &str, cmd: &mut std::process::Command) {
@@ -42,10 +45,46 @@ fn limited(limits: &ResourceLimits, command: &str, cmd: &mut std::process::Comma
         script.push_str(&format!(" -v {}", mb * 1024));
     }
     if let Some(mb) = limits.file_mb {
-        script.push_str(&format!(" -f {}", mb * 1024 * 2)); // 512-byte blocks
+        script.push_str(&format!(" -f {}", mb * 1024)); // bash counts 1024-byte blocks
     }
     script.push_str(" || exit 125; exec bash -c \"$1\"");
     cmd.arg("-c").arg(script).arg("steadfast").arg(command);
+}
+
+/// Bytes the files under `root` take, by their length (a sparse file counts whole:
+/// a snapshot stores what reading it gives).
+fn tree_bytes(root: &std::path::Path) -> u64 {
+    walkdir::WalkDir::new(root)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_file())
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// Kills the command's group once the workspace holds more than `quota` bytes and more
+/// than when the command began (so a workspace already over its quota can still be
+/// cleaned up). Checks at once, then at an interval that grows with what a check costs (at least
+/// [`QUOTA_POLL`], at most a fifth of the time spent checking), so a big workspace is
+/// not walked continuously.
+async fn watch_quota(root: std::path::PathBuf, quota: u64, pgid: Pid, flag: Arc<AtomicBool>) {
+    let mut ceiling = None;
+    loop {
+        let started = std::time::Instant::now();
+        let root2 = root.clone();
+        let Ok(used) = tokio::task::spawn_blocking(move || tree_bytes(&root2)).await else {
+            return;
+        };
+        let ceiling = *ceiling.get_or_insert(quota.max(used));
+        if used > ceiling {
+            flag.store(true, Ordering::SeqCst);
+            let _ = killpg(pgid, Signal::SIGKILL);
+            crate::agent::kill_strays();
+            return;
+        }
+        tokio::time::sleep(QUOTA_POLL.max(started.elapsed() * 5)).await;
+    }
 }
 
 /// Processes visible in this PID namespace.
@@ -142,6 +181,17 @@ pub(crate) async fn run(ctx: &Context<'_>, input: &Value) -> ToolOutput {
             })
         });
 
+    let over_quota = Arc::new(AtomicBool::new(false));
+    let quota = ctx
+        .limits
+        .and_then(|l| l.workspace_mb)
+        .zip(pgid)
+        .map(|(mb, pgid)| {
+            let flag = over_quota.clone();
+            let root = ctx.root.to_path_buf();
+            tokio::spawn(watch_quota(root, mb * 1024 * 1024, pgid, flag))
+        });
+
     let cap = ctx.options.max_output_bytes;
     let collector = tokio::task::spawn_blocking(move || {
         let mut kept = Vec::new();
@@ -161,7 +211,7 @@ pub(crate) async fn run(ctx: &Context<'_>, input: &Value) -> ToolOutput {
     });
 
     let status = tokio::time::timeout(timeout, child.wait()).await;
-    if let Some(w) = watchdog {
+    for w in [watchdog, quota].into_iter().flatten() {
         w.abort();
     }
     drop(guard); // the group goes, so the pipe closes even if a background job held it
@@ -208,6 +258,7 @@ pub(crate) async fn run(ctx: &Context<'_>, input: &Value) -> ToolOutput {
             signal,
             children_cpu().saturating_sub(cpu_before),
             too_many.load(Ordering::SeqCst),
+            over_quota.load(Ordering::SeqCst),
             &text,
             code,
         )
@@ -233,6 +284,7 @@ fn limit_message(
     signal: Option<i32>,
     cpu: Duration,
     too_many_processes: bool,
+    over_quota: bool,
     output: &str,
     code: Option<i32>,
 ) -> Option<String> {
@@ -243,6 +295,13 @@ fn limit_message(
         return Some(format!(
             "the command exceeded the sandbox's process limit ({} processes) and was killed",
             limits.processes.unwrap_or_default()
+        ));
+    }
+    if over_quota {
+        return Some(format!(
+            "the workspace grew past its disk quota ({} MiB) and the command was killed; \
+             remove files to make room",
+            limits.workspace_mb.unwrap_or_default()
         ));
     }
     if let Some(secs) = limits.cpu_secs {
