@@ -65,6 +65,10 @@ pub struct ServerConfig {
     pub production: bool,
     /// Message posts allowed per session per minute.
     pub messages_per_minute: Option<u32>,
+    /// Ceilings on every API session's bounds: sessions take them where they name
+    /// none, and neither a create nor a `resume` signal can pass them.
+    #[serde(default)]
+    pub ceilings: LimitsConfig,
 }
 
 /// A configured token.
@@ -137,6 +141,18 @@ pub struct HarnessConfig {
     pub max_tokens: Option<u32>,
     /// Lease time to live, seconds.
     pub lease_ttl_secs: Option<u64>,
+}
+
+impl LimitsConfig {
+    /// These settings as a session's bounds.
+    pub fn bounds(&self) -> steadfast_log::Limits {
+        steadfast_log::Limits {
+            max_cost_micro_usd: self.max_cost_usd.map(|usd| (usd * 1e6).round() as u64),
+            max_tokens: self.max_tokens,
+            max_turns: self.max_turns,
+            max_duration_ms: self.max_duration_secs.map(|s| s.saturating_mul(1000)),
+        }
+    }
 }
 
 /// Default bounds of new sessions (each can be set per session too).
@@ -408,19 +424,7 @@ impl Config {
 
     /// The bounds of a new session: the file's defaults, overridden by `over`.
     pub fn limits(&self, over: &LimitsConfig) -> steadfast_log::Limits {
-        let l = &self.limits;
-        steadfast_log::Limits {
-            max_cost_micro_usd: over
-                .max_cost_usd
-                .or(l.max_cost_usd)
-                .map(|usd| (usd * 1e6).round() as u64),
-            max_tokens: over.max_tokens.or(l.max_tokens),
-            max_turns: over.max_turns.or(l.max_turns),
-            max_duration_ms: over
-                .max_duration_secs
-                .or(l.max_duration_secs)
-                .map(|s| s.saturating_mul(1000)),
-        }
+        self.limits.bounds().raised(&over.bounds())
     }
 
     /// The effective configuration as TOML, keys shown as set or unset, never their value.

@@ -306,7 +306,11 @@ async fn each_session_has_its_own_network_policy() {
     let port = http_server("registry-ok");
     let fetch = format!("curl -sS -m 5 http://localhost:{port}/pkg > fetched.txt");
     let setup = Setup::new(json!([bash(&fetch), {"text": "done"}])).await;
-    let harness = setup.harness(Duration::ZERO, false, |_| {}); // default: deny-all
+    // The default is deny-all; the operator opens this loopback service by name.
+    let harness = setup.harness(Duration::ZERO, false, |o| {
+        o.sandbox.internal_hosts =
+            vec![steadfast_sandbox::HostRule::parse(&format!("localhost:{port}")).unwrap()]
+    });
     let mut allowed = NewSession::native("fake/m", &setup.ws()).with_task("go");
     allowed.network = Some(format!("allow:localhost:{port}"));
     let id = harness.start_session(allowed).await.unwrap();

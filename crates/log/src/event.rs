@@ -161,6 +161,70 @@ impl Limits {
         *self == Limits::default()
     }
 
+    /// The bounds a `resume` signal's payload sets (`max_cost_usd`, `max_tokens`,
+    /// `max_turns`, `max_duration_s`), and a message for each of those keys whose
+    /// value is not a non-negative number (that bound is then left unset). The fold
+    /// applies the bounds; the API refuses a payload with any problem.
+    pub fn from_resume(payload: &serde_json::Value) -> (Limits, Vec<String>) {
+        let mut problems = Vec::new();
+        let mut num = |name: &str| match payload.get(name) {
+            None | Some(serde_json::Value::Null) => None,
+            Some(v) => match v.as_f64().filter(|v| v.is_finite() && *v >= 0.0) {
+                Some(v) => Some(v),
+                None => {
+                    problems.push(format!("{name}: must be a non-negative number"));
+                    None
+                }
+            },
+        };
+        let limits = Limits {
+            max_cost_micro_usd: num("max_cost_usd").map(|usd| (usd * 1e6).round() as u64),
+            max_tokens: num("max_tokens").map(|v| v as u64),
+            max_turns: num("max_turns").map(|v| v.min(u32::MAX as f64) as u32),
+            max_duration_ms: num("max_duration_s").map(|s| (s * 1000.0) as u64),
+        };
+        (limits, problems)
+    }
+
+    /// Each bound of these limits that passes the same bound of `ceilings`, as
+    /// `(field as clients name it, asked, ceiling)` in client units.
+    pub fn over(&self, ceilings: &Limits) -> Vec<(&'static str, f64, f64)> {
+        let pairs = [
+            (
+                "max_cost_usd",
+                self.max_cost_micro_usd.map(|v| v as f64 / 1e6),
+                ceilings.max_cost_micro_usd.map(|v| v as f64 / 1e6),
+            ),
+            (
+                "max_tokens",
+                self.max_tokens.map(|v| v as f64),
+                ceilings.max_tokens.map(|v| v as f64),
+            ),
+            (
+                "max_turns",
+                self.max_turns.map(f64::from),
+                ceilings.max_turns.map(f64::from),
+            ),
+            (
+                "max_duration_s",
+                self.max_duration_ms.map(|v| v as f64 / 1000.0),
+                ceilings.max_duration_ms.map(|v| v as f64 / 1000.0),
+            ),
+        ];
+        pairs
+            .into_iter()
+            .filter_map(|(name, asked, ceiling)| match (asked, ceiling) {
+                (Some(a), Some(c)) if a > c => Some((name, a, c)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// These limits with each unset bound taken from `ceilings`.
+    pub fn or_ceilings(self, ceilings: &Limits) -> Limits {
+        ceilings.raised(&self)
+    }
+
     /// These limits with every bound `raise` sets taken from it.
     pub fn raised(self, raise: &Limits) -> Limits {
         Limits {

@@ -968,18 +968,7 @@ impl SessionState {
 
     /// Applies a `resume` signal's payload after `breaker` stopped the session.
     fn resume(&mut self, breaker: Breaker, payload: &Value) {
-        let num = |name: &str| {
-            payload
-                .get(name)
-                .and_then(Value::as_f64)
-                .filter(|v| *v >= 0.0)
-        };
-        let raise = Limits {
-            max_cost_micro_usd: num("max_cost_usd").map(|usd| (usd * 1e6).round() as u64),
-            max_tokens: num("max_tokens").map(|v| v as u64),
-            max_turns: num("max_turns").map(|v| v as u32),
-            max_duration_ms: num("max_duration_s").map(|s| (s * 1000.0) as u64),
-        };
+        let (raise, _) = Limits::from_resume(payload);
         self.limits = self.limits.raised(&raise);
         match breaker {
             Breaker::Loop => self.loop_streak = 0,

@@ -10,6 +10,7 @@
 //! lost or repeated, on any instance.
 
 mod auth;
+mod bounds;
 mod error;
 mod extract;
 mod limits;
@@ -42,6 +43,9 @@ pub struct ServerState<W> {
     pub default_model: String,
     /// Message posts allowed per session per minute.
     pub messages_per_minute: u32,
+    /// The operator's ceilings on every session's bounds: a session is created within
+    /// them (taking them where it names none) and no signal raises a bound past them.
+    pub ceilings: steadfast_log::Limits,
     pub(crate) limiter: limits::RateLimiter,
 }
 
@@ -59,8 +63,27 @@ impl<W> ServerState<W> {
             workspaces,
             default_model,
             messages_per_minute: 60,
+            ceilings: steadfast_log::Limits::default(),
             limiter: limits::RateLimiter::default(),
         }
+    }
+}
+
+impl<W> ServerState<W> {
+    /// The ceilings in force: the configured ones, and in public mode the spend cap.
+    pub(crate) fn ceilings(&self) -> steadfast_log::Limits {
+        let mut ceilings = self.ceilings;
+        if let AuthMode::Public {
+            session_cap_micro_usd,
+        } = self.auth.mode
+        {
+            ceilings.max_cost_micro_usd = Some(
+                ceilings
+                    .max_cost_micro_usd
+                    .map_or(session_cap_micro_usd, |c| c.min(session_cap_micro_usd)),
+            );
+        }
+        ceilings
     }
 }
 

@@ -385,11 +385,23 @@ async fn tokens_owners_and_production_mode() {
         |_| {},
     )
     .await;
-    let (status, created) = call(
+    let over = call(
         reqwest::Method::POST,
         &format!("{}/v1/sessions", public.url),
         None,
         Some(json!({"budget": {"max_cost_usd": 100.0}})),
+    )
+    .await;
+    assert_error(&over, 403, "over_ceiling");
+    assert!(over.1["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("budget.max_cost_usd"));
+    let (status, created) = call(
+        reqwest::Method::POST,
+        &format!("{}/v1/sessions", public.url),
+        None,
+        Some(json!({})),
     )
     .await;
     assert_eq!(status, 201);
@@ -436,6 +448,147 @@ async fn tokens_owners_and_production_mode() {
     .await;
     assert_eq!(shown["network"], "allow:pypi.org");
     assert_eq!(shown["limits"]["max_turns"], 3);
+}
+
+/// Polls a session until its status is `want`.
+async fn wait_status(url: &str, id: &str, token: Option<&str>, want: &str) -> Value {
+    for _ in 0..400 {
+        let (_, shown) = call(
+            reqwest::Method::GET,
+            &format!("{url}/v1/sessions/{id}"),
+            token,
+            None,
+        )
+        .await;
+        if shown["status"] == want {
+            return shown;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let (_, shown) = call(
+        reqwest::Method::GET,
+        &format!("{url}/v1/sessions/{id}"),
+        token,
+        None,
+    )
+    .await;
+    panic!("session {id} never became {want}: {shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_client_lifts_a_bound_past_the_operators_ceiling() {
+    // Public mode: the spend cap is the ceiling of every session, anonymous callers
+    // included. A priced model spends past it on its first call and escalates.
+    let public = server(
+        json!([{"text": "one"}, {"text": "two"}, {"text": "three"}]),
+        Auth::new(&[], false, Some(0.0001)).unwrap(),
+        1,
+        |_| {},
+    )
+    .await;
+    let (status, created) = call(
+        reqwest::Method::POST,
+        &format!("{}/v1/sessions", public.url),
+        None,
+        Some(json!({"model": "fake/claude-sonnet-4", "task": "go"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap();
+    wait_status(&public.url, id, None, "idle").await;
+    // The next turn would pass the cap before its first model call: it escalates.
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/sessions/{id}/messages", public.url))
+        .json(&json!({"text": "more"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    drop(resp);
+    let shown = wait_status(&public.url, id, None, "escalated").await;
+    let signal = |body: Value| {
+        let url = format!("{}/v1/sessions/{id}/signals/resume", public.url);
+        async move { call(reqwest::Method::POST, &url, None, Some(body)).await }
+    };
+    for lift in [
+        json!({"max_cost_usd": 100}),
+        json!({"max_cost_usd": 0.00011}),
+        json!({"max_tokens": 5, "max_cost_usd": 1}),
+    ] {
+        assert_error(&signal(lift).await, 403, "over_ceiling");
+    }
+    assert_error(
+        &signal(json!({"max_cost_usd": "lots"})).await,
+        422,
+        "invalid_body",
+    );
+    assert_error(&signal(json!({"max_turns": -1})).await, 422, "invalid_body");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, after) = call(
+        reqwest::Method::GET,
+        &format!("{}/v1/sessions/{id}", public.url),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(after["status"], "escalated", "{after}");
+    assert_eq!(
+        after["cost_usd"], shown["cost_usd"],
+        "nothing more was spent"
+    );
+    assert_eq!(after["budget_usd"], 0.0001);
+
+    // Token mode: the operator's ceilings hold for the owner too; others cannot touch it.
+    let srv = server(json!([{"text": "hi"}]), tokens(), 0, |s| {
+        s.ceilings.max_turns = Some(5);
+        s.ceilings.max_cost_micro_usd = Some(2_000_000);
+    })
+    .await;
+    let over = call(
+        reqwest::Method::POST,
+        &format!("{}/v1/sessions", srv.url),
+        Some("alice-secret"),
+        Some(json!({"budget": {"max_turns": 50}})),
+    )
+    .await;
+    assert_error(&over, 403, "over_ceiling");
+    let (status, created) = call(
+        reqwest::Method::POST,
+        &format!("{}/v1/sessions", srv.url),
+        Some("alice-secret"),
+        Some(json!({"budget": {"max_turns": 2}})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap();
+    let (_, shown) = call(
+        reqwest::Method::GET,
+        &format!("{}/v1/sessions/{id}", srv.url),
+        Some("alice-secret"),
+        None,
+    )
+    .await;
+    assert_eq!(shown["limits"]["max_turns"], 2);
+    assert_eq!(
+        shown["budget_usd"], 2.0,
+        "the ceiling is the default: {shown}"
+    );
+    let resume = format!("{}/v1/sessions/{id}/signals/resume", srv.url);
+    let raise = |token: &'static str, body: Value| {
+        let url = resume.clone();
+        async move { call(reqwest::Method::POST, &url, Some(token), Some(body)).await }
+    };
+    assert_error(
+        &raise("bob-secret", json!({"max_turns": 3})).await,
+        404,
+        "session_not_found",
+    );
+    assert_error(
+        &raise("alice-secret", json!({"max_turns": 6})).await,
+        403,
+        "over_ceiling",
+    );
+    assert_eq!(raise("alice-secret", json!({"max_turns": 5})).await.0, 202);
 }
 
 #[tokio::test]

@@ -81,6 +81,7 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
         workspaces,
         config.default_model(),
     );
+    state.ceilings = config.server.ceilings.bounds();
     if let Some(n) = config.server.messages_per_minute {
         state.messages_per_minute = n;
     }

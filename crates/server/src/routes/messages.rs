@@ -154,6 +154,9 @@ pub(crate) async fn signal<W: World + Clone>(
             )
         })?
     };
+    if name == steadfast_log::RESUME_SIGNAL {
+        crate::bounds::check_resume(&payload, &state.ceilings())?;
+    }
     let inbox_id = state
         .harness
         .world()

@@ -83,10 +83,9 @@ pub(crate) async fn create<W: World + Clone>(
         .harness
         .check_agent(&agent)
         .map_err(|e| invalid(format!("agent: {e}")))?;
-    let mut limits = steadfast_log::Limits::default();
-    let mut budget = None;
+    let mut asked = steadfast_log::Limits::default();
     if let Some(b) = req.budget {
-        budget = match b.max_cost_usd {
+        asked.max_cost_micro_usd = match b.max_cost_usd {
             Some(usd) if !usd.is_finite() || usd <= 0.0 => {
                 return Err(invalid("budget.max_cost_usd: must be positive".into()))
             }
@@ -98,16 +97,15 @@ pub(crate) async fn create<W: World + Clone>(
                 "budget: max_tokens, max_turns and max_duration_s must be positive".into(),
             ));
         }
-        limits.max_tokens = b.max_tokens;
-        limits.max_turns = b.max_turns;
-        limits.max_duration_ms = b.max_duration_s.map(|s| s.saturating_mul(1000));
+        asked.max_tokens = b.max_tokens;
+        asked.max_turns = b.max_turns;
+        asked.max_duration_ms = b.max_duration_s.map(|s| s.saturating_mul(1000));
     }
-    if let AuthMode::Public {
-        session_cap_micro_usd,
-    } = state.auth.mode
-    {
-        budget = Some(budget.map_or(session_cap_micro_usd, |b| b.min(session_cap_micro_usd)));
+    let ceilings = state.ceilings();
+    if let Some(refusal) = crate::bounds::refuse_over(&asked, &ceilings, "budget.") {
+        return Err(refusal);
     }
+    let limits = asked.or_ceilings(&ceilings);
     if let Some(policy) = &req.network {
         let parsed = steadfast_sandbox::NetworkPolicy::parse(policy)
             .map_err(|e| invalid(format!("network: {e}")))?;
@@ -159,7 +157,7 @@ pub(crate) async fn create<W: World + Clone>(
     new.agent = agent;
     new.owner = owner;
     new.task = req.task;
-    new.budget_micro_usd = budget;
+    new.budget_micro_usd = limits.max_cost_micro_usd;
     new.limits = limits;
     new.approve_external = req.approve_external;
     new.network = req.network;
