@@ -266,6 +266,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             .workspace
             .canonicalize()
             .map_err(|e| Error::Invalid(format!("workspace {}: {e}", new.workspace.display())))?;
+        self.keep_home_out(&workspace)?;
         // The snapshot comes first: a crash while taking it leaves no session behind.
         let snapshot = self.snapshot(&workspace).await?;
         let id = format!("ses_{}", uuid::Uuid::now_v7().simple());
@@ -350,6 +351,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         state: SessionState,
     ) -> Result<Driver<'_, W, S>> {
         let workspace = PathBuf::from(&state.workspace);
+        let sandbox_options = self.sandbox_options(&state)?;
         if let Some(snapshot) = &state.last_snapshot {
             let drive = self.drive.clone();
             let (ws, snap) = (workspace.clone(), snapshot.clone());
@@ -360,7 +362,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         let sandbox = SandboxSlot::new(
             workspace,
             self.provision.clone(),
-            self.sandbox_options(&state)?,
+            sandbox_options,
             self.drive.clone(),
             self.options.sandbox_idle_stop,
         );
@@ -373,12 +375,44 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// session's log records (kept across resumes, whatever the resuming process was
     /// told), for every agent alike.
     pub(crate) fn sandbox_options(&self, state: &SessionState) -> Result<SandboxOptions> {
+        self.keep_home_out(Path::new(&state.workspace))?;
         let mut options = self.options.sandbox.clone();
         if let Some(policy) = &state.network {
             options.network =
                 steadfast_sandbox::NetworkPolicy::parse(policy).map_err(Error::Invalid)?;
         }
         Ok(options)
+    }
+
+    /// Refuses a workspace (or a read-only path shown to sandboxes) that is or holds
+    /// this harness's home: the world's database, blobs and snapshots must never be
+    /// visible to, let alone writable by, the code a model runs.
+    fn keep_home_out(&self, workspace: &Path) -> Result<()> {
+        let Some(home) = self.home.as_deref() else {
+            return Ok(());
+        };
+        let Ok(home) = home.canonicalize() else {
+            return Ok(());
+        };
+        let exposes = |dir: &Path| dir.canonicalize().is_ok_and(|d| home.starts_with(&d));
+        if exposes(workspace) {
+            return Err(Error::Invalid(format!(
+                "the workspace {} holds Steadfast's home {} (the world's database and \
+                 snapshots), which its sandbox would see: choose another workspace, or put \
+                 the home elsewhere (--home or STEADFAST_HOME)",
+                workspace.display(),
+                home.display()
+            )));
+        }
+        if let Some(dir) = self.options.sandbox.read_only_paths.iter().find(|d| exposes(d)) {
+            return Err(Error::Invalid(format!(
+                "[sandbox] read-only-paths: {} holds Steadfast's home {}, which sandboxes \
+                 must never see",
+                dir.display(),
+                home.display()
+            )));
+        }
+        Ok(())
     }
 
     pub(crate) async fn snapshot(&self, workspace: &Path) -> Result<String> {

@@ -1,0 +1,73 @@
+//! A hostile tenant, through the CLI and the model's tools: the world's files are out
+//! of every sandbox's reach, special files never block a session, production never
+//! runs commands unisolated, and lost data is reported, never papered over.
+
+use std::path::Path;
+use std::process::Output;
+
+use serde_json::{json, Value};
+use steadfast_testkit::{FakeProvider, Script};
+
+const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
+
+async fn steadfast(home: &Path, cwd: &Path, fake: &FakeProvider, args: &[&str]) -> Output {
+    tokio::process::Command::new(BIN)
+        .args(args)
+        .current_dir(cwd)
+        .env("STEADFAST_HOME", home)
+        .env("ANTHROPIC_API_KEY", "test-key")
+        .env("ANTHROPIC_BASE_URL", fake.base_url())
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("STEADFAST_MODEL")
+        .env_remove("STEADFAST_SANDBOX")
+        .output()
+        .await
+        .unwrap()
+}
+
+fn script(steps: Value) -> Script {
+    serde_json::from_value(json!({ "steps": steps })).unwrap()
+}
+
+fn bash(command: &str) -> Value {
+    json!({"tool_calls": [{"name": "bash", "input": {"command": command}}]})
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[tokio::test]
+async fn a_workspace_that_holds_the_home_is_refused_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join(".steadfast");
+    let fake = FakeProvider::start(script(json!([
+        bash("sqlite3 .steadfast/world.db \"update sessions set owner = 'mallory'\""),
+        {"text": "done"}
+    ])))
+    .await
+    .unwrap();
+    // Once to make the home (a session elsewhere), then with the directory holding it.
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let first = steadfast(&home, dir.path(), &fake, &["sessions", "--json"]).await;
+    assert!(first.status.success(), "{}", text(&first));
+    let ws = dir.path().display().to_string();
+    let run = steadfast(
+        &home,
+        dir.path(),
+        &fake,
+        &["run", "clean up", "--workspace", &ws, "--model", "anthropic/claude-sonnet-4-5"],
+    )
+    .await;
+    assert!(!run.status.success(), "{}", text(&run));
+    assert!(text(&run).contains("holds Steadfast's home"), "{}", text(&run));
+    assert_eq!(fake.calls(), 0, "no model call, no command");
+    let listed = steadfast(&home, dir.path(), &fake, &["sessions", "--json"]).await;
+    assert!(listed.status.success(), "{}", text(&listed));
+    assert_eq!(listed.stdout.len(), 0, "no session was made: {}", text(&listed));
+}
