@@ -318,6 +318,7 @@ impl Config {
         if let Ok(exe) = std::env::current_exe() {
             options.sandbox.agent = vec![exe.display().to_string(), "sandbox-agent".into()];
         }
+        options.sandbox.require_isolation = self.is_production();
         let limits = &mut options.sandbox.limits;
         limits.memory_mb = s.memory_mb.or(limits.memory_mb);
         limits.processes = s.processes.or(limits.processes);
@@ -375,6 +376,12 @@ impl Config {
             anthropic: upstream("anthropic"),
             openai: upstream("openai"),
         };
+    }
+
+    /// Whether this is a production deployment (`[server] production`, or
+    /// `STEADFAST_ENV=production`): no development fallbacks.
+    pub fn is_production(&self) -> bool {
+        self.server.production || std::env::var("STEADFAST_ENV").is_ok_and(|v| v == "production")
     }
 
     /// Checks settings that can be wrong in ways the file's types cannot say.

@@ -152,18 +152,3 @@ pub fn blobs(home: &Path, config: &Config) -> anyhow::Result<steadfast_world::Bl
         None => steadfast_world::Blobs::local(&home.join("blobs"))?,
     })
 }
-
-/// The backend a session's sandbox will use under `options`, for display.
-pub fn sandbox_backend(options: &steadfast_sandbox::SandboxOptions) -> &'static str {
-    use steadfast_sandbox::Backend;
-    match options.backend {
-        Backend::Local => "local",
-        Backend::Bwrap => "bwrap",
-        Backend::Auto
-            if !options.agent.is_empty() && steadfast_sandbox::bwrap_available().is_ok() =>
-        {
-            "bwrap"
-        }
-        Backend::Auto => "local (bwrap unavailable: commands are NOT isolated)",
-    }
-}

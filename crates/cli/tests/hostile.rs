@@ -71,3 +71,38 @@ async fn a_workspace_that_holds_the_home_is_refused_before_anything_runs() {
     assert!(listed.status.success(), "{}", text(&listed));
     assert_eq!(listed.stdout.len(), 0, "no session was made: {}", text(&listed));
 }
+
+#[tokio::test]
+async fn production_refuses_to_start_without_an_isolating_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = |sandbox: Option<&'static str>, path: &'static str| {
+        let mut cmd = tokio::process::Command::new(BIN);
+        cmd.args(["serve", "--production", "--listen", "127.0.0.1:0"])
+            .current_dir(dir.path())
+            .env("STEADFAST_HOME", dir.path().join("home"))
+            .env("PATH", path)
+            .env_remove("STEADFAST_SANDBOX")
+            .kill_on_drop(true);
+        if let Some(backend) = sandbox {
+            cmd.env("STEADFAST_SANDBOX", backend);
+        }
+        async move {
+            tokio::time::timeout(std::time::Duration::from_secs(20), cmd.output())
+                .await
+                .expect("it stops at once instead of serving")
+                .unwrap()
+        }
+    };
+    let host_path = std::env::var("PATH").unwrap();
+    let host_path: &'static str = Box::leak(host_path.into_boxed_str());
+    // Asked for `local` by name, and `auto` on a host without bubblewrap.
+    for (sandbox, path) in [(Some("local"), host_path), (None, "/nonexistent")] {
+        let out = serve(sandbox, path).await;
+        assert!(!out.status.success(), "{}", text(&out));
+        assert!(
+            text(&out).contains("refuses to start without an isolating sandbox"),
+            "{}",
+            text(&out)
+        );
+    }
+}

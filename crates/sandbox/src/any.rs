@@ -47,6 +47,47 @@ pub fn isolates(options: &SandboxOptions) -> bool {
     }
 }
 
+/// Why sandboxes made with `options` would not isolate their commands, or `Ok` when
+/// they would. A production server checks this at startup and refuses to start.
+pub fn isolation(options: &SandboxOptions) -> std::result::Result<(), String> {
+    match options.backend {
+        Backend::Local => Err("the sandbox backend is `local`, which runs commands as plain \
+             processes of this machine"
+            .into()),
+        Backend::Bwrap | Backend::Auto if options.agent.is_empty() => {
+            Err("no sandbox agent program is configured".into())
+        }
+        Backend::Bwrap | Backend::Auto => bwrap_available(),
+    }
+}
+
+/// How sandboxes made with `options` run commands and what their network policy
+/// means, in one line for people: a backend that does not isolate says plainly that
+/// the network policy is not enforced.
+pub fn describe(options: &SandboxOptions) -> String {
+    let network = match &options.network {
+        crate::NetworkPolicy::DenyAll => "deny-all".to_string(),
+        crate::NetworkPolicy::Open => "open".to_string(),
+        crate::NetworkPolicy::AllowList(rules) => {
+            let names: Vec<String> = rules
+                .iter()
+                .map(|r| match r.port {
+                    Some(p) => format!("{}:{p}", r.host),
+                    None => r.host.clone(),
+                })
+                .collect();
+            format!("allow:{}", names.join(","))
+        }
+    };
+    match isolation(options) {
+        Ok(()) => format!("bwrap (network {network})"),
+        Err(why) => format!(
+            "local: commands are NOT isolated from this machine and the network policy \
+             ({network}) is NOT enforced ({why})"
+        ),
+    }
+}
+
 /// A sandbox of whichever backend the options chose.
 #[derive(Debug)]
 pub enum AnySandbox {
@@ -59,6 +100,13 @@ pub enum AnySandbox {
 impl AnySandbox {
     /// Provisions a sandbox over `workspace` with the backend `options` name.
     pub fn provision(workspace: &Path, options: &SandboxOptions) -> Result<Self> {
+        if options.require_isolation {
+            isolation(options).map_err(|why| {
+                crate::Error::Unavailable(format!(
+                    "production requires an isolating sandbox, and {why}"
+                ))
+            })?;
+        }
         match options.backend {
             Backend::Local => Ok(AnySandbox::Local(LocalSandbox::new(
                 workspace,
@@ -70,8 +118,8 @@ impl AnySandbox {
                 (Err(why), false) => {
                     static WARN: Once = Once::new();
                     WARN.call_once(|| {
-                        tracing::warn!("sandbox: {why}; falling back to the local backend, which does NOT isolate commands from this machine");
-                        eprintln!("steadfast: warning: {why}; commands run with the local backend, NOT isolated from this machine");
+                        tracing::warn!("sandbox: {why}; falling back to the local backend, which does NOT isolate commands from this machine or enforce any network policy");
+                        eprintln!("steadfast: warning: {why}; commands run with the local backend, NOT isolated from this machine, and the network policy is NOT enforced");
                     });
                     Ok(AnySandbox::Local(LocalSandbox::new(
                         workspace,

@@ -25,6 +25,9 @@ pub struct SandboxOptions {
     pub max_output_bytes: usize,
     /// Which backend runs commands.
     pub backend: crate::Backend,
+    /// Production: only an isolating backend may run commands. `auto` then never falls
+    /// back to `local`, and `local` is refused.
+    pub require_isolation: bool,
     /// Where an isolating backend's commands may connect.
     pub network: crate::NetworkPolicy,
     /// Internal destinations (loopback, private, link-local) the operator lets an
@@ -52,6 +55,7 @@ impl Default for SandboxOptions {
             max_timeout: Duration::from_secs(600),
             max_output_bytes: 8 * 1024 * 1024,
             backend: crate::Backend::default(),
+            require_isolation: false,
             network: crate::NetworkPolicy::default(),
             internal_hosts: Vec::new(),
             limits: crate::ResourceLimits::default(),

@@ -109,9 +109,8 @@ pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<
     );
     eprintln!("steadfast: if this process stops, carry on with: steadfast resume {id}");
     eprintln!(
-        "steadfast: sandbox {} (network {})",
-        setup::sandbox_backend(&harness.options().sandbox),
-        config.sandbox.network.as_deref().unwrap_or("deny-all")
+        "steadfast: sandbox {}",
+        steadfast_sandbox::describe(&harness.options().sandbox)
     );
     let mut awake = harness.wake(&id).await?;
     let code = drive(&mut awake, args.json).await;

@@ -40,10 +40,18 @@ pub struct WorkerArgs {
     workers: usize,
 }
 
-fn production(args: &ServeArgs, config: &Config) -> bool {
-    args.production
-        || config.server.production
-        || std::env::var("STEADFAST_ENV").is_ok_and(|v| v == "production")
+/// In production, commands must run isolated: a host where no isolating sandbox
+/// backend works is a startup error, never a silent fallback.
+fn check_isolation(config: &Config) -> anyhow::Result<()> {
+    if config.is_production() {
+        steadfast_sandbox::isolation(&config.harness_options().sandbox).map_err(|why| {
+            anyhow::anyhow!(
+                "production mode refuses to start without an isolating sandbox: {why} \
+                 (install bubblewrap, or use a host where it can create namespaces)"
+            )
+        })?;
+    }
+    Ok(())
 }
 
 async fn shutdown_signal() {
@@ -55,6 +63,10 @@ async fn shutdown_signal() {
 }
 
 pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let mut config = config.clone();
+    config.server.production |= args.production;
+    let config = &config;
+    check_isolation(config)?;
     let tokens: Vec<TokenEntry> = config
         .server
         .tokens
@@ -70,7 +82,7 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
         None
     };
     let auth =
-        Auth::new(&tokens, production(&args, config), public_cap).map_err(anyhow::Error::msg)?;
+        Auth::new(&tokens, config.is_production(), public_cap).map_err(anyhow::Error::msg)?;
     let world = setup::world(home, config, false).await?;
     let (harness, fake) = setup::shared_harness(home, config, world).await?;
     let workspaces = home.join("workspaces");
@@ -107,6 +119,7 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
 }
 
 pub async fn worker(home: &Path, config: &Config, args: WorkerArgs) -> anyhow::Result<ExitCode> {
+    check_isolation(config)?;
     let world = setup::world(home, config, false).await?;
     let (harness, fake) = setup::shared_harness(home, config, world).await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
