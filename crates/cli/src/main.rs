@@ -187,6 +187,9 @@ fn main() -> ExitCode {
             Command::Bench(args) => commands::bench::run(args, config.world.as_deref()).await,
         }
     });
+    // Work stuck in a blocking call (a snapshot of a hung filesystem, say) must not
+    // keep the process alive once the command is over.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     match result {
         Ok(code) => code,
         // A closed pipe (`steadfast log ... | head`) is the reader's choice, not an error.

@@ -61,15 +61,31 @@ async fn a_workspace_that_holds_the_home_is_refused_before_anything_runs() {
         &home,
         dir.path(),
         &fake,
-        &["run", "clean up", "--workspace", &ws, "--model", "anthropic/claude-sonnet-4-5"],
+        &[
+            "run",
+            "clean up",
+            "--workspace",
+            &ws,
+            "--model",
+            "anthropic/claude-sonnet-4-5",
+        ],
     )
     .await;
     assert!(!run.status.success(), "{}", text(&run));
-    assert!(text(&run).contains("holds Steadfast's home"), "{}", text(&run));
+    assert!(
+        text(&run).contains("holds Steadfast's home"),
+        "{}",
+        text(&run)
+    );
     assert_eq!(fake.calls(), 0, "no model call, no command");
     let listed = steadfast(&home, dir.path(), &fake, &["sessions", "--json"]).await;
     assert!(listed.status.success(), "{}", text(&listed));
-    assert_eq!(listed.stdout.len(), 0, "no session was made: {}", text(&listed));
+    assert_eq!(
+        listed.stdout.len(),
+        0,
+        "no session was made: {}",
+        text(&listed)
+    );
 }
 
 #[tokio::test]

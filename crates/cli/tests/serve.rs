@@ -290,3 +290,55 @@ async fn a_server_and_workers_started_at_once_all_open_a_new_world() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn special_files_never_block_a_session_and_sigterm_always_stops_the_server() {
+    let bash =
+        |command: &str| json!({"tool_calls": [{"name": "bash", "input": {"command": command}}]});
+    let script: Script = serde_json::from_value(json!({"steps": [
+        bash("mkfifo pipe && python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind(\"sock\")' && echo made-special"),
+        bash("echo next-command-works > after.txt"),
+        {"text": "done"},
+        bash("sleep 120"),
+    ]}))
+    .unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let home = home(&dir);
+    let (mut server, url) = serve(&home, &fake, "1").await;
+    let created = post(&format!("{url}/v1/sessions"), json!({"task": "make pipes"})).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    wait_for("the session to finish its turn", async || {
+        get(&format!("{url}/v1/sessions/{id}")).await["status"] == "idle"
+    })
+    .await;
+    let shown = get(&format!("{url}/v1/sessions/{id}")).await;
+    assert_eq!(shown["reply"], "done", "{shown}");
+    let ws = std::path::PathBuf::from(created["workspace"].as_str().unwrap());
+    assert_eq!(
+        std::fs::read_to_string(ws.join("after.txt")).unwrap(),
+        "next-command-works\n"
+    );
+
+    // An open event stream (of a turn busy with a long command) does not keep a
+    // stopping server alive.
+    let stream = reqwest::Client::new()
+        .post(format!("{url}/v1/sessions/{id}/messages"))
+        .json(&json!({"text": "now wait"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    wait_for("the long command to start", async || {
+        get(&format!("{url}/v1/sessions/{id}")).await["status"] == "running"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    kill(Pid::from_raw(server.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(15), server.wait())
+        .await
+        .expect("SIGTERM stops the server")
+        .unwrap();
+    assert!(status.success(), "{status}");
+    drop(stream);
+}

@@ -17,7 +17,7 @@ mod store;
 
 use std::path::{Path, PathBuf};
 
-pub use manifest::{Change, ChangeKind, Entry, Manifest};
+pub use manifest::{Change, ChangeKind, Entry, Manifest, SpecialKind};
 use statcache::StatCache;
 use store::ObjectStore;
 
@@ -125,6 +125,12 @@ impl Drive {
             }
         }
         self.objects.sweep(&referenced, min_age)
+    }
+
+    /// Where the content objects are kept (for tests that damage one).
+    #[cfg(test)]
+    pub(crate) fn objects_dir(&self) -> PathBuf {
+        self.objects.dir().to_path_buf()
     }
 
     /// The bytes of a file in a snapshot.

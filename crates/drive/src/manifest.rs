@@ -9,6 +9,20 @@ use walkdir::WalkDir;
 
 use crate::statcache::StatCache;
 use crate::store::{hash_file, ObjectStore};
+
+/// Opens a file for a snapshot without following a link and without blocking (a
+/// path swapped for a FIFO after the walk saw a file must not hang the snapshot).
+/// `None` when what is there now is not a regular file.
+fn open_regular(path: &Path) -> Result<Option<(std::fs::File, std::fs::Metadata)>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::File::options()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(io("open", path))?;
+    let meta = file.metadata().map_err(io("stat", path))?;
+    Ok(meta.is_file().then_some((file, meta)))
+}
 use crate::{io, Error, Result, EXCLUDED_DIR};
 
 /// One path in a snapshot.
@@ -31,6 +45,44 @@ pub enum Entry {
     },
     /// A directory (listed so empty directories survive).
     Dir,
+    /// A FIFO, socket or device: recorded by kind, never read (reading a FIFO would
+    /// block the snapshot until something writes to it). A restore recreates a FIFO;
+    /// sockets and devices cannot be recreated from a snapshot and are left absent.
+    Special {
+        /// `fifo`, `socket`, `char_device` or `block_device`.
+        special: SpecialKind,
+    },
+}
+
+/// The kind of a special file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpecialKind {
+    /// A named pipe.
+    Fifo,
+    /// A Unix socket.
+    Socket,
+    /// A character device.
+    CharDevice,
+    /// A block device.
+    BlockDevice,
+}
+
+impl SpecialKind {
+    fn of(kind: std::fs::FileType) -> Option<Self> {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            Some(SpecialKind::Fifo)
+        } else if kind.is_socket() {
+            Some(SpecialKind::Socket)
+        } else if kind.is_char_device() {
+            Some(SpecialKind::CharDevice)
+        } else if kind.is_block_device() {
+            Some(SpecialKind::BlockDevice)
+        } else {
+            None
+        }
+    }
 }
 
 /// A snapshot: every path of the workspace, relative, `/`-separated, sorted.
@@ -142,23 +194,35 @@ pub(crate) fn scan(
             Entry::Symlink {
                 target: target.to_string_lossy().into_owned(),
             }
+        } else if let Some(special) = SpecialKind::of(kind) {
+            Entry::Special { special }
         } else {
             let meta = item.metadata().map_err(|e| walk_error(workspace, e))?;
-            let hash = match cache.lookup(&rel, &meta) {
-                Some(hash) => hash,
-                None => {
-                    let (hash, bytes) = hash_file(item.path())?;
-                    if !objects.contains(&hash) {
-                        objects.put_hashed(&hash, &bytes)?;
+            match cache.lookup(&rel, &meta) {
+                Some(hash) => Entry::File {
+                    hash,
+                    size: meta.len(),
+                    exec: meta.permissions().mode() & 0o111 != 0,
+                },
+                None => match open_regular(item.path())? {
+                    None => {
+                        let now = std::fs::symlink_metadata(item.path())
+                            .map_err(io("stat", item.path()))?;
+                        match SpecialKind::of(now.file_type()) {
+                            Some(special) => Entry::Special { special },
+                            None => continue, // gone or replaced mid-walk
+                        }
                     }
-                    cache.record(&rel, &meta, &hash);
-                    hash
-                }
-            };
-            Entry::File {
-                hash,
-                size: meta.len(),
-                exec: meta.permissions().mode() & 0o111 != 0,
+                    Some((mut file, meta)) => {
+                        let (hash, size) = objects.put_reader(item.path(), &mut file)?;
+                        cache.record(&rel, &meta, &hash);
+                        Entry::File {
+                            hash,
+                            size,
+                            exec: meta.permissions().mode() & 0o111 != 0,
+                        }
+                    }
+                },
             }
         };
         manifest.entries.insert(rel, entry);
@@ -197,6 +261,7 @@ pub(crate) fn apply(
             Some(Entry::Dir) => kind.is_dir(),
             Some(Entry::Symlink { .. }) => kind.is_symlink(),
             Some(Entry::File { .. }) => kind.is_file(),
+            Some(Entry::Special { special }) => SpecialKind::of(kind) == Some(*special),
             None => false,
         };
         if !keep {
@@ -219,12 +284,18 @@ pub(crate) fn apply(
                 let _ = std::fs::remove_file(&path);
                 std::os::unix::fs::symlink(target, &path).map_err(io("symlink", &path))?;
             }
+            Entry::Special { special } => {
+                if *special == SpecialKind::Fifo && std::fs::symlink_metadata(&path).is_err() {
+                    nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o644))
+                        .map_err(|e| io("mkfifo", &path)(e.into()))?;
+                }
+            }
             Entry::File { hash, exec, .. } => {
                 let mode = if *exec { 0o755 } else { 0o644 };
                 if let Ok(meta) = std::fs::symlink_metadata(&path) {
                     let same = match cache.lookup(rel, &meta) {
                         Some(h) => &h == hash,
-                        None => hash_file(&path)?.0 == *hash,
+                        None => meta.is_file() && hash_file(&path)? == *hash,
                     };
                     if same {
                         if (meta.permissions().mode() & 0o111 != 0) != *exec {
@@ -234,14 +305,13 @@ pub(crate) fn apply(
                         continue;
                     }
                 }
-                let bytes = objects.get(hash)?;
                 let tmp = path.with_file_name(format!(
                     ".{}.steadfast-restore",
                     path.file_name()
                         .map(|n| n.to_string_lossy())
                         .unwrap_or_default()
                 ));
-                std::fs::write(&tmp, &bytes).map_err(io("write", &tmp))?;
+                objects.copy_to(hash, &tmp)?;
                 std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
                     .map_err(io("chmod", &tmp))?;
                 std::fs::rename(&tmp, &path).map_err(io("rename", &path))?;

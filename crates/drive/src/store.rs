@@ -1,6 +1,6 @@
 //! Content-addressed object files: `objects/<first 2 hex>/<rest>`, named by BLAKE3.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -20,12 +20,13 @@ impl ObjectStore {
         Ok(ObjectStore { dir })
     }
 
-    fn path(&self, hash: &str) -> PathBuf {
-        self.dir.join(&hash[..2]).join(&hash[2..])
+    #[cfg(test)]
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
     }
 
-    pub(crate) fn contains(&self, hash: &str) -> bool {
-        hash.len() > 2 && self.path(hash).exists()
+    fn path(&self, hash: &str) -> PathBuf {
+        self.dir.join(&hash[..2]).join(&hash[2..])
     }
 
     /// Stores `bytes` under their hash (a no-op if already there) and returns it.
@@ -35,25 +36,113 @@ impl ObjectStore {
         Ok(hash)
     }
 
-    /// Stores `bytes` already known to hash to `hash`. Written to a temporary file,
-    /// synced, then renamed into place, so an object is either whole or absent.
+    /// Stores `bytes` already known to hash to `hash`.
     pub(crate) fn put_hashed(&self, hash: &str, bytes: &[u8]) -> Result<()> {
-        let path = self.path(hash);
-        if path.exists() {
+        if self.path(hash).exists() {
             return Ok(());
         }
-        let parent = path.parent().expect("object paths have a parent");
-        std::fs::create_dir_all(parent).map_err(io("create", parent))?;
+        let (tmp, mut file) = self.temporary()?;
+        file.write_all(bytes).map_err(io("write", &tmp))?;
+        self.commit(tmp, file, hash)
+    }
+
+    /// Stores what `reader` (the open file at `path`) yields, a chunk at a time:
+    /// hashing and copying together, so memory stays bounded whatever the size.
+    /// Returns the hash and the byte count.
+    pub(crate) fn put_reader(&self, path: &Path, reader: &mut impl Read) -> Result<(String, u64)> {
+        // Small files (most of a repository) are read whole and written only if new.
+        let mut head = Vec::new();
+        reader
+            .take(SMALL as u64 + 1)
+            .read_to_end(&mut head)
+            .map_err(io("read", path))?;
+        if head.len() <= SMALL {
+            let hash = blake3::hash(&head).to_hex().to_string();
+            self.put_hashed(&hash, &head)?;
+            return Ok((hash, head.len() as u64));
+        }
+        let (tmp, mut file) = self.temporary()?;
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(&head);
+        file.write_all(&head).map_err(io("write", &tmp))?;
+        let mut total = head.len() as u64;
+        drop(head);
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = match reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(io("read", path)(e));
+                }
+            };
+            hasher.update(&buf[..n]);
+            file.write_all(&buf[..n]).map_err(io("write", &tmp))?;
+            total += n as u64;
+        }
+        let hash = hasher.finalize().to_hex().to_string();
+        if self.path(&hash).exists() {
+            let _ = std::fs::remove_file(&tmp);
+        } else {
+            self.commit(tmp, file, &hash)?;
+        }
+        Ok((hash, total))
+    }
+
+    fn temporary(&self) -> Result<(PathBuf, std::fs::File)> {
         let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
         let tmp = self
             .dir
             .join("tmp")
             .join(format!("{}-{n}", std::process::id()));
-        let mut file = std::fs::File::create(&tmp).map_err(io("create", &tmp))?;
-        file.write_all(bytes).map_err(io("write", &tmp))?;
+        let file = std::fs::File::create(&tmp).map_err(io("create", &tmp))?;
+        Ok((tmp, file))
+    }
+
+    /// Syncs a written temporary file and renames it into place, so an object is
+    /// either whole or absent.
+    fn commit(&self, tmp: PathBuf, file: std::fs::File, hash: &str) -> Result<()> {
+        let path = self.path(hash);
+        let parent = path.parent().expect("object paths have a parent");
+        std::fs::create_dir_all(parent).map_err(io("create", parent))?;
         file.sync_all().map_err(io("sync", &tmp))?;
         std::fs::rename(&tmp, &path).map_err(io("rename", &path))?;
         Ok(())
+    }
+
+    /// Writes object `hash` to a new file `dest`, a chunk at a time, checking that
+    /// it still hashes to its name (a corrupt object leaves no `dest` behind).
+    pub(crate) fn copy_to(&self, hash: &str, dest: &Path) -> Result<()> {
+        let path = self.checked_path(hash)?;
+        let mut source = std::fs::File::open(&path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::NotFound(hash.to_string()),
+            _ => io("read", &path)(e),
+        })?;
+        let mut out = std::fs::File::create(dest).map_err(io("create", dest))?;
+        let mut hasher = blake3::Hasher::new();
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = source.read(&mut buf).map_err(io("read", &path))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            out.write_all(&buf[..n]).map_err(io("write", dest))?;
+        }
+        if hasher.finalize().to_hex().as_str() != hash {
+            let _ = std::fs::remove_file(dest);
+            return Err(Error::Corrupt(hash.to_string()));
+        }
+        Ok(())
+    }
+
+    fn checked_path(&self, hash: &str) -> Result<PathBuf> {
+        if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Error::NotFound(hash.to_string()));
+        }
+        Ok(self.path(hash))
     }
 
     /// Removes objects (and leftover temporary files) not in `keep` and older than
@@ -97,10 +186,7 @@ impl ObjectStore {
 
     /// Reads an object and checks it still hashes to its name.
     pub(crate) fn get(&self, hash: &str) -> Result<Vec<u8>> {
-        if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(Error::NotFound(hash.to_string()));
-        }
-        let path = self.path(hash);
+        let path = self.checked_path(hash)?;
         let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => Error::NotFound(hash.to_string()),
             _ => io("read", &path)(e),
@@ -112,7 +198,16 @@ impl ObjectStore {
     }
 }
 
-pub(crate) fn hash_file(path: &Path) -> Result<(String, Vec<u8>)> {
-    let bytes = std::fs::read(path).map_err(io("read", path))?;
-    Ok((blake3::hash(&bytes).to_hex().to_string(), bytes))
+/// How much of a file is read at a time.
+const CHUNK: usize = 256 * 1024;
+
+/// Files up to this size are read whole; bigger ones are streamed.
+const SMALL: usize = 1024 * 1024;
+
+/// The BLAKE3 of a file's content, read a chunk at a time.
+pub(crate) fn hash_file(path: &Path) -> Result<String> {
+    let mut file = std::fs::File::open(path).map_err(io("read", path))?;
+    let mut hasher = blake3::Hasher::new();
+    std::io::copy(&mut file, &mut hasher).map_err(io("read", path))?;
+    Ok(hasher.finalize().to_hex().to_string())
 }

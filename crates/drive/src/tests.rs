@@ -166,3 +166,69 @@ fn gc_keeps_what_snapshots_reference_and_removes_the_rest() {
         "everything the kept snapshot needs is there"
     );
 }
+
+#[test]
+fn special_files_are_recorded_by_kind_and_never_read() {
+    let (_d, drive, ws) = setup();
+    nix::unistd::mkfifo(
+        &ws.join("pipe"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    let _socket = std::os::unix::net::UnixListener::bind(ws.join("sock")).unwrap();
+    // On a thread with a deadline: reading the FIFO would block forever.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (d2, ws2) = (drive.clone(), ws.clone());
+    std::thread::spawn(move || tx.send(d2.snapshot(&ws2)).unwrap());
+    let id = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("a snapshot over a FIFO finishes")
+        .unwrap();
+    let manifest = drive.manifest(&id).unwrap();
+    assert_eq!(
+        manifest.entries["pipe"],
+        Entry::Special {
+            special: SpecialKind::Fifo
+        }
+    );
+    assert_eq!(
+        manifest.entries["sock"],
+        Entry::Special {
+            special: SpecialKind::Socket
+        }
+    );
+    // A restore brings the FIFO back and leaves the rest as it was.
+    fs::remove_file(ws.join("pipe")).unwrap();
+    drive.restore(&ws, &id).unwrap();
+    use std::os::unix::fs::FileTypeExt;
+    assert!(fs::symlink_metadata(ws.join("pipe"))
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    assert_eq!(drive.snapshot(&ws).unwrap(), id);
+}
+
+#[test]
+fn big_files_are_streamed_and_checked_on_the_way_back() {
+    let (_d, drive, ws) = setup();
+    // Bigger than what is read whole, with content that is not all one byte.
+    let big: Vec<u8> = (0..5_000_000u32).map(|i| (i % 251) as u8).collect();
+    fs::write(ws.join("big.bin"), &big).unwrap();
+    let id = drive.snapshot(&ws).unwrap();
+    let Entry::File { hash, size, .. } = drive.manifest(&id).unwrap().entries["big.bin"].clone()
+    else {
+        panic!()
+    };
+    assert_eq!(size, big.len() as u64);
+    assert_eq!(hash, blake3::hash(&big).to_hex().to_string());
+    fs::write(ws.join("big.bin"), "changed").unwrap();
+    drive.restore(&ws, &id).unwrap();
+    assert_eq!(fs::read(ws.join("big.bin")).unwrap(), big);
+
+    // A corrupt object is refused and leaves the workspace's file alone.
+    let object = drive.objects_dir().join(&hash[..2]).join(&hash[2..]);
+    fs::write(&object, b"tampered").unwrap();
+    fs::write(ws.join("big.bin"), "changed").unwrap();
+    assert!(matches!(drive.restore(&ws, &id), Err(Error::Corrupt(_))));
+    assert_eq!(fs::read(ws.join("big.bin")).unwrap(), b"changed");
+}

@@ -43,6 +43,10 @@ pub struct HarnessOptions {
     /// Stop a session's sandbox after this long without a tool call (`None`: keep it
     /// while the driver lives).
     pub sandbox_idle_stop: Option<Duration>,
+    /// The longest a workspace snapshot may take. One that takes longer fails the call
+    /// it belongs to (resolved by invariant 4 on the next wake) instead of holding the
+    /// session's lease for ever.
+    pub snapshot_timeout: Duration,
     /// Start provisioning a sandbox in the background when a model call begins, so the
     /// first tool call finds one ready (model calls never wait for it either way).
     pub prewarm_sandbox: bool,
@@ -94,6 +98,7 @@ impl HarnessOptions {
             max_tokens: 8192,
             prices: Default::default(),
             sandbox_idle_stop: Some(Duration::from_secs(300)),
+            snapshot_timeout: Duration::from_secs(600),
             prewarm_sandbox: true,
             reconcilers: vec![Arc::new(steadfast_sandbox::reconcile::GitPush)],
             agents: Default::default(),
@@ -404,7 +409,13 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 home.display()
             )));
         }
-        if let Some(dir) = self.options.sandbox.read_only_paths.iter().find(|d| exposes(d)) {
+        if let Some(dir) = self
+            .options
+            .sandbox
+            .read_only_paths
+            .iter()
+            .find(|d| exposes(d))
+        {
             return Err(Error::Invalid(format!(
                 "[sandbox] read-only-paths: {} holds Steadfast's home {}, which sandboxes \
                  must never see",
@@ -418,9 +429,22 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     pub(crate) async fn snapshot(&self, workspace: &Path) -> Result<String> {
         let drive = self.drive.clone();
         let ws = workspace.to_path_buf();
-        Ok(tokio::task::spawn_blocking(move || drive.snapshot(&ws))
-            .await
-            .map_err(|e| Error::Invalid(format!("snapshot task failed: {e}")))??)
+        let limit = self.options.snapshot_timeout;
+        match tokio::time::timeout(
+            limit,
+            tokio::task::spawn_blocking(move || drive.snapshot(&ws)),
+        )
+        .await
+        {
+            Ok(done) => {
+                Ok(done.map_err(|e| Error::Invalid(format!("snapshot task failed: {e}")))??)
+            }
+            Err(_) => Err(Error::Invalid(format!(
+                "the snapshot of {} took longer than {} s and was abandoned",
+                workspace.display(),
+                limit.as_secs()
+            ))),
+        }
     }
 }
 

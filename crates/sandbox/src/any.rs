@@ -51,9 +51,11 @@ pub fn isolates(options: &SandboxOptions) -> bool {
 /// they would. A production server checks this at startup and refuses to start.
 pub fn isolation(options: &SandboxOptions) -> std::result::Result<(), String> {
     match options.backend {
-        Backend::Local => Err("the sandbox backend is `local`, which runs commands as plain \
+        Backend::Local => Err(
+            "the sandbox backend is `local`, which runs commands as plain \
              processes of this machine"
-            .into()),
+                .into(),
+        ),
         Backend::Bwrap | Backend::Auto if options.agent.is_empty() => {
             Err("no sandbox agent program is configured".into())
         }

@@ -32,6 +32,9 @@ pub struct ServeArgs {
     session_spend_cap_usd: Option<f64>,
 }
 
+/// How long a stopping server waits for open connections.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Arguments of `steadfast worker`.
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
@@ -109,9 +112,20 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
     println!("http://{addr}");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut workers = spawn_workers(harness, args.workers, stop_rx);
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    // On SIGTERM or Ctrl-C: stop accepting, let requests finish, but never wait on
+    // open event streams (they do not end by themselves) longer than the grace.
+    let stopping = Arc::new(tokio::sync::Notify::new());
+    let notify = stopping.clone();
+    let graceful = axum::serve(listener, app(state)).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        notify.notify_one();
+    });
+    tokio::select! {
+        served = graceful => served?,
+        _ = async { stopping.notified().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
+            eprintln!("steadfast: connections still open after {} s; stopping", SHUTDOWN_GRACE.as_secs());
+        }
+    }
     let _ = stop_tx.send(true);
     workers.abort_all();
     drop(fake);
