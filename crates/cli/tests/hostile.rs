@@ -122,3 +122,68 @@ async fn production_refuses_to_start_without_an_isolating_sandbox() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_lost_output_blob_is_reported_with_its_position_by_log_and_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let fake = FakeProvider::start(script(json!([
+        bash("yes x | head -c 200000"),
+        {"text": "done"}
+    ])))
+    .await
+    .unwrap();
+    let ws_arg = ws.display().to_string();
+    let run = steadfast(
+        &home,
+        dir.path(),
+        &fake,
+        &[
+            "run",
+            "print a lot",
+            "--workspace",
+            &ws_arg,
+            "--model",
+            "anthropic/claude-sonnet-4-5",
+            "--json",
+        ],
+    )
+    .await;
+    assert!(run.status.success(), "{}", text(&run));
+    let result: Value = serde_json::from_slice(&run.stdout).unwrap();
+    let id = result["session"].as_str().unwrap().to_string();
+    let log = steadfast(&home, dir.path(), &fake, &["log", &id, "--json"]).await;
+    assert!(log.status.success(), "intact: {}", text(&log));
+    let (seq, hash) = String::from_utf8_lossy(&log.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find_map(|r| {
+            let out = &r["event"]["tool_call_outcome"]["output"];
+            (out["kind"] == "blob").then(|| {
+                (
+                    r["seq"].as_u64().unwrap(),
+                    out["hash"].as_str().unwrap().to_string(),
+                )
+            })
+        })
+        .expect("the big output went to a blob");
+
+    std::fs::remove_file(home.join("blobs").join(&hash)).unwrap();
+    let log = steadfast(&home, dir.path(), &fake, &["log", &id]).await;
+    assert!(!log.status.success());
+    let said = format!("DATA LOST in session {id} at #{seq}: the output blob {hash} is missing");
+    assert!(text(&log).contains(&said), "{}", text(&log));
+    let resume = steadfast(&home, dir.path(), &fake, &["resume", &id]).await;
+    assert!(text(&resume).contains(&said), "{}", text(&resume));
+
+    // A corrupt blob is named as such.
+    std::fs::write(home.join("blobs").join(&hash), "tampered").unwrap();
+    let log = steadfast(&home, dir.path(), &fake, &["log", &id]).await;
+    assert!(
+        text(&log).contains(&format!("at #{seq}: the output blob {hash} is corrupt")),
+        "{}",
+        text(&log)
+    );
+}

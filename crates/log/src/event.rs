@@ -535,6 +535,17 @@ pub enum Event {
 }
 
 impl Event {
+    /// The blob this event's payload lives in, if it was too big for the log.
+    pub fn blob_ref(&self) -> Option<&BlobRef> {
+        match self {
+            Event::ToolCallOutcome {
+                output: Output::Blob(b),
+                ..
+            } => Some(b),
+            _ => None,
+        }
+    }
+
     /// A session's first record with nothing but its agent, model and workspace set
     /// (no system prompt, snapshot, clock or bounds): for tests, benchmarks and tools
     /// that write logs by hand.

@@ -70,6 +70,14 @@ impl From<steadfast_world::Error> for ApiError {
                 "session_busy",
                 format!("session {session} is being driven; try again when its turn is over"),
             ),
+            E::Corrupt { .. } | E::CorruptStore(_) => {
+                tracing::error!(error = %e, "stored data is damaged");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "data_corrupt",
+                    e.to_string(),
+                )
+            }
             E::Backend(_) | E::Blob(_) => {
                 let e = ApiError::internal(e);
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e.message)

@@ -269,6 +269,54 @@ async fn posting_a_message_streams_its_turn() {
     assert_eq!(shown["status"], "idle");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_names_each_record_whose_blob_was_lost() {
+    let srv = server(
+        json!([
+            {"tool_calls": [{"name": "bash", "input": {"command": "yes y | head -c 150000"}}]},
+            {"text": "done"}
+        ]),
+        dev(),
+        1,
+        |_| {},
+    )
+    .await;
+    let (_, created) = call(
+        reqwest::Method::POST,
+        &format!("{}/v1/sessions", srv.url),
+        None,
+        Some(json!({"task": "print"})),
+    )
+    .await;
+    let id = created["id"].as_str().unwrap();
+    wait_status(&srv.url, id, None, "idle").await;
+    let integrity = format!("{}/v1/sessions/{id}/integrity", srv.url);
+    let (status, report) = call(reqwest::Method::GET, &integrity, None, None).await;
+    assert_eq!(
+        (status, report["ok"].clone()),
+        (200, json!(true)),
+        "{report}"
+    );
+    let blobs = srv._dir.path().join("home/blobs");
+    let lost: Vec<_> = std::fs::read_dir(&blobs)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().unwrap().is_file())
+        .collect();
+    assert_eq!(lost.len(), 1, "one output blob");
+    std::fs::remove_file(lost[0].path()).unwrap();
+    let (status, report) = call(reqwest::Method::GET, &integrity, None, None).await;
+    assert_eq!(status, 200);
+    assert_eq!(report["ok"], false, "{report}");
+    let damaged = &report["damaged"][0];
+    assert_eq!(damaged["problem"], "missing", "{report}");
+    assert_eq!(
+        damaged["blob"],
+        lost[0].file_name().to_string_lossy().as_ref()
+    );
+    assert!(damaged["seq"].as_u64().unwrap() > 1, "{report}");
+}
+
 #[tokio::test]
 async fn tokens_owners_and_production_mode() {
     let srv = server(json!([{"text": "hi"}]), tokens(), 0, |_| {}).await;

@@ -118,6 +118,52 @@ impl Blobs {
     }
 }
 
+/// A log record whose blob cannot be read back as written.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct BlobDamage {
+    /// The record's position in its session's log.
+    pub seq: u64,
+    /// The blob's hash.
+    pub blob: String,
+    /// `missing` or `corrupt`, with what the store said.
+    pub problem: String,
+}
+
+impl Blobs {
+    /// Every record of `records` whose blob is missing from the store or no longer
+    /// hashes to its name: lost data is reported with its position, never ignored.
+    pub async fn damaged(&self, records: &[steadfast_log::Record]) -> Vec<BlobDamage> {
+        let mut damage = Vec::new();
+        for record in records {
+            let Some(blob) = record.event.blob_ref() else {
+                continue;
+            };
+            let problem = match self.store.get(&ObjectPath::from(blob.hash.as_str())).await {
+                Err(object_store::Error::NotFound { .. }) => Some("missing".to_string()),
+                Err(e) => Some(format!("unreadable: {e}")),
+                Ok(got) => match got.bytes().await {
+                    Err(e) => Some(format!("unreadable: {e}")),
+                    Ok(bytes) if blake3::hash(&bytes).to_hex().as_str() != blob.hash => {
+                        Some(format!(
+                            "corrupt: {} bytes that do not hash to its name",
+                            bytes.len()
+                        ))
+                    }
+                    Ok(_) => None,
+                },
+            };
+            if let Some(problem) = problem {
+                damage.push(BlobDamage {
+                    seq: record.seq,
+                    blob: blob.hash.clone(),
+                    problem,
+                });
+            }
+        }
+        damage
+    }
+}
+
 fn head(s: &str, n: usize) -> &str {
     if s.len() <= n {
         return s;

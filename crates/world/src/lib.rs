@@ -37,7 +37,7 @@ pub use live::LiveSession;
 pub(crate) fn bump(tx: &tokio::sync::watch::Sender<u64>) {
     tx.send_modify(|n| *n = n.wrapping_add(1));
 }
-pub use blobs::{strip_ansi, Blobs, INLINE_LIMIT};
+pub use blobs::{strip_ansi, BlobDamage, Blobs, INLINE_LIMIT};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresWorld;
 pub use sqlite::SqliteWorld;
@@ -84,6 +84,10 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// The store itself is damaged (an empty or truncated database file): reported,
+    /// never taken for a new, empty world.
+    #[error("the world's store is damaged: {0}")]
+    CorruptStore(String),
     /// The store was written by a newer Steadfast.
     #[error("{0}")]
     TooNew(String),

@@ -75,6 +75,74 @@ fn backend(e: rusqlite::Error) -> Error {
     Error::Backend(e.to_string())
 }
 
+/// Makes a new world file that is never seen half made: the database is created
+/// (WAL mode set) under a temporary name and linked into place, which fails if another
+/// process got there first (whose file is then used). So an existing file is always
+/// a database someone finished creating, and an empty one is damage.
+fn create_atomically(path: &Path) -> Result<()> {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("new-{}-{n}", std::process::id()));
+    {
+        let conn = Connection::open(&tmp).map_err(backend)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(backend)?;
+        // Write the header page now, so the file is a database even before migrations.
+        conn.execute_batch("CREATE TABLE steadfast_created (x); DROP TABLE steadfast_created;")
+            .map_err(backend)?;
+    }
+    let linked = std::fs::hard_link(&tmp, path);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", tmp.display()));
+    }
+    match linked {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(Error::Backend(format!("creating {}: {e}", path.display()))),
+    }
+}
+
+/// Refuses a world file that is empty, not a SQLite database, or shorter than its own
+/// header says (truncated), rather than letting SQLite take it for a new database.
+fn check_file(path: &Path) -> Result<()> {
+    use std::io::Read;
+    let damaged = |why: String| {
+        Error::CorruptStore(format!(
+            "{} {why}; it is not re-initialised: restore it from a backup, or move it \
+             away to start a new world",
+            path.display()
+        ))
+    };
+    let mut file = std::fs::File::open(path)
+        .map_err(|e| Error::Backend(format!("{}: {e}", path.display())))?;
+    let len = file
+        .metadata()
+        .map_err(|e| Error::Backend(format!("{}: {e}", path.display())))?
+        .len();
+    if len == 0 {
+        return Err(damaged("is empty (0 bytes)".into()));
+    }
+    let mut header = [0u8; 100];
+    if len < 100 || file.read_exact(&mut header).is_err() || &header[..16] != b"SQLite format 3\0" {
+        return Err(damaged(format!("is not a SQLite database ({len} bytes)")));
+    }
+    let page_size = match u16::from_be_bytes([header[16], header[17]]) {
+        1 => 65536,
+        n => u64::from(n),
+    };
+    let pages = u64::from(u32::from_be_bytes([
+        header[28], header[29], header[30], header[31],
+    ]));
+    // The page count is valid when the change counter matches "version valid for".
+    let valid = header[24..28] == header[92..96];
+    if valid && pages > 0 && len < pages * page_size {
+        return Err(damaged(format!(
+            "is truncated: {len} bytes where its header counts {pages} pages of {page_size}"
+        )));
+    }
+    Ok(())
+}
+
 impl SqliteWorld {
     /// Opens (creating and migrating if needed) the world database at `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
@@ -83,7 +151,16 @@ impl SqliteWorld {
             std::fs::create_dir_all(dir)
                 .map_err(|e| Error::Backend(format!("{}: {e}", dir.display())))?;
         }
-        let conn = Connection::open(&path).map_err(backend)?;
+        match std::fs::metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => create_atomically(&path)?,
+            Err(e) => return Err(Error::Backend(format!("{}: {e}", path.display()))),
+            Ok(_) => check_file(&path)?,
+        }
+        let conn = Connection::open_with_flags(
+            &path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(backend)?;
         conn.busy_timeout(Duration::from_secs(10))
             .map_err(backend)?;
         // Switching a new file to WAL takes an exclusive lock for which SQLite does not

@@ -171,3 +171,52 @@ async fn a_live_session_catches_up_with_appends_made_around_it() {
     assert_eq!(state.turn, 1);
     assert_eq!(state.status, steadfast_log::Status::Idle);
 }
+
+#[tokio::test]
+async fn an_empty_or_truncated_world_file_is_damage_not_a_fresh_start() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("world.db");
+    // A world with some sessions in it, big enough to span many pages.
+    {
+        let world = SqliteWorld::open(&path)?;
+        let holder = Holder::new("t");
+        for i in 0..40 {
+            let id = format!("ses_{i}");
+            world.create_session(&id, "local").await?;
+            let lease = world
+                .acquire_lease(&id, &holder, std::time::Duration::from_secs(5))
+                .await?;
+            let start = Event::bare_start(
+                "native",
+                steadfast_log::ModelSpec {
+                    provider: "fake".into(),
+                    model: "m".into(),
+                },
+                &"w".repeat(2000),
+            );
+            world.append(&lease, &[start]).await?;
+        }
+    }
+    let good = std::fs::read(&path)?;
+    // Truncated to half: refused, and the file is left as it was found.
+    std::fs::write(&path, &good[..good.len() / 2])?;
+    let err = SqliteWorld::open(&path).err().unwrap();
+    assert!(matches!(err, Error::CorruptStore(_)), "{err}");
+    assert!(err.to_string().contains("truncated"), "{err}");
+    assert_eq!(std::fs::metadata(&path)?.len(), (good.len() / 2) as u64);
+    // Emptied: refused, never given a new schema.
+    std::fs::write(&path, b"")?;
+    let err = SqliteWorld::open(&path).err().unwrap();
+    assert!(err.to_string().contains("is empty"), "{err}");
+    assert_eq!(std::fs::metadata(&path)?.len(), 0, "nothing was written");
+    // Something else entirely.
+    std::fs::write(&path, "not a database at all, but long enough to have a header........................................................")?;
+    assert!(matches!(
+        SqliteWorld::open(&path),
+        Err(Error::CorruptStore(_))
+    ));
+    // Put back whole, it opens with everything in it.
+    std::fs::write(&path, &good)?;
+    assert_eq!(SqliteWorld::open(&path)?.list_sessions().await?.len(), 40);
+    Ok(())
+}

@@ -32,5 +32,27 @@ pub async fn run(home: &Path, config: &Config, args: LogArgs) -> anyhow::Result<
             }
         }
     }
+    drop(out);
+    let blobs = crate::setup::blobs(home, config)?;
+    if report_damage(&blobs, &args.session, &records).await {
+        return Ok(ExitCode::FAILURE);
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Says on stderr which records of `session` lost their blob (by position); whether
+/// any did.
+pub async fn report_damage(
+    blobs: &steadfast_world::Blobs,
+    session: &str,
+    records: &[steadfast_log::Record],
+) -> bool {
+    let damage = blobs.damaged(records).await;
+    for d in &damage {
+        eprintln!(
+            "steadfast: DATA LOST in session {session} at #{}: the output blob {} is {}",
+            d.seq, d.blob, d.problem
+        );
+    }
+    !damage.is_empty()
 }

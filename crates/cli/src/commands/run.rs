@@ -127,6 +127,9 @@ pub async fn resume(home: &Path, config: &Config, args: ResumeArgs) -> anyhow::R
     let state = steadfast_log::fold(&records)
         .with_context(|| format!("reading session {}", args.session))?;
     let (harness, fake) = setup::harness(home, config, world, &state.model.provider).await?;
+    // The model's context keeps excerpts, so a session can go on without its blobs;
+    // but a lost one is said, with its position, before it does.
+    crate::commands::log::report_damage(harness.blobs(), &args.session, &records).await;
     let mut awake = harness.wake(&args.session).await?;
     eprintln!(
         "steadfast: resuming session {} ({}) at #{} ({})",

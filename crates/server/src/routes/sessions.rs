@@ -290,6 +290,25 @@ pub(crate) async fn delete<W: World + Clone>(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// `GET /v1/sessions/{id}/integrity`: reads the session's whole log (each record's
+/// checksum is verified on the way) and every blob it refers to, and names each
+/// record whose blob is missing or corrupt, by position.
+pub(crate) async fn integrity<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let owner = state.auth.owner(&headers)?;
+    owned(&state, &id, &owner).await?;
+    let records = state.harness.world().read(&id, 1).await?;
+    let damaged = state.harness.blobs().damaged(&records).await;
+    Ok(Json(json!({
+        "ok": damaged.is_empty(),
+        "records": records.len(),
+        "damaged": damaged,
+    })))
+}
+
 /// `GET /v1/agents`: the agents sessions can name, and whether each can run here.
 pub(crate) async fn agents<W: World + Clone>(
     State(state): State<Shared<W>>,
