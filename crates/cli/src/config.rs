@@ -65,6 +65,13 @@ pub struct ServerConfig {
     pub production: bool,
     /// Message posts allowed per session per minute.
     pub messages_per_minute: Option<u32>,
+    /// Seconds a connection may take to send a request's head (and may idle between
+    /// requests); default 10.
+    pub header_timeout_secs: Option<u64>,
+    /// Seconds a request's body may take to arrive; default 30.
+    pub body_timeout_secs: Option<u64>,
+    /// Connections open at once; default 4096.
+    pub max_connections: Option<usize>,
     /// Ceilings on every API session's bounds: sessions take them where they name
     /// none, and neither a create nor a `resume` signal can pass them.
     #[serde(default)]

@@ -14,6 +14,7 @@ mod bounds;
 mod error;
 mod extract;
 mod limits;
+mod listen;
 mod routes;
 mod stream;
 
@@ -27,6 +28,7 @@ use steadfast_world::World;
 
 pub use auth::{hash_token, Auth, AuthMode, TokenEntry};
 pub use error::ApiError;
+pub use listen::{serve, ServeOptions};
 
 /// The largest request body accepted.
 pub const MAX_BODY: usize = 256 * 1024;

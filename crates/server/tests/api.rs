@@ -1,112 +1,15 @@
 //! The API over real HTTP on loopback, with a real SQLite world, workers and the
 //! fake provider.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
+use common::{assert_error, call, dev, server, tokens, wait_status};
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use steadfast_harness::{Harness, HarnessOptions};
-use steadfast_server::{app, hash_token, Auth, ServerState, TokenEntry};
-use steadfast_testkit::{FakeProvider, Script};
-
-struct Server {
-    _dir: tempfile::TempDir,
-    url: String,
-    _fake: FakeProvider,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
-    }
-}
-
-async fn server(
-    steps: Value,
-    auth: Auth,
-    workers: usize,
-    tweak: impl FnOnce(&mut ServerState<steadfast_world::SqliteWorld>),
-) -> Server {
-    let script: Script = serde_json::from_value(json!({ "steps": steps })).unwrap();
-    let fake = FakeProvider::start(script).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let home = dir.path().join("home");
-    let harness = Arc::new(
-        Harness::open_local(&home, HarnessOptions::fake_provider(&fake.base_url())).unwrap(),
-    );
-    let mut state = ServerState::new(
-        harness.clone(),
-        auth,
-        home.join("workspaces"),
-        "fake/m".into(),
-    );
-    tweak(&mut state);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let mut tasks = vec![tokio::spawn(async move {
-        axum::serve(listener, app(state)).await.unwrap();
-    })];
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    std::mem::forget(stop_tx);
-    for _ in 0..workers {
-        let (h, rx) = (harness.clone(), stop_rx.clone());
-        tasks.push(tokio::spawn(async move { h.work(rx).await }));
-    }
-    Server {
-        _dir: dir,
-        url,
-        _fake: fake,
-        tasks,
-    }
-}
-
-fn dev() -> Auth {
-    Auth::new(&[], false, None).unwrap()
-}
-
-fn tokens() -> Auth {
-    let entries =
-        [("alice", "alice-secret"), ("bob", "bob-secret")].map(|(owner, token)| TokenEntry {
-            owner: owner.into(),
-            token_hash: hash_token(token),
-        });
-    Auth::new(&entries, true, None).unwrap()
-}
-
-async fn call(
-    method: reqwest::Method,
-    url: &str,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut req = reqwest::Client::new().request(method, url);
-    if let Some(t) = token {
-        req = req.bearer_auth(t);
-    }
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
-fn assert_error(got: &(u16, Value), status: u16, code: &str) {
-    assert_eq!(got.0, status, "{got:?}");
-    assert_eq!(got.1["error"]["code"], code, "{got:?}");
-    assert!(got.1["error"]["message"]
-        .as_str()
-        .is_some_and(|m| !m.is_empty()));
-}
+use steadfast_server::Auth;
 
 /// One SSE frame as the client saw it.
 #[derive(Debug, Clone, PartialEq)]
@@ -496,31 +399,6 @@ async fn tokens_owners_and_production_mode() {
     .await;
     assert_eq!(shown["network"], "allow:pypi.org");
     assert_eq!(shown["limits"]["max_turns"], 3);
-}
-
-/// Polls a session until its status is `want`.
-async fn wait_status(url: &str, id: &str, token: Option<&str>, want: &str) -> Value {
-    for _ in 0..400 {
-        let (_, shown) = call(
-            reqwest::Method::GET,
-            &format!("{url}/v1/sessions/{id}"),
-            token,
-            None,
-        )
-        .await;
-        if shown["status"] == want {
-            return shown;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    let (_, shown) = call(
-        reqwest::Method::GET,
-        &format!("{url}/v1/sessions/{id}"),
-        token,
-        None,
-    )
-    .await;
-    panic!("session {id} never became {want}: {shown}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,7 @@
 //! committed append survives a process crash and a power cut.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
@@ -65,7 +65,10 @@ const USER_VERSION: i64 = MIGRATIONS.len() as i64;
 /// A [`World`] in one SQLite file.
 #[derive(Clone)]
 pub struct SqliteWorld {
-    conn: Arc<Mutex<Connection>>,
+    /// The one connection. An async mutex, taken before a blocking thread is: many
+    /// waiting callers (a thousand event streams, say) wait as tasks, and only the
+    /// one holding it occupies a thread of the blocking pool.
+    conn: Arc<tokio::sync::Mutex<Connection>>,
     path: PathBuf,
     changes: Arc<tokio::sync::watch::Sender<u64>>,
     spill: Option<crate::Blobs>,
@@ -209,7 +212,7 @@ impl SqliteWorld {
             tx.commit().map_err(backend)?;
         }
         Ok(SqliteWorld {
-            conn: Arc::new(Mutex::new(conn)),
+            conn: Arc::new(tokio::sync::Mutex::new(conn)),
             path,
             changes: Arc::new(tokio::sync::watch::channel(0).0),
             spill: None,
@@ -231,13 +234,10 @@ impl SqliteWorld {
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let conn = self.conn.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut conn = conn.lock().unwrap_or_else(|e| e.into_inner());
-            f(&mut conn)
-        })
-        .await
-        .map_err(|e| Error::Backend(format!("world task failed: {e}")))?
+        let mut conn = self.conn.clone().lock_owned().await;
+        tokio::task::spawn_blocking(move || f(&mut conn))
+            .await
+            .map_err(|e| Error::Backend(format!("world task failed: {e}")))?
     }
 }
 

@@ -116,7 +116,18 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
     // open event streams (they do not end by themselves) longer than the grace.
     let stopping = Arc::new(tokio::sync::Notify::new());
     let notify = stopping.clone();
-    let graceful = axum::serve(listener, app(state)).with_graceful_shutdown(async move {
+    let mut edges = steadfast_server::ServeOptions::default();
+    let server = &config.server;
+    if let Some(secs) = server.header_timeout_secs {
+        edges.header_timeout = std::time::Duration::from_secs(secs);
+    }
+    if let Some(secs) = server.body_timeout_secs {
+        edges.body_timeout = std::time::Duration::from_secs(secs);
+    }
+    if let Some(n) = server.max_connections {
+        edges.max_connections = n;
+    }
+    let graceful = steadfast_server::serve(listener, app(state), edges, async move {
         shutdown_signal().await;
         notify.notify_one();
     });

@@ -43,7 +43,60 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(state)
+}
+
+/// Makes every error response JSON (`{"error": {"code", "message"}}`), including the
+/// ones the framework writes as plain text: 405, 413 from the body limit, 408 from
+/// the body timeout, 400 from a bad path.
+async fn json_errors(response: axum::response::Response) -> axum::response::Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 16 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let code = match status {
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
+        StatusCode::REQUEST_TIMEOUT => "request_timeout",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        s if s.is_server_error() => "internal",
+        _ => "bad_request",
+    };
+    let message = match (status, text.is_empty()) {
+        (StatusCode::METHOD_NOT_ALLOWED, _) => {
+            let allowed = parts
+                .headers
+                .get(header::ALLOW)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("another method");
+            format!("this route takes {allowed}; see /openapi.json")
+        }
+        (StatusCode::PAYLOAD_TOO_LARGE, _) => {
+            format!("the body is larger than {MAX_BODY} bytes")
+        }
+        (_, false) => text,
+        (_, true) => status
+            .canonical_reason()
+            .unwrap_or("request failed")
+            .to_string(),
+    };
+    let mut out = ApiError::new(status, code, message).into_response();
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            out.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    out
 }
 
 async fn openapi() -> impl IntoResponse {

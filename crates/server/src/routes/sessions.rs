@@ -131,25 +131,35 @@ pub(crate) async fn create<W: World + Clone>(
         .unwrap_or_else(|| state.default_model.clone());
     steadfast_harness::parse_model(&model).map_err(|e| invalid(format!("model: {e}")))?;
 
+    let files = match req.workspace.unwrap_or(WorkspaceSource::Empty {
+        files: BTreeMap::new(),
+    }) {
+        WorkspaceSource::Demo => None,
+        WorkspaceSource::Empty { files } => {
+            check_file_names(&files).map_err(invalid)?;
+            Some(files)
+        }
+    };
     let dir = state
         .workspaces
         .join(format!("ws_{}", uuid::Uuid::now_v7().simple()));
     std::fs::create_dir_all(&dir).map_err(ApiError::internal)?;
+    // From here on, a refusal takes the directory with it: nothing is left behind.
+    let made = MadeWorkspace(Some(dir.clone()));
     let root = dir.canonicalize().map_err(ApiError::internal)?;
-    match req.workspace.unwrap_or(WorkspaceSource::Empty {
-        files: BTreeMap::new(),
-    }) {
-        WorkspaceSource::Demo => {
-            steadfast_testkit::demo::write_project(&root).map_err(ApiError::internal)?
-        }
-        WorkspaceSource::Empty { files } => {
+    match files {
+        None => steadfast_testkit::demo::write_project(&root).map_err(ApiError::internal)?,
+        Some(files) => {
             for (path, content) in files {
                 let target = steadfast_sandbox::confine(&root, &path)
                     .map_err(|e| invalid(format!("workspace.files: {e}")))?;
+                let unwritable = |e: std::io::Error| {
+                    invalid(format!("workspace.files: `{path}` cannot be written: {e}"))
+                };
                 if let Some(parent) = target.parent() {
-                    std::fs::create_dir_all(parent).map_err(ApiError::internal)?;
+                    std::fs::create_dir_all(parent).map_err(unwritable)?;
                 }
-                std::fs::write(&target, content).map_err(ApiError::internal)?;
+                std::fs::write(&target, content).map_err(unwritable)?;
             }
         }
     }
@@ -162,11 +172,65 @@ pub(crate) async fn create<W: World + Clone>(
     new.approve_external = req.approve_external;
     new.network = req.network;
     let id = state.harness.start_session(new).await?;
+    made.keep();
     let summary = state.harness.world().session(&id).await?;
     Ok((
         StatusCode::CREATED,
         Json(json!({"id": id, "status": summary.status, "model": model, "workspace": root})),
     ))
+}
+
+/// A workspace directory made for a session being created: removed when dropped
+/// unless [`MadeWorkspace::keep`] was called (the session exists).
+struct MadeWorkspace(Option<std::path::PathBuf>);
+
+impl MadeWorkspace {
+    fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for MadeWorkspace {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// The longest name of one path component, and of a whole path, a seeded file may have.
+const MAX_NAME: usize = 255;
+const MAX_PATH: usize = 4096;
+
+/// Refuses seeded file names that no filesystem takes (a NUL, an over-long name) and
+/// sets of names where one file would have to be another's directory.
+fn check_file_names(files: &BTreeMap<String, String>) -> Result<(), String> {
+    for path in files.keys() {
+        if path.is_empty() || path.contains('\0') {
+            return Err(format!(
+                "workspace.files: `{}` is not a file name",
+                path.escape_debug()
+            ));
+        }
+        if path.len() > MAX_PATH || path.split('/').any(|part| part.len() > MAX_NAME) {
+            return Err(format!(
+                "workspace.files: a name is longer than {MAX_NAME} bytes a component or {MAX_PATH} in all"
+            ));
+        }
+        let mut prefix = String::new();
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            if !prefix.is_empty() && files.contains_key(&prefix) {
+                return Err(format!(
+                    "workspace.files: `{prefix}` is a file, so `{path}` cannot be inside it"
+                ));
+            }
+            if !prefix.is_empty() {
+                prefix.push('/');
+            }
+            prefix.push_str(part);
+        }
+    }
+    Ok(())
 }
 
 pub(crate) async fn list<W: World + Clone>(

@@ -1,0 +1,216 @@
+//! The server's own edges against a hostile client: stalled and idle connections,
+//! a connection flood, a thousand event streams, and inputs that must get a JSON 4xx
+//! and leave nothing behind.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use common::{assert_error, call, dev, server, server_with};
+use serde_json::{json, Value};
+use steadfast_server::ServeOptions;
+
+fn host_port(url: &str) -> String {
+    url.trim_start_matches("http://").to_string()
+}
+
+/// Whether the server closed `stream` (a read sees the end, or a reset).
+fn closed(stream: &mut std::net::TcpStream) -> bool {
+    let mut buf = [0u8; 256];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return true,
+            Ok(_) => continue, // a response (408 or the like) before the close
+        }
+    }
+}
+
+async fn healthz(url: &str) -> bool {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    client
+        .get(format!("{url}/healthz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status() == 200)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_connections_are_closed_within_the_timeout_while_the_server_answers() {
+    let edges = ServeOptions {
+        header_timeout: Duration::from_secs(1),
+        ..ServeOptions::default()
+    };
+    let srv = server_with(json!([]), dev(), 0, |_| {}, edges).await;
+    let addr = host_port(&srv.url);
+    // Slow loris: half a request head each, then nothing; and as many idle ones.
+    let mut stalled: Vec<std::net::TcpStream> = (0..400)
+        .map(|i| {
+            let mut s = std::net::TcpStream::connect(&addr).unwrap();
+            if i % 2 == 0 {
+                s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                    .unwrap();
+            }
+            s
+        })
+        .collect();
+    assert!(healthz(&srv.url).await, "the server answers meanwhile");
+    let started = Instant::now();
+    let mut all = tokio::task::spawn_blocking(move || {
+        for s in &mut stalled {
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            assert!(closed(s), "a stalled connection was closed");
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(15), &mut all)
+        .await
+        .expect("every stalled connection closed")
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(healthz(&srv.url).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_cap_are_closed_at_once() {
+    let edges = ServeOptions {
+        max_connections: 20,
+        header_timeout: Duration::from_secs(2),
+        ..ServeOptions::default()
+    };
+    let srv = server_with(json!([]), dev(), 0, |_| {}, edges).await;
+    let addr = host_port(&srv.url);
+    let held: Vec<_> = (0..20)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let extra = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        let start = Instant::now();
+        (closed(&mut s), start.elapsed())
+    })
+    .await
+    .unwrap();
+    assert!(extra.0 && extra.1 < Duration::from_millis(900), "{extra:?}");
+    // Once the held ones time out, there is room again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(healthz(&srv.url).await);
+    drop(held);
+}
+
+fn threads() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_event_streams_hold_a_bounded_number_of_threads() {
+    // A turn that keeps appending (streamed text, tool calls) for several seconds, so
+    // every append wakes every stream at once.
+    let talk = "a reply that streams in many small pieces, each journaled as it comes. ".repeat(8);
+    let step = json!({"text": talk, "chunk_delay_ms": 15, "tool_calls": [{"name": "bash", "input": {"command": "true"}}]});
+    let mut steps = vec![step; 12];
+    steps.push(json!({"text": "done"}));
+    let srv = server(Value::Array(steps), dev(), 1, |_| {}).await;
+    let (_, created) = call(
+        reqwest::Method::POST,
+        &format!("{}/v1/sessions", srv.url),
+        None,
+        Some(json!({"task": "wait"})),
+    )
+    .await;
+    let id = created["id"].as_str().unwrap().to_string();
+    common::wait_status(&srv.url, &id, None, "running").await;
+    let before = threads();
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let mut streams = Vec::new();
+    for _ in 0..1000 {
+        let resp = client
+            .get(format!("{}/v1/sessions/{id}/events", srv.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        streams.push(resp);
+    }
+    // Long enough for every stream to poll the log several times.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let during = threads();
+    assert!(
+        during < before + 64,
+        "threads: {before} before, {during} with 1,000 streams"
+    );
+    drop(streams);
+}
+
+#[tokio::test]
+async fn every_error_is_json_and_a_refused_create_leaves_nothing_behind() {
+    let srv = server(json!([{"text": "hi"}]), dev(), 0, |_| {}).await;
+    let sessions = format!("{}/v1/sessions", srv.url);
+    let workspaces = srv._dir.path().join("home/workspaces");
+    let count = || {
+        std::fs::read_dir(&workspaces)
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let before = count();
+    let long = "n".repeat(5000);
+    for files in [
+        json!({"bad\u{0}name": "x"}),
+        json!({"a": "file", "a/b": "inside a file"}),
+        json!({ long.as_str(): "x" }),
+        json!({"../escape": "x"}),
+    ] {
+        let got = call(
+            reqwest::Method::POST,
+            &sessions,
+            None,
+            Some(json!({"workspace": {"kind": "empty", "files": files}})),
+        )
+        .await;
+        assert_error(&got, 422, "invalid_body");
+        assert!(
+            got.1["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("workspace.files"),
+            "{got:?}"
+        );
+    }
+    assert_eq!(count(), before, "no orphan workspace directory");
+
+    // Statuses the framework answers itself are JSON too.
+    let client = reqwest::Client::new();
+    let resp = client.put(&sessions).send().await.unwrap();
+    assert_eq!(resp.status(), 405);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "method_not_allowed", "{body}");
+    let (_, created) = call(reqwest::Method::POST, &sessions, None, Some(json!({}))).await;
+    let id = created["id"].as_str().unwrap();
+    let resp = client
+        .post(format!("{sessions}/{id}/signals/note"))
+        .header("content-type", "application/json")
+        .body(format!("\"{}\"", "x".repeat(300 * 1024)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "body_too_large", "{body}");
+}
