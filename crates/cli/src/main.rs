@@ -85,6 +85,12 @@ enum Command {
         #[arg(default_value = "null")]
         payload: String,
     },
+    /// Stop a session's running turn at once, whichever process drives it: the model
+    /// stream is cut or the command killed, and the session goes idle.
+    Stop {
+        /// The session.
+        session: String,
+    },
     /// Install a wrapped CLI agent's npm package: `claude-code` (its pinned version),
     /// `claude-code@2.1.332`, or a named agent (at its configured version).
     InstallAgent {
@@ -168,6 +174,7 @@ fn main() -> ExitCode {
                 eprintln!("steadfast: signal {name} queued for {session} (#{id}); `steadfast resume {session}` or a worker carries on");
                 Ok(ExitCode::SUCCESS)
             }
+            Command::Stop { session } => commands::stop::run(&cli.home, &config, &session).await,
             Command::InstallAgent { name } => {
                 commands::wrapped::install(&cli.home, &config, &name).await
             }

@@ -124,6 +124,8 @@ pub fn timeline(record: &Record) -> Vec<String> {
             lines.extend(diff.iter().map(|d| format!("{:>30}{d}", "")));
             return lines;
         }
+        Event::TurnInterrupted { turn, by, stopped: true, .. } => format!("turn {turn} interrupted by {by}"),
+        Event::TurnInterrupted { by, stopped: false, .. } => format!("interrupt from {by} arrived after the turn ended; nothing to stop"),
         Event::TurnEnded { turn, reply } => match reply { Some(r) => format!("turn {turn} ended: {}", short(r, 100)), None => format!("turn {turn} ended") },
         Event::SessionEnded { state, reason, diff } => {
             let mut lines = vec![format!("{head}  session {state}: {reason}")];

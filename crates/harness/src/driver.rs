@@ -10,6 +10,7 @@ use steadfast_sandbox::{classify, tool_specs, Sandbox};
 use steadfast_world::{now_ms, strip_ansi, InboundKind, Lease, World, INLINE_LIMIT};
 
 use crate::harness::Harness;
+use crate::interrupt;
 
 /// Journal streamed text in pieces of at least this many bytes...
 const DELTA_BATCH: usize = 256;
@@ -198,6 +199,15 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             Next::WaitForMessage => {
                 // A queued message (or a steer sent after the turn ended) opens the next turn.
                 let inbox = self.harness.world.inbox(&self.lease.session).await?;
+                // An interrupt that came after its turn ended stops nothing; it is
+                // recorded (and so taken) rather than left to stop a later turn.
+                if let Some(late) = inbox.iter().find(|i| interrupt::is_interrupt(i)) {
+                    let turn = self.state.turn;
+                    return self
+                        .interrupted(late, turn, None, false)
+                        .await
+                        .map(|()| None);
+                }
                 match inbox.into_iter().find(|i| i.kind != InboundKind::Signal) {
                     Some(item) => {
                         let turn = self.state.turn + 1;
@@ -214,6 +224,40 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             }
             Next::WaitForSignal(wait) => {
                 let inbox = self.harness.world.inbox(&self.lease.session).await?;
+                if let Some(item) = inbox.iter().find(|i| interrupt::is_interrupt(i)) {
+                    // An escalated session runs nothing: the interrupt stops nothing.
+                    if self.state.status != steadfast_log::Status::Waiting {
+                        let turn = self.state.turn;
+                        return self
+                            .interrupted(item, turn, None, false)
+                            .await
+                            .map(|()| None);
+                    }
+                    // Abandoning the wait: a call waiting for approval is answered first.
+                    let pending = self.state.pending_tool.clone();
+                    if let Some(call) = &pending {
+                        let by = interrupt::sender(item);
+                        self.append(vec![Event::ToolCallOutcome {
+                            call_id: call.call_id.clone(),
+                            is_error: true,
+                            exit_code: None,
+                            output: Output::Inline {
+                                text: format!(
+                                    "[steadfast] interrupted by {by} while waiting for {}",
+                                    wait.name
+                                ),
+                            },
+                            snapshot_after: None,
+                        }])
+                        .await?;
+                    }
+                    let turn = self.state.turn;
+                    let call = pending.map(|p| p.call_id);
+                    return self
+                        .interrupted(item, turn, call, true)
+                        .await
+                        .map(|()| None);
+                }
                 match inbox
                     .into_iter()
                     .find(|i| i.kind == InboundKind::Signal && i.name == wait.name)
@@ -320,11 +364,18 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 .await
         };
         tokio::pin!(call);
+        let stop = interrupt::arrives(self.harness.world.clone(), self.lease.session.clone());
+        tokio::pin!(stop);
         let mut pending = String::new();
         let mut last_flush = std::time::Instant::now();
         let result = loop {
             tokio::select! {
                 biased;
+                item = &mut stop => {
+                    // The stream is dropped here; its partial reply is not kept.
+                    let turn = self.state.turn;
+                    return self.interrupted(&item, turn, Some(call_id), true).await;
+                }
                 Some(delta) = rx.recv() => {
                     (self.observer)(Progress::Delta(&delta));
                     let restart = match delta {
@@ -395,6 +446,28 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         Ok(())
     }
 
+    /// Records an interrupt taken from the inbox.
+    async fn interrupted(
+        &mut self,
+        item: &steadfast_world::Inbound,
+        turn: u32,
+        call_id: Option<String>,
+        stopped: bool,
+    ) -> Result<()> {
+        let by = interrupt::sender(item);
+        if stopped {
+            tracing::info!(session = %self.lease.session, %by, "turn interrupted");
+        }
+        self.append(vec![Event::TurnInterrupted {
+            turn,
+            by,
+            inbox_id: item.id,
+            call_id,
+            stopped,
+        }])
+        .await
+    }
+
     async fn run_tool(&mut self, call: ToolUse) -> Result<()> {
         if call.name == APPROVAL_TOOL {
             // The intent and the wait go in together: no crash can separate them.
@@ -462,7 +535,17 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         .await?;
         point(points::TOOL_INTENT);
 
-        let out = match self.execute(&call.name, &call.input).await {
+        let started = std::time::Instant::now();
+        let stop = interrupt::arrives(self.harness.world.clone(), self.lease.session.clone());
+        let executed = tokio::select! {
+            out = self.execute(&call.name, &call.input) => Ok(out),
+            item = stop => Err(item),
+        };
+        let executed = match executed {
+            Ok(executed) => executed,
+            Err(item) => return self.interrupt_tool(call, class, item, started).await,
+        };
+        let out = match executed {
             Ok(out) => out,
             Err(Error::Sandbox(steadfast_sandbox::Error::Died(reason))) => {
                 // Recorded, then resolved like a crash (invariant 4); the next call
@@ -504,6 +587,41 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         .await?;
         point(points::TOOL_OUTCOME);
         Ok(())
+    }
+
+    /// A command stopped by an interrupt: killed, its outcome recorded with the
+    /// workspace as the kill left it, then the turn ends.
+    async fn interrupt_tool(
+        &mut self,
+        call: ToolUse,
+        class: ToolClass,
+        item: steadfast_world::Inbound,
+        started: std::time::Instant,
+    ) -> Result<()> {
+        if let Ok(sandbox) = self.sandbox.get().await {
+            sandbox.cancel().await;
+        }
+        let by = interrupt::sender(&item);
+        let snapshot_after = if class != ToolClass::Read {
+            Some(self.harness.snapshot(&self.workspace.clone()).await?)
+        } else {
+            None
+        };
+        self.append(vec![Event::ToolCallOutcome {
+            call_id: call.id.clone(),
+            is_error: true,
+            exit_code: None,
+            output: Output::Inline {
+                text: format!(
+                    "[steadfast] interrupted by {by} after {} ms; the command was stopped",
+                    started.elapsed().as_millis()
+                ),
+            },
+            snapshot_after,
+        }])
+        .await?;
+        let turn = self.state.turn;
+        self.interrupted(&item, turn, Some(call.id), true).await
     }
 
     /// Invariant 4 for a tool call cut off by a crash (one resolution for every agent:

@@ -49,6 +49,7 @@
 
 mod driver;
 mod harness;
+mod interrupt;
 mod prompt;
 mod slot;
 mod worker;

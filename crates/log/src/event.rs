@@ -275,6 +275,11 @@ fn is_zero(n: &u64) -> bool {
 /// `{"max_cost_usd": 2.5, "max_tokens": 10000, "max_turns": 20, "max_duration_s": 3600}`.
 pub const RESUME_SIGNAL: &str = "resume";
 
+/// The inbox signal that stops the running turn (`{"by": "<who>"}`); see
+/// [`Event::TurnInterrupted`]. Reserved: it is sent by the interrupt route and
+/// `steadfast stop`, not as a signal a wait can take.
+pub const INTERRUPT_SIGNAL: &str = "interrupt";
+
 /// How a session ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -456,6 +461,24 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reply: Option<String>,
     },
+    /// Someone stopped the running turn ([`INTERRUPT_SIGNAL`]): a model stream cut
+    /// (its partial reply discarded, not asked for again) or a command killed (its
+    /// outcome recorded just before, with the snapshot after it), or a wait for a
+    /// human abandoned. The session is idle; the model is told on the next turn. One
+    /// that arrives after the turn is over stops nothing and is recorded as such.
+    TurnInterrupted {
+        /// The turn.
+        turn: u32,
+        /// Who asked (an API owner, or `cli:<user>`).
+        by: String,
+        /// The inbox entry the interrupt came in.
+        inbox_id: u64,
+        /// The model or tool call that was cut off, if one was running.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call_id: Option<String>,
+        /// Whether it stopped anything (false: the turn had already ended).
+        stopped: bool,
+    },
     /// A bound was hit: the session stops, escalated to a human, until a
     /// [`RESUME_SIGNAL`] arrives (raising the bound, or acknowledging a loop).
     Escalated {
@@ -581,6 +604,7 @@ impl Event {
             Event::ToolCallOutcome { .. } => "tool_call_outcome",
             Event::ToolCallInterrupted { .. } => "tool_call_interrupted",
             Event::TurnEnded { .. } => "turn_ended",
+            Event::TurnInterrupted { .. } => "turn_interrupted",
             Event::Escalated { .. } => "escalated",
             Event::SandboxLost { .. } => "sandbox_lost",
             Event::ExchangeIntent { .. } => "exchange_intent",

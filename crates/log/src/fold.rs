@@ -218,6 +218,8 @@ pub struct SessionState {
     pub last_seq: u64,
     /// The pause in force, if any.
     pub waiting: Option<Wait>,
+    /// Who interrupted the last turn, while the session is idle after it.
+    pub interrupted_by: Option<String>,
     /// Tool calls a human approved (approval policy).
     pub approved: Vec<String>,
     /// The last inbox entry taken into the log.
@@ -341,6 +343,7 @@ impl SessionState {
             last_snapshot: initial_snapshot.clone(),
             last_seq: 1,
             waiting: None,
+            interrupted_by: None,
             approved: Vec::new(),
             inbox_consumed: 0,
             limits: Limits {
@@ -645,6 +648,7 @@ impl SessionState {
                 };
                 self.external_facts.clear();
                 self.status = Status::Running;
+                self.interrupted_by = None;
                 self.conversation.push(Message::user_text(text.clone()));
             }
             Event::Steered { text, inbox_id } => {
@@ -848,6 +852,39 @@ impl SessionState {
                     if self.pending_tool.as_ref().map(|p| &p.call_id) != Some(id) {
                         return Err(bad("the lost call is not in flight"));
                     }
+                }
+            }
+            Event::TurnInterrupted {
+                turn,
+                by,
+                inbox_id,
+                stopped,
+                ..
+            } => {
+                self.take_inbox(Some(*inbox_id));
+                if *stopped {
+                    if *turn != self.turn
+                        || !matches!(self.status, Status::Running | Status::Waiting)
+                        || self.pending_tool.is_some()
+                    {
+                        return Err(bad(
+                            "an interrupt stops a running turn, after its tool outcome",
+                        ));
+                    }
+                    self.pending_model = None;
+                    self.waiting = None;
+                    self.status = Status::Idle;
+                    self.interrupted_by = Some(by.clone());
+                    // The model learns of it with the next turn: the conversation says
+                    // where its work stopped, and keeps user and assistant alternating.
+                    self.conversation.push(Message {
+                        role: Role::Assistant,
+                        content: vec![Block::Text {
+                            text: format!(
+                                "[This turn was interrupted by {by} before it finished.]"
+                            ),
+                        }],
+                    });
                 }
             }
             Event::TurnEnded { turn, reply } => {

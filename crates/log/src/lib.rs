@@ -13,7 +13,7 @@ pub mod record;
 
 pub use event::{
     BlobRef, Breaker, EndState, Event, Limits, ModelSpec, Output, ToolClass, ToolResolution, Usage,
-    DENIED, INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK, RESUME_SIGNAL,
+    DENIED, INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK, INTERRUPT_SIGNAL, RESUME_SIGNAL,
 };
 pub use fold::{
     fold, Exchange, FoldError, Next, PendingModel, PendingTool, SessionState, Status, TurnStart,

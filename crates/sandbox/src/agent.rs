@@ -59,6 +59,10 @@ pub struct Request {
     pub input: serde_json::Value,
 }
 
+/// The request that kills the command running now (it is served at once, not after
+/// the command it stops).
+pub(crate) const CANCEL: &str = "steadfast.cancel";
+
 static IN_SANDBOX: OnceLock<()> = OnceLock::new();
 
 /// Kills every process of the sandbox but the agent and the namespace's init, so a
@@ -154,8 +158,7 @@ async fn serve(config: AgentConfig) -> std::io::Result<()> {
         let state = state.clone();
         tokio::spawn(async move {
             let (config, env, options, one_at_a_time) = &*state;
-            let _turn = one_at_a_time.lock().await;
-            let _ = handle(stream, config, env, options).await;
+            let _ = handle(stream, config, env, options, one_at_a_time).await;
         });
     }
 }
@@ -165,11 +168,22 @@ async fn handle(
     config: &AgentConfig,
     env: &[(String, String)],
     options: &SandboxOptions,
+    one_at_a_time: &tokio::sync::Mutex<()>,
 ) -> std::io::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     BufReader::new(read).read_line(&mut line).await?;
-    let out = match serde_json::from_str::<Request>(&line) {
+    let request = serde_json::from_str::<Request>(&line);
+    // Commands run one at a time; a cancel does not wait for the one it stops.
+    let _turn = match &request {
+        Ok(req) if req.tool == CANCEL => None,
+        _ => Some(one_at_a_time.lock().await),
+    };
+    let out = match request {
+        Ok(req) if req.tool == CANCEL => {
+            kill_strays();
+            ToolOutput::ok("stopped")
+        }
         Ok(req) if req.tool == "bash" => {
             let ctx = Context {
                 root: &config.workspace,

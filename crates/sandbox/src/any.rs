@@ -159,4 +159,11 @@ impl Sandbox for AnySandbox {
             AnySandbox::Bwrap(s) => s.execute(tool, input).await,
         }
     }
+
+    async fn cancel(&self) {
+        match self {
+            AnySandbox::Local(s) => s.cancel().await,
+            AnySandbox::Bwrap(s) => s.cancel().await,
+        }
+    }
 }

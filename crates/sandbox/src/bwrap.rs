@@ -512,6 +512,16 @@ impl Sandbox for BwrapSandbox {
         &self.root
     }
 
+    async fn cancel(&self) {
+        let request = Request {
+            tool: agent::CANCEL.to_string(),
+            input: serde_json::Value::Null,
+        };
+        if let Err(e) = agent::call(&self.socket, &request).await {
+            tracing::warn!(error = %e, "could not reach the sandbox agent to stop a command");
+        }
+    }
+
     async fn execute(&self, tool: &str, input: &serde_json::Value) -> Result<ToolOutput> {
         if tool != "bash" {
             let ctx = Context {

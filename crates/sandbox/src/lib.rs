@@ -92,4 +92,12 @@ pub trait Sandbox: Send + Sync + 'static {
         tool: &str,
         input: &serde_json::Value,
     ) -> impl Future<Output = Result<ToolOutput>> + Send;
+
+    /// Stops whatever command runs in the sandbox now (an interrupt). A command whose
+    /// `execute` future is dropped is killed with it where the command is this
+    /// process's child; a backend whose commands run elsewhere (in the sandbox's agent)
+    /// kills them here.
+    fn cancel(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 }

@@ -367,6 +367,15 @@ pub(crate) fn summarize(events: &[Event]) -> Summary {
                 s.taken.extend(inbox_id);
             }
             Event::Steered { inbox_id, .. } => s.taken.push(*inbox_id),
+            Event::TurnInterrupted {
+                inbox_id, stopped, ..
+            } => {
+                s.taken.push(*inbox_id);
+                if *stopped {
+                    s.status = Some("idle");
+                    s.waiting_for = Some(None);
+                }
+            }
             Event::WaitStarted { name, .. } => {
                 s.status = Some("waiting");
                 s.waiting_for = Some(Some(name.clone()));

@@ -667,7 +667,8 @@ WHERE s.status IN ('running', 'idle', 'waiting', 'escalated')
     OR (s.status = 'idle' AND EXISTS (
         SELECT 1 FROM inbox i WHERE i.session_id = s.id AND i.taken = 0 AND i.kind IN ('message', 'steer')))
     OR (s.status IN ('waiting', 'escalated') AND EXISTS (
-        SELECT 1 FROM inbox i WHERE i.session_id = s.id AND i.taken = 0 AND i.kind = 'signal' AND i.name = s.waiting_for))
+        SELECT 1 FROM inbox i WHERE i.session_id = s.id AND i.taken = 0 AND i.kind = 'signal'
+          AND (i.name = s.waiting_for OR (s.status = 'waiting' AND i.name = 'interrupt'))))
   )
 ORDER BY (s.lease_holder IS NOT NULL), s.updated_at_ms
 LIMIT 16";

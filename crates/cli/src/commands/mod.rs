@@ -11,4 +11,5 @@ pub mod log;
 pub mod run;
 pub mod serve;
 pub mod sessions;
+pub mod stop;
 pub mod wrapped;

@@ -219,7 +219,12 @@ async fn drive<W: World + Clone, S: Sandbox>(
         }
         Err(e) => return Err(e.into()),
     };
-    if stop == Stop::Idle {
+    let interrupted = awake.state().interrupted_by.clone();
+    if let Some(by) = &interrupted {
+        eprintln!(
+            "steadfast: the turn was interrupted by {by}; the session stays open (idle) with everything it did so far"
+        );
+    } else if stop == Stop::Idle {
         awake.end(EndState::Completed, "task completed").await?;
     }
     let state = awake.state().clone();
@@ -276,6 +281,9 @@ async fn drive<W: World + Clone, S: Sandbox>(
             wait.reason,
             id = awake.session()
         );
+    }
+    if interrupted.is_some() {
+        return Ok(ExitCode::from(130));
     }
     Ok(match state.status {
         steadfast_log::Status::Completed => ExitCode::SUCCESS,

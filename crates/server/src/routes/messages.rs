@@ -154,6 +154,13 @@ pub(crate) async fn signal<W: World + Clone>(
             )
         })?
     };
+    if name == steadfast_log::INTERRUPT_SIGNAL {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_signal",
+            "name: `interrupt` is reserved; POST /v1/sessions/{id}/interrupt stops a turn",
+        ));
+    }
     if name == steadfast_log::RESUME_SIGNAL {
         crate::bounds::check_resume(&payload, &state.ceilings())?;
     }

@@ -28,6 +28,10 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
             get(sessions::show::<W>).delete(sessions::delete::<W>),
         )
         .route("/v1/sessions/{id}/close", post(sessions::close::<W>))
+        .route(
+            "/v1/sessions/{id}/interrupt",
+            post(sessions::interrupt::<W>),
+        )
         .route("/v1/sessions/{id}/integrity", get(sessions::integrity::<W>))
         .route(
             "/v1/sessions/{id}/messages",

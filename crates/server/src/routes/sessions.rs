@@ -287,6 +287,80 @@ pub(crate) async fn show<W: World + Clone>(
     })))
 }
 
+/// How long closing or deleting a running session waits for its interrupt to land.
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// The session's lease for `ttl`. A session being driven is interrupted first (by
+/// `owner`), and its lease taken once its driver lets go.
+async fn lease_stopping<W: World + Clone>(
+    state: &Shared<W>,
+    id: &str,
+    owner: &str,
+    ttl: std::time::Duration,
+) -> Result<steadfast_world::Lease, ApiError> {
+    let world = state.harness.world();
+    let holder = Holder::new(format!("api-{}", uuid::Uuid::now_v7().simple()));
+    let deadline = std::time::Instant::now() + STOP_WAIT;
+    let mut interrupted = false;
+    loop {
+        match world.acquire_lease(id, &holder, ttl).await {
+            Ok(lease) => return Ok(lease),
+            Err(steadfast_world::Error::LeaseHeld { .. })
+                if std::time::Instant::now() < deadline =>
+            {
+                if !interrupted {
+                    world
+                        .post(
+                            id,
+                            steadfast_world::InboundKind::Signal,
+                            steadfast_log::INTERRUPT_SIGNAL,
+                            &json!({"by": owner}),
+                        )
+                        .await?;
+                    interrupted = true;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// `POST /v1/sessions/{id}/interrupt`: stops the running turn, wherever its driver
+/// runs: a model stream is cut, a command killed; the session goes idle.
+pub(crate) async fn interrupt<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let owner = state.auth.owner(&headers)?;
+    let summary = owned(&state, &id, &owner).await?;
+    if !matches!(summary.status.as_str(), "running" | "waiting") {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_running",
+            format!(
+                "session {id} is {}: no turn runs, so there is nothing to interrupt",
+                summary.status
+            ),
+        ));
+    }
+    let inbox_id = state
+        .harness
+        .world()
+        .post(
+            &id,
+            steadfast_world::InboundKind::Signal,
+            steadfast_log::INTERRUPT_SIGNAL,
+            &json!({"by": owner}),
+        )
+        .await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"id": inbox_id, "session": id, "by": owner})),
+    ))
+}
+
 pub(crate) async fn close<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
@@ -295,10 +369,7 @@ pub(crate) async fn close<W: World + Clone>(
     let owner = state.auth.owner(&headers)?;
     owned(&state, &id, &owner).await?;
     let world = state.harness.world();
-    let holder = Holder::new(format!("api-{}", uuid::Uuid::now_v7().simple()));
-    let lease = world
-        .acquire_lease(&id, &holder, std::time::Duration::from_secs(10))
-        .await?;
+    let lease = lease_stopping(&state, &id, &owner, std::time::Duration::from_secs(10)).await?;
     let s = state.harness.state(&id).await?;
     if !s.is_ended() {
         world
@@ -325,10 +396,7 @@ pub(crate) async fn delete<W: World + Clone>(
     owned(&state, &id, &owner).await?;
     let world = state.harness.world();
     // Holding the lease keeps workers off the session while it goes.
-    let holder = Holder::new(format!("api-{}", uuid::Uuid::now_v7().simple()));
-    world
-        .acquire_lease(&id, &holder, std::time::Duration::from_secs(30))
-        .await?;
+    lease_stopping(&state, &id, &owner, std::time::Duration::from_secs(30)).await?;
     let s = state.harness.state(&id).await?;
     let records = world.read(&id, 1).await?;
     for record in &records {

@@ -1,0 +1,378 @@
+//! Interrupting a running turn through the API of one process while a worker in
+//! another drives it, on SQLite and on PostgreSQL: a model stream is cut (no restart),
+//! a long command killed within a second (its snapshot recorded), the model told on
+//! the next turn; close and delete of a running session interrupt it first; and
+//! `steadfast stop` does the same from the command line.
+
+mod common;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use steadfast_testkit::{FakeProvider, Script};
+use tokio::io::AsyncBufReadExt;
+
+const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
+
+fn command(
+    home: &Path,
+    world: Option<&str>,
+    fake: &FakeProvider,
+    args: &[&str],
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.args(args)
+        .env("STEADFAST_HOME", home)
+        .env("ANTHROPIC_API_KEY", "test-key")
+        .env("ANTHROPIC_BASE_URL", fake.base_url())
+        .env("STEADFAST_MODEL", "anthropic/claude-sonnet-4-5")
+        .env("USER", "tester")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("STEADFAST_FAULT")
+        .env_remove("STEADFAST_WORLD")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    if let Some(url) = world {
+        cmd.env("STEADFAST_WORLD", url)
+            .env("STEADFAST_MIGRATE", "true");
+    }
+    cmd
+}
+
+async fn api(
+    home: &Path,
+    world: Option<&str>,
+    fake: &FakeProvider,
+) -> (tokio::process::Child, String) {
+    let mut child = command(
+        home,
+        world,
+        fake,
+        &["serve", "--listen", "127.0.0.1:0", "--workers", "0"],
+    )
+    .spawn()
+    .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let url = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("serve printed its URL")
+        .unwrap()
+        .unwrap();
+    (child, url)
+}
+
+async fn request(method: reqwest::Method, url: &str, body: Option<Value>) -> (u16, Value) {
+    let mut req = reqwest::Client::new().request(method, url);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// Posts a message; the reply is the turn's event stream, which is not read here.
+async fn send_message(url: &str, id: &str, text: &str) -> u16 {
+    let resp = reqwest::Client::new()
+        .post(format!("{url}/v1/sessions/{id}/messages"))
+        .json(&json!({ "text": text }))
+        .send()
+        .await
+        .unwrap();
+    resp.status().as_u16()
+}
+
+async fn status(url: &str, id: &str) -> Value {
+    request(
+        reqwest::Method::GET,
+        &format!("{url}/v1/sessions/{id}"),
+        None,
+    )
+    .await
+    .1
+}
+
+async fn wait_until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    for _ in 0..600 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// The session's log, through the CLI (which reads the world directly).
+async fn log(home: &Path, world: Option<&str>, fake: &FakeProvider, id: &str) -> Vec<Value> {
+    let out = command(home, world, fake, &["log", id, "--json"])
+        .output()
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn kinds(log: &[Value]) -> Vec<String> {
+    log.iter()
+        .map(|r| {
+            r["event"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .next()
+                .unwrap()
+                .clone()
+        })
+        .collect()
+}
+
+async fn interrupt_everything(world: Option<&str>) {
+    let long = "This reply streams slowly, a few words at a time, so there is time to stop it. "
+        .repeat(20);
+    let script: Script = serde_json::from_value(json!({"steps": [
+        {"text": long, "chunk_delay_ms": 40},
+        {"text": "Running it.", "tool_calls": [{"name": "bash", "input": {"command": "echo started > started.txt; sleep 30; echo finished > finished.txt"}}]},
+        // (The fake picks a step by the replies so far; each interrupted turn left one.)
+        {"text": "not asked for"},
+        {"text": "Understood, I stopped."},
+    ]}))
+    .unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let (_api, url) = api(&home, world, &fake).await;
+    let _worker = command(&home, world, &fake, &["worker"]).spawn().unwrap();
+
+    // 1. Mid model stream: cut, recorded as interrupted by its owner, no restart.
+    let (code, created) = request(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions"),
+        Some(json!({"task": "talk"})),
+    )
+    .await;
+    assert_eq!(code, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let ws = std::path::PathBuf::from(created["workspace"].as_str().unwrap());
+    wait_until("the reply to stream", async || {
+        kinds(&log(&home, world, &fake, &id).await)
+            .iter()
+            .any(|k| k == "model_delta")
+    })
+    .await;
+    let started = Instant::now();
+    let (code, body) = request(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions/{id}/interrupt"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 202, "{body}");
+    wait_until("the turn to stop", async || {
+        status(&url, &id).await["status"] == "idle"
+    })
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let records = log(&home, world, &fake, &id).await;
+    let names = kinds(&records);
+    assert!(
+        !names.contains(&"model_call_outcome".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        !names.contains(&"model_call_interrupted".to_string()),
+        "not a restart: {names:?}"
+    );
+    let stopped = &records.last().unwrap()["event"]["turn_interrupted"];
+    assert_eq!(stopped["by"], "local", "{stopped}");
+    assert_eq!(stopped["stopped"], true);
+    assert!(stopped["call_id"].as_str().unwrap().starts_with("mc_"));
+
+    // 2. Mid command: killed within a second, the workspace after it recorded.
+    assert_eq!(send_message(&url, &id, "run it").await, 200);
+    wait_until("the command to start", async || {
+        ws.join("started.txt").exists()
+    })
+    .await;
+    let started = Instant::now();
+    let (code, body) = request(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions/{id}/interrupt"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 202, "{body}");
+    wait_until("the command to stop", async || {
+        status(&url, &id).await["status"] == "idle"
+    })
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    let records = log(&home, world, &fake, &id).await;
+    let outcome = records
+        .iter()
+        .rev()
+        .find_map(|r| r["event"].get("tool_call_outcome"))
+        .expect("the killed command has an outcome");
+    assert!(
+        outcome["output"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("interrupted by local"),
+        "{outcome}"
+    );
+    assert!(outcome["snapshot_after"].is_string(), "{outcome}");
+    assert!(
+        !ws.join("finished.txt").exists(),
+        "the command did not run on"
+    );
+
+    // 3. The next turn works, and the model is told what happened.
+    assert_eq!(send_message(&url, &id, "what now?").await, 200);
+    wait_until("the next turn", async || {
+        status(&url, &id).await["reply"] == "Understood, I stopped."
+    })
+    .await;
+    let asked = fake.state().requests().last().cloned().unwrap();
+    assert!(
+        asked.contains("This turn was interrupted by local"),
+        "{asked}"
+    );
+
+    // 4. Close and delete of a running session interrupt it first.
+    for (method, path) in [
+        (reqwest::Method::POST, "/close"),
+        (reqwest::Method::DELETE, ""),
+    ] {
+        let (_, created) = request(
+            reqwest::Method::POST,
+            &format!("{url}/v1/sessions"),
+            Some(json!({"task": "sleep"})),
+        )
+        .await;
+        let other = created["id"].as_str().unwrap().to_string();
+        wait_until("the reply to stream", async || {
+            kinds(&log(&home, world, &fake, &other).await)
+                .iter()
+                .any(|k| k == "model_delta")
+        })
+        .await;
+        let started = Instant::now();
+        let (code, body) = request(method, &format!("{url}/v1/sessions/{other}{path}"), None).await;
+        assert!(code == 200 || code == 204, "{path}: {code} {body}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    // Nothing runs now: an interrupt is refused, saying so.
+    let (code, body) = request(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions/{id}/interrupt"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (code, body["error"]["code"].clone()),
+        (409, json!("not_running")),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_process_interrupts_a_turn_a_worker_drives_on_sqlite() {
+    interrupt_everything(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_process_interrupts_a_turn_a_worker_drives_on_postgres() {
+    let db = common::TestDatabase::create("steadfast_interrupt").await;
+    interrupt_everything(Some(&db.url)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steadfast_stop_interrupts_a_running_cli_session() {
+    let script: Script = serde_json::from_value(json!({"steps": [
+        {"tool_calls": [{"name": "bash", "input": {"command": "sleep 30"}}]},
+    ]}))
+    .unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let run = command(
+        &home,
+        None,
+        &fake,
+        &[
+            "run",
+            "sleep",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--json",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let mut id = String::new();
+    wait_until("the session to run its command", async || {
+        let out = command(&home, None, &fake, &["sessions", "--json"])
+            .output()
+            .await
+            .unwrap();
+        let listed: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        match listed.first() {
+            Some(s) if s["last_seq"].as_u64().unwrap_or(0) >= 5 => {
+                id = s["id"].as_str().unwrap().to_string();
+                true
+            }
+            _ => false,
+        }
+    })
+    .await;
+    let started = Instant::now();
+    let stop = command(&home, None, &fake, &["stop", &id])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        stop.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stop.stderr)
+    );
+    let done = tokio::time::timeout(Duration::from_secs(10), run.wait_with_output())
+        .await
+        .expect("the run ends once stopped")
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let result: Value = serde_json::from_slice(&done.stdout).unwrap();
+    assert_eq!(result["status"], "idle", "{result}");
+    let records = log(&home, None, &fake, &id).await;
+    assert_eq!(
+        records.last().unwrap()["event"]["turn_interrupted"]["by"],
+        "cli:tester"
+    );
+}
