@@ -105,7 +105,9 @@ impl Auth {
                 let token = headers
                     .get(axum::http::header::AUTHORIZATION)
                     .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .and_then(|v| v.trim().split_once(' '))
+                    // The scheme is case-insensitive (RFC 9110): `bearer` is `Bearer`.
+                    .and_then(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer").then_some(token))
                     .ok_or_else(|| unauthorized("send a bearer token: Authorization: Bearer <token>"))?;
                 let presented = blake3::hash(token.trim().as_bytes());
                 // blake3::Hash compares in constant time.

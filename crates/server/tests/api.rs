@@ -514,7 +514,102 @@ async fn no_client_lifts_a_bound_past_the_operators_ceiling() {
         403,
         "over_ceiling",
     );
-    assert_eq!(raise("alice-secret", json!({"max_turns": 5})).await.0, 202);
+    // Within the ceiling, but the session waits for nothing: queued only if asked.
+    assert_error(
+        &raise("alice-secret", json!({"max_turns": 5})).await,
+        409,
+        "not_waiting",
+    );
+    let queued = call(
+        reqwest::Method::POST,
+        &format!("{resume}?queue=true"),
+        Some("alice-secret"),
+        Some(json!({"max_turns": 5})),
+    )
+    .await;
+    assert_eq!(queued.0, 202, "{queued:?}");
+    // The scheme of the Authorization header is case-insensitive.
+    let resp = reqwest::Client::new()
+        .get(format!("{}/v1/sessions/{id}", srv.url))
+        .header("authorization", "bearer alice-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_approval_is_refused_and_never_pre_approves() {
+    let srv = server(
+        json!([
+            {"text": "hi"},
+            {"tool_calls": [{"name": "request_approval", "input": {"reason": "may I?"}}]},
+            {"text": "approved, done"}
+        ]),
+        dev(),
+        1,
+        |_| {},
+    )
+    .await;
+    let (_, created) = call(
+        reqwest::Method::POST,
+        &format!("{}/v1/sessions", srv.url),
+        None,
+        Some(json!({"task": "hello"})),
+    )
+    .await;
+    let id = created["id"].as_str().unwrap();
+    wait_status(&srv.url, id, None, "idle").await;
+    let approval = format!("{}/v1/sessions/{id}/signals/approval", srv.url);
+    // Nothing waits: refused, saying what the session waits for.
+    let stale = call(
+        reqwest::Method::POST,
+        &approval,
+        None,
+        Some(json!({"approved": true})),
+    )
+    .await;
+    assert_error(&stale, 409, "not_waiting");
+    assert!(
+        stale.1["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("is idle"),
+        "{stale:?}"
+    );
+    // The next turn asks for approval and really waits for a human.
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/sessions/{id}/messages", srv.url))
+        .json(&json!({"text": "do the risky thing"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    drop(resp);
+    let waiting = wait_status(&srv.url, id, None, "waiting").await;
+    assert_eq!(waiting["waiting_for"], "approval", "{waiting}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, still) = call(
+        reqwest::Method::GET,
+        &format!("{}/v1/sessions/{id}", srv.url),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(
+        still["status"], "waiting",
+        "no stale approval was taken: {still}"
+    );
+    let answer = call(
+        reqwest::Method::POST,
+        &approval,
+        None,
+        Some(json!({"approved": true})),
+    )
+    .await;
+    assert_eq!(answer.0, 202, "{answer:?}");
+    let done = wait_status(&srv.url, id, None, "idle").await;
+    assert_eq!(done["reply"], "approved, done");
 }
 
 #[tokio::test]
@@ -754,7 +849,7 @@ async fn bad_input_gets_clear_json_errors() {
 async fn a_steer_sent_during_a_long_tool_call_is_taken_at_the_next_step() {
     let srv = server(
         json!([
-            {"text": "running the slow step", "tool_calls": [{"name": "bash", "input": {"command": "sleep 1; echo slow done"}}]},
+            {"text": "running the slow step", "tool_calls": [{"name": "bash", "input": {"command": "sleep 3; echo slow done"}}]},
             {"text": "steered, finishing"}
         ]),
         dev(),

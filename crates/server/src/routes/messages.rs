@@ -123,14 +123,29 @@ pub(crate) async fn events<W: World + Clone>(
     Ok(sse(state.harness.world().clone(), id, cursor, Until::Quiet))
 }
 
+#[derive(Debug, Deserialize)]
+pub(crate) struct SignalQuery {
+    /// Queue the signal for a wait that has not begun yet.
+    #[serde(default)]
+    queue: bool,
+}
+
 pub(crate) async fn signal<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
     Path((id, name)): Path<(String, String)>,
+    query: Result<Query<SignalQuery>, axum::extract::rejection::QueryRejection>,
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let owner = state.auth.owner(&headers)?;
-    owned(&state, &id, &owner).await?;
+    let summary = owned(&state, &id, &owner).await?;
+    let Query(query) = query.map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            format!("queue: {}", e.body_text()),
+        )
+    })?;
     if name.is_empty()
         || name.len() > 128
         || !name
@@ -163,6 +178,27 @@ pub(crate) async fn signal<W: World + Clone>(
     }
     if name == steadfast_log::RESUME_SIGNAL {
         crate::bounds::check_resume(&payload, &state.ceilings())?;
+    }
+    // A signal answers the wait in progress. One sent while nothing waits for it would
+    // sit in the inbox and answer some later wait no one has seen (a stale approval
+    // approving a call nobody was asked about), so it is refused unless asked to queue.
+    if !query.queue {
+        let folded = state.harness.state(&id).await?;
+        let waits_for = folded.waiting.as_ref().map(|w| w.name.clone());
+        if waits_for.as_deref() != Some(name.as_str()) {
+            let now = match &waits_for {
+                Some(other) => format!("waits for the signal `{other}`"),
+                None => format!("is {} and waits for no signal", summary.status),
+            };
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "not_waiting",
+                format!(
+                    "session {id} {now}; `{name}` would answer a later wait no one has \
+                     seen. Send it with ?queue=true to queue it for the next wait on `{name}`"
+                ),
+            ));
+        }
     }
     let inbox_id = state
         .harness
