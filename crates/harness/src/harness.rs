@@ -258,10 +258,25 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         self.home.as_deref()
     }
 
+    /// Whether calls to `model` have a price here (the configured table or the
+    /// built-in one): an unpriced model's spend is unknown, not zero.
+    pub fn is_priced(&self, model: &steadfast_log::ModelSpec) -> bool {
+        steadfast_model::pricing::is_priced(&self.options.prices, &model.provider, &model.model)
+    }
+
     /// Creates a session: its log begins with the agent, model, workspace and the
     /// workspace's initial snapshot. Returns its id.
     pub async fn start_session(&self, new: NewSession) -> Result<String> {
         let model = parse_model(&new.model)?;
+        let money_bound = new.limits.max_cost_micro_usd.or(new.budget_micro_usd);
+        if money_bound.is_some() && !self.is_priced(&model) {
+            return Err(Error::Invalid(format!(
+                "budget: the model {} has no price here, so a money bound could never \
+                 trip; configure one ([prices.\"{}\"] input = ..., output = ...) or bound \
+                 the session by tokens instead",
+                new.model, model.model
+            )));
+        }
         if let Some(policy) = &new.network {
             steadfast_sandbox::NetworkPolicy::parse(policy).map_err(Error::Invalid)?;
         }

@@ -421,6 +421,22 @@ async fn no_client_lifts_a_bound_past_the_operators_ceiling() {
     .await;
     assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().unwrap();
+    // A model with no price would never trip the cap: refused, nothing made.
+    let unpriced = call(
+        reqwest::Method::POST,
+        &format!("{}/v1/sessions", public.url),
+        None,
+        Some(json!({"model": "anthropic/house-model"})),
+    )
+    .await;
+    assert_error(&unpriced, 422, "invalid");
+    assert!(
+        unpriced.1["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("has no price"),
+        "{unpriced:?}"
+    );
     wait_status(&public.url, id, None, "idle").await;
     // The next turn would pass the cap before its first model call: it escalates.
     let resp = reqwest::Client::new()

@@ -277,6 +277,7 @@ pub(crate) async fn show<W: World + Clone>(
         "end_reason": s.end_reason,
         "usage": s.usage,
         "cost_usd": s.cost_micro_usd as f64 / 1e6,
+        "priced": state.harness.is_priced(&s.model),
         "budget_usd": s.limits.max_cost_micro_usd.map(|b| b as f64 / 1e6),
         "limits": s.limits,
         "escalated_by": s.escalated,
