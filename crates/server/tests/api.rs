@@ -836,6 +836,7 @@ async fn bad_input_gets_clear_json_errors() {
         "/v1/sessions/{id}",
         "/v1/sessions/{id}/close",
         "/v1/sessions/{id}/integrity",
+        "/v1/sessions/{id}/interrupt",
         "/v1/sessions/{id}/messages",
         "/v1/sessions/{id}/events",
         "/v1/sessions/{id}/signals/{name}",
