@@ -342,3 +342,69 @@ async fn special_files_never_block_a_session_and_sigterm_always_stops_the_server
     assert!(status.success(), "{status}");
     drop(stream);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrunnable_session_fails_once_with_its_reason_and_can_be_deleted() {
+    let script: Script = serde_json::from_value(json!({"steps": [{"text": "hi"}]})).unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let home = home(&dir);
+    // Created while the server had a key (and no worker to run it)...
+    let (mut first, url) = serve(&home, &fake, "0").await;
+    let created = post(&format!("{url}/v1/sessions"), json!({"task": "say hi"})).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    first.kill().await.unwrap();
+    let _ = first.wait().await;
+
+    // ...then driven by one without: the wake fails for good, once, and says why.
+    let mut keyless = command(
+        &home,
+        &fake,
+        &["serve", "--listen", "127.0.0.1:0", "--workers", "1"],
+    );
+    keyless.env_remove("ANTHROPIC_API_KEY");
+    let mut server = keyless.spawn().unwrap();
+    let stdout = server.stdout.take().unwrap();
+    let url = tokio::io::BufReader::new(stdout)
+        .lines()
+        .next_line()
+        .await
+        .unwrap()
+        .unwrap();
+    wait_for("the session to fail", async || {
+        get(&format!("{url}/v1/sessions/{id}")).await["status"] == "failed"
+    })
+    .await;
+    let shown = get(&format!("{url}/v1/sessions/{id}")).await;
+    let reason = shown["end_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("no API key for provider `anthropic`"),
+        "{shown}"
+    );
+
+    // New sessions it cannot run are refused up front, naming what is missing.
+    for (model, says) in [
+        ("anthropic/claude-sonnet-4-5", "ANTHROPIC_API_KEY"),
+        ("evil/x", "evil"),
+    ] {
+        let resp = reqwest::Client::new()
+            .post(format!("{url}/v1/sessions"))
+            .json(&json!({ "model": model }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 422, "{model}");
+        let body: Value = resp.json().await.unwrap();
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains(says),
+            "{body}"
+        );
+    }
+    let deleted = reqwest::Client::new()
+        .delete(format!("{url}/v1/sessions/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 204);
+    let _ = server.kill().await;
+}

@@ -258,6 +258,15 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         self.home.as_deref()
     }
 
+    /// Checks that sessions of `model` (`provider/model`) can call it from here: the
+    /// provider is known and has a key. The error says what is missing.
+    pub fn check_model(&self, model: &str) -> Result<()> {
+        let spec = parse_model(model)?;
+        (self.options.models)(&spec)
+            .map(|_| ())
+            .map_err(|e| Error::Invalid(format!("model {model}: {e}")))
+    }
+
     /// Whether calls to `model` have a price here (the configured table or the
     /// built-in one): an unpriced model's spend is unknown, not zero.
     pub fn is_priced(&self, model: &steadfast_log::ModelSpec) -> bool {
@@ -454,11 +463,14 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             Ok(done) => {
                 Ok(done.map_err(|e| Error::Invalid(format!("snapshot task failed: {e}")))??)
             }
-            Err(_) => Err(Error::Invalid(format!(
-                "the snapshot of {} took longer than {} s and was abandoned",
-                workspace.display(),
-                limit.as_secs()
-            ))),
+            Err(_) => Err(Error::Drive(steadfast_drive::Error::Io {
+                op: "snapshot",
+                path: workspace.to_path_buf(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("took longer than {} s and was abandoned", limit.as_secs()),
+                ),
+            })),
         }
     }
 }

@@ -86,6 +86,10 @@ pub enum Error {
     /// The request does not fit the session's state.
     #[error("{0}")]
     Invalid(String),
+    /// This host cannot drive the session (its agent's CLI is not installed here),
+    /// though another may: the session is left as it is.
+    #[error("{0}")]
+    NotHere(String),
 }
 
 impl Error {
@@ -94,7 +98,10 @@ impl Error {
         match self {
             Error::World(e) => e.is_retryable(),
             Error::Model(e) => e.is_retryable(),
-            Error::Sandbox(_) => true,
+            Error::Sandbox(_) | Error::NotHere(_) => true,
+            // A filesystem error (a full disk, a slow mount) may pass; a snapshot that
+            // is missing or corrupt will not.
+            Error::Drive(steadfast_drive::Error::Io { .. }) => true,
             Error::Wrapped(e) => match e {
                 steadfast_wrap::Error::World(e) => e.is_retryable(),
                 steadfast_wrap::Error::Sandbox(_) | steadfast_wrap::Error::Task(_) => true,

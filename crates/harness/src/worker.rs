@@ -52,20 +52,44 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         let mut driver = match self.wake_leased(lease.clone()).await {
             Ok(d) => d,
             Err(e) => {
-                tracing::error!(error = %e, "waking the session failed");
-                self.cool_down(&lease).await;
+                tracing::error!(session = %lease.session, error = %e, "waking the session failed");
+                self.after_failure(&lease, &e).await;
                 return;
             }
         };
         match driver.run().await {
             Ok(stop) => {
-                tracing::info!(?stop, "session stopped");
+                tracing::info!(session = %lease.session, ?stop, "session stopped");
                 let _ = driver.release().await;
             }
             Err(e) => {
-                tracing::error!(error = %e, retryable = e.is_retryable(), "driving the session failed");
+                tracing::error!(session = %lease.session, error = %e, retryable = e.is_retryable(), "driving the session failed");
                 drop(driver);
-                self.cool_down(&lease).await;
+                self.after_failure(&lease, &e).await;
+            }
+        }
+    }
+
+    /// A failure is a state, not a loop: one that retrying cannot fix (a model that
+    /// cannot be called from anywhere, a log that does not fold) ends the session as
+    /// failed, with the reason in its log; a retryable one holds it back a while.
+    async fn after_failure(&self, lease: &steadfast_world::Lease, e: &crate::Error) {
+        if e.is_retryable() {
+            return self.cool_down(lease).await;
+        }
+        let ended = steadfast_log::Event::SessionEnded {
+            state: steadfast_log::EndState::Failed,
+            reason: format!("the session cannot be driven: {e}"),
+            diff: Vec::new(),
+        };
+        match self.world.append(lease, &[ended]).await {
+            Ok(_) => {
+                tracing::warn!(session = %lease.session, error = %e, "session ended as failed");
+                let _ = self.world.release_lease(lease).await;
+            }
+            Err(append) => {
+                tracing::error!(session = %lease.session, error = %append, "could not record the failure");
+                self.cool_down(lease).await;
             }
         }
     }

@@ -180,7 +180,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             let found = adapter
                 .installed_version(&dir)
                 .map_or_else(|| "is not installed".to_string(), |v| format!("is at {v}"));
-            return Err(Error::Invalid(format!(
+            return Err(Error::NotHere(format!(
                 "agent `{agent}` needs {}@{}, which {found} in {}; run: steadfast install-agent {}@{}",
                 adapter.package,
                 adapter.version,

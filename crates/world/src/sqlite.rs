@@ -2,7 +2,7 @@
 //! committed append survives a process crash and a power cut.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
@@ -65,10 +65,12 @@ const USER_VERSION: i64 = MIGRATIONS.len() as i64;
 /// A [`World`] in one SQLite file.
 #[derive(Clone)]
 pub struct SqliteWorld {
-    /// The one connection. An async mutex, taken before a blocking thread is: many
-    /// waiting callers (a thousand event streams, say) wait as tasks, and only the
-    /// one holding it occupies a thread of the blocking pool.
-    conn: Arc<tokio::sync::Mutex<Connection>>,
+    /// The one connection.
+    conn: Arc<Mutex<Connection>>,
+    /// Calls that may wait for the connection on a blocking thread at once. The rest
+    /// wait as tasks, so many callers (a thousand event streams, say) do not each
+    /// park a thread of the blocking pool on the connection's lock.
+    threads: Arc<tokio::sync::Semaphore>,
     path: PathBuf,
     changes: Arc<tokio::sync::watch::Sender<u64>>,
     spill: Option<crate::Blobs>,
@@ -77,6 +79,9 @@ pub struct SqliteWorld {
 fn backend(e: rusqlite::Error) -> Error {
     Error::Backend(e.to_string())
 }
+
+/// How many world calls of one process may occupy blocking threads at once.
+const BLOCKING_CALLS: usize = 4;
 
 /// Makes a new world file that is never seen half made: the database is created
 /// (WAL mode set) under a temporary name and linked into place, which fails if another
@@ -212,7 +217,8 @@ impl SqliteWorld {
             tx.commit().map_err(backend)?;
         }
         Ok(SqliteWorld {
-            conn: Arc::new(tokio::sync::Mutex::new(conn)),
+            conn: Arc::new(Mutex::new(conn)),
+            threads: Arc::new(tokio::sync::Semaphore::new(BLOCKING_CALLS)),
             path,
             changes: Arc::new(tokio::sync::watch::channel(0).0),
             spill: None,
@@ -234,10 +240,18 @@ impl SqliteWorld {
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let mut conn = self.conn.clone().lock_owned().await;
-        tokio::task::spawn_blocking(move || f(&mut conn))
+        let _turn = self
+            .threads
+            .acquire()
             .await
-            .map_err(|e| Error::Backend(format!("world task failed: {e}")))?
+            .map_err(|e| Error::Backend(format!("world task failed: {e}")))?;
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = conn.lock().unwrap_or_else(|e| e.into_inner());
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| Error::Backend(format!("world task failed: {e}")))?
     }
 }
 

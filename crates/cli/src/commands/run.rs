@@ -75,6 +75,9 @@ pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<
     let (harness, fake) = setup::harness(home, config, world, &provider).await?;
     // Before the session exists: an agent that cannot run here leaves nothing behind.
     harness.check_agent(&args.agent)?;
+    if args.agent == "native" {
+        harness.check_model(&model)?;
+    }
     let task = match (args.task, &fake) {
         (Some(t), _) => t,
         (None, Some(_)) => demo::TASK.to_string(),
