@@ -40,6 +40,17 @@ const SYSTEM: &[&str] = &[
 /// The uid and gid commands run as inside the sandbox.
 const SANDBOX_UID: &str = "1000";
 
+/// Every namespace, a user namespace included even when the harness runs as root,
+/// where the commands are an unprivileged user (with no capabilities).
+const NAMESPACES: [&str; 6] = [
+    "--unshare-all",
+    "--unshare-user",
+    "--uid",
+    SANDBOX_UID,
+    "--gid",
+    SANDBOX_UID,
+];
+
 /// A file or directory of the host's `/etc` that its owner keeps from other users.
 struct Secret {
     path: PathBuf,
@@ -84,19 +95,8 @@ pub fn bwrap_available() -> std::result::Result<(), String> {
     CHECK
         .get_or_init(|| {
             let out = std::process::Command::new("bwrap")
-                .args([
-                    "--unshare-all",
-                    "--unshare-user",
-                    "--uid",
-                    SANDBOX_UID,
-                    "--gid",
-                    SANDBOX_UID,
-                    "--die-with-parent",
-                    "--ro-bind",
-                    "/",
-                    "/",
-                    "true",
-                ])
+                .args(NAMESPACES)
+                .args(["--die-with-parent", "--ro-bind", "/", "/", "true"])
                 .stdin(std::process::Stdio::null())
                 .output()
                 .map_err(|e| format!("bwrap not found ({e}); install bubblewrap"))?;
@@ -416,16 +416,7 @@ fn bwrap_args(
 ) -> Vec<String> {
     let mut a: Vec<String> = Vec::new();
     let mut push = |items: &[&str]| a.extend(items.iter().map(|s| s.to_string()));
-    // A user namespace of its own even when the harness runs as root, where the
-    // commands are an unprivileged user with no capabilities.
-    push(&[
-        "--unshare-all",
-        "--unshare-user",
-        "--uid",
-        SANDBOX_UID,
-        "--gid",
-        SANDBOX_UID,
-    ]);
+    push(&NAMESPACES);
     if options.network == NetworkPolicy::Open {
         push(&["--share-net"]);
     }

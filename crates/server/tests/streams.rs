@@ -8,6 +8,15 @@ use std::time::Duration;
 use common::{call, dev, server};
 use serde_json::{json, Value};
 
+fn names() -> std::collections::BTreeMap<String, usize> {
+    let mut names = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        *names.entry(name.trim().to_string()).or_default() += 1;
+    }
+    names
+}
+
 fn threads() -> usize {
     std::fs::read_to_string("/proc/self/status")
         .unwrap()
@@ -57,7 +66,8 @@ async fn a_thousand_event_streams_hold_a_bounded_number_of_threads() {
     let during = threads();
     assert!(
         during < before + 64,
-        "threads: {before} before, {during} with 1,000 streams"
+        "threads: {before} before, {during} with 1,000 streams: {:?}",
+        names()
     );
     drop(streams);
 }

@@ -499,6 +499,39 @@ pub(crate) fn decode_all(session: &str, raw: Vec<RawRecord>) -> Result<Vec<Recor
     Ok(out)
 }
 
+/// [`verify`] off the async threads for big reads: a few at a time on blocking
+/// threads (the permit travels with the work), so many readers (a thousand event
+/// streams) share a handful of threads. Small reads, the common tail of a stream, are
+/// decoded in place.
+pub(crate) async fn verify_off_thread(
+    session: String,
+    from: u64,
+    last_seq: u64,
+    raw: Vec<RawRecord>,
+) -> Result<Vec<Record>> {
+    /// Records decoded in place rather than on a blocking thread.
+    const IN_PLACE: usize = 16;
+    /// Reads decoded on blocking threads at once, per process.
+    static DECODERS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
+    if raw.len() <= IN_PLACE {
+        return verify(&session, from, last_seq, raw);
+    }
+    let permit = DECODERS
+        .acquire()
+        .await
+        .map_err(|e| Error::Backend(format!("decode task failed: {e}")))?;
+    let permit = SendPermit(permit);
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        verify(&session, from, last_seq, raw)
+    })
+    .await
+    .map_err(|e| Error::Backend(format!("decode task failed: {e}")))?
+}
+
+/// A permit of a `'static` semaphore, held by the blocking work it admits.
+struct SendPermit(#[allow(dead_code)] tokio::sync::SemaphorePermit<'static>);
+
 /// Checks that rows run `from`, `from + 1`, ... up to the session's `last_seq` without
 /// gaps, then verifies and decodes them.
 pub(crate) fn verify(

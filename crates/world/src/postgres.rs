@@ -15,8 +15,8 @@ use steadfast_log::{Event, Record};
 use tokio_postgres::{NoTls, Row, Transaction};
 
 use crate::{
-    now_ms, summarize, verify, Error, Holder, Inbound, InboundKind, Lease, LeaseRow, RawRecord,
-    Result, SessionSummary, World,
+    now_ms, summarize, Error, Holder, Inbound, InboundKind, Lease, LeaseRow, RawRecord, Result,
+    SessionSummary, World,
 };
 
 mod listen;
@@ -552,10 +552,7 @@ impl PostgresWorld {
             .collect();
         crate::unspill(session, self.spill.as_ref(), &mut raw).await?;
         let raw: Vec<RawRecord> = raw.into_iter().map(|(r, _)| r).collect();
-        let session = session.to_string();
-        tokio::task::spawn_blocking(move || verify(&session, from, to_u64(last_seq), raw))
-            .await
-            .map_err(|e| Error::Backend(format!("decode task failed: {e}")))?
+        crate::verify_off_thread(session.to_string(), from, to_u64(last_seq), raw).await
     }
 }
 

@@ -2,7 +2,7 @@
 //! committed append survives a process crash and a power cut.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
@@ -10,8 +10,8 @@ use steadfast_log::record::{self, EncodedRecord};
 use steadfast_log::{Event, Record};
 
 use crate::{
-    now_ms, summarize, verify, Error, Holder, Inbound, InboundKind, Lease, LeaseRow, RawRecord,
-    Result, SessionSummary, World,
+    now_ms, summarize, Error, Holder, Inbound, InboundKind, Lease, LeaseRow, RawRecord, Result,
+    SessionSummary, World,
 };
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records the last.
@@ -65,12 +65,10 @@ const USER_VERSION: i64 = MIGRATIONS.len() as i64;
 /// A [`World`] in one SQLite file.
 #[derive(Clone)]
 pub struct SqliteWorld {
-    /// The one connection.
-    conn: Arc<Mutex<Connection>>,
-    /// Calls that may wait for the connection on a blocking thread at once. The rest
-    /// wait as tasks, so many callers (a thousand event streams, say) do not each
-    /// park a thread of the blocking pool on the connection's lock.
-    threads: Arc<tokio::sync::Semaphore>,
+    /// The one connection, owned by a thread of its own that runs the calls sent to
+    /// it in order: callers wait as tasks, so any number of them (a thousand event
+    /// streams, say) occupy one thread, not one each of the blocking pool.
+    jobs: Arc<std::sync::mpsc::Sender<Job>>,
     path: PathBuf,
     changes: Arc<tokio::sync::watch::Sender<u64>>,
     spill: Option<crate::Blobs>,
@@ -80,8 +78,25 @@ fn backend(e: rusqlite::Error) -> Error {
     Error::Backend(e.to_string())
 }
 
-/// How many world calls of one process may occupy blocking threads at once.
-const BLOCKING_CALLS: usize = 4;
+/// A call for the connection's thread.
+type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+
+/// Starts the thread that owns `conn` and runs the jobs sent to it; it ends (closing
+/// the connection) when the last handle of the world is dropped.
+fn connection_thread(mut conn: Connection, path: &Path) -> Result<std::sync::mpsc::Sender<Job>> {
+    let (tx, rx) = std::sync::mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name("steadfast-sqlite".into())
+        .spawn(move || {
+            for job in rx {
+                // A call that panics fails alone (its caller sees the thread's answer
+                // go missing); the connection goes on serving the others.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut conn)));
+            }
+        })
+        .map_err(|e| Error::Backend(format!("{}: cannot start its thread: {e}", path.display())))?;
+    Ok(tx)
+}
 
 /// Makes a new world file that is never seen half made: the database is created
 /// (WAL mode set) under a temporary name and linked into place, which fails if another
@@ -217,8 +232,7 @@ impl SqliteWorld {
             tx.commit().map_err(backend)?;
         }
         Ok(SqliteWorld {
-            conn: Arc::new(Mutex::new(conn)),
-            threads: Arc::new(tokio::sync::Semaphore::new(BLOCKING_CALLS)),
+            jobs: Arc::new(connection_thread(conn, &path)?),
             path,
             changes: Arc::new(tokio::sync::watch::channel(0).0),
             spill: None,
@@ -240,18 +254,17 @@ impl SqliteWorld {
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let _turn = self
-            .threads
-            .acquire()
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            // A caller that gave up does not stop the call; its answer is dropped.
+            let _ = reply.send(f(conn));
+        });
+        self.jobs
+            .send(job)
+            .map_err(|_| Error::Backend("the world's connection thread is gone".into()))?;
+        answer
             .await
-            .map_err(|e| Error::Backend(format!("world task failed: {e}")))?;
-        let conn = self.conn.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut conn = conn.lock().unwrap_or_else(|e| e.into_inner());
-            f(&mut conn)
-        })
-        .await
-        .map_err(|e| Error::Backend(format!("world task failed: {e}")))?
+            .map_err(|_| Error::Backend("the world's connection thread is gone".into()))?
     }
 }
 
@@ -511,9 +524,7 @@ impl World for SqliteWorld {
             .await?;
         crate::unspill(&name, self.spill.as_ref(), &mut raw).await?;
         let raw: Vec<RawRecord> = raw.into_iter().map(|(r, _)| r).collect();
-        tokio::task::spawn_blocking(move || verify(&name, from, last_seq, raw))
-            .await
-            .map_err(|e| Error::Backend(format!("decode task failed: {e}")))?
+        crate::verify_off_thread(name, from, last_seq, raw).await
     }
 
     async fn list_sessions(&self) -> Result<Vec<SessionSummary>> {

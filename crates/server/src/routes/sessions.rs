@@ -318,14 +318,7 @@ async fn lease_stopping<W: World + Clone>(
                 if std::time::Instant::now() < deadline =>
             {
                 if !interrupted {
-                    world
-                        .post(
-                            id,
-                            steadfast_world::InboundKind::Signal,
-                            steadfast_log::INTERRUPT_SIGNAL,
-                            &json!({"by": owner}),
-                        )
-                        .await?;
+                    post_interrupt(world, id, owner).await?;
                     interrupted = true;
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -333,6 +326,18 @@ async fn lease_stopping<W: World + Clone>(
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// Asks whoever drives session `id` to stop its turn, on behalf of `owner`.
+async fn post_interrupt<W: World>(world: &W, id: &str, owner: &str) -> Result<u64, ApiError> {
+    Ok(world
+        .post(
+            id,
+            steadfast_world::InboundKind::Signal,
+            steadfast_log::INTERRUPT_SIGNAL,
+            &json!({ "by": owner }),
+        )
+        .await?)
 }
 
 /// `POST /v1/sessions/{id}/interrupt`: stops the running turn, wherever its driver
@@ -354,16 +359,7 @@ pub(crate) async fn interrupt<W: World + Clone>(
             ),
         ));
     }
-    let inbox_id = state
-        .harness
-        .world()
-        .post(
-            &id,
-            steadfast_world::InboundKind::Signal,
-            steadfast_log::INTERRUPT_SIGNAL,
-            &json!({"by": owner}),
-        )
-        .await?;
+    let inbox_id = post_interrupt(state.harness.world(), &id, &owner).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({"id": inbox_id, "session": id, "by": owner})),
