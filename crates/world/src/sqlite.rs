@@ -68,7 +68,7 @@ pub struct SqliteWorld {
     /// The one connection, owned by a thread of its own that runs the calls sent to
     /// it in order: callers wait as tasks, so any number of them (a thousand event
     /// streams, say) occupy one thread, not one each of the blocking pool.
-    jobs: Arc<std::sync::mpsc::Sender<Job>>,
+    jobs: Arc<ConnectionThread>,
     path: PathBuf,
     changes: Arc<tokio::sync::watch::Sender<u64>>,
     spill: Option<crate::Blobs>,
@@ -81,21 +81,53 @@ fn backend(e: rusqlite::Error) -> Error {
 /// A call for the connection's thread.
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
-/// Starts the thread that owns `conn` and runs the jobs sent to it; it ends (closing
-/// the connection) when the last handle of the world is dropped.
-fn connection_thread(mut conn: Connection, path: &Path) -> Result<std::sync::mpsc::Sender<Job>> {
-    let (tx, rx) = std::sync::mpsc::channel::<Job>();
-    std::thread::Builder::new()
-        .name("steadfast-sqlite".into())
-        .spawn(move || {
-            for job in rx {
-                // A call that panics fails alone (its caller sees the thread's answer
-                // go missing); the connection goes on serving the others.
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut conn)));
-            }
+/// The thread that owns the connection. Dropping the last handle closes the
+/// connection before the drop returns (so the file is whole and checkpointed once a
+/// world is gone).
+struct ConnectionThread {
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ConnectionThread {
+    fn start(mut conn: Connection, path: &Path) -> Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("steadfast-sqlite".into())
+            .spawn(move || {
+                for job in rx {
+                    // A call that panics fails alone (its caller sees the answer go
+                    // missing); the connection goes on serving the others.
+                    let _ =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut conn)));
+                }
+            })
+            .map_err(|e| {
+                Error::Backend(format!("{}: cannot start its thread: {e}", path.display()))
+            })?;
+        Ok(ConnectionThread {
+            jobs: Some(tx),
+            thread: Some(thread),
         })
-        .map_err(|e| Error::Backend(format!("{}: cannot start its thread: {e}", path.display())))?;
-    Ok(tx)
+    }
+
+    fn send(&self, job: Job) -> Result<()> {
+        self.jobs
+            .as_ref()
+            .and_then(|jobs| jobs.send(job).ok())
+            .ok_or_else(|| Error::Backend("the world's connection thread is gone".into()))
+    }
+}
+
+impl Drop for ConnectionThread {
+    fn drop(&mut self) {
+        self.jobs.take();
+        if let Some(thread) = self.thread.take() {
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
+        }
+    }
 }
 
 /// Makes a new world file that is never seen half made: the database is created
@@ -232,7 +264,7 @@ impl SqliteWorld {
             tx.commit().map_err(backend)?;
         }
         Ok(SqliteWorld {
-            jobs: Arc::new(connection_thread(conn, &path)?),
+            jobs: Arc::new(ConnectionThread::start(conn, &path)?),
             path,
             changes: Arc::new(tokio::sync::watch::channel(0).0),
             spill: None,
@@ -259,9 +291,7 @@ impl SqliteWorld {
             // A caller that gave up does not stop the call; its answer is dropped.
             let _ = reply.send(f(conn));
         });
-        self.jobs
-            .send(job)
-            .map_err(|_| Error::Backend("the world's connection thread is gone".into()))?;
+        self.jobs.send(job)?;
         answer
             .await
             .map_err(|_| Error::Backend("the world's connection thread is gone".into()))?
