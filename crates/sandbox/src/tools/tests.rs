@@ -201,7 +201,8 @@ async fn bash_timeout_kills_the_whole_process_group() {
     let out = call(
         &sb,
         "bash",
-        json!({"command": "(sleep 30; echo leaked > leaked.txt) & sleep 30", "timeout": 300}),
+        // A duration no other test uses: pgrep looks at the whole machine.
+        json!({"command": "(sleep 30.517; echo leaked > leaked.txt) & sleep 30.517", "timeout": 300}),
     )
     .await;
     assert!(start.elapsed() < Duration::from_secs(10));
@@ -212,7 +213,7 @@ async fn bash_timeout_kills_the_whole_process_group() {
     );
     tokio::time::sleep(Duration::from_millis(200)).await;
     let ps = std::process::Command::new("pgrep")
-        .args(["-f", "sleep 30"])
+        .args(["-f", "sleep 30.517"])
         .output()
         .unwrap();
     assert!(
