@@ -76,6 +76,10 @@ pub struct ServerConfig {
     /// none, and neither a create nor a `resume` signal can pass them.
     #[serde(default)]
     pub ceilings: LimitsConfig,
+    /// Web origins whose pages may call the API from a browser (CORS), e.g.
+    /// `["https://app.example.com"]`; `["*"]` for any. None by default.
+    #[serde(default)]
+    pub cors_origins: Vec<String>,
 }
 
 /// A configured token.

@@ -139,7 +139,7 @@ async fn twenty_sessions_survive_random_worker_kills_on_postgres() {
             if ev.event == "end" {
                 break;
             }
-            last = ev.event;
+            last = steadfast_testkit::frame_kind(&ev.event, &ev.data);
         }
         last
     });

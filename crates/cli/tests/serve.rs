@@ -119,7 +119,7 @@ async fn a_sigkilled_worker_s_turn_is_finished_by_another() {
             if ev.event == "end" {
                 break;
             }
-            frames.push((ev.event, ev.data));
+            frames.push((steadfast_testkit::frame_kind(&ev.event, &ev.data), ev.data));
         }
         frames
     });

@@ -182,7 +182,7 @@ async fn takeover(
         while let Some(ev) = stream.next().await {
             let ev = ev.unwrap();
             let end = ev.event == "end";
-            events.push(ev.event);
+            events.push(steadfast_testkit::frame_kind(&ev.event, &ev.data));
             if end {
                 break;
             }

@@ -1,10 +1,13 @@
 //! Session event streams: the log as server-sent events, ids = log positions.
 //!
-//! Every record becomes one event (`id` = its position, `event` = its type, `data` =
-//! the record as JSON), except that a model call cut off by a crash (or a dropped
-//! provider connection) becomes a `restart` event carrying the text the client should
-//! show in place of the turn's text so far. The frames are a pure function of the log,
-//! so every client, whenever and wherever it connects, sees the same bytes.
+//! Every record becomes one default (`message`) event, so a browser's
+//! `EventSource.onmessage` sees them all: `id` = its position, `data` = the record as
+//! JSON with its kind in `type`. A model call cut off by a crash (or a dropped provider
+//! connection) becomes `{"type": "restart", "text": ...}`, carrying the text the client
+//! should show in place of the turn's text so far; a log that cannot be read becomes
+//! `{"type": "error", ...}`. Only the close is named (`event: end`). The frames are a
+//! pure function of the log, so every client, whenever and wherever it connects, sees
+//! the same bytes.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -52,7 +55,8 @@ impl Tracker {
                 self.status = "running";
                 self.seen_inbox.push(*inbox_id);
             }
-            Event::WaitStarted { .. } => self.status = "waiting",
+            Event::WaitStarted { .. } | Event::Escalated { .. } => self.status = "waiting",
+            Event::TurnInterrupted { stopped: true, .. } => self.status = "idle",
             Event::SessionEnded { .. } => self.status = "ended",
             Event::ExchangeIntent { index, call_id, .. } => {
                 self.exchanges.insert(*index, false);
@@ -100,19 +104,23 @@ impl Tracker {
             Event::ModelCallInterrupted { .. } | Event::ModelDelta { restart: true, .. }
         ) || matches!(&record.event, Event::ExchangeIntent { index, .. }
                 if self.exchanges.get(index) == Some(&false));
-        if restart {
-            let data = serde_json::json!({"seq": record.seq, "text": self.turn_text});
-            return SseEvent::default()
-                .id(id)
-                .event("restart")
-                .data(data.to_string());
-        }
-        let data = serde_json::to_string(record).unwrap_or_default();
-        SseEvent::default()
-            .id(id)
-            .event(record.event.kind())
-            .data(data)
+        let data = if restart {
+            serde_json::json!({"type": "restart", "seq": record.seq, "text": self.turn_text})
+        } else {
+            typed(record)
+        };
+        SseEvent::default().id(id).data(data.to_string())
     }
+}
+
+/// The record as JSON, with its kind in `type` (first, for people reading the wire).
+fn typed(record: &Record) -> serde_json::Value {
+    let mut data = serde_json::Map::new();
+    data.insert("type".into(), record.event.kind().into());
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(record) {
+        data.extend(fields);
+    }
+    serde_json::Value::Object(data)
 }
 
 struct State<W> {
@@ -122,7 +130,9 @@ struct State<W> {
     until: Until,
     tracker: Tracker,
     changes: tokio::sync::watch::Receiver<u64>,
-    primed: bool,
+    /// Where the next read starts: first the beginning of the turn open at the
+    /// cursor (the tracker learns the turn's state from there), then after the cursor.
+    from: u64,
     done: bool,
 }
 
@@ -143,7 +153,7 @@ pub(crate) fn events<W: World + Clone>(
         cursor,
         until,
         tracker: Tracker::default(),
-        primed: false,
+        from: 0,
         done: false,
     };
     stream::unfold(state, |mut s| async move {
@@ -159,13 +169,22 @@ pub(crate) fn events<W: World + Clone>(
 impl<W: World + Clone> State<W> {
     async fn next_batch(&mut self) -> Vec<SseEvent> {
         loop {
-            let from = if self.primed { self.cursor + 1 } else { 1 };
-            let records = match self.world.read(&self.session, from).await {
+            let read = async {
+                if self.from == 0 {
+                    self.from = self
+                        .world
+                        .turn_began(&self.session, self.cursor)
+                        .await?
+                        .max(1);
+                }
+                self.world.read(&self.session, self.from).await
+            };
+            let records = match read.await {
                 Ok(r) => r,
                 Err(e) => {
                     self.done = true;
-                    let data = serde_json::json!({"error": {"code": "log_unreadable", "message": e.to_string()}});
-                    return vec![SseEvent::default().event("error").data(data.to_string())];
+                    let data = serde_json::json!({"type": "error", "error": {"code": "log_unreadable", "message": e.to_string()}});
+                    return vec![SseEvent::default().data(data.to_string())];
                 }
             };
             let mut out = Vec::new();
@@ -177,7 +196,7 @@ impl<W: World + Clone> State<W> {
                 }
                 self.tracker.observe(record);
             }
-            self.primed = true;
+            self.from = self.cursor + 1;
             if self.finished().await {
                 self.done = true;
                 out.push(SseEvent::default().event("end").data("{}"));

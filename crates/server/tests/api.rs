@@ -37,7 +37,7 @@ async fn read_frames(url: &str, last_id: Option<&str>, limit: usize) -> (Vec<Fra
         }
         frames.push(Frame {
             id: ev.id,
-            event: ev.event,
+            event: steadfast_testkit::frame_kind(&ev.event, &ev.data),
             data: ev.data,
         });
         if frames.len() >= limit {
@@ -153,7 +153,7 @@ async fn posting_a_message_streams_its_turn() {
     let mut kinds = Vec::new();
     while let Some(ev) = stream.next().await {
         let ev = ev.unwrap();
-        kinds.push(ev.event.clone());
+        kinds.push(steadfast_testkit::frame_kind(&ev.event, &ev.data));
         if ev.event == "end" {
             break;
         }
@@ -909,8 +909,9 @@ async fn a_steer_sent_during_a_long_tool_call_is_taken_at_the_next_step() {
         if ev.event == "end" {
             break;
         }
-        if ev.event != "model_delta" {
-            kinds.push(ev.event);
+        let kind = steadfast_testkit::frame_kind(&ev.event, &ev.data);
+        if kind != "model_delta" {
+            kinds.push(kind);
         }
     }
     let at = kinds

@@ -14,6 +14,18 @@ pub use fake::{router, FakeProvider, FakeState};
 
 use serde::Deserialize;
 
+/// The kind of a session stream frame as a client sees it: a default (`message`)
+/// frame carries it in its data's `type`; only `end` is a named event.
+pub fn frame_kind(event: &str, data: &str) -> String {
+    if event != "message" {
+        return event.to_string();
+    }
+    serde_json::from_str::<serde_json::Value>(data)
+        .ok()
+        .and_then(|v| v["type"].as_str().map(String::from))
+        .unwrap_or_default()
+}
+
 /// A scripted conversation: reply `i` answers the request whose conversation holds `i`
 /// completed model turns. A model turn whose tool calls were rolled back by a crash
 /// does not count, so the script repeats it, as a real model would retry.

@@ -118,6 +118,10 @@ impl World for AnyWorld {
         delegate!(self, w => w.read(session, from))
     }
 
+    async fn turn_began(&self, session: &str, at: u64) -> Result<u64> {
+        delegate!(self, w => w.turn_began(session, at))
+    }
+
     async fn list_sessions(&self) -> Result<Vec<SessionSummary>> {
         delegate!(self, w => w.list_sessions())
     }

@@ -41,6 +41,22 @@ pub async fn append_then_read<W: World>(world: &W) {
     assert_eq!(tail.len(), 1);
     assert!(world.read("s1", 4).await.unwrap().is_empty());
     assert_eq!(world.session("s1").await.unwrap().last_seq, 3);
+    let ended = Event::TurnEnded {
+        turn: 3,
+        reply: None,
+    };
+    world.append(&lease, &[ended]).await.unwrap();
+    assert_eq!(
+        world.turn_began("s1", 4).await.unwrap(),
+        3,
+        "the last turn began at 3"
+    );
+    assert_eq!(world.turn_began("s1", 2).await.unwrap(), 2);
+    assert_eq!(
+        world.turn_began("s1", 0).await.unwrap(),
+        0,
+        "no turn before the log"
+    );
 }
 
 /// Unknown sessions are `NotFound`; a duplicate create is `AlreadyExists`.

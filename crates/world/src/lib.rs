@@ -243,6 +243,11 @@ pub trait World: Send + Sync + 'static {
     /// Reads the session's records from position `from` (1 for all), verified.
     fn read(&self, session: &str, from: u64) -> impl Future<Output = Result<Vec<Record>>> + Send;
 
+    /// The position of the last `user_message` at or before `at` (0 if there is none):
+    /// where the turn open at `at` began, so a reader joining at `at` can learn the
+    /// turn's state from its start instead of from the whole log.
+    fn turn_began(&self, session: &str, at: u64) -> impl Future<Output = Result<u64>> + Send;
+
     /// Sessions, newest first.
     fn list_sessions(&self) -> impl Future<Output = Result<Vec<SessionSummary>>> + Send;
 

@@ -709,6 +709,20 @@ impl World for PostgresWorld {
         Ok(to_u64(id))
     }
 
+    async fn turn_began(&self, session: &str, at: u64) -> Result<u64> {
+        let client = self.client().await?;
+        let at = i64::try_from(at).unwrap_or(i64::MAX);
+        // Walks the primary key backwards from `at`: as far as the turn is long.
+        let row = client
+            .query_opt(
+                "SELECT seq FROM steadfast_events WHERE session_id = $1 AND seq <= $2 AND kind = 'user_message' ORDER BY seq DESC LIMIT 1",
+                &[&session, &at],
+            )
+            .await
+            .map_err(db)?;
+        Ok(row.map(|r| to_u64(r.get(0))).unwrap_or_default())
+    }
+
     async fn inbox(&self, session: &str) -> Result<Vec<Inbound>> {
         let client = self.client().await?;
         let rows = client

@@ -621,6 +621,20 @@ impl World for SqliteWorld {
         Ok(id)
     }
 
+    async fn turn_began(&self, session: &str, at: u64) -> Result<u64> {
+        let session = session.to_string();
+        self.with(move |conn| {
+            // Walks the primary key backwards from `at`: as far as the turn is long.
+            conn.prepare_cached(
+                "SELECT seq FROM events WHERE session_id = ?1 AND seq <= ?2 AND kind = 'user_message' ORDER BY seq DESC LIMIT 1",
+            )
+            .and_then(|mut stmt| stmt.query_row(params![session, at], |r| r.get::<_, u64>(0)).optional())
+            .map(Option::unwrap_or_default)
+            .map_err(backend)
+        })
+        .await
+    }
+
     async fn inbox(&self, session: &str) -> Result<Vec<Inbound>> {
         let session = session.to_string();
         self.with(move |conn| {

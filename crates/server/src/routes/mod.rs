@@ -18,7 +18,8 @@ use crate::{ServerState, MAX_BODY, OPENAPI};
 pub(crate) type Shared<W> = Arc<ServerState<W>>;
 
 pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
-    Router::new()
+    let cors = cors(&state.cors_origins);
+    let routes = Router::new()
         .route(
             "/v1/sessions",
             post(sessions::create::<W>).get(sessions::list::<W>),
@@ -48,7 +49,41 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::map_response(json_errors))
-        .with_state(state)
+        .with_state(state);
+    match cors {
+        Some(cors) => routes.layer(cors),
+        None => routes,
+    }
+}
+
+/// Lets pages from `origins` call the API from a browser: preflights are answered,
+/// and every response (errors included) names the origin. Browsers send the token in
+/// `Authorization` (no cookies), and a reconnecting `EventSource` its `Last-Event-ID`.
+fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| o.parse().ok()))
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([
+                axum::http::Method::GET,
+                axum::http::Method::POST,
+                axum::http::Method::DELETE,
+            ])
+            .allow_headers([
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                header::HeaderName::from_static("last-event-id"),
+            ])
+            .max_age(std::time::Duration::from_secs(3600)),
+    )
 }
 
 /// Makes every error response JSON (`{"error": {"code", "message"}}`), including the
