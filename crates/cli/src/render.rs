@@ -118,6 +118,12 @@ pub fn timeline(record: &Record) -> Vec<String> {
         Event::ExchangeIntent { index, api, fingerprint, stream, .. } => format!("gateway request #{index} ({api}{}, request {})", if *stream { ", streaming" } else { "" }, &fingerprint[..12.min(fingerprint.len())]),
         Event::ExchangeOutcome { status, body, .. } => format!("gateway reply: HTTP {status}, {} bytes recorded", body.len()),
         Event::ReplayDiverged { index, snapshot } => format!("replay diverged at request #{index}: later records superseded, workspace restored to {}", snap(snapshot)),
+        Event::DriveFailed { reason, attempt, retry_at_ms: Some(at) } => format!(
+            "ERROR (failure {attempt} in a row, retrying in {:.1}s): {}",
+            at.saturating_sub(record.at_ms) as f64 / 1000.0,
+            short(reason, 160)
+        ),
+        Event::DriveFailed { reason, .. } => format!("ERROR (not retryable): {}", short(reason, 160)),
         Event::SandboxLost { reason, .. } => format!("sandbox lost: {}; a new one is provisioned on demand", short(reason, 100)),
         Event::Escalated { breaker, reason, diff } => {
             let mut lines = vec![format!("{head}  session escalated by the {breaker} breaker: {reason}; send signal `resume` (raising the limit) to go on")];

@@ -79,11 +79,15 @@ pub fn demo_workspace() -> anyhow::Result<PathBuf> {
 }
 
 /// Diagnostics on stderr, as text or JSON, filtered by `RUST_LOG` (default: warnings).
+/// Colour only on a terminal (and never with `NO_COLOR`), so redirected logs are text.
 pub fn init_tracing(format: &str) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();

@@ -381,6 +381,31 @@ async fn an_unrunnable_session_fails_once_with_its_reason_and_can_be_deleted() {
         reason.contains("no API key for provider `anthropic`"),
         "{shown}"
     );
+    // The stream shows it as an `error` frame, and then ends.
+    let resp = reqwest::get(format!("{url}/v1/sessions/{id}/events"))
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream().eventsource();
+    let mut errors = Vec::new();
+    while let Some(ev) = stream.next().await {
+        let ev = ev.unwrap();
+        if ev.event == "end" {
+            break;
+        }
+        let data: Value = serde_json::from_str(&ev.data).unwrap();
+        if data["type"] == "error" {
+            errors.push(data);
+        }
+    }
+    assert_eq!(errors.len(), 1, "one error frame: {errors:?}");
+    assert_eq!(errors[0]["error"]["code"], "failed");
+    assert!(
+        errors[0]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no API key"),
+        "{errors:?}"
+    );
 
     // New sessions it cannot run are refused up front, naming what is missing.
     for (model, says) in [

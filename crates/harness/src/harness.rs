@@ -54,6 +54,8 @@ pub struct HarnessOptions {
     pub reconcilers: Vec<Arc<dyn steadfast_sandbox::reconcile::Reconciler>>,
     /// Wrapped agents: where their CLIs are, and the providers their gateway calls.
     pub agents: crate::wrapped::AgentOptions,
+    /// How long workers leave a session alone after a failure retrying may fix.
+    pub retry_backoff: crate::Backoff,
 }
 
 impl std::fmt::Debug for HarnessOptions {
@@ -102,6 +104,7 @@ impl HarnessOptions {
             prewarm_sandbox: true,
             reconcilers: vec![Arc::new(steadfast_sandbox::reconcile::GitPush)],
             agents: Default::default(),
+            retry_backoff: Default::default(),
         }
     }
 }

@@ -47,6 +47,7 @@
 //! # }
 //! ```
 
+mod backoff;
 mod driver;
 mod harness;
 mod interrupt;
@@ -55,6 +56,7 @@ mod slot;
 mod worker;
 mod wrapped;
 
+pub use backoff::Backoff;
 pub use driver::{Driver, Progress, Stop, APPROVAL_SIGNAL, APPROVAL_TOOL};
 pub use harness::{
     parse_model, Awake, Harness, HarnessOptions, ModelResolver, NewSession, Provisioner,

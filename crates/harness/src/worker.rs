@@ -14,7 +14,8 @@ use steadfast_world::{Holder, World};
 use crate::harness::Harness;
 use tracing::Instrument;
 
-/// How long a session whose driving failed with a retryable error is left alone.
+/// How long a session is held back when its failure cannot even be recorded (the
+/// world itself failing), or when it needs a CLI another host has.
 const COOL_DOWN: Duration = Duration::from_secs(5);
 /// How often an idle worker looks for work written by other processes.
 const POLL: Duration = Duration::from_millis(200);
@@ -36,7 +37,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "claiming a turn failed");
+                    tracing::warn!(worker = %holder.id, error = %e, "claiming a turn failed");
                     tokio::time::sleep(POLL * 5).await;
                 }
             }
@@ -72,19 +73,51 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
 
     /// A failure is a state, not a loop: one that retrying cannot fix (a model that
     /// cannot be called from anywhere, a log that does not fold) ends the session as
-    /// failed, with the reason in its log; a retryable one holds it back a while.
+    /// failed, with the reason in its log; a retryable one is recorded with the time
+    /// of the next attempt (backing off, with jitter), and the lease is given back:
+    /// no worker takes the session before then.
     async fn after_failure(&self, lease: &steadfast_world::Lease, e: &crate::Error) {
-        if e.is_retryable() {
+        if matches!(e, crate::Error::NotHere(_)) {
+            // Another host may have the CLI: hold this host's workers back only.
             return self.cool_down(lease).await;
         }
-        let ended = steadfast_log::Event::SessionEnded {
-            state: steadfast_log::EndState::Failed,
-            reason: format!("the session cannot be driven: {e}"),
-            diff: Vec::new(),
+        let attempt = match self.state(&lease.session).await {
+            Ok(state) => state.failures_in_row + 1,
+            Err(_) => 1,
         };
-        match self.world.append(lease, &[ended]).await {
+        let reason = format!("the session cannot be driven: {e}");
+        let mut events = Vec::new();
+        let retry_at_ms = e.is_retryable().then(|| {
+            let delay = self
+                .options
+                .retry_backoff
+                .delay(attempt, crate::Backoff::jitter(&lease.session, attempt));
+            steadfast_world::now_ms() + delay.as_millis() as u64
+        });
+        events.push(steadfast_log::Event::DriveFailed {
+            reason: reason.clone(),
+            attempt,
+            retry_at_ms,
+        });
+        if retry_at_ms.is_none() {
+            events.push(steadfast_log::Event::SessionEnded {
+                state: steadfast_log::EndState::Failed,
+                reason,
+                diff: Vec::new(),
+            });
+        }
+        match self.world.append(lease, &events).await {
             Ok(_) => {
-                tracing::warn!(session = %lease.session, error = %e, "session ended as failed");
+                match retry_at_ms {
+                    Some(at) => tracing::warn!(
+                        session = %lease.session, error = %e, attempt,
+                        retry_in_ms = at.saturating_sub(steadfast_world::now_ms()),
+                        "driving failed; retrying later"
+                    ),
+                    None => {
+                        tracing::warn!(session = %lease.session, error = %e, "session ended as failed")
+                    }
+                }
                 let _ = self.world.release_lease(lease).await;
             }
             Err(append) => {
@@ -97,7 +130,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// Keeps a failing session's lease for a while, so no worker retries it at once.
     async fn cool_down(&self, lease: &steadfast_world::Lease) {
         if let Err(e) = self.world.renew_lease(lease, COOL_DOWN).await {
-            tracing::debug!(error = %e, "could not hold the failing session back");
+            tracing::debug!(session = %lease.session, error = %e, "could not hold the failing session back");
         }
     }
 }

@@ -353,3 +353,103 @@ async fn a_worker_takes_queued_messages_from_the_world() -> anyhow::Result<()> {
     assert_eq!(state.last_reply().as_deref(), Some("second reply"));
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_provider_is_retried_later_with_backoff_and_no_lease_held() -> anyhow::Result<()>
+{
+    use std::time::Duration;
+    let setup = Setup::new(json!([
+        {"text": "back again", "fail": {"status": 503, "times": 3}}
+    ]))
+    .await;
+    let base_url = setup.fake.base_url();
+    let backoff = steadfast_harness::Backoff {
+        first: Duration::from_millis(300),
+        max: Duration::from_millis(500),
+    };
+    let harness = setup.harness_with(|o| {
+        // One attempt per wake: the provider's own retries are not what is measured.
+        o.models = std::sync::Arc::new(move |_spec: &steadfast_log::ModelSpec| {
+            let endpoint = steadfast_model::Endpoint {
+                base_url: base_url.clone(),
+                api_key: "k".into(),
+            };
+            let once = steadfast_model::RetryPolicy {
+                max_attempts: 1,
+                ..Default::default()
+            };
+            steadfast_model::ModelClient::new("anthropic", endpoint, once)
+        });
+        o.retry_backoff = backoff;
+    });
+    let mut session = NewSession::native("fake/m", &setup.workspace());
+    session.task = Some("go".into());
+    let id = harness.start_session(session).await?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let worker = harness.work(stop_rx);
+    let watch = async {
+        let mut retrying_seen = false;
+        for _ in 0..400 {
+            let summary = harness.world().session(&id).await.unwrap();
+            if summary.status == "retrying" {
+                retrying_seen = true;
+                // Between attempts nobody holds the session: another worker, or a
+                // close, could take it at once.
+                let probe = harness
+                    .world()
+                    .acquire_lease(&id, &Holder::new("probe"), Duration::from_secs(5))
+                    .await;
+                if let Ok(lease) = probe {
+                    harness.world().release_lease(&lease).await.unwrap();
+                } else {
+                    panic!("a retrying session's lease is held: {probe:?}");
+                }
+            }
+            if summary.status == "idle" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop_tx.send(true).unwrap();
+        retrying_seen
+    };
+    let ((), retrying_seen) = tokio::join!(worker, watch);
+    assert!(retrying_seen, "the status said `retrying` between attempts");
+    let log = harness.world().read(&id, 1).await?;
+    let failures: Vec<(u64, u32, u64)> = log
+        .iter()
+        .filter_map(|r| match &r.event {
+            Event::DriveFailed {
+                attempt,
+                retry_at_ms: Some(at),
+                ..
+            } => Some((r.at_ms, *attempt, *at)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        failures.iter().map(|f| f.1).collect::<Vec<_>>(),
+        [1, 2, 3],
+        "three failures in a row, counted: {failures:?}"
+    );
+    for (at, attempt, retry_at) in &failures {
+        let full = (backoff.first * 2u32.pow(attempt - 1)).min(backoff.max);
+        let delay = Duration::from_millis(retry_at - at);
+        assert!(
+            delay >= full / 2 && delay <= full,
+            "attempt {attempt}: waited {delay:?}, backoff {full:?} with jitter"
+        );
+    }
+    // No attempt began before its time.
+    for pair in failures.windows(2) {
+        assert!(
+            pair[1].0 >= pair[0].2,
+            "an attempt came early: {failures:?}"
+        );
+    }
+    let state = harness.state(&id).await?;
+    assert_eq!(state.last_reply().as_deref(), Some("back again"));
+    assert!(state.retry.is_none() && state.failures_in_row == 0);
+    assert_eq!(harness.world().session(&id).await?.status, "idle");
+    Ok(())
+}

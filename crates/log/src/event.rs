@@ -490,6 +490,21 @@ pub enum Event {
         #[serde(default)]
         diff: Vec<String>,
     },
+    /// A worker could not drive the session (a provider down, a store unreachable, a
+    /// model that cannot be called). A failure retrying may fix says when the next
+    /// attempt may begin, and no worker takes the session before then; one it cannot
+    /// fix has no next attempt and is followed by `session_ended` (failed).
+    DriveFailed {
+        /// What went wrong, in words.
+        reason: String,
+        /// Failures in a row, this one included (a recorded model or tool outcome
+        /// starts the count again).
+        attempt: u32,
+        /// When a worker may try again, ms since the Unix epoch; `None` for a failure
+        /// retrying cannot fix.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_at_ms: Option<u64>,
+    },
     /// The sandbox died (killed, out of memory, evicted). If a call was running in it,
     /// the call is resolved next by invariant 4 and a new sandbox is provisioned.
     SandboxLost {
@@ -607,6 +622,7 @@ impl Event {
             Event::TurnInterrupted { .. } => "turn_interrupted",
             Event::Escalated { .. } => "escalated",
             Event::SandboxLost { .. } => "sandbox_lost",
+            Event::DriveFailed { .. } => "drive_failed",
             Event::ExchangeIntent { .. } => "exchange_intent",
             Event::ExchangeOutcome { .. } => "exchange_outcome",
             Event::ReplayDiverged { .. } => "replay_diverged",

@@ -84,6 +84,17 @@ pub struct Wait {
     pub before_call: Option<String>,
 }
 
+/// A retry a worker scheduled after a failure retrying may fix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Retry {
+    /// Failures in a row.
+    pub attempt: u32,
+    /// The last failure, in words.
+    pub reason: String,
+    /// When a worker may try again, ms since the Unix epoch.
+    pub at_ms: u64,
+}
+
 /// One model request of a wrapped agent, as recorded by the gateway.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Exchange {
@@ -220,6 +231,10 @@ pub struct SessionState {
     pub waiting: Option<Wait>,
     /// Who interrupted the last turn, while the session is idle after it.
     pub interrupted_by: Option<String>,
+    /// The retry scheduled after the last failure, until the session is driven again.
+    pub retry: Option<Retry>,
+    /// Failures to drive the session since its last recorded model or tool outcome.
+    pub failures_in_row: u32,
     /// Tool calls a human approved (approval policy).
     pub approved: Vec<String>,
     /// The last inbox entry taken into the log.
@@ -344,6 +359,8 @@ impl SessionState {
             last_seq: 1,
             waiting: None,
             interrupted_by: None,
+            retry: None,
+            failures_in_row: 0,
             approved: Vec::new(),
             inbox_consumed: 0,
             limits: Limits {
@@ -612,6 +629,30 @@ impl SessionState {
         if self.ended {
             return Err(bad("the session has already ended"));
         }
+        match &record.event {
+            Event::DriveFailed {
+                reason,
+                attempt,
+                retry_at_ms,
+            } => {
+                self.failures_in_row = *attempt;
+                self.retry = retry_at_ms.map(|at_ms| Retry {
+                    attempt: *attempt,
+                    reason: reason.clone(),
+                    at_ms,
+                });
+                self.last_seq = record.seq;
+                return Ok(());
+            }
+            Event::ModelCallOutcome { .. }
+            | Event::ToolCallOutcome { .. }
+            | Event::ExchangeOutcome { .. }
+            | Event::TurnEnded { .. } => {
+                self.failures_in_row = 0;
+                self.retry = None;
+            }
+            _ => self.retry = None,
+        }
         if self.is_wrapped() {
             match self.apply_wrapped_tool(&record.event) {
                 Ok(true) => {
@@ -624,6 +665,7 @@ impl SessionState {
         }
         match &record.event {
             Event::SessionStarted { .. } => return Err(bad("session already started")),
+            Event::DriveFailed { .. } => {} // folded above, wrapped or not
             Event::UserMessage {
                 turn,
                 text,

@@ -16,8 +16,8 @@ pub use event::{
     DENIED, INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK, INTERRUPT_SIGNAL, RESUME_SIGNAL,
 };
 pub use fold::{
-    fold, Exchange, FoldError, Next, PendingModel, PendingTool, SessionState, Status, TurnStart,
-    Wait, WrappedTool,
+    fold, Exchange, FoldError, Next, PendingModel, PendingTool, Retry, SessionState, Status,
+    TurnStart, Wait, WrappedTool,
 };
 pub use message::{Block, Message, Role, ToolUse};
 pub use record::{CodecError, EncodedRecord, Record, SCHEMA_VERSION};

@@ -5,7 +5,9 @@
 //! JSON with its kind in `type`. A model call cut off by a crash (or a dropped provider
 //! connection) becomes `{"type": "restart", "text": ...}`, carrying the text the client
 //! should show in place of the turn's text so far; a log that cannot be read becomes
-//! `{"type": "error", ...}`. Only the close is named (`event: end`). The frames are a
+//! `{"type": "error", ...}`, and so does a failure the log records (a model call that
+//! failed for good, a worker that could not drive the session: `error.code` is
+//! `failed`, or `retrying` with the next attempt's time). Only the close is named (`event: end`). The frames are a
 //! pure function of the log, so every client, whenever and wherever it connects, sees
 //! the same bytes.
 
@@ -106,10 +108,37 @@ impl Tracker {
                 if self.exchanges.get(index) == Some(&false));
         let data = if restart {
             serde_json::json!({"type": "restart", "seq": record.seq, "text": self.turn_text})
+        } else if let Some(error) = error(&record.event) {
+            let mut data = typed(record);
+            data["type"] = "error".into();
+            data["error"] = error;
+            data
         } else {
             typed(record)
         };
         SseEvent::default().id(id).data(data.to_string())
+    }
+}
+
+/// What a client shows for a failure the log records: a retry that is scheduled
+/// (`retrying`, with when) or a failure that ended the session (`failed`).
+fn error(event: &Event) -> Option<serde_json::Value> {
+    match event {
+        Event::DriveFailed {
+            reason,
+            attempt,
+            retry_at_ms,
+        } => Some(serde_json::json!({
+            "code": if retry_at_ms.is_some() { "retrying" } else { "failed" },
+            "message": reason,
+            "attempt": attempt,
+            "next_attempt_at_ms": retry_at_ms,
+        })),
+        Event::ModelCallFailed { error, .. } => Some(serde_json::json!({
+            "code": "failed",
+            "message": error,
+        })),
+        _ => None,
     }
 }
 

@@ -352,12 +352,19 @@ pub(crate) struct Summary {
     pub waiting_for: Option<Option<String>>,
     /// Inbox entries these events took.
     pub taken: Vec<u64>,
+    /// Until when no worker may take the session (0: at once): a retry's time after
+    /// a failure, cleared by whatever the session records next.
+    pub retry_at_ms: u64,
 }
 
 /// The summary changes these events make.
 pub(crate) fn summarize(events: &[Event]) -> Summary {
     let mut s = Summary::default();
     for e in events {
+        s.retry_at_ms = match e {
+            Event::DriveFailed { retry_at_ms, .. } => retry_at_ms.unwrap_or(0),
+            _ => 0,
+        };
         match e {
             Event::SessionStarted { .. } | Event::TurnEnded { .. } => s.status = Some("idle"),
             Event::UserMessage {

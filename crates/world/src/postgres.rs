@@ -30,6 +30,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (3, include_str!("postgres/003_hot_updates.sql")),
     (4, include_str!("postgres/004_spill.sql")),
     (5, include_str!("postgres/005_escalated_resumes.sql")),
+    (6, include_str!("postgres/006_retry_at.sql")),
 ];
 const STALE_FENCE: &str = "SF001";
 /// Serialises concurrent `migrate` runs (an arbitrary, fixed advisory-lock key).
@@ -65,7 +66,8 @@ WITH s AS (
     UPDATE steadfast_sessions
        SET last_seq = last_seq + $5, updated_at_ms = $6,
            status = coalesce($7, status), title = coalesce($8, title),
-           waiting_for = CASE WHEN $9 THEN $10 ELSE waiting_for END
+           waiting_for = CASE WHEN $9 THEN $10 ELSE waiting_for END,
+           retry_at_ms = $19
      WHERE id = $1 AND lease_epoch = $2 AND lease_holder = $3 AND last_seq = $4
  RETURNING id),
 ins AS (
@@ -309,8 +311,10 @@ fn summary(r: &Row) -> SessionSummary {
     }
 }
 
+/// A session with a retry scheduled shows as `retrying`.
 const SUMMARY_COLUMNS: &str =
-    "id, owner, status, title, last_seq, created_at_ms, updated_at_ms FROM steadfast_sessions";
+    "id, owner, CASE WHEN retry_at_ms > 0 THEN 'retrying' ELSE status END, \
+     title, last_seq, created_at_ms, updated_at_ms FROM steadfast_sessions";
 
 impl PostgresWorld {
     /// The one-statement append. `None` if the lease or position moved (the caller
@@ -383,6 +387,7 @@ impl PostgresWorld {
                     &taken,
                     &notify,
                     &spilled,
+                    &(summary.retry_at_ms as i64),
                 ],
             )
             .await
@@ -467,13 +472,14 @@ impl PostgresWorld {
         }
         let summary = summarize(events);
         tx.execute(
-            "UPDATE steadfast_sessions SET last_seq = $2, updated_at_ms = $3, status = coalesce($4, status), title = coalesce($5, title) WHERE id = $1",
+            "UPDATE steadfast_sessions SET last_seq = $2, updated_at_ms = $3, status = coalesce($4, status), title = coalesce($5, title), retry_at_ms = $6 WHERE id = $1",
             &[
                 &lease.session,
                 &((last + records.len() as u64) as i64),
                 &(at_ms as i64),
                 &summary.status,
                 &summary.title,
+                &(summary.retry_at_ms as i64),
             ],
         )
         .await
@@ -794,6 +800,7 @@ impl World for PostgresWorld {
 const CLAIMABLE: &str = "
 SELECT s.id FROM steadfast_sessions s
 WHERE s.status IN ('running', 'idle', 'waiting', 'escalated')
+  AND s.retry_at_ms <= (extract(epoch from clock_timestamp()) * 1000)::bigint
   AND (s.lease_holder IS NULL
        OR s.lease_expires_ms <= (extract(epoch from clock_timestamp()) * 1000)::bigint
        OR s.lease_host = $1)

@@ -15,7 +15,11 @@ use crate::{
 };
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records the last.
-const MIGRATIONS: &[&str] = &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3];
+const MIGRATIONS: &[&str] = &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4];
+
+/// A session whose driving failed in a way retrying may fix waits until its retry
+/// time before any worker takes it (0: at once).
+const SCHEMA_V4: &str = "ALTER TABLE sessions ADD COLUMN retry_at_ms INTEGER NOT NULL DEFAULT 0;";
 
 /// Records too big to keep inline keep their body in the blob store.
 const SCHEMA_V3: &str = "ALTER TABLE events ADD COLUMN blob TEXT;";
@@ -357,8 +361,10 @@ fn summary(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionSummary> {
     })
 }
 
+/// A session with a retry scheduled shows as `retrying`.
 const SUMMARY_COLUMNS: &str =
-    "id, owner, status, title, last_seq, created_at_ms, updated_at_ms FROM sessions";
+    "id, owner, CASE WHEN retry_at_ms > 0 THEN 'retrying' ELSE status END, \
+     title, last_seq, created_at_ms, updated_at_ms FROM sessions";
 
 impl World for SqliteWorld {
     async fn create_session(&self, session: &str, owner: &str) -> Result<()> {
@@ -483,8 +489,8 @@ impl World for SqliteWorld {
             let events: Vec<Event> = records.iter().map(|r| r.event.clone()).collect();
             let summary = summarize(&events);
             tx.execute(
-                "UPDATE sessions SET last_seq = ?2, updated_at_ms = ?3, status = COALESCE(?4, status), title = COALESCE(?5, title) WHERE id = ?1",
-                params![lease.session, last + records.len() as u64, at_ms, summary.status, summary.title],
+                "UPDATE sessions SET last_seq = ?2, updated_at_ms = ?3, status = COALESCE(?4, status), title = COALESCE(?5, title), retry_at_ms = ?6 WHERE id = ?1",
+                params![lease.session, last + records.len() as u64, at_ms, summary.status, summary.title, summary.retry_at_ms],
             )
             .map_err(backend)?;
             if let Some(waiting_for) = &summary.waiting_for {
@@ -730,6 +736,7 @@ impl World for SqliteWorld {
 const CLAIMABLE: &str = "
 SELECT s.id FROM sessions s
 WHERE s.status IN ('running', 'idle', 'waiting', 'escalated')
+  AND s.retry_at_ms <= ?1
   AND (s.lease_holder IS NULL OR s.lease_expires_ms <= ?1 OR s.lease_host = ?2)
   AND (
     s.status = 'running'

@@ -273,9 +273,18 @@ pub(crate) async fn show<W: World + Clone>(
     let owner = state.auth.owner(&headers)?;
     let summary = owned(&state, &id, &owner).await?;
     let s = state.harness.state(&id).await?;
+    let status = match &s.retry {
+        Some(_) => "retrying".to_string(),
+        None => s.status.to_string(),
+    };
     Ok(Json(json!({
         "id": id,
-        "status": s.status,
+        "status": status,
+        "retry": s.retry.as_ref().map(|r| json!({
+            "attempt": r.attempt,
+            "reason": r.reason,
+            "next_attempt_at_ms": r.at_ms,
+        })),
         "title": summary.title,
         "model": s.model.to_string(),
         "turn": s.turn,
