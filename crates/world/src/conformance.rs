@@ -447,3 +447,53 @@ pub async fn big_records_spill_to_the_blob_store<W: World>(world: &W, blobs: &cr
     let err = world.read("big", 1).await.unwrap_err();
     assert!(matches!(err, Error::Corrupt { seq: 1, .. }), "{err}");
 }
+
+/// A retry scheduled after a failure holds the session back from the turn queue until
+/// its time, shows it as `retrying`, and whatever the session records next clears it.
+pub async fn a_scheduled_retry_holds_the_session_back<W: World>(world: &W) {
+    let worker = Holder::new("worker");
+    world.create_session("s1", "alice").await.unwrap();
+    let lease = world.acquire_lease("s1", &worker, TTL).await.unwrap();
+    world
+        .append(&lease, &[started(), message(1, "go")])
+        .await
+        .unwrap();
+    let failed = |retry_at_ms| Event::DriveFailed {
+        reason: "provider down".into(),
+        attempt: 1,
+        retry_at_ms: Some(retry_at_ms),
+    };
+    world
+        .append(&lease, &[failed(crate::now_ms() + 60_000)])
+        .await
+        .unwrap();
+    world.release_lease(&lease).await.unwrap();
+    assert_eq!(world.session("s1").await.unwrap().status, "retrying");
+    assert!(
+        world.claim(&worker, TTL).await.unwrap().is_none(),
+        "not claimed before its retry time"
+    );
+
+    let lease = world
+        .acquire_lease("s1", &Holder::new("api"), TTL)
+        .await
+        .unwrap();
+    world
+        .append(&lease, &[failed(crate::now_ms())])
+        .await
+        .unwrap();
+    world.release_lease(&lease).await.unwrap();
+    let claimed = world.claim(&worker, TTL).await.unwrap();
+    assert!(claimed.is_some(), "claimed once its time has come");
+    let lease = claimed.unwrap();
+    let ended = Event::TurnEnded {
+        turn: 1,
+        reply: None,
+    };
+    world.append(&lease, &[ended]).await.unwrap();
+    assert_eq!(
+        world.session("s1").await.unwrap().status,
+        "idle",
+        "the next record clears the retry"
+    );
+}

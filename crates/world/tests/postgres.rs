@@ -229,3 +229,9 @@ async fn big_records_spill_to_the_blob_store() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_scheduled_retry_holds_the_session_back() {
+    let db = TestDb::new().await;
+    conformance::a_scheduled_retry_holds_the_session_back(&db.world().await).await;
+}

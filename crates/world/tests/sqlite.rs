@@ -220,3 +220,8 @@ async fn an_empty_or_truncated_world_file_is_damage_not_a_fresh_start() -> anyho
     assert_eq!(SqliteWorld::open(&path)?.list_sessions().await?.len(), 40);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_scheduled_retry_holds_the_session_back() {
+    conformance::a_scheduled_retry_holds_the_session_back(&world().1).await;
+}
