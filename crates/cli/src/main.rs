@@ -2,6 +2,7 @@
 
 mod commands;
 mod config;
+mod home;
 mod render;
 mod setup;
 
@@ -15,14 +16,10 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "steadfast", version, about)]
 struct Cli {
-    /// Where sessions, blobs and snapshots are kept.
-    #[arg(
-        long,
-        global = true,
-        env = "STEADFAST_HOME",
-        default_value = ".steadfast"
-    )]
-    home: PathBuf,
+    /// Where sessions, blobs and snapshots are kept (default: the nearest `.steadfast`
+    /// here or above, else the per-user `~/.local/share/steadfast`).
+    #[arg(long, global = true, env = "STEADFAST_HOME")]
+    home: Option<PathBuf>,
     /// The configuration file (default: `steadfast.toml` here, if present).
     #[arg(long, global = true, env = "STEADFAST_CONFIG")]
     config: Option<PathBuf>,
@@ -65,8 +62,11 @@ enum Command {
     Resume(commands::run::ResumeArgs),
     /// List sessions.
     Sessions(commands::sessions::SessionsArgs),
-    /// Show a session's log as a timeline.
+    /// Show a session's log as a timeline (`--follow` to keep watching).
     Log(commands::log::LogArgs),
+    /// What a session changed in its workspace, as content diffs (`--from N --to M`
+    /// for the changes between two log positions).
+    Diff(commands::manage::DiffArgs),
     /// Serve the fake model provider (Anthropic and OpenAI wire formats) on loopback.
     FakeProvider(commands::fake::FakeArgs),
     /// Measure the journal and wake costs against baselines, in one run.
@@ -91,6 +91,18 @@ enum Command {
         /// The session.
         session: String,
     },
+    /// End a session for good (completed), interrupting a running turn first; its log
+    /// stays.
+    Close {
+        /// The session.
+        session: String,
+    },
+    /// Remove a session (its log and outputs), interrupting a running turn first. The
+    /// workspace is left where it is.
+    Delete {
+        /// The session.
+        session: String,
+    },
     /// Install a wrapped CLI agent's npm package: `claude-code` (its pinned version),
     /// `claude-code@2.1.332`, or a named agent (at its configured version).
     InstallAgent {
@@ -104,11 +116,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Print the hash of a bearer token, for the `[server] tokens` configuration.
-    HashToken {
-        /// The token.
-        token: String,
-    },
+    /// Print the hash of a bearer token read from stdin (so it stays out of shell
+    /// history and `ps`), for the `[server] tokens` configuration.
+    HashToken,
     /// Apply pending database migrations (PostgreSQL worlds).
     Migrate,
     /// Reclaim workspace snapshot objects that no session's log references.
@@ -121,14 +131,43 @@ enum Command {
     },
 }
 
+/// The exit code of a command line that does not parse (BSD `EX_USAGE`).
+const EXIT_USAGE: u8 = 64;
+
+/// A secret from stdin: its first line, without the line ending. On a terminal it
+/// asks for it (the input is not hidden, but it stays out of history and `ps`).
+fn read_secret() -> anyhow::Result<String> {
+    use std::io::{BufRead, IsTerminal};
+    if std::io::stdin().is_terminal() {
+        eprint!("token: ");
+    }
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    let token = line.trim_end_matches(['\n', '\r']);
+    if token.is_empty() {
+        anyhow::bail!("no token on stdin: echo -n \"$TOKEN\" | steadfast hash-token");
+    }
+    Ok(token.to_string())
+}
+
 fn main() -> ExitCode {
     // Inside a sandbox this program serves as its agent (see steadfast_sandbox::agent).
     let mut args = std::env::args().skip(1);
     if args.next().as_deref() == Some("sandbox-agent") {
         return ExitCode::from(steadfast_sandbox::agent::main(args) as u8);
     }
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and --version go to stdout and succeed; a usage error has its own
+            // exit code (EX_USAGE), apart from every outcome of a session.
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { 0 });
+        }
+    };
     setup::init_tracing(&cli.log_format);
+    let home = home::Home::find(cli.home.clone());
+    home::remember_invocation(&home);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -155,37 +194,56 @@ fn main() -> ExitCode {
             config.sandbox.network = cli.network.clone();
         }
         config.check()?;
+        // Commands that only read or control sessions create no home: without one
+        // there is nothing to find (a PostgreSQL world keeps sessions elsewhere).
+        let existing = || -> anyhow::Result<&std::path::Path> {
+            match config.world {
+                None => home.require(),
+                Some(_) => Ok(&home.path),
+            }
+        };
+        let path = home.path.as_path();
         match cli.command {
-            Command::Run(args) => commands::run::run(&cli.home, &config, args).await,
-            Command::Resume(args) => commands::run::resume(&cli.home, &config, args).await,
+            Command::Run(args) => commands::run::run(path, &config, args).await,
+            Command::Resume(args) => commands::run::resume(existing()?, &config, args).await,
             Command::Config { .. } => {
                 print!("{}", config.dump());
                 Ok(ExitCode::SUCCESS)
             }
-            Command::Sessions(args) => commands::sessions::run(&cli.home, &config, args).await,
-            Command::Log(args) => commands::log::run(&cli.home, &config, args).await,
-            Command::Serve(args) => commands::serve::serve(&cli.home, &config, args).await,
-            Command::Worker(args) => commands::serve::worker(&cli.home, &config, args).await,
+            Command::Sessions(args) => match existing() {
+                Ok(path) => commands::sessions::run(path, &config, args).await,
+                Err(e) => {
+                    eprintln!("steadfast: no sessions: {e:#}");
+                    Ok(ExitCode::SUCCESS)
+                }
+            },
+            Command::Log(args) => commands::log::run(existing()?, &config, args).await,
+            Command::Diff(args) => commands::manage::diff(existing()?, &config, args).await,
+            Command::Serve(args) => commands::serve::serve(path, &config, args).await,
+            Command::Worker(args) => commands::serve::worker(path, &config, args).await,
             Command::Signal { session, name, payload } => {
                 let payload: serde_json::Value = serde_json::from_str(&payload)
                     .map_err(|e| anyhow::anyhow!("the payload is not JSON: {e}"))?;
-                let world = setup::world(&cli.home, &config, false).await?;
+                let world = setup::world(existing()?, &config, false).await?;
                 let id = steadfast_world::World::post(&world, &session, steadfast_world::InboundKind::Signal, &name, &payload).await?;
-                eprintln!("steadfast: signal {name} queued for {session} (#{id}); `steadfast resume {session}` or a worker carries on");
+                eprintln!("steadfast: signal {name} queued for {session} (#{id}); `{} resume {session}` or a worker carries on", home::me());
                 Ok(ExitCode::SUCCESS)
             }
-            Command::Stop { session } => commands::stop::run(&cli.home, &config, &session).await,
+            Command::Stop { session } => commands::manage::stop(existing()?, &config, &session).await,
+            Command::Close { session } => commands::manage::close(existing()?, &config, &session).await,
+            Command::Delete { session } => commands::manage::delete(existing()?, &config, &session).await,
             Command::InstallAgent { name } => {
-                commands::wrapped::install(&cli.home, &config, &name).await
+                commands::wrapped::install(path, &config, &name).await
             }
-            Command::Agents { json } => commands::wrapped::list(&cli.home, &config, json),
-            Command::HashToken { token } => {
+            Command::Agents { json } => commands::wrapped::list(path, &config, json),
+            Command::HashToken => {
+                let token = read_secret()?;
                 println!("{}", steadfast_server::hash_token(&token));
                 Ok(ExitCode::SUCCESS)
             }
-            Command::Gc(args) => commands::gc::run(&cli.home, &config, args).await,
+            Command::Gc(args) => commands::gc::run(path, &config, args).await,
             Command::Migrate => {
-                let world = setup::world(&cli.home, &config, true).await?;
+                let world = setup::world(path, &config, true).await?;
                 world.migrate().await?;
                 eprintln!("steadfast: {} is up to date", world.describe().await?);
                 Ok(ExitCode::SUCCESS)

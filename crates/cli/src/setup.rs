@@ -10,6 +10,10 @@ use steadfast_world::AnyWorld;
 use crate::config::Config;
 use steadfast_testkit::{demo, FakeProvider, Script};
 
+/// How long the bundled demo's replies pause between streamed chunks, so a person
+/// watching it has time to interrupt it mid-run (a few seconds end to end).
+pub const DEMO_PACE_MS: u64 = 25;
+
 /// A harness for sessions of `provider`, plus the fake provider it talks to if
 /// `provider` is `fake` (kept alive as long as the harness is used).
 pub async fn harness(
@@ -18,14 +22,31 @@ pub async fn harness(
     world: AnyWorld,
     provider: &str,
 ) -> anyhow::Result<(Harness<AnyWorld, AnySandbox>, Option<FakeProvider>)> {
+    harness_paced(home, config, world, provider, None).await
+}
+
+/// [`harness`], with the fake provider's replies paced at `pace` ms per streamed
+/// chunk (`None`: as the script says).
+pub async fn harness_paced(
+    home: &Path,
+    config: &Config,
+    world: AnyWorld,
+    provider: &str,
+    pace: Option<u64>,
+) -> anyhow::Result<(Harness<AnyWorld, AnySandbox>, Option<FakeProvider>)> {
     if provider == "fake" {
-        let script = match std::env::var("STEADFAST_FAKE_SCRIPT") {
+        let mut script = match std::env::var("STEADFAST_FAKE_SCRIPT") {
             Ok(path) => Script::from_json(
                 &std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?,
             )
             .with_context(|| format!("parsing {path}"))?,
             Err(_) => demo::script(),
         };
+        if let Some(ms) = pace {
+            for step in &mut script.steps {
+                step.chunk_delay_ms = ms;
+            }
+        }
         let fake = FakeProvider::start(script)
             .await
             .context("starting the fake provider")?;

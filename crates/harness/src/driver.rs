@@ -145,10 +145,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
 
     /// Ends the session.
     pub async fn end(&mut self, state: EndState, reason: &str) -> Result<()> {
-        let diff = match state {
-            EndState::Escalated => self.diff_since_start().await,
-            _ => Vec::new(),
-        };
+        let diff = self.harness.changes_since_start(&self.state);
         self.append(vec![Event::SessionEnded {
             state,
             reason: reason.to_string(),
@@ -181,7 +178,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     pub async fn step(&mut self) -> Result<Option<Stop>> {
         let max_steps = self.harness.options.max_steps_per_turn;
         if let Some((breaker, reason)) = self.state.breaker(now_ms(), max_steps) {
-            let diff = self.diff_since_start().await;
+            let diff = self.harness.changes_since_start(&self.state);
             self.append(vec![Event::Escalated {
                 breaker,
                 reason,
@@ -679,19 +676,5 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     /// Whether a sandbox is running for this session now.
     pub async fn has_sandbox(&self) -> bool {
         self.sandbox.is_running().await
-    }
-
-    async fn diff_since_start(&self) -> Vec<String> {
-        let (Some(first), Some(last)) = (&self.state.initial_snapshot, &self.state.last_snapshot)
-        else {
-            return Vec::new();
-        };
-        match self.harness.drive.diff(first, last) {
-            Ok(changes) => changes
-                .into_iter()
-                .map(|c| format!("{} {}", format!("{:?}", c.kind).to_lowercase(), c.path))
-                .collect(),
-            Err(e) => vec![format!("(diff unavailable: {e})")],
-        }
     }
 }

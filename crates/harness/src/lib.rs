@@ -48,7 +48,9 @@
 //! ```
 
 mod backoff;
+mod diff;
 mod driver;
+mod ending;
 mod harness;
 mod interrupt;
 mod prompt;
@@ -57,7 +59,9 @@ mod worker;
 mod wrapped;
 
 pub use backoff::Backoff;
+pub use diff::{FileDiff, WorkspaceDiff};
 pub use driver::{Driver, Progress, Stop, APPROVAL_SIGNAL, APPROVAL_TOOL};
+pub use ending::STOP_WAIT;
 pub use harness::{
     parse_model, Awake, Harness, HarnessOptions, ModelResolver, NewSession, Provisioner,
 };

@@ -363,10 +363,11 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
 
     /// Ends the session.
     pub async fn end(&mut self, state: EndState, reason: &str) -> Result<()> {
+        let diff = self.harness.changes_since_start(&self.state);
         self.append(&[Event::SessionEnded {
             state,
             reason: reason.to_string(),
-            diff: Vec::new(),
+            diff,
         }])
         .await
     }

@@ -23,8 +23,16 @@ pub struct RunArgs {
     /// What the agent should do. Optional with the fake provider (it plays the demo task).
     task: Option<String>,
     /// The workspace directory (default with the fake provider: a new demo project).
+    /// It must exist, unless `--create` is given.
     #[arg(long)]
     workspace: Option<PathBuf>,
+    /// Create the workspace directory if it does not exist (an empty one).
+    #[arg(long)]
+    create: bool,
+    /// With the bundled fake provider: milliseconds between streamed chunks of its
+    /// replies (default 25 for the demo, so Ctrl-C can land mid-run; 0 for full speed).
+    #[arg(long, value_name = "MS")]
+    pace: Option<u64>,
     /// `provider/model`: anthropic/..., openai/... or fake/... (default: from the API key set).
     #[arg(long, env = "STEADFAST_MODEL")]
     model: Option<String>,
@@ -71,8 +79,27 @@ pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<
         .or(named_model)
         .unwrap_or_else(|| config.default_model());
     let provider = model.split('/').next().unwrap_or_default().to_string();
+    if let Some(w) = &args.workspace {
+        if !w.is_dir() && !args.create {
+            anyhow::bail!(
+                "the workspace {} {}; pass --create to start in a new, empty directory",
+                w.display(),
+                if w.exists() {
+                    "is not a directory"
+                } else {
+                    "does not exist"
+                }
+            );
+        }
+    }
     let world = setup::world(home, config, false).await?;
-    let (harness, fake) = setup::harness(home, config, world, &provider).await?;
+    // The bundled demo is paced for a person to watch (and interrupt).
+    let pace = args.pace.or_else(|| {
+        std::env::var_os("STEADFAST_FAKE_SCRIPT")
+            .is_none()
+            .then_some(setup::DEMO_PACE_MS)
+    });
+    let (harness, fake) = setup::harness_paced(home, config, world, &provider, pace).await?;
     // Before the session exists: an agent that cannot run here leaves nothing behind.
     harness.check_agent(&args.agent)?;
     if args.agent == "native" {
@@ -110,15 +137,44 @@ pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<
         args.agent,
         workspace.display()
     );
-    eprintln!("steadfast: if this process stops, carry on with: steadfast resume {id}");
+    eprintln!(
+        "steadfast: if this process stops, carry on with: {} resume {id}",
+        crate::home::me()
+    );
     eprintln!(
         "steadfast: sandbox {}",
         steadfast_sandbox::describe(&harness.options().sandbox)
     );
     let mut awake = harness.wake(&id).await?;
     let code = drive(&mut awake, args.json).await;
+    report_changes(&harness, &id).await;
     drop(fake);
     code
+}
+
+/// The session's changes to its workspace, one line each, and how to see them.
+async fn report_changes<W: World + Clone, S: Sandbox>(
+    harness: &steadfast_harness::Harness<W, S>,
+    id: &str,
+) {
+    let Ok(diff) = harness.diff(id, None, None).await else {
+        return;
+    };
+    if diff.files.is_empty() {
+        eprintln!("steadfast: the workspace is unchanged");
+        return;
+    }
+    eprintln!(
+        "steadfast: the session changed {} file(s):",
+        diff.files.len()
+    );
+    for line in diff.summary() {
+        eprintln!("  {line}");
+    }
+    eprintln!(
+        "steadfast: see the changes with: {} diff {id}",
+        crate::home::me()
+    );
 }
 
 pub async fn resume(home: &Path, config: &Config, args: ResumeArgs) -> anyhow::Result<ExitCode> {
@@ -134,6 +190,7 @@ pub async fn resume(home: &Path, config: &Config, args: ResumeArgs) -> anyhow::R
     // but a lost one is said, with its position, before it does.
     crate::commands::log::report_damage(harness.blobs(), &args.session, &records).await;
     let mut awake = harness.wake(&args.session).await?;
+    let session = args.session.clone();
     eprintln!(
         "steadfast: resuming session {} ({}) at #{} ({})",
         args.session, state.agent, state.last_seq, state.status
@@ -145,6 +202,8 @@ pub async fn resume(home: &Path, config: &Config, args: ResumeArgs) -> anyhow::R
         );
     }
     let code = drive(&mut awake, args.json).await;
+    drop(awake);
+    report_changes(&harness, &session).await;
     drop(fake);
     code
 }
@@ -168,11 +227,13 @@ fn watch<W: World + Clone, S: Sandbox>(driver: &mut Driver<'_, W, S>) {
             }
             Progress::Delta(Delta::ToolUse { .. }) => {}
             Progress::Appended(record) => {
-                if streaming {
-                    let _ = writeln!(err);
-                    streaming = false;
-                }
+                // A journaled piece of the reply streaming now shows nothing: the
+                // line goes on, so no word is split where a delta was written.
                 if let Some(line) = render::progress(record) {
+                    if streaming {
+                        let _ = writeln!(err);
+                        streaming = false;
+                    }
                     let _ = writeln!(err, "{line}");
                 }
             }
@@ -199,7 +260,7 @@ async fn drive<W: World + Clone, S: Sandbox>(
         _ = tokio::signal::ctrl_c() => {
             // Dropping the run stops the call in flight (a command's whole process
             // group is killed); its intent stays in the log for resume to resolve.
-            eprintln!("\nsteadfast: interrupted; nothing is lost. Carry on with: steadfast resume {}", awake.session());
+            eprintln!("\nsteadfast: interrupted; nothing is lost. Carry on with: {} resume {}", crate::home::me(), awake.session());
             return Ok(ExitCode::from(130));
         }
     };
@@ -215,7 +276,8 @@ async fn drive<W: World + Clone, S: Sandbox>(
         Err(e) if e.is_retryable() => {
             eprintln!("steadfast: stopped: {e}");
             eprintln!(
-                "steadfast: nothing is lost; carry on with: steadfast resume {}",
+                "steadfast: nothing is lost; carry on with: {} resume {}",
+                crate::home::me(),
                 awake.session()
             );
             return Ok(ExitCode::from(3));
@@ -280,9 +342,10 @@ async fn drive<W: World + Clone, S: Sandbox>(
             _ => "{}".to_string(),
         };
         eprintln!(
-            "steadfast: escalated by the {breaker} breaker: {}\nsteadfast: to go on, raise the bound and resume: steadfast signal {id} resume '{raise}' && steadfast resume {id}",
+            "steadfast: escalated by the {breaker} breaker: {}\nsteadfast: to go on, raise the bound and resume: {me} signal {id} resume '{raise}' && {me} resume {id}",
             wait.reason,
-            id = awake.session()
+            id = awake.session(),
+            me = crate::home::me()
         );
     }
     if interrupted.is_some() {

@@ -34,6 +34,7 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
             post(sessions::interrupt::<W>),
         )
         .route("/v1/sessions/{id}/integrity", get(sessions::integrity::<W>))
+        .route("/v1/sessions/{id}/diff", get(sessions::diff::<W>))
         .route(
             "/v1/sessions/{id}/messages",
             post(messages::post_message::<W>),

@@ -8,8 +8,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use steadfast_harness::NewSession;
-use steadfast_log::{EndState, Event, Output};
-use steadfast_world::{Holder, World};
+use steadfast_world::World;
 
 use super::{owned, Shared};
 use crate::auth::AuthMode;
@@ -305,50 +304,6 @@ pub(crate) async fn show<W: World + Clone>(
     })))
 }
 
-/// How long closing or deleting a running session waits for its interrupt to land.
-const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
-
-/// The session's lease for `ttl`. A session being driven is interrupted first (by
-/// `owner`), and its lease taken once its driver lets go.
-async fn lease_stopping<W: World + Clone>(
-    state: &Shared<W>,
-    id: &str,
-    owner: &str,
-    ttl: std::time::Duration,
-) -> Result<steadfast_world::Lease, ApiError> {
-    let world = state.harness.world();
-    let holder = Holder::new(format!("api-{}", uuid::Uuid::now_v7().simple()));
-    let deadline = std::time::Instant::now() + STOP_WAIT;
-    let mut interrupted = false;
-    loop {
-        match world.acquire_lease(id, &holder, ttl).await {
-            Ok(lease) => return Ok(lease),
-            Err(steadfast_world::Error::LeaseHeld { .. })
-                if std::time::Instant::now() < deadline =>
-            {
-                if !interrupted {
-                    post_interrupt(world, id, owner).await?;
-                    interrupted = true;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-/// Asks whoever drives session `id` to stop its turn, on behalf of `owner`.
-async fn post_interrupt<W: World>(world: &W, id: &str, owner: &str) -> Result<u64, ApiError> {
-    Ok(world
-        .post(
-            id,
-            steadfast_world::InboundKind::Signal,
-            steadfast_log::INTERRUPT_SIGNAL,
-            &json!({ "by": owner }),
-        )
-        .await?)
-}
-
 /// `POST /v1/sessions/{id}/interrupt`: stops the running turn, wherever its driver
 /// runs: a model stream is cut, a command killed; the session goes idle.
 pub(crate) async fn interrupt<W: World + Clone>(
@@ -368,7 +323,7 @@ pub(crate) async fn interrupt<W: World + Clone>(
             ),
         ));
     }
-    let inbox_id = post_interrupt(state.harness.world(), &id, &owner).await?;
+    let inbox_id = state.harness.interrupt(&id, &owner).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({"id": inbox_id, "session": id, "by": owner})),
@@ -382,22 +337,7 @@ pub(crate) async fn close<W: World + Clone>(
 ) -> Result<Json<Value>, ApiError> {
     let owner = state.auth.owner(&headers)?;
     owned(&state, &id, &owner).await?;
-    let world = state.harness.world();
-    let lease = lease_stopping(&state, &id, &owner, std::time::Duration::from_secs(10)).await?;
-    let s = state.harness.state(&id).await?;
-    if !s.is_ended() {
-        world
-            .append(
-                &lease,
-                &[Event::SessionEnded {
-                    state: EndState::Completed,
-                    reason: "closed by its owner".into(),
-                    diff: vec![],
-                }],
-            )
-            .await?;
-    }
-    world.release_lease(&lease).await?;
+    state.harness.close_session(&id, &owner).await?;
     Ok(Json(json!({"id": id, "status": "completed"})))
 }
 
@@ -408,23 +348,7 @@ pub(crate) async fn delete<W: World + Clone>(
 ) -> Result<StatusCode, ApiError> {
     let owner = state.auth.owner(&headers)?;
     owned(&state, &id, &owner).await?;
-    let world = state.harness.world();
-    // Holding the lease keeps workers off the session while it goes.
-    lease_stopping(&state, &id, &owner, std::time::Duration::from_secs(30)).await?;
-    let s = state.harness.state(&id).await?;
-    let records = world.read(&id, 1).await?;
-    for record in &records {
-        if let Event::ToolCallOutcome {
-            output: Output::Blob(b),
-            ..
-        } = &record.event
-        {
-            if let Err(e) = state.harness.blobs().delete(&b.hash).await {
-                tracing::warn!(session = %id, blob = %b.hash, error = %e, "could not delete a blob");
-            }
-        }
-    }
-    world.delete_session(&id).await?;
+    let s = state.harness.delete_session(&id, &owner).await?;
     // The workspace goes too if the server made it; its snapshot objects are shared
     // by content and reclaimed by garbage collection.
     let ws = std::path::Path::new(&s.workspace);
@@ -434,6 +358,35 @@ pub(crate) async fn delete<W: World + Clone>(
         }
     }
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DiffQuery {
+    from: Option<u64>,
+    to: Option<u64>,
+}
+
+/// `GET /v1/sessions/{id}/diff?from=N&to=M`: what the session changed in its
+/// workspace between two log positions (default: since it began), with the text of
+/// each change.
+pub(crate) async fn diff<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    query: Result<axum::extract::Query<DiffQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let owner = state.auth.owner(&headers)?;
+    owned(&state, &id, &owner).await?;
+    let axum::extract::Query(q) = query.map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            format!("from, to: {}", e.body_text()),
+        )
+    })?;
+    let diff = state.harness.diff(&id, q.from, q.to).await?;
+    Ok(Json(serde_json::to_value(diff).unwrap_or_default()))
 }
 
 /// `GET /v1/sessions/{id}/integrity`: reads the session's whole log (each record's

@@ -1,0 +1,133 @@
+//! `steadfast stop`, `close`, `delete` and `diff`: controlling and inspecting a
+//! session from any directory, whichever process drives it.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use steadfast_harness::Harness;
+use steadfast_sandbox::AnySandbox;
+use steadfast_world::{AnyWorld, World};
+
+use crate::config::Config;
+use crate::home::me;
+
+/// How long `stop` waits to see the turn stopped.
+const WAIT: Duration = Duration::from_secs(15);
+
+/// Who the log records as having stopped, closed or deleted a session.
+fn by() -> String {
+    format!(
+        "cli:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    )
+}
+
+/// A harness over the world (no model is called), and the session's summary.
+async fn open(
+    home: &Path,
+    config: &Config,
+    session: &str,
+) -> anyhow::Result<(
+    Harness<AnyWorld, AnySandbox>,
+    steadfast_world::SessionSummary,
+)> {
+    let world = crate::setup::world(home, config, false).await?;
+    let summary = world.session(session).await.map_err(|e| match e {
+        steadfast_world::Error::NotFound(_) => anyhow::anyhow!(
+            "no session {session} in the home {} (pass --home DIR, or set STEADFAST_HOME, to look elsewhere)",
+            home.display()
+        ),
+        other => other.into(),
+    })?;
+    let (harness, _) = crate::setup::harness(home, config, world, "none").await?;
+    Ok((harness, summary))
+}
+
+pub async fn stop(home: &Path, config: &Config, session: &str) -> anyhow::Result<ExitCode> {
+    let (harness, summary) = open(home, config, session).await?;
+    if !matches!(summary.status.as_str(), "running" | "waiting") {
+        eprintln!(
+            "steadfast: session {session} is {}; nothing runs, so there is nothing to stop",
+            summary.status
+        );
+        return Ok(ExitCode::from(1));
+    }
+    let id = harness.interrupt(session, &by()).await?;
+    let started = Instant::now();
+    while started.elapsed() < WAIT {
+        let now = harness.world().session(session).await?;
+        if !matches!(now.status.as_str(), "running" | "waiting") {
+            eprintln!(
+                "steadfast: session {session} stopped ({}, #{}) in {} ms; carry on with: {} resume {session}",
+                now.status,
+                now.last_seq,
+                started.elapsed().as_millis(),
+                me()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "steadfast: interrupt #{id} queued for {session}; its driver has not taken it yet (is one running?)"
+    );
+    Ok(ExitCode::from(1))
+}
+
+pub async fn close(home: &Path, config: &Config, session: &str) -> anyhow::Result<ExitCode> {
+    let (harness, _) = open(home, config, session).await?;
+    harness.close_session(session, &by()).await?;
+    eprintln!(
+        "steadfast: session {session} closed (completed); its log stays: {} log {session}",
+        me()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn delete(home: &Path, config: &Config, session: &str) -> anyhow::Result<ExitCode> {
+    let (harness, _) = open(home, config, session).await?;
+    let state = harness.delete_session(session, &by()).await?;
+    eprintln!(
+        "steadfast: session {session} deleted (its log and outputs); the workspace {} is left as it is",
+        state.workspace
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Arguments of `steadfast diff`.
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The session.
+    session: String,
+    /// From this log position (default: as the session began).
+    #[arg(long)]
+    from: Option<u64>,
+    /// To this log position (default: now).
+    #[arg(long)]
+    to: Option<u64>,
+    /// The diff as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn diff(home: &Path, config: &Config, args: DiffArgs) -> anyhow::Result<ExitCode> {
+    let (harness, _) = open(home, config, &args.session).await?;
+    let diff = harness.diff(&args.session, args.from, args.to).await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&diff)?);
+    } else {
+        use std::io::Write;
+        std::io::stdout()
+            .lock()
+            .write_all(diff.to_text().as_bytes())?;
+        eprintln!(
+            "steadfast: {} file(s) changed from #{} to #{}",
+            diff.files.len(),
+            diff.from_seq,
+            diff.to_seq
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,200 @@
+//! What a session changed in its workspace between two log positions, as content
+//! diffs read from the drive's snapshots (the workspace itself is never touched).
+
+use serde::Serialize;
+use steadfast_drive::{ChangeKind, Entry};
+use steadfast_log::SessionState;
+use steadfast_sandbox::Sandbox;
+use steadfast_world::World;
+
+use crate::harness::Harness;
+use crate::{Error, Result};
+
+/// Files bigger than this are listed as changed without their content diff.
+const MAX_DIFFED: u64 = 1024 * 1024;
+
+/// The workspace changes between two log positions.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkspaceDiff {
+    /// The earlier position (0: as the session began).
+    pub from_seq: u64,
+    /// The later position.
+    pub to_seq: u64,
+    /// The snapshot in force at `from_seq`.
+    pub from_snapshot: Option<String>,
+    /// The snapshot in force at `to_seq`.
+    pub to_snapshot: Option<String>,
+    /// Each changed path, in path order.
+    pub files: Vec<FileDiff>,
+}
+
+/// One changed path.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileDiff {
+    /// The path, relative to the workspace.
+    pub path: String,
+    /// `added`, `removed` or `modified`.
+    pub change: ChangeKind,
+    /// A unified diff of its text (`None` for binary, huge or non-regular files).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch: Option<String>,
+    /// Why there is no patch, if there is none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl WorkspaceDiff {
+    /// The whole diff as text, file by file, in the format of `git diff`.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        for f in &self.files {
+            out.push_str(&format!("diff a/{0} b/{0} ({1:?})\n", f.path, f.change).to_lowercase());
+            match (&f.patch, &f.note) {
+                (Some(patch), _) => out.push_str(patch),
+                (None, Some(note)) => out.push_str(&format!("{note}\n")),
+                (None, None) => {}
+            }
+        }
+        out
+    }
+
+    /// One line per changed path (`modified src/lib.rs`), for reports.
+    pub fn summary(&self) -> Vec<String> {
+        self.files
+            .iter()
+            .map(|f| format!("{} {}", format!("{:?}", f.change).to_lowercase(), f.path))
+            .collect()
+    }
+}
+
+impl<W: World + Clone, S: Sandbox> Harness<W, S> {
+    /// What `session` changed in its workspace from log position `from` (default: as
+    /// it began) to `to` (default: now).
+    pub async fn diff(
+        &self,
+        session: &str,
+        from: Option<u64>,
+        to: Option<u64>,
+    ) -> Result<WorkspaceDiff> {
+        let records = self.world().read(session, 1).await?;
+        let last = records.len() as u64;
+        let (from, to) = (from.unwrap_or(0), to.unwrap_or(last));
+        if from > to || to > last {
+            return Err(Error::Invalid(format!(
+                "from {from} and to {to} must satisfy 0 <= from <= to <= {last} (the last log position)"
+            )));
+        }
+        let at = |n: u64| -> Result<Option<String>> {
+            let state = steadfast_log::fold(&records[..n.max(1) as usize])?;
+            Ok(if n == 0 {
+                state.initial_snapshot
+            } else {
+                state.last_snapshot
+            })
+        };
+        let (a, b) = (at(from)?, at(to)?);
+        let drive = self.drive.clone();
+        let (a2, b2) = (a.clone(), b.clone());
+        let files = tokio::task::spawn_blocking(move || match (a2, b2) {
+            (Some(a), Some(b)) => file_diffs(&drive, &a, &b),
+            _ => Ok(Vec::new()),
+        })
+        .await
+        .map_err(|e| Error::Invalid(format!("diff task: {e}")))??;
+        Ok(WorkspaceDiff {
+            from_seq: from,
+            to_seq: to,
+            from_snapshot: a,
+            to_snapshot: b,
+            files,
+        })
+    }
+
+    /// The paths a session changed since it began, one line each, for its final
+    /// record and reports.
+    pub(crate) fn changes_since_start(&self, state: &SessionState) -> Vec<String> {
+        let (Some(first), Some(last)) = (&state.initial_snapshot, &state.last_snapshot) else {
+            return Vec::new();
+        };
+        match self.drive.diff(first, last) {
+            Ok(changes) => changes
+                .into_iter()
+                .map(|c| format!("{} {}", format!("{:?}", c.kind).to_lowercase(), c.path))
+                .collect(),
+            Err(e) => vec![format!("(diff unavailable: {e})")],
+        }
+    }
+}
+
+fn file_diffs(drive: &steadfast_drive::Drive, a: &str, b: &str) -> Result<Vec<FileDiff>> {
+    let (old, new) = (drive.manifest(a)?, drive.manifest(b)?);
+    let mut files = Vec::new();
+    for change in old.diff(&new) {
+        let before = old.entries.get(&change.path);
+        let after = new.entries.get(&change.path);
+        let text = |snapshot: &str, entry: Option<&Entry>| -> Result<Option<Option<String>>> {
+            // Some(Some(text)), Some(None) for no file here, None for not diffable.
+            match entry {
+                None => Ok(Some(None)),
+                Some(Entry::File { size, .. }) if *size <= MAX_DIFFED => {
+                    let bytes = drive.read_file(snapshot, &change.path)?;
+                    Ok(match String::from_utf8(bytes) {
+                        Ok(s) if !s.contains('\0') => Some(Some(s)),
+                        _ => None,
+                    })
+                }
+                Some(_) => Ok(None),
+            }
+        };
+        let (patch, note) = match (text(a, before)?, text(b, after)?) {
+            (Some(old_text), Some(new_text)) => {
+                let (old_text, new_text) =
+                    (old_text.unwrap_or_default(), new_text.unwrap_or_default());
+                let old_name = match before {
+                    Some(_) => format!("a/{}", change.path),
+                    None => "/dev/null".into(),
+                };
+                let new_name = match after {
+                    Some(_) => format!("b/{}", change.path),
+                    None => "/dev/null".into(),
+                };
+                let diff = similar::TextDiff::from_lines(&old_text, &new_text);
+                let patch = diff
+                    .unified_diff()
+                    .context_radius(3)
+                    .header(&old_name, &new_name)
+                    .to_string();
+                if patch.is_empty() {
+                    (None, Some(describe(before, after)))
+                } else {
+                    (Some(patch), None)
+                }
+            }
+            _ => (None, Some(describe(before, after))),
+        };
+        files.push(FileDiff {
+            path: change.path,
+            change: change.kind,
+            patch,
+            note,
+        });
+    }
+    Ok(files)
+}
+
+/// Words for a change that has no text diff.
+fn describe(before: Option<&Entry>, after: Option<&Entry>) -> String {
+    let what = |e: Option<&Entry>| match e {
+        None => "nothing".to_string(),
+        Some(Entry::File { size, exec, .. }) => {
+            format!(
+                "a {}file of {size} bytes",
+                if *exec { "executable " } else { "" }
+            )
+        }
+        Some(Entry::Symlink { target }) => format!("a symlink to {target}"),
+        Some(Entry::Dir) => "a directory".into(),
+        Some(Entry::Special { special }) => format!("a {special:?}").to_lowercase(),
+    };
+    format!("was {}, now {} (no text diff)", what(before), what(after))
+}
