@@ -147,7 +147,9 @@ pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<
     );
     let mut awake = harness.wake(&id).await?;
     let code = drive(&mut awake, args.json).await;
-    report_changes(&harness, &id).await;
+    if !matches!(code, Ok(c) if c == ExitCode::from(130)) {
+        report_changes(&harness, &id).await;
+    }
     drop(fake);
     code
 }
@@ -203,7 +205,9 @@ pub async fn resume(home: &Path, config: &Config, args: ResumeArgs) -> anyhow::R
     }
     let code = drive(&mut awake, args.json).await;
     drop(awake);
-    report_changes(&harness, &session).await;
+    if !matches!(code, Ok(c) if c == ExitCode::from(130)) {
+        report_changes(&harness, &session).await;
+    }
     drop(fake);
     code
 }

@@ -1,0 +1,421 @@
+//! The CLI as a new user meets it: the demo interrupted with Ctrl-C under a real
+//! pseudo-terminal and resumed with the printed line from another directory; a home
+//! found without flags and never created by commands that only read; the changes a
+//! session made; stopping, closing, deleting and following a session from another
+//! process.
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
+
+/// A person's machine: a home directory of their own and no API key, so the bundled
+/// fake provider plays the demo.
+struct Person {
+    dir: tempfile::TempDir,
+}
+
+impl Person {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        for sub in ["user", "here", "elsewhere"] {
+            std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        }
+        Person { dir }
+    }
+
+    fn path(&self, sub: &str) -> PathBuf {
+        self.dir.path().join(sub)
+    }
+
+    /// The per-user home the CLI should find.
+    fn user_home(&self) -> PathBuf {
+        self.path("user/.local/share/steadfast")
+    }
+
+    fn env(&self, cmd: &mut tokio::process::Command) {
+        cmd.env("HOME", self.path("user"))
+            .env("USER", "pat")
+            .env_remove("STEADFAST_HOME")
+            .env_remove("XDG_DATA_HOME")
+            .env_remove("STEADFAST_CONFIG")
+            .env_remove("STEADFAST_WORLD")
+            .env_remove("STEADFAST_MODEL")
+            .env_remove("STEADFAST_FAKE_SCRIPT")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("RUST_LOG");
+    }
+
+    fn command(&self, cwd: &str, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(BIN);
+        cmd.args(args)
+            .current_dir(self.path(cwd))
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        self.env(&mut cmd);
+        cmd
+    }
+
+    async fn steadfast(&self, cwd: &str, args: &[&str]) -> Output {
+        self.command(cwd, args).output().await.unwrap()
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The session id in a line `... resume <id>`.
+fn resume_line(output: &str) -> String {
+    let line = output
+        .lines()
+        .rev()
+        .find(|l| l.contains("resume ses_"))
+        .unwrap_or_else(|| panic!("a resume line: {output}"));
+    let at = line.rfind(": ").map(|i| i + 2).unwrap();
+    line[at..].trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_in_a_terminal_stops_the_demo_and_the_printed_line_resumes_it_from_elsewhere() {
+    let person = Person::new();
+    // `script` gives the demo a real pseudo-terminal: Ctrl-C is a byte typed into it,
+    // turned into SIGINT for the foreground process group by the terminal itself.
+    let mut cmd = tokio::process::Command::new("script");
+    cmd.args(["-qfec", &format!("{BIN} run"), "/dev/null"])
+        .current_dir(person.path("here"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    person.env(&mut cmd);
+    let mut terminal = cmd.spawn().unwrap();
+    let mut screen = terminal.stdout.take().unwrap();
+    let mut keyboard = terminal.stdin.take().unwrap();
+    let mut shown = Vec::new();
+    let mut buf = [0u8; 4096];
+    let typed_at = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let n = screen.read(&mut buf).await.unwrap();
+            assert!(
+                n > 0,
+                "the demo ended before it was interrupted: {}",
+                text(&shown)
+            );
+            shown.extend_from_slice(&buf[..n]);
+            // Mid-run: the fix is being made.
+            if text(&shown).contains("→ edit stats.py") {
+                keyboard.write_all(b"\x03").await.unwrap();
+                keyboard.flush().await.unwrap();
+                return shown.len();
+            }
+        }
+    })
+    .await
+    .expect("the demo reached its edit");
+    screen.read_to_end(&mut shown).await.unwrap();
+    let status = terminal.wait().await.unwrap();
+    let screen = text(&shown);
+    assert_eq!(status.code(), Some(130), "interrupted: {screen}");
+    assert!(
+        !text(&shown[typed_at..]).contains("All tests pass"),
+        "the demo stopped mid-run: {screen}"
+    );
+    assert!(screen.contains("nothing is lost"), "{screen}");
+
+    // The printed line, exactly as printed, from another directory.
+    let line = resume_line(&screen);
+    assert!(
+        line.starts_with(BIN),
+        "names the program as it can be run: {line}"
+    );
+    let mut resume = tokio::process::Command::new("sh");
+    resume
+        .args(["-c", &line])
+        .current_dir(person.path("elsewhere"))
+        .stdin(Stdio::null());
+    person.env(&mut resume);
+    let out = resume.output().await.unwrap();
+    let said = text(&out.stderr);
+    assert!(out.status.success(), "resumed: {said}");
+    assert!(said.contains("completed"), "{said}");
+    assert!(
+        said.contains("modified stats.py"),
+        "the report lists the changes: {said}"
+    );
+    let fixed = std::fs::read_to_string(person.path("here/steadfast-demo/stats.py")).unwrap();
+    assert!(
+        fixed.contains("/ len(values)") && !fixed.contains("len(values) - 1"),
+        "{fixed}"
+    );
+    assert!(
+        !person.path("elsewhere/.steadfast").exists()
+            && person.user_home().join("world.db").exists(),
+        "state is in the per-user home, not in either directory"
+    );
+}
+
+#[tokio::test]
+async fn commands_that_only_read_create_nothing_and_say_where_they_looked() {
+    let person = Person::new();
+    for args in [
+        vec!["sessions"],
+        vec!["log", "ses_nope"],
+        vec!["diff", "ses_nope"],
+        vec!["resume", "ses_nope"],
+        vec!["stop", "ses_nope"],
+    ] {
+        let out = person.steadfast("here", &args).await;
+        let said = text(&out.stderr);
+        assert!(
+            said.contains(&person.user_home().display().to_string()),
+            "{args:?} names the home it looked for: {said}"
+        );
+        assert!(
+            !person.path("user/.local").exists(),
+            "{args:?} created a home"
+        );
+        assert!(
+            !person.path("here/.steadfast").exists(),
+            "{args:?} created ./.steadfast"
+        );
+    }
+    // A home in a parent directory is found from below it, as git finds .git.
+    std::fs::create_dir_all(person.path("here/.steadfast")).unwrap();
+    std::fs::create_dir_all(person.path("here/deep/er")).unwrap();
+    let out = person
+        .steadfast("here/deep/er", &["run", "--pace", "0"])
+        .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(person.path("here/.steadfast/world.db").exists());
+    let listed = person.steadfast("here", &["sessions", "--json"]).await;
+    assert_eq!(text(&listed.stdout).lines().count(), 1);
+    let line = resume_line(&text(&out.stderr));
+    assert!(
+        line.contains(&format!(
+            "--home {}",
+            person.path("here/.steadfast").display()
+        )),
+        "a found home is named in the resume line, so it works from anywhere: {line}"
+    );
+}
+
+#[tokio::test]
+async fn usage_errors_missing_workspaces_and_secrets_on_the_command_line_are_refused() {
+    let person = Person::new();
+    let out = person.steadfast("here", &["run", "--no-such-flag"]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "a usage error has its own code"
+    );
+    let out = person.steadfast("here", &["frobnicate"]).await;
+    assert_eq!(out.status.code(), Some(64));
+    let out = person.steadfast("here", &["--help"]).await;
+    assert_eq!(out.status.code(), Some(0));
+
+    let out = person
+        .steadfast(
+            "here",
+            &["run", "go", "--workspace", "typo-dir", "--pace", "0"],
+        )
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("--create"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        !person.path("here/typo-dir").exists(),
+        "nothing was created"
+    );
+    assert!(
+        !person.path("user/.local").exists(),
+        "no session was created"
+    );
+    let out = person
+        .steadfast(
+            "here",
+            &["run", "--workspace", "fresh", "--create", "--pace", "0"],
+        )
+        .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(person.path("here/fresh").is_dir());
+
+    // The token comes from stdin; on the command line it is a usage error.
+    let out = person.steadfast("here", &["hash-token", "s3cret"]).await;
+    assert_eq!(out.status.code(), Some(64));
+    let mut cmd = person.command("here", &["hash-token"]);
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"s3cret\n")
+        .await
+        .unwrap();
+    let out = child.wait_with_output().await.unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        text(&out.stdout).trim(),
+        steadfast_server::hash_token("s3cret"),
+        "the line ending is not part of the token"
+    );
+}
+
+#[tokio::test]
+async fn a_session_shows_what_it_changed_as_content_diffs() {
+    let person = Person::new();
+    let out = person
+        .steadfast("here", &["run", "--pace", "0", "--json"])
+        .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = result["session"].as_str().unwrap();
+
+    let out = person.steadfast("elsewhere", &["diff", id]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let patch = text(&out.stdout);
+    for expected in [
+        "--- a/stats.py",
+        "+++ b/stats.py",
+        "-    return sum(values) / (len(values) - 1)",
+        "--- /dev/null",
+        "+++ b/test_regression.py",
+    ] {
+        assert!(patch.contains(expected), "`{expected}` in:\n{patch}");
+    }
+
+    let out = person.steadfast("elsewhere", &["diff", id, "--json"]).await;
+    let diff: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let files: Vec<&str> = diff["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(files, ["CHANGELOG.md", "stats.py", "test_regression.py"]);
+    // Between two positions: nothing changed before the first edit.
+    let out = person
+        .steadfast(
+            "elsewhere",
+            &["diff", id, "--from", "0", "--to", "3", "--json"],
+        )
+        .await;
+    let early: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(early["files"], serde_json::json!([]), "{early}");
+    let out = person
+        .steadfast("elsewhere", &["diff", id, "--from", "9", "--to", "2"])
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("from 9"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // The final record lists the changed paths too.
+    let out = person.steadfast("elsewhere", &["log", id, "--json"]).await;
+    let last: Value = serde_json::from_str(text(&out.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(
+        last["event"]["session_ended"]["diff"],
+        serde_json::json!([
+            "modified CHANGELOG.md",
+            "modified stats.py",
+            "added test_regression.py"
+        ])
+    );
+}
+
+fn slow_script(dir: &Path) -> PathBuf {
+    let path = dir.join("slow.json");
+    let steps = serde_json::json!({"steps": [
+        {"text": "Running the long job.", "tool_calls": [{"name": "bash", "input": {"command": "sleep 60"}}]},
+        {"text": "done"}
+    ]});
+    std::fs::write(&path, steps.to_string()).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_process_follows_stops_closes_and_deletes_a_running_session() {
+    let person = Person::new();
+    let script = slow_script(person.dir.path());
+    let mut run = person.command("here", &["run", "wait for it", "--workspace", "."]);
+    run.env("STEADFAST_FAKE_SCRIPT", &script)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut running = run.spawn().unwrap();
+    // Wait for the long command to be running.
+    let mut id = String::new();
+    for _ in 0..300 {
+        let out = person.steadfast("elsewhere", &["sessions", "--json"]).await;
+        if let Some(line) = text(&out.stdout).lines().next() {
+            let s: Value = serde_json::from_str(line).unwrap();
+            id = s["id"].as_str().unwrap().to_string();
+            let log = person.steadfast("elsewhere", &["log", &id, "--json"]).await;
+            if text(&log.stdout).contains("tool_call_intent") {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!id.is_empty(), "the session started");
+
+    // A follower from another directory, until the session ends.
+    let follower = person
+        .command("elsewhere", &["log", &id, "--follow"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    // `close` interrupts the running command at once and ends the session.
+    let started = std::time::Instant::now();
+    let closed = person.steadfast("elsewhere", &["close", &id]).await;
+    assert!(closed.status.success(), "{}", text(&closed.stderr));
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "closed without waiting for `sleep 60`"
+    );
+    let run_out = tokio::time::timeout(Duration::from_secs(20), running.wait())
+        .await
+        .expect("the running process stopped")
+        .unwrap();
+    assert_eq!(
+        run_out.code(),
+        Some(130),
+        "the driving process says it was interrupted"
+    );
+    let followed = tokio::time::timeout(Duration::from_secs(20), follower.wait_with_output())
+        .await
+        .expect("the follower ends with the session")
+        .unwrap();
+    let timeline = text(&followed.stdout);
+    assert!(timeline.contains("interrupted by cli:pat"), "{timeline}");
+    assert!(timeline.contains("closed by cli:pat"), "{timeline}");
+
+    let listed = person.steadfast("elsewhere", &["sessions", "--json"]).await;
+    let s: Value = serde_json::from_str(text(&listed.stdout).lines().next().unwrap()).unwrap();
+    assert_eq!(s["status"], "completed");
+    let deleted = person.steadfast("elsewhere", &["delete", &id]).await;
+    assert!(deleted.status.success(), "{}", text(&deleted.stderr));
+    let listed = person.steadfast("elsewhere", &["sessions", "--json"]).await;
+    assert_eq!(text(&listed.stdout).trim(), "", "the session is gone");
+    let log = person.steadfast("elsewhere", &["log", &id]).await;
+    assert_eq!(log.status.code(), Some(1));
+    assert!(
+        text(&log.stderr).contains("no session"),
+        "{}",
+        text(&log.stderr)
+    );
+}
