@@ -76,15 +76,7 @@ enum Command {
     /// Run workers only: take turns from the world's queue and drive them.
     Worker(commands::serve::WorkerArgs),
     /// Deliver a named signal to a session (e.g. `approval '{"approved": true}'`).
-    Signal {
-        /// The session.
-        session: String,
-        /// The signal's name.
-        name: String,
-        /// Its JSON payload.
-        #[arg(default_value = "null")]
-        payload: String,
-    },
+    Signal(commands::manage::SignalArgs),
     /// Stop a session's running turn at once, whichever process drives it: the model
     /// stream is cut or the command killed, and the session goes idle.
     Stop {
@@ -221,17 +213,16 @@ fn main() -> ExitCode {
             Command::Diff(args) => commands::manage::diff(existing()?, &config, args).await,
             Command::Serve(args) => commands::serve::serve(path, &config, args).await,
             Command::Worker(args) => commands::serve::worker(path, &config, args).await,
-            Command::Signal { session, name, payload } => {
-                let payload: serde_json::Value = serde_json::from_str(&payload)
-                    .map_err(|e| anyhow::anyhow!("the payload is not JSON: {e}"))?;
-                let world = setup::world(existing()?, &config, false).await?;
-                let id = steadfast_world::World::post(&world, &session, steadfast_world::InboundKind::Signal, &name, &payload).await?;
-                eprintln!("steadfast: signal {name} queued for {session} (#{id}); `{} resume {session}` or a worker carries on", home::me());
-                Ok(ExitCode::SUCCESS)
+            Command::Signal(args) => commands::manage::signal(existing()?, &config, args).await,
+            Command::Stop { session } => {
+                commands::manage::stop(existing()?, &config, &session).await
             }
-            Command::Stop { session } => commands::manage::stop(existing()?, &config, &session).await,
-            Command::Close { session } => commands::manage::close(existing()?, &config, &session).await,
-            Command::Delete { session } => commands::manage::delete(existing()?, &config, &session).await,
+            Command::Close { session } => {
+                commands::manage::close(existing()?, &config, &session).await
+            }
+            Command::Delete { session } => {
+                commands::manage::delete(existing()?, &config, &session).await
+            }
             Command::InstallAgent { name } => {
                 commands::wrapped::install(path, &config, &name).await
             }

@@ -167,7 +167,7 @@ async fn twenty_sessions_survive_random_worker_kills_on_postgres() {
         if all_idle(http.clone(), sessions.clone(), url1.clone()).await {
             break;
         }
-        if round % 8 == 7 && kills < 5 {
+        if round % 4 == 3 && kills < 5 {
             seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
             let victim = (seed >> 33) as usize % workers.len();
             workers[victim].start_kill().unwrap(); // SIGKILL

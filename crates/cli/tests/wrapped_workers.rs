@@ -441,3 +441,86 @@ async fn a_steer_reaches_a_running_wrapped_turn() {
         "the turn went on after the steer: {kinds:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_stops_a_running_wrapped_turn_at_once() {
+    installed("claude-code").await;
+    let mut script = demo::script();
+    // The second step's command runs far longer than anyone waits.
+    script.steps[1].tool_calls[0].input = json!({"command": "sleep 67; echo never"});
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let site = Site {
+        home: dir.path().join("home"),
+        world: None,
+        fake_url: fake.base_url(),
+    };
+    let (_api, url) = site.api().await;
+    let _worker = site.worker();
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{url}/v1/sessions"))
+        .json(&json!({"agent": "claude-code", "workspace": {"kind": "demo"}, "task": demo::TASK}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"].as_str().unwrap().to_string();
+    let running = || {
+        std::process::Command::new("pgrep")
+            .args(["-f", "sleep 67"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !running() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // From the API process, which does not drive the turn: the worker does.
+    let asked = std::time::Instant::now();
+    let resp = http
+        .post(format!("{url}/v1/sessions/{id}/interrupt"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    loop {
+        let shown: Value = http
+            .get(format!("{url}/v1/sessions/{id}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if shown["status"] == "idle" {
+            break;
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(15),
+            "the turn stopped within seconds: {shown}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!running(), "the command was killed");
+    let log = site.log(&id).await;
+    let kinds: Vec<String> = log.iter().map(kind).collect();
+    let stopped = log
+        .iter()
+        .find(|r| kind(r) == "turn_interrupted")
+        .unwrap_or_else(|| panic!("the interrupt is recorded: {kinds:?}"));
+    assert_eq!(
+        stopped["event"]["turn_interrupted"]["by"], "local",
+        "{stopped}"
+    );
+    assert_eq!(stopped["event"]["turn_interrupted"]["stopped"], true);
+    assert!(!kinds.contains(&"turn_ended".to_string()), "{kinds:?}");
+}

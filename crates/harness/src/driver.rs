@@ -10,7 +10,7 @@ use steadfast_sandbox::{classify, tool_specs, Sandbox};
 use steadfast_world::{now_ms, strip_ansi, InboundKind, Lease, World, INLINE_LIMIT};
 
 use crate::harness::Harness;
-use crate::interrupt;
+use steadfast_world::interrupt;
 
 /// Journal streamed text in pieces of at least this many bytes...
 const DELTA_BATCH: usize = 256;

@@ -48,20 +48,19 @@
 //! ```
 
 mod backoff;
+mod control;
 mod diff;
 mod driver;
-mod ending;
 mod harness;
-mod interrupt;
 mod prompt;
 mod slot;
 mod worker;
 mod wrapped;
 
 pub use backoff::Backoff;
+pub use control::{SignalTarget, STOP_WAIT};
 pub use diff::{FileDiff, WorkspaceDiff};
 pub use driver::{Driver, Progress, Stop, APPROVAL_SIGNAL, APPROVAL_TOOL};
-pub use ending::STOP_WAIT;
 pub use harness::{
     parse_model, Awake, Harness, HarnessOptions, ModelResolver, NewSession, Provisioner,
 };
@@ -92,6 +91,9 @@ pub enum Error {
     /// The request does not fit the session's state.
     #[error("{0}")]
     Invalid(String),
+    /// A signal for a wait that is not in progress (see [`Harness::signal`]).
+    #[error("{0}")]
+    NotWaiting(String),
     /// This host cannot drive the session (its agent's CLI is not installed here),
     /// though another may: the session is left as it is.
     #[error("{0}")]

@@ -12,6 +12,7 @@ use serde::Serialize;
 use steadfast_gateway::Upstreams;
 use steadfast_log::{fold, EndState, Event, SessionState, Status};
 use steadfast_sandbox::Sandbox;
+use steadfast_world::interrupt;
 use steadfast_world::{InboundKind, Lease, World};
 use steadfast_wrap::{drive_turn, Adapter, TurnReport, WrappedOptions};
 
@@ -277,8 +278,24 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
             if self.state.ended {
                 return Ok(Stop::Ended(end_state(self.state.status)));
             }
+            let inbox = self.harness.world.inbox(&self.lease.session).await?;
+            // An interrupt with no turn running (it came after the turn ended, or
+            // while escalated) stops nothing: it is recorded, and so taken, rather
+            // than left to stop a later turn; one for a waiting turn abandons the wait.
+            if self.state.status != Status::Running {
+                if let Some(item) = inbox.iter().find(|i| interrupt::is_interrupt(i)) {
+                    self.append(&[Event::TurnInterrupted {
+                        turn: self.state.turn,
+                        by: interrupt::sender(item),
+                        inbox_id: item.id,
+                        call_id: None,
+                        stopped: self.state.status == Status::Waiting,
+                    }])
+                    .await?;
+                    continue;
+                }
+            }
             if let Some(wait) = self.state.waiting.clone() {
-                let inbox = self.harness.world.inbox(&self.lease.session).await?;
                 let Some(signal) = inbox
                     .into_iter()
                     .find(|i| i.kind == InboundKind::Signal && i.name == wait.name)
@@ -316,7 +333,6 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
                     }
                 }
                 _ => {
-                    let inbox = self.harness.world.inbox(&self.lease.session).await?;
                     let Some(item) = inbox.into_iter().find(|i| i.kind != InboundKind::Signal)
                     else {
                         return Ok(Stop::Idle);

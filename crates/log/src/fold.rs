@@ -74,6 +74,9 @@ pub struct PendingTool {
 /// A pause until a named signal arrives.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Wait {
+    /// The log position where the wait began: an answer may name it, so that it
+    /// answers this wait and no later one.
+    pub seq: u64,
     /// The signal awaited.
     pub name: String,
     /// Why.
@@ -734,6 +737,7 @@ impl SessionState {
                 }
                 self.status = Status::Waiting;
                 self.waiting = Some(Wait {
+                    seq: record.seq,
                     name: name.clone(),
                     reason: reason.clone(),
                     call_id: call_id.clone(),
@@ -883,6 +887,7 @@ impl SessionState {
                 self.status = Status::Escalated;
                 self.escalated = Some(*breaker);
                 self.waiting = Some(Wait {
+                    seq: record.seq,
                     name: RESUME_SIGNAL.to_string(),
                     reason: reason.clone(),
                     call_id: None,

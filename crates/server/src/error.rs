@@ -94,6 +94,9 @@ impl From<steadfast_harness::Error> for ApiError {
             steadfast_harness::Error::Invalid(m) => {
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", m)
             }
+            steadfast_harness::Error::NotWaiting(m) => {
+                ApiError::new(StatusCode::CONFLICT, "not_waiting", m)
+            }
             steadfast_harness::Error::NotHere(m) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_here", m)
             }

@@ -616,16 +616,52 @@ async fn a_stale_approval_is_refused_and_never_pre_approves() {
         still["status"], "waiting",
         "no stale approval was taken: {still}"
     );
+    // An answer names the wait it answers: one naming another wait is refused.
+    let since = still["waiting_since"]
+        .as_u64()
+        .expect("the wait's position");
+    let wrong = call(
+        reqwest::Method::POST,
+        &format!("{approval}?wait={}", since - 1),
+        None,
+        Some(json!({"approved": true})),
+    )
+    .await;
+    assert_error(&wrong, 409, "not_waiting");
+    assert!(
+        wrong.1["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("now waits at #{since}")),
+        "{wrong:?}"
+    );
     let answer = call(
         reqwest::Method::POST,
-        &approval,
+        &format!("{approval}?wait={since}"),
         None,
         Some(json!({"approved": true})),
     )
     .await;
     assert_eq!(answer.0, 202, "{answer:?}");
+    assert_eq!(answer.1["answers"], since, "{answer:?}");
     let done = wait_status(&srv.url, id, None, "idle").await;
     assert_eq!(done["reply"], "approved, done");
+    // The same answer again is for a wait that is over.
+    let late = call(
+        reqwest::Method::POST,
+        &format!("{approval}?wait={since}"),
+        None,
+        Some(json!({"approved": true})),
+    )
+    .await;
+    assert_error(&late, 409, "not_waiting");
+    assert!(
+        late.1["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("no longer waits at #{since}")),
+        "{late:?}"
+    );
 }
 
 #[tokio::test]

@@ -120,6 +120,28 @@ async fn a_browser_event_source_sees_every_event_once_across_a_reconnect() {
     ] {
         assert!(kinds.contains(&kind), "a `{kind}` frame: {kinds:?}");
     }
+
+    // What the turn changed, as a page would show it.
+    let diff_url = format!("{}/v1/sessions/{id}/diff", srv.url);
+    let (status, diff) = call(reqwest::Method::GET, &diff_url, Some("alice-secret"), None).await;
+    assert_eq!(status, 200, "{diff}");
+    assert_eq!(diff["files"][0]["path"], "a.txt", "{diff}");
+    assert_eq!(diff["files"][0]["change"], "added");
+    let patch = diff["files"][0]["patch"].as_str().unwrap();
+    assert!(
+        patch.contains("+++ b/a.txt") && patch.contains("+one"),
+        "{patch}"
+    );
+    let (status, refused) = call(
+        reqwest::Method::GET,
+        &format!("{diff_url}?from=5&to=2"),
+        Some("alice-secret"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 422, "{refused}");
+    let (status, _) = call(reqwest::Method::GET, &diff_url, Some("bob-secret"), None).await;
+    assert_eq!(status, 404, "another owner sees nothing");
 }
 
 #[tokio::test]

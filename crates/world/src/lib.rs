@@ -29,6 +29,7 @@ use serde::Serialize;
 use steadfast_log::record;
 use steadfast_log::{Event, Record};
 
+pub mod interrupt;
 pub use any::AnyWorld;
 pub use heartbeat::Heartbeat;
 pub use live::LiveSession;

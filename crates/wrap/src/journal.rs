@@ -117,6 +117,14 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
         let _ = tokio::time::timeout(limit, rx.wait_for(|n| *n == 0)).await;
     }
 
+    /// Stops the command running in the tools' sandbox, if one is (an interrupt): the
+    /// call then records its outcome, with the workspace as the command left it.
+    pub async fn cancel(&self) {
+        if let Some(sandbox) = self.sandbox.get() {
+            sandbox.cancel().await;
+        }
+    }
+
     /// The same journal with at most `max` tool calls a turn.
     pub fn with_max_calls(mut self, max: usize) -> Self {
         self.max_calls = max;

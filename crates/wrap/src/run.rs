@@ -60,7 +60,21 @@ pub struct TurnReport {
     pub exchanges: Counters,
     /// Tool calls answered from the record, and run, over all starts.
     pub tools: (u64, u64),
+    /// Who interrupted the turn, if someone did.
+    pub interrupted_by: Option<String>,
 }
+
+/// How a run of the CLI ended.
+enum RunEnd {
+    /// By itself (or stopped by a bound).
+    Ran(steadfast_sandbox::Result<steadfast_sandbox::ToolOutput>),
+    /// Someone interrupted the turn.
+    Interrupted(steadfast_world::Inbound),
+}
+
+/// How long an interrupted turn waits for the model reply and the command it cut off
+/// to be recorded.
+const INTERRUPT_SETTLE: Duration = Duration::from_secs(5);
 
 /// Serves `router` until dropped.
 struct Served(tokio::task::JoinHandle<()>);
@@ -273,16 +287,36 @@ pub async fn drive_turn<W: World + Clone>(
         tracing::info!(agent = %options.adapter.name, restarts = report.restarts, "starting the wrapped CLI");
         let input = json!({"command": command, "timeout": options.turn_timeout.as_millis() as u64});
         // A bound crossed stops the CLI at once (it would only retry the refusal).
-        let result = tokio::select! {
-            result = cli.execute("bash", &input) => result,
-            () = gateway.escalated() => Ok(steadfast_sandbox::ToolOutput::error("stopped: a bound was crossed")),
+        // An interrupt stops the CLI and the command it runs at once, wherever it
+        // was sent from.
+        let ended = tokio::select! {
+            result = cli.execute("bash", &input) => RunEnd::Ran(result),
+            () = gateway.escalated() => RunEnd::Ran(Ok(steadfast_sandbox::ToolOutput::error("stopped: a bound was crossed"))),
+            item = steadfast_world::interrupt::arrives(world.clone(), lease.session.clone()) => RunEnd::Interrupted(item),
         };
+        let interrupted = matches!(ended, RunEnd::Interrupted(_));
+        if interrupted {
+            cli.cancel().await;
+            journal.cancel().await;
+        }
         drop(cli);
         // A reply the dead CLI was receiving is still being recorded: let it finish, so
         // the next start gets it from the log rather than paying for it again.
-        gateway.settle(Duration::from_secs(600)).await;
-        // So is a tool call it was waiting on.
-        journal.settle(options.turn_timeout).await;
+        gateway
+            .settle(if interrupted {
+                INTERRUPT_SETTLE
+            } else {
+                Duration::from_secs(600)
+            })
+            .await;
+        // So is a tool call it was waiting on (a killed one records how it was left).
+        journal
+            .settle(if interrupted {
+                INTERRUPT_SETTLE
+            } else {
+                options.turn_timeout
+            })
+            .await;
         let counters = gateway.counters();
         report.exchanges.replayed += counters.replayed;
         report.exchanges.live += counters.live;
@@ -290,6 +324,28 @@ pub async fn drive_turn<W: World + Clone>(
         let (replayed, ran) = journal.counters();
         report.tools.0 += replayed;
         report.tools.1 += ran;
+        let result = match ended {
+            RunEnd::Ran(result) => result,
+            RunEnd::Interrupted(item) => {
+                let by = steadfast_world::interrupt::sender(&item);
+                tracing::info!(session = %lease.session, %by, "wrapped turn interrupted");
+                world
+                    .append(
+                        lease,
+                        &[Event::TurnInterrupted {
+                            turn: state.turn,
+                            by: by.clone(),
+                            inbox_id: item.id,
+                            call_id: None,
+                            stopped: true,
+                        }],
+                    )
+                    .await?;
+                report.reply = format!("interrupted by {by}");
+                report.interrupted_by = Some(by);
+                return Ok(report);
+            }
+        };
         if let Some((breaker, reason)) = gateway.escalation() {
             let diff = diff_since_start(drive, &world.read(&lease.session, 1).await?)?;
             world

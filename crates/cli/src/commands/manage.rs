@@ -96,6 +96,51 @@ pub async fn delete(home: &Path, config: &Config, session: &str) -> anyhow::Resu
     Ok(ExitCode::SUCCESS)
 }
 
+/// Arguments of `steadfast signal`.
+#[derive(Debug, Args)]
+pub struct SignalArgs {
+    /// The session.
+    session: String,
+    /// The signal's name (`approval`, `resume`, ...).
+    name: String,
+    /// Its JSON payload.
+    #[arg(default_value = "null")]
+    payload: String,
+    /// Queue it for a wait on this name that has not begun yet (otherwise a session
+    /// that is not waiting for it refuses it).
+    #[arg(long)]
+    queue: bool,
+    /// The log position of the wait it answers (`waiting since #N`): refused if that
+    /// wait is over.
+    #[arg(long, value_name = "N")]
+    wait: Option<u64>,
+}
+
+pub async fn signal(home: &Path, config: &Config, args: SignalArgs) -> anyhow::Result<ExitCode> {
+    let payload: serde_json::Value = serde_json::from_str(&args.payload)
+        .map_err(|e| anyhow::anyhow!("the payload is not JSON: {e}"))?;
+    let (harness, _) = open(home, config, &args.session).await?;
+    let target = steadfast_harness::SignalTarget {
+        queue: args.queue,
+        wait: args.wait,
+    };
+    let (id, answers) = harness
+        .signal(&args.session, &args.name, &payload, target)
+        .await?;
+    let what = match answers {
+        Some(seq) => format!("answers the wait at #{seq}"),
+        None => "queued for the next wait on it".to_string(),
+    };
+    eprintln!(
+        "steadfast: signal {} for {} (#{id}) {what}; `{} resume {}` or a worker carries on",
+        args.name,
+        args.session,
+        me(),
+        args.session
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Arguments of `steadfast diff`.
 #[derive(Debug, Args)]
 pub struct DiffArgs {

@@ -128,6 +128,9 @@ pub(crate) struct SignalQuery {
     /// Queue the signal for a wait that has not begun yet.
     #[serde(default)]
     queue: bool,
+    /// The log position of the wait this answers (its `wait_started` record): a
+    /// wait that has ended, or another one, refuses the answer.
+    wait: Option<u64>,
 }
 
 pub(crate) async fn signal<W: World + Clone>(
@@ -138,12 +141,12 @@ pub(crate) async fn signal<W: World + Clone>(
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let owner = state.auth.owner(&headers)?;
-    let summary = owned(&state, &id, &owner).await?;
+    owned(&state, &id, &owner).await?;
     let Query(query) = query.map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_query",
-            format!("queue: {}", e.body_text()),
+            format!("queue, wait: {}", e.body_text()),
         )
     })?;
     if name.is_empty()
@@ -182,31 +185,13 @@ pub(crate) async fn signal<W: World + Clone>(
     // A signal answers the wait in progress. One sent while nothing waits for it would
     // sit in the inbox and answer some later wait no one has seen (a stale approval
     // approving a call nobody was asked about), so it is refused unless asked to queue.
-    if !query.queue {
-        let folded = state.harness.state(&id).await?;
-        let waits_for = folded.waiting.as_ref().map(|w| w.name.clone());
-        if waits_for.as_deref() != Some(name.as_str()) {
-            let now = match &waits_for {
-                Some(other) => format!("waits for the signal `{other}`"),
-                None => format!("is {} and waits for no signal", summary.status),
-            };
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "not_waiting",
-                format!(
-                    "session {id} {now}; `{name}` would answer a later wait no one has \
-                     seen. Send it with ?queue=true to queue it for the next wait on `{name}`"
-                ),
-            ));
-        }
-    }
-    let inbox_id = state
-        .harness
-        .world()
-        .post(&id, InboundKind::Signal, &name, &payload)
-        .await?;
+    let target = steadfast_harness::SignalTarget {
+        queue: query.queue,
+        wait: query.wait,
+    };
+    let (inbox_id, answers) = state.harness.signal(&id, &name, &payload, target).await?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({"id": inbox_id, "signal": name})),
+        Json(json!({"id": inbox_id, "signal": name, "answers": answers})),
     ))
 }

@@ -289,6 +289,7 @@ pub(crate) async fn show<W: World + Clone>(
         "turn": s.turn,
         "last_seq": s.last_seq,
         "waiting_for": s.waiting.as_ref().map(|w| &w.name),
+        "waiting_since": s.waiting.as_ref().map(|w| w.seq),
         "waiting_reason": s.waiting.as_ref().map(|w| &w.reason),
         "end_reason": s.end_reason,
         "usage": s.usage,

@@ -1,6 +1,7 @@
-//! Stopping, closing and deleting sessions, for the API and the CLI alike: a session
-//! being driven is interrupted first, wherever its driver runs, and the lease taken
-//! once the driver lets go, so no turn is cut off without a record.
+//! Controlling sessions from outside, for the API and the CLI alike: signals that
+//! answer only the wait they are meant for; stopping, closing and deleting, where a
+//! session being driven is interrupted first, wherever its driver runs, and the lease
+//! taken once the driver lets go, so no turn is cut off without a record.
 
 use std::time::{Duration, Instant};
 
@@ -9,12 +10,83 @@ use steadfast_sandbox::Sandbox;
 use steadfast_world::{Holder, InboundKind, Lease, World};
 
 use crate::harness::Harness;
-use crate::Result;
+use crate::{Error, Result};
 
 /// How long closing or deleting a running session waits for its interrupt to land.
 pub const STOP_WAIT: Duration = Duration::from_secs(15);
 
+/// Which wait a signal is for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SignalTarget {
+    /// Queue it for a wait on its name that has not begun yet.
+    pub queue: bool,
+    /// The log position of the wait it answers (refused if that wait is over).
+    pub wait: Option<u64>,
+}
+
 impl<W: World + Clone, S: Sandbox> Harness<W, S> {
+    /// Delivers signal `name` to `session`. A signal answers the wait in progress: one
+    /// sent while nothing waits for it would sit in the inbox and answer some later
+    /// wait no one has seen (a stale approval approving a call nobody was asked
+    /// about), so it is refused ([`Error::NotWaiting`]) unless `target.queue`; one
+    /// naming a wait that is over is refused too. Returns the inbox entry and the
+    /// position of the wait it answers.
+    pub async fn signal(
+        &self,
+        session: &str,
+        name: &str,
+        payload: &serde_json::Value,
+        target: SignalTarget,
+    ) -> Result<(u64, Option<u64>)> {
+        if name == steadfast_log::INTERRUPT_SIGNAL {
+            return Err(Error::Invalid(
+                "name: `interrupt` is reserved; interrupt the session to stop a turn".into(),
+            ));
+        }
+        if target.queue && target.wait.is_some() {
+            return Err(Error::Invalid(
+                "a queued signal answers a wait that has not begun, so it cannot name one".into(),
+            ));
+        }
+        let mut answers = None;
+        if !target.queue {
+            let state = self.state(session).await?;
+            let waiting = state.waiting.as_ref();
+            let refuse = |now: String| {
+                Err(Error::NotWaiting(format!(
+                    "session {session} {now}; `{name}` would answer a later wait no one has \
+                     seen. Queue it (?queue=true, --queue) for the next wait on `{name}`"
+                )))
+            };
+            match (waiting, target.wait) {
+                (Some(w), Some(asked)) if w.seq != asked => {
+                    return refuse(format!(
+                        "no longer waits at #{asked}: it now waits at #{} for `{}`",
+                        w.seq, w.name
+                    ))
+                }
+                (Some(w), _) if w.name != name => {
+                    return refuse(format!("waits for the signal `{}`", w.name))
+                }
+                (Some(w), _) => answers = Some(w.seq),
+                (None, Some(asked)) => {
+                    return refuse(format!(
+                        "no longer waits at #{asked} (it is {} and waits for no signal)",
+                        state.status
+                    ))
+                }
+                (None, None) => {
+                    return refuse(format!("is {} and waits for no signal", state.status))
+                }
+            }
+        }
+        let id = self
+            .world()
+            .post(session, InboundKind::Signal, name, payload)
+            .await?;
+        Ok((id, answers))
+    }
+
     /// Asks whoever drives `session` to stop its turn at once, on behalf of `by`
     /// (recorded in the log). Returns the inbox entry.
     pub async fn interrupt(&self, session: &str, by: &str) -> Result<u64> {
