@@ -419,3 +419,28 @@ async fn another_process_follows_stops_closes_and_deletes_a_running_session() {
         text(&log.stderr)
     );
 }
+
+#[tokio::test]
+async fn a_long_command_shows_its_elapsed_time_on_a_terminal() {
+    let person = Person::new();
+    let path = person.dir.path().join("slow.json");
+    let steps = serde_json::json!({"steps": [
+        {"text": "Running the job.", "tool_calls": [{"name": "bash", "input": {"command": "sleep 3; echo finished"}}]},
+        {"text": "done"}
+    ]});
+    std::fs::write(&path, steps.to_string()).unwrap();
+    let mut cmd = tokio::process::Command::new("script");
+    cmd.args(["-qfec", &format!("{BIN} run go --workspace ."), "/dev/null"])
+        .current_dir(person.path("here"))
+        .stdin(Stdio::piped());
+    person.env(&mut cmd);
+    cmd.env("STEADFAST_FAKE_SCRIPT", &path);
+    let out = cmd.output().await.unwrap();
+    let screen = text(&out.stdout);
+    assert!(out.status.success(), "{screen}");
+    assert!(
+        screen.contains("bash running for 2s"),
+        "the elapsed time is shown while the command runs: {screen}"
+    );
+    assert!(screen.contains("finished"), "{screen}");
+}

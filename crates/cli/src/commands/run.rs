@@ -212,11 +212,72 @@ pub async fn resume(home: &Path, config: &Config, args: ResumeArgs) -> anyhow::R
     code
 }
 
+/// The tool call running now, for the progress line.
+#[derive(Default)]
+struct Running {
+    /// Since when, and which tool.
+    call: Option<(std::time::Instant, String)>,
+    /// Whether a progress line is on the terminal (to be cleared before the next line).
+    shown: bool,
+}
+
+type SharedRunning = std::sync::Arc<std::sync::Mutex<Running>>;
+
+/// How often the progress of a long tool call is shown: every second on a terminal
+/// (one line, rewritten), every ten seconds otherwise (plain lines).
+fn progress_every(tty: bool) -> std::time::Duration {
+    std::time::Duration::from_secs(if tty { 1 } else { 10 })
+}
+
+/// Shows how long the running tool call has taken, for as long as it is polled.
+async fn show_progress(running: SharedRunning) -> std::convert::Infallible {
+    use std::io::IsTerminal;
+    let tty = std::io::stderr().is_terminal();
+    let mut tick = tokio::time::interval(progress_every(tty));
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let mut r = running.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((since, tool)) = &r.call else {
+            continue;
+        };
+        let secs = since.elapsed().as_secs();
+        if secs < 2 {
+            continue;
+        }
+        let mut err = std::io::stderr().lock();
+        if tty {
+            let _ = write!(err, "\r\x1b[2K  ⋯ {tool} running for {secs}s");
+            let _ = err.flush();
+            r.shown = true;
+        } else {
+            let _ = writeln!(err, "  ⋯ {tool} still running after {secs}s");
+        }
+    }
+}
+
 /// Shows the session's progress on stderr as it works.
-fn watch<W: World + Clone, S: Sandbox>(driver: &mut Driver<'_, W, S>) {
+fn watch<W: World + Clone, S: Sandbox>(driver: &mut Driver<'_, W, S>, running: SharedRunning) {
     let mut streaming = false;
     driver.observe(move |p| {
         let mut err = std::io::stderr().lock();
+        if let Progress::Appended(record) = p {
+            let mut r = running.lock().unwrap_or_else(|e| e.into_inner());
+            if r.shown {
+                let _ = write!(err, "\r\x1b[2K");
+                r.shown = false;
+            }
+            match &record.event {
+                steadfast_log::Event::ToolCallIntent { tool, .. } => {
+                    r.call = Some((std::time::Instant::now(), tool.clone()));
+                }
+                steadfast_log::Event::ToolCallOutcome { .. }
+                | steadfast_log::Event::ToolCallInterrupted { .. }
+                | steadfast_log::Event::TurnInterrupted { .. }
+                | steadfast_log::Event::SandboxLost { .. } => r.call = None,
+                _ => {}
+            }
+        }
         match p {
             Progress::Delta(Delta::Text(t)) => {
                 if !streaming {
@@ -256,11 +317,13 @@ async fn drive<W: World + Clone, S: Sandbox>(
     awake: &mut Awake<'_, W, S>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
+    let running = SharedRunning::default();
     if let Awake::Native(driver) = awake {
-        watch(driver);
+        watch(driver, running.clone());
     }
     let result = tokio::select! {
         result = awake.run() => result,
+        never = show_progress(running.clone()) => match never {},
         _ = tokio::signal::ctrl_c() => {
             // Dropping the run stops the call in flight (a command's whole process
             // group is killed); its intent stays in the log for resume to resolve.
