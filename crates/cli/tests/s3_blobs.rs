@@ -57,6 +57,7 @@ async fn big_outputs_go_to_the_configured_s3_bucket() {
             "print numbers",
             "--workspace",
             dir.path().join("ws").to_str().unwrap(),
+            "--create",
             "--json",
         ])
         .env("STEADFAST_HOME", dir.path().join("home"))
