@@ -330,6 +330,38 @@ async fn takeover(
     reasked
 }
 
+/// A Claude Code session of the demo task created through an API process and driven
+/// by a worker process (both kept alive by the returned children).
+async fn demo_on_a_worker(
+    fake: &FakeProvider,
+) -> (
+    tempfile::TempDir,
+    Site,
+    Vec<tokio::process::Child>,
+    String,
+    String,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let site = Site {
+        home: dir.path().join("home"),
+        world: None,
+        fake_url: fake.base_url(),
+    };
+    let (api, url) = site.api().await;
+    let worker = site.worker();
+    let created: Value = reqwest::Client::new()
+        .post(format!("{url}/v1/sessions"))
+        .json(&json!({"agent": "claude-code", "workspace": {"kind": "demo"}, "task": demo::TASK}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"].as_str().unwrap().to_string();
+    (dir, site, vec![api, worker], url, id)
+}
+
 fn slow_fifth_reply() -> steadfast_testkit::Script {
     let mut script = demo::script();
     // Long enough that the kill surely lands while it streams.
@@ -384,25 +416,8 @@ async fn wrapped_sessions_move_to_another_worker_on_postgres() {
 async fn a_steer_reaches_a_running_wrapped_turn() {
     installed("claude-code").await;
     let fake = FakeProvider::start(slow_fifth_reply()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let site = Site {
-        home: dir.path().join("home"),
-        world: None,
-        fake_url: fake.base_url(),
-    };
-    let (_api, url) = site.api().await;
-    let _worker = site.worker();
+    let (_dir, site, _processes, url, id) = demo_on_a_worker(&fake).await;
     let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{url}/v1/sessions"))
-        .json(&json!({"agent": "claude-code", "workspace": {"kind": "demo"}, "task": demo::TASK}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id = created["id"].as_str().unwrap().to_string();
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     while fake.calls() < 5 {
         assert!(
@@ -449,25 +464,8 @@ async fn an_interrupt_stops_a_running_wrapped_turn_at_once() {
     // The second step's command runs far longer than anyone waits.
     script.steps[1].tool_calls[0].input = json!({"command": "sleep 67; echo never"});
     let fake = FakeProvider::start(script).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let site = Site {
-        home: dir.path().join("home"),
-        world: None,
-        fake_url: fake.base_url(),
-    };
-    let (_api, url) = site.api().await;
-    let _worker = site.worker();
+    let (_dir, site, _processes, url, id) = demo_on_a_worker(&fake).await;
     let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{url}/v1/sessions"))
-        .json(&json!({"agent": "claude-code", "workspace": {"kind": "demo"}, "task": demo::TASK}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id = created["id"].as_str().unwrap().to_string();
     let running = || {
         std::process::Command::new("pgrep")
             .args(["-f", "sleep 67"])

@@ -350,6 +350,11 @@ impl FakeProvider {
         let addr = listener.local_addr()?;
         let state = FakeState::new(script);
         let app = router(state.clone());
+        // Streamed replies on a kept-alive connection must not wait for Nagle's
+        // algorithm (about 40 ms a response with delayed ACKs).
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });

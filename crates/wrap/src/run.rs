@@ -111,6 +111,10 @@ async fn serve(
             let addr = listener
                 .local_addr()
                 .map_err(|e| Error::Invalid(e.to_string()))?;
+            // The CLI's streamed replies must not wait for Nagle's algorithm.
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let task = tokio::spawn(async move {
                 let _ = axum::serve(listener, router).await;
             });
