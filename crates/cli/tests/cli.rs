@@ -444,3 +444,75 @@ async fn a_long_command_shows_its_elapsed_time_on_a_terminal() {
     );
     assert!(screen.contains("finished"), "{screen}");
 }
+
+#[tokio::test]
+async fn deleting_a_session_never_takes_an_output_another_session_shares() {
+    let person = Person::new();
+    let path = person.dir.path().join("big.json");
+    // An output well over the inline limit: it goes to the blob store, by content.
+    let steps = serde_json::json!({"steps": [
+        {"text": "Counting.", "tool_calls": [{"name": "bash", "input": {"command": "seq 1 40000"}}]},
+        {"text": "done"}
+    ]});
+    std::fs::write(&path, steps.to_string()).unwrap();
+    let mut ids = Vec::new();
+    for ws in ["one", "two"] {
+        let mut cmd = person.command(
+            "here",
+            &["run", "count", "--workspace", ws, "--create", "--json"],
+        );
+        cmd.env("STEADFAST_FAKE_SCRIPT", &path);
+        let out = cmd.output().await.unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+        ids.push(result["session"].as_str().unwrap().to_string());
+    }
+    let blob_of = |log: &str| -> String {
+        log.lines()
+            .find_map(|l| {
+                let r: Value = serde_json::from_str(l).ok()?;
+                r["event"]["tool_call_outcome"]["output"]["hash"]
+                    .as_str()
+                    .map(String::from)
+            })
+            .expect("the output went to the blob store")
+    };
+    let log = |id: String| {
+        let person = &person;
+        async move { person.steadfast("elsewhere", &["log", &id, "--json"]).await }
+    };
+    let shared = blob_of(&text(&log(ids[0].clone()).await.stdout));
+    assert_eq!(
+        shared,
+        blob_of(&text(&log(ids[1].clone()).await.stdout)),
+        "one blob, shared"
+    );
+    let stored = person.user_home().join("blobs").join(&shared);
+    assert!(stored.exists());
+
+    let deleted = person.steadfast("elsewhere", &["delete", &ids[0]]).await;
+    assert!(deleted.status.success(), "{}", text(&deleted.stderr));
+    let gc = person
+        .steadfast("elsewhere", &["gc", "--min-age-secs", "0"])
+        .await;
+    assert!(gc.status.success(), "{}", text(&gc.stderr));
+    let other = log(ids[1].clone()).await;
+    assert!(
+        other.status.success() && !text(&other.stderr).contains("DATA LOST"),
+        "the other session's output is whole: {}",
+        text(&other.stderr)
+    );
+    assert!(stored.exists(), "a blob another log refers to is kept");
+
+    let deleted = person.steadfast("elsewhere", &["delete", &ids[1]]).await;
+    assert!(deleted.status.success());
+    let gc = person
+        .steadfast("elsewhere", &["gc", "--min-age-secs", "0"])
+        .await;
+    assert!(gc.status.success(), "{}", text(&gc.stderr));
+    assert!(
+        !stored.exists(),
+        "a blob no log refers to is reclaimed: {}",
+        text(&gc.stderr)
+    );
+}

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use steadfast_log::{EndState, Event, Output, SessionState};
+use steadfast_log::{EndState, Event, SessionState};
 use steadfast_sandbox::Sandbox;
 use steadfast_world::{Holder, InboundKind, Lease, World};
 
@@ -144,26 +144,16 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         Ok(())
     }
 
-    /// Removes the session, interrupting a running turn first: its log, inbox,
-    /// summary and the big outputs only it refers to. Returns its last state (the
-    /// caller may own its workspace).
+    /// Removes the session, interrupting a running turn first: its log, inbox and
+    /// summary. Its big outputs and snapshots are shared by content with any session
+    /// (of any owner) that produced the same bytes, so they are not deleted here:
+    /// `steadfast gc` reclaims what no remaining log refers to. Returns its last state
+    /// (the caller may own its workspace).
     pub async fn delete_session(&self, session: &str, by: &str) -> Result<SessionState> {
         // Holding the lease keeps workers off the session while it goes.
         self.lease_stopping(session, by, Duration::from_secs(30))
             .await?;
         let state = self.state(session).await?;
-        let records = self.world().read(session, 1).await?;
-        for record in &records {
-            if let Event::ToolCallOutcome {
-                output: Output::Blob(b),
-                ..
-            } = &record.event
-            {
-                if let Err(e) = self.blobs().delete(&b.hash).await {
-                    tracing::warn!(session, blob = %b.hash, error = %e, "could not delete a blob");
-                }
-            }
-        }
         self.world().delete_session(session).await?;
         Ok(state)
     }

@@ -122,6 +122,10 @@ impl World for AnyWorld {
         delegate!(self, w => w.turn_began(session, at))
     }
 
+    async fn spilled(&self, session: &str) -> Result<Vec<String>> {
+        delegate!(self, w => w.spilled(session))
+    }
+
     async fn list_sessions(&self) -> Result<Vec<SessionSummary>> {
         delegate!(self, w => w.list_sessions())
     }

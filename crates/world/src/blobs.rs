@@ -95,6 +95,39 @@ impl Blobs {
         Ok(hash)
     }
 
+    /// Removes every blob that is not in `keep` and is older than `min_age` (a blob
+    /// written a moment ago may belong to a record not yet appended). Blobs are
+    /// shared by content between sessions and owners, so they are never deleted
+    /// with one session: this sweep, over what every log still refers to, is the one
+    /// way they go. Returns how many were removed.
+    pub async fn sweep(
+        &self,
+        keep: &std::collections::HashSet<String>,
+        min_age: std::time::Duration,
+    ) -> Result<usize> {
+        use futures_util::StreamExt;
+        let now_ms = crate::now_ms() as i64;
+        let mut listing = self.store.list(None);
+        let mut doomed = Vec::new();
+        while let Some(meta) = listing.next().await {
+            let meta = meta.map_err(|e| Error::Blob(e.to_string()))?;
+            let Some(name) = meta.location.filename() else {
+                continue;
+            };
+            let age_ms = now_ms - meta.last_modified.timestamp_millis();
+            if !keep.contains(name) && age_ms >= min_age.as_millis() as i64 {
+                doomed.push(meta.location.clone());
+            }
+        }
+        for path in &doomed {
+            match self.store.delete(path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(Error::Blob(e.to_string())),
+            }
+        }
+        Ok(doomed.len())
+    }
+
     /// Removes a blob (a missing one is not an error).
     pub async fn delete(&self, hash: &str) -> Result<()> {
         match self.store.delete(&ObjectPath::from(hash)).await {

@@ -729,6 +729,18 @@ impl World for PostgresWorld {
         Ok(row.map(|r| to_u64(r.get(0))).unwrap_or_default())
     }
 
+    async fn spilled(&self, session: &str) -> Result<Vec<String>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT blob FROM steadfast_events WHERE session_id = $1 AND blob IS NOT NULL",
+                &[&session],
+            )
+            .await
+            .map_err(db)?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
     async fn inbox(&self, session: &str) -> Result<Vec<Inbound>> {
         let client = self.client().await?;
         let rows = client

@@ -641,6 +641,22 @@ impl World for SqliteWorld {
         .await
     }
 
+    async fn spilled(&self, session: &str) -> Result<Vec<String>> {
+        let session = session.to_string();
+        self.with(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT blob FROM events WHERE session_id = ?1 AND blob IS NOT NULL",
+                )
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map([&session], |r| r.get::<_, String>(0))
+                .map_err(backend)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
+        })
+        .await
+    }
+
     async fn inbox(&self, session: &str) -> Result<Vec<Inbound>> {
         let session = session.to_string();
         self.with(move |conn| {

@@ -1,4 +1,6 @@
-//! `steadfast gc`: reclaim drive objects no session's log references.
+//! `steadfast gc`: reclaim drive objects and blobs no session's log references.
+//! Both are shared by content between sessions (and owners), so deleting a session
+//! leaves them to this sweep over what every remaining log still refers to.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -44,11 +46,23 @@ fn snapshots(events: impl Iterator<Item = Event>, out: &mut BTreeSet<String>) {
 pub async fn run(home: &Path, config: &Config, args: GcArgs) -> anyhow::Result<ExitCode> {
     let world = crate::setup::world(home, config, false).await?;
     let mut keep = BTreeSet::new();
+    let mut keep_blobs = std::collections::HashSet::new();
     let sessions = world.list_sessions().await?;
     for s in &sessions {
         let records = world.read(&s.id, 1).await?;
+        keep_blobs.extend(
+            records
+                .iter()
+                .filter_map(|r| r.event.blob_ref())
+                .map(|b| b.hash.clone()),
+        );
+        keep_blobs.extend(world.spilled(&s.id).await?);
         snapshots(records.into_iter().map(|r| r.event), &mut keep);
     }
+    let blobs = crate::setup::blobs(home, config)?;
+    let blobs_removed = blobs
+        .sweep(&keep_blobs, Duration::from_secs(args.min_age_secs))
+        .await?;
     let drive = steadfast_drive::Drive::open(home.join("drive"))?;
     let keep: Vec<String> = keep.into_iter().collect();
     let removed = tokio::task::spawn_blocking(move || {
@@ -56,7 +70,7 @@ pub async fn run(home: &Path, config: &Config, args: GcArgs) -> anyhow::Result<E
     })
     .await??;
     eprintln!(
-        "steadfast: {} sessions scanned; {removed} unreferenced drive objects older than {}s removed",
+        "steadfast: {} sessions scanned; {removed} drive objects and {blobs_removed} blobs no log references, older than {}s, removed",
         sessions.len(),
         args.min_age_secs
     );
