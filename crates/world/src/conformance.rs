@@ -443,6 +443,14 @@ pub async fn big_records_spill_to_the_blob_store<W: World>(world: &W, blobs: &cr
         blobs.get(&hash).await.is_ok(),
         "the body is in the blob store"
     );
+    assert_eq!(
+        world.spilled("big").await.unwrap(),
+        [hash.clone()],
+        "the world names the blobs its records live in (gc keeps them)"
+    );
+    let keep = std::collections::HashSet::from([hash.clone()]);
+    assert_eq!(blobs.sweep(&keep, Duration::ZERO).await.unwrap(), 0);
+    assert!(blobs.get(&hash).await.is_ok(), "a kept blob survives a sweep");
     blobs.delete(&hash).await.unwrap();
     let err = world.read("big", 1).await.unwrap_err();
     assert!(matches!(err, Error::Corrupt { seq: 1, .. }), "{err}");
