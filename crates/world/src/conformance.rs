@@ -450,7 +450,10 @@ pub async fn big_records_spill_to_the_blob_store<W: World>(world: &W, blobs: &cr
     );
     let keep = std::collections::HashSet::from([hash.clone()]);
     assert_eq!(blobs.sweep(&keep, Duration::ZERO).await.unwrap(), 0);
-    assert!(blobs.get(&hash).await.is_ok(), "a kept blob survives a sweep");
+    assert!(
+        blobs.get(&hash).await.is_ok(),
+        "a kept blob survives a sweep"
+    );
     blobs.delete(&hash).await.unwrap();
     let err = world.read("big", 1).await.unwrap_err();
     assert!(matches!(err, Error::Corrupt { seq: 1, .. }), "{err}");

@@ -306,6 +306,9 @@ pub(crate) struct LeaseRow {
     pub host: Option<String>,
     pub pid: Option<u32>,
     pub expires_ms: u64,
+    /// The holder's connection to the world is gone (its process died), wherever it
+    /// ran (PostgreSQL: see `lease_liveness`).
+    pub gone: bool,
 }
 
 impl LeaseRow {
@@ -315,7 +318,7 @@ impl LeaseRow {
         match &self.holder {
             None => true,
             Some(h) if *h == holder.id => true,
-            Some(_) if self.expires_ms <= now => true,
+            Some(_) if self.expires_ms <= now || self.gone => true,
             Some(_) => {
                 self.host.as_deref() == Some(holder.host.as_str())
                     && self

@@ -21,7 +21,7 @@ use crate::{
 
 mod listen;
 
-use listen::{listen, AbortOnDrop, CHANNEL};
+use listen::{listen, AbortOnDrop, Liveness, CHANNEL, HOLDER_GONE};
 
 /// Versioned migrations, applied in order by [`PostgresWorld::migrate`].
 const MIGRATIONS: &[(i32, &str)] = &[
@@ -31,6 +31,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (4, include_str!("postgres/004_spill.sql")),
     (5, include_str!("postgres/005_escalated_resumes.sql")),
     (6, include_str!("postgres/006_retry_at.sql")),
+    (7, include_str!("postgres/007_lease_liveness.sql")),
 ];
 const STALE_FENCE: &str = "SF001";
 /// Serialises concurrent `migrate` runs (an arbitrary, fixed advisory-lock key).
@@ -42,6 +43,8 @@ pub struct PostgresWorld {
     pool: Pool,
     changes: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
     _listener: Option<std::sync::Arc<AbortOnDrop>>,
+    /// This process's liveness token, recorded in the leases it takes.
+    liveness: Liveness,
     /// The last position this process appended per session and lease epoch: the
     /// holder of a lease is the only writer, so its next append can be one
     /// conditional statement instead of a locking transaction.
@@ -143,8 +146,16 @@ impl PostgresWorld {
         self
     }
 
+    /// This process's liveness token, if its notification connection is up.
+    fn liveness(&self) -> Option<String> {
+        self.liveness
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     fn with_listener(mut self, config: tokio_postgres::Config) -> Self {
-        let task = tokio::spawn(listen(config, self.changes.clone()));
+        let task = tokio::spawn(listen(config, self.changes.clone(), self.liveness.clone()));
         self._listener = Some(std::sync::Arc::new(AbortOnDrop(task)));
         self
     }
@@ -171,6 +182,7 @@ impl PostgresWorld {
             pool,
             changes: std::sync::Arc::new(tokio::sync::watch::channel(0).0),
             _listener: None,
+            liveness: Default::default(),
             positions: Default::default(),
             spill: None,
         };
@@ -250,8 +262,8 @@ async fn lease_row(tx: &Transaction<'_>, session: &str) -> Result<(LeaseRow, u64
     let row = tx
         .query_opt(
             &format!(
-                "SELECT lease_epoch, lease_holder, lease_host, lease_pid, lease_expires_ms, {NOW_MS}
-                 FROM steadfast_sessions WHERE id = $1 FOR UPDATE"
+                "SELECT lease_epoch, lease_holder, lease_host, lease_pid, lease_expires_ms, {NOW_MS}, {HOLDER_GONE}
+                 FROM steadfast_sessions s WHERE id = $1 FOR UPDATE"
             ),
             &[&session],
         )
@@ -265,6 +277,7 @@ async fn lease_row(tx: &Transaction<'_>, session: &str) -> Result<(LeaseRow, u64
             host: row.get(2),
             pid: row.get::<_, Option<i32>>(3).map(|p| p as u32),
             expires_ms: to_u64(row.get(4)),
+            gone: row.get(6),
         },
         to_u64(row.get(5)),
     ))
@@ -277,10 +290,11 @@ async fn take_lease(
     holder: &Holder,
     epoch: u64,
     expires_ms: u64,
+    liveness: Option<String>,
 ) -> Result<()> {
     tx.execute(
-        "UPDATE steadfast_sessions SET lease_epoch = $2, lease_holder = $3, lease_host = $4, lease_pid = $5, lease_expires_ms = $6 WHERE id = $1",
-        &[&session, &(epoch as i64), &holder.id, &holder.host, &(holder.pid as i32), &(expires_ms as i64)],
+        "UPDATE steadfast_sessions SET lease_epoch = $2, lease_holder = $3, lease_host = $4, lease_pid = $5, lease_expires_ms = $6, lease_liveness = $7 WHERE id = $1",
+        &[&session, &(epoch as i64), &holder.id, &holder.host, &(holder.pid as i32), &(expires_ms as i64), &liveness],
     )
     .await
     .map_err(db)?;
@@ -591,7 +605,15 @@ impl World for PostgresWorld {
             });
         }
         let epoch = row.epoch + 1;
-        take_lease(&tx, session, holder, epoch, now + ttl.as_millis() as u64).await?;
+        take_lease(
+            &tx,
+            session,
+            holder,
+            epoch,
+            now + ttl.as_millis() as u64,
+            self.liveness(),
+        )
+        .await?;
         tx.commit().await.map_err(db)?;
         Ok(Lease {
             session: session.to_string(),
@@ -605,8 +627,9 @@ impl World for PostgresWorld {
         let tx = client.transaction().await.map_err(db)?;
         let now = check_fence(&tx, lease).await?;
         tx.execute(
-            "UPDATE steadfast_sessions SET lease_expires_ms = $2 WHERE id = $1",
-            &[&lease.session, &((now + ttl.as_millis() as u64) as i64)],
+            // A reconnected notification connection is a new liveness token.
+            "UPDATE steadfast_sessions SET lease_expires_ms = $2, lease_liveness = coalesce($3, lease_liveness) WHERE id = $1",
+            &[&lease.session, &((now + ttl.as_millis() as u64) as i64), &self.liveness()],
         )
         .await
         .map_err(db)?;
@@ -617,7 +640,7 @@ impl World for PostgresWorld {
         let client = self.client().await?;
         client
             .execute(
-                "UPDATE steadfast_sessions SET lease_holder = NULL, lease_host = NULL, lease_pid = NULL, lease_expires_ms = 0 WHERE id = $1 AND lease_epoch = $2 AND lease_holder = $3",
+                "UPDATE steadfast_sessions SET lease_holder = NULL, lease_host = NULL, lease_pid = NULL, lease_expires_ms = 0, lease_liveness = NULL WHERE id = $1 AND lease_epoch = $2 AND lease_holder = $3",
                 &[&lease.session, &(lease.epoch as i64), &lease.holder],
             )
             .await
@@ -768,7 +791,10 @@ impl World for PostgresWorld {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(db)?;
         // Competing workers skip each other's locked rows instead of queueing on them.
-        let rows = tx.query(CLAIMABLE, &[&holder.host]).await.map_err(db)?;
+        let rows = tx
+            .query(CLAIMABLE.as_str(), &[&holder.host])
+            .await
+            .map_err(db)?;
         for row in rows {
             let session: String = row.get(0);
             let (lease, now) = lease_row(&tx, &session).await?;
@@ -779,7 +805,15 @@ impl World for PostgresWorld {
                 continue;
             }
             let epoch = lease.epoch + 1;
-            take_lease(&tx, &session, holder, epoch, now + ttl.as_millis() as u64).await?;
+            take_lease(
+                &tx,
+                &session,
+                holder,
+                epoch,
+                now + ttl.as_millis() as u64,
+                self.liveness(),
+            )
+            .await?;
             tx.commit().await.map_err(db)?;
             return Ok(Some(Lease {
                 session,
@@ -809,13 +843,15 @@ impl World for PostgresWorld {
 
 /// Sessions that need a driver, locked with `SKIP LOCKED` so competing workers each
 /// get a different one.
-const CLAIMABLE: &str = "
+static CLAIMABLE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    "
 SELECT s.id FROM steadfast_sessions s
 WHERE s.status IN ('running', 'idle', 'waiting', 'escalated')
   AND s.retry_at_ms <= (extract(epoch from clock_timestamp()) * 1000)::bigint
   AND (s.lease_holder IS NULL
        OR s.lease_expires_ms <= (extract(epoch from clock_timestamp()) * 1000)::bigint
-       OR s.lease_host = $1)
+       OR s.lease_host = $1
+       OR {HOLDER_GONE})
   AND (
     s.status = 'running'
     OR (s.status = 'idle' AND EXISTS (
@@ -826,4 +862,6 @@ WHERE s.status IN ('running', 'idle', 'waiting', 'escalated')
   )
 ORDER BY (s.lease_holder IS NOT NULL), s.updated_at_ms
 LIMIT 16
-FOR UPDATE SKIP LOCKED";
+FOR UPDATE SKIP LOCKED"
+        .replace("{HOLDER_GONE}", HOLDER_GONE)
+});

@@ -313,6 +313,7 @@ fn lease_row(tx: &Connection, session: &str) -> Result<LeaseRow> {
                 host: r.get(2)?,
                 pid: r.get(3)?,
                 expires_ms: r.get(4)?,
+                gone: false,
             })
         },
     )

@@ -235,3 +235,96 @@ async fn a_scheduled_retry_holds_the_session_back() {
     let db = TestDb::new().await;
     conformance::a_scheduled_retry_holds_the_session_back(&db.world().await).await;
 }
+
+/// The lease row's liveness token, read around the world.
+async fn liveness(url: &str, session: &str) -> Option<String> {
+    let (client, conn) = tokio_postgres::connect(url, NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+        .query_one(
+            "SELECT lease_liveness FROM steadfast_sessions WHERE id = $1",
+            &[&session],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_on_another_host_whose_process_dies_is_taken_over_at_once() {
+    use std::time::{Duration, Instant};
+    let db = TestDb::new().await;
+    let ttl = Duration::from_secs(60);
+    // The holder is a process "on another machine": no pid this host could check.
+    let far = Holder {
+        id: "worker-far".into(),
+        host: "another-machine".into(),
+        pid: 1,
+    };
+    let holder_world = db.world().await;
+    holder_world.create_session("s1", "alice").await.unwrap();
+    // Its notification connection is its liveness; wait until it is up.
+    let mut lease = None;
+    for _ in 0..100 {
+        let l = holder_world.acquire_lease("s1", &far, ttl).await.unwrap();
+        if liveness(&db.url, "s1").await.is_some() {
+            lease = Some(l);
+            break;
+        }
+        holder_world.release_lease(&l).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lease = lease.expect("the holder's liveness is recorded with its lease");
+    let started = Event::bare_start(
+        "native",
+        steadfast_log::ModelSpec {
+            provider: "fake".into(),
+            model: "m".into(),
+        },
+        "/w",
+    );
+    let running = Event::UserMessage {
+        turn: 1,
+        text: "go".into(),
+        inbox_id: None,
+    };
+    holder_world
+        .append(&lease, &[started, running])
+        .await
+        .unwrap();
+
+    let here = Holder::new("worker-here");
+    let other = db.world().await;
+    assert!(
+        other.claim(&here, ttl).await.unwrap().is_none(),
+        "a live holder keeps its lease"
+    );
+
+    // The holder's process dies: its connections close, as the kernel closes a
+    // killed process's sockets.
+    drop(holder_world);
+    let died = Instant::now();
+    let taken = loop {
+        if let Some(taken) = other.claim(&here, ttl).await.unwrap() {
+            break taken;
+        }
+        assert!(
+            died.elapsed() < Duration::from_secs(20),
+            "taken over long before the {ttl:?} lease lapses"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(taken.epoch, lease.epoch + 1);
+    // The dead holder's lease is fenced, should anything of it still write.
+    let stale = other
+        .append(
+            &lease,
+            &[Event::TurnEnded {
+                turn: 1,
+                reply: None,
+            }],
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(stale, Error::StaleFence { .. }), "{stale}");
+}

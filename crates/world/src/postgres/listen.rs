@@ -22,9 +22,22 @@ pub(super) const CHANNEL: &str = "steadfast";
 /// Listens on [`CHANNEL`] and bumps `changes` on every notification, reconnecting
 /// with backoff when the database goes away (and bumping once on reconnect, since
 /// anything may have happened meanwhile).
+/// The liveness token of this process: the backend (`pid@start`) of its notification
+/// connection while it is connected. Leases record it; when the process dies its
+/// backend goes, and other processes see that at once (see [`HOLDER_GONE`]).
+pub(super) type Liveness = Arc<std::sync::RwLock<Option<String>>>;
+
+/// SQL, over a session row `s`: its holder's notification backend is gone. A backend
+/// with the same pid whose start this role may not see (another role's, without
+/// `pg_read_all_stats`) counts as alive: the lease then lapses as before.
+pub(super) const HOLDER_GONE: &str = "(s.lease_liveness IS NOT NULL AND NOT EXISTS (\
+    SELECT 1 FROM pg_stat_activity a WHERE a.pid = split_part(s.lease_liveness, '@', 1)::int \
+    AND (a.backend_start IS NULL OR a.backend_start::text = split_part(s.lease_liveness, '@', 2))))";
+
 pub(super) async fn listen(
     config: tokio_postgres::Config,
     changes: Arc<tokio::sync::watch::Sender<u64>>,
+    liveness: Liveness,
 ) {
     let mut backoff = Duration::from_millis(100);
     loop {
@@ -46,18 +59,28 @@ pub(super) async fn listen(
                         }
                     }
                 });
+                let me = client
+                    .query_one(
+                        "SELECT pid::text || '@' || backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid()",
+                        &[],
+                    )
+                    .await
+                    .ok()
+                    .map(|row| row.get::<_, String>(0));
                 if client
                     .batch_execute(&format!("LISTEN {CHANNEL}"))
                     .await
                     .is_ok()
                 {
                     backoff = Duration::from_millis(100);
+                    *liveness.write().unwrap_or_else(|e| e.into_inner()) = me;
                     crate::bump(&changes);
                     while rx.recv().await.is_some() {
                         crate::bump(&changes);
                     }
                 }
                 driver.abort();
+                *liveness.write().unwrap_or_else(|e| e.into_inner()) = None;
                 tracing::warn!("lost the PostgreSQL notification connection; reconnecting");
             }
             Err(e) => tracing::debug!(error = %e, "cannot reach PostgreSQL for notifications"),
