@@ -445,7 +445,7 @@ pub async fn big_records_spill_to_the_blob_store<W: World>(world: &W, blobs: &cr
     );
     assert_eq!(
         world.spilled("big").await.unwrap(),
-        [hash.clone()],
+        std::slice::from_ref(&hash),
         "the world names the blobs its records live in (gc keeps them)"
     );
     let keep = std::collections::HashSet::from([hash.clone()]);
