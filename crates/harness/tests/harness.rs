@@ -453,3 +453,58 @@ async fn a_failing_provider_is_retried_later_with_backoff_and_no_lease_held() ->
     assert_eq!(harness.world().session(&id).await?.status, "idle");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_reaches_a_session_waiting_to_retry_at_once() -> anyhow::Result<()> {
+    use std::time::{Duration, Instant};
+    let setup = Setup::new(json!([
+        {"text": "never", "fail": {"status": 503, "times": 1000}}
+    ]))
+    .await;
+    let base_url = setup.fake.base_url();
+    let harness = setup.harness_with(|o| {
+        o.models = std::sync::Arc::new(move |_spec: &steadfast_log::ModelSpec| {
+            let endpoint = steadfast_model::Endpoint {
+                base_url: base_url.clone(),
+                api_key: "k".into(),
+            };
+            let once = steadfast_model::RetryPolicy {
+                max_attempts: 1,
+                ..Default::default()
+            };
+            steadfast_model::ModelClient::new("anthropic", endpoint, once)
+        });
+        // Far longer than the test: only the interrupt can bring the session back.
+        o.retry_backoff = steadfast_harness::Backoff {
+            first: Duration::from_secs(600),
+            max: Duration::from_secs(600),
+        };
+    });
+    let mut session = NewSession::native("fake/m", &setup.workspace());
+    session.task = Some("go".into());
+    let id = harness.start_session(session).await?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let worker = harness.work(stop_rx);
+    let client = async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while harness.world().session(&id).await.unwrap().status != "retrying" {
+            assert!(Instant::now() < deadline, "the first attempt failed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        harness.interrupt(&id, "alice").await.unwrap();
+        let asked = Instant::now();
+        while harness.world().session(&id).await.unwrap().status != "idle" {
+            assert!(
+                asked.elapsed() < Duration::from_secs(20),
+                "the interrupt did not wait out the 600 s retry"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop_tx.send(true).unwrap();
+    };
+    tokio::join!(worker, client);
+    let state = harness.state(&id).await?;
+    assert_eq!(state.interrupted_by.as_deref(), Some("alice"));
+    assert!(state.retry.is_none());
+    Ok(())
+}

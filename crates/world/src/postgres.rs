@@ -847,7 +847,8 @@ static CLAIMABLE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     "
 SELECT s.id FROM steadfast_sessions s
 WHERE s.status IN ('running', 'idle', 'waiting', 'escalated')
-  AND s.retry_at_ms <= (extract(epoch from clock_timestamp()) * 1000)::bigint
+  AND (s.retry_at_ms <= (extract(epoch from clock_timestamp()) * 1000)::bigint OR EXISTS (
+        SELECT 1 FROM steadfast_inbox i WHERE i.session_id = s.id AND NOT i.taken AND i.kind = 'signal' AND i.name = 'interrupt'))
   AND (s.lease_holder IS NULL
        OR s.lease_expires_ms <= (extract(epoch from clock_timestamp()) * 1000)::bigint
        OR s.lease_host = $1

@@ -753,7 +753,8 @@ impl World for SqliteWorld {
 const CLAIMABLE: &str = "
 SELECT s.id FROM sessions s
 WHERE s.status IN ('running', 'idle', 'waiting', 'escalated')
-  AND s.retry_at_ms <= ?1
+  AND (s.retry_at_ms <= ?1 OR EXISTS (
+        SELECT 1 FROM inbox i WHERE i.session_id = s.id AND i.taken = 0 AND i.kind = 'signal' AND i.name = 'interrupt'))
   AND (s.lease_holder IS NULL OR s.lease_expires_ms <= ?1 OR s.lease_host = ?2)
   AND (
     s.status = 'running'

@@ -47,7 +47,7 @@ async fn open(
 
 pub async fn stop(home: &Path, config: &Config, session: &str) -> anyhow::Result<ExitCode> {
     let (harness, summary) = open(home, config, session).await?;
-    if !matches!(summary.status.as_str(), "running" | "waiting") {
+    if !matches!(summary.status.as_str(), "running" | "waiting" | "retrying") {
         eprintln!(
             "steadfast: session {session} is {}; nothing runs, so there is nothing to stop",
             summary.status
@@ -58,7 +58,7 @@ pub async fn stop(home: &Path, config: &Config, session: &str) -> anyhow::Result
     let started = Instant::now();
     while started.elapsed() < WAIT {
         let now = harness.world().session(session).await?;
-        if !matches!(now.status.as_str(), "running" | "waiting") {
+        if !matches!(now.status.as_str(), "running" | "waiting" | "retrying") {
             eprintln!(
                 "steadfast: session {session} stopped ({}, #{}) in {} ms; carry on with: {} resume {session}",
                 now.status,

@@ -314,7 +314,7 @@ pub(crate) async fn interrupt<W: World + Clone>(
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let owner = state.auth.owner(&headers)?;
     let summary = owned(&state, &id, &owner).await?;
-    if !matches!(summary.status.as_str(), "running" | "waiting") {
+    if !matches!(summary.status.as_str(), "running" | "waiting" | "retrying") {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "not_running",
