@@ -57,7 +57,7 @@ pub struct Config {
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct ServerConfig {
-    /// Bearer tokens (hashed: `steadfast hash-token <token>`) and their owners.
+    /// Bearer tokens (hashed: `echo -n "$TOKEN" | steadfast hash-token`) and their owners.
     #[serde(default)]
     pub tokens: Vec<TokenConfig>,
     /// Refuse every request when no tokens are configured.
