@@ -1,5 +1,6 @@
-//! What a session changed in its workspace between two log positions, as content
-//! diffs read from the drive's snapshots (the workspace itself is never touched).
+//! A session's workspace as the log knows it at any position: what changed between
+//! two positions, as content diffs, and the files themselves, all read from the
+//! drive's snapshots (the live workspace is never touched).
 
 use serde::Serialize;
 use steadfast_drive::{ChangeKind, Entry};
@@ -84,15 +85,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 "from {from} and to {to} must satisfy 0 <= from <= to <= {last} (the last log position)"
             )));
         }
-        let at = |n: u64| -> Result<Option<String>> {
-            let state = steadfast_log::fold(&records[..n.max(1) as usize])?;
-            Ok(if n == 0 {
-                state.initial_snapshot
-            } else {
-                state.last_snapshot
-            })
-        };
-        let (a, b) = (at(from)?, at(to)?);
+        let (a, b) = (snapshot_at(&records, from)?, snapshot_at(&records, to)?);
         let drive = self.drive.clone();
         let (a2, b2) = (a.clone(), b.clone());
         let files = tokio::task::spawn_blocking(move || match (a2, b2) {
@@ -122,6 +115,91 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 .map(|c| format!("{} {}", format!("{:?}", c.kind).to_lowercase(), c.path))
                 .collect(),
             Err(e) => vec![format!("(diff unavailable: {e})")],
+        }
+    }
+}
+
+/// The snapshot in force at log position `n` of `records` (0: as the session began).
+fn snapshot_at(records: &[steadfast_log::Record], n: u64) -> Result<Option<String>> {
+    let state = steadfast_log::fold(&records[..(n.max(1) as usize).min(records.len())])?;
+    Ok(if n == 0 {
+        state.initial_snapshot
+    } else {
+        state.last_snapshot
+    })
+}
+
+/// One path of a workspace snapshot.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkspaceEntry {
+    /// The path, relative to the workspace.
+    pub path: String,
+    /// What it is, with its size and hash for files.
+    #[serde(flatten)]
+    pub entry: Entry,
+}
+
+/// A session's workspace at one log position.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkspaceListing {
+    /// The position.
+    pub at_seq: u64,
+    /// The snapshot in force there.
+    pub snapshot: Option<String>,
+    /// Every path, in order.
+    pub entries: Vec<WorkspaceEntry>,
+}
+
+impl<W: World + Clone, S: Sandbox> Harness<W, S> {
+    /// The snapshot in force at `at` (default: now), checked against the log's length.
+    async fn snapshot_at(&self, session: &str, at: Option<u64>) -> Result<(u64, Option<String>)> {
+        let records = self.world().read(session, 1).await?;
+        let last = records.len() as u64;
+        let at = at.unwrap_or(last);
+        if at > last {
+            return Err(Error::Invalid(format!(
+                "at {at} is past the last log position ({last})"
+            )));
+        }
+        Ok((at, snapshot_at(&records, at)?))
+    }
+
+    /// Every path of `session`'s workspace as it was at log position `at` (default:
+    /// now).
+    pub async fn files(&self, session: &str, at: Option<u64>) -> Result<WorkspaceListing> {
+        let (at, snapshot) = self.snapshot_at(session, at).await?;
+        let entries = match &snapshot {
+            Some(id) => self
+                .drive
+                .manifest(id)?
+                .entries
+                .into_iter()
+                .map(|(path, entry)| WorkspaceEntry { path, entry })
+                .collect(),
+            None => Vec::new(),
+        };
+        Ok(WorkspaceListing {
+            at_seq: at,
+            snapshot,
+            entries,
+        })
+    }
+
+    /// The bytes of the file at `path` in `session`'s workspace as it was at log
+    /// position `at` (default: now). [`Error::NoFile`] if there was no such file.
+    pub async fn file(&self, session: &str, path: &str, at: Option<u64>) -> Result<Vec<u8>> {
+        let (at, snapshot) = self.snapshot_at(session, at).await?;
+        let missing = || Error::NoFile(format!("no file {path:?} in the workspace at #{at}"));
+        let snapshot = snapshot.ok_or_else(missing)?;
+        let drive = self.drive.clone();
+        let path = path.to_string();
+        let read = tokio::task::spawn_blocking(move || drive.read_file(&snapshot, &path))
+            .await
+            .map_err(|e| Error::Invalid(format!("read task: {e}")))?;
+        match read {
+            Ok(bytes) => Ok(bytes),
+            Err(steadfast_drive::Error::NotFound(_)) => Err(missing()),
+            Err(e) => Err(e.into()),
         }
     }
 }

@@ -59,7 +59,7 @@ mod wrapped;
 
 pub use backoff::Backoff;
 pub use control::{SignalTarget, STOP_WAIT};
-pub use diff::{FileDiff, WorkspaceDiff};
+pub use diff::{FileDiff, WorkspaceDiff, WorkspaceEntry, WorkspaceListing};
 pub use driver::{Driver, Progress, Stop, APPROVAL_SIGNAL, APPROVAL_TOOL};
 pub use harness::{
     parse_model, Awake, Harness, HarnessOptions, ModelResolver, NewSession, Provisioner,
@@ -91,6 +91,9 @@ pub enum Error {
     /// The request does not fit the session's state.
     #[error("{0}")]
     Invalid(String),
+    /// No such file in the workspace at the position asked for.
+    #[error("{0}")]
+    NoFile(String),
     /// A signal for a wait that is not in progress (see [`Harness::signal`]).
     #[error("{0}")]
     NotWaiting(String),

@@ -94,6 +94,9 @@ impl From<steadfast_harness::Error> for ApiError {
             steadfast_harness::Error::Invalid(m) => {
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", m)
             }
+            steadfast_harness::Error::NoFile(m) => {
+                ApiError::new(StatusCode::NOT_FOUND, "no_file", m)
+            }
             steadfast_harness::Error::NotWaiting(m) => {
                 ApiError::new(StatusCode::CONFLICT, "not_waiting", m)
             }

@@ -876,6 +876,9 @@ async fn bad_input_gets_clear_json_errors() {
         "/v1/sessions/{id}/messages",
         "/v1/sessions/{id}/events",
         "/v1/sessions/{id}/signals/{name}",
+        "/v1/sessions/{id}/diff",
+        "/v1/sessions/{id}/files",
+        "/v1/sessions/{id}/files/{path}",
         "/v1/agents",
     ] {
         assert!(

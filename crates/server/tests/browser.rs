@@ -142,6 +142,41 @@ async fn a_browser_event_source_sees_every_event_once_across_a_reconnect() {
     assert_eq!(status, 422, "{refused}");
     let (status, _) = call(reqwest::Method::GET, &diff_url, Some("bob-secret"), None).await;
     assert_eq!(status, 404, "another owner sees nothing");
+
+    // The workspace's files at any position, from the snapshots.
+    let files = format!("{}/v1/sessions/{id}/files", srv.url);
+    let (status, listing) = call(reqwest::Method::GET, &files, Some("alice-secret"), None).await;
+    assert_eq!(status, 200, "{listing}");
+    let a = listing["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["path"] == "a.txt")
+        .unwrap_or_else(|| panic!("a.txt listed: {listing}"));
+    assert_eq!(
+        (a["kind"].as_str(), a["size"].as_u64()),
+        (Some("file"), Some(4))
+    );
+    let fetch = |url: String, token: &'static str| async move {
+        let resp = reqwest::Client::new()
+            .get(url)
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        (resp.status().as_u16(), resp.bytes().await.unwrap())
+    };
+    let (status, bytes) = fetch(format!("{files}/a.txt"), "alice-secret").await;
+    assert_eq!((status, &bytes[..]), (200, &b"one\n"[..]));
+    let (status, body) = fetch(format!("{files}/a.txt?at=1"), "alice-secret").await;
+    assert_eq!(status, 404, "no a.txt as the session began: {body:?}");
+    assert!(String::from_utf8_lossy(&body).contains("no_file"));
+    let (status, _) = fetch(format!("{files}/..%2F..%2Fetc%2Fpasswd"), "alice-secret").await;
+    assert_eq!(status, 404, "only paths of the snapshot exist");
+    let (status, _) = fetch(format!("{files}/a.txt?at=99999"), "alice-secret").await;
+    assert_eq!(status, 422);
+    let (status, _) = fetch(format!("{files}/a.txt"), "bob-secret").await;
+    assert_eq!(status, 404, "another owner reads nothing");
 }
 
 #[tokio::test]

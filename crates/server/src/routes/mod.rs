@@ -35,6 +35,8 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
         )
         .route("/v1/sessions/{id}/integrity", get(sessions::integrity::<W>))
         .route("/v1/sessions/{id}/diff", get(sessions::diff::<W>))
+        .route("/v1/sessions/{id}/files", get(sessions::files::<W>))
+        .route("/v1/sessions/{id}/files/{*path}", get(sessions::file::<W>))
         .route(
             "/v1/sessions/{id}/messages",
             post(messages::post_message::<W>),

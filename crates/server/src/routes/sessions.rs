@@ -390,6 +390,59 @@ pub(crate) async fn diff<W: World + Clone>(
     Ok(Json(serde_json::to_value(diff).unwrap_or_default()))
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AtQuery {
+    at: Option<u64>,
+}
+
+type AtQueryResult =
+    Result<axum::extract::Query<AtQuery>, axum::extract::rejection::QueryRejection>;
+
+fn at_query(query: AtQueryResult) -> Result<Option<u64>, ApiError> {
+    let axum::extract::Query(q) = query.map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            format!("at: {}", e.body_text()),
+        )
+    })?;
+    Ok(q.at)
+}
+
+/// `GET /v1/sessions/{id}/files?at=N`: every path of the session's workspace as it
+/// was at log position N (default: now), from its snapshot.
+pub(crate) async fn files<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    query: AtQueryResult,
+) -> Result<Json<Value>, ApiError> {
+    let owner = state.auth.owner(&headers)?;
+    owned(&state, &id, &owner).await?;
+    let listing = state.harness.files(&id, at_query(query)?).await?;
+    Ok(Json(serde_json::to_value(listing).unwrap_or_default()))
+}
+
+/// `GET /v1/sessions/{id}/files/{path}?at=N`: one file's bytes as they were at log
+/// position N (default: now).
+pub(crate) async fn file<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+    Path((id, path)): Path<(String, String)>,
+    query: AtQueryResult,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let owner = state.auth.owner(&headers)?;
+    owned(&state, &id, &owner).await?;
+    let bytes = state.harness.file(&id, &path, at_query(query)?).await?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+        bytes,
+    )
+        .into_response())
+}
+
 /// `GET /v1/sessions/{id}/integrity`: reads the session's whole log (each record's
 /// checksum is verified on the way) and every blob it refers to, and names each
 /// record whose blob is missing or corrupt, by position.
