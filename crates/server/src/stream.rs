@@ -100,13 +100,19 @@ impl Tracker {
     }
 
     fn frame(&self, record: &Record) -> SseEvent {
-        let id = record.seq.to_string();
+        SseEvent::default()
+            .id(record.seq.to_string())
+            .data(self.data(record).to_string())
+    }
+
+    /// What a client is sent for `record`, seen after the records observed so far.
+    fn data(&self, record: &Record) -> serde_json::Value {
         let restart = matches!(
             record.event,
             Event::ModelCallInterrupted { .. } | Event::ModelDelta { restart: true, .. }
         ) || matches!(&record.event, Event::ExchangeIntent { index, .. }
                 if self.exchanges.get(index) == Some(&false));
-        let data = if restart {
+        if restart {
             serde_json::json!({"type": "restart", "seq": record.seq, "text": self.turn_text})
         } else if let Some(error) = error(&record.event) {
             let mut data = typed(record);
@@ -115,9 +121,32 @@ impl Tracker {
             data
         } else {
             typed(record)
-        };
-        SseEvent::default().id(id).data(data.to_string())
+        }
     }
+}
+
+/// One page of `session`'s events after position `after`: at most `limit`, exactly
+/// as the event stream sends them, and whether more follow.
+pub(crate) async fn page<W: World>(
+    world: &W,
+    session: &str,
+    after: u64,
+    limit: usize,
+) -> steadfast_world::Result<(Vec<serde_json::Value>, bool)> {
+    let from = world.turn_began(session, after).await?.max(1);
+    let records = world.read(session, from).await?;
+    let mut tracker = Tracker::default();
+    let mut events = Vec::new();
+    for record in &records {
+        if record.seq > after {
+            if events.len() == limit {
+                return Ok((events, true));
+            }
+            events.push(tracker.data(record));
+        }
+        tracker.observe(record);
+    }
+    Ok((events, false))
 }
 
 /// What a client shows for a failure the log records: a retry that is scheduled

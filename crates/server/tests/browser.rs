@@ -121,6 +121,44 @@ async fn a_browser_event_source_sees_every_event_once_across_a_reconnect() {
         assert!(kinds.contains(&kind), "a `{kind}` frame: {kinds:?}");
     }
 
+    // The same events as JSON pages, for clients that poll.
+    let events_url = format!("{}/v1/sessions/{id}/events", srv.url);
+    let mut paged = Vec::new();
+    let mut after = 0;
+    loop {
+        let page: Value = reqwest::Client::new()
+            .get(format!("{events_url}?after={after}&limit=5"))
+            .bearer_auth("alice-secret")
+            .header("Accept", "application/json")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let batch = page["events"].as_array().unwrap().clone();
+        assert!(batch.len() <= 5, "{page}");
+        paged.extend(batch);
+        after = page["next_after"].as_u64().unwrap();
+        if page["has_more"] == false {
+            break;
+        }
+    }
+    let paged_kinds: Vec<&str> = paged.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        paged_kinds, kinds,
+        "the pages hold what the stream sent, in order"
+    );
+    assert_eq!(after, last_seq);
+    let refused = reqwest::Client::new()
+        .get(format!("{events_url}?limit=5000"))
+        .bearer_auth("alice-secret")
+        .header("Accept", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+
     // What the turn changed, as a page would show it.
     let diff_url = format!("{}/v1/sessions/{id}/diff", srv.url);
     let (status, diff) = call(reqwest::Method::GET, &diff_url, Some("alice-secret"), None).await;

@@ -87,7 +87,16 @@ pub(crate) async fn post_message<W: World + Clone>(
 pub(crate) struct Cursor {
     #[serde(default)]
     cursor: Option<u64>,
+    /// The same as `cursor`, for JSON pages.
+    #[serde(default)]
+    after: Option<u64>,
+    /// Events per JSON page (default 100, at most 1000).
+    #[serde(default)]
+    limit: Option<usize>,
 }
+
+/// The most events one JSON page holds.
+const MAX_PAGE: usize = 1000;
 
 pub(crate) async fn events<W: World + Clone>(
     State(state): State<Shared<W>>,
@@ -101,7 +110,7 @@ pub(crate) async fn events<W: World + Clone>(
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_query",
-            format!("cursor: {}", e.body_text()),
+            format!("cursor, after, limit: {}", e.body_text()),
         )
     })?;
     let from_header = match headers.get("last-event-id") {
@@ -119,7 +128,34 @@ pub(crate) async fn events<W: World + Clone>(
         ),
         None => None,
     };
-    let cursor = query.cursor.or(from_header).unwrap_or(0);
+    let cursor = query.cursor.or(query.after).or(from_header).unwrap_or(0);
+    // `Accept: application/json` pages through the same events as JSON.
+    let wants_json = headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("application/json") && !a.contains("text/event-stream"));
+    if wants_json {
+        let limit = query.limit.unwrap_or(100);
+        if limit == 0 || limit > MAX_PAGE {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_query",
+                format!("limit: between 1 and {MAX_PAGE}"),
+            ));
+        }
+        let (events, has_more) = stream::page(state.harness.world(), &id, cursor, limit).await?;
+        let next_after = events
+            .last()
+            .and_then(|e| e["seq"].as_u64())
+            .unwrap_or(cursor);
+        return Ok(Json(json!({
+            "events": events,
+            "after": cursor,
+            "next_after": next_after,
+            "has_more": has_more,
+        }))
+        .into_response());
+    }
     Ok(sse(state.harness.world().clone(), id, cursor, Until::Quiet))
 }
 
