@@ -397,6 +397,16 @@ impl Config {
 
     /// Checks settings that can be wrong in ways the file's types cannot say.
     pub fn check(&self) -> anyhow::Result<()> {
+        for origin in &self.server.cors_origins {
+            let scheme = origin.starts_with("https://") || origin.starts_with("http://");
+            anyhow::ensure!(
+                origin == "*"
+                    || (scheme
+                        && origin.matches('/').count() == 2
+                        && !origin.contains(char::is_whitespace)),
+                "[server] cors-origins: {origin:?} is not an origin (scheme://host[:port], no path), or \"*\""
+            );
+        }
         let mut seen = std::collections::BTreeSet::new();
         for agent in &self.agents.named {
             anyhow::ensure!(
@@ -478,6 +488,29 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cors_origin_that_is_not_an_origin_is_refused_naming_it() {
+        for bad in [
+            "app.example.com",
+            "https://app.example.com/",
+            "https://a.com/x",
+            "https://a b",
+        ] {
+            let mut cfg = Config::default();
+            cfg.server.cors_origins = vec![bad.into()];
+            let err = cfg.check().unwrap_err().to_string();
+            assert!(
+                err.contains("cors-origins") && err.contains(bad),
+                "{bad}: {err}"
+            );
+        }
+        for good in ["*", "https://app.example.com", "http://localhost:3000"] {
+            let mut cfg = Config::default();
+            cfg.server.cors_origins = vec![good.into()];
+            assert!(cfg.check().is_ok(), "{good}");
+        }
+    }
 
     #[test]
     fn the_file_names_the_key_variable_and_env_overrides_the_url() {

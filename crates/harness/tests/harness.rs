@@ -369,17 +369,7 @@ async fn a_failing_provider_is_retried_later_with_backoff_and_no_lease_held() ->
     };
     let harness = setup.harness_with(|o| {
         // One attempt per wake: the provider's own retries are not what is measured.
-        o.models = std::sync::Arc::new(move |_spec: &steadfast_log::ModelSpec| {
-            let endpoint = steadfast_model::Endpoint {
-                base_url: base_url.clone(),
-                api_key: "k".into(),
-            };
-            let once = steadfast_model::RetryPolicy {
-                max_attempts: 1,
-                ..Default::default()
-            };
-            steadfast_model::ModelClient::new("anthropic", endpoint, once)
-        });
+        o.models = one_attempt(base_url);
         o.retry_backoff = backoff;
     });
     let mut session = NewSession::native("fake/m", &setup.workspace());
@@ -467,17 +457,7 @@ async fn an_interrupt_reaches_a_session_waiting_to_retry_at_once() -> anyhow::Re
     .await;
     let base_url = setup.fake.base_url();
     let harness = setup.harness_with(|o| {
-        o.models = std::sync::Arc::new(move |_spec: &steadfast_log::ModelSpec| {
-            let endpoint = steadfast_model::Endpoint {
-                base_url: base_url.clone(),
-                api_key: "k".into(),
-            };
-            let once = steadfast_model::RetryPolicy {
-                max_attempts: 1,
-                ..Default::default()
-            };
-            steadfast_model::ModelClient::new("anthropic", endpoint, once)
-        });
+        o.models = one_attempt(base_url);
         // Far longer than the test: only the interrupt can bring the session back.
         o.retry_backoff = steadfast_harness::Backoff {
             first: Duration::from_secs(600),
@@ -511,4 +491,20 @@ async fn an_interrupt_reaches_a_session_waiting_to_retry_at_once() -> anyhow::Re
     assert_eq!(state.interrupted_by.as_deref(), Some("alice"));
     assert!(state.retry.is_none());
     Ok(())
+}
+
+/// Models at the fake provider `base_url` that try each call once, so a failure
+/// reaches the worker at once instead of the provider client's own retries.
+fn one_attempt(base_url: String) -> steadfast_harness::ModelResolver {
+    std::sync::Arc::new(move |_spec: &steadfast_log::ModelSpec| {
+        let endpoint = steadfast_model::Endpoint {
+            base_url: base_url.clone(),
+            api_key: "k".into(),
+        };
+        let once = steadfast_model::RetryPolicy {
+            max_attempts: 1,
+            ..Default::default()
+        };
+        steadfast_model::ModelClient::new("anthropic", endpoint, once)
+    })
 }
