@@ -206,6 +206,42 @@ pub async fn summaries_follow_the_log<W: World>(world: &W) {
     assert_eq!(list[0].status, "running");
     assert_eq!(list[0].title, "fix the tests");
     assert_eq!(list[0].owner, "alice");
+    let first_change = list[0].updated_at_ms;
+
+    // Records that change nothing but the log still move the position and the time
+    // of the last change, however the world stores them.
+    std::thread::sleep(Duration::from_millis(5));
+    for step in 1..=3 {
+        world.append(&lease, &[intent(step)]).await.unwrap();
+    }
+    world.append(&lease, &[intent(4), intent(5)]).await.unwrap();
+    let summary = world.session("s1").await.unwrap();
+    assert_eq!(summary.last_seq, 6);
+    assert_eq!(summary.status, "running");
+    assert!(summary.updated_at_ms > first_change, "{summary:?}");
+    assert_eq!(world.list_sessions().await.unwrap()[0].last_seq, 6);
+
+    // A retry time is cleared by whatever is recorded next, even a plain record.
+    let failed = Event::DriveFailed {
+        reason: "provider down".into(),
+        attempt: 1,
+        retry_at_ms: Some(crate::now_ms() + 60_000),
+    };
+    world.append(&lease, &[failed]).await.unwrap();
+    assert_eq!(world.session("s1").await.unwrap().status, "retrying");
+    world.append(&lease, &[intent(6)]).await.unwrap();
+    let summary = world.session("s1").await.unwrap();
+    assert_eq!(summary.status, "running");
+    assert_eq!(summary.last_seq, 8);
+    assert_eq!(world.read("s1", 1).await.unwrap().len(), 8);
+}
+
+fn intent(step: u32) -> Event {
+    Event::ModelCallIntent {
+        call_id: format!("mc_{step}"),
+        step,
+        fingerprint: "f".repeat(64),
+    }
 }
 
 fn started() -> Event {

@@ -32,7 +32,9 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (5, include_str!("postgres/005_escalated_resumes.sql")),
     (6, include_str!("postgres/006_retry_at.sql")),
     (7, include_str!("postgres/007_lease_liveness.sql")),
+    (8, include_str!("postgres/008_lean_appends.sql")),
 ];
+const UNIQUE_VIOLATION: &str = "23505";
 const STALE_FENCE: &str = "SF001";
 /// Serialises concurrent `migrate` runs (an arbitrary, fixed advisory-lock key).
 const MIGRATION_LOCK: i64 = 0x5354_4544_4641_5354;
@@ -48,7 +50,7 @@ pub struct PostgresWorld {
     /// The last position this process appended per session and lease epoch: the
     /// holder of a lease is the only writer, so its next append can be one
     /// conditional statement instead of a locking transaction.
-    positions: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, (u64, u64)>>>,
+    positions: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Position>>>,
     spill: Option<crate::Blobs>,
 }
 
@@ -61,17 +63,18 @@ fn wakes_others(summary: &crate::Summary) -> bool {
     summary.status.is_some() || summary.waiting_for.is_some() || !summary.taken.is_empty()
 }
 
-/// One append as one statement: it commits only if the lease and the expected
-/// position still hold (the trigger re-checks the epoch), marks taken inbox entries,
-/// and notifies listeners.
-const FAST_APPEND: &str = "
+/// An append that changes the session row (status, title, awaited signal, retry
+/// time, taken inbox entries) as one statement: it commits only if the lease still
+/// holds (the trigger re-checks the epoch, the primary key the position), marks taken
+/// inbox entries, moves the row's position watermark and notifies listeners.
+const ROW_APPEND: &str = "
 WITH s AS (
     UPDATE steadfast_sessions
-       SET last_seq = last_seq + $5, updated_at_ms = $6,
+       SET last_seq = $4::bigint + $5::bigint, updated_at_ms = $6,
            status = coalesce($7, status), title = coalesce($8, title),
            waiting_for = CASE WHEN $9 THEN $10 ELSE waiting_for END,
            retry_at_ms = $19
-     WHERE id = $1 AND lease_epoch = $2 AND lease_holder = $3 AND last_seq = $4
+     WHERE id = $1 AND lease_epoch = $2 AND lease_holder = $3
  RETURNING id),
 ins AS (
     INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum, blob)
@@ -85,6 +88,29 @@ taken AS (
  RETURNING 1),
 note AS (SELECT pg_notify('steadfast', id) FROM s WHERE $17)
 SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM note)";
+
+/// An append that changes nothing but the log (most of them: deltas, model calls,
+/// tool calls) is its events' insert alone. The fence trigger refuses a stale epoch and
+/// the primary key a position someone else took, both inside the database.
+const LEAN_APPEND: &str = "
+INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum, blob)
+SELECT $1::text, e.seq, $2::bigint, $3::bigint, e.schema, e.kind, e.body, e.checksum, e.blob
+  FROM unnest($4::bigint[], $5::smallint[], $6::text[], $7::bytea[], $8::text[], $9::text[])
+       AS e(seq, schema, kind, body, checksum, blob)";
+
+/// [`LEAN_APPEND`] for the commonest case, one event, without the arrays.
+const LEAN_APPEND_ONE: &str = "
+INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum, blob)
+VALUES ($1, $4, $2, $3, $5, $6, $7, $8, $9)";
+
+/// What this process last appended to a session under one lease epoch.
+#[derive(Debug, Clone, Copy)]
+struct Position {
+    epoch: u64,
+    last: u64,
+    /// Whether the session row holds a retry time that the next append must clear.
+    retry_pending: bool,
+}
 
 impl std::fmt::Debug for PostgresWorld {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -104,7 +130,11 @@ fn db(e: tokio_postgres::Error) -> Error {
             current: 0,
         };
     }
-    backend(e)
+    match e.as_db_error() {
+        // "db error" alone says nothing; the server's message says what went wrong.
+        Some(d) => Error::Backend(format!("{e}: {}", d.message())),
+        None => backend(e),
+    }
 }
 
 const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
@@ -325,18 +355,25 @@ fn summary(r: &Row) -> SessionSummary {
     }
 }
 
-/// A session with a retry scheduled shows as `retrying`.
+/// A session with a retry scheduled shows as `retrying`. Its position and last
+/// change come from the log's tail (the row's own are a watermark, written only
+/// when the row changes).
 const SUMMARY_COLUMNS: &str =
     "id, owner, CASE WHEN retry_at_ms > 0 THEN 'retrying' ELSE status END, \
-     title, last_seq, created_at_ms, updated_at_ms FROM steadfast_sessions";
+     title, greatest(last_seq, coalesce(tail.seq, 0)), created_at_ms, \
+     greatest(updated_at_ms, coalesce(tail.at_ms, 0)) \
+     FROM steadfast_sessions s LEFT JOIN LATERAL (\
+       SELECT e.seq, e.at_ms FROM steadfast_events e WHERE e.session_id = s.id \
+       ORDER BY e.seq DESC LIMIT 1) tail ON true";
 
 impl PostgresWorld {
-    /// The one-statement append. `None` if the lease or position moved (the caller
-    /// then takes the locking path, which says which).
+    /// The one-statement append from a position this process knows. `None` if the
+    /// lease or position moved (the caller then takes the locking path, which says
+    /// which).
     async fn append_fast(
         &self,
         lease: &Lease,
-        last: u64,
+        known: Position,
         events: &[Event],
         spilled: &[Option<String>],
     ) -> Result<Option<Vec<Record>>> {
@@ -346,7 +383,7 @@ impl PostgresWorld {
             .iter()
             .enumerate()
             .map(|(i, event)| Record {
-                seq: last + 1 + i as u64,
+                seq: known.last + 1 + i as u64,
                 epoch: lease.epoch,
                 at_ms,
                 event: event.clone(),
@@ -356,9 +393,6 @@ impl PostgresWorld {
             .iter()
             .map(|r| record::encode(&lease.session, r))
             .collect();
-        let seqs: Vec<i64> = records.iter().map(|r| r.seq as i64).collect();
-        let schemas: Vec<i16> = encoded.iter().map(|e| e.schema as i16).collect();
-        let kinds: Vec<&str> = records.iter().map(|r| r.event.kind()).collect();
         let bodies: Vec<&[u8]> = encoded
             .iter()
             .zip(spilled)
@@ -370,55 +404,119 @@ impl PostgresWorld {
                 }
             })
             .collect();
-        let sums: Vec<&str> = encoded.iter().map(|e| e.checksum.as_str()).collect();
         let summary = summarize(events);
-        let taken: Vec<i64> = summary.taken.iter().map(|t| *t as i64).collect();
-        let (wset, wval) = match &summary.waiting_for {
-            Some(v) => (true, v.clone()),
-            None => (false, None),
+        let lean = summary.status.is_none()
+            && summary.title.is_none()
+            && summary.waiting_for.is_none()
+            && summary.taken.is_empty()
+            && summary.retry_at_ms == 0
+            && !known.retry_pending;
+        let outcome = if lean && records.len() == 1 {
+            let statement = client.prepare_cached(LEAN_APPEND_ONE).await.map_err(db)?;
+            client
+                .execute(
+                    &statement,
+                    &[
+                        &lease.session,
+                        &(lease.epoch as i64),
+                        &(at_ms as i64),
+                        &(records[0].seq as i64),
+                        &(encoded[0].schema as i16),
+                        &records[0].event.kind(),
+                        &bodies[0],
+                        &encoded[0].checksum,
+                        &spilled[0],
+                    ],
+                )
+                .await
+        } else {
+            let seqs: Vec<i64> = records.iter().map(|r| r.seq as i64).collect();
+            let schemas: Vec<i16> = encoded.iter().map(|e| e.schema as i16).collect();
+            let kinds: Vec<&str> = records.iter().map(|r| r.event.kind()).collect();
+            let sums: Vec<&str> = encoded.iter().map(|e| e.checksum.as_str()).collect();
+            if lean {
+                let statement = client.prepare_cached(LEAN_APPEND).await.map_err(db)?;
+                client
+                    .execute(
+                        &statement,
+                        &[
+                            &lease.session,
+                            &(lease.epoch as i64),
+                            &(at_ms as i64),
+                            &seqs,
+                            &schemas,
+                            &kinds,
+                            &bodies,
+                            &sums,
+                            &spilled,
+                        ],
+                    )
+                    .await
+            } else {
+                let taken: Vec<i64> = summary.taken.iter().map(|t| *t as i64).collect();
+                let (wset, wval) = match &summary.waiting_for {
+                    Some(v) => (true, v.clone()),
+                    None => (false, None),
+                };
+                let notify = wakes_others(&summary);
+                let statement = client.prepare_cached(ROW_APPEND).await.map_err(db)?;
+                client
+                    .query_one(
+                        &statement,
+                        &[
+                            &lease.session,
+                            &(lease.epoch as i64),
+                            &lease.holder,
+                            &(known.last as i64),
+                            &(records.len() as i64),
+                            &(at_ms as i64),
+                            &summary.status,
+                            &summary.title,
+                            &wset,
+                            &wval,
+                            &seqs,
+                            &schemas,
+                            &kinds,
+                            &bodies,
+                            &sums,
+                            &taken,
+                            &notify,
+                            &spilled,
+                            &(summary.retry_at_ms as i64),
+                        ],
+                    )
+                    .await
+                    .map(|row| row.get::<_, i64>(0) as u64)
+            }
         };
-        let notify = wakes_others(&summary);
-        let statement = client.prepare_cached(FAST_APPEND).await.map_err(db)?;
-        let row = client
-            .query_one(
-                &statement,
-                &[
-                    &lease.session,
-                    &(lease.epoch as i64),
-                    &lease.holder,
-                    &(last as i64),
-                    &(records.len() as i64),
-                    &(at_ms as i64),
-                    &summary.status,
-                    &summary.title,
-                    &wset,
-                    &wval,
-                    &seqs,
-                    &schemas,
-                    &kinds,
-                    &bodies,
-                    &sums,
-                    &taken,
-                    &notify,
-                    &spilled,
-                    &(summary.retry_at_ms as i64),
-                ],
-            )
-            .await
-            .map_err(db)?;
-        if row.get::<_, i64>(0) == 0 {
-            self.positions
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&lease.session);
+        let moved = match outcome {
+            Ok(n) => n == 0,
+            Err(e)
+                if matches!(
+                    e.code().map(|c| c.code()),
+                    Some(STALE_FENCE | UNIQUE_VIOLATION)
+                ) =>
+            {
+                true
+            }
+            Err(e) => return Err(db(e)),
+        };
+        let mut positions = self.positions.lock().unwrap_or_else(|e| e.into_inner());
+        if moved {
+            positions.remove(&lease.session);
             return Ok(None);
         }
         if let Some(r) = records.last() {
-            self.positions
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(lease.session.clone(), (lease.epoch, r.seq));
+            positions.insert(
+                lease.session.clone(),
+                Position {
+                    epoch: lease.epoch,
+                    last: r.seq,
+                    retry_pending: summary.retry_at_ms > 0,
+                },
+            );
         }
+        drop(positions);
         crate::bump(&self.changes);
         Ok(Some(records))
     }
@@ -433,9 +531,11 @@ impl PostgresWorld {
 
         let tx = client.transaction().await.map_err(db)?;
         check_fence(&tx, lease).await?;
+        // The row's last_seq is a watermark; the log's primary key has the position
+        // (no one else can insert while this transaction holds the row).
         let last: i64 = tx
             .query_one(
-                "SELECT last_seq FROM steadfast_sessions WHERE id = $1",
+                "SELECT coalesce(max(seq), 0) FROM steadfast_events WHERE session_id = $1",
                 &[&lease.session],
             )
             .await
@@ -654,11 +754,11 @@ impl World for PostgresWorld {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&lease.session)
-            .filter(|(epoch, _)| *epoch == lease.epoch)
-            .map(|(_, last)| *last);
+            .filter(|p| p.epoch == lease.epoch)
+            .copied();
         let spilled = crate::spill_large(self.spill.as_ref(), events).await?;
-        if let Some(last) = known {
-            if let Some(records) = self.append_fast(lease, last, events, &spilled).await? {
+        if let Some(known) = known {
+            if let Some(records) = self.append_fast(lease, known, events, &spilled).await? {
                 return Ok(records);
             }
         }
@@ -667,7 +767,14 @@ impl World for PostgresWorld {
             self.positions
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(lease.session.clone(), (lease.epoch, last.seq));
+                .insert(
+                    lease.session.clone(),
+                    Position {
+                        epoch: lease.epoch,
+                        last: last.seq,
+                        retry_pending: summarize(events).retry_at_ms > 0,
+                    },
+                );
         }
         Ok(records)
     }
@@ -825,14 +932,24 @@ impl World for PostgresWorld {
     }
 
     async fn delete_session(&self, session: &str) -> Result<()> {
-        let client = self.client().await?;
-        let n = client
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db)?;
+        // The row first: it waits out an append in flight (the fence trigger holds it
+        // shared), and once it is gone no append can commit; then its events.
+        let n = tx
             .execute("DELETE FROM steadfast_sessions WHERE id = $1", &[&session])
             .await
             .map_err(db)?;
         if n == 0 {
             return Err(Error::NotFound(session.to_string()));
         }
+        tx.execute(
+            "DELETE FROM steadfast_events WHERE session_id = $1",
+            &[&session],
+        )
+        .await
+        .map_err(db)?;
+        tx.commit().await.map_err(db)?;
         Ok(())
     }
 

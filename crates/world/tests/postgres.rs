@@ -137,6 +137,68 @@ async fn a_stale_epoch_cannot_commit_even_bypassing_the_client_check() {
 }
 
 #[tokio::test]
+async fn the_database_refuses_events_of_a_missing_session_and_deleting_leaves_none() {
+    let db = TestDb::new().await;
+    let world = db.world().await;
+    let (client, conn) = tokio_postgres::connect(&db.url, NoTls).await.unwrap();
+    tokio::spawn(conn);
+    // No foreign key repeats the check: the fence itself refuses a session it
+    // cannot find.
+    let err = client
+        .execute(
+            "INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum) VALUES ('ghost', 1, 0, 0, 1, 'x', '\\x00', 'x')",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code().map(|c| c.code()), Some("SF001"), "{err}");
+
+    world.create_session("s1", "alice").await.unwrap();
+    let lease = world
+        .acquire_lease("s1", &Holder::new("a"), std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    for turn in 1..=3 {
+        world
+            .append(
+                &lease,
+                &[Event::UserMessage {
+                    turn,
+                    text: "x".into(),
+                    inbox_id: None,
+                }],
+            )
+            .await
+            .unwrap();
+    }
+    world.delete_session("s1").await.unwrap();
+    let left: i64 = client
+        .query_one(
+            "SELECT count(*) FROM steadfast_events WHERE session_id = 's1'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "a deleted session's events go with it");
+    let err = world
+        .append(
+            &lease,
+            &[Event::UserMessage {
+                turn: 4,
+                text: "late".into(),
+                inbox_id: None,
+            }],
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::StaleFence { .. } | Error::NotFound(_)),
+        "{err}"
+    );
+}
+
+#[tokio::test]
 async fn a_flipped_byte_is_reported_with_session_and_position() {
     let db = TestDb::new().await;
     let world = db.world().await;
