@@ -6,87 +6,52 @@ use std::time::{Duration, Instant};
 
 use steadfast_world::{Holder, InboundKind, PostgresWorld, World};
 
-use super::bench::{median, tool_pair};
+use super::bench::{median, tool_pair, Rounds};
 
 const PAIRS_PER_SESSION: usize = 100;
 
 /// Runs the PostgreSQL benchmarks against `world` (sessions are created under a
-/// `bench_` prefix; a scratch table `steadfast_bench_bare` is created and dropped).
-pub(crate) async fn run(world: PostgresWorld) -> anyhow::Result<()> {
+/// `bench_` prefix; a scratch table `steadfast_bench_bare` is created and dropped),
+/// alternating the baseline and Steadfast for `rounds` rounds per concurrency.
+pub(crate) async fn run(world: PostgresWorld, rounds: usize) -> anyhow::Result<()> {
     let world = Arc::new(world);
     let run_id = uuid_suffix();
+    let rounds = rounds.max(5);
     {
         let client = world.pooled_connection().await?;
         client
             .batch_execute("CREATE TABLE IF NOT EXISTS steadfast_bench_bare (id BIGSERIAL PRIMARY KEY, body BYTEA NOT NULL)")
             .await?;
     }
-    println!("postgres journal: intent+outcome pairs, each append its own committed transaction");
     println!(
-        "  {:>8} {:>16} {:>16} {:>7}",
+        "postgres journal: intent+outcome pairs, each append its own committed transaction, {rounds} alternating rounds of {PAIRS_PER_SESSION} pairs per session"
+    );
+    println!(
+        "  {:>8} {:>16} {:>17} {:>7}   (medians; ratio: median of per-round ratios, target ≤ 1.5x)",
         "sessions", "bare pairs/s", "steadfast pairs/s", "ratio"
     );
     for concurrency in [1usize, 8, 32] {
-        let bodies: Arc<Vec<[Vec<u8>; 2]>> = Arc::new(
-            (0..PAIRS_PER_SESSION)
-                .map(|i| tool_pair(i).map(|e| serde_json::to_vec(&e).expect("serializes")))
-                .collect(),
-        );
-        // Baseline: the same bytes, one INSERT per event, over the same pool.
-        let start = Instant::now();
-        let mut tasks = Vec::new();
-        for _ in 0..concurrency {
-            let (world, bodies) = (world.clone(), bodies.clone());
-            tasks.push(tokio::spawn(async move {
-                let client = world.pooled_connection().await?;
-                let insert = client
-                    .prepare_cached("INSERT INTO steadfast_bench_bare (body) VALUES ($1)")
-                    .await?;
-                for pair in bodies.iter() {
-                    for body in pair {
-                        client.execute(&insert, &[body]).await?;
-                    }
-                }
-                anyhow::Ok(())
-            }));
+        let mut timed = Rounds::default();
+        for round in 0..rounds {
+            let bare = bare_inserts(&world, concurrency).await?;
+            let ours = fenced_appends(
+                &world,
+                &format!("{run_id}_{concurrency}_{round}"),
+                concurrency,
+            )
+            .await?;
+            timed.push(bare, ours);
         }
-        for t in tasks {
-            t.await??;
-        }
-        let bare = start.elapsed();
-
-        let start = Instant::now();
-        let mut tasks = Vec::new();
-        for n in 0..concurrency {
-            let world = world.clone();
-            let session = format!("bench_{run_id}_{concurrency}_{n}");
-            tasks.push(tokio::spawn(async move {
-                world.create_session(&session, "bench").await?;
-                let lease = world
-                    .acquire_lease(&session, &Holder::new("bench"), Duration::from_secs(600))
-                    .await?;
-                for i in 0..PAIRS_PER_SESSION {
-                    let [intent, outcome] = tool_pair(i);
-                    world.append(&lease, &[intent]).await?;
-                    world.append(&lease, &[outcome]).await?;
-                }
-                anyhow::Ok(())
-            }));
-        }
-        for t in tasks {
-            t.await??;
-        }
-        let journal = start.elapsed();
         let pairs = (concurrency * PAIRS_PER_SESSION) as f64;
         if concurrency == 1 {
-            latency_line(bare, journal);
+            latency_line(timed.base(), timed.ours());
         }
         println!(
-            "  {:>8} {:>16.0} {:>16.0} {:>6.2}x",
+            "  {:>8} {:>16.0} {:>17.0} {:>6.2}x",
             concurrency,
-            pairs / bare.as_secs_f64(),
-            pairs / journal.as_secs_f64(),
-            journal.as_secs_f64() / bare.as_secs_f64()
+            pairs / timed.base().as_secs_f64(),
+            pairs / timed.ours().as_secs_f64(),
+            timed.ratio()
         );
     }
 
@@ -157,13 +122,88 @@ pub(crate) async fn run(world: PostgresWorld) -> anyhow::Result<()> {
     client
         .batch_execute("DROP TABLE IF EXISTS steadfast_bench_bare")
         .await?;
+    let pattern = format!("bench_{run_id}_%");
     client
         .execute(
             "DELETE FROM steadfast_sessions WHERE id LIKE $1",
-            &[&format!("bench_{run_id}_%")],
+            &[&pattern],
+        )
+        .await?;
+    client
+        .execute(
+            "DELETE FROM steadfast_events WHERE session_id LIKE $1",
+            &[&pattern],
         )
         .await?;
     Ok(())
+}
+
+/// The baseline: the same bytes as the journal's events, one INSERT per event, from
+/// `concurrency` connections of the same pool at once.
+async fn bare_inserts(world: &Arc<PostgresWorld>, concurrency: usize) -> anyhow::Result<Duration> {
+    let bodies: Arc<Vec<[Vec<u8>; 2]>> = Arc::new(
+        (0..PAIRS_PER_SESSION)
+            .map(|i| tool_pair(i).map(|e| serde_json::to_vec(&e).expect("serializes")))
+            .collect(),
+    );
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (world, bodies) = (world.clone(), bodies.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = world.pooled_connection().await?;
+            let insert = client
+                .prepare_cached("INSERT INTO steadfast_bench_bare (body) VALUES ($1)")
+                .await?;
+            for pair in bodies.iter() {
+                for body in pair {
+                    client.execute(&insert, &[body]).await?;
+                }
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(start.elapsed())
+}
+
+/// Steadfast: `concurrency` sessions (created and leased before the clock starts),
+/// each appending its intent+outcome pairs one fenced append at a time.
+async fn fenced_appends(
+    world: &Arc<PostgresWorld>,
+    prefix: &str,
+    concurrency: usize,
+) -> anyhow::Result<Duration> {
+    let mut leases = Vec::new();
+    for n in 0..concurrency {
+        let session = format!("bench_{prefix}_{n}");
+        world.create_session(&session, "bench").await?;
+        leases.push(
+            world
+                .acquire_lease(&session, &Holder::new("bench"), Duration::from_secs(600))
+                .await?,
+        );
+    }
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for lease in leases {
+        let world = world.clone();
+        let events: Vec<[steadfast_log::Event; 2]> =
+            (0..PAIRS_PER_SESSION).map(tool_pair).collect();
+        tasks.push(tokio::spawn(async move {
+            for [intent, outcome] in events {
+                world.append(&lease, &[intent]).await?;
+                world.append(&lease, &[outcome]).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(start.elapsed())
 }
 
 fn latency_line(bare: Duration, journal: Duration) {

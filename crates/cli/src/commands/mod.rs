@@ -3,6 +3,7 @@
 pub mod bench;
 mod bench_gateway;
 mod bench_pg;
+mod bench_rounds;
 mod bench_sandbox;
 mod bench_server;
 pub mod fake;
