@@ -125,17 +125,31 @@ pub struct Holder {
     pub pid: u32,
 }
 
+/// Overrides the host identity holders record (default: the hostname). Set it to
+/// something distinct per machine where hostnames are shared by processes that do not
+/// share a process namespace (containers on the host network, say); a holder's pid is
+/// only ever checked by processes of the same host identity.
+pub const HOST_ID_ENV: &str = "STEADFAST_HOST_ID";
+
 impl Holder {
     /// A new holder identity for this process.
     pub fn new(id: impl Into<String>) -> Self {
         Holder {
             id: id.into(),
-            host: nix::unistd::gethostname()
-                .ok()
-                .and_then(|h| h.into_string().ok())
-                .unwrap_or_default(),
+            host: this_host(),
             pid: std::process::id(),
         }
+    }
+}
+
+/// This process's host identity: [`HOST_ID_ENV`] if set, else the hostname.
+fn this_host() -> String {
+    match std::env::var(HOST_ID_ENV) {
+        Ok(id) if !id.trim().is_empty() => id.trim().to_string(),
+        _ => nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_default(),
     }
 }
 

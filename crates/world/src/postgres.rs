@@ -36,6 +36,9 @@ const MIGRATIONS: &[(i32, &str)] = &[
 ];
 const UNIQUE_VIOLATION: &str = "23505";
 const STALE_FENCE: &str = "SF001";
+/// How long connecting waits for the notification connection (see
+/// [`PostgresWorld::await_liveness`]).
+const LIVENESS_WAIT: Duration = Duration::from_secs(5);
 /// Serialises concurrent `migrate` runs (an arbitrary, fixed advisory-lock key).
 const MIGRATION_LOCK: i64 = 0x5354_4544_4641_5354;
 
@@ -160,14 +163,14 @@ impl PostgresWorld {
                 "the database schema is at version {current}, newer than this build's {latest}; upgrade steadfast"
             )));
         }
-        Ok(world)
+        Ok(world.await_liveness(LIVENESS_WAIT).await)
     }
 
     /// Connects and applies any pending migrations first.
     pub async fn connect_and_migrate(url: &str) -> Result<Self> {
         let world = Self::connect_unchecked(url)?;
         world.migrate().await?;
-        Ok(world)
+        Ok(world.await_liveness(LIVENESS_WAIT).await)
     }
 
     /// Keeps records whose body is over 64 KiB in `blobs` (hash in the log).
@@ -178,10 +181,21 @@ impl PostgresWorld {
 
     /// This process's liveness token, if its notification connection is up.
     fn liveness(&self) -> Option<String> {
-        self.liveness
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.liveness.borrow().clone()
+    }
+
+    /// Waits (up to `limit`) for the notification connection to be up, so the leases
+    /// this process takes carry its liveness token from the first: a worker killed
+    /// right after it started is then found dead at once, not when its lease lapses.
+    async fn await_liveness(self, limit: Duration) -> Self {
+        let mut up = self.liveness.subscribe();
+        if tokio::time::timeout(limit, up.wait_for(Option::is_some))
+            .await
+            .is_err()
+        {
+            tracing::warn!("the PostgreSQL notification connection is not up yet; leases taken meanwhile lapse by time alone");
+        }
+        self
     }
 
     fn with_listener(mut self, config: tokio_postgres::Config) -> Self {
@@ -212,7 +226,7 @@ impl PostgresWorld {
             pool,
             changes: std::sync::Arc::new(tokio::sync::watch::channel(0).0),
             _listener: None,
-            liveness: Default::default(),
+            liveness: std::sync::Arc::new(tokio::sync::watch::channel(None).0),
             positions: Default::default(),
             spill: None,
         };

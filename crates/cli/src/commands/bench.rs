@@ -257,7 +257,7 @@ pub async fn run(args: BenchArgs, world: Option<&str>) -> anyhow::Result<ExitCod
         wake(args.events).await?;
     }
     if matches!(args.which, Which::Recovery | Which::All) {
-        super::bench_server::recovery(args.rounds).await?;
+        super::bench_server::recovery(args.rounds, world, args.hosts).await?;
     }
     if matches!(args.which, Which::Fanout | Which::All) {
         super::bench_server::fanout(args.readers).await?;

@@ -10,29 +10,85 @@ use steadfast_harness::{Harness, HarnessOptions, NewSession};
 use steadfast_log::{Block, Event, ToolUse, Usage};
 use steadfast_server::{app, Auth, ServerState};
 use steadfast_testkit::{FakeProvider, Script};
-use steadfast_world::{Holder, World};
+use steadfast_world::{AnyWorld, Holder, World};
 
 use super::bench::{median, tool_pair};
 
+/// A worker process over `home` and `world` (the embedded SQLite world if `None`);
+/// with `host`, it takes that host identity, so it and its siblings see one another as
+/// processes on other machines.
 fn spawn_worker(
     home: &std::path::Path,
+    world: Option<&str>,
+    host: Option<String>,
     fake: &FakeProvider,
 ) -> anyhow::Result<std::process::Child> {
-    Ok(std::process::Command::new(std::env::current_exe()?)
+    let mut command = std::process::Command::new(std::env::current_exe()?);
+    command
         .arg("worker")
         .env("STEADFAST_HOME", home)
         .env("ANTHROPIC_API_KEY", "bench")
         .env("ANTHROPIC_BASE_URL", fake.base_url())
         .env_remove("STEADFAST_WORLD")
+        .env_remove(steadfast_world::HOST_ID_ENV)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?)
+        .stderr(Stdio::null());
+    if let Some(world) = world {
+        command.env("STEADFAST_WORLD", world);
+    }
+    if let Some(host) = host {
+        command.env(steadfast_world::HOST_ID_ENV, host);
+    }
+    Ok(command.spawn()?)
+}
+
+/// The process holding a session's lease, and the lease's epoch.
+async fn driver(
+    world: &AnyWorld,
+    home: &std::path::Path,
+    id: &str,
+) -> anyhow::Result<(Option<u32>, u64)> {
+    match world {
+        AnyWorld::Sqlite(_) => {
+            let conn = rusqlite::Connection::open(home.join("world.db"))?;
+            let (pid, epoch): (Option<i64>, i64) = conn.query_row(
+                "SELECT lease_pid, lease_epoch FROM sessions WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            Ok((pid.map(|p| p as u32), epoch as u64))
+        }
+        AnyWorld::Postgres(pg) => {
+            let row = pg
+                .pooled_connection()
+                .await?
+                .query_one(
+                    "SELECT lease_pid, lease_epoch FROM steadfast_sessions WHERE id = $1",
+                    &[&id],
+                )
+                .await?;
+            Ok((
+                row.get::<_, Option<i32>>(0).map(|p| p as u32),
+                row.get::<_, i64>(1) as u64,
+            ))
+        }
+    }
 }
 
 /// Median time from SIGKILL of the worker driving a turn to the next event of that
-/// session written by another worker.
-pub(crate) async fn recovery(rounds: usize) -> anyhow::Result<()> {
+/// session written by another worker. With `hosts` of 2 or more, each worker process
+/// has its own host identity, so a dead holder can only be found as another machine's
+/// would be: through the database (PostgreSQL sees its connection close).
+pub(crate) async fn recovery(
+    rounds: usize,
+    world: Option<&str>,
+    hosts: usize,
+) -> anyhow::Result<()> {
+    let postgres = world.filter(|w| w.starts_with("postgres"));
+    if hosts > 1 && postgres.is_none() {
+        anyhow::bail!("recovery across hosts needs --world postgres://... (the embedded SQLite world is one machine's)");
+    }
     let text = "streaming slowly ".repeat(40);
     let step = json!({"text": text, "chunk_delay_ms": 50, "tool_calls": [{"name": "bash", "input": {"command": "true"}}]});
     let last = json!({"text": "done"});
@@ -40,36 +96,47 @@ pub(crate) async fn recovery(rounds: usize) -> anyhow::Result<()> {
     let fake = FakeProvider::start(script).await?;
     let dir = tempfile::tempdir()?;
     let home = dir.path().join("home");
-    let harness = Harness::open_local(&home, HarnessOptions::fake_provider(&fake.base_url()))?;
-    let mut workers = vec![spawn_worker(&home, &fake)?, spawn_worker(&home, &fake)?];
+    std::fs::create_dir_all(&home)?;
+    let blobs = steadfast_world::Blobs::local(&home.join("blobs"))?;
+    let any = AnyWorld::open(postgres, &home, true)
+        .await?
+        .with_spill(blobs.clone());
+    let harness = Harness::with_world_and_blobs(
+        &home,
+        any.clone(),
+        blobs,
+        HarnessOptions::fake_provider(&fake.base_url()),
+    )?;
+    let workers_n = hosts.max(2);
+    let host = |i: usize| (hosts > 1).then(|| format!("bench-host-{i}"));
+    let mut workers = (0..workers_n)
+        .map(|i| spawn_worker(&home, postgres, host(i), &fake))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let mut times = Vec::new();
-    for _ in 0..rounds {
-        let ws = dir.path().join(format!("ws{}", times.len()));
+    let mut sessions = Vec::new();
+    for round in 0..rounds {
+        let ws = dir.path().join(format!("ws{round}"));
         let id = harness
             .start_session(NewSession::native("anthropic/claude-sonnet-4-5", &ws).with_task("go"))
             .await?;
+        sessions.push(id.clone());
         // Wait until a worker is streaming a reply.
         let (pid, epoch, seq) = loop {
             tokio::time::sleep(Duration::from_millis(20)).await;
             let summary = harness.world().session(&id).await?;
             let log = harness.world().read(&id, summary.last_seq.max(1)).await?;
             let streaming = log.last().is_some_and(|r| r.event.kind() == "model_delta");
-            let conn = rusqlite::Connection::open(home.join("world.db"))?;
-            let (pid, epoch): (Option<i64>, i64) = conn.query_row(
-                "SELECT lease_pid, lease_epoch FROM sessions WHERE id = ?1",
-                [&id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )?;
-            if streaming && pid.is_some_and(|p| p as u32 != std::process::id()) {
-                break (pid.unwrap_or(0) as i32, epoch as u64, summary.last_seq);
+            let (pid, epoch) = driver(&any, &home, &id).await?;
+            if let Some(pid) = pid.filter(|p| streaming && *p != std::process::id()) {
+                break (pid, epoch, summary.last_seq);
             }
         };
-        let Some(index) = workers.iter().position(|w| w.id() as i32 == pid) else {
+        let Some(index) = workers.iter().position(|w| w.id() == pid) else {
             anyhow::bail!("the driving process {pid} is not one of the bench's workers");
         };
         let killed_at = Instant::now();
         nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
+            nix::unistd::Pid::from_raw(pid as i32),
             nix::sys::signal::Signal::SIGKILL,
         )?;
         loop {
@@ -84,8 +151,8 @@ pub(crate) async fn recovery(rounds: usize) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let _ = workers[index].wait();
-        workers[index] = spawn_worker(&home, &fake)?;
-        // Let the session finish, so both workers are free for the next round.
+        workers[index] = spawn_worker(&home, postgres, host(index), &fake)?;
+        // Let the session finish, so the workers are free for the next round.
         while harness.world().session(&id).await?.status == "running" {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -94,10 +161,18 @@ pub(crate) async fn recovery(rounds: usize) -> anyhow::Result<()> {
         let _ = w.kill();
         let _ = w.wait();
     }
+    for id in &sessions {
+        let _ = harness.world().delete_session(id).await;
+    }
     let mut sorted = times.clone();
     sorted.sort();
+    let place = match (postgres, hosts > 1) {
+        (Some(_), true) => format!("{workers_n} workers as {workers_n} hosts, PostgreSQL"),
+        (Some(_), false) => format!("{workers_n} workers on one host, PostgreSQL"),
+        _ => format!("{workers_n} workers on one host, SQLite"),
+    };
     println!(
-        "recovery: SIGKILL of the driving worker to the next event by another ({rounds} kills)"
+        "recovery: SIGKILL of the driving worker to the next event by another ({rounds} kills; {place})"
     );
     println!(
         "  median {:.0} ms, min {:.0} ms, max {:.0} ms (target: median < 1000 ms)",

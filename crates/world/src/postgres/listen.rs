@@ -25,7 +25,7 @@ pub(super) const CHANNEL: &str = "steadfast";
 /// The liveness token of this process: the backend (`pid@start`) of its notification
 /// connection while it is connected. Leases record it; when the process dies its
 /// backend goes, and other processes see that at once (see [`HOLDER_GONE`]).
-pub(super) type Liveness = Arc<std::sync::RwLock<Option<String>>>;
+pub(super) type Liveness = Arc<tokio::sync::watch::Sender<Option<String>>>;
 
 /// SQL, over a session row `s`: its holder's notification backend is gone. A backend
 /// with the same pid whose start this role may not see (another role's, without
@@ -73,14 +73,14 @@ pub(super) async fn listen(
                     .is_ok()
                 {
                     backoff = Duration::from_millis(100);
-                    *liveness.write().unwrap_or_else(|e| e.into_inner()) = me;
+                    liveness.send_replace(me);
                     crate::bump(&changes);
                     while rx.recv().await.is_some() {
                         crate::bump(&changes);
                     }
                 }
                 driver.abort();
-                *liveness.write().unwrap_or_else(|e| e.into_inner()) = None;
+                liveness.send_replace(None);
                 tracing::warn!("lost the PostgreSQL notification connection; reconnecting");
             }
             Err(e) => tracing::debug!(error = %e, "cannot reach PostgreSQL for notifications"),
