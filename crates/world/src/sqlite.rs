@@ -451,10 +451,22 @@ impl World for SqliteWorld {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(backend)?;
-            check_fence(&tx, &lease)?;
-            let last: u64 = tx
-                .query_row("SELECT last_seq FROM sessions WHERE id = ?1", [&lease.session], |r| r.get(0))
-                .map_err(backend)?;
+            // The fence and the position in one cached statement: this is every
+            // append's path.
+            let (epoch, holder, last): (u64, Option<String>, u64) = tx
+                .prepare_cached("SELECT lease_epoch, lease_holder, last_seq FROM sessions WHERE id = ?1")
+                .map_err(backend)?
+                .query_row([&lease.session], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .optional()
+                .map_err(backend)?
+                .ok_or_else(|| Error::NotFound(lease.session.clone()))?;
+            if epoch != lease.epoch || holder.as_deref() != Some(lease.holder.as_str()) {
+                return Err(Error::StaleFence {
+                    session: lease.session.clone(),
+                    epoch: lease.epoch,
+                    current: epoch,
+                });
+            }
             let at_ms = now_ms();
             let mut records = Vec::with_capacity(events.len());
             {
@@ -489,10 +501,11 @@ impl World for SqliteWorld {
             }
             let events: Vec<Event> = records.iter().map(|r| r.event.clone()).collect();
             let summary = summarize(&events);
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE sessions SET last_seq = ?2, updated_at_ms = ?3, status = COALESCE(?4, status), title = COALESCE(?5, title), retry_at_ms = ?6 WHERE id = ?1",
-                params![lease.session, last + records.len() as u64, at_ms, summary.status, summary.title, summary.retry_at_ms],
             )
+            .map_err(backend)?
+            .execute(params![lease.session, last + records.len() as u64, at_ms, summary.status, summary.title, summary.retry_at_ms])
             .map_err(backend)?;
             if let Some(waiting_for) = &summary.waiting_for {
                 tx.execute(
