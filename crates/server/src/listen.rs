@@ -33,6 +33,19 @@ impl Default for ServeOptions {
     }
 }
 
+/// Accepts a connection with `TCP_NODELAY` set: a streamed response writes many small
+/// frames, and with Nagle's algorithm each one after the first would wait for the
+/// client's delayed ACK (40 ms) on a kept-alive connection.
+async fn accept(
+    listener: &TcpListener,
+) -> std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    let (stream, peer) = listener.accept().await?;
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+    }
+    Ok((stream, peer))
+}
+
 /// Serves `router` on `listener` until `shutdown` completes, then stops accepting and
 /// waits for open connections to finish their requests (callers bound that wait).
 pub async fn serve(
@@ -53,7 +66,7 @@ pub async fn serve(
     let mut refused_logged = None::<std::time::Instant>;
     loop {
         let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
+            accepted = accept(&listener) => match accepted {
                 Ok(pair) => pair,
                 // Out of descriptors and the like: wait a little rather than spin.
                 Err(e) => {
@@ -75,7 +88,6 @@ pub async fn serve(
             drop(stream);
             continue;
         };
-        let _ = stream.set_nodelay(true);
         let service = hyper_util::service::TowerToHyperService::new(router.clone());
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
@@ -88,4 +100,20 @@ pub async fn serve(
     drop(listener);
     graceful.shutdown().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn accepted_connections_send_small_frames_at_once() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = tokio::spawn(tokio::net::TcpStream::connect(addr));
+        let (stream, _) = super::accept(&listener).await.unwrap();
+        assert!(
+            stream.nodelay().unwrap(),
+            "TCP_NODELAY is set on every accepted connection"
+        );
+        client.await.unwrap().unwrap();
+    }
 }
