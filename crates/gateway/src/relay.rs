@@ -116,56 +116,113 @@ pub(crate) async fn live<W: World + Clone>(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json")
         .to_string();
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
-    let ct = content_type.clone();
     shared.inflight.send_modify(|n| *n += 1);
-    tokio::spawn(async move {
-        let _done = Inflight(shared.clone());
-        let mut recorded = Vec::new();
-        let mut chunks = upstream_response.bytes_stream();
-        let mut first = true;
-        let streamed = ct.starts_with("text/event-stream");
-        let mut text = crate::deltas::TextDeltas::default();
-        let writer = streamed
-            .then(|| crate::deltas::DeltaWriter::start(shared.live.clone(), call_id.clone()));
-        while let Some(chunk) = chunks.next().await {
-            match chunk {
-                Ok(bytes) => {
-                    recorded.extend_from_slice(&bytes);
-                    let piece = writer.as_ref().map(|_| text.feed(api, &bytes));
-                    // A client that went away does not stop the recording.
-                    let _ = tx.send(Ok(bytes)).await;
-                    if let (Some(w), Some(piece)) = (&writer, piece) {
-                        w.push(piece);
-                    }
-                    if first {
-                        steadfast_fault::point(steadfast_fault::points::MODEL_MID_STREAM);
-                        first = false;
-                    }
-                }
-                Err(e) => {
-                    // The provider broke off: nothing is recorded, the client asks again.
-                    tracing::warn!(error = %e, "provider stream broke off");
-                    let _ = tx.send(Err(std::io::Error::other(e))).await;
-                    return;
-                }
+    let streamed = content_type.starts_with("text/event-stream");
+    let recording = Recording {
+        writer: streamed
+            .then(|| crate::deltas::DeltaWriter::start(shared.live.clone(), call_id.clone())),
+        inflight: Some(Inflight(shared.clone())),
+        shared,
+        api,
+        call_id,
+        status,
+        content_type: content_type.clone(),
+        recorded: Vec::new(),
+        text: crate::deltas::TextDeltas::default(),
+        first: true,
+        chunks: Some(Box::pin(upstream_response.bytes_stream())),
+    };
+    // The client's connection polls the provider's stream itself (no task or channel
+    // between them), so each chunk goes on as it arrives; the body ends only once
+    // the reply is recorded.
+    let stream = futures_util::stream::unfold(recording, |mut recording| async move {
+        match recording.next_chunk().await {
+            Some(item) => Some((item, recording)),
+            None => {
+                // On a task of its own, so a client that goes away now cannot cut the
+                // recording short.
+                let mut recording = recording;
+                let _ = tokio::spawn(async move { recording.finish().await }).await;
+                None
             }
         }
-        if let Some(w) = writer {
-            w.finish().await;
+    });
+    response(status, &content_type, Body::from_stream(stream))
+}
+
+/// The provider's reply as it is relayed: what it has said so far, recorded as it
+/// passes. Dropped before the end (the client went away), it hands the rest of the
+/// reply to a task that reads and records it anyway, so a restarted client gets it
+/// from the log instead of paying for it again.
+struct Recording<W: World + Clone> {
+    shared: Arc<Shared<W>>,
+    api: Api,
+    call_id: String,
+    status: u16,
+    content_type: String,
+    recorded: Vec<u8>,
+    text: crate::deltas::TextDeltas,
+    writer: Option<crate::deltas::DeltaWriter>,
+    first: bool,
+    /// `None` once the reply is read to its end or broke off.
+    chunks: Option<futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>>,
+    /// Counts the relay as in flight until the reply is recorded or broke off.
+    inflight: Option<Inflight<W>>,
+}
+
+impl<W: World + Clone> Recording<W> {
+    /// The next chunk, recorded; `None` at the reply's end. A provider that breaks off
+    /// records nothing: the intent stays unanswered and the client asks again.
+    async fn next_chunk(&mut self) -> Option<Result<Bytes, std::io::Error>> {
+        let chunks = self.chunks.as_mut()?;
+        match chunks.next().await {
+            Some(Ok(bytes)) => {
+                self.recorded.extend_from_slice(&bytes);
+                if let Some(writer) = &self.writer {
+                    writer.push(self.text.feed(self.api, &bytes));
+                }
+                if self.first {
+                    steadfast_fault::point(steadfast_fault::points::MODEL_MID_STREAM);
+                    self.first = false;
+                }
+                Some(Ok(bytes))
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "provider stream broke off");
+                self.chunks = None;
+                self.writer = None;
+                self.inflight = None;
+                Some(Err(std::io::Error::other(e)))
+            }
+            None => {
+                self.chunks = None;
+                None
+            }
+        }
+    }
+
+    /// Records the whole reply, read to its end, as the exchange's outcome (after its
+    /// text pieces). Once: a reply that broke off or is recorded already is left.
+    async fn finish(&mut self) {
+        if self.chunks.is_some() || self.inflight.is_none() {
+            return;
+        }
+        if let Some(writer) = self.writer.take() {
+            writer.finish().await;
         }
         steadfast_fault::point(steadfast_fault::points::MODEL_EFFECT);
-        let body = String::from_utf8_lossy(&recorded).into_owned();
-        let usage = crate::usage::of_reply(api, &body);
+        let body = String::from_utf8_lossy(&std::mem::take(&mut self.recorded)).into_owned();
+        let usage = crate::usage::of_reply(self.api, &body);
+        let shared = &self.shared;
         let model = shared.live.with(|s| s.model.model.clone());
         let cost_micro_usd = usage.map_or(0, |u| {
             steadfast_model::pricing::cost_with(&shared.prices, &model, &u)
         });
         // The fold counts the spend as the outcome is applied: the bounds see it next.
         let event = Event::ExchangeOutcome {
-            call_id: call_id.clone(),
-            status,
-            content_type: ct.clone(),
+            call_id: self.call_id.clone(),
+            status: self.status,
+            content_type: self.content_type.clone(),
             body,
             usage,
             cost_micro_usd,
@@ -174,10 +231,34 @@ pub(crate) async fn live<W: World + Clone>(
             Ok(_) => steadfast_fault::point(steadfast_fault::points::MODEL_OUTCOME),
             Err(e) => tracing::error!(error = %e, "recording a gateway reply failed"),
         }
-        drop(tx);
-    });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
-    response(status, &content_type, Body::from_stream(stream))
+        self.inflight = None;
+    }
+}
+
+impl<W: World + Clone> Drop for Recording<W> {
+    fn drop(&mut self) {
+        if self.inflight.is_none() {
+            return;
+        }
+        // Unfinished: the rest of the reply is read and recorded by a task of its own.
+        let mut rest = Recording {
+            shared: self.shared.clone(),
+            api: self.api,
+            call_id: std::mem::take(&mut self.call_id),
+            status: self.status,
+            content_type: std::mem::take(&mut self.content_type),
+            recorded: std::mem::take(&mut self.recorded),
+            text: std::mem::take(&mut self.text),
+            writer: self.writer.take(),
+            first: self.first,
+            chunks: self.chunks.take(),
+            inflight: self.inflight.take(),
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                while rest.next_chunk().await.is_some() {}
+                rest.finish().await;
+            });
+        }
+    }
 }

@@ -321,6 +321,46 @@ async fn a_reply_cut_off_before_it_was_recorded_is_asked_again_in_its_place() {
 }
 
 #[tokio::test]
+async fn a_reply_whose_client_went_away_mid_stream_is_still_recorded_whole() {
+    let setup = Setup::new(json!([
+        {"text": "A reply long enough to stream in many pieces. ".repeat(6), "chunk_delay_ms": 20}
+    ]))
+    .await;
+    let request = messages_request("a", "go", true);
+    let (url, gateway, _task) = setup.run().await;
+    let response = reqwest::Client::new()
+        .post(format!("{url}/v1/messages"))
+        .header("x-api-key", TOKEN)
+        .header("anthropic-version", "2023-06-01")
+        .json(&request)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.bytes_stream();
+    use futures_util::StreamExt;
+    let first = body.next().await.unwrap().unwrap();
+    assert!(!first.is_empty());
+    drop(body); // the client goes away with the reply half streamed
+    assert!(
+        exchanges(&setup).await[0].reply.is_none(),
+        "not recorded before it ends"
+    );
+    gateway.settle(Duration::from_secs(30)).await;
+    let recorded = exchanges(&setup).await;
+    let reply = recorded[0].reply.as_ref().expect("recorded whole anyway");
+    assert!(reply.2.contains("event: message_stop"), "{}", reply.2);
+
+    // The client, restarted, gets the whole reply from the log.
+    let (url, second, _task2) = setup.run().await;
+    let (status, again) = post(&format!("{url}/v1/messages"), TOKEN, &request).await;
+    assert_eq!(status, 200);
+    assert_eq!(again, reply.2);
+    assert_eq!(setup.fake.calls(), 1, "the provider was asked once");
+    assert_eq!(second.counters().replayed, 1);
+}
+
+#[tokio::test]
 async fn bad_requests_get_clear_errors_in_the_api_s_own_format() {
     let setup = Setup::new(json!([{"text": "one"}])).await;
     let (url, _, _task) = setup.run().await;
