@@ -114,13 +114,18 @@ pub(crate) fn reply(
         (Format::OpenAi, true) => openai_frames(index, step, model, input_tokens, output_tokens),
     };
     let delay = Duration::from_millis(step.chunk_delay_ms);
-    let body = futures_util::stream::unfold(frames.into_iter(), move |mut it| async move {
-        let frame = it.next()?;
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
-        Some((Ok::<_, Infallible>(bytes::Bytes::from(frame)), it))
-    });
+    // The pause is between chunks: the first goes at once, as a provider's opening
+    // event does.
+    let body = futures_util::stream::unfold(
+        (frames.into_iter(), true),
+        move |(mut it, first)| async move {
+            let frame = it.next()?;
+            if !first && !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            Some((Ok::<_, Infallible>(bytes::Bytes::from(frame)), (it, false)))
+        },
+    );
     (
         [
             (header::CONTENT_TYPE, "text/event-stream"),
