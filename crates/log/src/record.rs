@@ -94,19 +94,26 @@ fn checksum(session: &str, seq: u64, epoch: u64, at_ms: u64, schema: u16, body: 
 /// Encodes a record of `session` for storage.
 pub fn encode(session: &str, record: &Record) -> EncodedRecord {
     let body = serde_json::to_vec(&record.event).expect("events always serialize");
-    let sum = checksum(
+    EncodedRecord {
+        schema: SCHEMA_VERSION,
+        checksum: checksum_of(session, record, &body),
+        body,
+    }
+}
+
+/// The checksum [`encode`] stores, for a record whose event is serialised already
+/// (`body` must be `serde_json::to_vec(&record.event)`, written in
+/// [`SCHEMA_VERSION`]): the worlds serialise each event once, both to decide whether
+/// its body goes to the blob store and to store it.
+pub fn checksum_of(session: &str, record: &Record, body: &[u8]) -> String {
+    checksum(
         session,
         record.seq,
         record.epoch,
         record.at_ms,
         SCHEMA_VERSION,
-        &body,
-    );
-    EncodedRecord {
-        schema: SCHEMA_VERSION,
         body,
-        checksum: sum,
-    }
+    )
 }
 
 /// Verifies and decodes a stored record, upcasting old schema versions.

@@ -437,28 +437,42 @@ pub(crate) fn summarize(events: &[Event]) -> Summary {
     s
 }
 
-/// Stores the bodies of `events` that are larger than [`INLINE_LIMIT`] in `spill`
-/// (if configured) and returns, per event, the blob hash of a spilled body.
-pub(crate) async fn spill_large(
+/// Events ready to store: each serialised once, and the bodies larger than
+/// [`INLINE_LIMIT`] stored in the blob store (if one is configured).
+pub(crate) struct Serialized {
+    /// Per event, its JSON body.
+    pub bodies: Vec<Vec<u8>>,
+    /// Per event, the blob hash of a spilled body (stored empty in the log).
+    pub spilled: Vec<Option<String>>,
+}
+
+impl Serialized {
+    /// The body to store for event `i`: empty if it was spilled.
+    pub fn stored(&self, i: usize) -> &[u8] {
+        if self.spilled[i].is_some() {
+            &[]
+        } else {
+            &self.bodies[i]
+        }
+    }
+}
+
+/// Serialises `events` and spills their large bodies to `spill`.
+pub(crate) async fn serialize_and_spill(
     spill: Option<&Blobs>,
     events: &[Event],
-) -> Result<Vec<Option<String>>> {
-    let mut out = Vec::with_capacity(events.len());
+) -> Result<Serialized> {
+    let mut bodies = Vec::with_capacity(events.len());
+    let mut spilled = Vec::with_capacity(events.len());
     for event in events {
-        let hash = match spill {
-            Some(blobs) => {
-                let body = serde_json::to_vec(event).map_err(|e| Error::Backend(e.to_string()))?;
-                if body.len() > INLINE_LIMIT {
-                    Some(blobs.put_raw(&body).await?)
-                } else {
-                    None
-                }
-            }
-            None => None,
-        };
-        out.push(hash);
+        let body = serde_json::to_vec(event).map_err(|e| Error::Backend(e.to_string()))?;
+        spilled.push(match spill {
+            Some(blobs) if body.len() > INLINE_LIMIT => Some(blobs.put_raw(&body).await?),
+            _ => None,
+        });
+        bodies.push(body);
     }
-    Ok(out)
+    Ok(Serialized { bodies, spilled })
 }
 
 /// Puts the spilled bodies back into records read with an empty body and a blob hash.

@@ -389,8 +389,9 @@ impl PostgresWorld {
         lease: &Lease,
         known: Position,
         events: &[Event],
-        spilled: &[Option<String>],
+        serialized: &crate::Serialized,
     ) -> Result<Option<Vec<Record>>> {
+        let spilled = &serialized.spilled;
         let client = self.client().await?;
         let at_ms = now_ms();
         let records: Vec<Record> = events
@@ -403,21 +404,13 @@ impl PostgresWorld {
                 event: event.clone(),
             })
             .collect();
-        let encoded: Vec<_> = records
+        let sums: Vec<String> = records
             .iter()
-            .map(|r| record::encode(&lease.session, r))
+            .zip(&serialized.bodies)
+            .map(|(r, body)| record::checksum_of(&lease.session, r, body))
             .collect();
-        let bodies: Vec<&[u8]> = encoded
-            .iter()
-            .zip(spilled)
-            .map(|(e, blob)| {
-                if blob.is_some() {
-                    &[][..]
-                } else {
-                    e.body.as_slice()
-                }
-            })
-            .collect();
+        let bodies: Vec<&[u8]> = (0..records.len()).map(|i| serialized.stored(i)).collect();
+        let schema = record::SCHEMA_VERSION as i16;
         let summary = summarize(events);
         let lean = summary.status.is_none()
             && summary.title.is_none()
@@ -435,19 +428,18 @@ impl PostgresWorld {
                         &(lease.epoch as i64),
                         &(at_ms as i64),
                         &(records[0].seq as i64),
-                        &(encoded[0].schema as i16),
+                        &schema,
                         &records[0].event.kind(),
                         &bodies[0],
-                        &encoded[0].checksum,
+                        &sums[0],
                         &spilled[0],
                     ],
                 )
                 .await
         } else {
             let seqs: Vec<i64> = records.iter().map(|r| r.seq as i64).collect();
-            let schemas: Vec<i16> = encoded.iter().map(|e| e.schema as i16).collect();
+            let schemas: Vec<i16> = vec![schema; records.len()];
             let kinds: Vec<&str> = records.iter().map(|r| r.event.kind()).collect();
-            let sums: Vec<&str> = encoded.iter().map(|e| e.checksum.as_str()).collect();
             if lean {
                 let statement = client.prepare_cached(LEAN_APPEND).await.map_err(db)?;
                 client
@@ -539,7 +531,7 @@ impl PostgresWorld {
         &self,
         lease: &Lease,
         events: &[Event],
-        spilled: &[Option<String>],
+        serialized: &crate::Serialized,
     ) -> Result<Vec<Record>> {
         let mut client = self.client().await?;
 
@@ -564,15 +556,16 @@ impl PostgresWorld {
             .await
             .map_err(db)?;
         let mut records = Vec::with_capacity(events.len());
-        for (i, (event, blob)) in events.iter().zip(spilled).enumerate() {
+        for (i, event) in events.iter().enumerate() {
             let record = Record {
                 seq: last + 1 + i as u64,
                 epoch: lease.epoch,
                 at_ms,
                 event: event.clone(),
             };
-            let enc = record::encode(&lease.session, &record);
-            let body: &[u8] = if blob.is_some() { &[] } else { &enc.body };
+            let checksum = record::checksum_of(&lease.session, &record, &serialized.bodies[i]);
+            let body = serialized.stored(i);
+            let blob = &serialized.spilled[i];
             tx.execute(
                 &insert,
                 &[
@@ -580,10 +573,10 @@ impl PostgresWorld {
                     &(record.seq as i64),
                     &(record.epoch as i64),
                     &(at_ms as i64),
-                    &(enc.schema as i16),
+                    &(record::SCHEMA_VERSION as i16),
                     &record.event.kind(),
                     &body,
-                    &enc.checksum,
+                    &checksum,
                     blob,
                 ],
             )
@@ -770,13 +763,13 @@ impl World for PostgresWorld {
             .get(&lease.session)
             .filter(|p| p.epoch == lease.epoch)
             .copied();
-        let spilled = crate::spill_large(self.spill.as_ref(), events).await?;
+        let serialized = crate::serialize_and_spill(self.spill.as_ref(), events).await?;
         if let Some(known) = known {
-            if let Some(records) = self.append_fast(lease, known, events, &spilled).await? {
+            if let Some(records) = self.append_fast(lease, known, events, &serialized).await? {
                 return Ok(records);
             }
         }
-        let records = self.append_locked(lease, events, &spilled).await?;
+        let records = self.append_locked(lease, events, &serialized).await?;
         if let Some(last) = records.last() {
             self.positions
                 .lock()

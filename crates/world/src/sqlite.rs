@@ -445,7 +445,7 @@ impl World for SqliteWorld {
     }
 
     async fn append(&self, lease: &Lease, events: &[Event]) -> Result<Vec<Record>> {
-        let spilled = crate::spill_large(self.spill.as_ref(), events).await?;
+        let serialized = crate::serialize_and_spill(self.spill.as_ref(), events).await?;
         let (lease, events) = (lease.clone(), events.to_vec());
         let result = self.with(move |conn| {
             let tx = conn
@@ -475,25 +475,25 @@ impl World for SqliteWorld {
                         "INSERT INTO events (session_id, seq, epoch, at_ms, schema, kind, body, checksum, blob) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                     )
                     .map_err(backend)?;
-                for (i, (event, blob)) in events.into_iter().zip(spilled).enumerate() {
+                for (i, event) in events.into_iter().enumerate() {
                     let record = Record {
                         seq: last + 1 + i as u64,
                         epoch: lease.epoch,
                         at_ms,
                         event,
                     };
-                    let enc = record::encode(&lease.session, &record);
+                    let checksum = record::checksum_of(&lease.session, &record, &serialized.bodies[i]);
                     insert
                         .execute(params![
                             lease.session,
                             record.seq,
                             record.epoch,
                             at_ms,
-                            enc.schema,
+                            record::SCHEMA_VERSION,
                             record.event.kind(),
-                            if blob.is_some() { Vec::new() } else { enc.body },
-                            enc.checksum,
-                            blob
+                            serialized.stored(i),
+                            checksum,
+                            serialized.spilled[i]
                         ])
                         .map_err(backend)?;
                     records.push(record);
