@@ -109,16 +109,22 @@ pub async fn leases_fence_appends<W: World>(world: &W) {
         world.acquire_lease("s1", &Holder::new("c"), TTL).await,
         Err(Error::LeaseHeld { .. })
     ));
+    // Records that change nothing but the log (the commonest kind) take whatever
+    // fast path a world has; a released lease writes none of them either.
+    world.append(&b, &[intent(1)]).await.unwrap();
     world.release_lease(&b).await.unwrap();
+    let err = world.append(&b, &[intent(2)]).await.unwrap_err();
+    assert!(matches!(err, Error::StaleFence { .. }), "{err}");
     let c = world
         .acquire_lease("s1", &Holder::new("c"), TTL)
         .await
         .unwrap();
     assert!(c.epoch > b.epoch);
     let log = world.read("s1", 1).await.unwrap();
-    assert_eq!(log.len(), 2);
+    assert_eq!(log.len(), 3);
     assert_eq!(log[0].epoch, a.epoch);
     assert_eq!(log[1].epoch, b.epoch);
+    assert_eq!(log[2].epoch, b.epoch);
 }
 
 /// Two harnesses (separate handles to one store) race for a session and append as

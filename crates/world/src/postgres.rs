@@ -33,6 +33,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (6, include_str!("postgres/006_retry_at.sql")),
     (7, include_str!("postgres/007_lease_liveness.sql")),
     (8, include_str!("postgres/008_lean_appends.sql")),
+    (
+        9,
+        include_str!("postgres/009_released_leases_are_fenced.sql"),
+    ),
 ];
 const UNIQUE_VIOLATION: &str = "23505";
 const STALE_FENCE: &str = "SF001";
@@ -752,6 +756,14 @@ impl World for PostgresWorld {
             )
             .await
             .map_err(db)?;
+        // Its next append, if any, takes the locking path and is told why it fails.
+        let mut positions = self.positions.lock().unwrap_or_else(|e| e.into_inner());
+        if positions
+            .get(&lease.session)
+            .is_some_and(|p| p.epoch == lease.epoch)
+        {
+            positions.remove(&lease.session);
+        }
         Ok(())
     }
 

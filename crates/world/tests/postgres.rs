@@ -134,6 +134,16 @@ async fn a_stale_epoch_cannot_commit_even_bypassing_the_client_check() {
         .await
         .unwrap_err();
     assert_eq!(err.code().map(|c| c.code()), Some("SF001"), "{err}");
+    // Nor can a released lease, even at the current epoch.
+    world.release_lease(&lease).await.unwrap();
+    let err = client
+        .execute(
+            "INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum) VALUES ('s1', 2, $1, 0, 1, 'x', '\\x00', 'x')",
+            &[&(lease.epoch as i64)],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code().map(|c| c.code()), Some("SF001"), "{err}");
 }
 
 #[tokio::test]
