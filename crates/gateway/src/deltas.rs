@@ -25,20 +25,31 @@ pub(crate) struct TextDeltas {
 }
 
 impl TextDeltas {
-    /// The text in the events `chunk` completes.
+    /// The text in the events `chunk` completes. Most chunks end on an event's
+    /// boundary: they are read in place, and only an unfinished tail is kept.
     pub(crate) fn feed(&mut self, api: Api, chunk: &[u8]) -> String {
-        self.pending.extend_from_slice(chunk);
+        let buffered;
+        let bytes: &[u8] = if self.pending.is_empty() {
+            chunk
+        } else {
+            self.pending.extend_from_slice(chunk);
+            buffered = std::mem::take(&mut self.pending);
+            &buffered
+        };
         let mut text = String::new();
-        while let Some(end) = find_event_end(&self.pending) {
-            let event: Vec<u8> = self.pending.drain(..end).collect();
-            for line in String::from_utf8_lossy(&event).lines() {
-                if let Some(data) = line.strip_prefix("data:") {
-                    if let Ok(doc) = serde_json::from_str::<Value>(data.trim()) {
+        let mut at = 0;
+        while let Some(end) = find_event_end(&bytes[at..]) {
+            for line in bytes[at..at + end].split(|b| *b == b'\n') {
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                if let Some(data) = line.strip_prefix(b"data:") {
+                    if let Ok(doc) = serde_json::from_slice::<Value>(data.trim_ascii()) {
                         text.push_str(delta_text(api, &doc));
                     }
                 }
             }
+            at += end;
         }
+        self.pending = bytes[at..].to_vec();
         text
     }
 }
