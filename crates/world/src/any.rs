@@ -126,6 +126,10 @@ impl World for AnyWorld {
         delegate!(self, w => w.spilled(session))
     }
 
+    async fn census(&self) -> Result<crate::Census> {
+        delegate!(self, w => w.census())
+    }
+
     async fn list_sessions(&self) -> Result<Vec<SessionSummary>> {
         delegate!(self, w => w.list_sessions())
     }

@@ -550,3 +550,46 @@ pub async fn a_scheduled_retry_holds_the_session_back<W: World>(world: &W) {
         "the next record clears the retry"
     );
 }
+
+/// The census counts sessions by status and, as the queue's depth, exactly those with
+/// work due that no holder keeps.
+pub async fn census_counts_sessions_and_the_queue<W: World>(world: &W) {
+    use crate::InboundKind;
+    let count = |census: &crate::Census, status: &str| {
+        census
+            .by_status
+            .iter()
+            .find(|(s, _)| s == status)
+            .map_or(0, |(_, n)| *n)
+    };
+    assert_eq!(world.census().await.unwrap(), crate::Census::default());
+    for id in ["a", "b", "c"] {
+        world.create_session(id, "alice").await.unwrap();
+        let lease = world
+            .acquire_lease(id, &Holder::new("api"), TTL)
+            .await
+            .unwrap();
+        world.append(&lease, &[started()]).await.unwrap();
+        world.release_lease(&lease).await.unwrap();
+    }
+    world.create_session("fresh", "bob").await.unwrap();
+    let census = world.census().await.unwrap();
+    assert_eq!((count(&census, "idle"), count(&census, "new")), (3, 1));
+    assert_eq!(census.queued, 0, "idle with nothing queued is no work");
+
+    // A queued message is work until a worker holds the session.
+    world
+        .post("a", InboundKind::Message, "", &serde_json::json!("go"))
+        .await
+        .unwrap();
+    assert_eq!(world.census().await.unwrap().queued, 1);
+    let worker = Holder::new("worker");
+    let claimed = world.claim(&worker, TTL).await.unwrap().expect("queued");
+    assert_eq!(world.census().await.unwrap().queued, 0, "held: not waiting");
+    world.append(&claimed, &[message(1, "go")]).await.unwrap();
+    let census = world.census().await.unwrap();
+    assert_eq!((count(&census, "running"), count(&census, "idle")), (1, 2));
+    // A running turn whose driver let go is waiting for a worker again.
+    world.release_lease(&claimed).await.unwrap();
+    assert_eq!(world.census().await.unwrap().queued, 1);
+}

@@ -183,6 +183,16 @@ pub struct SessionSummary {
     pub updated_at_ms: u64,
 }
 
+/// The world's sessions counted, as of one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Census {
+    /// Sessions per status (`new`, `idle`, `running`, ...), the statuses present.
+    pub by_status: Vec<(String, u64)>,
+    /// Sessions with work due (a turn left running, a queued message, an awaited
+    /// signal) that no holder keeps: waiting for a worker.
+    pub queued: u64,
+}
+
 /// What can be sent to a session from outside it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -299,10 +309,28 @@ pub trait World: Send + Sync + 'static {
     /// Removes a session: its log, inbox and summary.
     fn delete_session(&self, session: &str) -> impl Future<Output = Result<()>> + Send;
 
+    /// How many sessions are in each status, and how many have work due that no
+    /// holder keeps (the queue's depth): what the metrics' census gauges show.
+    fn census(&self) -> impl Future<Output = Result<Census>> + Send;
+
     /// A counter that moves when sessions change, so stream tails and idle workers
     /// wake at once. SQLite: this process's appends and posts (other processes' are
     /// seen by polling). PostgreSQL: every process's, through `LISTEN/NOTIFY`.
     fn changes(&self) -> tokio::sync::watch::Receiver<u64>;
+}
+
+/// Counts a successful append in the process's metrics (its latency, and what its
+/// records say happened), on every store alike.
+pub(crate) fn observe_append(
+    store: &'static str,
+    lease: &Lease,
+    started: std::time::Instant,
+    appended: Result<Vec<Record>>,
+) -> Result<Vec<Record>> {
+    if let Ok(records) = &appended {
+        steadfast_metrics::metrics().appended(store, &lease.session, records, started.elapsed());
+    }
+    appended
 }
 
 /// Milliseconds since the Unix epoch.

@@ -687,6 +687,41 @@ impl PostgresWorld {
     }
 }
 
+impl PostgresWorld {
+    /// An append by whichever path fits: the fast one while this process knows the
+    /// session's position under the lease, else the locked one.
+    async fn append_any_path(&self, lease: &Lease, events: &[Event]) -> Result<Vec<Record>> {
+        let known = self
+            .positions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&lease.session)
+            .filter(|p| p.epoch == lease.epoch)
+            .copied();
+        let serialized = crate::serialize_and_spill(self.spill.as_ref(), events).await?;
+        if let Some(known) = known {
+            if let Some(records) = self.append_fast(lease, known, events, &serialized).await? {
+                return Ok(records);
+            }
+        }
+        let records = self.append_locked(lease, events, &serialized).await?;
+        if let Some(last) = records.last() {
+            self.positions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(
+                    lease.session.clone(),
+                    Position {
+                        epoch: lease.epoch,
+                        last: last.seq,
+                        retry_pending: summarize(events).retry_at_ms > 0,
+                    },
+                );
+        }
+        Ok(records)
+    }
+}
+
 impl World for PostgresWorld {
     async fn create_session(&self, session: &str, owner: &str) -> Result<()> {
         let client = self.client().await?;
@@ -768,34 +803,9 @@ impl World for PostgresWorld {
     }
 
     async fn append(&self, lease: &Lease, events: &[Event]) -> Result<Vec<Record>> {
-        let known = self
-            .positions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&lease.session)
-            .filter(|p| p.epoch == lease.epoch)
-            .copied();
-        let serialized = crate::serialize_and_spill(self.spill.as_ref(), events).await?;
-        if let Some(known) = known {
-            if let Some(records) = self.append_fast(lease, known, events, &serialized).await? {
-                return Ok(records);
-            }
-        }
-        let records = self.append_locked(lease, events, &serialized).await?;
-        if let Some(last) = records.last() {
-            self.positions
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(
-                    lease.session.clone(),
-                    Position {
-                        epoch: lease.epoch,
-                        last: last.seq,
-                        retry_pending: summarize(events).retry_at_ms > 0,
-                    },
-                );
-        }
-        Ok(records)
+        let started = std::time::Instant::now();
+        let appended = self.append_any_path(lease, events).await;
+        crate::observe_append("postgres", lease, started, appended)
     }
 
     async fn read(&self, session: &str, from: u64) -> Result<Vec<Record>> {
@@ -972,23 +982,41 @@ impl World for PostgresWorld {
         Ok(())
     }
 
+    async fn census(&self) -> Result<crate::Census> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT status, count(*) FROM steadfast_sessions GROUP BY status ORDER BY status",
+                &[],
+            )
+            .await
+            .map_err(db)?;
+        let by_status = rows
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
+            .collect();
+        let queued: i64 = client
+            .query_one(QUEUED.as_str(), &[])
+            .await
+            .map_err(db)?
+            .get(0);
+        Ok(crate::Census {
+            by_status,
+            queued: queued as u64,
+        })
+    }
+
     fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.changes.subscribe()
     }
 }
 
-/// Sessions that need a driver, locked with `SKIP LOCKED` so competing workers each
-/// get a different one.
-static CLAIMABLE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    "
-SELECT s.id FROM steadfast_sessions s
-WHERE s.status IN ('running', 'idle', 'waiting', 'escalated')
+/// Sessions with work due: a turn left running, a queued message for an idle one, the
+/// signal a waiting one awaits (an interrupt is due at once, even in a retry's wait).
+const HAS_WORK: &str = "
+  s.status IN ('running', 'idle', 'waiting', 'escalated')
   AND (s.retry_at_ms <= (extract(epoch from clock_timestamp()) * 1000)::bigint OR EXISTS (
         SELECT 1 FROM steadfast_inbox i WHERE i.session_id = s.id AND NOT i.taken AND i.kind = 'signal' AND i.name = 'interrupt'))
-  AND (s.lease_holder IS NULL
-       OR s.lease_expires_ms <= (extract(epoch from clock_timestamp()) * 1000)::bigint
-       OR s.lease_host = $1
-       OR {HOLDER_GONE})
   AND (
     s.status = 'running'
     OR (s.status = 'idle' AND EXISTS (
@@ -996,9 +1024,29 @@ WHERE s.status IN ('running', 'idle', 'waiting', 'escalated')
     OR (s.status IN ('waiting', 'escalated') AND EXISTS (
         SELECT 1 FROM steadfast_inbox i WHERE i.session_id = s.id AND NOT i.taken AND i.kind = 'signal'
           AND (i.name = s.waiting_for OR (s.status = 'waiting' AND i.name = 'interrupt'))))
-  )
+  )";
+
+/// A lease no live holder keeps.
+const LEASE_FREE: &str = "(s.lease_holder IS NULL
+       OR s.lease_expires_ms <= (extract(epoch from clock_timestamp()) * 1000)::bigint
+       OR {HOLDER_GONE})";
+
+/// Sessions that need a driver, locked with `SKIP LOCKED` so competing workers each
+/// get a different one (this host's own leases included: a holder here that is gone
+/// is known at once).
+static CLAIMABLE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT s.id FROM steadfast_sessions s WHERE {HAS_WORK}
+  AND ({LEASE_FREE} OR s.lease_host = $1)
 ORDER BY (s.lease_holder IS NOT NULL), s.updated_at_ms
 LIMIT 16
 FOR UPDATE SKIP LOCKED"
+    )
+    .replace("{HOLDER_GONE}", HOLDER_GONE)
+});
+
+/// How many sessions have work due that no live holder keeps: the queue's depth.
+static QUEUED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!("SELECT count(*) FROM steadfast_sessions s WHERE {HAS_WORK} AND {LEASE_FREE}")
         .replace("{HOLDER_GONE}", HOLDER_GONE)
 });

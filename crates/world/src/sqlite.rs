@@ -445,7 +445,9 @@ impl World for SqliteWorld {
     }
 
     async fn append(&self, lease: &Lease, events: &[Event]) -> Result<Vec<Record>> {
+        let started = std::time::Instant::now();
         let serialized = crate::serialize_and_spill(self.spill.as_ref(), events).await?;
+        let fenced = lease;
         let (lease, events) = (lease.clone(), events.to_vec());
         let result = self.with(move |conn| {
             let tx = conn
@@ -528,7 +530,7 @@ impl World for SqliteWorld {
         if result.is_ok() {
             crate::bump(&self.changes);
         }
-        result
+        crate::observe_append("sqlite", fenced, started, result)
     }
 
     async fn read(&self, session: &str, from: u64) -> Result<Vec<Record>> {
@@ -707,7 +709,7 @@ impl World for SqliteWorld {
                 .map_err(backend)?;
             let now = now_ms();
             let candidates: Vec<String> = {
-                let mut stmt = tx.prepare_cached(CLAIMABLE).map_err(backend)?;
+                let mut stmt = tx.prepare_cached(&CLAIMABLE).map_err(backend)?;
                 let rows = stmt
                     .query_map(params![now, holder.host], |r| r.get(0))
                     .map_err(backend)?;
@@ -756,19 +758,38 @@ impl World for SqliteWorld {
         .await
     }
 
+    async fn census(&self) -> Result<crate::Census> {
+        self.with(|conn| {
+            let by_status = conn
+                .prepare_cached(
+                    "SELECT status, count(*) FROM sessions GROUP BY status ORDER BY status",
+                )
+                .map_err(backend)?
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?)))
+                .map_err(backend)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(backend)?;
+            let queued = conn
+                .prepare_cached(&QUEUED)
+                .map_err(backend)?
+                .query_row([now_ms()], |r| r.get(0))
+                .map_err(backend)?;
+            Ok(crate::Census { by_status, queued })
+        })
+        .await
+    }
+
     fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.changes.subscribe()
     }
 }
 
-/// Sessions that need a driver, oldest activity first. The lease is checked again in
-/// Rust (a holder on this host whose process is gone counts as free).
-const CLAIMABLE: &str = "
-SELECT s.id FROM sessions s
-WHERE s.status IN ('running', 'idle', 'waiting', 'escalated')
+/// Sessions with work due: a turn left running, a queued message for an idle one, the
+/// signal a waiting one awaits (an interrupt is due at once, even in a retry's wait).
+const HAS_WORK: &str = "
+  s.status IN ('running', 'idle', 'waiting', 'escalated')
   AND (s.retry_at_ms <= ?1 OR EXISTS (
         SELECT 1 FROM inbox i WHERE i.session_id = s.id AND i.taken = 0 AND i.kind = 'signal' AND i.name = 'interrupt'))
-  AND (s.lease_holder IS NULL OR s.lease_expires_ms <= ?1 OR s.lease_host = ?2)
   AND (
     s.status = 'running'
     OR (s.status = 'idle' AND EXISTS (
@@ -776,6 +797,21 @@ WHERE s.status IN ('running', 'idle', 'waiting', 'escalated')
     OR (s.status IN ('waiting', 'escalated') AND EXISTS (
         SELECT 1 FROM inbox i WHERE i.session_id = s.id AND i.taken = 0 AND i.kind = 'signal'
           AND (i.name = s.waiting_for OR (s.status = 'waiting' AND i.name = 'interrupt'))))
-  )
+  )";
+
+/// Sessions that need a driver, oldest activity first: work due and a lease that is
+/// free or held on this host (`?2`; `?1` is now). The lease is checked again in Rust
+/// (a holder on this host whose process is gone counts as free).
+static CLAIMABLE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT s.id FROM sessions s WHERE {HAS_WORK}
+  AND (s.lease_holder IS NULL OR s.lease_expires_ms <= ?1 OR s.lease_host = ?2)
 ORDER BY (s.lease_holder IS NOT NULL), s.updated_at_ms
-LIMIT 16";
+LIMIT 16"
+    )
+});
+
+/// How many sessions have work due that no holder keeps: the queue's depth.
+static QUEUED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!("SELECT count(*) FROM sessions s WHERE {HAS_WORK} AND (s.lease_holder IS NULL OR s.lease_expires_ms <= ?1)")
+});

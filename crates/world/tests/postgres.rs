@@ -395,3 +395,9 @@ async fn a_holder_on_another_host_whose_process_dies_is_taken_over_at_once() {
         .unwrap_err();
     assert!(matches!(stale, Error::StaleFence { .. }), "{stale}");
 }
+
+#[tokio::test]
+async fn census_counts_sessions_and_the_queue() {
+    let db = TestDb::new().await;
+    conformance::census_counts_sessions_and_the_queue(&db.world().await).await;
+}

@@ -225,3 +225,8 @@ async fn an_empty_or_truncated_world_file_is_damage_not_a_fresh_start() -> anyho
 async fn a_scheduled_retry_holds_the_session_back() {
     conformance::a_scheduled_retry_holds_the_session_back(&world().1).await;
 }
+
+#[tokio::test]
+async fn census_counts_sessions_and_the_queue() {
+    conformance::census_counts_sessions_and_the_queue(&world().1).await;
+}
