@@ -355,6 +355,7 @@ impl<W: World + Clone> Shared<W> {
                 let call_id = self.live.with(|s| s.exchanges[i].call_id.clone());
                 replay.consumed.insert(call_id);
                 self.count(|c| c.replayed += 1);
+                steadfast_metrics::metrics().gateway(steadfast_metrics::GatewayAnswer::Replayed);
                 return Ok(Routed::Replay(reply));
             }
             // Recorded but cut off before its reply: ask again, in its place.
@@ -546,7 +547,17 @@ async fn handle<W: World + Clone>(
         Err(response) => response,
         Ok(Routed::Replay(reply)) => relay::replay(reply),
         Ok(Routed::Live { call_id }) => {
-            relay::live(shared, api, upstream, headers, query, body, call_id).await
+            let model = request
+                .get("model")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let call = relay::Call {
+                api,
+                call_id,
+                model,
+            };
+            relay::live(shared, call, upstream, headers, query, body).await
         }
     }
 }

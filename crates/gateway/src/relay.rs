@@ -70,18 +70,32 @@ pub(crate) fn replay((status, content_type, body): (u16, String, String)) -> Res
     }
 }
 
+/// The exchange a live request is recorded as.
+pub(crate) struct Call {
+    pub(crate) api: Api,
+    /// The intent's id.
+    pub(crate) call_id: String,
+    /// The model the agent asked for (for the metrics).
+    pub(crate) model: String,
+}
+
 /// Sends the request to the provider and streams the reply back while recording it.
 /// The reply is read to its end and recorded even if the client goes away meanwhile,
 /// so a restarted client gets it from the log instead of paying for it again.
 pub(crate) async fn live<W: World + Clone>(
     shared: Arc<Shared<W>>,
-    api: Api,
+    call: Call,
     upstream: Upstream,
     headers: HeaderMap,
     query: Option<String>,
     body: Bytes,
-    call_id: String,
 ) -> Response {
+    let Call {
+        api,
+        call_id,
+        model,
+    } = call;
+    let started = std::time::Instant::now();
     let mut request = shared
         .http
         .post(upstream_url(api, &upstream, query.as_deref()))
@@ -125,6 +139,8 @@ pub(crate) async fn live<W: World + Clone>(
         shared,
         api,
         call_id,
+        model,
+        started,
         status,
         content_type: content_type.clone(),
         recorded: Vec::new(),
@@ -158,6 +174,9 @@ struct Recording<W: World + Clone> {
     shared: Arc<Shared<W>>,
     api: Api,
     call_id: String,
+    /// The model asked for, and when the request was sent (for the metrics).
+    model: String,
+    started: std::time::Instant,
     status: u16,
     content_type: String,
     recorded: Vec<u8>,
@@ -218,6 +237,18 @@ impl<W: World + Clone> Recording<W> {
         let cost_micro_usd = usage.map_or(0, |u| {
             steadfast_model::pricing::cost_with(&shared.prices, &model, &u)
         });
+        steadfast_metrics::metrics().model_call(steadfast_metrics::ModelCall {
+            provider: if self.api.is_anthropic() {
+                "anthropic"
+            } else {
+                "openai"
+            },
+            model: &self.model,
+            ok: self.status < 400,
+            usage: usage.as_ref(),
+            cost_micro_usd,
+            took: self.started.elapsed(),
+        });
         // The fold counts the spend as the outcome is applied: the bounds see it next.
         let event = Event::ExchangeOutcome {
             call_id: self.call_id.clone(),
@@ -245,6 +276,8 @@ impl<W: World + Clone> Drop for Recording<W> {
             shared: self.shared.clone(),
             api: self.api,
             call_id: std::mem::take(&mut self.call_id),
+            model: std::mem::take(&mut self.model),
+            started: self.started,
             status: self.status,
             content_type: std::mem::take(&mut self.content_type),
             recorded: std::mem::take(&mut self.recorded),

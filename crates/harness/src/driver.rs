@@ -348,6 +348,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         }])
         .await?;
         point(points::MODEL_INTENT);
+        let started = std::time::Instant::now();
 
         // The reply streams into the log as it arrives (batched), so readers of the
         // log can follow it; the outcome below holds the whole reply.
@@ -410,6 +411,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             Err(e) if e.is_retryable() => return Err(e.into()), // stays pending
             Err(e) => {
                 let message = e.to_string();
+                self.count_model_call(false, None, 0, started.elapsed());
                 self.append(vec![
                     Event::ModelCallFailed {
                         call_id,
@@ -431,6 +433,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             &self.state.model.model,
             &response.usage,
         );
+        self.count_model_call(true, Some(&response.usage), cost, started.elapsed());
         self.append(vec![Event::ModelCallOutcome {
             call_id,
             content: response.content,
@@ -441,6 +444,24 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         .await?;
         point(points::MODEL_OUTCOME);
         Ok(())
+    }
+
+    /// Counts an answered model call in the process's metrics.
+    fn count_model_call(
+        &self,
+        ok: bool,
+        usage: Option<&steadfast_log::Usage>,
+        cost_micro_usd: u64,
+        took: std::time::Duration,
+    ) {
+        steadfast_metrics::metrics().model_call(steadfast_metrics::ModelCall {
+            provider: &self.state.model.provider,
+            model: &self.state.model.model,
+            ok,
+            usage,
+            cost_micro_usd,
+            took,
+        });
     }
 
     /// Records an interrupt taken from the inbox.

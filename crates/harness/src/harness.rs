@@ -351,7 +351,21 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
 
     /// [`Harness::wake`] for a lease already taken (by [`World::claim`]).
     pub async fn wake_leased(&self, lease: steadfast_world::Lease) -> Result<Awake<'_, W, S>> {
-        let state = fold(&self.world.read(&lease.session, 1).await?)?;
+        let records = self.world.read(&lease.session, 1).await?;
+        let state = fold(&records)?;
+        // A turn an earlier driver left in flight (it died, or its lease lapsed): not
+        // one just opened by its user message, nor one held back to retry a failure.
+        let fresh_or_retrying = records.last().is_some_and(|r| {
+            matches!(
+                r.event,
+                steadfast_log::Event::UserMessage { .. } | steadfast_log::Event::DriveFailed { .. }
+            )
+        });
+        if state.status == steadfast_log::Status::Running && !fresh_or_retrying {
+            let last = records.last().map_or(0, |r| r.at_ms);
+            let behind = steadfast_world::now_ms().saturating_sub(last);
+            steadfast_metrics::metrics().takeover(std::time::Duration::from_millis(behind));
+        }
         if state.is_wrapped() {
             Ok(Awake::Wrapped(self.wrapped_driver(lease, state)?))
         } else {

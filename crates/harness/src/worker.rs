@@ -27,7 +27,10 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         let holder = Holder::new(format!("worker-{}", uuid::Uuid::now_v7().simple()));
         let mut changes = self.world.changes();
         while !*shutdown.borrow() {
-            match self.world.claim(&holder, self.options.lease_ttl).await {
+            let started = std::time::Instant::now();
+            let claimed = self.world.claim(&holder, self.options.lease_ttl).await;
+            steadfast_metrics::metrics().claimed(started.elapsed());
+            match claimed {
                 Ok(Some(lease)) => self.drive_claimed(lease).await,
                 Ok(None) => {
                     tokio::select! {

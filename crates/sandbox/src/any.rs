@@ -100,8 +100,16 @@ pub enum AnySandbox {
 }
 
 impl AnySandbox {
-    /// Provisions a sandbox over `workspace` with the backend `options` name.
+    /// Provisions a sandbox over `workspace` with the backend `options` name (timed,
+    /// and counted live until it is dropped, in the process's metrics).
     pub fn provision(workspace: &Path, options: &SandboxOptions) -> Result<Self> {
+        let started = std::time::Instant::now();
+        let sandbox = Self::provision_untimed(workspace, options)?;
+        steadfast_metrics::metrics().sandbox_started(sandbox.backend(), started.elapsed());
+        Ok(sandbox)
+    }
+
+    fn provision_untimed(workspace: &Path, options: &SandboxOptions) -> Result<Self> {
         if options.require_isolation {
             isolation(options).map_err(|why| {
                 crate::Error::Unavailable(format!(
@@ -142,6 +150,12 @@ impl AnySandbox {
             AnySandbox::Local(_) => "local",
             AnySandbox::Bwrap(_) => "bwrap",
         }
+    }
+}
+
+impl Drop for AnySandbox {
+    fn drop(&mut self) {
+        steadfast_metrics::metrics().sandbox_stopped(self.backend());
     }
 }
 

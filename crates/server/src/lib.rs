@@ -15,6 +15,7 @@ mod error;
 mod extract;
 mod limits;
 mod listen;
+mod metrics;
 mod routes;
 mod stream;
 
@@ -29,6 +30,7 @@ use steadfast_world::World;
 pub use auth::{hash_token, Auth, AuthMode, TokenEntry};
 pub use error::ApiError;
 pub use listen::{serve, ServeOptions};
+pub use metrics::metrics_router;
 
 /// The largest request body accepted.
 pub const MAX_BODY: usize = 256 * 1024;

@@ -880,6 +880,7 @@ async fn bad_input_gets_clear_json_errors() {
         "/v1/sessions/{id}/files",
         "/v1/sessions/{id}/files/{path}",
         "/v1/agents",
+        "/metrics",
     ] {
         assert!(
             doc["paths"].get(path).is_some(),

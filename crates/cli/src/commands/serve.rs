@@ -30,6 +30,46 @@ pub struct ServeArgs {
     /// The most any session may spend on models in public mode, in US dollars.
     #[arg(long)]
     session_spend_cap_usd: Option<f64>,
+    #[command(flatten)]
+    metrics: MetricsArgs,
+}
+
+/// Where Prometheus scrapes a process.
+#[derive(Debug, Args)]
+pub struct MetricsArgs {
+    /// Serve Prometheus metrics at /metrics on this address, a listener of the
+    /// operator's own (metrics span every owner's sessions, so outside development
+    /// they are not on the API's listener).
+    #[arg(long, env = "STEADFAST_METRICS_LISTEN")]
+    metrics_listen: Option<String>,
+}
+
+impl MetricsArgs {
+    /// Starts the metrics listener, if one was asked for.
+    async fn start(
+        &self,
+        world: steadfast_world::AnyWorld,
+    ) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+        let Some(addr) = &self.metrics_listen else {
+            return Ok(None);
+        };
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("listening for metrics on {addr}"))?;
+        eprintln!(
+            "steadfast: metrics at http://{}/metrics",
+            listener.local_addr()?
+        );
+        let router = steadfast_server::metrics_router(world);
+        Ok(Some(tokio::spawn(async move {
+            let options = steadfast_server::ServeOptions::default();
+            if let Err(e) =
+                steadfast_server::serve(listener, router, options, std::future::pending()).await
+            {
+                tracing::error!(error = %e, "the metrics listener failed");
+            }
+        })))
+    }
 }
 
 /// How long a stopping server waits for open connections.
@@ -41,6 +81,8 @@ pub struct WorkerArgs {
     /// Workers to run in this process.
     #[arg(long, default_value_t = 1)]
     workers: usize,
+    #[command(flatten)]
+    metrics: MetricsArgs,
 }
 
 /// In production, commands must run isolated: a host where no isolating sandbox
@@ -88,6 +130,7 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
         Auth::new(&tokens, config.is_production(), public_cap).map_err(anyhow::Error::msg)?;
     let world = setup::world(home, config, false).await?;
     let (harness, fake) = setup::shared_harness(home, config, world).await?;
+    let metrics = args.metrics.start(harness.world().clone()).await?;
     let workspaces = home.join("workspaces");
     std::fs::create_dir_all(&workspaces)?;
     let mut state = ServerState::new(
@@ -140,6 +183,7 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
     }
     let _ = stop_tx.send(true);
     workers.abort_all();
+    metrics.inspect(|m| m.abort());
     drop(fake);
     Ok(ExitCode::SUCCESS)
 }
@@ -148,6 +192,7 @@ pub async fn worker(home: &Path, config: &Config, args: WorkerArgs) -> anyhow::R
     check_isolation(config)?;
     let world = setup::world(home, config, false).await?;
     let (harness, fake) = setup::shared_harness(home, config, world).await?;
+    let metrics = args.metrics.start(harness.world().clone()).await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut workers = spawn_workers(harness, args.workers.max(1), stop_rx);
     eprintln!(
@@ -161,6 +206,7 @@ pub async fn worker(home: &Path, config: &Config, args: WorkerArgs) -> anyhow::R
     }
     let _ = stop_tx.send(true);
     workers.abort_all();
+    metrics.inspect(|m| m.abort());
     drop(fake);
     Ok(ExitCode::SUCCESS)
 }

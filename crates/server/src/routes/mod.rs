@@ -49,9 +49,11 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
         .route("/v1/agents", get(sessions::agents::<W>))
         .route("/openapi.json", get(openapi))
         .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(metrics::<W>))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::map_response(json_errors))
+        .layer(axum::middleware::from_fn(crate::metrics::count_requests))
         .with_state(state);
     match cors {
         Some(cors) => routes.layer(cors),
@@ -143,6 +145,22 @@ async fn json_errors(response: axum::response::Response) -> axum::response::Resp
 
 async fn openapi() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI)
+}
+
+/// The metrics, on the API's own listener in development only: they span every
+/// owner's sessions, so a deployment with owners serves them on a listener of the
+/// operator's (`--metrics-listen`).
+async fn metrics<W: World + Clone>(
+    axum::extract::State(state): axum::extract::State<Shared<W>>,
+) -> Result<axum::response::Response, ApiError> {
+    if !matches!(state.auth.mode, crate::AuthMode::Development) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "metrics are not served on the API's listener outside development; the operator serves them with --metrics-listen",
+        ));
+    }
+    crate::metrics::scrape(axum::extract::State(state.harness.world().clone())).await
 }
 
 async fn not_found() -> ApiError {

@@ -1,0 +1,363 @@
+//! Prometheus metrics of real `steadfast serve` and `steadfast worker` processes,
+//! scraped after scripted runs: the series count what the fake provider and the log
+//! say happened, a takeover after a SIGKILL is counted by the worker that took over,
+//! and outside development the metrics are only on the operator's own listener.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+use steadfast_testkit::{FakeProvider, Script};
+use tokio::io::AsyncBufReadExt;
+
+const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
+const MODEL: &str = "claude-sonnet-4-5";
+
+fn command(home: &Path, fake: &FakeProvider, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.args(args)
+        .env("STEADFAST_HOME", home)
+        .env("ANTHROPIC_API_KEY", "test-key")
+        .env("ANTHROPIC_BASE_URL", fake.base_url())
+        .env("STEADFAST_MODEL", format!("anthropic/{MODEL}"))
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("STEADFAST_FAULT")
+        .env_remove("STEADFAST_WORLD")
+        .env_remove("STEADFAST_METRICS_LISTEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// A loopback address nothing listens on (the port is free when this returns).
+fn free_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+/// Starts `steadfast serve` with `extra` arguments; returns it with its base URL.
+async fn serve(
+    home: &Path,
+    fake: &FakeProvider,
+    extra: &[&str],
+) -> (tokio::process::Child, String) {
+    let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let mut child = command(home, fake, &args).spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let url = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("serve printed its URL")
+        .unwrap()
+        .unwrap();
+    (child, url)
+}
+
+/// The scraped exposition, once the endpoint answers.
+async fn scrape(url: &str) -> String {
+    for _ in 0..200 {
+        if let Ok(resp) = reqwest::get(url).await {
+            assert_eq!(resp.status(), 200, "{url}");
+            let content_type = resp.headers()["content-type"].to_str().unwrap().to_string();
+            assert!(
+                content_type.starts_with("application/openmetrics-text"),
+                "{content_type}"
+            );
+            return resp.text().await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{url} never answered");
+}
+
+/// The value of one series (its name and labels exactly as exposed); 0 if absent.
+fn value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.parse().unwrap())
+}
+
+async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    for _ in 0..600 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+async fn session(url: &str, id: &str) -> Value {
+    reqwest::get(format!("{url}/v1/sessions/{id}"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn create(url: &str, task: &str) -> String {
+    let resp = reqwest::Client::new()
+        .post(format!("{url}/v1/sessions"))
+        .json(&json!({"task": task}))
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let created: Value = resp.json().await.unwrap();
+    created["id"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scripted_run_is_counted_as_the_provider_and_the_log_saw_it() {
+    let script: Script = serde_json::from_value(json!({"steps": [
+        {"text": "Writing the notes.", "tool_calls": [
+            {"name": "write", "input": {"file_path": "notes.txt", "content": "one\n"}},
+            {"name": "read", "input": {"file_path": "notes.txt"}},
+        ]},
+        {"text": "Checking them.", "tool_calls": [{"name": "read", "input": {"file_path": "missing.txt"}}]},
+        {"text": "Done."},
+    ]}))
+    .unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let (_server, url) = serve(&home, &fake, &["--workers", "1"]).await;
+    let id = create(&url, "take notes").await;
+    let mut summary = Value::Null;
+    wait_for("the turn to end", async || {
+        summary = session(&url, &id).await;
+        summary["status"] == "idle"
+    })
+    .await;
+
+    let text = scrape(&format!("{url}/metrics")).await;
+    let calls = |outcome: &str| {
+        value(
+            &text,
+            &format!("steadfast_model_calls_total{{provider=\"anthropic\",model=\"{MODEL}\",outcome=\"{outcome}\"}}"),
+        )
+    };
+    assert_eq!(calls("ok"), fake.calls() as f64, "{text}");
+    assert_eq!(calls("ok"), 3.0);
+    assert_eq!(calls("failed"), 0.0);
+    let tokens = |kind: &str| {
+        value(
+            &text,
+            &format!("steadfast_model_tokens_total{{provider=\"anthropic\",model=\"{MODEL}\",kind=\"{kind}\"}}"),
+        )
+    };
+    assert_eq!(
+        tokens("input"),
+        summary["usage"]["input_tokens"].as_f64().unwrap()
+    );
+    assert_eq!(
+        tokens("output"),
+        summary["usage"]["output_tokens"].as_f64().unwrap()
+    );
+    let cost = value(
+        &text,
+        &format!("steadfast_model_cost_usd_total{{provider=\"anthropic\",model=\"{MODEL}\"}}"),
+    );
+    assert!(
+        (cost - summary["cost_usd"].as_f64().unwrap()).abs() < 1e-9,
+        "{cost}"
+    );
+    assert!(cost > 0.0);
+    assert_eq!(
+        value(
+            &text,
+            "steadfast_model_call_duration_seconds_count{provider=\"anthropic\"}"
+        ),
+        3.0
+    );
+
+    // Tool calls by class and result: the write changed the workspace, the reads
+    // did not, and reading a missing file was a tool error.
+    let tools = |class: &str, result: &str| {
+        value(
+            &text,
+            &format!("steadfast_tool_calls_total{{class=\"{class}\",result=\"{result}\"}}"),
+        )
+    };
+    assert_eq!(tools("mutate", "ok"), 1.0, "{text}");
+    assert_eq!(tools("read", "ok"), 1.0);
+    assert_eq!(tools("read", "error"), 1.0);
+    assert_eq!(
+        value(
+            &text,
+            "steadfast_tool_call_duration_seconds_count{class=\"read\"}"
+        ),
+        2.0
+    );
+
+    assert_eq!(value(&text, "steadfast_turns_started_total"), 1.0);
+    assert_eq!(
+        value(&text, "steadfast_turns_ended_total{outcome=\"completed\"}"),
+        1.0
+    );
+    assert_eq!(value(&text, "steadfast_turn_duration_seconds_count"), 1.0);
+    assert_eq!(value(&text, "steadfast_step_duration_seconds_count"), 3.0);
+    assert_eq!(value(&text, "steadfast_sessions{status=\"idle\"}"), 1.0);
+    assert_eq!(value(&text, "steadfast_queue_depth"), 0.0);
+    assert_eq!(value(&text, "steadfast_lease_takeovers_total"), 0.0);
+    assert!(value(&text, "steadfast_queue_claim_duration_seconds_count") >= 1.0);
+
+    // Every append was timed: as many as the log has appends (at most one per record).
+    let appends = value(
+        &text,
+        "steadfast_journal_append_duration_seconds_count{store=\"sqlite\"}",
+    );
+    let records = summary["last_seq"].as_f64().unwrap();
+    assert!(
+        appends >= 6.0 && appends <= records,
+        "{appends} appends, {records} records"
+    );
+    let provisioned: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("steadfast_sandbox_provision_duration_seconds_count{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert!(provisioned >= 1.0, "{text}");
+
+    // API requests by route pattern, never by the path with its ids.
+    assert_eq!(
+        value(
+            &text,
+            "steadfast_http_requests_total{method=\"POST\",route=\"/v1/sessions\",status=\"201\"}"
+        ),
+        1.0,
+        "{text}"
+    );
+    assert!(value(&text, "steadfast_http_requests_total{method=\"GET\",route=\"/v1/sessions/{id}\",status=\"200\"}") >= 1.0);
+    assert!(!text.contains(&id), "session ids are never labels");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_that_takes_over_a_killed_worker_s_turn_counts_it() {
+    let long = "A reply that streams for a while, one careful piece at a time.";
+    let script: Script = serde_json::from_value(json!({"steps": [
+        {"text": long.repeat(4), "chunk_delay_ms": 30},
+    ]}))
+    .unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let (_api, url) = serve(&home, &fake, &["--workers", "0"]).await;
+    let addrs = [free_addr(), free_addr()];
+    let mut workers: Vec<_> = addrs
+        .iter()
+        .map(|a| {
+            command(&home, &fake, &["worker", "--metrics-listen", a])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let pids: Vec<i32> = workers.iter().map(|w| w.id().unwrap() as i32).collect();
+    for addr in &addrs {
+        scrape(&format!("http://{addr}/metrics")).await;
+    }
+    let id = create(&url, "explain slowly").await;
+    let mut victim = 0;
+    wait_for("the reply to be streaming", async || {
+        let conn = rusqlite::Connection::open_with_flags(
+            home.join("world.db"),
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )
+        .unwrap();
+        let last: String = conn
+            .query_row(
+                "SELECT kind FROM events ORDER BY seq DESC LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap_or_default();
+        victim = conn
+            .query_row("SELECT coalesce(lease_pid, 0) FROM sessions", [], |r| {
+                r.get(0)
+            })
+            .unwrap_or(0);
+        last == "model_delta" && pids.contains(&victim)
+    })
+    .await;
+    kill(Pid::from_raw(victim), Signal::SIGKILL).unwrap();
+    wait_for("the turn to end", async || {
+        session(&url, &id).await["status"] == "idle"
+    })
+    .await;
+
+    let survivor = &addrs[if pids[0] == victim { 1 } else { 0 }];
+    let text = scrape(&format!("http://{survivor}/metrics")).await;
+    assert_eq!(
+        value(&text, "steadfast_lease_takeovers_total"),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(value(&text, "steadfast_recovery_seconds_count"), 1.0);
+    let recovery = value(&text, "steadfast_recovery_seconds_sum");
+    assert!((0.0..30.0).contains(&recovery), "{recovery}");
+    // The survivor answered the re-issued call and ended the turn it did not start.
+    assert_eq!(
+        value(
+            &text,
+            &format!("steadfast_model_calls_total{{provider=\"anthropic\",model=\"{MODEL}\",outcome=\"ok\"}}")
+        ),
+        1.0
+    );
+    assert_eq!(fake.calls(), 2);
+    assert_eq!(
+        value(&text, "steadfast_turns_ended_total{outcome=\"completed\"}"),
+        1.0
+    );
+    assert_eq!(value(&text, "steadfast_turns_started_total"), 0.0);
+    // The census is the world's, whichever process is asked.
+    assert_eq!(value(&text, "steadfast_sessions{status=\"idle\"}"), 1.0);
+    for w in &mut workers {
+        let _ = w.start_kill();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outside_development_metrics_are_only_on_the_operator_s_listener() {
+    let fake = FakeProvider::start(Script { steps: Vec::new() })
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let metrics = free_addr();
+    let (_server, url) = serve(
+        &home,
+        &fake,
+        &[
+            "--workers",
+            "0",
+            "--production",
+            "--metrics-listen",
+            &metrics,
+        ],
+    )
+    .await;
+    let resp = reqwest::get(format!("{url}/metrics")).await.unwrap();
+    assert_eq!(resp.status(), 404);
+    let body: Value = resp.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--metrics-listen"),
+        "{body}"
+    );
+    let text = scrape(&format!("http://{metrics}/metrics")).await;
+    assert_eq!(value(&text, "steadfast_queue_depth"), 0.0);
+    assert!(
+        text.contains("# TYPE steadfast_turns_started counter"),
+        "{text}"
+    );
+    assert!(text.trim_end().ends_with("# EOF"));
+}

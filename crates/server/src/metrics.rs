@@ -1,0 +1,61 @@
+//! `/metrics`: the process's Prometheus metrics, with the world's census (sessions by
+//! status, the queue's depth) taken at each scrape; and the middleware that counts
+//! API requests by route.
+//!
+//! The census is world-wide, so every process that serves metrics shows the same
+//! numbers (aggregate it with `max`, not `sum`). Metrics span every owner's sessions,
+//! so outside development they are not on the API's listener at all: the operator
+//! serves them on a listener of their own ([`metrics_router`], `--metrics-listen`).
+
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use steadfast_world::World;
+
+use crate::error::ApiError;
+
+/// A router serving `/metrics` (and `/healthz`) for `world`, for a listener of the
+/// operator's own.
+pub fn metrics_router<W: World + Clone>(world: W) -> Router {
+    Router::new()
+        .route("/metrics", get(scrape::<W>))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(world)
+}
+
+/// The exposition, with the census as of now.
+pub(crate) async fn scrape<W: World>(State(world): State<W>) -> Result<Response, ApiError> {
+    let census = world.census().await?;
+    let metrics = steadfast_metrics::metrics();
+    metrics.census(&census.by_status, census.queued);
+    Ok((
+        [(header::CONTENT_TYPE, steadfast_metrics::CONTENT_TYPE)],
+        metrics.encode(),
+    )
+        .into_response())
+}
+
+/// Counts each API request by method, matched route (never the raw path, so ids do not
+/// become labels) and status, and times it to its response head.
+pub(crate) async fn count_requests(request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().as_str().to_string();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_string();
+    let response = next.run(request).await;
+    steadfast_metrics::metrics().http_request(
+        &method,
+        &route,
+        response.status().as_u16(),
+        started.elapsed(),
+    );
+    response
+}
