@@ -157,7 +157,8 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { 0 });
         }
     };
-    setup::init_tracing(&cli.log_format);
+    let service = matches!(cli.command, Command::Serve(_) | Command::Worker(_));
+    setup::init_tracing(&cli.log_format, service);
     let home = home::Home::find(cli.home.clone());
     home::remember_invocation(&home);
     let runtime = match tokio::runtime::Builder::new_multi_thread()

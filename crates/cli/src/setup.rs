@@ -99,12 +99,20 @@ pub fn demo_workspace() -> anyhow::Result<PathBuf> {
     }
 }
 
-/// Diagnostics on stderr, as text or JSON, filtered by `RUST_LOG` (default: warnings).
-/// Colour only on a terminal (and never with `NO_COLOR`), so redirected logs are text.
-pub fn init_tracing(format: &str) {
+/// Diagnostics on stderr, as text or JSON, filtered by `RUST_LOG`; without it, warnings,
+/// and for a `service` (a server or worker: what operators collect) also Steadfast's
+/// own info lines (turns, sessions stopping, the access log). Each line inside a
+/// session's work carries its span (`drive{session=.. epoch=..}`; in JSON, `span` and
+/// `spans`). Colour only on a terminal (and never with `NO_COLOR`).
+pub fn init_tracing(format: &str, service: bool) {
     use std::io::IsTerminal;
+    let default = if service {
+        "warn,steadfast=info"
+    } else {
+        "warn"
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

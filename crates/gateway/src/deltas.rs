@@ -93,7 +93,7 @@ pub(crate) struct DeltaWriter {
 impl DeltaWriter {
     pub(crate) fn start<W: World>(live: Arc<LiveSession<W>>, call_id: String) -> Self {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-        let task = tokio::spawn(async move {
+        let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
             let mut buffer = String::new();
             let mut since = Instant::now();
             let mut open = true;
@@ -115,7 +115,7 @@ impl DeltaWriter {
                     since = Instant::now();
                 }
             }
-        });
+        }));
         DeltaWriter { tx, task }
     }
 

@@ -483,6 +483,7 @@ pub(crate) enum Routed {
 }
 
 /// The common path of every model request.
+#[tracing::instrument(level = "debug", skip_all, fields(session = %shared.live.lease().session, api = api.name()))]
 async fn handle<W: World + Clone>(
     shared: Arc<Shared<W>>,
     api: Api,

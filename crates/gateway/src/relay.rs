@@ -158,7 +158,8 @@ pub(crate) async fn live<W: World + Clone>(
                 // On a task of its own, so a client that goes away now cannot cut the
                 // recording short.
                 let mut recording = recording;
-                let _ = tokio::spawn(async move { recording.finish().await }).await;
+                let finish = async move { recording.finish().await };
+                let _ = tokio::spawn(tracing::Instrument::in_current_span(finish)).await;
                 None
             }
         }
@@ -288,10 +289,10 @@ impl<W: World + Clone> Drop for Recording<W> {
             inflight: self.inflight.take(),
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
+            runtime.spawn(tracing::Instrument::in_current_span(async move {
                 while rest.next_chunk().await.is_some() {}
                 rest.finish().await;
-            });
+            }));
         }
     }
 }

@@ -334,6 +334,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip(self), fields(session = %self.lease.session))]
     async fn call_model(&mut self, step: u32) -> Result<()> {
         if self.harness.options.prewarm_sandbox {
             self.sandbox.hydrate_to(self.state.last_snapshot.clone());
@@ -486,6 +487,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         .await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(session = %self.lease.session, tool = %call.name, call_id = %call.id))]
     async fn run_tool(&mut self, call: ToolUse) -> Result<()> {
         if call.name == APPROVAL_TOOL {
             // The intent and the wait go in together: no crash can separate them.

@@ -350,6 +350,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     }
 
     /// [`Harness::wake`] for a lease already taken (by [`World::claim`]).
+    #[tracing::instrument(level = "debug", skip_all, fields(session = %lease.session, epoch = lease.epoch))]
     pub async fn wake_leased(&self, lease: steadfast_world::Lease) -> Result<Awake<'_, W, S>> {
         let records = self.world.read(&lease.session, 1).await?;
         let state = fold(&records)?;

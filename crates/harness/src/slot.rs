@@ -95,11 +95,11 @@ impl<S: Sandbox> SandboxSlot<S> {
         }
         drop(guard);
         let this = self.handle();
-        tokio::spawn(async move {
+        tokio::spawn(tracing::Instrument::in_current_span(async move {
             if let Err(e) = this.get().await {
                 tracing::warn!(error = %e, "sandbox prewarm failed; the next tool call retries");
             }
-        });
+        }));
     }
 
     /// The running sandbox, provisioning (and hydrating) one if there is none.

@@ -79,6 +79,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// failed, with the reason in its log; a retryable one is recorded with the time
     /// of the next attempt (backing off, with jitter), and the lease is given back:
     /// no worker takes the session before then.
+    #[tracing::instrument(level = "debug", skip_all, fields(session = %lease.session))]
     async fn after_failure(&self, lease: &steadfast_world::Lease, e: &crate::Error) {
         if matches!(e, crate::Error::NotHere(_)) {
             // Another host may have the CLI: hold this host's workers back only.

@@ -102,6 +102,7 @@ pub enum AnySandbox {
 impl AnySandbox {
     /// Provisions a sandbox over `workspace` with the backend `options` name (timed,
     /// and counted live until it is dropped, in the process's metrics).
+    #[tracing::instrument(level = "debug", skip_all, fields(workspace = %workspace.display()))]
     pub fn provision(workspace: &Path, options: &SandboxOptions) -> Result<Self> {
         let started = std::time::Instant::now();
         let sandbox = Self::provision_untimed(workspace, options)?;
@@ -167,6 +168,7 @@ impl Sandbox for AnySandbox {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip(self, input), fields(backend = self.backend()))]
     async fn execute(&self, tool: &str, input: &serde_json::Value) -> Result<ToolOutput> {
         match self {
             AnySandbox::Local(s) => s.execute(tool, input).await,

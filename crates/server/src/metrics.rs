@@ -40,22 +40,26 @@ pub(crate) async fn scrape<W: World>(State(world): State<W>) -> Result<Response,
         .into_response())
 }
 
-/// Counts each API request by method, matched route (never the raw path, so ids do not
-/// become labels) and status, and times it to its response head.
-pub(crate) async fn count_requests(request: Request, next: Next) -> Response {
+/// Observes each API request: counted by method, matched route (never the raw path,
+/// so ids do not become labels) and status, timed to its response head, and written to
+/// the access log (target `steadfast::access`, with the path).
+pub(crate) async fn observe_requests(request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().as_str().to_string();
+    let path = request.uri().path().to_string();
     let route = request
         .extensions()
         .get::<MatchedPath>()
         .map_or("unmatched", |p| p.as_str())
         .to_string();
     let response = next.run(request).await;
-    steadfast_metrics::metrics().http_request(
-        &method,
-        &route,
-        response.status().as_u16(),
-        started.elapsed(),
+    let (status, took) = (response.status().as_u16(), started.elapsed());
+    steadfast_metrics::metrics().http_request(&method, &route, status, took);
+    tracing::info!(
+        target: "steadfast::access",
+        %method, %path, %route, status,
+        duration_ms = took.as_secs_f64() * 1000.0,
+        "request"
     );
     response
 }

@@ -802,6 +802,7 @@ impl World for PostgresWorld {
         Ok(())
     }
 
+    #[tracing::instrument(level = "trace", skip_all, fields(session = %lease.session, events = events.len()))]
     async fn append(&self, lease: &Lease, events: &[Event]) -> Result<Vec<Record>> {
         let started = std::time::Instant::now();
         let appended = self.append_any_path(lease, events).await;
@@ -923,6 +924,7 @@ impl World for PostgresWorld {
             .collect())
     }
 
+    #[tracing::instrument(level = "trace", skip_all, fields(holder = %holder.id))]
     async fn claim(&self, holder: &Holder, ttl: Duration) -> Result<Option<Lease>> {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(db)?;

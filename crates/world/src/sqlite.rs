@@ -444,6 +444,7 @@ impl World for SqliteWorld {
         .await
     }
 
+    #[tracing::instrument(level = "trace", skip_all, fields(session = %lease.session, events = events.len()))]
     async fn append(&self, lease: &Lease, events: &[Event]) -> Result<Vec<Record>> {
         let started = std::time::Instant::now();
         let serialized = crate::serialize_and_spill(self.spill.as_ref(), events).await?;
@@ -701,6 +702,7 @@ impl World for SqliteWorld {
         .await
     }
 
+    #[tracing::instrument(level = "trace", skip_all, fields(holder = %holder.id))]
     async fn claim(&self, holder: &Holder, ttl: Duration) -> Result<Option<Lease>> {
         let holder = holder.clone();
         self.with(move |conn| {

@@ -90,6 +90,15 @@ async fn serve(
     router: axum::Router,
     unix: Option<(u16, PathBuf)>,
 ) -> Result<(String, Served, Option<(u16, PathBuf)>)> {
+    // Each request is handled inside the span of the session being driven, so the
+    // gateway's and the MCP server's lines carry its id like every other.
+    let span = tracing::Span::current();
+    let router = router.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            use tracing::Instrument;
+            next.run(request).instrument(span.clone())
+        },
+    ));
     match unix {
         Some((port, path)) => {
             let _ = std::fs::remove_file(&path);

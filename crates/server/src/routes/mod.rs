@@ -53,7 +53,7 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::map_response(json_errors))
-        .layer(axum::middleware::from_fn(crate::metrics::count_requests))
+        .layer(axum::middleware::from_fn(crate::metrics::observe_requests))
         .with_state(state);
     match cors {
         Some(cors) => routes.layer(cors),

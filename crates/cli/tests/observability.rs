@@ -1,7 +1,8 @@
-//! Prometheus metrics of real `steadfast serve` and `steadfast worker` processes,
-//! scraped after scripted runs: the series count what the fake provider and the log
-//! say happened, a takeover after a SIGKILL is counted by the worker that took over,
-//! and outside development the metrics are only on the operator's own listener.
+//! What operators see of real `steadfast serve` and `steadfast worker` processes.
+//! Metrics, scraped after scripted runs: the series count what the fake provider and
+//! the log say happened, a takeover after a SIGKILL is counted by the worker that took
+//! over, and outside development the metrics are only on the operator's own listener.
+//! Logs: JSON lines, an access log, and the session's id on every line of its work.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -360,4 +361,90 @@ async fn outside_development_metrics_are_only_on_the_operator_s_listener() {
         "{text}"
     );
     assert!(text.trim_end().ends_with("# EOF"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_s_json_log_has_an_access_log_and_names_the_session_on_every_line_of_its_work() {
+    let script: Script = serde_json::from_value(json!({"steps": [
+        {"text": "Writing.", "tool_calls": [{"name": "write", "input": {"file_path": "a.txt", "content": "a"}}]},
+        {"text": "Done."},
+    ]}))
+    .unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let mut cmd = command(
+        &home,
+        &fake,
+        &[
+            "--log-format",
+            "json",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+        ],
+    );
+    cmd.env_remove("RUST_LOG").stderr(Stdio::piped());
+    let mut server = cmd.spawn().unwrap();
+    let stdout = server.stdout.take().unwrap();
+    let stderr = server.stderr.take().unwrap();
+    let lines = tokio::spawn(async move {
+        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        let mut all = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            all.push(line);
+        }
+        all
+    });
+    let url = tokio::io::BufReader::new(stdout)
+        .lines()
+        .next_line()
+        .await
+        .unwrap()
+        .unwrap();
+    let id = create(&url, "write a").await;
+    wait_for("the turn to end", async || {
+        session(&url, &id).await["status"] == "idle"
+    })
+    .await;
+    kill(Pid::from_raw(server.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    let _ = server.wait().await;
+    let lines = lines.await.unwrap();
+
+    let json: Vec<Value> = lines
+        .iter()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(json.len() >= 4, "{lines:#?}");
+    let access: Vec<&Value> = json
+        .iter()
+        .filter(|l| l["target"] == "steadfast::access")
+        .collect();
+    let created = access
+        .iter()
+        .find(|l| l["fields"]["method"] == "POST" && l["fields"]["route"] == "/v1/sessions")
+        .unwrap_or_else(|| panic!("no access line for the create: {lines:#?}"));
+    assert_eq!(created["fields"]["status"], 201);
+    assert!(created["fields"]["duration_ms"].as_f64().unwrap() >= 0.0);
+    assert!(access
+        .iter()
+        .any(|l| l["fields"]["path"] == format!("/v1/sessions/{id}")));
+
+    // The worker's lines about the session's work name it, through their span.
+    let work: Vec<&Value> = json
+        .iter()
+        .filter(|l| {
+            l["target"]
+                .as_str()
+                .unwrap()
+                .starts_with("steadfast_harness")
+        })
+        .collect();
+    assert!(!work.is_empty(), "{lines:#?}");
+    for line in work {
+        assert_eq!(line["span"]["session"], id.as_str(), "{line}");
+    }
 }
