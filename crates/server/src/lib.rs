@@ -16,6 +16,7 @@ mod extract;
 mod limits;
 mod listen;
 mod metrics;
+mod public;
 mod routes;
 mod stream;
 

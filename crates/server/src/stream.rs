@@ -1,8 +1,8 @@
 //! Session event streams: the log as server-sent events, ids = log positions.
 //!
 //! Every record becomes one default (`message`) event, so a browser's
-//! `EventSource.onmessage` sees them all: `id` = its position, `data` = the record as
-//! JSON with its kind in `type`. A model call cut off by a crash (or a dropped provider
+//! `EventSource.onmessage` sees them all: `id` = its position, `data` = the record's
+//! public event ([`crate::public`]: its kind in `type`, never storage internals). A model call cut off by a crash (or a dropped provider
 //! connection) becomes `{"type": "restart", "text": ...}`, carrying the text the client
 //! should show in place of the turn's text so far; a log that cannot be read becomes
 //! `{"type": "error", ...}`, and so does a failure the log records (a model call that
@@ -113,14 +113,14 @@ impl Tracker {
         ) || matches!(&record.event, Event::ExchangeIntent { index, .. }
                 if self.exchanges.get(index) == Some(&false));
         if restart {
-            serde_json::json!({"type": "restart", "seq": record.seq, "text": self.turn_text})
+            serde_json::json!({"type": "restart", "seq": record.seq, "at_ms": record.at_ms, "text": self.turn_text})
         } else if let Some(error) = error(&record.event) {
-            let mut data = typed(record);
+            let mut data = crate::public::event(record);
             data["type"] = "error".into();
             data["error"] = error;
             data
         } else {
-            typed(record)
+            crate::public::event(record)
         }
     }
 }
@@ -169,16 +169,6 @@ fn error(event: &Event) -> Option<serde_json::Value> {
         })),
         _ => None,
     }
-}
-
-/// The record as JSON, with its kind in `type` (first, for people reading the wire).
-fn typed(record: &Record) -> serde_json::Value {
-    let mut data = serde_json::Map::new();
-    data.insert("type".into(), record.event.kind().into());
-    if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(record) {
-        data.extend(fields);
-    }
-    serde_json::Value::Object(data)
 }
 
 struct State<W> {

@@ -150,6 +150,42 @@ async fn a_browser_event_source_sees_every_event_once_across_a_reconnect() {
         "the pages hold what the stream sent, in order"
     );
     assert_eq!(after, last_seq);
+    // They carry the public event schema: flat, with no storage internals.
+    for event in &paged {
+        let fields = event.as_object().unwrap();
+        for internal in [
+            "event",
+            "epoch",
+            "fingerprint",
+            "snapshot",
+            "snapshot_before",
+            "snapshot_after",
+            "inbox_id",
+            "workspace",
+            "system",
+            "body",
+            "cost_micro_usd",
+        ] {
+            assert!(!fields.contains_key(internal), "`{internal}` in {event}");
+        }
+        assert!(
+            fields["seq"].is_u64() && fields["at_ms"].is_u64(),
+            "{event}"
+        );
+    }
+    let outcome = paged
+        .iter()
+        .find(|e| e["type"] == "tool_call_outcome")
+        .unwrap();
+    assert!(outcome["output"]["excerpt"].is_string(), "{outcome}");
+    let started = paged
+        .iter()
+        .find(|e| e["type"] == "tool_call_intent")
+        .unwrap();
+    assert!(
+        started["class"].is_string() && started["tool"].is_string(),
+        "{started}"
+    );
     let refused = reqwest::Client::new()
         .get(format!("{events_url}?limit=5000"))
         .bearer_auth("alice-secret")

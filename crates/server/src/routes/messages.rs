@@ -149,6 +149,7 @@ pub(crate) async fn events<W: World + Clone>(
             .and_then(|e| e["seq"].as_u64())
             .unwrap_or(cursor);
         return Ok(Json(json!({
+            "schema": crate::public::SCHEMA,
             "events": events,
             "after": cursor,
             "next_after": next_after,
