@@ -4,6 +4,8 @@
 //! over, and outside development the metrics are only on the operator's own listener.
 //! Logs: JSON lines, an access log, and the session's id on every line of its work.
 
+mod common;
+
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -14,26 +16,9 @@ use serde_json::{json, Value};
 use steadfast_testkit::{FakeProvider, Script};
 use tokio::io::AsyncBufReadExt;
 
-const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
 const MODEL: &str = "claude-sonnet-4-5";
 
-fn command(home: &Path, fake: &FakeProvider, args: &[&str]) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(BIN);
-    cmd.args(args)
-        .env("STEADFAST_HOME", home)
-        .env("ANTHROPIC_API_KEY", "test-key")
-        .env("ANTHROPIC_BASE_URL", fake.base_url())
-        .env("STEADFAST_MODEL", format!("anthropic/{MODEL}"))
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("STEADFAST_FAULT")
-        .env_remove("STEADFAST_WORLD")
-        .env_remove("STEADFAST_METRICS_LISTEN")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true);
-    cmd
-}
+use common::{service as command, wait_for};
 
 /// A loopback address nothing listens on (the port is free when this returns).
 fn free_addr() -> String {
@@ -82,16 +67,6 @@ fn value(text: &str, series: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
         .map_or(0.0, |v| v.parse().unwrap())
-}
-
-async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    for _ in 0..600 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 async fn session(url: &str, id: &str) -> Value {
@@ -267,23 +242,8 @@ async fn the_worker_that_takes_over_a_killed_worker_s_turn_counts_it() {
     let id = create(&url, "explain slowly").await;
     let mut victim = 0;
     wait_for("the reply to be streaming", async || {
-        let conn = rusqlite::Connection::open_with_flags(
-            home.join("world.db"),
-            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-        )
-        .unwrap();
-        let last: String = conn
-            .query_row(
-                "SELECT kind FROM events ORDER BY seq DESC LIMIT 1",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap_or_default();
-        victim = conn
-            .query_row("SELECT coalesce(lease_pid, 0) FROM sessions", [], |r| {
-                r.get(0)
-            })
-            .unwrap_or(0);
+        let last;
+        (last, victim) = common::last_kind_and_holder(&home);
         last == "model_delta" && pids.contains(&victim)
     })
     .await;

@@ -13,24 +13,9 @@ use serde_json::{json, Value};
 use steadfast_testkit::{FakeProvider, Script};
 use tokio::io::AsyncBufReadExt;
 
-const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
+mod common;
 
-fn command(home: &Path, fake: &FakeProvider, args: &[&str]) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(BIN);
-    cmd.args(args)
-        .env("STEADFAST_HOME", home)
-        .env("ANTHROPIC_API_KEY", "test-key")
-        .env("ANTHROPIC_BASE_URL", fake.base_url())
-        .env("STEADFAST_MODEL", "anthropic/claude-sonnet-4-5")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("STEADFAST_FAULT")
-        .env_remove("STEADFAST_WORLD")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true);
-    cmd
-}
+use common::{service as command, wait_for};
 
 /// Starts `steadfast serve` and returns it with its base URL.
 async fn serve(home: &Path, fake: &FakeProvider, workers: &str) -> (tokio::process::Child, String) {
@@ -64,16 +49,6 @@ async fn post(url: &str, body: Value) -> Value {
 
 async fn get(url: &str) -> Value {
     reqwest::get(url).await.unwrap().json().await.unwrap()
-}
-
-async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    for _ in 0..600 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 fn db(home: &Path) -> rusqlite::Connection {

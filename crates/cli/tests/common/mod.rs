@@ -118,3 +118,62 @@ impl TestDatabase {
             .await;
     }
 }
+
+/// `steadfast` with `args` as a service of the world in `home`, its model calls going
+/// to `fake` (Anthropic's API, `claude-sonnet-4-5`), stdout piped (`serve` prints its
+/// URL there), stderr inherited, killed when dropped.
+pub fn service(
+    home: &Path,
+    fake: &steadfast_testkit::FakeProvider,
+    args: &[&str],
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_steadfast"));
+    cmd.args(args)
+        .env("STEADFAST_HOME", home)
+        .env("ANTHROPIC_API_KEY", "test-key")
+        .env("ANTHROPIC_BASE_URL", fake.base_url())
+        .env("STEADFAST_MODEL", "anthropic/claude-sonnet-4-5")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("STEADFAST_FAULT")
+        .env_remove("STEADFAST_WORLD")
+        .env_remove("STEADFAST_METRICS_LISTEN")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Polls `check` every 50 ms for up to 30 s.
+pub async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    for _ in 0..600 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// The SQLite world of `home`, read only: the kind of the last record appended (to any
+/// session), and the pid of the process holding the (first) session's lease (0: none).
+pub fn last_kind_and_holder(home: &Path) -> (String, i32) {
+    let conn = rusqlite::Connection::open_with_flags(
+        home.join("world.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    let last: String = conn
+        .query_row(
+            "SELECT kind FROM events ORDER BY seq DESC LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap_or_default();
+    let holder = conn
+        .query_row("SELECT coalesce(lease_pid, 0) FROM sessions", [], |r| {
+            r.get(0)
+        })
+        .unwrap_or(0);
+    (last, holder)
+}
