@@ -5,6 +5,7 @@ mod config;
 mod home;
 mod render;
 mod setup;
+mod telemetry;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -158,7 +159,7 @@ fn main() -> ExitCode {
         }
     };
     let service = matches!(cli.command, Command::Serve(_) | Command::Worker(_));
-    setup::init_tracing(&cli.log_format, service);
+    let traces = setup::init_tracing(&cli.log_format, service);
     let home = home::Home::find(cli.home.clone());
     home::remember_invocation(&home);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -247,6 +248,10 @@ fn main() -> ExitCode {
     // Work stuck in a blocking call (a snapshot of a hung filesystem, say) must not
     // keep the process alive once the command is over.
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    // Sends the spans still batched.
+    if let Some(traces) = traces {
+        let _ = traces.shutdown();
+    }
     match result {
         Ok(code) => code,
         // A closed pipe (`steadfast log ... | head`) is the reader's choice, not an error.

@@ -104,8 +104,16 @@ pub fn demo_workspace() -> anyhow::Result<PathBuf> {
 /// own info lines (turns, sessions stopping, the access log). Each line inside a
 /// session's work carries its span (`drive{session=.. epoch=..}`; in JSON, `span` and
 /// `spans`). Colour only on a terminal (and never with `NO_COLOR`).
-pub fn init_tracing(format: &str, service: bool) {
+///
+/// With an OTLP endpoint configured (`OTEL_EXPORTER_OTLP_ENDPOINT`), traces are
+/// exported too; the provider returned must be shut down as the process ends, so what
+/// is batched is sent.
+pub fn init_tracing(
+    format: &str,
+    service: bool,
+) -> Option<opentelemetry_sdk::trace::SdkTracerProvider> {
     use std::io::IsTerminal;
+    use tracing_subscriber::prelude::*;
     let default = if service {
         "warn,steadfast=info"
     } else {
@@ -114,15 +122,24 @@ pub fn init_tracing(format: &str, service: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(colour)
         .with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
+    let fmt = if format == "json" {
+        fmt.json().with_filter(filter).boxed()
     } else {
-        builder.init();
+        fmt.with_filter(filter).boxed()
+    };
+    let (provider, problem) = match crate::telemetry::provider() {
+        Ok(provider) => (provider, None),
+        Err(problem) => (None, Some(problem)),
+    };
+    let traces = provider.as_ref().map(crate::telemetry::layer);
+    tracing_subscriber::registry().with(fmt).with(traces).init();
+    if let Some(problem) = problem {
+        tracing::warn!("traces are not exported: {problem}");
     }
+    provider
 }
 
 /// The world named by `--world` / `STEADFAST_WORLD` / the config file, or the

@@ -408,3 +408,160 @@ async fn a_service_s_json_log_has_an_access_log_and_names_the_session_on_every_l
         assert_eq!(line["span"]["session"], id.as_str(), "{line}");
     }
 }
+
+/// An OTLP/HTTP receiver (JSON encoding) on loopback: every span exported to it.
+async fn otlp_receiver() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Value>>>) {
+    use axum::routing::post;
+    let spans = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = spans.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        post(move |body: axum::body::Bytes| {
+            let kept = kept.clone();
+            async move {
+                let request: Value = serde_json::from_slice(&body).unwrap();
+                let mut kept = kept.lock().unwrap();
+                for resource in request["resourceSpans"].as_array().into_iter().flatten() {
+                    let instance = attribute(&resource["resource"], "service.instance.id");
+                    for scope in resource["scopeSpans"].as_array().into_iter().flatten() {
+                        for span in scope["spans"].as_array().into_iter().flatten() {
+                            let mut span = span.clone();
+                            span["instance"] = instance.clone();
+                            kept.push(span);
+                        }
+                    }
+                }
+                axum::Json(json!({}))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, spans)
+}
+
+/// An attribute's value in OTLP's JSON (a string; integers are sent as strings too).
+fn attribute(item: &Value, key: &str) -> Value {
+    item["attributes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|a| a["key"] == key)
+        .map(|a| {
+            let v = &a["value"];
+            v.get("stringValue")
+                .or_else(|| v.get("intValue"))
+                .cloned()
+                .unwrap_or(Value::Null)
+        })
+        .unwrap_or(Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_is_one_trace_across_a_worker_kill_with_genai_model_spans() {
+    let long = "A reply that streams for a while, one careful piece at a time.";
+    let script: Script = serde_json::from_value(json!({"steps": [
+        {"text": "Writing.", "tool_calls": [{"name": "write", "input": {"file_path": "a.txt", "content": "a"}}]},
+        {"text": long.repeat(4), "chunk_delay_ms": 30},
+    ]}))
+    .unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    let (otlp, spans) = otlp_receiver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let (_api, url) = serve(&home, &fake, &["--workers", "0"]).await;
+    let mut workers: Vec<_> = (0..2)
+        .map(|_| {
+            let mut cmd = command(&home, &fake, &["worker"]);
+            cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp)
+                .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+                .env("OTEL_BSP_SCHEDULE_DELAY", "50");
+            cmd.spawn().unwrap()
+        })
+        .collect();
+    let pids: Vec<i32> = workers.iter().map(|w| w.id().unwrap() as i32).collect();
+    let id = create(&url, "write a, then explain").await;
+    let mut victim = 0;
+    wait_for("the second reply to be streaming", async || {
+        let last;
+        (last, victim) = common::last_kind_and_holder(&home);
+        let streamed = spans.lock().unwrap().iter().any(|s| {
+            s["name"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("execute_tool")
+        });
+        last == "model_delta" && pids.contains(&victim) && streamed
+    })
+    .await;
+    kill(Pid::from_raw(victim), Signal::SIGKILL).unwrap();
+    wait_for("the turn to end", async || {
+        session(&url, &id).await["status"] == "idle"
+    })
+    .await;
+    // The survivor stops on SIGTERM, sending what it has batched.
+    for w in &mut workers {
+        if let Some(pid) = w.id() {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        }
+        let _ = w.wait().await;
+    }
+
+    let spans = spans.lock().unwrap().clone();
+    let ours: Vec<&Value> = spans
+        .iter()
+        .filter(|s| attribute(s, "steadfast.session") == id.as_str())
+        .collect();
+    let traces: std::collections::BTreeSet<&str> = ours
+        .iter()
+        .map(|s| s["traceId"].as_str().unwrap())
+        .collect();
+    assert_eq!(traces.len(), 1, "one trace for the turn: {ours:#?}");
+    let instances: std::collections::BTreeSet<String> =
+        ours.iter().map(|s| s["instance"].to_string()).collect();
+    assert_eq!(instances.len(), 2, "spans from both workers: {ours:#?}");
+    let models: Vec<&&Value> = ours
+        .iter()
+        .filter(|s| s["name"] == format!("chat {MODEL}"))
+        .collect();
+    assert!(models.len() >= 2, "{ours:#?}");
+    for span in &models {
+        assert_eq!(attribute(span, "gen_ai.system"), "anthropic");
+        assert_eq!(attribute(span, "gen_ai.request.model"), MODEL);
+        assert_eq!(attribute(span, "gen_ai.operation.name"), "chat");
+        assert_eq!(span["kind"], 3, "a client span: {span}");
+    }
+    assert!(
+        models
+            .iter()
+            .any(|s| attribute(s, "gen_ai.usage.input_tokens") != Value::Null
+                && attribute(s, "gen_ai.usage.output_tokens") != Value::Null),
+        "{models:#?}"
+    );
+    assert!(
+        ours.iter().any(|s| s["name"] == "execute_tool write"),
+        "{ours:#?}"
+    );
+    let turn = ours
+        .iter()
+        .find(|s| s["name"] == "turn 1")
+        .unwrap_or_else(|| panic!("the turn's span: {ours:#?}"));
+    assert_eq!(attribute(turn, "steadfast.turn.outcome"), "completed");
+    // The turn span runs from the turn's start, which the other worker saw.
+    let start: u64 = turn["startTimeUnixNano"].as_str().map_or_else(
+        || turn["startTimeUnixNano"].as_u64().unwrap(),
+        |s| s.parse().unwrap(),
+    );
+    let first_child = ours
+        .iter()
+        .filter_map(|s| {
+            s["startTimeUnixNano"]
+                .as_str()
+                .and_then(|v| v.parse::<u64>().ok())
+                .or_else(|| s["startTimeUnixNano"].as_u64())
+        })
+        .min()
+        .unwrap();
+    assert!(start <= first_child, "{start} > {first_child}");
+}

@@ -553,12 +553,26 @@ async fn handle<W: World + Clone>(
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_string();
+            let span = steadfast_metrics::trace::model_call_span(
+                &shared.live.lease().session,
+                shared.live.with(|s| s.turn),
+                if api.is_anthropic() {
+                    "anthropic"
+                } else {
+                    "openai"
+                },
+                &model,
+            );
             let call = relay::Call {
                 api,
                 call_id,
                 model,
+                span: span.clone(),
             };
-            relay::live(shared, call, upstream, headers, query, body).await
+            use tracing::Instrument;
+            relay::live(shared, call, upstream, headers, query, body)
+                .instrument(span)
+                .await
         }
     }
 }

@@ -77,6 +77,8 @@ pub(crate) struct Call {
     pub(crate) call_id: String,
     /// The model the agent asked for (for the metrics).
     pub(crate) model: String,
+    /// The exchange's span in the turn's trace, open until the reply is recorded.
+    pub(crate) span: tracing::Span,
 }
 
 /// Sends the request to the provider and streams the reply back while recording it.
@@ -94,6 +96,7 @@ pub(crate) async fn live<W: World + Clone>(
         api,
         call_id,
         model,
+        span,
     } = call;
     let started = std::time::Instant::now();
     let mut request = shared
@@ -141,6 +144,7 @@ pub(crate) async fn live<W: World + Clone>(
         call_id,
         model,
         started,
+        span,
         status,
         content_type: content_type.clone(),
         recorded: Vec::new(),
@@ -151,18 +155,24 @@ pub(crate) async fn live<W: World + Clone>(
     // The client's connection polls the provider's stream itself (no task or channel
     // between them), so each chunk goes on as it arrives; the body ends only once
     // the reply is recorded.
-    let stream = futures_util::stream::unfold(recording, |mut recording| async move {
-        match recording.next_chunk().await {
-            Some(item) => Some((item, recording)),
-            None => {
-                // On a task of its own, so a client that goes away now cannot cut the
-                // recording short.
-                let mut recording = recording;
-                let finish = async move { recording.finish().await };
-                let _ = tokio::spawn(tracing::Instrument::in_current_span(finish)).await;
-                None
-            }
-        }
+    let stream = futures_util::stream::unfold(recording, |mut recording| {
+        let span = recording.span.clone();
+        tracing::Instrument::instrument(
+            async move {
+                match recording.next_chunk().await {
+                    Some(item) => Some((item, recording)),
+                    None => {
+                        // On a task of its own, so a client that goes away now cannot cut the
+                        // recording short.
+                        let mut recording = recording;
+                        let finish = async move { recording.finish().await };
+                        let _ = tokio::spawn(tracing::Instrument::in_current_span(finish)).await;
+                        None
+                    }
+                }
+            },
+            span,
+        )
     });
     response(status, &content_type, Body::from_stream(stream))
 }
@@ -178,6 +188,9 @@ struct Recording<W: World + Clone> {
     /// The model asked for, and when the request was sent (for the metrics).
     model: String,
     started: std::time::Instant,
+    /// The exchange's span: the body is polled outside the handler, so each poll
+    /// runs inside it (the recording's tasks inherit it).
+    span: tracing::Span,
     status: u16,
     content_type: String,
     recorded: Vec<u8>,
@@ -250,6 +263,7 @@ impl<W: World + Clone> Recording<W> {
             cost_micro_usd,
             took: self.started.elapsed(),
         });
+        steadfast_metrics::trace::record_model_reply(&self.span, usage.as_ref(), None);
         // The fold counts the spend as the outcome is applied: the bounds see it next.
         let event = Event::ExchangeOutcome {
             call_id: self.call_id.clone(),
@@ -279,6 +293,7 @@ impl<W: World + Clone> Drop for Recording<W> {
             call_id: std::mem::take(&mut self.call_id),
             model: std::mem::take(&mut self.model),
             started: self.started,
+            span: self.span.clone(),
             status: self.status,
             content_type: std::mem::take(&mut self.content_type),
             recorded: std::mem::take(&mut self.recorded),

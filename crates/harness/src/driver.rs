@@ -334,8 +334,21 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         }
     }
 
-    #[tracing::instrument(level = "debug", skip(self), fields(session = %self.lease.session))]
+    /// One model call, as a span of the turn's trace.
     async fn call_model(&mut self, step: u32) -> Result<()> {
+        use tracing::Instrument;
+        let span = steadfast_metrics::trace::model_call_span(
+            &self.lease.session,
+            self.state.turn,
+            &self.state.model.provider,
+            &self.state.model.model,
+        );
+        self.call_model_in(step, span.clone())
+            .instrument(span)
+            .await
+    }
+
+    async fn call_model_in(&mut self, step: u32, span: tracing::Span) -> Result<()> {
         if self.harness.options.prewarm_sandbox {
             self.sandbox.hydrate_to(self.state.last_snapshot.clone());
             self.sandbox.prewarm();
@@ -435,6 +448,11 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             &response.usage,
         );
         self.count_model_call(true, Some(&response.usage), cost, started.elapsed());
+        steadfast_metrics::trace::record_model_reply(
+            &span,
+            Some(&response.usage),
+            Some(&response.stop_reason),
+        );
         self.append(vec![Event::ModelCallOutcome {
             call_id,
             content: response.content,
@@ -487,8 +505,19 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         .await
     }
 
-    #[tracing::instrument(level = "debug", skip_all, fields(session = %self.lease.session, tool = %call.name, call_id = %call.id))]
+    /// One tool call, as a span of the turn's trace.
     async fn run_tool(&mut self, call: ToolUse) -> Result<()> {
+        use tracing::Instrument;
+        let span = steadfast_metrics::trace::tool_call_span(
+            &self.lease.session,
+            self.state.turn,
+            &call.name,
+            &call.id,
+        );
+        self.run_tool_in(call).instrument(span).await
+    }
+
+    async fn run_tool_in(&mut self, call: ToolUse) -> Result<()> {
         if call.name == APPROVAL_TOOL {
             // The intent and the wait go in together: no crash can separate them.
             let reason = call

@@ -12,6 +12,7 @@
 //! kept to the first [`MAX_LABEL_VALUES`] seen, the rest counted as `other`.
 
 mod timings;
+pub mod trace;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
@@ -318,9 +319,9 @@ impl Metrics {
         for record in records {
             let at = record.at_ms;
             match &record.event {
-                Event::UserMessage { .. } => {
+                Event::UserMessage { turn, .. } => {
                     self.turns_started.inc();
-                    timings.turn_began(session, at);
+                    timings.turn_began(session, *turn, at);
                 }
                 Event::ModelCallIntent { .. } => self.step(timings.step_began(session, at)),
                 Event::ExchangeIntent { .. } => {
@@ -391,10 +392,19 @@ impl Metrics {
             .get_or_create(&OutcomeLabel { outcome })
             .inc();
         let (turn, step) = timings.turn_ended(session, at);
-        if let Some(ms) = turn {
-            self.turn_seconds.observe(ms as f64 / 1000.0);
+        if let Some((from, number)) = turn {
+            self.turn_seconds
+                .observe(at.saturating_sub(from) as f64 / 1000.0);
+            trace::turn_span(session, number, from, at, outcome);
         }
         self.step(step);
+    }
+
+    /// Learns when the turn a worker takes up began (its user message, at `at` in the
+    /// log), so the turn is timed and traced whole though it began elsewhere.
+    pub fn turn_resumed(&self, session: &str, turn: u32, at: u64) {
+        let mut timings = self.timings.lock().unwrap_or_else(|e| e.into_inner());
+        timings.turn_resumed(session, turn, at);
     }
 
     /// Records an answered model call: `ok` (a reply, with its usage and cost) or

@@ -12,7 +12,8 @@ const LIMIT: usize = 10_000;
 
 #[derive(Default)]
 pub(crate) struct Timings {
-    turns: HashMap<String, u64>,
+    /// When each open turn began, and its number.
+    turns: HashMap<String, (u64, u32)>,
     steps: HashMap<String, u64>,
     tools: HashMap<(String, String), (ToolClass, u64)>,
 }
@@ -34,9 +35,16 @@ fn bounded_insert<K: Eq + std::hash::Hash + Clone, V>(
 }
 
 impl Timings {
-    pub(crate) fn turn_began(&mut self, session: &str, at: u64) {
-        bounded_insert(&mut self.turns, session.to_string(), at, |v| *v);
+    pub(crate) fn turn_began(&mut self, session: &str, turn: u32, at: u64) {
+        bounded_insert(&mut self.turns, session.to_string(), (at, turn), |v| v.0);
         self.steps.remove(session);
+    }
+
+    /// A turn taken up mid-way: its beginning, unless this process saw it already.
+    pub(crate) fn turn_resumed(&mut self, session: &str, turn: u32, at: u64) {
+        if self.turns.get(session).is_none_or(|(_, t)| *t != turn) {
+            bounded_insert(&mut self.turns, session.to_string(), (at, turn), |v| v.0);
+        }
     }
 
     /// A model call's intent: the step before it (if one was open) ends; returns its
@@ -50,12 +58,14 @@ impl Timings {
         ended
     }
 
-    /// The turn's and its last step's lengths in ms, where their beginnings are known.
-    pub(crate) fn turn_ended(&mut self, session: &str, at: u64) -> (Option<u64>, Option<u64>) {
-        let turn = self
-            .turns
-            .remove(session)
-            .map(|from| at.saturating_sub(from));
+    /// When the turn began and its number, and its last step's length in ms, where
+    /// their beginnings are known.
+    pub(crate) fn turn_ended(
+        &mut self,
+        session: &str,
+        at: u64,
+    ) -> (Option<(u64, u32)>, Option<u64>) {
+        let turn = self.turns.remove(session);
         let step = self
             .steps
             .remove(session)
@@ -86,10 +96,10 @@ mod tests {
     #[test]
     fn steps_run_from_one_model_call_to_the_next_and_the_last_to_the_turn_s_end() {
         let mut t = Timings::default();
-        t.turn_began("s", 1_000);
+        t.turn_began("s", 1, 1_000);
         assert_eq!(t.step_began("s", 1_010), None);
         assert_eq!(t.step_began("s", 1_500), Some(490));
-        assert_eq!(t.turn_ended("s", 1_700), (Some(700), Some(200)));
+        assert_eq!(t.turn_ended("s", 1_700), (Some((1_000, 1)), Some(200)));
         assert_eq!(t.turn_ended("s", 1_800), (None, None));
     }
 
