@@ -74,6 +74,8 @@ async fn generated_requests_get_no_server_error_and_responses_match_the_document
             "not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance",
         ])
         .env("NO_COLOR", "1")
+        // Its cache stays in the test's directory, not the checkout.
+        .current_dir(dir.path())
         .kill_on_drop(true)
         .output();
     let out = tokio::time::timeout(Duration::from_secs(600), run)
