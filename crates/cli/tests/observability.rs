@@ -35,13 +35,7 @@ async fn serve(
     let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
     args.extend_from_slice(extra);
     let mut child = command(home, fake, &args).spawn().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let url = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("serve printed its URL")
-        .unwrap()
-        .unwrap();
+    let url = common::printed_url(&mut child).await;
     (child, url)
 }
 
@@ -564,4 +558,28 @@ async fn a_turn_is_one_trace_across_a_worker_kill_with_genai_model_spans() {
         .min()
         .unwrap();
     assert!(start <= first_child, "{start} > {first_child}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metrics_address_that_does_not_parse_is_a_clear_startup_error() {
+    let fake = FakeProvider::start(Script { steps: Vec::new() })
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = command(
+        &dir.path().join("home"),
+        &fake,
+        &["worker", "--metrics-listen", "nowhere:xx"],
+    );
+    cmd.stderr(Stdio::piped());
+    let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("listening for metrics on nowhere:xx"),
+        "{stderr}"
+    );
 }

@@ -26,13 +26,7 @@ async fn serve(home: &Path, fake: &FakeProvider, workers: &str) -> (tokio::proce
     )
     .spawn()
     .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let url = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("serve printed its URL")
-        .unwrap()
-        .unwrap();
+    let url = common::printed_url(&mut child).await;
     (child, url)
 }
 

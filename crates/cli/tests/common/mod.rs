@@ -177,3 +177,15 @@ pub fn last_kind_and_holder(home: &Path) -> (String, i32) {
         .unwrap_or(0);
     (last, holder)
 }
+
+/// The first line a started `steadfast serve` prints on stdout: its base URL.
+pub async fn printed_url(child: &mut tokio::process::Child) -> String {
+    use tokio::io::AsyncBufReadExt;
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    tokio::time::timeout(std::time::Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("serve printed its URL")
+        .unwrap()
+        .unwrap()
+}
