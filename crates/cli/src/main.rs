@@ -112,6 +112,9 @@ enum Command {
     /// Print the hash of a bearer token read from stdin (so it stays out of shell
     /// history and `ps`), for the `[server] tokens` configuration.
     HashToken,
+    /// Print the API's OpenAPI document, the one `serve` answers at `/openapi.json`
+    /// (to generate a client without a running server).
+    Openapi,
     /// Apply pending database migrations (PostgreSQL worlds).
     Migrate,
     /// Reclaim workspace snapshot objects that no session's log references.
@@ -232,6 +235,10 @@ fn main() -> ExitCode {
             Command::HashToken => {
                 let token = read_secret()?;
                 println!("{}", steadfast_server::hash_token(&token));
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::Openapi => {
+                print!("{}", steadfast_server::openapi::document());
                 Ok(ExitCode::SUCCESS)
             }
             Command::Gc(args) => commands::gc::run(path, &config, args).await,

@@ -271,6 +271,16 @@ async fn usage_errors_missing_workspaces_and_secrets_on_the_command_line_are_ref
         steadfast_server::hash_token("s3cret"),
         "the line ending is not part of the token"
     );
+
+    // The API's document is printed without a server (and without making a home):
+    // the same bytes as the checked-in copy clients generate code from.
+    let out = person.steadfast("elsewhere", &["openapi"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let checked_in = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/openapi.json"),
+    )
+    .unwrap();
+    assert_eq!(text(&out.stdout), checked_in);
 }
 
 #[tokio::test]

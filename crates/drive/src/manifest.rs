@@ -26,7 +26,7 @@ fn open_regular(path: &Path) -> Result<Option<(std::fs::File, std::fs::Metadata)
 use crate::{io, Error, Result, EXCLUDED_DIR};
 
 /// One path in a snapshot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Entry {
     /// A regular file.
@@ -55,7 +55,7 @@ pub enum Entry {
 }
 
 /// The kind of a special file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SpecialKind {
     /// A named pipe.
@@ -93,7 +93,7 @@ pub struct Manifest {
 }
 
 /// How a path differs between two snapshots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ChangeKind {
     /// Only in the second.

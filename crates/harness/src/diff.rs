@@ -15,22 +15,24 @@ use crate::{Error, Result};
 const MAX_DIFFED: u64 = 1024 * 1024;
 
 /// The workspace changes between two log positions.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct WorkspaceDiff {
     /// The earlier position (0: as the session began).
     pub from_seq: u64,
     /// The later position.
     pub to_seq: u64,
     /// The snapshot in force at `from_seq`.
+    #[schema(required = true)]
     pub from_snapshot: Option<String>,
     /// The snapshot in force at `to_seq`.
+    #[schema(required = true)]
     pub to_snapshot: Option<String>,
     /// Each changed path, in path order.
     pub files: Vec<FileDiff>,
 }
 
 /// One changed path.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct FileDiff {
     /// The path, relative to the workspace.
     pub path: String,
@@ -130,7 +132,7 @@ fn snapshot_at(records: &[steadfast_log::Record], n: u64) -> Result<Option<Strin
 }
 
 /// One path of a workspace snapshot.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct WorkspaceEntry {
     /// The path, relative to the workspace.
     pub path: String,
@@ -140,11 +142,12 @@ pub struct WorkspaceEntry {
 }
 
 /// A session's workspace at one log position.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct WorkspaceListing {
     /// The position.
     pub at_seq: u64,
     /// The snapshot in force there.
+    #[schema(required = true)]
     pub snapshot: Option<String>,
     /// Every path, in order.
     pub entries: Vec<WorkspaceEntry>,

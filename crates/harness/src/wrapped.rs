@@ -66,7 +66,7 @@ pub struct NamedAgent {
 }
 
 /// An agent a session can run, as `GET /v1/agents` lists it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct AgentInfo {
     /// The name sessions use.
     pub name: String,

@@ -37,7 +37,7 @@ impl std::fmt::Display for ModelSpec {
 }
 
 /// Tokens a model call consumed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Usage {
     /// Prompt tokens billed at the full input price.
     pub input_tokens: u64,
@@ -45,9 +45,11 @@ pub struct Usage {
     pub output_tokens: u64,
     /// Prompt tokens served from the provider's cache.
     #[serde(default)]
+    #[schema(required = true)]
     pub cache_read_tokens: u64,
     /// Prompt tokens written to the provider's cache.
     #[serde(default)]
+    #[schema(required = true)]
     pub cache_write_tokens: u64,
 }
 
@@ -62,7 +64,7 @@ impl Usage {
 }
 
 /// How a tool call may affect the world; decides what happens if it is interrupted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolClass {
     /// Changes nothing: safe to run again.
@@ -139,7 +141,7 @@ pub enum ToolResolution {
 
 /// The hard bounds of a session (DESIGN.md invariant 7). Each is checked as the log
 /// grows; hitting one escalates the session until a `resume` signal raises it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Limits {
     /// Money for model calls, millionths of a dollar.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -237,7 +239,7 @@ impl Limits {
 }
 
 /// Which bound stopped a session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Breaker {
     /// The money limit.
@@ -281,7 +283,7 @@ pub const RESUME_SIGNAL: &str = "resume";
 pub const INTERRUPT_SIGNAL: &str = "interrupt";
 
 /// How a session ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EndState {
     /// The work is done.

@@ -4,7 +4,6 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
 
 /// An error answered to a client.
 #[derive(Debug)]
@@ -50,7 +49,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = Json(json!({"error": {"code": self.code, "message": self.message}}));
+        let body = Json(crate::wire::Error {
+            error: crate::wire::ErrorDetail {
+                code: self.code.to_string(),
+                message: self.message,
+            },
+        });
         (self.status, body).into_response()
     }
 }

@@ -16,9 +16,11 @@ mod extract;
 mod limits;
 mod listen;
 mod metrics;
+pub mod openapi;
 mod public;
 mod routes;
 mod stream;
+mod wire;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -100,6 +102,3 @@ impl<W> ServerState<W> {
 pub fn app<W: World + Clone>(state: ServerState<W>) -> Router {
     routes::router(Arc::new(state))
 }
-
-/// The OpenAPI document of this API (checked in as `openapi.json`).
-pub const OPENAPI: &str = include_str!("../openapi.json");

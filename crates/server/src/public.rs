@@ -1,15 +1,20 @@
 //! The public event schema (version [`SCHEMA`]): what clients are sent of each log
 //! record, in the event stream and the JSON pages alike. Every event is an object with
 //! `type` (the record's kind), `seq` (its log position, also the SSE id) and `at_ms`,
-//! and the fields of its kind listed here, flat. Storage internals never appear:
-//! no lease epochs, request fingerprints, snapshot ids, inbox ids, host paths, system
-//! prompts or raw provider replies. Each kind is written out field by field (no
+//! and the fields of its kind, flat. The kinds are the variants of [`EventBody`]; the
+//! OpenAPI document describes each one from these types. Storage internals never
+//! appear: no lease epochs, request fingerprints, snapshot ids, inbox ids, host paths,
+//! system prompts or raw provider replies. Each kind is written out field by field (no
 //! internal record is passed through), so a field added to the log stays internal
 //! until it is added here. The internal records stay available to operators
 //! (`steadfast log --json`).
 
-use serde_json::{json, Map, Value};
-use steadfast_log::{Block, Event, Output, Record, ToolResolution, Usage};
+use serde::Serialize;
+use serde_json::Value;
+use steadfast_log::{
+    Block, Breaker, EndState, Event, Limits, Output, Record, ToolClass, ToolResolution, Usage,
+};
+use utoipa::ToSchema;
 
 /// The schema's version, sent as `schema` in every JSON page.
 pub(crate) const SCHEMA: u32 = 1;
@@ -18,29 +23,365 @@ pub(crate) const SCHEMA: u32 = 1;
 /// (`steadfast log`) and, for big outputs, the blob store.
 const EXCERPT: usize = 4096;
 
+/// One event of a session, as clients see it: its position, its time, and the fields
+/// of its `type`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PublicEvent {
+    /// The log position, also the event's SSE id.
+    pub seq: u64,
+    /// When it was recorded, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// `type` and the fields of that type.
+    #[serde(flatten)]
+    pub body: EventBody,
+}
+
+/// Every type of public event, with its fields.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventBody {
+    /// The session began.
+    SessionStarted {
+        /// `native` or the wrapped agent.
+        agent: String,
+        /// `provider/model`.
+        model: String,
+        /// Whether external-effect calls wait for the `approval` signal.
+        approve_external: bool,
+        /// The session's bounds.
+        limits: Limits,
+        /// Its network policy, if it has its own.
+        #[schema(required = true)]
+        network: Option<String>,
+    },
+    /// A user message: a turn starts.
+    UserMessage {
+        /// The turn it opens.
+        turn: u32,
+        /// What the user said.
+        text: String,
+    },
+    /// A message that reached the running turn.
+    Steered {
+        /// What the user said.
+        text: String,
+    },
+    /// Streamed text of a model reply, in pieces.
+    ModelDelta {
+        /// The model call.
+        call_id: String,
+        /// The next piece of text.
+        text: String,
+        /// Whether the reply so far was discarded (a re-issued call).
+        restart: bool,
+    },
+    /// The session waits for a named signal.
+    WaitStarted {
+        /// The signal awaited.
+        signal: String,
+        /// Why.
+        reason: String,
+        /// The tool call whose result the signal will be, if any.
+        #[schema(required = true)]
+        call_id: Option<String>,
+    },
+    /// A signal arrived.
+    SignalReceived {
+        /// Its name.
+        signal: String,
+        /// Its payload.
+        payload: Value,
+    },
+    /// A model call begins (the native agent).
+    ModelCallIntent {
+        /// The call.
+        call_id: String,
+        /// Its step in the turn.
+        step: u32,
+    },
+    /// A model call's reply.
+    ModelCallOutcome {
+        /// The call.
+        call_id: String,
+        /// Why the model stopped.
+        stop_reason: String,
+        /// The reply's text.
+        text: String,
+        /// The tools it called.
+        tool_uses: Vec<ToolUseRef>,
+        /// Tokens it used.
+        usage: Usage,
+        /// What it cost.
+        cost_usd: f64,
+    },
+    /// A model call cut off (a crash, a dropped stream); it is asked again.
+    ModelCallInterrupted {
+        /// The call.
+        call_id: String,
+    },
+    /// A model call that failed for good.
+    ModelCallFailed {
+        /// The call.
+        call_id: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// A tool call begins.
+    ToolCallIntent {
+        /// The call.
+        call_id: String,
+        /// The tool.
+        tool: String,
+        /// Its input, as the model gave it.
+        input: Value,
+        /// How it may affect the world.
+        class: ToolClass,
+    },
+    /// A tool call's result.
+    ToolCallOutcome {
+        /// The call.
+        call_id: String,
+        /// Whether the tool reported an error.
+        is_error: bool,
+        /// The command's exit status, for commands.
+        #[schema(required = true)]
+        exit_code: Option<i32>,
+        /// What it printed or returned.
+        output: ToolOutput,
+    },
+    /// A tool call cut off, and how it was resolved.
+    ToolCallInterrupted {
+        /// The call.
+        call_id: String,
+        /// What was done about it.
+        resolution: Resolution,
+    },
+    /// A turn ended.
+    TurnEnded {
+        /// The turn.
+        turn: u32,
+        /// Its final answer.
+        #[schema(required = true)]
+        reply: Option<String>,
+    },
+    /// A turn was interrupted.
+    TurnInterrupted {
+        /// The turn.
+        turn: u32,
+        /// Who interrupted it.
+        by: String,
+        /// The call in flight, if any.
+        #[schema(required = true)]
+        call_id: Option<String>,
+        /// Whether the turn is over (the session idle).
+        stopped: bool,
+    },
+    /// A bound stopped the session until a `resume` signal.
+    Escalated {
+        /// The bound.
+        breaker: Breaker,
+        /// Why, in words.
+        reason: String,
+        /// The workspace's changed paths since the session began.
+        diff: Vec<String>,
+    },
+    /// A worker could not drive the session (sent as `error` in streams and pages).
+    DriveFailed {
+        /// What went wrong.
+        reason: String,
+        /// Failures in a row.
+        attempt: u32,
+        /// When the next attempt may begin; none when the failure is final.
+        #[schema(required = true)]
+        retry_at_ms: Option<u64>,
+    },
+    /// The sandbox died (killed, out of memory) and was replaced.
+    SandboxLost {
+        /// The call it was running, if any.
+        #[schema(required = true)]
+        call_id: Option<String>,
+        /// What happened.
+        reason: String,
+    },
+    /// A wrapped agent's model request.
+    ExchangeIntent {
+        /// The exchange.
+        call_id: String,
+        /// Its position in the turn.
+        index: u32,
+        /// The wire format (`anthropic_messages`, `openai_responses`, ...).
+        api: String,
+        /// Whether the reply streams.
+        stream: bool,
+    },
+    /// A wrapped agent's model reply.
+    ExchangeOutcome {
+        /// The exchange.
+        call_id: String,
+        /// The provider's HTTP status.
+        status: u16,
+        /// Tokens it used, when the reply says.
+        #[schema(required = true)]
+        usage: Option<Usage>,
+        /// What it cost.
+        cost_usd: f64,
+    },
+    /// A wrapped agent replayed after a crash asked something new from here on.
+    ReplayDiverged {
+        /// The first exchange that differed.
+        index: u32,
+    },
+    /// The session ended for good.
+    SessionEnded {
+        /// How.
+        state: EndState,
+        /// Why.
+        reason: String,
+        /// The workspace's changed paths since the session began.
+        diff: Vec<String>,
+    },
+    /// Replace the turn's text shown so far with `text`: a reply a crash cut short is
+    /// asked again (sent for the record that re-issues it).
+    Restart {
+        /// The turn's text before the cut-off reply.
+        text: String,
+    },
+    /// A failure to show: a retry scheduled, a failure that ended the session, or a
+    /// log that could not be read (then `seq` is the last position delivered).
+    Error {
+        /// What failed.
+        error: StreamError,
+        /// The model call that failed, if one did.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        call_id: Option<String>,
+    },
+}
+
+/// A tool call named in a model reply.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ToolUseRef {
+    /// The tool call's id (its `call_id` in tool events).
+    pub id: String,
+    /// The tool.
+    pub name: String,
+}
+
+/// A tool's output: an excerpt, and for big outputs the blob holding all of it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ToolOutput {
+    /// The output's beginning (at most 4 KiB).
+    pub excerpt: String,
+    /// The output's end, for big outputs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub excerpt_end: Option<String>,
+    /// Whether the excerpts leave part of it out.
+    pub truncated: bool,
+    /// Its whole length.
+    pub bytes: u64,
+    /// The blob holding all of it, for big outputs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blob: Option<BlobLink>,
+}
+
+/// A blob, named by content.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BlobLink {
+    /// BLAKE3 of its bytes, hex.
+    pub hash: String,
+    /// Its length.
+    pub bytes: u64,
+}
+
+/// How an interrupted tool call was resolved.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Resolution {
+    /// A read: run again.
+    Rerun,
+    /// A mutation: the workspace was restored to its snapshot.
+    RolledBack,
+    /// An external effect: not run again; whether it happened is unknown.
+    OutcomeUnknown,
+    /// An external effect a reconciler observed.
+    Reconciled {
+        /// Whether it had happened.
+        done: bool,
+        /// What the reconciler saw.
+        evidence: String,
+    },
+}
+
+/// What an `error` event reports.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct StreamError {
+    /// `retrying` (another attempt is scheduled), `failed` (over) or `log_unreadable`.
+    pub code: ErrorCode,
+    /// What went wrong.
+    pub message: String,
+    /// Failures in a row, for a worker's failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// When the next attempt may begin, while retrying.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_attempt_at_ms: Option<u64>,
+}
+
+/// The kinds of failure an `error` event reports.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// Another attempt is scheduled.
+    Retrying,
+    /// The failure is final.
+    Failed,
+    /// The session's log could not be read; the stream ends.
+    LogUnreadable,
+}
+
 /// The public event of `record`.
-pub(crate) fn event(record: &Record) -> Value {
-    let mut data = Map::new();
-    data.insert("type".into(), record.event.kind().into());
-    data.insert("seq".into(), record.seq.into());
-    data.insert("at_ms".into(), record.at_ms.into());
-    if let Value::Object(fields) = fields(&record.event) {
-        data.extend(fields);
+pub(crate) fn event(record: &Record) -> PublicEvent {
+    PublicEvent {
+        seq: record.seq,
+        at_ms: record.at_ms,
+        body: body(&record.event),
     }
-    Value::Object(data)
+}
+
+/// The `error` event a failure the log records is shown as, if `event` is one: a
+/// retry that is scheduled (`retrying`, with when) or a failure that is final.
+pub(crate) fn error(event: &Event) -> Option<EventBody> {
+    match event {
+        Event::DriveFailed {
+            reason,
+            attempt,
+            retry_at_ms,
+        } => Some(EventBody::Error {
+            error: StreamError {
+                code: match retry_at_ms {
+                    Some(_) => ErrorCode::Retrying,
+                    None => ErrorCode::Failed,
+                },
+                message: reason.clone(),
+                attempt: Some(*attempt),
+                next_attempt_at_ms: *retry_at_ms,
+            },
+            call_id: None,
+        }),
+        Event::ModelCallFailed { call_id, error } => Some(EventBody::Error {
+            error: StreamError {
+                code: ErrorCode::Failed,
+                message: error.clone(),
+                attempt: None,
+                next_attempt_at_ms: None,
+            },
+            call_id: Some(call_id.clone()),
+        }),
+        _ => None,
+    }
 }
 
 fn cost_usd(micro: u64) -> f64 {
     micro as f64 / 1e6
-}
-
-fn usage(usage: &Usage) -> Value {
-    json!({
-        "input_tokens": usage.input_tokens,
-        "output_tokens": usage.output_tokens,
-        "cache_read_tokens": usage.cache_read_tokens,
-        "cache_write_tokens": usage.cache_write_tokens,
-    })
 }
 
 /// The first `max` bytes of `text` (on a character boundary), and whether it was cut.
@@ -55,39 +396,51 @@ fn excerpt(text: &str, max: usize) -> (&str, bool) {
     (&text[..end], true)
 }
 
-fn output(output: &Output) -> Value {
+fn output(output: &Output) -> ToolOutput {
     match output {
         Output::Inline { text } => {
             let (shown, truncated) = excerpt(text, EXCERPT);
-            json!({"excerpt": shown, "truncated": truncated, "bytes": text.len()})
+            ToolOutput {
+                excerpt: shown.to_string(),
+                excerpt_end: None,
+                truncated,
+                bytes: text.len() as u64,
+                blob: None,
+            }
         }
         Output::Blob(blob) => {
             let (head, _) = excerpt(&blob.head, EXCERPT / 2);
             let (tail, _) = excerpt(&blob.tail, EXCERPT / 2);
-            json!({
-                "excerpt": head,
-                "excerpt_end": tail,
-                "truncated": true,
-                "bytes": blob.size,
-                "blob": {"hash": blob.hash, "bytes": blob.size},
-            })
+            ToolOutput {
+                excerpt: head.to_string(),
+                excerpt_end: Some(tail.to_string()),
+                truncated: true,
+                bytes: blob.size,
+                blob: Some(BlobLink {
+                    hash: blob.hash.clone(),
+                    bytes: blob.size,
+                }),
+            }
         }
     }
 }
 
-fn resolution(resolution: &ToolResolution) -> Value {
+fn resolution(resolution: &ToolResolution) -> Resolution {
     match resolution {
-        ToolResolution::Rerun => json!({"kind": "rerun"}),
-        ToolResolution::RolledBack { .. } => json!({"kind": "rolled_back"}),
-        ToolResolution::OutcomeUnknown => json!({"kind": "outcome_unknown"}),
-        ToolResolution::Reconciled { done, evidence } => {
-            json!({"kind": "reconciled", "done": done, "evidence": evidence})
-        }
+        ToolResolution::Rerun => Resolution::Rerun,
+        ToolResolution::RolledBack { .. } => Resolution::RolledBack,
+        ToolResolution::OutcomeUnknown => Resolution::OutcomeUnknown,
+        ToolResolution::Reconciled { done, evidence } => Resolution::Reconciled {
+            done: *done,
+            evidence: evidence.clone(),
+        },
     }
 }
 
-/// The public fields of each kind of event.
-fn fields(event: &Event) -> Value {
+/// The public fields of each kind of event. Matched by reference: a record's big
+/// internal fields (a wrapped agent's raw reply) are never copied.
+fn body(event: &Event) -> EventBody {
+    let s = |v: &String| v.clone();
     match event {
         Event::SessionStarted {
             agent,
@@ -96,37 +449,50 @@ fn fields(event: &Event) -> Value {
             limits,
             network,
             ..
-        } => json!({
-            "agent": agent,
-            "model": format!("{}/{}", model.provider, model.model),
-            "approve_external": approve_external,
-            "limits": limits,
-            "network": network,
-        }),
-        Event::UserMessage { turn, text, .. } => json!({"turn": turn, "text": text}),
-        Event::Steered { text, .. } => json!({"text": text}),
+        } => EventBody::SessionStarted {
+            agent: s(agent),
+            model: format!("{}/{}", model.provider, model.model),
+            approve_external: *approve_external,
+            limits: *limits,
+            network: network.clone(),
+        },
+        Event::UserMessage { turn, text, .. } => EventBody::UserMessage {
+            turn: *turn,
+            text: s(text),
+        },
+        Event::Steered { text, .. } => EventBody::Steered { text: s(text) },
         Event::ModelDelta {
             call_id,
             text,
             restart,
-        } => json!({"call_id": call_id, "text": text, "restart": restart}),
+        } => EventBody::ModelDelta {
+            call_id: s(call_id),
+            text: s(text),
+            restart: *restart,
+        },
         Event::WaitStarted {
             name,
             reason,
             call_id,
             ..
-        } => json!({"signal": name, "reason": reason, "call_id": call_id}),
-        Event::SignalReceived { name, payload, .. } => {
-            json!({"signal": name, "payload": payload})
-        }
-        Event::ModelCallIntent { call_id, step, .. } => {
-            json!({"call_id": call_id, "step": step})
-        }
+        } => EventBody::WaitStarted {
+            signal: s(name),
+            reason: s(reason),
+            call_id: call_id.clone(),
+        },
+        Event::SignalReceived { name, payload, .. } => EventBody::SignalReceived {
+            signal: s(name),
+            payload: payload.clone(),
+        },
+        Event::ModelCallIntent { call_id, step, .. } => EventBody::ModelCallIntent {
+            call_id: s(call_id),
+            step: *step,
+        },
         Event::ModelCallOutcome {
             call_id,
             content,
             stop_reason,
-            usage: used,
+            usage,
             cost_micro_usd,
         } => {
             let text: Vec<&str> = content
@@ -136,102 +502,147 @@ fn fields(event: &Event) -> Value {
                     _ => None,
                 })
                 .collect();
-            let tool_uses: Vec<Value> = content
+            let tool_uses = content
                 .iter()
                 .filter_map(|b| match b {
-                    Block::ToolUse(u) => Some(json!({"id": u.id, "name": u.name})),
+                    Block::ToolUse(u) => Some(ToolUseRef {
+                        id: u.id.clone(),
+                        name: u.name.clone(),
+                    }),
                     _ => None,
                 })
                 .collect();
-            json!({
-                "call_id": call_id,
-                "stop_reason": stop_reason,
-                "text": text.join("\n"),
-                "tool_uses": tool_uses,
-                "usage": usage(used),
-                "cost_usd": cost_usd(*cost_micro_usd),
-            })
+            EventBody::ModelCallOutcome {
+                call_id: s(call_id),
+                stop_reason: s(stop_reason),
+                text: text.join("\n"),
+                tool_uses,
+                usage: *usage,
+                cost_usd: cost_usd(*cost_micro_usd),
+            }
         }
-        Event::ModelCallInterrupted { call_id } => json!({"call_id": call_id}),
-        Event::ModelCallFailed { call_id, error } => {
-            json!({"call_id": call_id, "message": error})
-        }
+        Event::ModelCallInterrupted { call_id } => EventBody::ModelCallInterrupted {
+            call_id: s(call_id),
+        },
+        Event::ModelCallFailed { call_id, error } => EventBody::ModelCallFailed {
+            call_id: s(call_id),
+            message: s(error),
+        },
         Event::ToolCallIntent {
             call_id,
             tool,
             input,
             class,
             ..
-        } => json!({"call_id": call_id, "tool": tool, "input": input, "class": class}),
+        } => EventBody::ToolCallIntent {
+            call_id: s(call_id),
+            tool: s(tool),
+            input: input.clone(),
+            class: *class,
+        },
         Event::ToolCallOutcome {
             call_id,
             is_error,
             exit_code,
             output: out,
             ..
-        } => json!({
-            "call_id": call_id,
-            "is_error": is_error,
-            "exit_code": exit_code,
-            "output": output(out),
-        }),
+        } => EventBody::ToolCallOutcome {
+            call_id: s(call_id),
+            is_error: *is_error,
+            exit_code: *exit_code,
+            output: output(out),
+        },
         Event::ToolCallInterrupted {
             call_id,
             resolution: r,
-        } => json!({"call_id": call_id, "resolution": resolution(r)}),
-        Event::TurnEnded { turn, reply } => json!({"turn": turn, "reply": reply}),
+        } => EventBody::ToolCallInterrupted {
+            call_id: s(call_id),
+            resolution: resolution(r),
+        },
+        Event::TurnEnded { turn, reply } => EventBody::TurnEnded {
+            turn: *turn,
+            reply: reply.clone(),
+        },
         Event::TurnInterrupted {
             turn,
             by,
             call_id,
             stopped,
             ..
-        } => json!({"turn": turn, "by": by, "call_id": call_id, "stopped": stopped}),
+        } => EventBody::TurnInterrupted {
+            turn: *turn,
+            by: s(by),
+            call_id: call_id.clone(),
+            stopped: *stopped,
+        },
         Event::Escalated {
             breaker,
             reason,
             diff,
-        } => json!({"breaker": breaker, "reason": reason, "diff": diff}),
+        } => EventBody::Escalated {
+            breaker: *breaker,
+            reason: s(reason),
+            diff: diff.clone(),
+        },
         Event::DriveFailed {
             reason,
             attempt,
             retry_at_ms,
-        } => json!({"reason": reason, "attempt": attempt, "retry_at_ms": retry_at_ms}),
-        Event::SandboxLost { call_id, reason } => {
-            json!({"call_id": call_id, "reason": reason})
-        }
+        } => EventBody::DriveFailed {
+            reason: s(reason),
+            attempt: *attempt,
+            retry_at_ms: *retry_at_ms,
+        },
+        Event::SandboxLost { call_id, reason } => EventBody::SandboxLost {
+            call_id: call_id.clone(),
+            reason: s(reason),
+        },
         Event::ExchangeIntent {
             call_id,
             index,
             api,
             stream,
             ..
-        } => json!({"call_id": call_id, "index": index, "api": api, "stream": stream}),
+        } => EventBody::ExchangeIntent {
+            call_id: s(call_id),
+            index: *index,
+            api: s(api),
+            stream: *stream,
+        },
         Event::ExchangeOutcome {
             call_id,
             status,
-            usage: used,
+            usage,
             cost_micro_usd,
             ..
-        } => json!({
-            "call_id": call_id,
-            "status": status,
-            "usage": used.as_ref().map(usage),
-            "cost_usd": cost_usd(*cost_micro_usd),
-        }),
-        Event::ReplayDiverged { index, .. } => json!({"index": index}),
+        } => EventBody::ExchangeOutcome {
+            call_id: s(call_id),
+            status: *status,
+            usage: *usage,
+            cost_usd: cost_usd(*cost_micro_usd),
+        },
+        Event::ReplayDiverged { index, .. } => EventBody::ReplayDiverged { index: *index },
         Event::SessionEnded {
             state,
             reason,
             diff,
-        } => json!({"state": state, "reason": reason, "diff": diff}),
+        } => EventBody::SessionEnded {
+            state: *state,
+            reason: s(reason),
+            diff: diff.clone(),
+        },
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use steadfast_log::{BlobRef, ModelSpec, ToolClass};
+
+    fn json_of(record: &Record) -> Value {
+        serde_json::to_value(event(record)).unwrap()
+    }
 
     fn record(event: Event) -> Record {
         Record {
@@ -288,7 +699,7 @@ mod tests {
             },
         ];
         for e in internal {
-            let text = event(&record(e)).to_string();
+            let text = serde_json::to_string(&event(&record(e))).unwrap();
             for secret in [
                 "epoch",
                 "f1ngerpr1nt",
@@ -311,7 +722,7 @@ mod tests {
     #[test]
     fn tool_results_carry_an_excerpt_and_big_ones_their_blob() {
         let long = "é".repeat(EXCERPT);
-        let inline = event(&record(Event::ToolCallOutcome {
+        let inline = json_of(&record(Event::ToolCallOutcome {
             call_id: "t1".into(),
             is_error: false,
             exit_code: Some(0),
@@ -322,7 +733,7 @@ mod tests {
         assert_eq!(inline["output"]["bytes"], long.len());
         assert!(inline["output"]["excerpt"].as_str().unwrap().len() <= EXCERPT);
         assert_eq!(inline["exit_code"], 0);
-        let blob = event(&record(Event::ToolCallOutcome {
+        let blob = json_of(&record(Event::ToolCallOutcome {
             call_id: "t2".into(),
             is_error: true,
             exit_code: Some(2),

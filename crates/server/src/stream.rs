@@ -19,6 +19,8 @@ use futures_util::stream::{self, Stream, StreamExt};
 use steadfast_log::{Block, Event, Record};
 use steadfast_world::{InboundKind, World};
 
+use crate::public::{self, ErrorCode, EventBody, PublicEvent, StreamError};
+
 /// When a stream ends (with an `end` event).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Until {
@@ -100,27 +102,33 @@ impl Tracker {
     }
 
     fn frame(&self, record: &Record) -> SseEvent {
-        SseEvent::default()
-            .id(record.seq.to_string())
-            .data(self.data(record).to_string())
+        let data = serde_json::to_string(&self.data(record)).expect("events serialize");
+        SseEvent::default().id(record.seq.to_string()).data(data)
     }
 
     /// What a client is sent for `record`, seen after the records observed so far.
-    fn data(&self, record: &Record) -> serde_json::Value {
+    fn data(&self, record: &Record) -> PublicEvent {
         let restart = matches!(
             record.event,
             Event::ModelCallInterrupted { .. } | Event::ModelDelta { restart: true, .. }
         ) || matches!(&record.event, Event::ExchangeIntent { index, .. }
                 if self.exchanges.get(index) == Some(&false));
         if restart {
-            serde_json::json!({"type": "restart", "seq": record.seq, "at_ms": record.at_ms, "text": self.turn_text})
-        } else if let Some(error) = error(&record.event) {
-            let mut data = crate::public::event(record);
-            data["type"] = "error".into();
-            data["error"] = error;
-            data
+            PublicEvent {
+                seq: record.seq,
+                at_ms: record.at_ms,
+                body: EventBody::Restart {
+                    text: self.turn_text.clone(),
+                },
+            }
+        } else if let Some(error) = public::error(&record.event) {
+            PublicEvent {
+                seq: record.seq,
+                at_ms: record.at_ms,
+                body: error,
+            }
         } else {
-            crate::public::event(record)
+            public::event(record)
         }
     }
 }
@@ -132,7 +140,7 @@ pub(crate) async fn page<W: World>(
     session: &str,
     after: u64,
     limit: usize,
-) -> steadfast_world::Result<(Vec<serde_json::Value>, bool)> {
+) -> steadfast_world::Result<(Vec<PublicEvent>, bool)> {
     let from = world.turn_began(session, after).await?.max(1);
     let records = world.read(session, from).await?;
     let mut tracker = Tracker::default();
@@ -147,28 +155,6 @@ pub(crate) async fn page<W: World>(
         tracker.observe(record);
     }
     Ok((events, false))
-}
-
-/// What a client shows for a failure the log records: a retry that is scheduled
-/// (`retrying`, with when) or a failure that ended the session (`failed`).
-fn error(event: &Event) -> Option<serde_json::Value> {
-    match event {
-        Event::DriveFailed {
-            reason,
-            attempt,
-            retry_at_ms,
-        } => Some(serde_json::json!({
-            "code": if retry_at_ms.is_some() { "retrying" } else { "failed" },
-            "message": reason,
-            "attempt": attempt,
-            "next_attempt_at_ms": retry_at_ms,
-        })),
-        Event::ModelCallFailed { error, .. } => Some(serde_json::json!({
-            "code": "failed",
-            "message": error,
-        })),
-        _ => None,
-    }
 }
 
 struct State<W> {
@@ -231,8 +217,21 @@ impl<W: World + Clone> State<W> {
                 Ok(r) => r,
                 Err(e) => {
                     self.done = true;
-                    let data = serde_json::json!({"type": "error", "error": {"code": "log_unreadable", "message": e.to_string()}});
-                    return vec![SseEvent::default().data(data.to_string())];
+                    let unreadable = PublicEvent {
+                        seq: self.cursor,
+                        at_ms: steadfast_world::now_ms(),
+                        body: EventBody::Error {
+                            error: StreamError {
+                                code: ErrorCode::LogUnreadable,
+                                message: e.to_string(),
+                                attempt: None,
+                                next_attempt_at_ms: None,
+                            },
+                            call_id: None,
+                        },
+                    };
+                    let data = serde_json::to_string(&unreadable).expect("events serialize");
+                    return vec![SseEvent::default().data(data)];
                 }
             };
             let mut out = Vec::new();

@@ -31,6 +31,28 @@ export function follow(page: Page): string[] {
   return page.events.map((e) => `${schema} ${next} ${e.seq}:${e.type}@${e.at_ms ?? 0}`);
 }
 
+type PublicEvent = components["schemas"]["PublicEvent"];
+
+// Events are a union discriminated by `type`: each kind's fields are typed.
+export function show(e: PublicEvent): string {
+  switch (e.type) {
+    case "tool_call_outcome":
+      return `${e.seq} ${e.call_id} exit ${e.exit_code ?? "-"}: ${e.output.excerpt} (${e.output.bytes} bytes${e.output.blob ? ", blob " + e.output.blob.hash : ""})`;
+    case "model_call_outcome":
+      return `${e.call_id} ${e.text} ${e.usage.output_tokens} tokens $${e.cost_usd} ${e.tool_uses.map((u) => u.name).join(",")}`;
+    case "tool_call_interrupted":
+      return e.resolution.kind === "reconciled" ? `${e.resolution.done} ${e.resolution.evidence}` : e.resolution.kind;
+    case "escalated":
+      return `${e.breaker}: ${e.reason} ${e.diff.join(" ")}`;
+    case "error":
+      return `${e.error.code}: ${e.error.message} ${e.error.next_attempt_at_ms ?? ""}`;
+    case "restart":
+      return e.text;
+    default:
+      return `${e.seq} ${e.type} at ${e.at_ms}`;
+  }
+}
+
 export function opened(c: Created, l: Listing, e: ApiError): string {
   const owners: string[] = l.sessions.map((s) => s.owner);
   return `${c.id} ${c.status} ${c.model} ${c.workspace} ${owners.join(",")} ${e.error.code}: ${e.error.message}`;

@@ -152,7 +152,7 @@ impl Blobs {
 }
 
 /// A log record whose blob cannot be read back as written.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct BlobDamage {
     /// The record's position in its session's log.
     pub seq: u64,

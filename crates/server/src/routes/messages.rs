@@ -6,29 +6,40 @@ use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use steadfast_world::{InboundKind, World};
+use utoipa::{IntoParams, ToSchema};
 
 use super::{owned, Shared};
 use crate::error::ApiError;
 use crate::extract::Body;
 use crate::stream::{self, Until};
+use crate::wire;
 
 /// The most text one message may carry.
 const MAX_TEXT: usize = 64 * 1024;
 
-#[derive(Debug, Deserialize)]
+/// A message to a session.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"text": "also update the changelog", "kind": "steer"}))]
 pub(crate) struct PostMessage {
+    /// What the user says (at most 64 KiB).
+    #[schema(max_length = 65536)]
     text: String,
+    /// `message` opens a turn (queued behind a running one); `steer` reaches the
+    /// running turn at its next step.
     #[serde(default = "default_kind")]
     kind: MessageKind,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize)]
+/// How a message reaches the session.
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 enum MessageKind {
+    /// A new turn.
     Message,
+    /// Into the running turn.
     Steer,
 }
 
@@ -42,6 +53,24 @@ fn sse<W: World + Clone>(world: W, id: String, cursor: u64, until: Until) -> Res
         .into_response()
 }
 
+/// Queue a message (a new turn) or steer the running turn; streams the turn
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/messages",
+    params(("id" = String, Path, description = "The session's id")),
+    request_body = PostMessage,
+    responses(
+        (status = 200, description = "The turn's events as server-sent events (see the `events` route), ending with `end` when the turn that takes this message is over", body = wire::StreamFrame, content_type = "text/event-stream"),
+        (status = 400, description = "The body is not JSON", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 404, description = "No such session, or not the caller's", body = wire::Error),
+        (status = 409, description = "The session has ended", body = wire::Error),
+        (status = 413, description = "The body or its text is larger than the limit", body = wire::Error),
+        (status = 415, description = "The body is not `application/json`", body = wire::Error),
+        (status = 422, description = "A field's value is refused (the message names it)", body = wire::Error),
+        (status = 429, description = "Too many messages a minute to this session", body = wire::Error),
+    )
+)]
 pub(crate) async fn post_message<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
@@ -83,21 +112,50 @@ pub(crate) async fn post_message<W: World + Clone>(
     Ok(sse(world, id, summary.last_seq, Until::Taken(inbox_id)))
 }
 
-#[derive(Debug, Deserialize)]
+/// Where a stream or page starts, and a page's size.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct Cursor {
+    /// Continue after this log position (default 0: from the start).
     #[serde(default)]
     cursor: Option<u64>,
     /// The same as `cursor`, for JSON pages.
     #[serde(default)]
     after: Option<u64>,
-    /// Events per JSON page (default 100, at most 1000).
+    /// Events per JSON page (default 100).
     #[serde(default)]
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
 }
 
 /// The most events one JSON page holds.
 const MAX_PAGE: usize = 1000;
 
+/// A session's events: every one after the cursor exactly once, then the live tail
+///
+/// Server-sent events: one default (`message`) frame per log record, `id` = its log
+/// position, `data` = its public event (schema 1); the stream ends with the named
+/// event `end` when nothing runs. Reconnect with `?cursor=N` or `Last-Event-ID: N` to
+/// continue with nothing lost or repeated. With `Accept: application/json`, one page of
+/// the same events as JSON.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/events",
+    params(
+        ("id" = String, Path, description = "The session's id"),
+        Cursor,
+        ("Last-Event-ID" = Option<u64>, Header, description = "What a reconnecting `EventSource` sends: the same as `cursor`"),
+    ),
+    responses(
+        (status = 200, description = "Server-sent events, or with `Accept: application/json` a page", content(
+            (wire::StreamFrame = "text/event-stream"),
+            (wire::EventPage = "application/json"),
+        )),
+        (status = 400, description = "A query or `Last-Event-ID` that does not parse, or a page size out of range", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 404, description = "No such session, or not the caller's", body = wire::Error),
+    )
+)]
 pub(crate) async fn events<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
@@ -144,39 +202,68 @@ pub(crate) async fn events<W: World + Clone>(
             ));
         }
         let (events, has_more) = stream::page(state.harness.world(), &id, cursor, limit).await?;
-        let next_after = events
-            .last()
-            .and_then(|e| e["seq"].as_u64())
-            .unwrap_or(cursor);
-        return Ok(Json(json!({
-            "schema": crate::public::SCHEMA,
-            "events": events,
-            "after": cursor,
-            "next_after": next_after,
-            "has_more": has_more,
-        }))
+        let next_after = events.last().map_or(cursor, |e| e.seq);
+        return Ok(Json(wire::EventPage {
+            schema: crate::public::SCHEMA,
+            events,
+            after: cursor,
+            next_after,
+            has_more,
+        })
         .into_response());
     }
     Ok(sse(state.harness.world().clone(), id, cursor, Until::Quiet))
 }
 
-#[derive(Debug, Deserialize)]
+/// Which wait a signal answers.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct SignalQuery {
     /// Queue the signal for a wait that has not begun yet.
     #[serde(default)]
     queue: bool,
-    /// The log position of the wait this answers (its `wait_started` record): a
-    /// wait that has ended, or another one, refuses the answer.
+    /// The log position of the wait this answers (the session's `waiting_since`, its
+    /// `wait_started` event's id): refused with 409 `not_waiting` once that wait is
+    /// over.
     wait: Option<u64>,
 }
 
+/// Deliver a named signal (e.g. `approval`: `{"approved": true}`)
+///
+/// A signal is taken only by the wait it answers: one for a session that waits for
+/// another signal, or none, is a 409 `not_waiting` unless `?queue=true`; an answer
+/// that names its wait (`?wait=N`) is refused once that wait is over; the reply's
+/// `answers` is the position of the wait it answers; `interrupt` is reserved (see
+/// `/interrupt`). A `resume` signal's bounds (`max_cost_usd`, `max_tokens`,
+/// `max_turns`, `max_duration_s`) must be non-negative numbers (422) within the
+/// operator's ceilings and the public spend cap (403 `over_ceiling`, naming the field).
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/signals/{name}",
+    params(
+        ("id" = String, Path, description = "The session's id"),
+        ("name" = String, Path, pattern = "^[A-Za-z0-9._-]{1,128}$", description = "The signal's name"),
+        SignalQuery,
+    ),
+    request_body(content = Option<Value>, content_type = "application/json", description = "The payload: any JSON, or nothing", example = json!({"approved": true})),
+    responses(
+        (status = 202, description = "Taken", body = wire::SignalAccepted),
+        (status = 400, description = "A payload or query that does not parse", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 403, description = "A `resume` that would raise a bound past a ceiling (`over_ceiling`)", body = wire::Error),
+        (status = 404, description = "No such session, or not the caller's", body = wire::Error),
+        (status = 409, description = "No wait for this signal (`not_waiting`), or the session has ended", body = wire::Error),
+        (status = 413, description = "The body is larger than the limit", body = wire::Error),
+        (status = 422, description = "A name or bound that is refused (the message names it)", body = wire::Error),
+    )
+)]
 pub(crate) async fn signal<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
     Path((id, name)): Path<(String, String)>,
     query: Result<Query<SignalQuery>, axum::extract::rejection::QueryRejection>,
     body: axum::body::Bytes,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<wire::SignalAccepted>), ApiError> {
     let owner = state.auth.owner(&headers)?;
     owned(&state, &id, &owner).await?;
     let Query(query) = query.map_err(|e| {
@@ -229,6 +316,10 @@ pub(crate) async fn signal<W: World + Clone>(
     let (inbox_id, answers) = state.harness.signal(&id, &name, &payload, target).await?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({"id": inbox_id, "signal": name, "answers": answers})),
+        Json(wire::SignalAccepted {
+            id: inbox_id,
+            signal: name,
+            answers,
+        }),
     ))
 }

@@ -1,7 +1,7 @@
 //! Routes: `/v1/sessions...`, `/openapi.json`, `/healthz`, and a JSON 404 for the rest.
 
-mod messages;
-mod sessions;
+pub(crate) mod messages;
+pub(crate) mod sessions;
 
 use std::sync::Arc;
 
@@ -13,7 +13,7 @@ use axum::Router;
 use steadfast_world::World;
 
 use crate::error::ApiError;
-use crate::{ServerState, MAX_BODY, OPENAPI};
+use crate::{ServerState, MAX_BODY};
 
 pub(crate) type Shared<W> = Arc<ServerState<W>>;
 
@@ -48,7 +48,7 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
         )
         .route("/v1/agents", get(sessions::agents::<W>))
         .route("/openapi.json", get(openapi))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/metrics", get(metrics::<W>))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -143,14 +143,48 @@ async fn json_errors(response: axum::response::Response) -> axum::response::Resp
     out
 }
 
-async fn openapi() -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/json")], OPENAPI)
+/// This document
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    security(()),
+    responses((status = 200, description = "The OpenAPI document (3.1) of this API", body = Object))
+)]
+pub(crate) async fn openapi() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        crate::openapi::document(),
+    )
 }
 
-/// The metrics, on the API's own listener in development only: they span every
-/// owner's sessions, so a deployment with owners serves them on a listener of the
-/// operator's (`--metrics-listen`).
-async fn metrics<W: World + Clone>(
+/// Liveness
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    security(()),
+    responses((status = 200, description = "The process serves", body = String, example = "ok"))
+)]
+pub(crate) async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// Prometheus metrics (on this listener in development only)
+///
+/// The process's metrics in the OpenMetrics text format, with the world's census
+/// (sessions by status, queue depth) taken at the scrape. They span every owner's
+/// sessions, so outside development this route answers 404 and the operator serves
+/// them on a listener of their own (`--metrics-listen`). The series are listed in
+/// the README.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    security(()),
+    responses(
+        (status = 200, description = "The exposition", body = String, content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        (status = 404, description = "Not served on this listener outside development", body = crate::wire::Error),
+    )
+)]
+pub(crate) async fn metrics<W: World + Clone>(
     axum::extract::State(state): axum::extract::State<Shared<W>>,
 ) -> Result<axum::response::Response, ApiError> {
     if !matches!(state.auth.mode, crate::AuthMode::Development) {

@@ -6,49 +6,58 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::{json, Value};
 use steadfast_harness::NewSession;
 use steadfast_world::World;
+use utoipa::{IntoParams, ToSchema};
 
 use super::{owned, Shared};
 use crate::auth::AuthMode;
 use crate::error::ApiError;
 use crate::extract::Body;
+use crate::wire;
 
-/// `POST /v1/sessions`.
-#[derive(Debug, Deserialize)]
+/// A session to start (`POST /v1/sessions`).
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"agent": "claude-code", "model": "anthropic/claude-sonnet-4-5", "workspace": {"kind": "empty", "files": {"README.md": "# hello\n"}}, "budget": {"max_cost_usd": 2.5}, "network": "deny-all", "task": "add a test for the parser"}))]
 pub(crate) struct CreateSession {
-    /// The agent: `native`, a wrapped CLI (`claude-code`, `codex`, `pi`) or a name
-    /// from `[[agents.named]]` (see `GET /v1/agents`).
+    /// The agent: `native` (the default), a wrapped CLI (`claude-code`, `codex`, `pi`,
+    /// `opencode`) or a name from the server's `[[agents.named]]`; `GET /v1/agents`
+    /// lists what this server can run. An agent whose CLI is not installed here is
+    /// refused with 422.
     #[serde(default)]
+    #[schema(example = "claude-code")]
     agent: Option<String>,
-    /// `provider/model`.
+    /// `provider/model`, e.g. `anthropic/claude-sonnet-4-5`.
     #[serde(default)]
     model: Option<String>,
-    /// Where the workspace comes from.
+    /// Where the workspace comes from (default: empty).
     #[serde(default)]
     workspace: Option<WorkspaceSource>,
-    /// Spend limits.
+    /// Hard bounds; hitting one escalates the session until a `resume` signal (whose
+    /// payload may raise the same fields) arrives.
     #[serde(default)]
     budget: Option<Budget>,
-    /// Pause for approval before external-effect tool calls.
+    /// Pause for the `approval` signal before every external-effect tool call.
     #[serde(default)]
     approve_external: bool,
-    /// The sandbox's network: `deny-all`, `allow:host[:port],...` or (not on public
-    /// servers) `open`.
+    /// The sandbox's network policy: `deny-all` (default), `allow:host[:port],*.domain,...`
+    /// (through an egress proxy), or `open` (refused with 403 on public servers).
     #[serde(default)]
+    #[schema(example = "allow:pypi.org,files.pythonhosted.org")]
     network: Option<String>,
     /// A first message, starting work at once.
     #[serde(default)]
     task: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+/// Where a new session's workspace comes from.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 enum WorkspaceSource {
-    /// An empty directory, optionally seeded with files.
+    /// An empty directory, optionally seeded with text files (path to content).
     Empty {
+        /// Files to write, by path relative to the workspace.
         #[serde(default)]
         files: BTreeMap<String, String>,
     },
@@ -56,24 +65,53 @@ enum WorkspaceSource {
     Demo,
 }
 
-#[derive(Debug, Deserialize)]
+/// A session's bounds, as asked at creation.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct Budget {
+    /// Money for model calls, US dollars.
     #[serde(default)]
+    #[schema(exclusive_minimum = 0.0)]
     max_cost_usd: Option<f64>,
+    /// Tokens of model calls (input, output and cache, added up).
     #[serde(default)]
+    #[schema(minimum = 1)]
     max_tokens: Option<u64>,
+    /// Turns (user messages that open work).
     #[serde(default)]
+    #[schema(minimum = 1)]
     max_turns: Option<u32>,
+    /// Wall-clock time since the session began, seconds.
     #[serde(default)]
+    #[schema(minimum = 1)]
     max_duration_s: Option<u64>,
 }
 
+/// Start a session
+///
+/// A budget over the operator's ceilings (`[server.ceilings]`, and in public mode the
+/// spend cap) is refused with 403 `over_ceiling` naming the field; bounds a session
+/// does not name are the ceilings. A seeded file that cannot be written (a NUL or
+/// over-long name, a file inside a file) is 422 and leaves nothing behind.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions",
+    request_body = CreateSession,
+    responses(
+        (status = 201, description = "Created", body = wire::Created),
+        (status = 400, description = "The body is not JSON", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 403, description = "Over a ceiling the operator set (`over_ceiling`), or a network policy this server does not allow", body = wire::Error),
+        (status = 413, description = "The body is larger than the limit", body = wire::Error),
+        (status = 415, description = "The body is not `application/json`", body = wire::Error),
+        (status = 422, description = "A field's value is refused (the message names it)", body = wire::Error),
+    )
+)]
 pub(crate) async fn create<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
     Body(req): Body<CreateSession>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<wire::Created>), ApiError> {
     let owner = state.auth.owner(&headers)?;
     let invalid = |m: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", m);
     let agent = req.agent.unwrap_or_else(|| "native".into());
@@ -183,7 +221,12 @@ pub(crate) async fn create<W: World + Clone>(
     let summary = state.harness.world().session(&id).await?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({"id": id, "status": summary.status, "model": model, "workspace": root})),
+        Json(wire::Created {
+            id,
+            status: summary.status,
+            model,
+            workspace: root.display().to_string(),
+        }),
     ))
 }
 
@@ -240,10 +283,22 @@ fn check_file_names(files: &BTreeMap<String, String>) -> Result<(), String> {
     Ok(())
 }
 
+/// List the caller's sessions
+///
+/// Not available in public mode, where a session's id is the capability (403).
+#[utoipa::path(
+    get,
+    path = "/v1/sessions",
+    responses(
+        (status = 200, description = "The caller's sessions", body = wire::SessionList),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 403, description = "Listing is disabled in public mode", body = wire::Error),
+    )
+)]
 pub(crate) async fn list<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<wire::SessionList>, ApiError> {
     let owner = state.auth.owner(&headers)?;
     if matches!(state.auth.mode, AuthMode::Public { .. }) {
         // In public mode a session id is the capability: there is no listing.
@@ -253,65 +308,100 @@ pub(crate) async fn list<W: World + Clone>(
             "listing sessions is disabled in public mode",
         ));
     }
-    let sessions: Vec<_> = state
+    let sessions = state
         .harness
         .world()
         .list_sessions()
         .await?
         .into_iter()
         .filter(|s| s.owner == owner)
+        .map(wire::SessionSummary::from)
         .collect();
-    Ok(Json(json!({"sessions": sessions})))
+    Ok(Json(wire::SessionList { sessions }))
 }
 
+/// A session's state
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "The session", body = wire::Session),
+        (status = 400, description = "The path does not parse", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 404, description = "No such session, or not the caller's", body = wire::Error),
+    )
+)]
 pub(crate) async fn show<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<wire::Session>, ApiError> {
+    use steadfast_log::Status;
     let owner = state.auth.owner(&headers)?;
     let summary = owned(&state, &id, &owner).await?;
     let s = state.harness.state(&id).await?;
-    let status = match &s.retry {
-        Some(_) => "retrying".to_string(),
-        None => s.status.to_string(),
+    let status = match (&s.retry, s.status) {
+        (Some(_), _) => wire::SessionStatus::Retrying,
+        (None, Status::Idle) => wire::SessionStatus::Idle,
+        (None, Status::Running) => wire::SessionStatus::Running,
+        (None, Status::Waiting) => wire::SessionStatus::Waiting,
+        (None, Status::Completed) => wire::SessionStatus::Completed,
+        (None, Status::Failed) => wire::SessionStatus::Failed,
+        (None, Status::Escalated) => wire::SessionStatus::Escalated,
     };
-    Ok(Json(json!({
-        "id": id,
-        "status": status,
-        "retry": s.retry.as_ref().map(|r| json!({
-            "attempt": r.attempt,
-            "reason": r.reason,
-            "next_attempt_at_ms": r.at_ms,
-        })),
-        "title": summary.title,
-        "model": s.model.to_string(),
-        "turn": s.turn,
-        "last_seq": s.last_seq,
-        "waiting_for": s.waiting.as_ref().map(|w| &w.name),
-        "waiting_since": s.waiting.as_ref().map(|w| w.seq),
-        "waiting_reason": s.waiting.as_ref().map(|w| &w.reason),
-        "end_reason": s.end_reason,
-        "usage": s.usage,
-        "cost_usd": s.cost_micro_usd as f64 / 1e6,
-        "priced": state.harness.is_priced(&s.model),
-        "budget_usd": s.limits.max_cost_micro_usd.map(|b| b as f64 / 1e6),
-        "limits": s.limits,
-        "escalated_by": s.escalated,
-        "network": s.network,
-        "reply": s.last_reply(),
-        "created_at_ms": summary.created_at_ms,
-        "updated_at_ms": summary.updated_at_ms,
-    })))
+    Ok(Json(wire::Session {
+        id,
+        status,
+        retry: s.retry.as_ref().map(|r| wire::Retry {
+            attempt: r.attempt,
+            reason: r.reason.clone(),
+            next_attempt_at_ms: r.at_ms,
+        }),
+        title: summary.title,
+        model: s.model.to_string(),
+        turn: s.turn,
+        last_seq: s.last_seq,
+        waiting_for: s.waiting.as_ref().map(|w| w.name.clone()),
+        waiting_since: s.waiting.as_ref().map(|w| w.seq),
+        waiting_reason: s.waiting.as_ref().map(|w| w.reason.clone()),
+        end_reason: s.end_reason.clone(),
+        usage: s.usage,
+        cost_usd: s.cost_micro_usd as f64 / 1e6,
+        priced: state.harness.is_priced(&s.model),
+        budget_usd: s.limits.max_cost_micro_usd.map(|b| b as f64 / 1e6),
+        limits: s.limits,
+        escalated_by: s.escalated,
+        network: s.network.clone(),
+        reply: s.last_reply(),
+        created_at_ms: summary.created_at_ms,
+        updated_at_ms: summary.updated_at_ms,
+    }))
 }
 
-/// `POST /v1/sessions/{id}/interrupt`: stops the running turn, wherever its driver
-/// runs: a model stream is cut, a command killed; the session goes idle.
+/// Stop the running turn now
+///
+/// From any API process, whichever worker drives the session: a model stream is cut
+/// (recorded as `turn_interrupted` by the caller, no restart), a command is killed and
+/// its outcome recorded with the snapshot after it, a wait for a human is abandoned.
+/// The session goes idle; the model is told on its next turn.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/interrupt",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 202, description = "The interrupt is on its way", body = wire::Interrupting),
+        (status = 400, description = "The path does not parse", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 404, description = "No such session, or not the caller's", body = wire::Error),
+        (status = 409, description = "No turn runs (`not_running`)", body = wire::Error),
+    )
+)]
 pub(crate) async fn interrupt<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<wire::Interrupting>), ApiError> {
     let owner = state.auth.owner(&headers)?;
     let summary = owned(&state, &id, &owner).await?;
     if !matches!(summary.status.as_str(), "running" | "waiting" | "retrying") {
@@ -327,21 +417,60 @@ pub(crate) async fn interrupt<W: World + Clone>(
     let inbox_id = state.harness.interrupt(&id, &owner).await?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({"id": inbox_id, "session": id, "by": owner})),
+        Json(wire::Interrupting {
+            id: inbox_id,
+            session: id,
+            by: owner,
+        }),
     ))
 }
 
+/// End a session for good
+///
+/// A running turn is interrupted first.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/close",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "Closed", body = wire::Closed),
+        (status = 400, description = "The path does not parse", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 404, description = "No such session, or not the caller's", body = wire::Error),
+        (status = 409, description = "The session has ended, or is busy", body = wire::Error),
+    )
+)]
 pub(crate) async fn close<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<wire::Closed>, ApiError> {
     let owner = state.auth.owner(&headers)?;
     owned(&state, &id, &owner).await?;
     state.harness.close_session(&id, &owner).await?;
-    Ok(Json(json!({"id": id, "status": "completed"})))
+    Ok(Json(wire::Closed {
+        id,
+        status: "completed".into(),
+    }))
 }
 
+/// Delete a session
+///
+/// Its log, inbox and managed workspace go, after a running turn is interrupted. Its
+/// big outputs and snapshots are shared by content with any session that produced
+/// the same bytes, so `steadfast gc` reclaims those no remaining log refers to.
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, description = "The path does not parse", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 404, description = "No such session, or not the caller's", body = wire::Error),
+        (status = 409, description = "The session is busy", body = wire::Error),
+    )
+)]
 pub(crate) async fn delete<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
@@ -361,22 +490,39 @@ pub(crate) async fn delete<W: World + Clone>(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Debug, Deserialize)]
+/// The two log positions a diff spans.
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct DiffQuery {
+    /// From this log position (default 0: as the session began).
     from: Option<u64>,
+    /// To this log position (default: now).
     to: Option<u64>,
 }
 
-/// `GET /v1/sessions/{id}/diff?from=N&to=M`: what the session changed in its
-/// workspace between two log positions (default: since it began), with the text of
-/// each change.
+/// What the session changed in its workspace
+///
+/// Between two log positions (default: since it began), with unified diffs of text
+/// files; binary, huge and special files are named with a note instead.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/diff",
+    params(("id" = String, Path, description = "The session's id"), DiffQuery),
+    responses(
+        (status = 200, description = "The changes", body = steadfast_harness::WorkspaceDiff),
+        (status = 400, description = "A query that does not parse", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 404, description = "No such session, or not the caller's", body = wire::Error),
+        (status = 422, description = "A position past the log's end", body = wire::Error),
+    )
+)]
 pub(crate) async fn diff<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
     Path(id): Path<String>,
     query: Result<axum::extract::Query<DiffQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<steadfast_harness::WorkspaceDiff>, ApiError> {
     let owner = state.auth.owner(&headers)?;
     owned(&state, &id, &owner).await?;
     let axum::extract::Query(q) = query.map_err(|e| {
@@ -386,13 +532,15 @@ pub(crate) async fn diff<W: World + Clone>(
             format!("from, to: {}", e.body_text()),
         )
     })?;
-    let diff = state.harness.diff(&id, q.from, q.to).await?;
-    Ok(Json(serde_json::to_value(diff).unwrap_or_default()))
+    Ok(Json(state.harness.diff(&id, q.from, q.to).await?))
 }
 
-#[derive(Debug, Deserialize)]
+/// The log position to read the workspace at.
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct AtQuery {
+    /// The log position (default: now; 0: as the session began).
     at: Option<u64>,
 }
 
@@ -410,22 +558,49 @@ fn at_query(query: AtQueryResult) -> Result<Option<u64>, ApiError> {
     Ok(q.at)
 }
 
-/// `GET /v1/sessions/{id}/files?at=N`: every path of the session's workspace as it
-/// was at log position N (default: now), from its snapshot.
+/// Every path of the session's workspace at a log position
+///
+/// Read from the snapshot in force there, never from the live workspace.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/files",
+    params(("id" = String, Path, description = "The session's id"), AtQuery),
+    responses(
+        (status = 200, description = "The listing", body = steadfast_harness::WorkspaceListing),
+        (status = 400, description = "A query that does not parse", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 404, description = "No such session, or not the caller's", body = wire::Error),
+        (status = 422, description = "A position past the log's end", body = wire::Error),
+    )
+)]
 pub(crate) async fn files<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
     Path(id): Path<String>,
     query: AtQueryResult,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<steadfast_harness::WorkspaceListing>, ApiError> {
     let owner = state.auth.owner(&headers)?;
     owned(&state, &id, &owner).await?;
-    let listing = state.harness.files(&id, at_query(query)?).await?;
-    Ok(Json(serde_json::to_value(listing).unwrap_or_default()))
+    Ok(Json(state.harness.files(&id, at_query(query)?).await?))
 }
 
-/// `GET /v1/sessions/{id}/files/{path}?at=N`: one file's bytes as they were at log
-/// position N (default: now).
+/// One file's bytes as they were at a log position (binary-safe)
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/files/{path}",
+    params(
+        ("id" = String, Path, description = "The session's id"),
+        ("path" = String, Path, description = "Relative to the workspace; may contain `/`"),
+        AtQuery,
+    ),
+    responses(
+        (status = 200, description = "The bytes", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 400, description = "A query that does not parse", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 404, description = "No such session or file (`no_file`)", body = wire::Error),
+        (status = 422, description = "A position past the log's end", body = wire::Error),
+    )
+)]
 pub(crate) async fn file<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
@@ -443,30 +618,58 @@ pub(crate) async fn file<W: World + Clone>(
         .into_response())
 }
 
-/// `GET /v1/sessions/{id}/integrity`: reads the session's whole log (each record's
-/// checksum is verified on the way) and every blob it refers to, and names each
-/// record whose blob is missing or corrupt, by position.
+/// Check a session's stored data
+///
+/// Reads the whole log (each record's checksum is verified; a failing one answers 500
+/// `data_corrupt` naming the session and position) and every blob it refers to,
+/// naming each record whose blob is missing or corrupt by log position.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/integrity",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "The check ran", body = wire::Integrity),
+        (status = 400, description = "The path does not parse", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 404, description = "No such session, or not the caller's", body = wire::Error),
+        (status = 500, description = "A record fails its checksum (`data_corrupt`)", body = wire::Error),
+    )
+)]
 pub(crate) async fn integrity<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<wire::Integrity>, ApiError> {
     let owner = state.auth.owner(&headers)?;
     owned(&state, &id, &owner).await?;
     let records = state.harness.world().read(&id, 1).await?;
     let damaged = state.harness.blobs().damaged(&records).await;
-    Ok(Json(json!({
-        "ok": damaged.is_empty(),
-        "records": records.len(),
-        "damaged": damaged,
-    })))
+    Ok(Json(wire::Integrity {
+        ok: damaged.is_empty(),
+        records: records.len() as u64,
+        damaged,
+    }))
 }
 
-/// `GET /v1/agents`: the agents sessions can name, and whether each can run here.
+/// The agents sessions can run
+///
+/// The native loop, every wrapped CLI adapter and every named agent, with the CLI
+/// version each runs, the range its adapter is tested with, and whether it is
+/// installed on this server.
+#[utoipa::path(
+    get,
+    path = "/v1/agents",
+    responses(
+        (status = 200, description = "The agents", body = wire::AgentList),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+    )
+)]
 pub(crate) async fn agents<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<wire::AgentList>, ApiError> {
     state.auth.owner(&headers)?;
-    Ok(Json(json!({"agents": state.harness.agents()})))
+    Ok(Json(wire::AgentList {
+        agents: state.harness.agents(),
+    }))
 }

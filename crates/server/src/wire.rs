@@ -1,0 +1,253 @@
+//! What the API answers, as types: every handler returns one of these (never an
+//! ad-hoc JSON value), and the OpenAPI document ([`crate::openapi`]) is generated from
+//! the same types, so the document cannot drift from the replies.
+
+use serde::Serialize;
+use steadfast_log::{Breaker, Limits, Usage};
+use utoipa::ToSchema;
+
+/// Every error: a stable machine-readable code and a message for humans.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"error": {"code": "session_not_found", "message": "no session s_0192"}}))]
+pub struct Error {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// The code and message of an [`Error`].
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// A stable code (`session_not_found`, `invalid_body`, `over_ceiling`, ...).
+    pub code: String,
+    /// What went wrong, naming the field where one is at fault.
+    pub message: String,
+}
+
+/// Where a session stands. `new`: created, no turn yet; `retrying`: a failure that
+/// retrying may fix, with the next attempt scheduled.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionStatus {
+    /// Created; no turn has run. Only listings say it (a session's own state reads
+    /// `idle` then), so nothing here builds it.
+    #[allow(dead_code)]
+    New,
+    /// Between turns.
+    Idle,
+    /// A turn is open.
+    Running,
+    /// Paused until a named signal arrives.
+    Waiting,
+    /// A worker failed to drive it; another attempt is scheduled.
+    Retrying,
+    /// Over: done.
+    Completed,
+    /// Over: a terminal error.
+    Failed,
+    /// Stopped by a bound until a `resume` signal.
+    Escalated,
+}
+
+/// A session just created.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"id": "s_01931f7c", "status": "idle", "model": "anthropic/claude-sonnet-4-5", "workspace": "/srv/steadfast/workspaces/ws_01931f7c"}))]
+pub struct Created {
+    /// The session's id.
+    pub id: String,
+    /// Where it stands.
+    #[schema(value_type = SessionStatus)]
+    pub status: String,
+    /// `provider/model`.
+    pub model: String,
+    /// The workspace directory, on the API's host.
+    pub workspace: String,
+}
+
+/// A session as `GET /v1/sessions/{id}` shows it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Session {
+    /// The session's id.
+    pub id: String,
+    /// Where it stands.
+    pub status: SessionStatus,
+    /// After a failure retrying may fix: the attempt, why, and when the next begins.
+    #[schema(required = true)]
+    pub retry: Option<Retry>,
+    /// The first user message, shortened.
+    pub title: String,
+    /// `provider/model`.
+    #[schema(example = "anthropic/claude-sonnet-4-5")]
+    pub model: String,
+    /// The current (or last) turn, from 1.
+    pub turn: u32,
+    /// The last log position.
+    pub last_seq: u64,
+    /// The signal a waiting session awaits.
+    #[schema(required = true)]
+    pub waiting_for: Option<String>,
+    /// The log position of the wait in progress (answer it with `?wait=N`).
+    #[schema(required = true)]
+    pub waiting_since: Option<u64>,
+    /// Why it waits.
+    #[schema(required = true)]
+    pub waiting_reason: Option<String>,
+    /// Why it ended, if it did.
+    #[schema(required = true)]
+    pub end_reason: Option<String>,
+    /// Tokens of recorded model calls.
+    pub usage: Usage,
+    /// Money spent on recorded model calls.
+    pub cost_usd: f64,
+    /// Whether the model has a price (built-in or configured), so money bounds hold.
+    pub priced: bool,
+    /// The money bound, if any.
+    #[schema(required = true)]
+    pub budget_usd: Option<f64>,
+    /// The session's bounds (absent: unbounded).
+    pub limits: Limits,
+    /// The bound that stopped the session, while it is escalated.
+    #[schema(required = true)]
+    pub escalated_by: Option<Breaker>,
+    /// The session's own network policy, if it has one.
+    #[schema(required = true)]
+    pub network: Option<String>,
+    /// The last turn's final answer.
+    #[schema(required = true)]
+    pub reply: Option<String>,
+    /// Created, ms since the Unix epoch.
+    pub created_at_ms: u64,
+    /// Last appended to, ms since the Unix epoch.
+    pub updated_at_ms: u64,
+}
+
+/// A retry scheduled after a failure.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Retry {
+    /// Failures in a row.
+    pub attempt: u32,
+    /// The last failure, in words.
+    pub reason: String,
+    /// When a worker may try again, ms since the Unix epoch.
+    pub next_attempt_at_ms: u64,
+}
+
+/// A row of `GET /v1/sessions`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionSummary {
+    /// The session's id.
+    pub id: String,
+    /// Who owns it.
+    pub owner: String,
+    /// Where it stands.
+    #[schema(value_type = SessionStatus)]
+    pub status: String,
+    /// The first user message, shortened.
+    pub title: String,
+    /// The last log position.
+    pub last_seq: u64,
+    /// Created, ms since the Unix epoch.
+    pub created_at_ms: u64,
+    /// Last appended to, ms since the Unix epoch.
+    pub updated_at_ms: u64,
+}
+
+impl From<steadfast_world::SessionSummary> for SessionSummary {
+    fn from(s: steadfast_world::SessionSummary) -> Self {
+        SessionSummary {
+            id: s.id,
+            owner: s.owner,
+            status: s.status,
+            title: s.title,
+            last_seq: s.last_seq,
+            created_at_ms: s.created_at_ms,
+            updated_at_ms: s.updated_at_ms,
+        }
+    }
+}
+
+/// The caller's sessions.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionList {
+    /// Newest first.
+    pub sessions: Vec<SessionSummary>,
+}
+
+/// An interrupt on its way to whichever worker drives the session.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Interrupting {
+    /// The inbox entry that carries it.
+    pub id: u64,
+    /// The session.
+    pub session: String,
+    /// Who interrupted.
+    pub by: String,
+}
+
+/// A session ended for good.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Closed {
+    /// The session.
+    pub id: String,
+    /// Always `completed`.
+    #[schema(value_type = SessionStatus)]
+    pub status: String,
+}
+
+/// A signal accepted.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"id": 12, "signal": "approval", "answers": 41}))]
+pub struct SignalAccepted {
+    /// The inbox entry that carries it.
+    pub id: u64,
+    /// Its name.
+    pub signal: String,
+    /// The log position of the wait it answers (none when queued for a later wait).
+    #[schema(required = true)]
+    pub answers: Option<u64>,
+}
+
+/// The result of checking a session's stored data.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Integrity {
+    /// Whether every record and blob read back as written.
+    pub ok: bool,
+    /// Records read (each one's checksum verified).
+    pub records: u64,
+    /// Each record whose blob is missing or corrupt.
+    pub damaged: Vec<steadfast_world::BlobDamage>,
+}
+
+/// The agents sessions can run here.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AgentList {
+    /// The native loop, every wrapped CLI adapter, every named agent.
+    pub agents: Vec<steadfast_harness::AgentInfo>,
+}
+
+/// One page of a session's events, as JSON.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventPage {
+    /// The public event schema's version.
+    pub schema: u32,
+    /// The events after `after`, in log order.
+    pub events: Vec<crate::public::PublicEvent>,
+    /// The cursor this page starts after.
+    pub after: u64,
+    /// The cursor of the next page (the last event's position).
+    pub next_after: u64,
+    /// Whether more events follow.
+    pub has_more: bool,
+}
+
+/// One server-sent event of a session's stream, as a client's SSE parser gives it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StreamFrame {
+    /// The log position (absent on the closing `end` frame).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `message` (the default, omitted on the wire), or `end` for the close.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    /// A [`crate::public::PublicEvent`] as JSON; `{}` on `end`.
+    pub data: String,
+}

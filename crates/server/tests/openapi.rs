@@ -1,0 +1,44 @@
+//! The checked-in `openapi.json` is the document the server generates from its types:
+//! a change to a route or a reply type that is not carried into the copy fails here.
+//! `STEADFAST_UPDATE_OPENAPI=1 cargo test -p steadfast-server --test openapi` rewrites
+//! the copy.
+
+use std::path::Path;
+
+#[test]
+fn the_checked_in_document_is_the_generated_one() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("openapi.json");
+    let generated = steadfast_server::openapi::document();
+    if std::env::var_os("STEADFAST_UPDATE_OPENAPI").is_some() {
+        std::fs::write(&path, generated).unwrap();
+    }
+    let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        checked_in == generated,
+        "{} is stale: run `STEADFAST_UPDATE_OPENAPI=1 cargo test -p steadfast-server --test openapi` and commit it",
+        path.display()
+    );
+}
+
+#[test]
+fn every_operation_answers_errors_as_the_error_schema() {
+    let doc: serde_json::Value =
+        serde_json::from_str(steadfast_server::openapi::document()).unwrap();
+    let mut operations = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            operations += 1;
+            assert!(op["summary"].is_string(), "{method} {path} has no summary");
+            for (status, response) in op["responses"].as_object().unwrap() {
+                if status.starts_with('4') || status.starts_with('5') {
+                    assert_eq!(
+                        response["content"]["application/json"]["schema"]["$ref"],
+                        "#/components/schemas/Error",
+                        "{method} {path} {status}"
+                    );
+                }
+            }
+        }
+    }
+    assert_eq!(operations, 17);
+}
