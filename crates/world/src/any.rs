@@ -130,6 +130,23 @@ impl World for AnyWorld {
         delegate!(self, w => w.census())
     }
 
+    async fn outbox_take(
+        &self,
+        now_ms: u64,
+        hold_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<crate::OutboxItem>> {
+        delegate!(self, w => w.outbox_take(now_ms, hold_ms, limit))
+    }
+
+    async fn outbox_settle(&self, id: u64, settled: &crate::Settled) -> Result<()> {
+        delegate!(self, w => w.outbox_settle(id, settled))
+    }
+
+    async fn outbox_prune(&self, before_ms: u64) -> Result<u64> {
+        delegate!(self, w => w.outbox_prune(before_ms))
+    }
+
     async fn list_sessions(&self) -> Result<Vec<SessionSummary>> {
         delegate!(self, w => w.list_sessions())
     }

@@ -593,3 +593,138 @@ pub async fn census_counts_sessions_and_the_queue<W: World>(world: &W) {
     world.release_lease(&claimed).await.unwrap();
     assert_eq!(world.census().await.unwrap().queued, 1);
 }
+
+/// The outbox queues exactly the records of [`crate::OUTBOX_KINDS`], with the append
+/// that commits them (a refused append queues nothing); a taken entry is held from
+/// other takers until settled or its hold lapses; a failure is retried when due and
+/// given up when said; delivered and given-up entries are never taken again; pruning
+/// forgets old entries.
+pub async fn the_outbox_queues_notable_records_with_their_append<W: World>(world: &W) {
+    use crate::{Settled, OUTBOX_KINDS};
+    let worker = Holder::new("worker");
+    world.create_session("s1", "alice").await.unwrap();
+    let lease = world.acquire_lease("s1", &worker, TTL).await.unwrap();
+    let notable = [
+        Event::WaitStarted {
+            name: "approval".into(),
+            reason: "may I?".into(),
+            call_id: None,
+            before_call: None,
+        },
+        Event::Escalated {
+            breaker: steadfast_log::Breaker::Turns,
+            reason: "turns".into(),
+            diff: vec![],
+        },
+        Event::TurnEnded {
+            turn: 1,
+            reply: None,
+        },
+        Event::TurnInterrupted {
+            turn: 1,
+            by: "alice".into(),
+            inbox_id: 1,
+            call_id: None,
+            stopped: true,
+        },
+        Event::SessionEnded {
+            state: steadfast_log::EndState::Completed,
+            reason: "closed".into(),
+            diff: vec![],
+        },
+    ];
+    assert_eq!(
+        notable.iter().map(Event::kind).collect::<Vec<_>>(),
+        OUTBOX_KINDS,
+        "every kind the outbox names is tested"
+    );
+    world
+        .append(&lease, &[started(), message(1, "go")])
+        .await
+        .unwrap();
+    let now = crate::now_ms();
+    assert!(world.outbox_take(now, 1_000, 10).await.unwrap().is_empty());
+    let records = world.append(&lease, &notable).await.unwrap();
+    // A stale holder's append commits nothing, so it queues nothing.
+    world.release_lease(&lease).await.unwrap();
+    let other = world
+        .acquire_lease("s1", &Holder::new("other"), TTL)
+        .await
+        .unwrap();
+    let ended = Event::TurnEnded {
+        turn: 2,
+        reply: None,
+    };
+    assert!(world.append(&lease, &[ended]).await.is_err());
+    world.append(&other, &[message(2, "more")]).await.unwrap();
+
+    let taken = world.outbox_take(now, 60_000, 10).await.unwrap();
+    assert_eq!(
+        taken
+            .iter()
+            .map(|i| (i.session.as_str(), i.seq, i.kind.as_str(), i.attempts))
+            .collect::<Vec<_>>(),
+        records
+            .iter()
+            .map(|r| ("s1", r.seq, r.event.kind(), 0))
+            .collect::<Vec<_>>()
+    );
+    assert!(taken.windows(2).all(|w| w[0].id < w[1].id));
+    assert_eq!(taken[0].at_ms, records[0].at_ms);
+    // Held: no other taker gets them before the hold lapses.
+    assert!(world
+        .outbox_take(now + 1, 1_000, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    let later = now + 60_000;
+    assert_eq!(world.outbox_take(later, 1_000, 2).await.unwrap().len(), 2);
+
+    world
+        .outbox_settle(taken[0].id, &Settled::Delivered { status: 200 })
+        .await
+        .unwrap();
+    world
+        .outbox_settle(
+            taken[1].id,
+            &Settled::Failed {
+                error: "503".into(),
+                retry_at_ms: Some(later + 5_000),
+            },
+        )
+        .await
+        .unwrap();
+    world
+        .outbox_settle(
+            taken[2].id,
+            &Settled::Failed {
+                error: "gone".into(),
+                retry_at_ms: None,
+            },
+        )
+        .await
+        .unwrap();
+    let due = world.outbox_take(later + 1_000, 1_000, 10).await.unwrap();
+    assert_eq!(
+        due.iter().map(|i| i.id).collect::<Vec<_>>(),
+        [taken[3].id, taken[4].id],
+        "the failed one waits for its retry; delivered and given-up ones are done"
+    );
+    // The failed one is due at its retry time, with its attempt counted; the two
+    // taken above and never settled (their taker died) are due again.
+    let retried = world.outbox_take(later + 5_000, 1_000, 10).await.unwrap();
+    assert_eq!(
+        retried
+            .iter()
+            .map(|i| (i.id, i.attempts))
+            .collect::<Vec<_>>(),
+        [(taken[1].id, 1), (taken[3].id, 0), (taken[4].id, 0)]
+    );
+
+    assert_eq!(world.outbox_prune(records[0].at_ms + 1).await.unwrap(), 5);
+    assert!(world
+        .outbox_take(later + 600_000, 1_000, 10)
+        .await
+        .unwrap()
+        .is_empty());
+}

@@ -18,6 +18,7 @@ pub mod blobs;
 pub mod conformance;
 mod heartbeat;
 mod live;
+pub mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod sqlite;
@@ -33,6 +34,7 @@ pub mod interrupt;
 pub use any::AnyWorld;
 pub use heartbeat::Heartbeat;
 pub use live::LiveSession;
+pub use outbox::{OutboxItem, Settled, OUTBOX_KINDS};
 
 /// Bumps a change counter (see [`World::changes`]).
 pub(crate) fn bump(tx: &tokio::sync::watch::Sender<u64>) {
@@ -312,6 +314,24 @@ pub trait World: Send + Sync + 'static {
     /// How many sessions are in each status, and how many have work due that no
     /// holder keeps (the queue's depth): what the metrics' census gauges show.
     fn census(&self) -> impl Future<Output = Result<Census>> + Send;
+
+    /// Takes up to `limit` outbox entries that are due at `now_ms` (oldest first) and
+    /// holds them until `now_ms + hold_ms`: no other taker gets them meanwhile, and
+    /// one its taker never settles is due again when the hold lapses. See
+    /// [`outbox`].
+    fn outbox_take(
+        &self,
+        now_ms: u64,
+        hold_ms: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<OutboxItem>>> + Send;
+
+    /// Records how an attempt to deliver entry `id` went.
+    fn outbox_settle(&self, id: u64, settled: &Settled) -> impl Future<Output = Result<()>> + Send;
+
+    /// Forgets the outbox entries of records appended before `before_ms`, delivered
+    /// or not. Returns how many.
+    fn outbox_prune(&self, before_ms: u64) -> impl Future<Output = Result<u64>> + Send;
 
     /// A counter that moves when sessions change, so stream tails and idle workers
     /// wake at once. SQLite: this process's appends and posts (other processes' are

@@ -37,6 +37,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
         9,
         include_str!("postgres/009_released_leases_are_fenced.sql"),
     ),
+    (10, include_str!("postgres/010_outbox.sql")),
 ];
 const UNIQUE_VIOLATION: &str = "23505";
 const STALE_FENCE: &str = "SF001";
@@ -982,6 +983,82 @@ impl World for PostgresWorld {
         .map_err(db)?;
         tx.commit().await.map_err(db)?;
         Ok(())
+    }
+
+    async fn outbox_take(
+        &self,
+        now_ms: u64,
+        hold_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<crate::OutboxItem>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "UPDATE steadfast_outbox SET next_at_ms = $2 WHERE id IN ( \
+                   SELECT id FROM steadfast_outbox \
+                    WHERE delivered_at_ms IS NULL AND NOT abandoned AND next_at_ms <= $1 \
+                    ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) \
+                 RETURNING id, session_id, seq, kind, at_ms, attempts",
+                &[
+                    &(now_ms as i64),
+                    &((now_ms + hold_ms) as i64),
+                    &(limit as i64),
+                ],
+            )
+            .await
+            .map_err(db)?;
+        let mut items: Vec<crate::OutboxItem> = rows
+            .iter()
+            .map(|r| crate::OutboxItem {
+                id: r.get::<_, i64>(0) as u64,
+                session: r.get(1),
+                seq: r.get::<_, i64>(2) as u64,
+                kind: r.get(3),
+                at_ms: r.get::<_, i64>(4) as u64,
+                attempts: r.get::<_, i32>(5) as u32,
+            })
+            .collect();
+        items.sort_by_key(|i| i.id);
+        Ok(items)
+    }
+
+    async fn outbox_settle(&self, id: u64, settled: &crate::Settled) -> Result<()> {
+        let client = self.client().await?;
+        let id = id as i64;
+        match settled {
+            crate::Settled::Delivered { status } => {
+                let (at, status) = (now_ms() as i64, i32::from(*status));
+                client
+                    .execute(
+                        "UPDATE steadfast_outbox SET delivered_at_ms = $2, status = $3 WHERE id = $1",
+                        &[&id, &at, &status],
+                    )
+                    .await
+            }
+            crate::Settled::Failed { error, retry_at_ms } => {
+                let (next, abandoned) = (retry_at_ms.unwrap_or(0) as i64, retry_at_ms.is_none());
+                client
+                    .execute(
+                        "UPDATE steadfast_outbox SET attempts = attempts + 1, last_error = $2, \
+                         next_at_ms = $3, abandoned = $4 WHERE id = $1",
+                        &[&id, error, &next, &abandoned],
+                    )
+                    .await
+            }
+        }
+        .map_err(db)?;
+        Ok(())
+    }
+
+    async fn outbox_prune(&self, before_ms: u64) -> Result<u64> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "DELETE FROM steadfast_outbox WHERE at_ms < $1",
+                &[&(before_ms as i64)],
+            )
+            .await
+            .map_err(db)
     }
 
     async fn census(&self) -> Result<crate::Census> {

@@ -15,7 +15,31 @@ use crate::{
 };
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records the last.
-const MIGRATIONS: &[&str] = &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4];
+const MIGRATIONS: &[&str] = &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5];
+
+/// The outbox ([`crate::outbox`]): a trigger queues each record of a kind in
+/// [`crate::OUTBOX_KINDS`] in the transaction that appends it.
+const SCHEMA_V5: &str = r#"
+CREATE TABLE outbox (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id      TEXT NOT NULL,
+    seq             INTEGER NOT NULL,
+    kind            TEXT NOT NULL,
+    at_ms           INTEGER NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    next_at_ms      INTEGER NOT NULL DEFAULT 0,
+    delivered_at_ms INTEGER,
+    status          INTEGER,
+    last_error      TEXT,
+    abandoned       INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX outbox_due ON outbox (next_at_ms, id) WHERE delivered_at_ms IS NULL AND abandoned = 0;
+CREATE TRIGGER outbox_queue AFTER INSERT ON events
+    WHEN NEW.kind IN ('wait_started', 'escalated', 'turn_ended', 'turn_interrupted', 'session_ended')
+BEGIN
+    INSERT INTO outbox (session_id, seq, kind, at_ms) VALUES (NEW.session_id, NEW.seq, NEW.kind, NEW.at_ms);
+END;
+"#;
 
 /// A session whose driving failed in a way retrying may fix waits until its retry
 /// time before any worker takes it (0: at once).
@@ -756,6 +780,79 @@ impl World for SqliteWorld {
             tx.execute("DELETE FROM inbox WHERE session_id = ?1", [&session])
                 .map_err(backend)?;
             tx.commit().map_err(backend)
+        })
+        .await
+    }
+
+    async fn outbox_take(
+        &self,
+        now_ms: u64,
+        hold_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<crate::OutboxItem>> {
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            let items = tx
+                .prepare_cached(
+                    "SELECT id, session_id, seq, kind, at_ms, attempts FROM outbox \
+                     WHERE delivered_at_ms IS NULL AND abandoned = 0 AND next_at_ms <= ?1 \
+                     ORDER BY id LIMIT ?2",
+                )
+                .map_err(backend)?
+                .query_map(params![now_ms, limit as u64], |r| {
+                    Ok(crate::OutboxItem {
+                        id: r.get(0)?,
+                        session: r.get(1)?,
+                        seq: r.get(2)?,
+                        kind: r.get(3)?,
+                        at_ms: r.get(4)?,
+                        attempts: r.get(5)?,
+                    })
+                })
+                .map_err(backend)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(backend)?;
+            for item in &items {
+                tx.execute(
+                    "UPDATE outbox SET next_at_ms = ?2 WHERE id = ?1",
+                    params![item.id, now_ms + hold_ms],
+                )
+                .map_err(backend)?;
+            }
+            tx.commit().map_err(backend)?;
+            Ok(items)
+        })
+        .await
+    }
+
+    async fn outbox_settle(&self, id: u64, settled: &crate::Settled) -> Result<()> {
+        let settled = settled.clone();
+        self.with(move |conn| {
+            match settled {
+                crate::Settled::Delivered { status } => conn.execute(
+                    "UPDATE outbox SET delivered_at_ms = ?2, status = ?3 WHERE id = ?1",
+                    params![id, now_ms(), status],
+                ),
+                crate::Settled::Failed { error, retry_at_ms } => conn.execute(
+                    "UPDATE outbox SET attempts = attempts + 1, last_error = ?2, \
+                     next_at_ms = ?3, abandoned = ?4 WHERE id = ?1",
+                    params![id, error, retry_at_ms.unwrap_or(0), retry_at_ms.is_none()],
+                ),
+            }
+            .map_err(backend)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn outbox_prune(&self, before_ms: u64) -> Result<u64> {
+        self.with(move |conn| {
+            let n = conn
+                .execute("DELETE FROM outbox WHERE at_ms < ?1", [before_ms])
+                .map_err(backend)?;
+            Ok(n as u64)
         })
         .await
     }

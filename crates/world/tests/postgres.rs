@@ -401,3 +401,9 @@ async fn census_counts_sessions_and_the_queue() {
     let db = TestDb::new().await;
     conformance::census_counts_sessions_and_the_queue(&db.world().await).await;
 }
+
+#[tokio::test]
+async fn the_outbox_queues_notable_records_with_their_append() {
+    let db = TestDb::new().await;
+    conformance::the_outbox_queues_notable_records_with_their_append(&db.world().await).await;
+}

@@ -230,3 +230,8 @@ async fn a_scheduled_retry_holds_the_session_back() {
 async fn census_counts_sessions_and_the_queue() {
     conformance::census_counts_sessions_and_the_queue(&world().1).await;
 }
+
+#[tokio::test]
+async fn the_outbox_queues_notable_records_with_their_append() {
+    conformance::the_outbox_queues_notable_records_with_their_append(&world().1).await;
+}
