@@ -80,6 +80,54 @@ pub struct ServerConfig {
     /// `["https://app.example.com"]`; `["*"]` for any. None by default.
     #[serde(default)]
     pub cors_origins: Vec<String>,
+    /// Session changes POSTed to the operator's endpoint (`[server.webhook]`).
+    #[serde(default)]
+    pub webhook: WebhookConfig,
+}
+
+/// Webhooks out: every session that waits, is escalated, finishes a turn, is
+/// interrupted or ends is announced to `url`, signed with the secret the named
+/// environment variable holds.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// The endpoint (`https://...`); none: no webhooks.
+    pub url: Option<String>,
+    /// The environment variable holding the signing secret (default
+    /// `STEADFAST_WEBHOOK_SECRET`); the secret itself never goes in the file.
+    pub secret_env: Option<String>,
+    /// Attempts before a delivery is given up; default 12.
+    pub max_attempts: Option<u32>,
+    /// The delay after the first failure, milliseconds (doubling, with jitter, up to
+    /// five minutes); default 2000.
+    pub first_retry_ms: Option<u64>,
+}
+
+impl WebhookConfig {
+    /// The deliverer's options, if webhooks are configured; an error if the secret
+    /// is missing.
+    pub fn options(&self) -> anyhow::Result<Option<steadfast_server::webhooks::WebhookOptions>> {
+        let Some(url) = &self.url else {
+            return Ok(None);
+        };
+        let var = self
+            .secret_env
+            .as_deref()
+            .unwrap_or("STEADFAST_WEBHOOK_SECRET");
+        let secret = std::env::var(var).unwrap_or_default();
+        anyhow::ensure!(
+            !secret.is_empty(),
+            "[server.webhook]: the signing secret is not set: put it in ${var} (or name another variable with secret-env)"
+        );
+        let mut options = steadfast_server::webhooks::WebhookOptions::new(url, &secret);
+        if let Some(n) = self.max_attempts {
+            options.max_attempts = n;
+        }
+        if let Some(ms) = self.first_retry_ms {
+            options.backoff.first = std::time::Duration::from_millis(ms);
+        }
+        Ok(Some(options))
+    }
 }
 
 /// A configured token.
@@ -407,6 +455,17 @@ impl Config {
                 "[server] cors-origins: {origin:?} is not an origin (scheme://host[:port], no path), or \"*\""
             );
         }
+        if let Some(url) = &self.server.webhook.url {
+            anyhow::ensure!(
+                (url.starts_with("https://") || url.starts_with("http://"))
+                    && reqwest::Url::parse(url).is_ok(),
+                "[server.webhook] url: {url:?} is not an http(s) URL"
+            );
+        }
+        anyhow::ensure!(
+            self.server.webhook.max_attempts != Some(0),
+            "[server.webhook] max-attempts: at least 1"
+        );
         let mut seen = std::collections::BTreeSet::new();
         for agent in &self.agents.named {
             anyhow::ensure!(
@@ -562,6 +621,34 @@ mod tests {
             .contains("unknown adapter"));
         let bad_network = "[sandbox]\nnetwork = \"everywhere\"\n";
         assert!(parse(bad_network).is_err());
+    }
+
+    #[test]
+    fn a_webhook_needs_an_http_url_a_secret_in_the_environment_and_an_attempt() {
+        let parse = |text: &str| {
+            let cfg: Config = toml::from_str(text)?;
+            cfg.check()?;
+            anyhow::Ok(cfg)
+        };
+        assert!(parse("[server.webhook]\nurl = \"ftp://hooks.example.com\"").is_err());
+        assert!(parse("[server.webhook]\nurl = \"https://\"").is_err());
+        assert!(parse("[server.webhook]\nurl = \"https://h.example\"\nmax-attempts = 0").is_err());
+        assert!(
+            parse("[server.webhook]\nsecret = \"inline\"").is_err(),
+            "no secrets in the file"
+        );
+        let cfg = parse(
+            "[server.webhook]\nurl = \"https://hooks.example.com/x\"\nsecret-env = \"SF_TEST_HOOK_SECRET_UNSET\"",
+        )
+        .unwrap();
+        let err = cfg.server.webhook.options().err().unwrap().to_string();
+        assert!(err.contains("SF_TEST_HOOK_SECRET_UNSET"), "{err}");
+        assert!(Config::default()
+            .server
+            .webhook
+            .options()
+            .unwrap()
+            .is_none());
     }
 
     #[test]

@@ -111,6 +111,11 @@ struct HttpLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabel {
     route: String,
 }
@@ -146,6 +151,8 @@ pub struct Metrics {
     gateway_exchanges: Family<ModeLabel, Counter>,
     http_requests: Family<HttpLabels, Counter>,
     http_request_seconds: Seconds<RouteLabel>,
+    webhook_deliveries: Family<ResultLabel, Counter>,
+    webhook_delivery_seconds: Histogram,
     timings: Mutex<Timings>,
     seen: Mutex<HashMap<&'static str, HashSet<String>>>,
 }
@@ -175,6 +182,8 @@ impl Metrics {
             gateway_exchanges: Family::default(),
             http_requests: Family::default(),
             http_request_seconds: Family::new_with_constructor(seconds),
+            webhook_deliveries: Family::default(),
+            webhook_delivery_seconds: seconds(),
             timings: Mutex::new(Timings::default()),
             seen: Mutex::new(HashMap::new()),
         };
@@ -271,6 +280,16 @@ impl Metrics {
             "http_request_duration_seconds",
             "API requests until their response head, by route",
             self.http_request_seconds.clone(),
+        );
+        r.register(
+            "webhook_deliveries",
+            "Webhook delivery attempts, by result (delivered, failed: to be retried, abandoned: given up)",
+            self.webhook_deliveries.clone(),
+        );
+        r.register(
+            "webhook_delivery_duration_seconds",
+            "One webhook delivery attempt, until the receiver's answer",
+            self.webhook_delivery_seconds.clone(),
         );
         self
     }
@@ -488,6 +507,15 @@ impl Metrics {
         self.gateway_exchanges
             .get_or_create(&ModeLabel { mode })
             .inc();
+    }
+
+    /// Records a webhook delivery attempt: `delivered`, `failed` (to be retried) or
+    /// `abandoned` (given up).
+    pub fn webhook_delivery(&self, result: &'static str, took: Duration) {
+        self.webhook_deliveries
+            .get_or_create(&ResultLabel { result })
+            .inc();
+        self.webhook_delivery_seconds.observe(took.as_secs_f64());
     }
 
     /// Records an API request: `route` is the matched route's pattern (bounded by the

@@ -20,6 +20,7 @@ pub mod openapi;
 mod public;
 mod routes;
 mod stream;
+pub mod webhooks;
 mod wire;
 
 use std::path::PathBuf;

@@ -22,6 +22,9 @@ pub struct GcArgs {
     min_age_secs: u64,
 }
 
+/// How long webhook outbox entries are kept (the deliverer's retention too).
+const OUTBOX_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// Every snapshot a log mentions.
 fn snapshots(events: impl Iterator<Item = Event>, out: &mut BTreeSet<String>) {
     for event in events {
@@ -69,10 +72,15 @@ pub async fn run(home: &Path, config: &Config, args: GcArgs) -> anyhow::Result<E
         drive.gc(&keep, Duration::from_secs(args.min_age_secs))
     })
     .await??;
+    // The webhook outbox keeps each announced change as the record of its deliveries
+    // for a while; without a deliverer (no webhook configured) its entries only age.
+    let before = steadfast_world::now_ms().saturating_sub(OUTBOX_RETENTION.as_millis() as u64);
+    let announced = world.outbox_prune(before).await?;
     eprintln!(
-        "steadfast: {} sessions scanned; {removed} drive objects and {blobs_removed} blobs no log references, older than {}s, removed",
+        "steadfast: {} sessions scanned; {removed} drive objects and {blobs_removed} blobs no log references, older than {}s, removed; {announced} webhook outbox entries older than {} days forgotten",
         sessions.len(),
-        args.min_age_secs
+        args.min_age_secs,
+        OUTBOX_RETENTION.as_secs() / 86_400
     );
     Ok(ExitCode::SUCCESS)
 }

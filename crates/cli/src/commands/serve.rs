@@ -131,6 +131,7 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
     let world = setup::world(home, config, false).await?;
     let (harness, fake) = setup::shared_harness(home, config, world).await?;
     let metrics = args.metrics.start(harness.world().clone()).await?;
+    let webhook = config.server.webhook.options()?;
     let workspaces = home.join("workspaces");
     std::fs::create_dir_all(&workspaces)?;
     let mut state = ServerState::new(
@@ -155,6 +156,11 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
     );
     println!("http://{addr}");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    if let Some(options) = webhook {
+        let world = harness.world().clone();
+        let stop = stop_rx.clone();
+        tokio::spawn(steadfast_server::webhooks::deliver(world, options, stop));
+    }
     let mut workers = spawn_workers(harness, args.workers, stop_rx);
     // On SIGTERM or Ctrl-C: stop accepting, let requests finish, but never wait on
     // open event streams (they do not end by themselves) longer than the grace.
