@@ -329,6 +329,11 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                     input_schema: t.input_schema,
                 })
                 .chain(std::iter::once(approval_tool()))
+                .chain(self.state.client_tools.iter().map(|t| ToolDef {
+                    name: t.name.clone(),
+                    description: t.description.clone(),
+                    input_schema: t.input_schema.clone(),
+                }))
                 .collect(),
             max_tokens: self.harness.options.max_tokens,
         }
@@ -537,6 +542,28 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                     },
                     Event::WaitStarted {
                         name: APPROVAL_SIGNAL.into(),
+                        reason,
+                        call_id: Some(call.id),
+                        before_call: None,
+                    },
+                ])
+                .await;
+        }
+        if let Some(tool) = crate::client_tools::find(&self.state.client_tools, &call.name) {
+            // The client runs it: the intent and the wait for its result go in
+            // together, and the session sleeps holding nothing until the result comes.
+            let reason = format!("waiting for the client to run `{}`", tool.name);
+            return self
+                .append(vec![
+                    Event::ToolCallIntent {
+                        call_id: call.id.clone(),
+                        tool: call.name.clone(),
+                        input: call.input.clone(),
+                        class: ToolClass::External,
+                        snapshot_before: None,
+                    },
+                    Event::WaitStarted {
+                        name: steadfast_log::tool_result_signal(&call.id),
                         reason,
                         call_id: Some(call.id),
                         before_call: None,

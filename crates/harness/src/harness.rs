@@ -133,6 +133,9 @@ pub struct NewSession {
     /// The sandbox's network policy for this session (`deny-all`, `open`,
     /// `allow:host,...`); `None` for the harness's default.
     pub network: Option<String>,
+    /// Tools the session's client runs (native agent only): calling one waits for
+    /// the client's result.
+    pub client_tools: Vec<steadfast_log::ClientTool>,
 }
 
 impl NewSession {
@@ -148,6 +151,7 @@ impl NewSession {
             approve_external: false,
             limits: Default::default(),
             network: None,
+            client_tools: Vec::new(),
         }
     }
 
@@ -292,6 +296,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         if let Some(policy) = &new.network {
             steadfast_sandbox::NetworkPolicy::parse(policy).map_err(Error::Invalid)?;
         }
+        crate::client_tools::check(&new.agent, &new.client_tools).map_err(Error::Invalid)?;
         std::fs::create_dir_all(&new.workspace)
             .map_err(|e| Error::Invalid(format!("workspace {}: {e}", new.workspace.display())))?;
         let workspace = new
@@ -319,6 +324,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             approve_external: new.approve_external,
             limits: new.limits,
             network: new.network,
+            client_tools: new.client_tools,
         }];
         if let Some(text) = new.task {
             events.push(Event::UserMessage {

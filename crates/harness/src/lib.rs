@@ -48,6 +48,7 @@
 //! ```
 
 mod backoff;
+pub mod client_tools;
 mod control;
 mod diff;
 mod driver;

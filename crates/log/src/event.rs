@@ -273,6 +273,31 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+/// What the signal that answers a client tool's call begins with; the whole name is
+/// [`tool_result_signal`]. Its payload is `{"call_id", "content", "is_error"}`; the
+/// content is the tool's result.
+pub const TOOL_RESULT_SIGNAL: &str = "tool_result";
+
+/// The signal that answers client tool call `call_id`: one name per call, so a result
+/// sent twice, or late, can answer no other call (no later wait has its name).
+pub fn tool_result_signal(call_id: &str) -> String {
+    format!("{TOOL_RESULT_SIGNAL}.{call_id}")
+}
+
+/// A tool that a session's client runs: the model calls it like any other, and the
+/// session waits, durably, until the client posts the result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ClientTool {
+    /// Its name, as the model calls it.
+    pub name: String,
+    /// What it does, for the model.
+    #[serde(default)]
+    pub description: String,
+    /// The JSON Schema of its input (an object schema).
+    #[schema(value_type = Object)]
+    pub input_schema: serde_json::Value,
+}
+
 /// The signal that resumes an escalated session. Its payload may raise limits:
 /// `{"max_cost_usd": 2.5, "max_tokens": 10000, "max_turns": 20, "max_duration_s": 3600}`.
 pub const RESUME_SIGNAL: &str = "resume";
@@ -335,6 +360,10 @@ pub enum Event {
         /// `allow:host,...`), when it differs from the harness's default.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         network: Option<String>,
+        /// Tools the session's client runs (not the harness): calling one waits for
+        /// the client's result (`tool_result` signal).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        client_tools: Vec<ClientTool>,
     },
     /// A user message, which opens a turn.
     UserMessage {
@@ -601,6 +630,7 @@ impl Event {
             approve_external: false,
             limits: Limits::default(),
             network: None,
+            client_tools: Vec::new(),
         }
     }
 

@@ -246,6 +246,8 @@ pub struct SessionState {
     pub limits: Limits,
     /// Whether external-effect calls wait for approval.
     pub approve_external: bool,
+    /// The tools the session's client runs.
+    pub client_tools: Vec<crate::ClientTool>,
     /// Whether the session is over for good.
     pub ended: bool,
     /// The session's own network policy, if it has one.
@@ -335,6 +337,7 @@ impl SessionState {
             approve_external,
             limits,
             network,
+            client_tools,
         } = &record.event
         else {
             return Err(FoldError::NotStarted);
@@ -371,6 +374,7 @@ impl SessionState {
                 ..*limits
             },
             approve_external: *approve_external,
+            client_tools: client_tools.clone(),
             ended: false,
             network: network.clone(),
             escalated: None,
@@ -764,7 +768,22 @@ impl SessionState {
                 if let Some(call_id) = &wait.call_id {
                     self.take_pending_tool(call_id)
                         .ok_or_else(|| bad("the waiting tool call is not in flight"))?;
-                    self.push_result(call_id, format!("signal {name} arrived: {payload}"), false);
+                    if *name == crate::tool_result_signal(call_id) {
+                        // A client tool's result is the client's content, as it sent it.
+                        let content = match payload.get("content") {
+                            Some(serde_json::Value::String(text)) => text.clone(),
+                            Some(other) => other.to_string(),
+                            None => String::new(),
+                        };
+                        let is_error = payload.get("is_error").and_then(serde_json::Value::as_bool);
+                        self.push_result(call_id, content, is_error == Some(true));
+                    } else {
+                        self.push_result(
+                            call_id,
+                            format!("signal {name} arrived: {payload}"),
+                            false,
+                        );
+                    }
                 }
                 if let Some(call_id) = &wait.before_call {
                     if denied {

@@ -306,6 +306,7 @@ mod tests {
                 approve_external: false,
                 limits: Default::default(),
                 network: None,
+                client_tools: Vec::new(),
             },
         };
         let mut enc = encode("s", &rec);

@@ -37,6 +37,7 @@ events (schema 1): `PublicEvent`, one type per kind of log record.";
         messages::post_message,
         messages::events,
         messages::signal,
+        messages::tool_result,
         routes::openapi,
         routes::healthz,
         routes::metrics,

@@ -91,6 +91,9 @@ pub struct Session {
     /// Why it waits.
     #[schema(required = true)]
     pub waiting_reason: Option<String>,
+    /// The tool call the wait is for (a client tool to run, or an approval asked for).
+    #[schema(required = true)]
+    pub waiting_call: Option<WaitingCall>,
     /// Why it ended, if it did.
     #[schema(required = true)]
     pub end_reason: Option<String>,
@@ -118,6 +121,17 @@ pub struct Session {
     pub created_at_ms: u64,
     /// Last appended to, ms since the Unix epoch.
     pub updated_at_ms: u64,
+}
+
+/// A tool call a session waits on.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WaitingCall {
+    /// The call (what `POST .../tool_results` answers).
+    pub call_id: String,
+    /// The tool.
+    pub tool: String,
+    /// Its input, as the model gave it.
+    pub input: serde_json::Value,
 }
 
 /// A retry scheduled after a failure.

@@ -40,5 +40,5 @@ fn every_operation_answers_errors_as_the_error_schema() {
             }
         }
     }
-    assert_eq!(operations, 17);
+    assert_eq!(operations, 18);
 }

@@ -1,5 +1,6 @@
 //! A whole session through the API — create, stream, steer, wait and signal,
-//! escalate and resume, inspect, interrupt, close, delete, and the errors on the way —
+//! escalate and resume, a client tool answered, inspect, interrupt, close, delete, and
+//! the errors on the way —
 //! with every response and every event validated, by a JSON Schema validator, against
 //! the OpenAPI document the server generates and serves: the schema of that
 //! operation's status and content type. A reply or an event the document does not
@@ -194,7 +195,9 @@ async fn a_whole_session_answers_only_what_the_document_describes() {
             {"tool_calls": [{"name": "request_approval", "input": {"reason": "may I push?"}}]},
             {"text": "approved, done"},
             {"text": "resumed", "tool_calls": [{"name": "bash", "input": {"command": "printf 'two\\n' >> notes.txt"}}]},
-            {"text": "all done"}
+            {"text": "all done"},
+            {"text": "looking the ticket up", "tool_calls": [{"name": "lookup_ticket", "input": {"id": 7}}]},
+            {"text": "ticket 7 is closed"}
         ]),
         dev(),
         1,
@@ -222,7 +225,8 @@ async fn a_whole_session_answers_only_what_the_document_describes() {
             &url,
             "/v1/sessions",
             "/v1/sessions",
-            Some(json!({"task": "write the notes", "budget": {"max_turns": 3}, "workspace": {"kind": "empty", "files": {"README.md": "# notes\n"}}})),
+            Some(json!({"task": "write the notes", "budget": {"max_turns": 3}, "workspace": {"kind": "empty", "files": {"README.md": "# notes\n"}},
+                        "tools": [{"name": "lookup_ticket", "description": "Look a ticket up", "input_schema": {"type": "object", "properties": {"id": {"type": "integer"}}}}]})),
         )
         .await;
     assert_eq!(status, 201, "{created}");
@@ -378,11 +382,56 @@ async fn a_whole_session_answers_only_what_the_document_describes() {
     assert_eq!(status, 202);
     wait_status(&url, &id, None, "idle").await;
 
-    // Inspect: state, listing, pages, the workspace then and now, its diff, integrity.
     let (_, shown) = c
         .call(M::GET, &url, "/v1/sessions/{id}", &session, None)
         .await;
     assert_eq!(shown["reply"], "all done");
+
+    // A fifth turn calls the client's tool: the session waits until the client answers.
+    let ask = reqwest::Client::new()
+        .post(format!("{url}{session}/messages"))
+        .json(&json!({"text": "what about ticket 7?"}))
+        .send()
+        .await
+        .unwrap();
+    wait_status(&url, &id, None, "waiting").await;
+    let (_, shown) = c
+        .call(M::GET, &url, "/v1/sessions/{id}", &session, None)
+        .await;
+    assert_eq!(shown["waiting_call"]["tool"], "lookup_ticket", "{shown}");
+    let call_id = shown["waiting_call"]["call_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let results = format!("{session}/tool_results");
+    let (status, _) = c
+        .call(
+            M::POST,
+            &url,
+            "/v1/sessions/{id}/tool_results",
+            &results,
+            Some(json!({"call_id": "nope", "content": "x"})),
+        )
+        .await;
+    assert_eq!(status, 409);
+    let (status, _) = c
+        .call(
+            M::POST,
+            &url,
+            "/v1/sessions/{id}/tool_results",
+            &results,
+            Some(json!({"call_id": call_id, "content": {"state": "closed"}})),
+        )
+        .await;
+    assert_eq!(status, 202);
+    c.stream(ask, "/v1/sessions/{id}/messages", "post").await;
+    wait_status(&url, &id, None, "idle").await;
+
+    // Inspect: state, listing, pages, the workspace then and now, its diff, integrity.
+    let (_, shown) = c
+        .call(M::GET, &url, "/v1/sessions/{id}", &session, None)
+        .await;
+    assert_eq!(shown["reply"], "ticket 7 is closed");
     let (_, listing) = c
         .call(M::GET, &url, "/v1/sessions", "/v1/sessions", None)
         .await;

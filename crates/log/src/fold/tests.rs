@@ -23,6 +23,7 @@ impl Log {
             approve_external: false,
             limits: Default::default(),
             network: None,
+            client_tools: Vec::new(),
         });
         log
     }
@@ -463,4 +464,48 @@ fn a_wrapped_turn_knows_where_it_began_and_keeps_its_external_facts() {
         inbox_id: None,
     });
     assert!(fold(&log.0).unwrap().external_facts.is_empty());
+}
+
+#[test]
+fn a_client_tools_result_is_the_clients_content_for_its_own_call_only() {
+    let mut log = Log::new();
+    log.push(Event::UserMessage {
+        turn: 1,
+        text: "look it up".into(),
+        inbox_id: None,
+    });
+    log.model("m1", 1, &["t1"]);
+    log.tool_intent("t1", ToolClass::External);
+    log.push(Event::WaitStarted {
+        name: crate::tool_result_signal("t1"),
+        reason: "waiting for the client".into(),
+        call_id: Some("t1".into()),
+        before_call: None,
+    });
+    let waiting = fold(&log.0).unwrap();
+    assert_eq!(waiting.status, Status::Waiting);
+    // A result named for another call is no answer to this wait.
+    let mut wrong = Log(log.0.clone());
+    wrong.push(Event::SignalReceived {
+        name: crate::tool_result_signal("t0"),
+        payload: json!({"call_id": "t0", "content": "stale"}),
+        inbox_id: 1,
+    });
+    assert!(fold(&wrong.0).is_err());
+    log.push(Event::SignalReceived {
+        name: crate::tool_result_signal("t1"),
+        payload: json!({"call_id": "t1", "content": "ticket not found", "is_error": true}),
+        inbox_id: 1,
+    });
+    let state = fold(&log.0).unwrap();
+    assert_eq!(state.status, Status::Running);
+    assert_eq!(
+        state.conversation.last().unwrap().content,
+        [Block::ToolResult {
+            tool_use_id: "t1".into(),
+            content: "ticket not found".into(),
+            is_error: true,
+        }]
+    );
+    assert_eq!(state.next(), Next::CallModel { step: 2 });
 }

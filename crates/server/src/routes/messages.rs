@@ -303,6 +303,13 @@ pub(crate) async fn signal<W: World + Clone>(
             "name: `interrupt` is reserved; POST /v1/sessions/{id}/interrupt stops a turn",
         ));
     }
+    if name.starts_with(steadfast_log::TOOL_RESULT_SIGNAL) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_signal",
+            "name: client tool results are posted to /v1/sessions/{id}/tool_results",
+        ));
+    }
     if name == steadfast_log::RESUME_SIGNAL {
         crate::bounds::check_resume(&payload, &state.ceilings())?;
     }
@@ -312,6 +319,94 @@ pub(crate) async fn signal<W: World + Clone>(
     let target = steadfast_harness::SignalTarget {
         queue: query.queue,
         wait: query.wait,
+    };
+    let (inbox_id, answers) = state.harness.signal(&id, &name, &payload, target).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(wire::SignalAccepted {
+            id: inbox_id,
+            signal: name,
+            answers,
+        }),
+    ))
+}
+
+/// A client tool's result.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"call_id": "toolu_01A09q90qw90lq917835lq9", "content": "ticket 4521: open, assigned to alice", "is_error": false}))]
+pub(crate) struct ToolResult {
+    /// The call answered: its `call_id` in the `tool_call_intent` and `wait_started`
+    /// events (the session's `waiting_call`).
+    call_id: String,
+    /// The result, as the model will see it: text, or any JSON (given to the model as
+    /// its JSON text).
+    content: Value,
+    /// Whether the tool failed.
+    #[serde(default)]
+    is_error: bool,
+}
+
+/// Answer a client tool's call
+///
+/// The session waits, holding no worker or sandbox, from the model's call of a tool
+/// its client runs until this answers it; the result goes to the model as the call's
+/// result and the turn goes on. A call is answered once: a result for a call the
+/// session does not wait for (answered already, or never made) is a 409
+/// `not_waiting` and changes nothing.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/tool_results",
+    params(("id" = String, Path, description = "The session's id")),
+    request_body = ToolResult,
+    responses(
+        (status = 202, description = "Taken: the turn goes on", body = wire::SignalAccepted),
+        (status = 400, description = "The body is not JSON", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 404, description = "No such session, or not the caller's", body = wire::Error),
+        (status = 409, description = "The session does not wait for this call (`not_waiting`)", body = wire::Error),
+        (status = 413, description = "The body is larger than the limit", body = wire::Error),
+        (status = 415, description = "The body is not `application/json`", body = wire::Error),
+        (status = 422, description = "A field's value is refused (the message names it)", body = wire::Error),
+    )
+)]
+pub(crate) async fn tool_result<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Body(req): Body<ToolResult>,
+) -> Result<(StatusCode, Json<wire::SignalAccepted>), ApiError> {
+    let owner = state.auth.owner(&headers)?;
+    owned(&state, &id, &owner).await?;
+    let session = state.harness.state(&id).await?;
+    let awaited = session
+        .waiting
+        .as_ref()
+        .filter(|w| w.call_id.as_deref() == Some(req.call_id.as_str()))
+        .filter(|w| w.name == steadfast_log::tool_result_signal(&req.call_id));
+    let Some(wait) = awaited else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_waiting",
+            format!(
+                "call_id: session {id} does not wait for the result of `{}` ({})",
+                req.call_id,
+                match &session.waiting {
+                    Some(w) => format!("it waits for `{}`", w.name),
+                    None => format!("it is {}", session.status),
+                }
+            ),
+        ));
+    };
+    let name = wait.name.clone();
+    let payload = serde_json::json!({
+        "call_id": req.call_id,
+        "content": req.content,
+        "is_error": req.is_error,
+    });
+    let target = steadfast_harness::SignalTarget {
+        queue: false,
+        wait: Some(wait.seq),
     };
     let (inbox_id, answers) = state.harness.signal(&id, &name, &payload, target).await?;
     Ok((

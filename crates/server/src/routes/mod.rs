@@ -43,6 +43,10 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
         )
         .route("/v1/sessions/{id}/events", get(messages::events::<W>))
         .route(
+            "/v1/sessions/{id}/tool_results",
+            post(messages::tool_result::<W>),
+        )
+        .route(
             "/v1/sessions/{id}/signals/{name}",
             post(messages::signal::<W>),
         )

@@ -49,6 +49,11 @@ pub(crate) struct CreateSession {
     /// A first message, starting work at once.
     #[serde(default)]
     task: Option<String>,
+    /// Tools the client runs (native agent only), as in the Anthropic and OpenAI APIs:
+    /// when the model calls one, the session waits, holding no worker or sandbox,
+    /// until `POST /v1/sessions/{id}/tool_results` answers the call.
+    #[serde(default)]
+    tools: Vec<steadfast_log::ClientTool>,
 }
 
 /// Where a new session's workspace comes from.
@@ -156,6 +161,7 @@ pub(crate) async fn create<W: World + Clone>(
             ));
         }
     }
+    steadfast_harness::client_tools::check(&agent, &req.tools).map_err(invalid)?;
     let named_model = state
         .harness
         .options()
@@ -216,6 +222,7 @@ pub(crate) async fn create<W: World + Clone>(
     new.limits = limits;
     new.approve_external = req.approve_external;
     new.network = req.network;
+    new.client_tools = req.tools;
     let id = state.harness.start_session(new).await?;
     made.keep();
     let summary = state.harness.world().session(&id).await?;
@@ -365,6 +372,16 @@ pub(crate) async fn show<W: World + Clone>(
         waiting_for: s.waiting.as_ref().map(|w| w.name.clone()),
         waiting_since: s.waiting.as_ref().map(|w| w.seq),
         waiting_reason: s.waiting.as_ref().map(|w| w.reason.clone()),
+        waiting_call: s
+            .waiting
+            .as_ref()
+            .and_then(|w| w.call_id.as_ref())
+            .and_then(|id| s.pending_tool.as_ref().filter(|p| &p.call_id == id))
+            .map(|p| wire::WaitingCall {
+                call_id: p.call_id.clone(),
+                tool: p.tool.clone(),
+                input: p.input.clone(),
+            }),
         end_reason: s.end_reason.clone(),
         usage: s.usage,
         cost_usd: s.cost_micro_usd as f64 / 1e6,
