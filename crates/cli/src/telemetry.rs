@@ -92,9 +92,31 @@ pub fn provider() -> Result<Option<SdkTracerProvider>, String> {
     let provider = SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
         .with_resource(resource)
+        .with_id_generator(TurnIds::default())
         .build();
     opentelemetry::global::set_tracer_provider(provider.clone());
     Ok(Some(provider))
+}
+
+/// Span ids: random, except for a turn's root span, which takes the ids derived from
+/// the log ([`steadfast_metrics::trace::pinned_ids`]) that its children name as parent.
+#[derive(Debug, Default)]
+struct TurnIds(opentelemetry_sdk::trace::RandomIdGenerator);
+
+impl opentelemetry_sdk::trace::IdGenerator for TurnIds {
+    fn new_trace_id(&self) -> opentelemetry::trace::TraceId {
+        match steadfast_metrics::trace::pinned_ids() {
+            Some((trace, _)) => trace,
+            None => self.0.new_trace_id(),
+        }
+    }
+
+    fn new_span_id(&self) -> opentelemetry::trace::SpanId {
+        match steadfast_metrics::trace::pinned_ids() {
+            Some((_, span)) => span,
+            None => self.0.new_span_id(),
+        }
+    }
 }
 
 /// The layer that turns Steadfast's spans into OpenTelemetry spans.

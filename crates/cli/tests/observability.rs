@@ -542,6 +542,23 @@ async fn a_turn_is_one_trace_across_a_worker_kill_with_genai_model_spans() {
         .find(|s| s["name"] == "turn 1")
         .unwrap_or_else(|| panic!("the turn's span: {ours:#?}"));
     assert_eq!(attribute(turn, "steadfast.turn.outcome"), "completed");
+    // The turn span is the trace's root, and every other span of the turn hangs from it
+    // (no span names a parent the trace lacks).
+    assert!(
+        turn["parentSpanId"].as_str().unwrap_or_default().is_empty(),
+        "{turn}"
+    );
+    let ids: Vec<&Value> = ours.iter().map(|s| &s["spanId"]).collect();
+    for span in ours.iter().filter(|s| s["name"] != "turn 1") {
+        assert!(
+            ids.contains(&&span["parentSpanId"]),
+            "a dangling parent: {span}"
+        );
+        let name = span["name"].as_str().unwrap();
+        if name.starts_with("chat") || name.starts_with("execute_tool") {
+            assert_eq!(span["parentSpanId"], turn["spanId"], "{span}");
+        }
+    }
     // The turn span runs from the turn's start, which the other worker saw.
     let start: u64 = turn["startTimeUnixNano"].as_str().map_or_else(
         || turn["startTimeUnixNano"].as_u64().unwrap(),

@@ -4,8 +4,8 @@
 //! coordinates (the session and the turn's number, recorded by its user message), so
 //! a worker that takes over a turn another worker left in flight continues the same
 //! trace without asking anyone. Model calls (GenAI semantic conventions), tool calls
-//! and gateway exchanges are spans of it; the worker that ends the turn adds a `turn`
-//! span over its whole length. Nothing is exported unless the process set up an
+//! and gateway exchanges are spans of it; the worker that ends the turn records the
+//! `turn` span over its whole length, with the derived ids: the trace's root. Nothing is exported unless the process set up an
 //! exporter (`OTEL_EXPORTER_OTLP_ENDPOINT`); until then these are no-ops.
 
 use std::time::{Duration, UNIX_EPOCH};
@@ -91,10 +91,28 @@ pub fn tool_call_span(session: &str, turn: u32, tool: &str, call_id: &str) -> tr
     span
 }
 
-/// Records the `turn` span, from the turn's user message to its end.
+thread_local! {
+    /// The ids the span being started on this thread must take, if any (see
+    /// [`pinned_ids`]).
+    static PINNED: std::cell::Cell<Option<(TraceId, SpanId)>> = const { std::cell::Cell::new(None) };
+}
+
+/// The trace and span ids the span being started on this thread must take: set while
+/// the `turn` span is started, so it is the very span ([`turn_context`]) every other
+/// span of the turn names as its parent — the trace's root. The process's id generator
+/// asks here first (the SDK's builder ignores given ids).
+pub fn pinned_ids() -> Option<(TraceId, SpanId)> {
+    PINNED.with(|p| p.get())
+}
+
+/// Records the `turn` span, from the turn's user message to its end: the root of the
+/// turn's trace, with the ids its children name as their parent.
 pub(crate) fn turn_span(session: &str, turn: u32, from_ms: u64, to_ms: u64, outcome: &str) {
     let tracer = opentelemetry::global::tracer("steadfast");
     let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+    let context = turn_context(session, turn);
+    let ids = context.span().span_context().clone();
+    PINNED.with(|p| p.set(Some((ids.trace_id(), ids.span_id()))));
     let mut span = tracer
         .span_builder(format!("turn {turn}"))
         .with_start_time(at(from_ms))
@@ -103,7 +121,8 @@ pub(crate) fn turn_span(session: &str, turn: u32, from_ms: u64, to_ms: u64, outc
             KeyValue::new("steadfast.turn", i64::from(turn)),
             KeyValue::new("steadfast.turn.outcome", outcome.to_string()),
         ])
-        .start_with_context(&tracer, &turn_context(session, turn));
+        .start_with_context(&tracer, &opentelemetry::Context::new());
+    PINNED.with(|p| p.set(None));
     span.end_with_timestamp(at(to_ms));
 }
 
