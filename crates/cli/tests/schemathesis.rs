@@ -65,7 +65,7 @@ async fn generated_requests_get_no_server_error_and_responses_match_the_document
             "--header",
             &format!("Authorization: Bearer {TOKEN}"),
             "--max-examples",
-            "25",
+            "50",
             "--seed",
             "1",
             "--workers",

@@ -65,6 +65,17 @@ pub struct Created {
 
 /// A session as `GET /v1/sessions/{id}` shows it.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "id": "ses_01931f7c", "status": "waiting", "retry": null, "title": "fix the failing test",
+    "model": "anthropic/claude-sonnet-4-5", "turn": 2, "last_seq": 41,
+    "waiting_for": "approval", "waiting_since": 41, "waiting_reason": "may I push to main?",
+    "waiting_call": {"call_id": "toolu_01A", "tool": "request_approval", "input": {"reason": "may I push to main?"}},
+    "end_reason": null,
+    "usage": {"input_tokens": 18250, "output_tokens": 1930, "cache_read_tokens": 12000, "cache_write_tokens": 0},
+    "cost_usd": 0.084, "priced": true, "budget_usd": 5.0, "limits": {"max_cost_micro_usd": 5000000},
+    "escalated_by": null, "network": "deny-all", "reply": null,
+    "created_at_ms": 1764640000000_u64, "updated_at_ms": 1764640093000_u64
+}))]
 pub struct Session {
     /// The session's id.
     pub id: String,
@@ -181,6 +192,7 @@ impl From<steadfast_world::SessionSummary> for SessionSummary {
 
 /// The caller's sessions.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"sessions": [{"id": "ses_01931f7c", "owner": "alice", "status": "idle", "title": "fix the failing test", "last_seq": 57, "created_at_ms": 1764640000000_u64, "updated_at_ms": 1764640123000_u64}]}))]
 pub struct SessionList {
     /// Newest first.
     pub sessions: Vec<SessionSummary>,
@@ -188,6 +200,7 @@ pub struct SessionList {
 
 /// An interrupt on its way to whichever worker drives the session.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"id": 31, "session": "ses_01931f7c", "by": "alice"}))]
 pub struct Interrupting {
     /// The inbox entry that carries it.
     pub id: u64,
@@ -199,6 +212,7 @@ pub struct Interrupting {
 
 /// A session ended for good.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"id": "ses_01931f7c", "status": "completed"}))]
 pub struct Closed {
     /// The session.
     pub id: String,
@@ -222,6 +236,7 @@ pub struct SignalAccepted {
 
 /// The result of checking a session's stored data.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"ok": false, "records": 212, "damaged": [{"seq": 88, "blob": "9f2c41d0", "problem": "missing"}]}))]
 pub struct Integrity {
     /// Whether every record and blob read back as written.
     pub ok: bool,
@@ -240,6 +255,10 @@ pub struct AgentList {
 
 /// One page of a session's events, as JSON.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"schema": 1, "after": 4, "next_after": 6, "has_more": true, "events": [
+    {"type": "tool_call_intent", "seq": 5, "at_ms": 1764640001000_u64, "call_id": "toolu_01A", "tool": "bash", "input": {"command": "pytest -q"}, "class": "read"},
+    {"type": "tool_call_outcome", "seq": 6, "at_ms": 1764640003500_u64, "call_id": "toolu_01A", "is_error": false, "exit_code": 0, "output": {"excerpt": "12 passed in 0.41s\n", "truncated": false, "bytes": 19}}
+]}))]
 pub struct EventPage {
     /// The public event schema's version.
     pub schema: u32,
@@ -255,6 +274,7 @@ pub struct EventPage {
 
 /// One server-sent event of a session's stream, as a client's SSE parser gives it.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"id": "7", "data": "{\"type\":\"model_delta\",\"seq\":7,\"at_ms\":1764640000500,\"call_id\":\"mc_1\",\"text\":\"Looking at the test\",\"restart\":false}"}))]
 pub struct StreamFrame {
     /// The log position (absent on the closing `end` frame).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -42,3 +42,28 @@ fn every_operation_answers_errors_as_the_error_schema() {
     }
     assert_eq!(operations, 18);
 }
+
+#[test]
+fn every_example_in_the_document_is_valid_by_its_own_schema() {
+    let doc: serde_json::Value =
+        serde_json::from_str(steadfast_server::openapi::document()).unwrap();
+    let components = &doc["components"];
+    let mut checked = 0;
+    for (name, schema) in components["schemas"].as_object().unwrap() {
+        let Some(example) = schema.get("example") else {
+            continue;
+        };
+        let root = serde_json::json!({
+            "components": components,
+            "$ref": format!("#/components/schemas/{name}"),
+        });
+        let validator = jsonschema::draft202012::new(&root).unwrap();
+        let problems: Vec<String> = validator
+            .iter_errors(example)
+            .map(|e| format!("{e} at {}", e.instance_path()))
+            .collect();
+        assert!(problems.is_empty(), "{name}'s example: {problems:?}");
+        checked += 1;
+    }
+    assert!(checked >= 10, "{checked} examples");
+}
