@@ -11,6 +11,7 @@
 //! pointer and forking a drive is copying that id. A stat cache keeps unchanged files
 //! from being hashed again.
 
+mod archive;
 mod manifest;
 mod statcache;
 mod store;

@@ -138,7 +138,7 @@ impl ObjectStore {
         Ok(())
     }
 
-    fn checked_path(&self, hash: &str) -> Result<PathBuf> {
+    pub(crate) fn checked_path(&self, hash: &str) -> Result<PathBuf> {
         if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(Error::NotFound(hash.to_string()));
         }

@@ -232,3 +232,46 @@ fn big_files_are_streamed_and_checked_on_the_way_back() {
     assert!(matches!(drive.restore(&ws, &id), Err(Error::Corrupt(_))));
     assert_eq!(fs::read(ws.join("big.bin")).unwrap(), b"changed");
 }
+
+#[test]
+fn a_snapshot_exports_as_a_tar_that_tar_unpacks_to_the_same_tree() {
+    let (dir, drive, ws) = setup();
+    let long = "d".repeat(120);
+    fs::create_dir_all(ws.join(&long)).unwrap();
+    fs::write(ws.join(&long).join("deep.txt"), "far down\n").unwrap();
+    nix::unistd::mkfifo(&ws.join("pipe"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let id = drive.snapshot(&ws).unwrap();
+    let mut archive = Vec::new();
+    drive.export_tar(&id, &mut archive).unwrap();
+    let mut again = Vec::new();
+    drive.export_tar(&id, &mut again).unwrap();
+    assert_eq!(archive, again, "the same snapshot gives the same bytes");
+
+    // The system's tar, as a person downloading it would use.
+    let out = dir.path().join("out");
+    fs::create_dir_all(&out).unwrap();
+    let mut tar = std::process::Command::new("tar")
+        .args(["-x", "-f", "-", "-C"])
+        .arg(&out)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(tar.stdin.as_mut().unwrap(), &archive).unwrap();
+    drop(tar.stdin.take());
+    assert!(tar.wait().unwrap().success());
+    use std::os::unix::fs::FileTypeExt;
+    let pipe = fs::symlink_metadata(out.join("pipe")).unwrap();
+    assert!(pipe.file_type().is_fifo(), "a FIFO stays a FIFO");
+    fs::remove_file(ws.join("pipe")).unwrap();
+    fs::remove_file(out.join("pipe")).unwrap();
+    assert_eq!(tree(&out), tree(&ws));
+
+    // A corrupt object cuts the archive short with an error, never wrong bytes.
+    let Entry::File { hash, .. } = drive.manifest(&id).unwrap().entries["src/lib.rs"].clone()
+    else {
+        panic!()
+    };
+    let object = drive.objects_dir().join(&hash[..2]).join(&hash[2..]);
+    fs::write(&object, b"fn b() {}\n").unwrap();
+    assert!(drive.export_tar(&id, std::io::sink()).is_err());
+}

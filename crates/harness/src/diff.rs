@@ -207,6 +207,65 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     }
 }
 
+impl<W: World + Clone, S: Sandbox> Harness<W, S> {
+    /// Streams the workspace as it was at log position `at` (default: now) as a tar
+    /// archive ([`steadfast_drive::Drive::export_tar`]) into `chunks`, and returns the
+    /// position. A position or snapshot that does not exist is an error here, before
+    /// any byte; a failure part way (a corrupt object) is the stream's last item, so
+    /// the archive ends short rather than wrong. A receiver that goes away stops it.
+    pub async fn archive(
+        &self,
+        session: &str,
+        at: Option<u64>,
+        chunks: tokio::sync::mpsc::Sender<std::io::Result<Vec<u8>>>,
+    ) -> Result<u64> {
+        let (at, snapshot) = self.snapshot_at(session, at).await?;
+        let snapshot =
+            snapshot.ok_or_else(|| Error::NoFile(format!("no workspace snapshot at #{at}")))?;
+        let drive = self.drive.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut out = ChunkWriter {
+                chunks: chunks.clone(),
+                buf: Vec::with_capacity(ARCHIVE_CHUNK),
+            };
+            if let Err(e) = drive.export_tar(&snapshot, &mut out) {
+                tracing::warn!(error = %e, "workspace archive cut short");
+                let _ = chunks.blocking_send(Err(std::io::Error::other(e.to_string())));
+            }
+        });
+        Ok(at)
+    }
+}
+
+/// How many bytes of an archive go to the client at a time.
+const ARCHIVE_CHUNK: usize = 64 * 1024;
+
+/// A blocking writer that hands what is written to an async receiver in chunks.
+struct ChunkWriter {
+    chunks: tokio::sync::mpsc::Sender<std::io::Result<Vec<u8>>>,
+    buf: Vec<u8>,
+}
+
+impl std::io::Write for ChunkWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= ARCHIVE_CHUNK {
+            self.flush()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(ARCHIVE_CHUNK));
+        self.chunks.blocking_send(Ok(chunk)).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the reader went away")
+        })
+    }
+}
+
 fn file_diffs(drive: &steadfast_drive::Drive, a: &str, b: &str) -> Result<Vec<FileDiff>> {
     let (old, new) = (drive.manifest(a)?, drive.manifest(b)?);
     let mut files = Vec::new();

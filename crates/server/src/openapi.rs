@@ -33,6 +33,7 @@ events (schema 1): `PublicEvent`, one type per kind of log record.";
         sessions::diff,
         sessions::files,
         sessions::file,
+        sessions::archive,
         sessions::agents,
         messages::post_message,
         messages::events,

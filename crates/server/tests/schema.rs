@@ -547,6 +547,16 @@ async fn a_whole_session_answers_only_what_the_document_describes() {
         )
         .await;
     assert_eq!(status, 422);
+    let (status, _) = c
+        .call(
+            M::GET,
+            &url,
+            "/v1/sessions/{id}/archive",
+            &format!("{session}/archive?at=0"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
     let (_, integrity) = c
         .call(
             M::GET,

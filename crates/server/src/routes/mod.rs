@@ -36,6 +36,7 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
         .route("/v1/sessions/{id}/integrity", get(sessions::integrity::<W>))
         .route("/v1/sessions/{id}/diff", get(sessions::diff::<W>))
         .route("/v1/sessions/{id}/files", get(sessions::files::<W>))
+        .route("/v1/sessions/{id}/archive", get(sessions::archive::<W>))
         .route("/v1/sessions/{id}/files/{*path}", get(sessions::file::<W>))
         .route(
             "/v1/sessions/{id}/messages",

@@ -60,14 +60,46 @@ pub(crate) struct CreateSession {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 enum WorkspaceSource {
-    /// An empty directory, optionally seeded with text files (path to content).
+    /// An empty directory, optionally seeded with files (path to content: text, or
+    /// any bytes as `{"base64": ...}`), within the body limit.
     Empty {
         /// Files to write, by path relative to the workspace.
         #[serde(default)]
-        files: BTreeMap<String, String>,
+        files: BTreeMap<String, FileContent>,
     },
     /// The bundled demo project.
     Demo,
+}
+
+/// A seeded file's content.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged)]
+enum FileContent {
+    /// UTF-8 text, written as is.
+    Text(String),
+    /// Any bytes, base64-encoded (standard alphabet, padded).
+    Bytes(Base64Content),
+}
+
+/// Bytes as base64.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct Base64Content {
+    /// The bytes, base64-encoded.
+    #[schema(example = "iVBORw0KGgo=")]
+    base64: String,
+}
+
+impl FileContent {
+    fn into_bytes(self, path: &str) -> Result<Vec<u8>, String> {
+        use base64::Engine as _;
+        match self {
+            FileContent::Text(text) => Ok(text.into_bytes()),
+            FileContent::Bytes(b) => base64::engine::general_purpose::STANDARD
+                .decode(b.base64.as_bytes())
+                .map_err(|e| format!("workspace.files: `{path}`: not base64: {e}")),
+        }
+    }
 }
 
 /// A session's bounds, as asked at creation.
@@ -210,7 +242,8 @@ pub(crate) async fn create<W: World + Clone>(
                 if let Some(parent) = target.parent() {
                     std::fs::create_dir_all(parent).map_err(unwritable)?;
                 }
-                std::fs::write(&target, content).map_err(unwritable)?;
+                let bytes = content.into_bytes(&path).map_err(invalid)?;
+                std::fs::write(&target, bytes).map_err(unwritable)?;
             }
         }
     }
@@ -261,7 +294,7 @@ const MAX_PATH: usize = 4096;
 
 /// Refuses seeded file names that no filesystem takes (a NUL, an over-long name) and
 /// sets of names where one file would have to be another's directory.
-fn check_file_names(files: &BTreeMap<String, String>) -> Result<(), String> {
+fn check_file_names<V>(files: &BTreeMap<String, V>) -> Result<(), String> {
     for path in files.keys() {
         if path.is_empty() || path.contains('\0') {
             return Err(format!(
@@ -631,6 +664,53 @@ pub(crate) async fn file<W: World + Clone>(
     Ok((
         [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
         bytes,
+    )
+        .into_response())
+}
+
+/// The whole workspace as a tar archive, as it was at a log position
+///
+/// Streamed from the snapshot in force there (never the live workspace): directories,
+/// files with their executable bit, symbolic links and FIFOs under their workspace
+/// paths, `.git` included; the same snapshot gives the same bytes. Each file is checked
+/// against its hash on the way out: a damaged object ends the archive short (no tar
+/// end marker), never with wrong bytes.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/archive",
+    params(("id" = String, Path, description = "The session's id"), AtQuery),
+    responses(
+        (status = 200, description = "The tar archive", body = Vec<u8>, content_type = "application/x-tar"),
+        (status = 400, description = "A query that does not parse", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 404, description = "No such session, or no snapshot there", body = wire::Error),
+        (status = 422, description = "A position past the log's end", body = wire::Error),
+    )
+)]
+pub(crate) async fn archive<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    query: AtQueryResult,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let owner = state.auth.owner(&headers)?;
+    owned(&state, &id, &owner).await?;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let at = state.harness.archive(&id, at_query(query)?, tx).await?;
+    let chunks = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|chunk| (chunk, rx))
+    });
+    let disposition = format!("attachment; filename=\"{id}-{at}.tar\"");
+    Ok((
+        [
+            (
+                axum::http::header::CONTENT_TYPE,
+                "application/x-tar".to_string(),
+            ),
+            (axum::http::header::CONTENT_DISPOSITION, disposition),
+        ],
+        axum::body::Body::from_stream(chunks),
     )
         .into_response())
 }
