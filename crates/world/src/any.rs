@@ -147,6 +147,22 @@ impl World for AnyWorld {
         delegate!(self, w => w.outbox_prune(before_ms))
     }
 
+    async fn vault_put(&self, owner: &str, name: &str, sealed: &crate::Sealed) -> Result<()> {
+        delegate!(self, w => w.vault_put(owner, name, sealed))
+    }
+
+    async fn vault_get(&self, owner: &str, name: &str) -> Result<Option<crate::VaultEntry>> {
+        delegate!(self, w => w.vault_get(owner, name))
+    }
+
+    async fn vault_list(&self, owner: Option<&str>) -> Result<Vec<crate::VaultEntry>> {
+        delegate!(self, w => w.vault_list(owner))
+    }
+
+    async fn vault_delete(&self, owner: &str, name: &str) -> Result<bool> {
+        delegate!(self, w => w.vault_delete(owner, name))
+    }
+
     async fn list_sessions(&self) -> Result<Vec<SessionSummary>> {
         delegate!(self, w => w.list_sessions())
     }

@@ -728,3 +728,43 @@ pub async fn the_outbox_queues_notable_records_with_their_append<W: World>(world
         .unwrap()
         .is_empty());
 }
+
+/// The vault stores sealed values per owner and name: a write replaces, a read finds
+/// only the owner's own, listings are by owner (or all, for a re-key), deletes say
+/// whether there was one. The store holds only what it was given, sealed.
+pub async fn the_vault_keeps_each_owners_sealed_credentials<W: World>(world: &W) {
+    let keys = crate::VaultKeys::new(&[3u8; 32], &[]).unwrap();
+    let one = keys.seal("alice", "github", b"ghp_one");
+    world.vault_put("alice", "github", &one).await.unwrap();
+    world
+        .vault_put("bob", "github", &keys.seal("bob", "github", b"ghp_bob"))
+        .await
+        .unwrap();
+    let got = world.vault_get("alice", "github").await.unwrap().unwrap();
+    assert_eq!((got.sealed.clone(), got.name.as_str()), (one, "github"));
+    assert_eq!(
+        keys.open("alice", "github", &got.sealed).unwrap(),
+        b"ghp_one"
+    );
+    assert!(world.vault_get("alice", "gitlab").await.unwrap().is_none());
+    assert!(world.vault_get("carol", "github").await.unwrap().is_none());
+
+    let two = keys.seal("alice", "github", b"ghp_two");
+    world.vault_put("alice", "github", &two).await.unwrap();
+    world
+        .vault_put("alice", "api", &keys.seal("alice", "api", b"k"))
+        .await
+        .unwrap();
+    let mine = world.vault_list(Some("alice")).await.unwrap();
+    assert_eq!(
+        mine.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
+        ["api", "github"]
+    );
+    assert_eq!(mine[1].sealed, two, "a write replaces");
+    assert_eq!(world.vault_list(None).await.unwrap().len(), 3);
+
+    assert!(world.vault_delete("alice", "github").await.unwrap());
+    assert!(!world.vault_delete("alice", "github").await.unwrap());
+    assert!(world.vault_get("alice", "github").await.unwrap().is_none());
+    assert!(world.vault_get("bob", "github").await.unwrap().is_some());
+}

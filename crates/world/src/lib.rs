@@ -22,6 +22,7 @@ pub mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod sqlite;
+pub mod vault;
 
 use std::future::Future;
 use std::time::Duration;
@@ -35,6 +36,7 @@ pub use any::AnyWorld;
 pub use heartbeat::Heartbeat;
 pub use live::LiveSession;
 pub use outbox::{OutboxItem, Settled, OUTBOX_KINDS};
+pub use vault::{Sealed, VaultEntry, VaultError, VaultKeys};
 
 /// Bumps a change counter (see [`World::changes`]).
 pub(crate) fn bump(tx: &tokio::sync::watch::Sender<u64>) {
@@ -332,6 +334,31 @@ pub trait World: Send + Sync + 'static {
     /// Forgets the outbox entries of records appended before `before_ms`, delivered
     /// or not. Returns how many.
     fn outbox_prune(&self, before_ms: u64) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Stores owner `owner`'s credential `name` (replacing one of that name), sealed
+    /// ([`vault`]); the store never sees the value.
+    fn vault_put(
+        &self,
+        owner: &str,
+        name: &str,
+        sealed: &Sealed,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Owner `owner`'s credential `name`, sealed, if there is one.
+    fn vault_get(
+        &self,
+        owner: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<VaultEntry>>> + Send;
+
+    /// The credentials of `owner` (of every owner with `None`, for a re-key), by name.
+    fn vault_list(
+        &self,
+        owner: Option<&str>,
+    ) -> impl Future<Output = Result<Vec<VaultEntry>>> + Send;
+
+    /// Forgets owner `owner`'s credential `name`; whether there was one.
+    fn vault_delete(&self, owner: &str, name: &str) -> impl Future<Output = Result<bool>> + Send;
 
     /// A counter that moves when sessions change, so stream tails and idle workers
     /// wake at once. SQLite: this process's appends and posts (other processes' are

@@ -38,6 +38,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
         include_str!("postgres/009_released_leases_are_fenced.sql"),
     ),
     (10, include_str!("postgres/010_outbox.sql")),
+    (11, include_str!("postgres/011_vault.sql")),
 ];
 const UNIQUE_VIOLATION: &str = "23505";
 const STALE_FENCE: &str = "SF001";
@@ -1061,6 +1062,66 @@ impl World for PostgresWorld {
             .map_err(db)
     }
 
+    async fn vault_put(&self, owner: &str, name: &str, sealed: &crate::Sealed) -> Result<()> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO steadfast_vault (owner, name, key_id, nonce, ciphertext, updated_at_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (owner, name) DO UPDATE SET \
+                 key_id = excluded.key_id, nonce = excluded.nonce, \
+                 ciphertext = excluded.ciphertext, updated_at_ms = excluded.updated_at_ms",
+                &[
+                    &owner,
+                    &name,
+                    &sealed.key_id,
+                    &sealed.nonce,
+                    &sealed.ciphertext,
+                    &(now_ms() as i64),
+                ],
+            )
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn vault_get(&self, owner: &str, name: &str) -> Result<Option<crate::VaultEntry>> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT owner, name, updated_at_ms, key_id, nonce, ciphertext FROM steadfast_vault \
+                 WHERE owner = $1 AND name = $2",
+                &[&owner, &name],
+            )
+            .await
+            .map_err(db)?;
+        Ok(row.as_ref().map(vault_entry))
+    }
+
+    async fn vault_list(&self, owner: Option<&str>) -> Result<Vec<crate::VaultEntry>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT owner, name, updated_at_ms, key_id, nonce, ciphertext FROM steadfast_vault \
+                 WHERE $1::text IS NULL OR owner = $1 ORDER BY owner, name",
+                &[&owner],
+            )
+            .await
+            .map_err(db)?;
+        Ok(rows.iter().map(vault_entry).collect())
+    }
+
+    async fn vault_delete(&self, owner: &str, name: &str) -> Result<bool> {
+        let client = self.client().await?;
+        let n = client
+            .execute(
+                "DELETE FROM steadfast_vault WHERE owner = $1 AND name = $2",
+                &[&owner, &name],
+            )
+            .await
+            .map_err(db)?;
+        Ok(n > 0)
+    }
+
     async fn census(&self) -> Result<crate::Census> {
         let client = self.client().await?;
         let rows = client
@@ -1129,3 +1190,16 @@ static QUEUED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!("SELECT count(*) FROM steadfast_sessions s WHERE {HAS_WORK} AND {LEASE_FREE}")
         .replace("{HOLDER_GONE}", HOLDER_GONE)
 });
+
+fn vault_entry(r: &Row) -> crate::VaultEntry {
+    crate::VaultEntry {
+        owner: r.get(0),
+        name: r.get(1),
+        updated_at_ms: r.get::<_, i64>(2) as u64,
+        sealed: crate::Sealed {
+            key_id: r.get(3),
+            nonce: r.get(4),
+            ciphertext: r.get(5),
+        },
+    }
+}

@@ -15,7 +15,22 @@ use crate::{
 };
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records the last.
-const MIGRATIONS: &[&str] = &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5];
+const MIGRATIONS: &[&str] = &[
+    SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6,
+];
+
+/// Vaults ([`crate::vault`]): each owner's credentials, sealed.
+const SCHEMA_V6: &str = r#"
+CREATE TABLE vault (
+    owner         TEXT NOT NULL,
+    name          TEXT NOT NULL,
+    key_id        TEXT NOT NULL,
+    nonce         BLOB NOT NULL,
+    ciphertext    BLOB NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (owner, name)
+) WITHOUT ROWID;
+"#;
 
 /// The outbox ([`crate::outbox`]): a trigger queues each record of a kind in
 /// [`crate::OUTBOX_KINDS`] in the transaction that appends it.
@@ -857,6 +872,74 @@ impl World for SqliteWorld {
         .await
     }
 
+    async fn vault_put(&self, owner: &str, name: &str, sealed: &crate::Sealed) -> Result<()> {
+        let (owner, name, sealed) = (owner.to_string(), name.to_string(), sealed.clone());
+        self.with(move |conn| {
+            conn.execute(
+                "INSERT INTO vault (owner, name, key_id, nonce, ciphertext, updated_at_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (owner, name) DO UPDATE SET \
+                 key_id = excluded.key_id, nonce = excluded.nonce, \
+                 ciphertext = excluded.ciphertext, updated_at_ms = excluded.updated_at_ms",
+                params![
+                    owner,
+                    name,
+                    sealed.key_id,
+                    sealed.nonce,
+                    sealed.ciphertext,
+                    now_ms()
+                ],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn vault_get(&self, owner: &str, name: &str) -> Result<Option<crate::VaultEntry>> {
+        let (owner, name) = (owner.to_string(), name.to_string());
+        self.with(move |conn| {
+            conn.query_row(
+                "SELECT owner, name, updated_at_ms, key_id, nonce, ciphertext FROM vault \
+                 WHERE owner = ?1 AND name = ?2",
+                params![owner, name],
+                vault_entry,
+            )
+            .optional()
+            .map_err(backend)
+        })
+        .await
+    }
+
+    async fn vault_list(&self, owner: Option<&str>) -> Result<Vec<crate::VaultEntry>> {
+        let owner = owner.map(str::to_string);
+        self.with(move |conn| {
+            conn.prepare_cached(
+                "SELECT owner, name, updated_at_ms, key_id, nonce, ciphertext FROM vault \
+                 WHERE ?1 IS NULL OR owner = ?1 ORDER BY owner, name",
+            )
+            .map_err(backend)?
+            .query_map(params![owner], vault_entry)
+            .map_err(backend)?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(backend)
+        })
+        .await
+    }
+
+    async fn vault_delete(&self, owner: &str, name: &str) -> Result<bool> {
+        let (owner, name) = (owner.to_string(), name.to_string());
+        self.with(move |conn| {
+            let n = conn
+                .execute(
+                    "DELETE FROM vault WHERE owner = ?1 AND name = ?2",
+                    params![owner, name],
+                )
+                .map_err(backend)?;
+            Ok(n > 0)
+        })
+        .await
+    }
+
     async fn census(&self) -> Result<crate::Census> {
         self.with(|conn| {
             let by_status = conn
@@ -914,3 +997,16 @@ LIMIT 16"
 static QUEUED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!("SELECT count(*) FROM sessions s WHERE {HAS_WORK} AND (s.lease_holder IS NULL OR s.lease_expires_ms <= ?1)")
 });
+
+fn vault_entry(r: &rusqlite::Row<'_>) -> rusqlite::Result<crate::VaultEntry> {
+    Ok(crate::VaultEntry {
+        owner: r.get(0)?,
+        name: r.get(1)?,
+        updated_at_ms: r.get(2)?,
+        sealed: crate::Sealed {
+            key_id: r.get(3)?,
+            nonce: r.get(4)?,
+            ciphertext: r.get(5)?,
+        },
+    })
+}

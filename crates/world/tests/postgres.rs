@@ -407,3 +407,9 @@ async fn the_outbox_queues_notable_records_with_their_append() {
     let db = TestDb::new().await;
     conformance::the_outbox_queues_notable_records_with_their_append(&db.world().await).await;
 }
+
+#[tokio::test]
+async fn the_vault_keeps_each_owners_sealed_credentials() {
+    let db = TestDb::new().await;
+    conformance::the_vault_keeps_each_owners_sealed_credentials(&db.world().await).await;
+}

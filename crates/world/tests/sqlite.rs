@@ -235,3 +235,8 @@ async fn census_counts_sessions_and_the_queue() {
 async fn the_outbox_queues_notable_records_with_their_append() {
     conformance::the_outbox_queues_notable_records_with_their_append(&world().1).await;
 }
+
+#[tokio::test]
+async fn the_vault_keeps_each_owners_sealed_credentials() {
+    conformance::the_vault_keeps_each_owners_sealed_credentials(&world().1).await;
+}
