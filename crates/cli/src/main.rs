@@ -112,6 +112,9 @@ enum Command {
     /// Print the hash of a bearer token read from stdin (so it stays out of shell
     /// history and `ps`), for the `[server] tokens` configuration.
     HashToken,
+    /// Seal every stored credential again under the current vault key
+    /// (`STEADFAST_VAULT_KEY`), so keys in `STEADFAST_VAULT_OLD_KEYS` can be retired.
+    RekeyVault,
     /// Print the API's OpenAPI document, the one `serve` answers at `/openapi.json`
     /// (to generate a client without a running server).
     Openapi,
@@ -237,6 +240,7 @@ fn main() -> ExitCode {
                 println!("{}", steadfast_server::hash_token(&token));
                 Ok(ExitCode::SUCCESS)
             }
+            Command::RekeyVault => commands::manage::rekey_vault(existing()?, &config).await,
             Command::Openapi => {
                 print!("{}", steadfast_server::openapi::document());
                 Ok(ExitCode::SUCCESS)

@@ -57,6 +57,8 @@ pub struct ServerState<W> {
     /// Web origins whose pages may call the API (CORS); `*` for any. Empty: no
     /// cross-origin access.
     pub cors_origins: Vec<String>,
+    /// The operator's vault keys; `None`: this server keeps no credentials.
+    pub vault: Option<Arc<steadfast_world::VaultKeys>>,
     pub(crate) limiter: limits::RateLimiter,
 }
 
@@ -76,6 +78,7 @@ impl<W> ServerState<W> {
             messages_per_minute: 60,
             ceilings: steadfast_log::Limits::default(),
             cors_origins: Vec::new(),
+            vault: None,
             limiter: limits::RateLimiter::default(),
         }
     }

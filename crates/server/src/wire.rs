@@ -285,3 +285,20 @@ pub struct StreamFrame {
     /// A [`crate::public::PublicEvent`] as JSON; `{}` on `end`.
     pub data: String,
 }
+
+/// A stored credential, as listed: its name, never its value.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Credential {
+    /// Its name, as sessions refer to it.
+    pub name: String,
+    /// When it was last written, ms since the Unix epoch.
+    pub updated_at_ms: u64,
+}
+
+/// The caller's credentials.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"credentials": [{"name": "github", "updated_at_ms": 1764640000000_u64}]}))]
+pub struct CredentialList {
+    /// By name.
+    pub credentials: Vec<Credential>,
+}

@@ -40,7 +40,7 @@ fn every_operation_answers_errors_as_the_error_schema() {
             }
         }
     }
-    assert_eq!(operations, 19);
+    assert_eq!(operations, 22);
 }
 
 #[test]

@@ -96,6 +96,37 @@ pub async fn delete(home: &Path, config: &Config, session: &str) -> anyhow::Resu
     Ok(ExitCode::SUCCESS)
 }
 
+/// `steadfast rekey-vault`: every credential sealed under an older key is opened with
+/// it and sealed again under the current one; sessions, which name credentials, are
+/// untouched.
+pub async fn rekey_vault(home: &Path, config: &Config) -> anyhow::Result<ExitCode> {
+    let keys = steadfast_world::VaultKeys::from_env()?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "no vault key: set {} (and the keys being retired in {})",
+            steadfast_world::vault::KEY_ENV,
+            steadfast_world::vault::OLD_KEYS_ENV
+        )
+    })?;
+    let world = crate::setup::world(home, config, false).await?;
+    let (mut resealed, mut current) = (0, 0);
+    for entry in world.vault_list(None).await? {
+        if keys.is_current(&entry.sealed) {
+            current += 1;
+            continue;
+        }
+        let value = keys
+            .open(&entry.owner, &entry.name, &entry.sealed)
+            .map_err(|e| anyhow::anyhow!("{}'s credential {}: {e}", entry.owner, entry.name))?;
+        let sealed = keys.seal(&entry.owner, &entry.name, &value);
+        world.vault_put(&entry.owner, &entry.name, &sealed).await?;
+        resealed += 1;
+    }
+    eprintln!(
+        "steadfast: {resealed} credentials sealed again under the current key ({current} already were)"
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Arguments of `steadfast signal`.
 #[derive(Debug, Args)]
 pub struct SignalArgs {

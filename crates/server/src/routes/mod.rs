@@ -2,13 +2,14 @@
 
 pub(crate) mod messages;
 pub(crate) mod sessions;
+pub(crate) mod vaults;
 
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 use steadfast_world::World;
 
@@ -52,6 +53,11 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
             post(messages::signal::<W>),
         )
         .route("/v1/agents", get(sessions::agents::<W>))
+        .route("/v1/vaults", get(vaults::list::<W>))
+        .route(
+            "/v1/vaults/{name}",
+            put(vaults::put::<W>).delete(vaults::delete::<W>),
+        )
         .route("/openapi.json", get(openapi))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics::<W>))
@@ -85,6 +91,7 @@ fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
             .allow_methods([
                 axum::http::Method::GET,
                 axum::http::Method::POST,
+                axum::http::Method::PUT,
                 axum::http::Method::DELETE,
             ])
             .allow_headers([
