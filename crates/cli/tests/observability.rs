@@ -548,6 +548,22 @@ async fn a_turn_is_one_trace_across_a_worker_kill_with_genai_model_spans() {
         turn["parentSpanId"].as_str().unwrap_or_default().is_empty(),
         "{turn}"
     );
+    // Snapshots are spans of the tool calls that take them.
+    let tools: Vec<&Value> = ours
+        .iter()
+        .filter(|s| s["name"] == "execute_tool write")
+        .map(|s| &s["spanId"])
+        .collect();
+    let in_trace: Vec<&Value> = spans
+        .iter()
+        .filter(|s| s["traceId"] == ours[0]["traceId"])
+        .collect();
+    assert!(
+        in_trace
+            .iter()
+            .any(|s| s["name"] == "snapshot workspace" && tools.contains(&&s["parentSpanId"])),
+        "{in_trace:#?}"
+    );
     let ids: Vec<&Value> = ours.iter().map(|s| &s["spanId"]).collect();
     for span in ours.iter().filter(|s| s["name"] != "turn 1") {
         assert!(

@@ -485,6 +485,13 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     }
 
     pub(crate) async fn snapshot(&self, workspace: &Path) -> Result<String> {
+        use tracing::Instrument;
+        self.snapshot_timed(workspace)
+            .instrument(steadfast_metrics::trace::snapshot_span())
+            .await
+    }
+
+    async fn snapshot_timed(&self, workspace: &Path) -> Result<String> {
         let drive = self.drive.clone();
         let ws = workspace.to_path_buf();
         let limit = self.options.snapshot_timeout;

@@ -105,6 +105,12 @@ pub fn pinned_ids() -> Option<(TraceId, SpanId)> {
     PINNED.with(|p| p.get())
 }
 
+/// A span for one workspace snapshot (`snapshot workspace`), a child of the tool call
+/// that takes it.
+pub fn snapshot_span() -> tracing::Span {
+    tracing::debug_span!("snapshot", otel.name = "snapshot workspace")
+}
+
 /// Records the `turn` span, from the turn's user message to its end: the root of the
 /// turn's trace, with the ids its children name as their parent.
 pub(crate) fn turn_span(session: &str, turn: u32, from_ms: u64, to_ms: u64, outcome: &str) {
