@@ -386,6 +386,11 @@ impl Config {
         limits.resident_mb = s.resident_mb.or(limits.resident_mb);
         limits.workspace_mb = s.workspace_mb.or(limits.workspace_mb);
         limits.tmp_mb = s.tmp_mb.or(limits.tmp_mb);
+        // A key that does not parse is refused by `check`, before any command runs.
+        options.vault = steadfast_world::VaultKeys::from_env()
+            .ok()
+            .flatten()
+            .map(Arc::new);
         options.sandbox.internal_hosts = s
             .internal_hosts
             .iter()
@@ -455,6 +460,7 @@ impl Config {
                 "[server] cors-origins: {origin:?} is not an origin (scheme://host[:port], no path), or \"*\""
             );
         }
+        steadfast_world::VaultKeys::from_env()?;
         if let Some(url) = &self.server.webhook.url {
             anyhow::ensure!(
                 (url.starts_with("https://") || url.starts_with("http://"))

@@ -56,6 +56,9 @@ pub struct HarnessOptions {
     pub agents: crate::wrapped::AgentOptions,
     /// How long workers leave a session alone after a failure retrying may fix.
     pub retry_backoff: crate::Backoff,
+    /// The operator's vault keys, to open the credentials sessions bind to egress
+    /// destinations; `None`: no credential can be opened here.
+    pub vault: Option<Arc<steadfast_world::VaultKeys>>,
 }
 
 impl std::fmt::Debug for HarnessOptions {
@@ -105,6 +108,7 @@ impl HarnessOptions {
             reconcilers: vec![Arc::new(steadfast_sandbox::reconcile::GitPush)],
             agents: Default::default(),
             retry_backoff: Default::default(),
+            vault: None,
         }
     }
 }
@@ -136,6 +140,8 @@ pub struct NewSession {
     /// Tools the session's client runs (native agent only): calling one waits for
     /// the client's result.
     pub client_tools: Vec<steadfast_log::ClientTool>,
+    /// Credentials the egress proxy adds to the sandbox's requests (by vault name).
+    pub egress_credentials: Vec<steadfast_log::EgressCredential>,
 }
 
 impl NewSession {
@@ -152,6 +158,7 @@ impl NewSession {
             limits: Default::default(),
             network: None,
             client_tools: Vec::new(),
+            egress_credentials: Vec::new(),
         }
     }
 
@@ -325,6 +332,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             limits: new.limits,
             network: new.network,
             client_tools: new.client_tools,
+            egress_credentials: new.egress_credentials,
         }];
         if let Some(text) = new.task {
             events.push(Event::UserMessage {
@@ -384,7 +392,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             steadfast_metrics::metrics().takeover(std::time::Duration::from_millis(behind));
         }
         if state.is_wrapped() {
-            Ok(Awake::Wrapped(self.wrapped_driver(lease, state)?))
+            Ok(Awake::Wrapped(self.wrapped_driver(lease, state).await?))
         } else {
             Ok(Awake::Native(self.native_driver(lease, state).await?))
         }
@@ -414,7 +422,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         state: SessionState,
     ) -> Result<Driver<'_, W, S>> {
         let workspace = PathBuf::from(&state.workspace);
-        let sandbox_options = self.sandbox_options(&state)?;
+        let sandbox_options = self.sandbox_options(&lease.session, &state).await?;
         if let Some(snapshot) = &state.last_snapshot {
             let drive = self.drive.clone();
             let (ws, snap) = (workspace.clone(), snapshot.clone());
@@ -437,14 +445,58 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// The sandbox settings of a session: the harness's, with the network policy the
     /// session's log records (kept across resumes, whatever the resuming process was
     /// told), for every agent alike.
-    pub(crate) fn sandbox_options(&self, state: &SessionState) -> Result<SandboxOptions> {
+    pub(crate) async fn sandbox_options(
+        &self,
+        session: &str,
+        state: &SessionState,
+    ) -> Result<SandboxOptions> {
         self.keep_home_out(Path::new(&state.workspace))?;
         let mut options = self.options.sandbox.clone();
         if let Some(policy) = &state.network {
             options.network =
                 steadfast_sandbox::NetworkPolicy::parse(policy).map_err(Error::Invalid)?;
         }
+        options.inject = self.egress_credentials(session, state).await?;
         Ok(options)
+    }
+
+    /// The headers the egress proxy adds for `session`: each bound credential, opened
+    /// from its owner's vault here, outside any sandbox.
+    async fn egress_credentials(
+        &self,
+        session: &str,
+        state: &SessionState,
+    ) -> Result<Vec<steadfast_sandbox::Injection>> {
+        if state.egress_credentials.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys = self.options.vault.as_ref().ok_or_else(|| {
+            Error::Invalid(format!(
+                "the session binds vault credentials to egress destinations, and this host has no vault key ({})",
+                steadfast_world::vault::KEY_ENV
+            ))
+        })?;
+        let owner = self.world.session(session).await?.owner;
+        let mut injections = Vec::new();
+        for binding in &state.egress_credentials {
+            let name = &binding.credential;
+            let entry = self.world.vault_get(&owner, name).await?.ok_or_else(|| {
+                Error::Invalid(format!("egress credential `{name}` is not in the vault"))
+            })?;
+            let value = keys
+                .open(&owner, name, &entry.sealed)
+                .map_err(|e| Error::Invalid(format!("egress credential `{name}`: {e}")))?;
+            let value = String::from_utf8(value)
+                .map_err(|_| Error::Invalid(format!("egress credential `{name}` is not text")))?;
+            let injection = steadfast_sandbox::Injection::new(
+                &binding.host,
+                &binding.header,
+                &format!("{}{value}", binding.prefix),
+            )
+            .map_err(|e| Error::Invalid(format!("egress credential `{name}`: {e}")))?;
+            injections.push(injection);
+        }
+        Ok(injections)
     }
 
     /// Refuses a workspace (or a read-only path shown to sandboxes) that is or holds

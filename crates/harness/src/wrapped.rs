@@ -200,14 +200,14 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     }
 
     /// The driver of a wrapped session under `lease`.
-    pub(crate) fn wrapped_driver(
+    pub(crate) async fn wrapped_driver(
         &self,
         lease: Lease,
         state: SessionState,
     ) -> Result<WrappedDriver<'_, W, S>> {
         let adapter = self.adapter(&state.agent)?;
         self.check_agent(&state.agent)?;
-        let sandbox = self.sandbox_options(&state)?;
+        let sandbox = self.sandbox_options(&lease.session, &state).await?;
         let agents = &self.options.agents;
         let options = WrappedOptions {
             adapter,

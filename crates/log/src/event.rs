@@ -298,6 +298,32 @@ pub struct ClientTool {
     pub input_schema: serde_json::Value,
 }
 
+/// A credential the egress proxy adds, as a header, to a session's plain-HTTP requests
+/// to one destination of its allow-list: the sandbox sends the request without it and
+/// never sees the value, which the harness opens from the owner's vault.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EgressCredential {
+    /// The destination, `host:port` or `host` (any port), as in the allow-list.
+    pub host: String,
+    /// The vault credential's name.
+    pub credential: String,
+    /// The header (default `Authorization`).
+    #[serde(default = "default_header")]
+    pub header: String,
+    /// What goes before the value (default `Bearer `).
+    #[serde(default = "default_prefix")]
+    pub prefix: String,
+}
+
+fn default_header() -> String {
+    "Authorization".into()
+}
+
+fn default_prefix() -> String {
+    "Bearer ".into()
+}
+
 /// The signal that resumes an escalated session. Its payload may raise limits:
 /// `{"max_cost_usd": 2.5, "max_tokens": 10000, "max_turns": 20, "max_duration_s": 3600}`.
 pub const RESUME_SIGNAL: &str = "resume";
@@ -364,6 +390,10 @@ pub enum Event {
         /// the client's result (`tool_result` signal).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         client_tools: Vec<ClientTool>,
+        /// Credentials the egress proxy adds to the sandbox's requests to a host (by
+        /// vault name; the values never enter the log or the sandbox).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        egress_credentials: Vec<EgressCredential>,
     },
     /// A user message, which opens a turn.
     UserMessage {
@@ -631,6 +661,7 @@ impl Event {
             limits: Limits::default(),
             network: None,
             client_tools: Vec::new(),
+            egress_credentials: Vec::new(),
         }
     }
 

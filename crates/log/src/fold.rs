@@ -248,6 +248,8 @@ pub struct SessionState {
     pub approve_external: bool,
     /// The tools the session's client runs.
     pub client_tools: Vec<crate::ClientTool>,
+    /// The credentials the egress proxy adds to the session's requests.
+    pub egress_credentials: Vec<crate::EgressCredential>,
     /// Whether the session is over for good.
     pub ended: bool,
     /// The session's own network policy, if it has one.
@@ -338,6 +340,7 @@ impl SessionState {
             limits,
             network,
             client_tools,
+            egress_credentials,
         } = &record.event
         else {
             return Err(FoldError::NotStarted);
@@ -375,6 +378,7 @@ impl SessionState {
             },
             approve_external: *approve_external,
             client_tools: client_tools.clone(),
+            egress_credentials: egress_credentials.clone(),
             ended: false,
             network: network.clone(),
             escalated: None,

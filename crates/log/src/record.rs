@@ -307,6 +307,7 @@ mod tests {
                 limits: Default::default(),
                 network: None,
                 client_tools: Vec::new(),
+                egress_credentials: Vec::new(),
             },
         };
         let mut enc = encode("s", &rec);

@@ -249,6 +249,7 @@ impl BwrapSandbox {
                     EgressRules {
                         allow: rules.clone(),
                         internal: options.internal_hosts.clone(),
+                        inject: options.inject.clone(),
                     },
                 )
                 .map_err(|e| Error::Unavailable(format!("egress proxy: {e}")))?,

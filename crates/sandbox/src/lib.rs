@@ -31,6 +31,7 @@ pub use classify::{classify, classify_command};
 pub use local::{looks_secret, LocalSandbox, SandboxOptions};
 pub use paths::confine;
 pub use policy::{HostRule, NetworkPolicy, ResourceLimits};
+pub use proxy::Injection;
 pub use tools::{tool_specs, ToolSpec};
 
 /// What a tool call produced. Tool failures (a missing file, a non-zero exit) are

@@ -33,6 +33,9 @@ pub struct SandboxOptions {
     /// Internal destinations (loopback, private, link-local) the operator lets an
     /// allow-list reach by these names; nothing a session asks for can add one.
     pub internal_hosts: Vec<crate::HostRule>,
+    /// Headers the egress proxy adds to plain-HTTP requests to some destinations of an
+    /// allow-list (credentials the sandbox never holds).
+    pub inject: Vec<crate::Injection>,
     /// Resource limits of an isolating backend's commands.
     pub limits: crate::ResourceLimits,
     /// Host directories an isolating backend shows read-only besides the system
@@ -58,6 +61,7 @@ impl Default for SandboxOptions {
             require_isolation: false,
             network: crate::NetworkPolicy::default(),
             internal_hosts: Vec::new(),
+            inject: Vec::new(),
             limits: crate::ResourceLimits::default(),
             read_only_paths: Vec::new(),
             forwards: Vec::new(),

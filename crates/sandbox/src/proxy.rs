@@ -32,6 +32,49 @@ pub struct EgressRules {
     /// Internal destinations the operator opened in the server's configuration: only
     /// these names may lead to a loopback, private or link-local address.
     pub internal: Vec<HostRule>,
+    /// Headers added to plain-HTTP requests to some destinations.
+    pub inject: Vec<Injection>,
+}
+
+/// A header the proxy adds to every plain-HTTP request to one destination, replacing
+/// any the sandbox sent: a credential the sandbox uses without ever holding it. A
+/// `CONNECT` tunnel (TLS) to the destination gets nothing added: the proxy cannot see
+/// inside it, and does not pretend to.
+#[derive(Clone)]
+pub struct Injection {
+    /// Which requests get it.
+    pub rule: HostRule,
+    /// The header.
+    pub header: hyper::header::HeaderName,
+    /// Its value (marked sensitive; never printed).
+    pub value: hyper::header::HeaderValue,
+}
+
+impl std::fmt::Debug for Injection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Injection")
+            .field("rule", &self.rule)
+            .field("header", &self.header)
+            .field("value", &"<redacted>")
+            .finish()
+    }
+}
+
+impl Injection {
+    /// `header: value` for requests to `host` (`host[:port]`, as in an allow-list).
+    pub fn new(host: &str, header: &str, value: &str) -> Result<Self, String> {
+        let rule = HostRule::parse(host)?;
+        let header = hyper::header::HeaderName::from_bytes(header.as_bytes())
+            .map_err(|_| format!("`{header}` is not a header name"))?;
+        let mut value = hyper::header::HeaderValue::from_str(value)
+            .map_err(|_| "the credential cannot be sent in a header".to_string())?;
+        value.set_sensitive(true);
+        Ok(Injection {
+            rule,
+            header,
+            value,
+        })
+    }
 }
 
 /// A running proxy; stops when dropped.
@@ -114,7 +157,12 @@ async fn handle(req: Request<Incoming>, rules: &EgressRules) -> Response<Body> {
         }
     };
     let _ = upstream.set_nodelay(true);
+    let mut req = req;
+    let injected = rules.inject.iter().filter(|i| i.rule.allows(&host, port));
     if req.method() == Method::CONNECT {
+        if injected.count() > 0 {
+            tracing::info!(%host, port, "egress: a TLS tunnel; the bound credential is not added");
+        }
         tokio::spawn(async move {
             match hyper::upgrade::on(req).await {
                 Ok(upgraded) => {
@@ -131,6 +179,10 @@ async fn handle(req: Request<Incoming>, rules: &EgressRules) -> Response<Body> {
                 .map_err(|never| match never {})
                 .boxed(),
         );
+    }
+    for injection in injected {
+        req.headers_mut()
+            .insert(injection.header.clone(), injection.value.clone());
     }
     forward(req, upstream, &host, port).await
 }
@@ -255,6 +307,7 @@ mod tests {
                 .iter()
                 .map(|r| HostRule::parse(r).unwrap())
                 .collect(),
+            inject: Vec::new(),
         }
     }
 

@@ -142,7 +142,7 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
     );
     state.ceilings = config.server.ceilings.bounds();
     state.cors_origins = config.server.cors_origins.clone();
-    state.vault = steadfast_world::VaultKeys::from_env()?.map(Arc::new);
+    state.vault = harness.options().vault.clone();
     if let Some(n) = config.server.messages_per_minute {
         state.messages_per_minute = n;
     }

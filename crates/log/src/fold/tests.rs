@@ -24,6 +24,7 @@ impl Log {
             limits: Default::default(),
             network: None,
             client_tools: Vec::new(),
+            egress_credentials: Vec::new(),
         });
         log
     }

@@ -54,6 +54,11 @@ pub(crate) struct CreateSession {
     /// until `POST /v1/sessions/{id}/tool_results` answers the call.
     #[serde(default)]
     tools: Vec<steadfast_log::ClientTool>,
+    /// Credentials from the caller's vault that the egress proxy adds, as a header, to
+    /// the sandbox's plain-HTTP requests to a destination of the allow-list (`network`);
+    /// the sandbox never holds them. TLS (`CONNECT`) tunnels get nothing added.
+    #[serde(default)]
+    egress_credentials: Vec<steadfast_log::EgressCredential>,
 }
 
 /// Where a new session's workspace comes from.
@@ -194,6 +199,13 @@ pub(crate) async fn create<W: World + Clone>(
         }
     }
     steadfast_harness::client_tools::check(&agent, &req.tools).map_err(invalid)?;
+    check_egress_credentials(
+        &state,
+        &owner,
+        req.network.as_deref(),
+        &req.egress_credentials,
+    )
+    .await?;
     let named_model = state
         .harness
         .options()
@@ -256,6 +268,7 @@ pub(crate) async fn create<W: World + Clone>(
     new.approve_external = req.approve_external;
     new.network = req.network;
     new.client_tools = req.tools;
+    new.egress_credentials = req.egress_credentials;
     let id = state.harness.start_session(new).await?;
     made.keep();
     let summary = state.harness.world().session(&id).await?;
@@ -268,6 +281,67 @@ pub(crate) async fn create<W: World + Clone>(
             workspace: root.display().to_string(),
         }),
     ))
+}
+
+/// Refuses egress credentials a session could not use: each must name a destination its
+/// allow-list allows, a header, and a credential in the caller's vault (which this
+/// server must be able to open).
+async fn check_egress_credentials<W: World + Clone>(
+    state: &super::Shared<W>,
+    owner: &str,
+    network: Option<&str>,
+    bindings: &[steadfast_log::EgressCredential],
+) -> Result<(), ApiError> {
+    if bindings.is_empty() {
+        return Ok(());
+    }
+    let invalid = |m: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", m);
+    let keys = state.vault.as_ref().ok_or_else(|| {
+        invalid(
+            "egress_credentials: this server has no vault key, so it keeps no credentials".into(),
+        )
+    })?;
+    let allow = match network.map(steadfast_sandbox::NetworkPolicy::parse) {
+        Some(Ok(steadfast_sandbox::NetworkPolicy::AllowList(rules))) => rules,
+        _ => {
+            return Err(invalid(
+                "egress_credentials: need a `network` allow-list (`allow:host[:port],...`) naming their hosts".into(),
+            ))
+        }
+    };
+    for binding in bindings {
+        let rule = steadfast_sandbox::HostRule::parse(&binding.host)
+            .map_err(|e| invalid(format!("egress_credentials: {e}")))?;
+        let port = rule.port.unwrap_or(80);
+        if !allow.iter().any(|a| a.allows(&rule.host, port)) {
+            return Err(invalid(format!(
+                "egress_credentials: `{}` is not in the session's allow-list",
+                binding.host
+            )));
+        }
+        let entry = state
+            .harness
+            .world()
+            .vault_get(owner, &binding.credential)
+            .await?
+            .ok_or_else(|| {
+                invalid(format!(
+                    "egress_credentials: no credential `{}` in your vault",
+                    binding.credential
+                ))
+            })?;
+        let value = keys
+            .open(owner, &binding.credential, &entry.sealed)
+            .map_err(|e| invalid(format!("egress_credentials: `{}`: {e}", binding.credential)))?;
+        let value = String::from_utf8(value).unwrap_or_default();
+        steadfast_sandbox::Injection::new(
+            &binding.host,
+            &binding.header,
+            &format!("{}{value}", binding.prefix),
+        )
+        .map_err(|e| invalid(format!("egress_credentials: `{}`: {e}", binding.credential)))?;
+    }
+    Ok(())
 }
 
 /// A workspace directory made for a session being created: removed when dropped
