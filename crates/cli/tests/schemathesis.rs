@@ -47,6 +47,11 @@ async fn generated_requests_get_no_server_error_and_responses_match_the_document
             "1",
         ],
     )
+    // With a vault key, so the vault's routes are fuzzed past their refusal.
+    .env(
+        "STEADFAST_VAULT_KEY",
+        "BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc=",
+    )
     .spawn()
     .unwrap();
     let stdout = server.stdout.take().unwrap();

@@ -120,7 +120,7 @@ async fn without_a_key_or_in_public_mode_no_credential_is_kept() {
             Some(json!({"value": SECRET})),
         )
         .await,
-        503,
+        404,
         "vault_unavailable",
     );
     let public = server(

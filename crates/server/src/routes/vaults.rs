@@ -39,9 +39,11 @@ fn vault_of<W>(
             "vaults are not available in public mode",
         ));
     }
+    // Like metrics outside development, a feature this server does not serve is not
+    // found here, with a code that says why.
     let keys = state.vault.clone().ok_or_else(|| {
         ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::NOT_FOUND,
             "vault_unavailable",
             format!(
                 "this server has no vault key: the operator sets {}",
@@ -86,7 +88,7 @@ fn check_name(name: &str) -> Result<(), ApiError> {
         (status = 413, description = "The body is larger than the limit", body = wire::Error),
         (status = 415, description = "The body is not `application/json`", body = wire::Error),
         (status = 422, description = "A name or value that is refused (the message names it)", body = wire::Error),
-        (status = 503, description = "The server has no vault key (`vault_unavailable`)", body = wire::Error),
+        (status = 404, description = "The server keeps no credentials: it has no vault key (`vault_unavailable`)", body = wire::Error),
     )
 )]
 pub(crate) async fn put<W: World + Clone>(
@@ -121,7 +123,7 @@ pub(crate) async fn put<W: World + Clone>(
         (status = 200, description = "The caller's credentials", body = wire::CredentialList),
         (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
         (status = 403, description = "Public mode has no vaults", body = wire::Error),
-        (status = 503, description = "The server has no vault key (`vault_unavailable`)", body = wire::Error),
+        (status = 404, description = "The server keeps no credentials: it has no vault key (`vault_unavailable`)", body = wire::Error),
     )
 )]
 pub(crate) async fn list<W: World + Clone>(
@@ -150,8 +152,7 @@ pub(crate) async fn list<W: World + Clone>(
         (status = 204, description = "Forgotten"),
         (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
         (status = 403, description = "Public mode has no vaults", body = wire::Error),
-        (status = 404, description = "No such credential (`no_credential`)", body = wire::Error),
-        (status = 503, description = "The server has no vault key (`vault_unavailable`)", body = wire::Error),
+        (status = 404, description = "No such credential (`no_credential`), or the server keeps none (`vault_unavailable`: it has no vault key)", body = wire::Error),
     )
 )]
 pub(crate) async fn delete<W: World + Clone>(
