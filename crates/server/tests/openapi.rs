@@ -21,13 +21,19 @@ fn the_checked_in_document_is_the_generated_one() {
 }
 
 #[test]
-fn every_operation_answers_errors_as_the_error_schema() {
+fn every_operation_has_its_own_id_and_answers_errors_as_the_error_schema() {
     let doc: serde_json::Value =
         serde_json::from_str(steadfast_server::openapi::document()).unwrap();
     let mut operations = 0;
+    let mut ids = std::collections::BTreeSet::new();
     for (path, item) in doc["paths"].as_object().unwrap() {
         for (method, op) in item.as_object().unwrap() {
             operations += 1;
+            let id = op["operationId"].as_str().unwrap_or_default().to_string();
+            assert!(
+                ids.insert(id.clone()),
+                "{method} {path}: operationId `{id}` twice"
+            );
             assert!(op["summary"].is_string(), "{method} {path} has no summary");
             for (status, response) in op["responses"].as_object().unwrap() {
                 if status.starts_with('4') || status.starts_with('5') {

@@ -78,6 +78,7 @@ fn check_name(name: &str) -> Result<(), ApiError> {
 #[utoipa::path(
     put,
     path = "/v1/vaults/{name}",
+    operation_id = "put_credential",
     params(("name" = String, Path, pattern = "^[A-Za-z0-9._-]{1,128}$", description = "The credential's name")),
     request_body = PutCredential,
     responses(
@@ -119,6 +120,7 @@ pub(crate) async fn put<W: World + Clone>(
 #[utoipa::path(
     get,
     path = "/v1/vaults",
+    operation_id = "list_credentials",
     responses(
         (status = 200, description = "The caller's credentials", body = wire::CredentialList),
         (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
@@ -147,6 +149,7 @@ pub(crate) async fn list<W: World + Clone>(
 #[utoipa::path(
     delete,
     path = "/v1/vaults/{name}",
+    operation_id = "delete_credential",
     params(("name" = String, Path, description = "The credential's name")),
     responses(
         (status = 204, description = "Forgotten"),
