@@ -29,7 +29,7 @@ pub fn check(agent: &str, tools: &[ClientTool]) -> Result<(), String> {
     let builtin: Vec<&str> = steadfast_sandbox::tool_specs()
         .iter()
         .map(|t| t.name)
-        .chain([crate::APPROVAL_TOOL])
+        .chain([crate::APPROVAL_TOOL, crate::git::GIT_PUSH_TOOL])
         .collect();
     let mut seen = std::collections::BTreeSet::new();
     for tool in tools {

@@ -3,7 +3,7 @@
 use steadfast_fault::{point, points};
 use steadfast_log::fold::Next;
 use steadfast_log::{
-    EndState, Event, Output, PendingTool, Record, SessionState, ToolClass, ToolUse,
+    EndState, Event, Output, PendingTool, Record, SessionState, ToolClass, ToolResolution, ToolUse,
 };
 use steadfast_model::{pricing, Delta, ModelClient, ModelRequest, ToolDef};
 use steadfast_sandbox::{classify, tool_specs, Sandbox};
@@ -329,6 +329,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                     input_schema: t.input_schema,
                 })
                 .chain(std::iter::once(approval_tool()))
+                .chain(self.state.git.is_some().then(crate::git::push_tool))
                 .chain(self.state.client_tools.iter().map(|t| ToolDef {
                     name: t.name.clone(),
                     description: t.description.clone(),
@@ -571,7 +572,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 ])
                 .await;
         }
-        let class = classify(&call.name, &call.input);
+        let class = self.class_of(&call.name, &call.input);
         if class == ToolClass::External
             && self.state.approve_external
             && !self.state.approved.contains(&call.id)
@@ -614,7 +615,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         let started = std::time::Instant::now();
         let stop = interrupt::arrives(self.harness.world.clone(), self.lease.session.clone());
         let executed = tokio::select! {
-            out = self.execute(&call.name, &call.input) => Ok(out),
+            out = self.execute_call(&call.name, &call.input) => Ok(out),
             item = stop => Err(item),
         };
         let executed = match executed {
@@ -716,6 +717,21 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 (self.observer)(Progress::Restored(snapshot));
             }
         }
+        if pending.tool == crate::git::GIT_PUSH_TOOL && self.state.git.is_some() {
+            let resolution = match self.reconcile_push(&pending.input).await {
+                Ok(verdict) => steadfast_sandbox::reconcile::resolution(verdict),
+                Err(why) => {
+                    tracing::warn!(session = %self.lease.session, %why, "could not reconcile a push");
+                    ToolResolution::OutcomeUnknown
+                }
+            };
+            return self
+                .append(vec![Event::ToolCallInterrupted {
+                    call_id: pending.call_id,
+                    resolution,
+                }])
+                .await;
+        }
         let reconcilers = self.harness.options.reconcilers.clone();
         let this = &*self;
         let resolution = steadfast_sandbox::reconcile::resolve(
@@ -736,6 +752,125 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             resolution,
         }])
         .await
+    }
+
+    /// A call's class: the harness's own tools by what they do, the rest as the
+    /// sandbox classifies them.
+    fn class_of(&self, tool: &str, input: &serde_json::Value) -> ToolClass {
+        if tool == crate::git::GIT_PUSH_TOOL && self.state.git.is_some() {
+            ToolClass::External
+        } else {
+            classify(tool, input)
+        }
+    }
+
+    /// Runs a tool call: `git_push` by the harness (see [`crate::git`]), every other
+    /// tool in the sandbox.
+    async fn execute_call(
+        &self,
+        tool: &str,
+        input: &serde_json::Value,
+    ) -> Result<steadfast_sandbox::ToolOutput> {
+        match &self.state.git {
+            Some(git) if tool == crate::git::GIT_PUSH_TOOL => self.git_push(git, input).await,
+            _ => self.execute(tool, input).await,
+        }
+    }
+
+    /// The session's git credential, opened from its owner's vault here.
+    async fn git_credential(
+        &self,
+        git: &steadfast_log::GitSource,
+    ) -> Result<Option<crate::git::GitCredential>> {
+        let Some(name) = &git.credential else {
+            return Ok(None);
+        };
+        let secret = self
+            .harness
+            .open_credential(&self.lease.session, name)
+            .await?;
+        Ok(Some(crate::git::GitCredential::basic(
+            &git.username,
+            &secret,
+        )))
+    }
+
+    /// `git_push`: the sandbox bundles the commit, the harness pushes the bundle with
+    /// the credential. What goes wrong is the model's to read, as a tool error.
+    async fn git_push(
+        &self,
+        git: &steadfast_log::GitSource,
+        input: &serde_json::Value,
+    ) -> Result<steadfast_sandbox::ToolOutput> {
+        use crate::git::{printed_commit, push_bundle, take_bundle, PushRequest};
+        use steadfast_sandbox::ToolOutput;
+        let push = match PushRequest::parse(input) {
+            Ok(push) => push,
+            Err(e) => return Ok(ToolOutput::error(e)),
+        };
+        let packed = self
+            .execute(
+                "bash",
+                &serde_json::json!({ "command": push.bundle_command() }),
+            )
+            .await?;
+        let commit = printed_commit(&packed.text).filter(|_| !packed.is_error);
+        let bundle = take_bundle(&self.workspace);
+        let Some(commit) = commit else {
+            return Ok(ToolOutput::error(packed.text));
+        };
+        let (_scratch, bundle) = match bundle {
+            Ok(taken) => taken,
+            Err(e) => return Ok(ToolOutput::error(e)),
+        };
+        let credential = self.git_credential(git).await?;
+        Ok(
+            match push_bundle(&bundle, &commit, git, credential.as_ref(), &push).await {
+                Ok(()) => ToolOutput::ok(format!(
+                    "pushed {commit} to branch `{}` of {}",
+                    push.branch, git.url
+                )),
+                Err(e) => ToolOutput::error(e),
+            },
+        )
+    }
+
+    /// Whether a `git_push` a crash cut off took place: done if the remote branch is
+    /// at the commit the workspace (restored to before the call) would push.
+    async fn reconcile_push(
+        &self,
+        input: &serde_json::Value,
+    ) -> std::result::Result<steadfast_sandbox::reconcile::Verdict, String> {
+        use steadfast_sandbox::reconcile::Verdict;
+        let git = self.state.git.as_ref().ok_or("no repository")?;
+        let push = crate::git::PushRequest::parse(input)?;
+        let local = self
+            .execute(
+                "bash",
+                &serde_json::json!({ "command": push.commit_command() }),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let Some(local) = crate::git::printed_commit(&local.text) else {
+            return Ok(Verdict::Unknown(format!(
+                "no commit `{}` in the workspace",
+                push.reference
+            )));
+        };
+        let credential = self.git_credential(git).await.map_err(|e| e.to_string())?;
+        let remote = crate::git::remote_tip(git, credential.as_ref(), &push.branch).await?;
+        Ok(if remote.as_deref() == Some(local.as_str()) {
+            Verdict::Done(format!(
+                "pushed {local} to branch `{}` of {} (the push was cut off; the branch is there)",
+                push.branch, git.url
+            ))
+        } else {
+            Verdict::NotDone(format!(
+                "branch `{}` is at {}, not {local}",
+                push.branch,
+                remote.as_deref().unwrap_or("nothing")
+            ))
+        })
     }
 
     /// Runs a tool call in the session's sandbox, provisioning one if none runs.

@@ -142,6 +142,9 @@ pub struct NewSession {
     pub client_tools: Vec<steadfast_log::ClientTool>,
     /// Credentials the egress proxy adds to the sandbox's requests (by vault name).
     pub egress_credentials: Vec<steadfast_log::EgressCredential>,
+    /// The repository the workspace was cloned from (see [`crate::git`]), which the
+    /// `git_push` tool pushes to.
+    pub git: Option<steadfast_log::GitSource>,
 }
 
 impl NewSession {
@@ -159,6 +162,7 @@ impl NewSession {
             network: None,
             client_tools: Vec::new(),
             egress_credentials: Vec::new(),
+            git: None,
         }
     }
 
@@ -333,6 +337,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             network: new.network,
             client_tools: new.client_tools,
             egress_credentials: new.egress_credentials,
+            git: new.git.map(Box::new),
         }];
         if let Some(text) = new.task {
             events.push(Event::UserMessage {
@@ -470,24 +475,10 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         if state.egress_credentials.is_empty() {
             return Ok(Vec::new());
         }
-        let keys = self.options.vault.as_ref().ok_or_else(|| {
-            Error::Invalid(format!(
-                "the session binds vault credentials to egress destinations, and this host has no vault key ({})",
-                steadfast_world::vault::KEY_ENV
-            ))
-        })?;
-        let owner = self.world.session(session).await?.owner;
         let mut injections = Vec::new();
         for binding in &state.egress_credentials {
             let name = &binding.credential;
-            let entry = self.world.vault_get(&owner, name).await?.ok_or_else(|| {
-                Error::Invalid(format!("egress credential `{name}` is not in the vault"))
-            })?;
-            let value = keys
-                .open(&owner, name, &entry.sealed)
-                .map_err(|e| Error::Invalid(format!("egress credential `{name}`: {e}")))?;
-            let value = String::from_utf8(value)
-                .map_err(|_| Error::Invalid(format!("egress credential `{name}` is not text")))?;
+            let value = self.open_credential(session, name).await?;
             let injection = steadfast_sandbox::Injection::new(
                 &binding.host,
                 &binding.header,
@@ -497,6 +488,27 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             injections.push(injection);
         }
         Ok(injections)
+    }
+
+    /// Opens credential `name` of `session`'s owner from the vault, here, outside any
+    /// sandbox, for the harness to use on the session's behalf.
+    pub(crate) async fn open_credential(&self, session: &str, name: &str) -> Result<String> {
+        let keys = self.options.vault.as_ref().ok_or_else(|| {
+            Error::Invalid(format!(
+                "the session uses vault credential `{name}`, and this host has no vault key ({})",
+                steadfast_world::vault::KEY_ENV
+            ))
+        })?;
+        let owner = self.world.session(session).await?.owner;
+        let entry =
+            self.world.vault_get(&owner, name).await?.ok_or_else(|| {
+                Error::Invalid(format!("credential `{name}` is not in the vault"))
+            })?;
+        let value = keys
+            .open(&owner, name, &entry.sealed)
+            .map_err(|e| Error::Invalid(format!("credential `{name}`: {e}")))?;
+        String::from_utf8(value)
+            .map_err(|_| Error::Invalid(format!("credential `{name}` is not text")))
     }
 
     /// Refuses a workspace (or a read-only path shown to sandboxes) that is or holds

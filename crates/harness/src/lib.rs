@@ -52,6 +52,7 @@ pub mod client_tools;
 mod control;
 mod diff;
 mod driver;
+pub mod git;
 mod harness;
 mod prompt;
 mod slot;

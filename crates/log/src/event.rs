@@ -316,6 +316,35 @@ pub struct EgressCredential {
     pub prefix: String,
 }
 
+/// Where a session's workspace was cloned from, and the credential the harness pushes
+/// with: the model asks for a push with the `git_push` tool, the harness does it outside
+/// any sandbox, and the sandbox never holds the credential (nor a route to the host).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GitSource {
+    /// The repository, `https://` (or `http://` where the server allows it), with no
+    /// user or password in it.
+    #[schema(example = "https://github.com/acme/widgets.git")]
+    pub url: String,
+    /// The branch or tag checked out (default: the remote's default branch).
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+    /// The name of the vault credential (a token or password) for clone and push;
+    /// none for a public repository (which then cannot be pushed to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
+    /// The user name sent with the credential (HTTP basic auth). GitHub takes
+    /// `x-access-token` (the default) with a token; GitLab any name; Bitbucket
+    /// `x-token-auth`.
+    #[serde(default = "default_git_user")]
+    #[schema(example = "x-access-token")]
+    pub username: String,
+}
+
+fn default_git_user() -> String {
+    "x-access-token".into()
+}
+
 fn default_header() -> String {
     "Authorization".into()
 }
@@ -394,6 +423,9 @@ pub enum Event {
         /// vault name; the values never enter the log or the sandbox).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         egress_credentials: Vec<EgressCredential>,
+        /// The repository the workspace was cloned from, which `git_push` pushes to.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        git: Option<Box<GitSource>>,
     },
     /// A user message, which opens a turn.
     UserMessage {
@@ -662,6 +694,7 @@ impl Event {
             network: None,
             client_tools: Vec::new(),
             egress_credentials: Vec::new(),
+            git: None,
         }
     }
 

@@ -250,6 +250,8 @@ pub struct SessionState {
     pub client_tools: Vec<crate::ClientTool>,
     /// The credentials the egress proxy adds to the session's requests.
     pub egress_credentials: Vec<crate::EgressCredential>,
+    /// The repository the workspace came from (what `git_push` pushes to).
+    pub git: Option<crate::GitSource>,
     /// Whether the session is over for good.
     pub ended: bool,
     /// The session's own network policy, if it has one.
@@ -341,6 +343,7 @@ impl SessionState {
             network,
             client_tools,
             egress_credentials,
+            git,
         } = &record.event
         else {
             return Err(FoldError::NotStarted);
@@ -379,6 +382,7 @@ impl SessionState {
             approve_external: *approve_external,
             client_tools: client_tools.clone(),
             egress_credentials: egress_credentials.clone(),
+            git: git.as_deref().cloned(),
             ended: false,
             network: network.clone(),
             escalated: None,

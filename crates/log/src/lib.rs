@@ -12,9 +12,10 @@ pub mod message;
 pub mod record;
 
 pub use event::{
-    tool_result_signal, BlobRef, Breaker, ClientTool, EgressCredential, EndState, Event, Limits,
-    ModelSpec, Output, ToolClass, ToolResolution, Usage, DENIED, INTERRUPTED_OUTCOME_UNKNOWN,
-    INTERRUPTED_ROLLED_BACK, INTERRUPT_SIGNAL, RESUME_SIGNAL, TOOL_RESULT_SIGNAL,
+    tool_result_signal, BlobRef, Breaker, ClientTool, EgressCredential, EndState, Event, GitSource,
+    Limits, ModelSpec, Output, ToolClass, ToolResolution, Usage, DENIED,
+    INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK, INTERRUPT_SIGNAL, RESUME_SIGNAL,
+    TOOL_RESULT_SIGNAL,
 };
 pub use fold::{
     fold, Exchange, FoldError, Next, PendingModel, PendingTool, Retry, SessionState, Status,

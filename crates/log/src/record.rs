@@ -308,6 +308,7 @@ mod tests {
                 network: None,
                 client_tools: Vec::new(),
                 egress_credentials: Vec::new(),
+                git: None,
             },
         };
         let mut enc = encode("s", &rec);

@@ -92,7 +92,12 @@ where
             }
         }
     }
-    match reconciler.decide(tool, input, &outputs) {
+    resolution(reconciler.decide(tool, input, &outputs))
+}
+
+/// The resolution a verdict gives, for reconcilers and the harness's own tools alike.
+pub fn resolution(verdict: Verdict) -> ToolResolution {
+    match verdict {
         Verdict::Done(evidence) => ToolResolution::Reconciled {
             done: true,
             evidence,
@@ -102,7 +107,7 @@ where
             evidence,
         },
         Verdict::Unknown(why) => {
-            tracing::warn!(reconciler = reconciler.name(), %why, "could not reconcile");
+            tracing::warn!(%why, "could not reconcile");
             ToolResolution::OutcomeUnknown
         }
     }

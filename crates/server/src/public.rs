@@ -53,6 +53,9 @@ pub enum EventBody {
         /// Its network policy, if it has its own.
         #[schema(required = true)]
         network: Option<String>,
+        /// The repository the workspace was cloned from (and `git_push` pushes to).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        git: Option<steadfast_log::GitSource>,
     },
     /// A user message: a turn starts.
     UserMessage {
@@ -448,6 +451,7 @@ fn body(event: &Event) -> EventBody {
             approve_external,
             limits,
             network,
+            git,
             ..
         } => EventBody::SessionStarted {
             agent: s(agent),
@@ -455,6 +459,7 @@ fn body(event: &Event) -> EventBody {
             approve_external: *approve_external,
             limits: *limits,
             network: network.clone(),
+            git: git.as_deref().cloned(),
         },
         Event::UserMessage { turn, text, .. } => EventBody::UserMessage {
             turn: *turn,

@@ -7,6 +7,7 @@
 
 pub mod demo;
 mod fake;
+pub mod git_server;
 mod responses;
 mod wire;
 

@@ -25,6 +25,7 @@ impl Log {
             network: None,
             client_tools: Vec::new(),
             egress_credentials: Vec::new(),
+            git: None,
         });
         log
     }

@@ -74,6 +74,11 @@ enum WorkspaceSource {
     },
     /// The bundled demo project.
     Demo,
+    /// A git repository, cloned by the server outside any sandbox with a credential
+    /// from the caller's vault (which the sandbox never holds; `.git/config` names the
+    /// plain URL). The native agent gets a `git_push` tool, run by the harness with the
+    /// same credential. Only `https://` URLs on public servers; `http://` elsewhere.
+    Git(steadfast_log::GitSource),
 }
 
 /// A seeded file's content.
@@ -226,15 +231,22 @@ pub(crate) async fn create<W: World + Clone>(
             .map_err(|e| invalid(format!("model: {e}")))?;
     }
 
-    let files = match req.workspace.unwrap_or(WorkspaceSource::Empty {
+    let source = req.workspace.unwrap_or(WorkspaceSource::Empty {
         files: BTreeMap::new(),
-    }) {
-        WorkspaceSource::Demo => None,
-        WorkspaceSource::Empty { files } => {
-            check_file_names(&files).map_err(invalid)?;
-            Some(files)
+    });
+    let mut git_secret = None;
+    match &source {
+        WorkspaceSource::Demo => {}
+        WorkspaceSource::Empty { files } => check_file_names(files).map_err(invalid)?,
+        WorkspaceSource::Git(git) => {
+            let public = matches!(state.auth.mode, AuthMode::Public { .. });
+            steadfast_harness::git::check_source(git, public).map_err(invalid)?;
+            if let Some(name) = &git.credential {
+                git_secret =
+                    Some(open_credential(&state, &owner, name, "workspace.credential").await?);
+            }
         }
-    };
+    }
     let dir = state
         .workspaces
         .join(format!("ws_{}", uuid::Uuid::now_v7().simple()));
@@ -242,9 +254,21 @@ pub(crate) async fn create<W: World + Clone>(
     // From here on, a refusal takes the directory with it: nothing is left behind.
     let made = MadeWorkspace(Some(dir.clone()));
     let root = dir.canonicalize().map_err(ApiError::internal)?;
-    match files {
-        None => steadfast_testkit::demo::write_project(&root).map_err(ApiError::internal)?,
-        Some(files) => {
+    let mut git = None;
+    match source {
+        WorkspaceSource::Demo => {
+            steadfast_testkit::demo::write_project(&root).map_err(ApiError::internal)?
+        }
+        WorkspaceSource::Git(source) => {
+            let credential = git_secret.map(|secret| {
+                steadfast_harness::git::GitCredential::basic(&source.username, &secret)
+            });
+            steadfast_harness::git::clone(&source, credential.as_ref(), &root)
+                .await
+                .map_err(|e| invalid(format!("workspace: {e}")))?;
+            git = Some(source);
+        }
+        WorkspaceSource::Empty { files } => {
             for (path, content) in files {
                 let target = steadfast_sandbox::confine(&root, &path)
                     .map_err(|e| invalid(format!("workspace.files: {e}")))?;
@@ -269,6 +293,7 @@ pub(crate) async fn create<W: World + Clone>(
     new.network = req.network;
     new.client_tools = req.tools;
     new.egress_credentials = req.egress_credentials;
+    new.git = git;
     let id = state.harness.start_session(new).await?;
     made.keep();
     let summary = state.harness.world().session(&id).await?;
@@ -296,11 +321,6 @@ async fn check_egress_credentials<W: World + Clone>(
         return Ok(());
     }
     let invalid = |m: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", m);
-    let keys = state.vault.as_ref().ok_or_else(|| {
-        invalid(
-            "egress_credentials: this server has no vault key, so it keeps no credentials".into(),
-        )
-    })?;
     let allow = match network.map(steadfast_sandbox::NetworkPolicy::parse) {
         Some(Ok(steadfast_sandbox::NetworkPolicy::AllowList(rules))) => rules,
         _ => {
@@ -319,21 +339,8 @@ async fn check_egress_credentials<W: World + Clone>(
                 binding.host
             )));
         }
-        let entry = state
-            .harness
-            .world()
-            .vault_get(owner, &binding.credential)
-            .await?
-            .ok_or_else(|| {
-                invalid(format!(
-                    "egress_credentials: no credential `{}` in your vault",
-                    binding.credential
-                ))
-            })?;
-        let value = keys
-            .open(owner, &binding.credential, &entry.sealed)
-            .map_err(|e| invalid(format!("egress_credentials: `{}`: {e}", binding.credential)))?;
-        let value = String::from_utf8(value).unwrap_or_default();
+        let value =
+            open_credential(state, owner, &binding.credential, "egress_credentials").await?;
         steadfast_sandbox::Injection::new(
             &binding.host,
             &binding.header,
@@ -342,6 +349,32 @@ async fn check_egress_credentials<W: World + Clone>(
         .map_err(|e| invalid(format!("egress_credentials: `{}`: {e}", binding.credential)))?;
     }
     Ok(())
+}
+
+/// Opens credential `name` of `owner` from the vault, for checking a session's request
+/// (and cloning its repository); a refusal is a 422 naming `field`.
+async fn open_credential<W: World + Clone>(
+    state: &super::Shared<W>,
+    owner: &str,
+    name: &str,
+    field: &str,
+) -> Result<String, ApiError> {
+    let invalid = |m: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", m);
+    let keys = state.vault.as_ref().ok_or_else(|| {
+        invalid(format!(
+            "{field}: this server has no vault key, so it keeps no credentials"
+        ))
+    })?;
+    let entry = state
+        .harness
+        .world()
+        .vault_get(owner, name)
+        .await?
+        .ok_or_else(|| invalid(format!("{field}: no credential `{name}` in your vault")))?;
+    let value = keys
+        .open(owner, name, &entry.sealed)
+        .map_err(|e| invalid(format!("{field}: `{name}`: {e}")))?;
+    String::from_utf8(value).map_err(|_| invalid(format!("{field}: `{name}` is not text")))
 }
 
 /// A workspace directory made for a session being created: removed when dropped

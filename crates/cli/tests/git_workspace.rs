@@ -1,0 +1,337 @@
+//! Workspaces from git, through a real `steadfast serve` with bwrap sandboxes and a real
+//! git server (`git http-backend` behind basic auth, on loopback): the server clones
+//! with a credential from the caller's vault; the sandbox sees the history and a remote
+//! with no secret, and finds the credential nowhere (files, environment, processes);
+//! inside, `git push` has neither credential nor route; the agent commits and asks for
+//! `git_push`, which the harness does with the credential. A worker SIGKILLed right
+//! after the push (or right before it) is replaced, and the branch is pushed exactly
+//! once either way. Nothing Steadfast stores holds the credential.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+use steadfast_testkit::git_server::GitServer;
+use steadfast_testkit::{FakeProvider, Script};
+
+mod common;
+
+use common::{service, wait_for};
+
+const TOKEN: &str = "git-token-7d3e91ab";
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .args(["-c", "user.name=Dev", "-c", "user.email=dev@example.com"])
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A bare repository `<root>/<name>.git` with three commits, a binary file and a
+/// symlink.
+fn repository(root: &Path, name: &str) {
+    let work = root.join(format!("{name}-work"));
+    std::fs::create_dir_all(work.join("src")).unwrap();
+    git(&work, &["init", "-q", "-b", "main"]);
+    std::fs::write(work.join("README.md"), "# widgets\n").unwrap();
+    git(&work, &["add", "-A"]);
+    git(&work, &["commit", "-qm", "first"]);
+    std::fs::write(work.join("src/lib.rs"), "pub fn answer() -> u32 { 42 }\n").unwrap();
+    std::fs::write(
+        work.join("logo.bin"),
+        (0..=255u8).cycle().take(70_000).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    git(&work, &["add", "-A"]);
+    git(&work, &["commit", "-qm", "second"]);
+    std::os::unix::fs::symlink("src/lib.rs", work.join("lib-link.rs")).unwrap();
+    git(&work, &["add", "-A"]);
+    git(&work, &["commit", "-qm", "third"]);
+    git(
+        root,
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            &format!("{name}-work"),
+            &format!("{name}.git"),
+        ],
+    );
+}
+
+async fn call(method: reqwest::Method, url: &str, body: Value) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .request(method, url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// The session's events, as one JSON page.
+async fn events(url: &str) -> Value {
+    reqwest::Client::new()
+        .get(url)
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Every file under `dir` that holds `needle`.
+fn holding(dir: &Path, needle: &str) -> Vec<PathBuf> {
+    walkdir::WalkDir::new(dir)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_file())
+        .filter(|e| {
+            std::fs::read(e.path())
+                .is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+        })
+        .map(|e| e.path().to_path_buf())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_sees() {
+    let dir = tempfile::tempdir().unwrap();
+    let repos = dir.path().join("repos");
+    std::fs::create_dir_all(&repos).unwrap();
+    // One repository per crash: right after the push, and right before it.
+    let faults = [
+        steadfast_fault::points::TOOL_EFFECT,
+        steadfast_fault::points::TOOL_INTENT,
+    ];
+    for i in 0..faults.len() {
+        repository(&repos, &format!("widgets{i}"));
+    }
+    let server = GitServer::start(repos.clone(), "x-access-token", TOKEN)
+        .await
+        .unwrap();
+
+    // The probe looks for the secret everywhere the sandbox can, without naming it.
+    let probe = "mkdir -p probe; echo probe/ >> .git/info/exclude; \
+         git log --oneline > probe/log.txt; cat .git/config > probe/config.txt; \
+         env > probe/env.txt; cat /proc/*/environ /proc/*/cmdline 2>/dev/null | tr '\\0' '\\n' > probe/environ.txt; \
+         a=git-token; b=7d3e91ab; \
+         grep -rsl \"$a-$b\" / --exclude-dir=proc --exclude-dir=sys --exclude-dir=usr > probe/found.txt; \
+         GIT_TERMINAL_PROMPT=0 timeout 20 git push origin HEAD:refs/heads/sneaky > probe/push.txt 2>&1; \
+         echo \"rc=$?\" >> probe/push.txt; true";
+    let commit = "printf 'pub fn twice(x: u32) -> u32 { 2 * x }\\n' > src/twice.rs && \
+         git add -A && git commit -qm 'add twice' && git rev-parse HEAD > probe/head.txt";
+    let script: Script = serde_json::from_value(json!({"steps": [
+        {"text": "looking", "tool_calls": [{"name": "bash", "input": {"command": probe}}]},
+        {"text": "committing", "tool_calls": [{"name": "bash", "input": {"command": commit}}]},
+        {"text": "pushing", "tool_calls": [{"name": "git_push", "input": {"branch": "agent/twice"}}]},
+        {"text": "pushed"}
+    ]}))
+    .unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    let home = dir.path().join("home");
+    let config = dir.path().join("steadfast.toml");
+    std::fs::write(&config, "[sandbox]\nbackend = \"bwrap\"\n").unwrap();
+    let key = base64::engine::general_purpose::STANDARD.encode([7u8; 32]);
+    let with_keys = |mut cmd: tokio::process::Command| {
+        cmd.env("STEADFAST_CONFIG", &config)
+            .env("STEADFAST_VAULT_KEY", &key);
+        cmd
+    };
+    let mut api = with_keys(service(
+        &home,
+        &fake,
+        &["serve", "--listen", "127.0.0.1:0", "--workers", "0"],
+    ))
+    .spawn()
+    .unwrap();
+    let url = common::printed_url(&mut api).await;
+    let (status, _) = call(
+        reqwest::Method::PUT,
+        &format!("{url}/v1/vaults/forge"),
+        json!({"value": TOKEN}),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, _) = call(
+        reqwest::Method::PUT,
+        &format!("{url}/v1/vaults/stale"),
+        json!({"value": "not-the-token"}),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let sessions = format!("{url}/v1/sessions");
+    let workspaces = home.join("workspaces");
+    let made_before = std::fs::read_dir(&workspaces).map_or(0, |d| d.count());
+
+    // Refused, naming the field, leaving nothing behind: a secret in the URL, a
+    // transport other than HTTP, a credential not in the vault, a wrong one, a bad ref.
+    let repo0 = server.url("widgets0");
+    for (workspace, says) in [
+        (
+            json!({"kind": "git", "url": repo0.replace("http://", &format!("http://u:{TOKEN}@"))}),
+            "workspace.url",
+        ),
+        (
+            json!({"kind": "git", "url": format!("file://{}", repos.display())}),
+            "workspace.url",
+        ),
+        (
+            json!({"kind": "git", "url": repo0, "credential": "nothing"}),
+            "workspace.credential",
+        ),
+        (
+            json!({"kind": "git", "url": repo0, "credential": "stale"}),
+            "workspace: clone",
+        ),
+        (
+            json!({"kind": "git", "url": repo0, "credential": "forge", "ref": "-x"}),
+            "workspace.ref",
+        ),
+        (
+            json!({"kind": "git", "url": repo0, "credential": "forge", "ref": "gone"}),
+            "workspace: clone",
+        ),
+    ] {
+        let (status, body) = call(
+            reqwest::Method::POST,
+            &sessions,
+            json!({"workspace": workspace}),
+        )
+        .await;
+        assert_eq!(status, 422, "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+        assert!(!message.contains(TOKEN), "{message}");
+    }
+    assert_eq!(
+        std::fs::read_dir(&workspaces).map_or(0, |d| d.count()),
+        made_before,
+        "a refused session leaves no workspace"
+    );
+
+    for (i, fault) in faults.iter().enumerate() {
+        let name = format!("widgets{i}");
+        let (status, created) = call(
+            reqwest::Method::POST,
+            &sessions,
+            json!({
+                "task": "add a twice function and push it",
+                "workspace": {"kind": "git", "url": server.url(&name), "credential": "forge", "ref": "main"},
+            }),
+        )
+        .await;
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let workspace = PathBuf::from(created["workspace"].as_str().unwrap());
+
+        // The third tool call is the push: the first worker dies at `fault` in it.
+        let mut doomed = with_keys(service(&home, &fake, &["worker"]));
+        doomed.env("STEADFAST_FAULT", format!("{fault}:3"));
+        let status = tokio::time::timeout(std::time::Duration::from_secs(120), doomed.status())
+            .await
+            .expect("the worker reached the fault")
+            .unwrap();
+        assert!(!status.success(), "{fault}: the worker was to abort");
+        let mut worker = with_keys(service(&home, &fake, &["worker"]))
+            .spawn()
+            .unwrap();
+        wait_for("the turn to end", async || {
+            reqwest::get(format!("{sessions}/{id}"))
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()["status"]
+                == "idle"
+        })
+        .await;
+        worker.kill().await.unwrap();
+
+        let bare = repos.join(format!("{name}.git"));
+        let head = std::fs::read_to_string(workspace.join("probe/head.txt")).unwrap();
+        assert_eq!(
+            git(&bare, &["rev-parse", "refs/heads/agent/twice"]),
+            head.trim(),
+            "{fault}: the agent's commit is on the remote branch"
+        );
+        let pushes = server
+            .requests()
+            .iter()
+            .filter(|r| r.is_push() && r.authorized && r.uri.starts_with(&format!("/{name}.git/")))
+            .count();
+        assert_eq!(pushes, 1, "{fault}: pushed exactly once");
+        assert!(
+            git(&bare, &["branch", "--list", "sneaky"]).is_empty(),
+            "the sandbox pushed nothing itself"
+        );
+
+        let probe =
+            |file: &str| std::fs::read_to_string(workspace.join("probe").join(file)).unwrap();
+        assert_eq!(
+            probe("log.txt").lines().count(),
+            3,
+            "the clone has the history"
+        );
+        assert!(probe("config.txt").contains(&server.url(&name)));
+        for file in ["config.txt", "env.txt", "environ.txt"] {
+            let text = probe(file);
+            assert!(!text.is_empty() && !text.contains(TOKEN), "{file}: {text}");
+        }
+        assert!(
+            probe("found.txt").trim().is_empty(),
+            "readable files hold it: {}",
+            probe("found.txt")
+        );
+        let pushed_inside = probe("push.txt");
+        assert!(!pushed_inside.contains("rc=0"), "{pushed_inside}");
+        assert!(std::fs::symlink_metadata(workspace.join("lib-link.rs"))
+            .unwrap()
+            .is_symlink());
+        assert_eq!(
+            std::fs::read(workspace.join("logo.bin")).unwrap().len(),
+            70_000
+        );
+        assert!(!workspace.join(".steadfast-push.bundle").exists());
+
+        // The log says how the cut-off push was resolved.
+        // The log says how the cut-off push was resolved: after the push, seen done on
+        // the remote (and not pushed again); before it, seen not done and run once.
+        let log = events(&format!("{sessions}/{id}/events")).await;
+        let resolutions: Vec<&Value> = log["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["type"] == "tool_call_interrupted")
+            .map(|e| &e["resolution"])
+            .collect();
+        let done = *fault == steadfast_fault::points::TOOL_EFFECT;
+        assert_eq!(resolutions.len(), 1, "{resolutions:?}");
+        assert_eq!(resolutions[0]["kind"], "reconciled");
+        assert_eq!(resolutions[0]["done"], done, "{fault}: {}", resolutions[0]);
+        assert!(holding(&workspace, TOKEN).is_empty());
+    }
+    // Nothing Steadfast stored holds the credential: the world, blobs, snapshots.
+    assert_eq!(holding(&home, TOKEN), Vec::<PathBuf>::new());
+    assert!(
+        !server
+            .requests()
+            .iter()
+            .any(|r| !r.authorized && r.uri.contains("receive-pack")),
+        "no push without the credential reached the server"
+    );
+}
