@@ -258,6 +258,11 @@ pub struct NamedAgent {
     /// `steadfast install-agent <name>`.
     #[serde(default)]
     pub version: Option<String>,
+    /// MCP servers its sessions get: `mcp-servers = [{name = "tracker", url =
+    /// "https://...", credential = "tracker"}]` (credentials from the session owner's
+    /// vault).
+    #[serde(default)]
+    pub mcp_servers: Vec<steadfast_log::McpServer>,
 }
 
 /// A model's price, USD per million tokens.
@@ -422,6 +427,7 @@ impl Config {
                 adapter: n.adapter.clone(),
                 model: n.model.clone(),
                 version: n.version.clone(),
+                mcp_servers: n.mcp_servers.clone(),
             })
             .collect();
         if let Some(n) = a.max_restarts {
@@ -494,6 +500,8 @@ impl Config {
             })?;
             adapter
                 .at_version(agent.version.as_deref())
+                .map_err(|e| anyhow::anyhow!("[[agents.named]] {}: {e}", agent.name))?;
+            steadfast_harness::remote::check_servers(&agent.mcp_servers)
                 .map_err(|e| anyhow::anyhow!("[[agents.named]] {}: {e}", agent.name))?;
             if let Some(model) = &agent.model {
                 steadfast_harness::parse_model(model)
@@ -625,6 +633,21 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("unknown adapter"));
+        let with_mcp = format!(
+            "{one}mcp-servers = [{{name = \"tracker\", url = \"https://mcp.example.com/mcp\", credential = \"tracker\", classes = {{close_issue = \"external\"}}}}]\n"
+        );
+        let cfg = toml::from_str::<Config>(&with_mcp).unwrap();
+        cfg.check().unwrap();
+        let agents = cfg.harness_options().agents;
+        let servers = agents.mcp_servers_for("reviewer", Vec::new());
+        assert_eq!(servers.len(), 1);
+        assert_eq!(servers[0].credential.as_deref(), Some("tracker"));
+        assert!(agents.mcp_servers_for("native", Vec::new()).is_empty());
+        let bad_mcp = format!("{one}mcp-servers = [{{name = \"a b\", url = \"https://x/mcp\"}}]\n");
+        assert!(parse(&bad_mcp)
+            .unwrap_err()
+            .to_string()
+            .contains("server name"));
         let bad_network = "[sandbox]\nnetwork = \"everywhere\"\n";
         assert!(parse(bad_network).is_err());
     }

@@ -76,6 +76,8 @@ pub struct Driver<'h, W, S> {
     sandbox: SandboxSlot<S>,
     workspace: std::path::PathBuf,
     model: ModelClient,
+    /// The session's own MCP servers' tools, if it has any.
+    remote: Option<std::sync::Arc<steadfast_wrap::remote::RemoteTools>>,
     observer: Observer,
     _heartbeat: Heartbeat,
 }
@@ -87,6 +89,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         state: SessionState,
         sandbox: SandboxSlot<S>,
         model: ModelClient,
+        remote: Option<std::sync::Arc<steadfast_wrap::remote::RemoteTools>>,
         heartbeat: Heartbeat,
     ) -> Self {
         Driver {
@@ -96,6 +99,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             state,
             sandbox,
             model,
+            remote,
             observer: Box::new(|_| {}),
             _heartbeat: heartbeat,
         }
@@ -330,6 +334,11 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 })
                 .chain(std::iter::once(approval_tool()))
                 .chain(self.state.git.is_some().then(crate::git::push_tool))
+                .chain(self.remote.iter().flat_map(|r| r.tools()).map(|t| ToolDef {
+                    name: t.name.clone(),
+                    description: t.description.clone(),
+                    input_schema: t.input_schema.clone(),
+                }))
                 .chain(self.state.client_tools.iter().map(|t| ToolDef {
                     name: t.name.clone(),
                     description: t.description.clone(),
@@ -573,7 +582,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 .await;
         }
         let class = self.class_of(&call.name, &call.input);
-        if class == ToolClass::External
+        if class.is_external_effect()
             && self.state.approve_external
             && !self.state.approved.contains(&call.id)
         {
@@ -592,10 +601,14 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 .await;
         }
         // A sandbox first (hydrated to the last recorded snapshot if it is new), so the
-        // snapshot below is taken of the workspace the call will really run on.
-        self.sandbox.hydrate_to(self.state.last_snapshot.clone());
-        self.sandbox.get().await?;
-        let touches_workspace = class != ToolClass::Read;
+        // snapshot below is taken of the workspace the call will really run on. An MCP
+        // server's tool runs elsewhere and leaves the workspace alone: neither.
+        let remote = self.names_mcp_server(&call.name);
+        if !remote {
+            self.sandbox.hydrate_to(self.state.last_snapshot.clone());
+            self.sandbox.get().await?;
+        }
+        let touches_workspace = class.touches_workspace() && !remote;
         let workspace = self.workspace.clone();
         let snapshot_before = if touches_workspace {
             Some(self.harness.snapshot(&workspace).await?)
@@ -679,7 +692,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             sandbox.cancel().await;
         }
         let by = interrupt::sender(&item);
-        let snapshot_after = if class != ToolClass::Read {
+        let snapshot_after = if class.touches_workspace() && !self.names_mcp_server(&call.name) {
             Some(self.harness.snapshot(&self.workspace.clone()).await?)
         } else {
             None
@@ -759,9 +772,27 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     fn class_of(&self, tool: &str, input: &serde_json::Value) -> ToolClass {
         if tool == crate::git::GIT_PUSH_TOOL && self.state.git.is_some() {
             ToolClass::External
+        } else if let Some(remote) = self.remote_tool(tool) {
+            remote.class
+        } else if self.names_mcp_server(tool) {
+            ToolClass::External
         } else {
             classify(tool, input)
         }
+    }
+
+    /// Whether `tool` is namespaced by one of the session's MCP servers (connected now
+    /// or not).
+    fn names_mcp_server(&self, tool: &str) -> bool {
+        self.state.mcp_servers.iter().any(|s| {
+            tool.strip_prefix(s.name.as_str())
+                .is_some_and(|rest| rest.starts_with(steadfast_wrap::remote::SEPARATOR))
+        })
+    }
+
+    /// The MCP server tool the model calls `tool`, if it is one.
+    fn remote_tool(&self, tool: &str) -> Option<&steadfast_wrap::remote::RemoteTool> {
+        self.remote.as_ref()?.find(tool)
     }
 
     /// Runs a tool call: `git_push` by the harness (see [`crate::git`]), every other
@@ -771,6 +802,14 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         tool: &str,
         input: &serde_json::Value,
     ) -> Result<steadfast_sandbox::ToolOutput> {
+        if self.names_mcp_server(tool) {
+            return Ok(match &self.remote {
+                Some(remote) => remote.call(tool, input).await,
+                None => steadfast_sandbox::ToolOutput::error(format!(
+                    "[steadfast] `{tool}`: its MCP server is not connected now"
+                )),
+            });
+        }
         match &self.state.git {
             Some(git) if tool == crate::git::GIT_PUSH_TOOL => self.git_push(git, input).await,
             _ => self.execute(tool, input).await,

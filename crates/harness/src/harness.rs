@@ -145,6 +145,8 @@ pub struct NewSession {
     /// The repository the workspace was cloned from (see [`crate::git`]), which the
     /// `git_push` tool pushes to.
     pub git: Option<steadfast_log::GitSource>,
+    /// The user's MCP servers whose tools the agent is offered.
+    pub mcp_servers: Vec<steadfast_log::McpServer>,
 }
 
 impl NewSession {
@@ -163,6 +165,7 @@ impl NewSession {
             client_tools: Vec::new(),
             egress_credentials: Vec::new(),
             git: None,
+            mcp_servers: Vec::new(),
         }
     }
 
@@ -308,6 +311,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             steadfast_sandbox::NetworkPolicy::parse(policy).map_err(Error::Invalid)?;
         }
         crate::client_tools::check(&new.agent, &new.client_tools).map_err(Error::Invalid)?;
+        steadfast_wrap::remote::check_servers(&new.mcp_servers).map_err(Error::Invalid)?;
         std::fs::create_dir_all(&new.workspace)
             .map_err(|e| Error::Invalid(format!("workspace {}: {e}", new.workspace.display())))?;
         let workspace = new
@@ -338,6 +342,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             client_tools: new.client_tools,
             egress_credentials: new.egress_credentials,
             git: new.git.map(Box::new),
+            mcp_servers: new.mcp_servers,
         }];
         if let Some(text) = new.task {
             events.push(Event::UserMessage {
@@ -443,8 +448,11 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             self.options.sandbox_idle_stop,
         );
         let model = (self.options.models)(&state.model)?;
+        let remote = self.remote_tools(&lease.session, &state).await?;
         let heartbeat = Heartbeat::start(self.world.clone(), lease.clone(), self.options.lease_ttl);
-        Ok(Driver::new(self, lease, state, sandbox, model, heartbeat))
+        Ok(Driver::new(
+            self, lease, state, sandbox, model, remote, heartbeat,
+        ))
     }
 
     /// The sandbox settings of a session: the harness's, with the network policy the
@@ -488,6 +496,32 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             injections.push(injection);
         }
         Ok(injections)
+    }
+
+    /// The session's MCP servers, connected with their credentials (opened here,
+    /// outside any sandbox); none when it has none. A server that cannot be reached
+    /// is left out with a warning (its tools are not offered this time).
+    pub(crate) async fn remote_tools(
+        &self,
+        session: &str,
+        state: &SessionState,
+    ) -> Result<Option<Arc<steadfast_wrap::remote::RemoteTools>>> {
+        if state.mcp_servers.is_empty() {
+            return Ok(None);
+        }
+        let mut secrets = std::collections::HashMap::new();
+        for server in &state.mcp_servers {
+            if let Some(name) = &server.credential {
+                let secret = self.open_credential(session, name).await?;
+                secrets.insert(server.name.clone(), secret);
+            }
+        }
+        let (remote, failures) =
+            steadfast_wrap::remote::RemoteTools::connect(&state.mcp_servers, &secrets).await;
+        for failure in failures {
+            tracing::warn!(%session, %failure, "MCP server left out");
+        }
+        Ok(Some(Arc::new(remote)))
     }
 
     /// Opens credential `name` of `session`'s owner from the vault, here, outside any

@@ -67,6 +67,7 @@ pub use harness::{
     parse_model, Awake, Harness, HarnessOptions, ModelResolver, NewSession, Provisioner,
 };
 pub use steadfast_sandbox::reconcile;
+pub use steadfast_wrap::remote;
 pub use wrapped::{AgentInfo, AgentOptions, NamedAgent, WrappedDriver};
 
 /// Everything that can stop the harness.

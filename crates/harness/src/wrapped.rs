@@ -63,6 +63,9 @@ pub struct NamedAgent {
     pub model: Option<String>,
     /// The CLI version (`None`: the adapter's pinned one).
     pub version: Option<String>,
+    /// MCP servers every session of this agent gets (their credentials are looked up
+    /// in the session owner's vault).
+    pub mcp_servers: Vec<steadfast_log::McpServer>,
 }
 
 /// An agent a session can run, as `GET /v1/agents` lists it.
@@ -100,6 +103,21 @@ impl AgentOptions {
     /// The named agent called `agent`, if the configuration has one.
     pub fn named_agent(&self, agent: &str) -> Option<&NamedAgent> {
         self.named.iter().find(|a| a.name == agent)
+    }
+
+    /// The MCP servers a session of `agent` gets: the named agent's, then the ones the
+    /// session asks for (a name used twice is refused by the session's checks).
+    pub fn mcp_servers_for(
+        &self,
+        agent: &str,
+        requested: Vec<steadfast_log::McpServer>,
+    ) -> Vec<steadfast_log::McpServer> {
+        let mut servers = self
+            .named_agent(agent)
+            .map(|a| a.mcp_servers.clone())
+            .unwrap_or_default();
+        servers.extend(requested);
+        servers
     }
 
     /// The adapter a session's agent stands for (a configured agent's, or a built-in
@@ -222,6 +240,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             max_tool_calls_per_turn: (self.options.max_steps_per_turn as usize)
                 .saturating_mul(TOOL_CALLS_PER_STEP),
             reconcilers: self.options.reconcilers.clone(),
+            remote: self.remote_tools(&lease.session, &state).await?,
         };
         Ok(WrappedDriver {
             harness: self,

@@ -73,6 +73,24 @@ pub enum ToolClass {
     Mutate,
     /// Reaches outside the workspace (network, push, webhook): never re-run blindly.
     External,
+    /// Reaches outside the workspace, but running it again changes nothing more (an
+    /// MCP tool marked `idempotentHint`): run again after a crash; still an external
+    /// effect for the approval policy.
+    Idempotent,
+}
+
+impl ToolClass {
+    /// Whether a call of this class may change the workspace (so it is snapshotted
+    /// before and after).
+    pub fn touches_workspace(self) -> bool {
+        matches!(self, ToolClass::Mutate | ToolClass::External)
+    }
+
+    /// Whether a call of this class has effects outside the workspace (what the
+    /// approval policy asks a human about).
+    pub fn is_external_effect(self) -> bool {
+        matches!(self, ToolClass::External | ToolClass::Idempotent)
+    }
 }
 
 /// A payload too big for the log, kept in the blob store.
@@ -345,6 +363,34 @@ fn default_git_user() -> String {
     "x-access-token".into()
 }
 
+/// One of the user's MCP servers a session uses: its tools are offered to the agent as
+/// `<name>__<tool>`, each call journaled like every other and classed by the tool's
+/// MCP annotations (`readOnlyHint` read, `idempotentHint` idempotent, otherwise
+/// external) unless `classes` says otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct McpServer {
+    /// The name its tools are namespaced by (letters, digits, `-`; at most 24).
+    #[schema(example = "tracker")]
+    pub name: String,
+    /// Its streamable-HTTP endpoint.
+    #[schema(example = "https://mcp.example.com/mcp")]
+    pub url: String,
+    /// A vault credential the harness sends with every request (never to the sandbox).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
+    /// The header the credential goes in (default `Authorization`).
+    #[serde(default = "default_header")]
+    pub header: String,
+    /// What goes before the credential (default `Bearer `).
+    #[serde(default = "default_prefix")]
+    pub prefix: String,
+    /// Classes by tool name (the server's own name for it), overriding what its
+    /// annotations say.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub classes: std::collections::BTreeMap<String, ToolClass>,
+}
+
 fn default_header() -> String {
     "Authorization".into()
 }
@@ -426,6 +472,9 @@ pub enum Event {
         /// The repository the workspace was cloned from, which `git_push` pushes to.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         git: Option<Box<GitSource>>,
+        /// The user's MCP servers whose tools the agent is offered.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        mcp_servers: Vec<McpServer>,
     },
     /// A user message, which opens a turn.
     UserMessage {
@@ -695,6 +744,7 @@ impl Event {
             client_tools: Vec::new(),
             egress_credentials: Vec::new(),
             git: None,
+            mcp_servers: Vec::new(),
         }
     }
 

@@ -252,6 +252,8 @@ pub struct SessionState {
     pub egress_credentials: Vec<crate::EgressCredential>,
     /// The repository the workspace came from (what `git_push` pushes to).
     pub git: Option<crate::GitSource>,
+    /// The user's MCP servers the agent is offered tools of.
+    pub mcp_servers: Vec<crate::McpServer>,
     /// Whether the session is over for good.
     pub ended: bool,
     /// The session's own network policy, if it has one.
@@ -344,6 +346,7 @@ impl SessionState {
             client_tools,
             egress_credentials,
             git,
+            mcp_servers,
         } = &record.event
         else {
             return Err(FoldError::NotStarted);
@@ -383,6 +386,7 @@ impl SessionState {
             client_tools: client_tools.clone(),
             egress_credentials: egress_credentials.clone(),
             git: git.as_deref().cloned(),
+            mcp_servers: mcp_servers.clone(),
             ended: false,
             network: network.clone(),
             escalated: None,

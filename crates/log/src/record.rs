@@ -309,6 +309,7 @@ mod tests {
                 client_tools: Vec::new(),
                 egress_credentials: Vec::new(),
                 git: None,
+                mcp_servers: Vec::new(),
             },
         };
         let mut enc = encode("s", &rec);

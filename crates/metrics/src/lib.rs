@@ -568,6 +568,7 @@ fn class_name(class: ToolClass) -> &'static str {
         ToolClass::Read => "read",
         ToolClass::Mutate => "mutate",
         ToolClass::External => "external",
+        ToolClass::Idempotent => "idempotent",
     }
 }
 

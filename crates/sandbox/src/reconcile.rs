@@ -71,7 +71,7 @@ where
     Fut: Future<Output = Result<ToolOutput, String>>,
 {
     match class {
-        ToolClass::Read => return ToolResolution::Rerun,
+        ToolClass::Read | ToolClass::Idempotent => return ToolResolution::Rerun,
         ToolClass::Mutate => {
             return ToolResolution::RolledBack {
                 snapshot: snapshot_before,

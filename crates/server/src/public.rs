@@ -56,6 +56,9 @@ pub enum EventBody {
         /// The repository the workspace was cloned from (and `git_push` pushes to).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         git: Option<steadfast_log::GitSource>,
+        /// The caller's own MCP servers whose tools the agent is offered.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        mcp_servers: Vec<steadfast_log::McpServer>,
     },
     /// A user message: a turn starts.
     UserMessage {
@@ -452,6 +455,7 @@ fn body(event: &Event) -> EventBody {
             limits,
             network,
             git,
+            mcp_servers,
             ..
         } => EventBody::SessionStarted {
             agent: s(agent),
@@ -460,6 +464,7 @@ fn body(event: &Event) -> EventBody {
             limits: *limits,
             network: network.clone(),
             git: git.as_deref().cloned(),
+            mcp_servers: mcp_servers.clone(),
         },
         Event::UserMessage { turn, text, .. } => EventBody::UserMessage {
             turn: *turn,

@@ -8,6 +8,7 @@
 pub mod demo;
 mod fake;
 pub mod git_server;
+pub mod mcp_server;
 mod responses;
 mod wire;
 

@@ -69,6 +69,8 @@ pub struct ToolJournal<W, S> {
     calls: std::sync::atomic::AtomicUsize,
     /// Calls running now (they run to their end even if the agent that asked died).
     inflight: tokio::sync::watch::Sender<usize>,
+    /// The session's own MCP servers' tools, run by the harness (not in the sandbox).
+    remote: Option<Arc<crate::remote::RemoteTools>>,
 }
 
 /// Counts a running call as finished when dropped (however it ends).
@@ -105,7 +107,19 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             last_snapshot,
             counters: StdMutex::new((0, 0)),
             inflight: tokio::sync::watch::Sender::new(0),
+            remote: None,
         }
+    }
+
+    /// Offers (and runs) the tools of the session's own MCP servers too.
+    pub fn with_remote(mut self, remote: Option<Arc<crate::remote::RemoteTools>>) -> Self {
+        self.remote = remote;
+        self
+    }
+
+    /// The tools of the session's own MCP servers this journal runs.
+    pub fn remote_tools(&self) -> &[crate::remote::RemoteTool] {
+        self.remote.as_deref().map_or(&[], |r| r.tools())
     }
 
     /// Waits (at most `limit`) until every call this journal started has recorded its
@@ -282,9 +296,33 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             .map_err(Error::from)
     }
 
+    /// Runs a call in the session's sandbox, made when the first call needs it.
+    async fn execute_in_sandbox(
+        &self,
+        tool: &str,
+        input: &Value,
+    ) -> Result<steadfast_sandbox::ToolOutput> {
+        let sandbox = self
+            .sandbox
+            .get_or_try_init(|| async {
+                let make = self.make_sandbox.clone();
+                tokio::task::spawn_blocking(move || make())
+                    .await
+                    .map_err(|e| Error::Task(e.to_string()))?
+                    .map_err(Error::from)
+            })
+            .await?;
+        Ok(sandbox.execute(tool, input).await?)
+    }
+
     async fn run(&self, tool: &str, input: &Value) -> Result<(String, bool)> {
-        let class = classify(tool, input);
-        let touches = class != ToolClass::Read;
+        let remote = self.remote.as_ref().filter(|r| r.find(tool).is_some());
+        let class = match remote.and_then(|r| r.find(tool)) {
+            Some(t) => t.class,
+            None => classify(tool, input),
+        };
+        // An MCP server's tool runs elsewhere: the workspace is not its to change.
+        let touches = class.touches_workspace() && remote.is_none();
         let snapshot_before = if touches {
             Some(self.snapshot().await?)
         } else {
@@ -303,17 +341,10 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             }])
             .await?;
         point(points::TOOL_INTENT);
-        let sandbox = self
-            .sandbox
-            .get_or_try_init(|| async {
-                let make = self.make_sandbox.clone();
-                tokio::task::spawn_blocking(move || make())
-                    .await
-                    .map_err(|e| Error::Task(e.to_string()))?
-                    .map_err(Error::from)
-            })
-            .await?;
-        let out = sandbox.execute(tool, input).await?;
+        let out = match remote {
+            Some(remote) => remote.call(tool, input).await,
+            None => self.execute_in_sandbox(tool, input).await?,
+        };
         point(points::TOOL_EFFECT);
         let snapshot_after = if touches {
             Some(self.snapshot().await?)

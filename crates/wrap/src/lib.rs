@@ -12,6 +12,7 @@
 pub mod adapters;
 pub mod journal;
 pub mod mcp;
+pub mod remote;
 pub mod run;
 
 pub use adapters::Adapter;

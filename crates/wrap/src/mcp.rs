@@ -1,5 +1,6 @@
 //! The MCP server a wrapped agent gets its tools from: the sandbox's `bash`, `read`,
-//! `write`, `edit`, `glob` and `grep`, each call going through the [`ToolJournal`]
+//! `write`, `edit`, `glob` and `grep`, and the tools of the session's own MCP servers
+//! (`<server>__<tool>`, see [`crate::remote`]), each call going through the [`ToolJournal`]
 //! (intent before, outcome after, replayed after a crash, never run twice). Served
 //! over MCP's streamable HTTP transport (rmcp), stateless, at `/mcp`.
 
@@ -73,8 +74,15 @@ impl<W: World + Clone, S: Sandbox> ServerHandler for JournalServer<W, S> {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
+        let remote = self.journal.remote_tools().iter().map(|t| {
+            let schema = match &t.input_schema {
+                serde_json::Value::Object(map) => map.clone(),
+                _ => serde_json::Map::new(),
+            };
+            Tool::new(t.name.clone(), t.description.clone(), Arc::new(schema))
+        });
         Ok(ListToolsResult {
-            tools: tools(),
+            tools: tools().into_iter().chain(remote).collect(),
             ..ListToolsResult::default()
         })
     }

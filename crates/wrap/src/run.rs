@@ -47,6 +47,8 @@ pub struct WrappedOptions {
     pub max_tool_calls_per_turn: usize,
     /// Probes that decide, after a crash, whether an external effect took place.
     pub reconcilers: Vec<Arc<dyn steadfast_sandbox::reconcile::Reconciler>>,
+    /// The session's own MCP servers, whose tools the journaled MCP server offers too.
+    pub remote: Option<Arc<crate::remote::RemoteTools>>,
 }
 
 /// How a turn went.
@@ -243,7 +245,8 @@ pub async fn drive_turn<W: World + Clone>(
                 make,
                 last_snapshot.clone(),
             )
-            .with_max_calls(options.max_tool_calls_per_turn),
+            .with_max_calls(options.max_tool_calls_per_turn)
+            .with_remote(options.remote.clone()),
         );
         let token = token();
         let gateway = Gateway::open(GatewayConfig {

@@ -123,6 +123,10 @@ pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<
     }
     let mut new = NewSession::native(&model, &workspace).with_task(&task);
     new.agent = args.agent.clone();
+    new.mcp_servers = harness
+        .options()
+        .agents
+        .mcp_servers_for(&args.agent, Vec::new());
     new.limits = config.limits(&crate::config::LimitsConfig {
         max_cost_usd: args.max_cost_usd,
         max_tokens: args.max_tokens,

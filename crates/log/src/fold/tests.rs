@@ -26,6 +26,7 @@ impl Log {
             client_tools: Vec::new(),
             egress_credentials: Vec::new(),
             git: None,
+            mcp_servers: Vec::new(),
         });
         log
     }
@@ -258,7 +259,7 @@ proptest! {
                     for (id, class) in ids.iter().zip(tools) {
                         log.tool_intent(id, class);
                         match class {
-                            ToolClass::Read => {
+                            ToolClass::Read | ToolClass::Idempotent => {
                                 log.push(Event::ToolCallInterrupted { call_id: id.clone(), resolution: ToolResolution::Rerun });
                                 log.tool_intent(id, class);
                                 log.tool_outcome(id);

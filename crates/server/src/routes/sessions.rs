@@ -59,6 +59,13 @@ pub(crate) struct CreateSession {
     /// the sandbox never holds them. TLS (`CONNECT`) tunnels get nothing added.
     #[serde(default)]
     egress_credentials: Vec<steadfast_log::EgressCredential>,
+    /// The caller's own MCP servers (streamable HTTP): the harness connects with the
+    /// named vault credential and offers their tools to the agent (native or wrapped)
+    /// as `<name>__<tool>`, each call journaled and classed by the tool's annotations
+    /// (`readOnlyHint` read, `idempotentHint` idempotent, otherwise external) unless
+    /// `classes` overrides them. The sandbox never holds the credential.
+    #[serde(default)]
+    mcp_servers: Vec<steadfast_log::McpServer>,
 }
 
 /// Where a new session's workspace comes from.
@@ -211,6 +218,17 @@ pub(crate) async fn create<W: World + Clone>(
         &req.egress_credentials,
     )
     .await?;
+    let mcp_servers = state
+        .harness
+        .options()
+        .agents
+        .mcp_servers_for(&agent, req.mcp_servers);
+    steadfast_harness::remote::check_servers(&mcp_servers).map_err(invalid)?;
+    for server in &mcp_servers {
+        if let Some(name) = &server.credential {
+            open_credential(&state, &owner, name, "mcp_servers.credential").await?;
+        }
+    }
     let named_model = state
         .harness
         .options()
@@ -294,6 +312,7 @@ pub(crate) async fn create<W: World + Clone>(
     new.client_tools = req.tools;
     new.egress_credentials = req.egress_credentials;
     new.git = git;
+    new.mcp_servers = mcp_servers;
     let id = state.harness.start_session(new).await?;
     made.keep();
     let summary = state.harness.world().session(&id).await?;

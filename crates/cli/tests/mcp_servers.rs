@@ -1,0 +1,234 @@
+//! The user's own MCP servers, through a real `steadfast serve` with bwrap sandboxes: a
+//! session names an MCP server (rmcp, bearer-token auth, on loopback) and a vault
+//! credential; the harness connects with the token and offers the server's tools as
+//! `tracker__<tool>`. A worker SIGKILLed (aborted) right after each tool's effect is
+//! replaced, and each cut-off call is resolved by its class as its annotations say: the
+//! read-only and the idempotent tool run again, the destructive one is never run twice
+//! (outcome unknown). The token reaches neither the sandbox nor anything stored. The
+//! same tools are offered to a wrapped CLI (Claude Code) through the journaled MCP
+//! server.
+
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+use steadfast_testkit::mcp_server::McpTracker;
+use steadfast_testkit::{FakeProvider, Script};
+
+mod common;
+
+use common::{service, wait_for};
+
+const TOKEN: &str = "mcp-token-2b7f04c1";
+const TOOLS: [&str; 3] = ["lookup_issue", "set_label", "close_issue"];
+
+fn script() -> Script {
+    let probe = "env > env.txt; cat /proc/*/environ /proc/*/cmdline 2>/dev/null | tr '\\0' '\\n' > environ.txt; \
+         a=mcp-token; b=2b7f04c1; \
+         grep -rsl \"$a-$b\" / --exclude-dir=proc --exclude-dir=sys --exclude-dir=usr > found.txt; true";
+    serde_json::from_value(json!({"steps": [
+        {"text": "reading the issue", "tool_calls": [{"name": "tracker__lookup_issue", "input": {"id": 7}}]},
+        {"text": "labelling it", "tool_calls": [{"name": "tracker__set_label", "input": {"id": 7, "label": "bug"}}]},
+        {"text": "closing it", "tool_calls": [{"name": "tracker__close_issue", "input": {"id": 7}}]},
+        {"text": "checking", "tool_calls": [{"name": "bash", "input": {"command": probe}}]},
+        {"text": "issue 7 is handled"}
+    ]}))
+    .unwrap()
+}
+
+async fn call(method: reqwest::Method, url: &str, body: Value) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .request(method, url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+async fn events(url: &str) -> Vec<Value> {
+    let page: Value = reqwest::Client::new()
+        .get(url)
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    page["events"].as_array().unwrap().clone()
+}
+
+fn holding(dir: &Path, needle: &str) -> Vec<PathBuf> {
+    walkdir::WalkDir::new(dir)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_file())
+        .filter(|e| {
+            std::fs::read(e.path())
+                .is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+        })
+        .map(|e| e.path().to_path_buf())
+        .collect()
+}
+
+fn counts(tracker: &McpTracker) -> [u32; 3] {
+    TOOLS.map(|t| tracker.calls(t))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_tools_are_offered_journaled_and_resolved_by_their_class() {
+    rounds("native").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrapped_cli_gets_the_same_tools_through_the_journal() {
+    common::installed("claude-code").await;
+    rounds("claude-code").await;
+}
+
+/// Sessions of `agent`, each with its k-th MCP call cut off by a worker's crash.
+async fn rounds(agent: &str) {
+    let tracker = McpTracker::start(TOKEN).await.unwrap();
+    let fake = FakeProvider::start(script()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let config = dir.path().join("steadfast.toml");
+    std::fs::write(&config, "[sandbox]\nbackend = \"bwrap\"\n").unwrap();
+    let key = base64::engine::general_purpose::STANDARD.encode([9u8; 32]);
+    let with_keys = |mut cmd: tokio::process::Command| {
+        cmd.env("STEADFAST_CONFIG", &config)
+            .env("STEADFAST_VAULT_KEY", &key)
+            .env("STEADFAST_AGENTS_DIR", common::agents_dir());
+        cmd
+    };
+    let mut api = with_keys(service(
+        &home,
+        &fake,
+        &["serve", "--listen", "127.0.0.1:0", "--workers", "0"],
+    ))
+    .spawn()
+    .unwrap();
+    let url = common::printed_url(&mut api).await;
+    let (status, _) = call(
+        reqwest::Method::PUT,
+        &format!("{url}/v1/vaults/tracker"),
+        json!({"value": TOKEN}),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let sessions = format!("{url}/v1/sessions");
+    let server = json!({"name": "tracker", "url": tracker.url(), "credential": "tracker"});
+
+    // Refused before anything is made, naming the field.
+    for (servers, says) in [
+        (
+            json!([{"name": "a b", "url": tracker.url()}]),
+            "mcp_servers",
+        ),
+        (
+            json!([{"name": "t", "url": "file:///etc/passwd"}]),
+            "mcp_servers",
+        ),
+        (
+            json!([{"name": "t", "url": tracker.url(), "credential": "missing"}]),
+            "mcp_servers.credential",
+        ),
+        (
+            json!([{"name": "t", "url": tracker.url(), "colour": "red"}]),
+            "colour",
+        ),
+    ] {
+        let (status, body) = call(
+            reqwest::Method::POST,
+            &sessions,
+            json!({"mcp_servers": servers}),
+        )
+        .await;
+        assert_eq!(status, 422, "{body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains(says),
+            "{body}"
+        );
+    }
+
+    // The k-th MCP call is cut off after its effect; how it resolves is its class's.
+    let expected = [
+        ("rerun", [2, 1, 1]),
+        ("rerun", [1, 2, 1]),
+        ("outcome_unknown", [1, 1, 1]),
+    ];
+    for (k, (resolution, ran)) in expected.iter().enumerate() {
+        let before = counts(&tracker);
+        let (status, created) = call(
+            reqwest::Method::POST,
+            &sessions,
+            json!({"task": "handle issue 7", "agent": agent, "mcp_servers": [server]}),
+        )
+        .await;
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let workspace = PathBuf::from(created["workspace"].as_str().unwrap());
+        let mut doomed = with_keys(service(&home, &fake, &["worker"]));
+        doomed.env(
+            "STEADFAST_FAULT",
+            format!("{}:{}", steadfast_fault::points::TOOL_EFFECT, k + 1),
+        );
+        let status = tokio::time::timeout(std::time::Duration::from_secs(120), doomed.status())
+            .await
+            .expect("the worker reached the fault")
+            .unwrap();
+        assert!(!status.success());
+        let mut worker = with_keys(service(&home, &fake, &["worker"]))
+            .spawn()
+            .unwrap();
+        wait_for("the turn to end", async || {
+            reqwest::get(format!("{sessions}/{id}"))
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()["status"]
+                == "idle"
+        })
+        .await;
+        worker.kill().await.unwrap();
+
+        let after = counts(&tracker);
+        let delta: Vec<u32> = (0..3).map(|i| after[i] - before[i]).collect();
+        assert_eq!(
+            delta,
+            ran.to_vec(),
+            "{agent}: cut off at MCP call {}",
+            k + 1
+        );
+        let log = events(&format!("{sessions}/{id}/events")).await;
+        let resolved: Vec<&Value> = log
+            .iter()
+            .filter(|e| e["type"] == "tool_call_interrupted")
+            .collect();
+        assert_eq!(resolved.len(), 1, "{resolved:?}");
+        assert_eq!(resolved[0]["resolution"]["kind"], *resolution, "{agent}");
+        let classes: Vec<&Value> = log
+            .iter()
+            .filter(|e| e["type"] == "tool_call_intent")
+            .filter(|e| e["tool"].as_str().unwrap().starts_with("tracker__"))
+            .map(|e| &e["class"])
+            .collect();
+        assert!(classes.contains(&&json!("read")), "{classes:?}");
+        assert!(classes.contains(&&json!("idempotent")), "{classes:?}");
+        assert!(classes.contains(&&json!("external")), "{classes:?}");
+        let outcomes = serde_json::to_string(&log).unwrap();
+        assert!(outcomes.contains("issue 7: the parser drops trailing commas"));
+
+        for seen in ["env.txt", "environ.txt"] {
+            let text = std::fs::read_to_string(workspace.join(seen)).unwrap();
+            assert!(!text.is_empty() && !text.contains(TOKEN), "{seen}");
+        }
+        let found = std::fs::read_to_string(workspace.join("found.txt")).unwrap();
+        assert!(found.trim().is_empty(), "readable files hold it: {found}");
+    }
+    assert_eq!(tracker.refused(), 0, "every request carried the token");
+    assert_eq!(holding(&home, TOKEN), Vec::<PathBuf>::new());
+}
