@@ -65,6 +65,8 @@ pub struct ServerConfig {
     pub production: bool,
     /// Message posts allowed per session per minute.
     pub messages_per_minute: Option<u32>,
+    /// The largest workspace archive `POST /v1/uploads` takes, MiB; default 64.
+    pub max_upload_mb: Option<usize>,
     /// Seconds a connection may take to send a request's head (and may idle between
     /// requests); default 10.
     pub header_timeout_secs: Option<u64>,

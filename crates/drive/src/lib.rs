@@ -18,6 +18,7 @@ mod store;
 
 use std::path::{Path, PathBuf};
 
+pub use archive::{unpack_tar, Unpacked};
 pub use manifest::{Change, ChangeKind, Entry, Manifest, SpecialKind};
 use statcache::StatCache;
 use store::ObjectStore;
@@ -44,6 +45,9 @@ pub enum Error {
     /// A stored object does not hash to its name.
     #[error("drive object {0} is corrupt")]
     Corrupt(String),
+    /// An archive given to unpack is not one, or holds what a workspace may not.
+    #[error("{0}")]
+    Archive(String),
 }
 
 /// The drive's result type.

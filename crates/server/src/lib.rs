@@ -36,8 +36,12 @@ pub use error::ApiError;
 pub use listen::{serve, ServeOptions};
 pub use metrics::metrics_router;
 
-/// The largest request body accepted.
+/// The largest request body accepted (uploads aside).
 pub const MAX_BODY: usize = 256 * 1024;
+/// The largest workspace archive taken unless the operator says otherwise.
+pub const DEFAULT_MAX_UPLOAD: usize = 64 << 20;
+/// How many times its own size an uploaded archive may unpack to.
+pub const UNPACK_FACTOR: u64 = 8;
 
 /// What the API needs.
 pub struct ServerState<W> {
@@ -59,6 +63,9 @@ pub struct ServerState<W> {
     pub cors_origins: Vec<String>,
     /// The operator's vault keys; `None`: this server keeps no credentials.
     pub vault: Option<Arc<steadfast_world::VaultKeys>>,
+    /// The largest workspace archive `POST /v1/uploads` takes, bytes; it may unpack to
+    /// [`UNPACK_FACTOR`] times that.
+    pub max_upload: usize,
     pub(crate) limiter: limits::RateLimiter,
 }
 
@@ -79,6 +86,7 @@ impl<W> ServerState<W> {
             ceilings: steadfast_log::Limits::default(),
             cors_origins: Vec::new(),
             vault: None,
+            max_upload: DEFAULT_MAX_UPLOAD,
             limiter: limits::RateLimiter::default(),
         }
     }

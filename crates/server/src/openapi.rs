@@ -39,6 +39,7 @@ events (schema 1): `PublicEvent`, one type per kind of log record.";
         messages::events,
         messages::signal,
         messages::tool_result,
+        routes::uploads::create,
         routes::vaults::put,
         routes::vaults::list,
         routes::vaults::delete,

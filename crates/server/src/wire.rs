@@ -48,6 +48,16 @@ pub enum SessionStatus {
     Escalated,
 }
 
+/// A workspace archive just uploaded.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"id": "upl_af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262", "bytes": 1048576}))]
+pub struct Upload {
+    /// What a session names as its workspace (`{"kind": "upload", "upload": id}`).
+    pub id: String,
+    /// Its size.
+    pub bytes: u64,
+}
+
 /// A session just created.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({"id": "s_01931f7c", "status": "idle", "model": "anthropic/claude-sonnet-4-5", "workspace": "/srv/steadfast/workspaces/ws_01931f7c"}))]

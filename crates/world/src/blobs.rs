@@ -136,13 +136,16 @@ impl Blobs {
         }
     }
 
-    /// Reads a blob back, verifying its hash.
+    /// Reads a blob back, verifying its hash; [`Error::NotFound`] when none has it.
     pub async fn get(&self, hash: &str) -> Result<Vec<u8>> {
         let got = self
             .store
             .get(&ObjectPath::from(hash))
             .await
-            .map_err(|e| Error::Blob(e.to_string()))?;
+            .map_err(|e| match e {
+                object_store::Error::NotFound { .. } => Error::NotFound(format!("blob {hash}")),
+                e => Error::Blob(e.to_string()),
+            })?;
         let bytes = got.bytes().await.map_err(|e| Error::Blob(e.to_string()))?;
         if blake3::hash(&bytes).to_hex().as_str() != hash {
             return Err(Error::Blob(format!("blob {hash} is corrupt")));

@@ -2,6 +2,7 @@
 
 pub(crate) mod messages;
 pub(crate) mod sessions;
+pub(crate) mod uploads;
 pub(crate) mod vaults;
 
 use std::sync::Arc;
@@ -51,6 +52,10 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
         .route(
             "/v1/sessions/{id}/signals/{name}",
             post(messages::signal::<W>),
+        )
+        .route(
+            "/v1/uploads",
+            post(uploads::create::<W>).layer(DefaultBodyLimit::max(state.max_upload)),
         )
         .route("/v1/agents", get(sessions::agents::<W>))
         .route("/v1/vaults", get(vaults::list::<W>))
@@ -137,9 +142,9 @@ async fn json_errors(response: axum::response::Response) -> axum::response::Resp
                 .unwrap_or("another method");
             format!("this route takes {allowed}; see /openapi.json")
         }
-        (StatusCode::PAYLOAD_TOO_LARGE, _) => {
-            format!("the body is larger than {MAX_BODY} bytes")
-        }
+        (StatusCode::PAYLOAD_TOO_LARGE, _) => format!(
+            "the body is larger than this route takes ({MAX_BODY} bytes; uploads: the server's upload limit)"
+        ),
         (_, false) => text,
         (_, true) => status
             .canonical_reason()

@@ -86,6 +86,13 @@ enum WorkspaceSource {
     /// plain URL). The native agent gets a `git_push` tool, run by the harness with the
     /// same credential. Only `https://` URLs on public servers; `http://` elsewhere.
     Git(steadfast_log::GitSource),
+    /// A tar archive uploaded with `POST /v1/uploads` (binary-safe, larger than a
+    /// request body may be), unpacked into the workspace.
+    Upload {
+        /// The upload's id.
+        #[schema(example = "upl_af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262")]
+        upload: String,
+    },
 }
 
 /// A seeded file's content.
@@ -256,6 +263,17 @@ pub(crate) async fn create<W: World + Clone>(
     match &source {
         WorkspaceSource::Demo => {}
         WorkspaceSource::Empty { files } => check_file_names(files).map_err(invalid)?,
+        WorkspaceSource::Upload { upload } => {
+            let valid = upload
+                .strip_prefix(super::uploads::UPLOAD_PREFIX)
+                .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+            if !valid {
+                return Err(invalid(format!(
+                    "workspace.upload: `{}` is not an upload id",
+                    upload.escape_debug()
+                )));
+            }
+        }
         WorkspaceSource::Git(git) => {
             let public = matches!(state.auth.mode, AuthMode::Public { .. });
             steadfast_harness::git::check_source(git, public).map_err(invalid)?;
@@ -285,6 +303,24 @@ pub(crate) async fn create<W: World + Clone>(
                 .await
                 .map_err(|e| invalid(format!("workspace: {e}")))?;
             git = Some(source);
+        }
+        WorkspaceSource::Upload { upload } => {
+            let hash = &upload[super::uploads::UPLOAD_PREFIX.len()..];
+            let archive = match state.harness.blobs().get(hash).await {
+                Ok(bytes) => bytes,
+                Err(steadfast_world::Error::NotFound(_)) => {
+                    return Err(invalid(format!("workspace.upload: no upload `{upload}`")))
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let limit = (state.max_upload as u64).saturating_mul(crate::UNPACK_FACTOR);
+            let target = root.clone();
+            tokio::task::spawn_blocking(move || {
+                steadfast_drive::unpack_tar(&archive, &target, limit)
+            })
+            .await
+            .map_err(ApiError::internal)?
+            .map_err(|e| invalid(format!("workspace.upload: {e}")))?;
         }
         WorkspaceSource::Empty { files } => {
             for (path, content) in files {

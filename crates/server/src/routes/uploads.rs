@@ -1,0 +1,82 @@
+//! Uploads: a workspace as a tar archive (plain or gzip, binary-safe, up to the
+//! operator's limit), stored in the blob store for a session to start from
+//! (`{"workspace": {"kind": "upload", "upload": "upl_..."}}`).
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use steadfast_world::World;
+
+use super::Shared;
+use crate::error::ApiError;
+use crate::wire;
+
+/// The prefix of an upload's id (the rest is its content's BLAKE3).
+pub(crate) const UPLOAD_PREFIX: &str = "upl_";
+
+/// Upload a workspace archive
+///
+/// The body is a tar archive, plain or gzip-compressed (`tar czf`), at most the
+/// server's upload limit (`[server] max-upload-mb`, default 64). It is stored as is,
+/// named by its content's hash; a session starts from it with `{"workspace": {"kind":
+/// "upload", "upload": "<id>"}}`, which unpacks it (and refuses an entry that leaves
+/// the workspace or a device node). An upload no session used is removed by `steadfast
+/// gc` after its grace period.
+#[utoipa::path(
+    post,
+    path = "/v1/uploads",
+    operation_id = "create_upload",
+    request_body(content = Vec<u8>, content_type = "application/x-tar", description = "A tar archive, or a gzip-compressed one (`application/gzip`)"),
+    responses(
+        (status = 201, description = "Stored", body = wire::Upload),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 413, description = "The body is larger than the upload limit", body = wire::Error),
+        (status = 415, description = "The body is not `application/x-tar`, `application/gzip` or `application/octet-stream`", body = wire::Error),
+        (status = 422, description = "An empty body", body = wire::Error),
+    )
+)]
+pub(crate) async fn create<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<wire::Upload>), ApiError> {
+    state.auth.owner(&headers)?;
+    let content_type = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let accepted = [
+        "application/x-tar",
+        "application/gzip",
+        "application/x-gzip",
+        "application/octet-stream",
+    ];
+    if !accepted.contains(&content_type.as_str()) {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!("the body must be one of {}", accepted.join(", ")),
+        ));
+    }
+    if body.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            "the body is empty: send a tar archive",
+        ));
+    }
+    let blob = state.harness.blobs().put(&body).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(wire::Upload {
+            id: format!("{UPLOAD_PREFIX}{}", blob.hash),
+            bytes: blob.size,
+        }),
+    ))
+}
