@@ -113,12 +113,16 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
     let dir = tempfile::tempdir().unwrap();
     let repos = dir.path().join("repos");
     std::fs::create_dir_all(&repos).unwrap();
-    // One repository per crash: right after the push, and right before it.
-    let faults = [
-        steadfast_fault::points::TOOL_EFFECT,
-        steadfast_fault::points::TOOL_INTENT,
+    // One repository per crash: right after the push, and right before it, in the
+    // native loop; right after it in a wrapped CLI (Claude Code), whose `git_push`
+    // comes through the journaled MCP server.
+    common::installed("claude-code").await;
+    let rounds = [
+        (steadfast_fault::points::TOOL_EFFECT, "native"),
+        (steadfast_fault::points::TOOL_INTENT, "native"),
+        (steadfast_fault::points::TOOL_EFFECT, "claude-code"),
     ];
-    for i in 0..faults.len() {
+    for i in 0..rounds.len() {
         repository(&repos, &format!("widgets{i}"));
     }
     let server = GitServer::start(repos.clone(), "x-access-token", TOKEN)
@@ -149,7 +153,8 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
     let key = base64::engine::general_purpose::STANDARD.encode([7u8; 32]);
     let with_keys = |mut cmd: tokio::process::Command| {
         cmd.env("STEADFAST_CONFIG", &config)
-            .env("STEADFAST_VAULT_KEY", &key);
+            .env("STEADFAST_VAULT_KEY", &key)
+            .env("STEADFAST_AGENTS_DIR", common::agents_dir());
         cmd
     };
     let mut api = with_keys(service(
@@ -224,13 +229,14 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
         "a refused session leaves no workspace"
     );
 
-    for (i, fault) in faults.iter().enumerate() {
+    for (i, (fault, agent)) in rounds.iter().enumerate() {
         let name = format!("widgets{i}");
         let (status, created) = call(
             reqwest::Method::POST,
             &sessions,
             json!({
                 "task": "add a twice function and push it",
+                "agent": agent,
                 "workspace": {"kind": "git", "url": server.url(&name), "credential": "forge", "ref": "main"},
             }),
         )
@@ -267,14 +273,14 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
         assert_eq!(
             git(&bare, &["rev-parse", "refs/heads/agent/twice"]),
             head.trim(),
-            "{fault}: the agent's commit is on the remote branch"
+            "{agent} {fault}: the agent's commit is on the remote branch"
         );
         let pushes = server
             .requests()
             .iter()
             .filter(|r| r.is_push() && r.authorized && r.uri.starts_with(&format!("/{name}.git/")))
             .count();
-        assert_eq!(pushes, 1, "{fault}: pushed exactly once");
+        assert_eq!(pushes, 1, "{agent} {fault}: pushed exactly once");
         assert!(
             git(&bare, &["branch", "--list", "sneaky"]).is_empty(),
             "the sandbox pushed nothing itself"

@@ -78,6 +78,8 @@ pub struct Driver<'h, W, S> {
     model: ModelClient,
     /// The session's own MCP servers' tools, if it has any.
     remote: Option<std::sync::Arc<steadfast_wrap::remote::RemoteTools>>,
+    /// What `git_push` pushes with, if the workspace came from git.
+    git: Option<std::sync::Arc<crate::git::GitPusher>>,
     observer: Observer,
     _heartbeat: Heartbeat,
 }
@@ -89,7 +91,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         state: SessionState,
         sandbox: SandboxSlot<S>,
         model: ModelClient,
-        remote: Option<std::sync::Arc<steadfast_wrap::remote::RemoteTools>>,
+        hosted: crate::harness::HostedTools,
         heartbeat: Heartbeat,
     ) -> Self {
         Driver {
@@ -99,7 +101,8 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             state,
             sandbox,
             model,
-            remote,
+            remote: hosted.remote,
+            git: hosted.git,
             observer: Box::new(|_| {}),
             _heartbeat: heartbeat,
         }
@@ -730,8 +733,17 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 (self.observer)(Progress::Restored(snapshot));
             }
         }
-        if pending.tool == crate::git::GIT_PUSH_TOOL && self.state.git.is_some() {
-            let resolution = match self.reconcile_push(&pending.input).await {
+        if let Some(git) = self
+            .git
+            .clone()
+            .filter(|_| pending.tool == crate::git::GIT_PUSH_TOOL)
+        {
+            let this = &*self;
+            let probe = |command: String| async move {
+                this.execute("bash", &serde_json::json!({ "command": command }))
+                    .await
+            };
+            let resolution = match git.reconcile(&pending.input, probe).await {
                 Ok(verdict) => steadfast_sandbox::reconcile::resolution(verdict),
                 Err(why) => {
                     tracing::warn!(session = %self.lease.session, %why, "could not reconcile a push");
@@ -810,106 +822,16 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 )),
             });
         }
-        match &self.state.git {
-            Some(git) if tool == crate::git::GIT_PUSH_TOOL => self.git_push(git, input).await,
+        match &self.git {
+            Some(git) if tool == crate::git::GIT_PUSH_TOOL => {
+                git.push(input, |command| async move {
+                    self.execute("bash", &serde_json::json!({ "command": command }))
+                        .await
+                })
+                .await
+            }
             _ => self.execute(tool, input).await,
         }
-    }
-
-    /// The session's git credential, opened from its owner's vault here.
-    async fn git_credential(
-        &self,
-        git: &steadfast_log::GitSource,
-    ) -> Result<Option<crate::git::GitCredential>> {
-        let Some(name) = &git.credential else {
-            return Ok(None);
-        };
-        let secret = self
-            .harness
-            .open_credential(&self.lease.session, name)
-            .await?;
-        Ok(Some(crate::git::GitCredential::basic(
-            &git.username,
-            &secret,
-        )))
-    }
-
-    /// `git_push`: the sandbox bundles the commit, the harness pushes the bundle with
-    /// the credential. What goes wrong is the model's to read, as a tool error.
-    async fn git_push(
-        &self,
-        git: &steadfast_log::GitSource,
-        input: &serde_json::Value,
-    ) -> Result<steadfast_sandbox::ToolOutput> {
-        use crate::git::{printed_commit, push_bundle, take_bundle, PushRequest};
-        use steadfast_sandbox::ToolOutput;
-        let push = match PushRequest::parse(input) {
-            Ok(push) => push,
-            Err(e) => return Ok(ToolOutput::error(e)),
-        };
-        let packed = self
-            .execute(
-                "bash",
-                &serde_json::json!({ "command": push.bundle_command() }),
-            )
-            .await?;
-        let commit = printed_commit(&packed.text).filter(|_| !packed.is_error);
-        let bundle = take_bundle(&self.workspace);
-        let Some(commit) = commit else {
-            return Ok(ToolOutput::error(packed.text));
-        };
-        let (_scratch, bundle) = match bundle {
-            Ok(taken) => taken,
-            Err(e) => return Ok(ToolOutput::error(e)),
-        };
-        let credential = self.git_credential(git).await?;
-        Ok(
-            match push_bundle(&bundle, &commit, git, credential.as_ref(), &push).await {
-                Ok(()) => ToolOutput::ok(format!(
-                    "pushed {commit} to branch `{}` of {}",
-                    push.branch, git.url
-                )),
-                Err(e) => ToolOutput::error(e),
-            },
-        )
-    }
-
-    /// Whether a `git_push` a crash cut off took place: done if the remote branch is
-    /// at the commit the workspace (restored to before the call) would push.
-    async fn reconcile_push(
-        &self,
-        input: &serde_json::Value,
-    ) -> std::result::Result<steadfast_sandbox::reconcile::Verdict, String> {
-        use steadfast_sandbox::reconcile::Verdict;
-        let git = self.state.git.as_ref().ok_or("no repository")?;
-        let push = crate::git::PushRequest::parse(input)?;
-        let local = self
-            .execute(
-                "bash",
-                &serde_json::json!({ "command": push.commit_command() }),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        let Some(local) = crate::git::printed_commit(&local.text) else {
-            return Ok(Verdict::Unknown(format!(
-                "no commit `{}` in the workspace",
-                push.reference
-            )));
-        };
-        let credential = self.git_credential(git).await.map_err(|e| e.to_string())?;
-        let remote = crate::git::remote_tip(git, credential.as_ref(), &push.branch).await?;
-        Ok(if remote.as_deref() == Some(local.as_str()) {
-            Verdict::Done(format!(
-                "pushed {local} to branch `{}` of {} (the push was cut off; the branch is there)",
-                push.branch, git.url
-            ))
-        } else {
-            Verdict::NotDone(format!(
-                "branch `{}` is at {}, not {local}",
-                push.branch,
-                remote.as_deref().unwrap_or("nothing")
-            ))
-        })
     }
 
     /// Runs a tool call in the session's sandbox, provisioning one if none runs.

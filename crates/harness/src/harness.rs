@@ -448,10 +448,10 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             self.options.sandbox_idle_stop,
         );
         let model = (self.options.models)(&state.model)?;
-        let remote = self.remote_tools(&lease.session, &state).await?;
+        let hosted = self.hosted_tools(&lease.session, &state).await?;
         let heartbeat = Heartbeat::start(self.world.clone(), lease.clone(), self.options.lease_ttl);
         Ok(Driver::new(
-            self, lease, state, sandbox, model, remote, heartbeat,
+            self, lease, state, sandbox, model, hosted, heartbeat,
         ))
     }
 
@@ -498,10 +498,40 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         Ok(injections)
     }
 
+    /// The tools the harness runs for a session outside its sandbox, set up with the
+    /// credentials they need (opened here): its MCP servers' and `git_push`.
+    pub(crate) async fn hosted_tools(
+        &self,
+        session: &str,
+        state: &SessionState,
+    ) -> Result<HostedTools> {
+        let git = match &state.git {
+            None => None,
+            Some(source) => {
+                let credential = match &source.credential {
+                    Some(name) => {
+                        let secret = self.open_credential(session, name).await?;
+                        Some(crate::git::GitCredential::basic(&source.username, &secret))
+                    }
+                    None => None,
+                };
+                Some(Arc::new(crate::git::GitPusher::new(
+                    source.clone(),
+                    credential,
+                    PathBuf::from(&state.workspace),
+                )))
+            }
+        };
+        Ok(HostedTools {
+            remote: self.remote_tools(session, state).await?,
+            git,
+        })
+    }
+
     /// The session's MCP servers, connected with their credentials (opened here,
     /// outside any sandbox); none when it has none. A server that cannot be reached
     /// is left out with a warning (its tools are not offered this time).
-    pub(crate) async fn remote_tools(
+    async fn remote_tools(
         &self,
         session: &str,
         state: &SessionState,
@@ -670,4 +700,12 @@ impl<W: World + Clone, S: Sandbox> Awake<'_, W, S> {
             Awake::Wrapped(d) => d.release().await,
         }
     }
+}
+
+/// The tools the harness runs for a session outside its sandbox.
+pub(crate) struct HostedTools {
+    /// The session's own MCP servers' tools.
+    pub remote: Option<Arc<steadfast_wrap::remote::RemoteTools>>,
+    /// `git_push`, when the workspace came from git.
+    pub git: Option<Arc<crate::git::GitPusher>>,
 }

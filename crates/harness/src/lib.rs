@@ -52,7 +52,6 @@ pub mod client_tools;
 mod control;
 mod diff;
 mod driver;
-pub mod git;
 mod harness;
 mod prompt;
 mod slot;
@@ -67,7 +66,7 @@ pub use harness::{
     parse_model, Awake, Harness, HarnessOptions, ModelResolver, NewSession, Provisioner,
 };
 pub use steadfast_sandbox::reconcile;
-pub use steadfast_wrap::remote;
+pub use steadfast_wrap::{git, remote};
 pub use wrapped::{AgentInfo, AgentOptions, NamedAgent, WrappedDriver};
 
 /// Everything that can stop the harness.

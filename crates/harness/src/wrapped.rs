@@ -240,7 +240,13 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             max_tool_calls_per_turn: (self.options.max_steps_per_turn as usize)
                 .saturating_mul(TOOL_CALLS_PER_STEP),
             reconcilers: self.options.reconcilers.clone(),
-            remote: self.remote_tools(&lease.session, &state).await?,
+            hosted: {
+                let hosted = self.hosted_tools(&lease.session, &state).await?;
+                steadfast_wrap::run::Hosted {
+                    remote: hosted.remote,
+                    git: hosted.git,
+                }
+            },
         };
         Ok(WrappedDriver {
             harness: self,

@@ -71,6 +71,8 @@ pub struct ToolJournal<W, S> {
     inflight: tokio::sync::watch::Sender<usize>,
     /// The session's own MCP servers' tools, run by the harness (not in the sandbox).
     remote: Option<Arc<crate::remote::RemoteTools>>,
+    /// `git_push`, run by the harness with the session's credential.
+    git: Option<Arc<crate::git::GitPusher>>,
 }
 
 /// Counts a running call as finished when dropped (however it ends).
@@ -108,13 +110,21 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             counters: StdMutex::new((0, 0)),
             inflight: tokio::sync::watch::Sender::new(0),
             remote: None,
+            git: None,
         }
     }
 
-    /// Offers (and runs) the tools of the session's own MCP servers too.
-    pub fn with_remote(mut self, remote: Option<Arc<crate::remote::RemoteTools>>) -> Self {
-        self.remote = remote;
+    /// Offers (and runs) the tools the harness runs outside the sandbox too: the
+    /// session's own MCP servers' and `git_push`.
+    pub fn with_hosted(mut self, hosted: crate::run::Hosted) -> Self {
+        self.remote = hosted.remote;
+        self.git = hosted.git;
         self
+    }
+
+    /// Whether this journal runs `git_push`.
+    pub fn pushes(&self) -> bool {
+        self.git.is_some()
     }
 
     /// The tools of the session's own MCP servers this journal runs.
@@ -317,8 +327,13 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
 
     async fn run(&self, tool: &str, input: &Value) -> Result<(String, bool)> {
         let remote = self.remote.as_ref().filter(|r| r.find(tool).is_some());
+        let pushing = self
+            .git
+            .as_ref()
+            .filter(|_| tool == crate::git::GIT_PUSH_TOOL);
         let class = match remote.and_then(|r| r.find(tool)) {
             Some(t) => t.class,
+            None if pushing.is_some() => ToolClass::External,
             None => classify(tool, input),
         };
         // An MCP server's tool runs elsewhere: the workspace is not its to change.
@@ -341,9 +356,16 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             }])
             .await?;
         point(points::TOOL_INTENT);
-        let out = match remote {
-            Some(remote) => remote.call(tool, input).await,
-            None => self.execute_in_sandbox(tool, input).await?,
+        let out = match (remote, pushing) {
+            (Some(remote), _) => remote.call(tool, input).await,
+            (None, Some(git)) => {
+                git.push(input, |command| async move {
+                    self.execute_in_sandbox("bash", &serde_json::json!({ "command": command }))
+                        .await
+                })
+                .await?
+            }
+            (None, None) => self.execute_in_sandbox(tool, input).await?,
         };
         point(points::TOOL_EFFECT);
         let snapshot_after = if touches {
@@ -401,6 +423,7 @@ pub async fn resolve_cut_off<W: World, S: Sandbox>(
     tools: &[WrappedTool],
     mut last_snapshot: Option<String>,
     reconcilers: &[Arc<dyn Reconciler>],
+    git: Option<&crate::git::GitPusher>,
     make_sandbox: &MakeSandbox<S>,
 ) -> Result<Option<String>> {
     let restore = |snap: String| {
@@ -417,8 +440,9 @@ pub async fn resolve_cut_off<W: World, S: Sandbox>(
         if t.class == ToolClass::Mutate && t.snapshot_before.is_some() {
             last_snapshot = t.snapshot_before.clone();
         }
+        let pushed = git.filter(|_| t.tool == crate::git::GIT_PUSH_TOOL);
         let probing = t.class == ToolClass::External
-            && reconcilers.iter().any(|r| r.matches(&t.tool, &t.input));
+            && (pushed.is_some() || reconcilers.iter().any(|r| r.matches(&t.tool, &t.input)));
         if probing {
             if let Some(snap) = &t.snapshot_before {
                 restore(snap.clone()).await?;
@@ -433,21 +457,33 @@ pub async fn resolve_cut_off<W: World, S: Sandbox>(
             }
         }
         let probe_in = sandbox.as_ref();
-        let resolution = steadfast_sandbox::reconcile::resolve(
-            reconcilers,
-            t.class,
-            &t.tool,
-            &t.input,
-            t.snapshot_before.clone(),
-            |command| async move {
-                let sandbox = probe_in.ok_or("no sandbox to probe in")?;
-                sandbox
-                    .execute("bash", &serde_json::json!({ "command": command }))
-                    .await
-                    .map_err(|e| e.to_string())
+        let probe = |command: String| async move {
+            let sandbox = probe_in.ok_or("no sandbox to probe in")?;
+            sandbox
+                .execute("bash", &serde_json::json!({ "command": command }))
+                .await
+                .map_err(|e| e.to_string())
+        };
+        let resolution = match pushed {
+            Some(git) => match git.reconcile(&t.input, probe).await {
+                Ok(verdict) => steadfast_sandbox::reconcile::resolution(verdict),
+                Err(why) => {
+                    tracing::warn!(%why, "could not reconcile a push");
+                    steadfast_log::ToolResolution::OutcomeUnknown
+                }
             },
-        )
-        .await;
+            None => {
+                steadfast_sandbox::reconcile::resolve(
+                    reconcilers,
+                    t.class,
+                    &t.tool,
+                    &t.input,
+                    t.snapshot_before.clone(),
+                    probe,
+                )
+                .await
+            }
+        };
         tracing::info!(call = %t.call_id, tool = %t.tool, ?resolution, "resolving a cut-off tool call");
         world
             .append(

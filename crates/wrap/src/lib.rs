@@ -10,6 +10,7 @@
 //! and carries on from there.
 
 pub mod adapters;
+pub mod git;
 pub mod journal;
 pub mod mcp;
 pub mod remote;

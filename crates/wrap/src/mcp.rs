@@ -81,8 +81,16 @@ impl<W: World + Clone, S: Sandbox> ServerHandler for JournalServer<W, S> {
             };
             Tool::new(t.name.clone(), t.description.clone(), Arc::new(schema))
         });
+        let push = self.journal.pushes().then(|| {
+            let def = crate::git::push_tool();
+            let schema = match def.input_schema {
+                serde_json::Value::Object(map) => map,
+                _ => serde_json::Map::new(),
+            };
+            Tool::new(def.name, def.description, Arc::new(schema))
+        });
         Ok(ListToolsResult {
-            tools: tools().into_iter().chain(remote).collect(),
+            tools: tools().into_iter().chain(push).chain(remote).collect(),
             ..ListToolsResult::default()
         })
     }

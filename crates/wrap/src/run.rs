@@ -47,8 +47,19 @@ pub struct WrappedOptions {
     pub max_tool_calls_per_turn: usize,
     /// Probes that decide, after a crash, whether an external effect took place.
     pub reconcilers: Vec<Arc<dyn steadfast_sandbox::reconcile::Reconciler>>,
-    /// The session's own MCP servers, whose tools the journaled MCP server offers too.
+    /// The tools the harness runs for the session outside its sandbox, which the
+    /// journaled MCP server offers too.
+    pub hosted: Hosted,
+}
+
+/// The tools the harness runs for a session outside its sandbox: its own MCP servers'
+/// and, when its workspace came from git, `git_push`.
+#[derive(Debug, Clone, Default)]
+pub struct Hosted {
+    /// The session's own MCP servers' tools.
     pub remote: Option<Arc<crate::remote::RemoteTools>>,
+    /// `git_push`.
+    pub git: Option<Arc<crate::git::GitPusher>>,
 }
 
 /// How a turn went.
@@ -212,6 +223,7 @@ pub async fn drive_turn<W: World + Clone>(
             &state.wrapped_tools,
             state.last_snapshot.clone(),
             &options.reconcilers,
+            options.hosted.git.as_deref(),
             &make,
         )
         .await?;
@@ -246,7 +258,7 @@ pub async fn drive_turn<W: World + Clone>(
                 last_snapshot.clone(),
             )
             .with_max_calls(options.max_tool_calls_per_turn)
-            .with_remote(options.remote.clone()),
+            .with_hosted(options.hosted.clone()),
         );
         let token = token();
         let gateway = Gateway::open(GatewayConfig {

@@ -83,8 +83,8 @@ enum WorkspaceSource {
     Demo,
     /// A git repository, cloned by the server outside any sandbox with a credential
     /// from the caller's vault (which the sandbox never holds; `.git/config` names the
-    /// plain URL). The native agent gets a `git_push` tool, run by the harness with the
-    /// same credential. Only `https://` URLs on public servers; `http://` elsewhere.
+    /// plain URL). The agent (native or wrapped) gets a `git_push` tool, run by the
+    /// harness with the same credential. Only `https://` URLs on public servers; `http://` elsewhere.
     Git(steadfast_log::GitSource),
     /// A tar archive uploaded with `POST /v1/uploads` (binary-safe, larger than a
     /// request body may be), unpacked into the workspace.

@@ -22,13 +22,15 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use steadfast_log::GitSource;
+use steadfast_sandbox::reconcile::Verdict;
+use steadfast_sandbox::ToolOutput;
 
 /// The native agent's tool that pushes a branch of the workspace's repository to the
 /// repository it was cloned from.
 pub const GIT_PUSH_TOOL: &str = "git_push";
 
 /// The bundle the sandbox writes at the workspace's root for the harness to push.
-pub(crate) const PUSH_BUNDLE: &str = ".steadfast-push.bundle";
+pub const PUSH_BUNDLE: &str = ".steadfast-push.bundle";
 
 /// How long a clone may take before it is abandoned.
 const CLONE_TIMEOUT: Duration = Duration::from_secs(600);
@@ -36,7 +38,7 @@ const CLONE_TIMEOUT: Duration = Duration::from_secs(600);
 const PUSH_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The `git_push` tool, offered to the native model when its workspace came from git.
-pub(crate) fn push_tool() -> steadfast_model::ToolDef {
+pub fn push_tool() -> steadfast_model::ToolDef {
     steadfast_model::ToolDef {
         name: GIT_PUSH_TOOL.into(),
         description: "Push a commit of the workspace's git repository to a branch of the \
@@ -53,6 +55,104 @@ pub(crate) fn push_tool() -> steadfast_model::ToolDef {
             },
             "required": ["branch"]
         }),
+    }
+}
+
+/// A session's repository and the credential to push to it with (opened from the
+/// vault when a worker takes the session up): the one place `git_push` is run and a
+/// cut-off one decided, for the native loop and wrapped CLIs alike. The sandbox's part
+/// (bundling, reading a commit) runs through the caller's `in_sandbox`.
+#[derive(Debug)]
+pub struct GitPusher {
+    source: GitSource,
+    credential: Option<GitCredential>,
+    workspace: PathBuf,
+}
+
+impl GitPusher {
+    /// Pushes to `source` with `credential`, from the repository in `workspace`.
+    pub fn new(source: GitSource, credential: Option<GitCredential>, workspace: PathBuf) -> Self {
+        GitPusher {
+            source,
+            credential,
+            workspace,
+        }
+    }
+
+    /// Runs a `git_push` call: the sandbox bundles the commit, the harness pushes the
+    /// bundle with the credential. What goes wrong is the model's to read, as a tool
+    /// error; only a failure of the sandbox itself is an `Err`.
+    pub async fn push<F, Fut, E>(
+        &self,
+        input: &serde_json::Value,
+        in_sandbox: F,
+    ) -> Result<ToolOutput, E>
+    where
+        F: FnOnce(String) -> Fut,
+        Fut: std::future::Future<Output = Result<ToolOutput, E>>,
+    {
+        let push = match PushRequest::parse(input) {
+            Ok(push) => push,
+            Err(e) => return Ok(ToolOutput::error(e)),
+        };
+        let packed = in_sandbox(push.bundle_command()).await?;
+        let commit = printed_commit(&packed.text).filter(|_| !packed.is_error);
+        let bundle = take_bundle(&self.workspace);
+        let Some(commit) = commit else {
+            return Ok(ToolOutput::error(packed.text));
+        };
+        let (_scratch, bundle) = match bundle {
+            Ok(taken) => taken,
+            Err(e) => return Ok(ToolOutput::error(e)),
+        };
+        let credential = self.credential.as_ref();
+        Ok(
+            match push_bundle(&bundle, &commit, &self.source, credential, &push).await {
+                Ok(()) => ToolOutput::ok(format!(
+                    "pushed {commit} to branch `{}` of {}",
+                    push.branch, self.source.url
+                )),
+                Err(e) => ToolOutput::error(e),
+            },
+        )
+    }
+
+    /// Whether a `git_push` a crash cut off took place: done if the remote branch is at
+    /// the commit the workspace (restored to before the call) would push; otherwise not
+    /// done, and it runs once more.
+    pub async fn reconcile<F, Fut, E>(
+        &self,
+        input: &serde_json::Value,
+        in_sandbox: F,
+    ) -> Result<Verdict, String>
+    where
+        F: FnOnce(String) -> Fut,
+        Fut: std::future::Future<Output = Result<ToolOutput, E>>,
+        E: std::fmt::Display,
+    {
+        let push = PushRequest::parse(input)?;
+        let local = in_sandbox(push.commit_command())
+            .await
+            .map_err(|e| e.to_string())?;
+        let Some(local) = printed_commit(&local.text) else {
+            return Ok(Verdict::Unknown(format!(
+                "no commit `{}` in the workspace",
+                push.reference
+            )));
+        };
+        let remote = remote_tip(&self.source, self.credential.as_ref(), &push.branch).await?;
+        Ok(if remote.as_deref() == Some(local.as_str()) {
+            Verdict::Done(format!(
+                "pushed {local} to branch `{}` of {} (the push was cut off; the branch is there)",
+                push.branch, self.source.url
+            ))
+        } else {
+            Verdict::NotDone(format!(
+                "branch `{}` is at {}, not {local}",
+                push.branch,
+                remote.as_deref().unwrap_or("nothing")
+            ))
+        })
     }
 }
 
