@@ -229,6 +229,22 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
         "a refused session leaves no workspace"
     );
 
+    // A commit named by its id is checked out detached, with the history up to it.
+    let first = git(
+        &repos.join("widgets0.git"),
+        &["rev-list", "--max-parents=0", "main"],
+    );
+    let (status, created) = call(
+        reqwest::Method::POST,
+        &sessions,
+        json!({"workspace": {"kind": "git", "url": repo0, "credential": "forge", "ref": first}}),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let at_first = PathBuf::from(created["workspace"].as_str().unwrap());
+    assert!(at_first.join("README.md").exists() && !at_first.join("src").exists());
+    assert_eq!(git(&at_first, &["rev-parse", "HEAD"]), first);
+
     for (i, (fault, agent)) in rounds.iter().enumerate() {
         let name = format!("widgets{i}");
         let (status, created) = call(

@@ -344,7 +344,8 @@ pub struct GitSource {
     /// user or password in it.
     #[schema(example = "https://github.com/acme/widgets.git")]
     pub url: String,
-    /// The branch or tag checked out (default: the remote's default branch).
+    /// The branch or tag checked out, or a full commit id (checked out detached);
+    /// default: the remote's default branch.
     #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
     pub reference: Option<String>,
     /// The name of the vault credential (a token or password) for clone and push;

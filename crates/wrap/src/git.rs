@@ -213,6 +213,11 @@ pub(crate) fn check_ref(name: &str) -> Result<(), String> {
     }
 }
 
+/// Whether `name` is a full commit id (which `git clone --branch` does not take).
+fn is_commit_id(name: &str) -> bool {
+    name.len() == 40 && name.chars().all(|c| c.is_ascii_hexdigit())
+}
+
 /// A credential as git sends it (HTTP basic auth). Kept out of `Debug` output, and
 /// wiped from any error text git prints.
 #[derive(Clone)]
@@ -319,13 +324,28 @@ pub async fn clone(
     dir: &Path,
 ) -> Result<(), String> {
     let scratch = tempfile::tempdir().map_err(|e| format!("clone: {e}"))?;
+    let commit = source.reference.as_deref().filter(|r| is_commit_id(r));
     let mut cmd = git(scratch.path(), credential);
     cmd.args(["clone", "--quiet", "--no-recurse-submodules"]);
-    if let Some(reference) = &source.reference {
-        cmd.arg(format!("--branch={reference}"));
+    match (&source.reference, commit) {
+        (Some(reference), None) => {
+            cmd.arg(format!("--branch={reference}"));
+        }
+        (Some(_), Some(_)) => {
+            cmd.arg("--no-checkout");
+        }
+        (None, _) => {}
     }
     cmd.arg("--").arg(&source.url).arg(dir);
     run(cmd, "clone", CLONE_TIMEOUT, credential).await?;
+    if let Some(commit) = commit {
+        // A commit named by its id: checked out detached, in the fresh clone (whose
+        // configuration and hooks are git's defaults, nothing the remote chose).
+        let mut cmd = git(scratch.path(), None);
+        cmd.arg("-C").arg(dir);
+        cmd.args(["checkout", "--quiet", "--detach", commit]);
+        run(cmd, "clone: ref", PUSH_TIMEOUT, None).await?;
+    }
     for (key, value) in [
         ("user.name", "Steadfast agent"),
         ("user.email", "agent@steadfast.invalid"),
