@@ -202,6 +202,14 @@ pub struct HarnessConfig {
     pub max_tokens: Option<u32>,
     /// Lease time to live, seconds.
     pub lease_ttl_secs: Option<u64>,
+    /// The models' context window, tokens (default: by model, e.g. 200k for Claude).
+    pub context_window: Option<u64>,
+    /// Compact the native agent's conversation when a request would pass this share
+    /// of the window (default 0.8).
+    pub compact_at: Option<f64>,
+    /// Compact at all (default true); off, a conversation that outgrows the window
+    /// fails the session.
+    pub compaction: Option<bool>,
 }
 
 impl LimitsConfig {
@@ -357,6 +365,12 @@ impl Config {
         if let Some(s) = h.lease_ttl_secs {
             options.lease_ttl = Duration::from_secs(s.max(3));
         }
+        options.compaction.window = h.context_window;
+        if let Some(share) = h.compact_at {
+            options.compaction.at_share = share;
+            options.compaction.keep_share = options.compaction.keep_share.min(share / 2.0);
+        }
+        options.compaction.off = h.compaction == Some(false);
         for (model, price) in &self.prices {
             options
                 .prices
@@ -479,6 +493,16 @@ impl Config {
         anyhow::ensure!(
             self.server.webhook.max_attempts != Some(0),
             "[server.webhook] max-attempts: at least 1"
+        );
+        anyhow::ensure!(
+            self.harness
+                .compact_at
+                .is_none_or(|s| (0.2..=0.95).contains(&s)),
+            "[harness] compact-at: a share of the context window between 0.2 and 0.95"
+        );
+        anyhow::ensure!(
+            self.harness.context_window.is_none_or(|w| w >= 4096),
+            "[harness] context-window: at least 4096 tokens"
         );
         let mut seen = std::collections::BTreeSet::new();
         for agent in &self.agents.named {

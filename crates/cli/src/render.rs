@@ -97,9 +97,12 @@ pub fn timeline(record: &Record) -> Vec<String> {
             )
         }
         Event::ModelCallInterrupted { .. } => "model call interrupted by a crash; issued again (clients restart the reply)".into(),
+        Event::OutputsElided { before, tokens_before, tokens_after } => format!("context: long tool outputs before message {before} elided (~{tokens_before} -> ~{tokens_after} tokens; the log keeps them)"),
+        Event::CompactionIntent { upto, tokens_before, .. } => format!("context: compacting messages before {upto} into a summary (~{tokens_before} tokens)"),
+        Event::Compacted { summary, tokens_after, cost_micro_usd, .. } => format!("context: compacted to ~{tokens_after} tokens (${:.4}): {}", *cost_micro_usd as f64 / 1e6, short(summary, 80)),
         Event::ModelCallFailed { error, .. } => format!("model call failed: {error}"),
         Event::ToolCallIntent { tool, input, class, snapshot_before, .. } => {
-            format!("tool {} [{class:?}] (before {})", tool_summary(tool, input), snap(snapshot_before)).replace("[Read]", "[read]").replace("[Mutate]", "[mutate]").replace("[External]", "[external]")
+            format!("tool {} [{class:?}] (before {})", tool_summary(tool, input), snap(snapshot_before)).replace("[Read]", "[read]").replace("[Mutate]", "[mutate]").replace("[External]", "[external]").replace("[Idempotent]", "[idempotent]")
         }
         Event::ToolCallOutcome { is_error, exit_code, output, snapshot_after, .. } => format!(
             "tool {} {} (after {}): {}",

@@ -280,9 +280,7 @@ async fn the_worker_that_takes_over_a_killed_worker_s_turn_counts_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outside_development_metrics_are_only_on_the_operator_s_listener() {
-    let fake = FakeProvider::start(Script { steps: Vec::new() })
-        .await
-        .unwrap();
+    let fake = FakeProvider::start(Script::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().join("home");
     let metrics = free_addr();
@@ -595,9 +593,7 @@ async fn a_turn_is_one_trace_across_a_worker_kill_with_genai_model_spans() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_metrics_address_that_does_not_parse_is_a_clear_startup_error() {
-    let fake = FakeProvider::start(Script { steps: Vec::new() })
-        .await
-        .unwrap();
+    let fake = FakeProvider::start(Script::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = command(
         &dir.path().join("home"),

@@ -21,9 +21,7 @@ async fn generated_requests_get_no_server_error_and_responses_match_the_document
         schemathesis.is_ok_and(|o| o.status.success()),
         "schemathesis is not installed: python3 -m pip install schemathesis (.ci/run does)"
     );
-    let fake = FakeProvider::start(Script { steps: Vec::new() })
-        .await
-        .unwrap();
+    let fake = FakeProvider::start(Script::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("steadfast.toml");
     std::fs::write(

@@ -226,9 +226,7 @@ async fn a_waiting_session_resumes_after_a_server_restart() {
 /// for the busy handler).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_and_workers_started_at_once_all_open_a_new_world() {
-    let fake = FakeProvider::start(Script { steps: Vec::new() })
-        .await
-        .unwrap();
+    let fake = FakeProvider::start(Script::default()).await.unwrap();
     for round in 0..12 {
         let dir = tempfile::tempdir().unwrap();
         let home = dir.path().join("home");

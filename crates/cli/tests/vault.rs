@@ -31,9 +31,7 @@ fn key_ids(home: &std::path::Path) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rekeying_seals_every_credential_under_the_new_key() {
-    let fake = FakeProvider::start(Script { steps: Vec::new() })
-        .await
-        .unwrap();
+    let fake = FakeProvider::start(Script::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().join("home");
     let ((old, old_id), (new, new_id), (other, _)) = (key(1), key(2), key(3));

@@ -102,8 +102,13 @@ pub mod points {
     pub const TOOL_OUTCOME: &str = "tool.outcome_committed";
     /// A workspace snapshot has written some objects but not its manifest.
     pub const MID_SNAPSHOT: &str = "drive.mid_snapshot";
+    /// A compaction's intent is durably in the log; the summary is not yet asked.
+    pub const COMPACTION_INTENT: &str = "compaction.intent_committed";
+    /// The summary has arrived; the compaction is not yet in the log.
+    pub const COMPACTION_EFFECT: &str = "compaction.effect";
 
-    /// Every point above.
+    /// Every point above that every session passes (compaction's come only when a
+    /// conversation nears its model's context window).
     pub const ALL: &[&str] = &[
         MODEL_INTENT,
         MODEL_MID_STREAM,

@@ -296,7 +296,9 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             }
             Next::CallModel { .. } | Next::EndTurn if self.take_steer().await? => Ok(None),
             Next::CallModel { step } => {
-                self.call_model(step).await?;
+                if !self.make_room().await? {
+                    self.call_model(step).await?;
+                }
                 Ok(None)
             }
             Next::EndTurn => {
@@ -481,6 +483,132 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         .await?;
         point(points::MODEL_OUTCOME);
         Ok(())
+    }
+
+    /// Makes room in the conversation before the next model call when the request
+    /// would pass the policy's share of the model's context window (see
+    /// [`crate::compaction`]): one step, elision or a summary. Returns whether it did.
+    async fn make_room(&mut self) -> Result<bool> {
+        use crate::compaction::{estimate_tokens, plan, Plan};
+        let policy = &self.harness.options.compaction;
+        let window = policy.window_for(&self.state.model.model);
+        let request = self.request();
+        match plan(policy, window, &request) {
+            Plan::Nothing => Ok(false),
+            Plan::Elide(before) => {
+                let tokens_before = estimate_tokens(&request);
+                let mut after = self.state.clone();
+                let event = Event::OutputsElided {
+                    before,
+                    tokens_before,
+                    tokens_after: 0,
+                };
+                after.apply(&Record {
+                    seq: after.last_seq + 1,
+                    epoch: 0,
+                    at_ms: 0,
+                    event,
+                })?;
+                let tokens_after = estimate_tokens(&ModelRequest {
+                    messages: after.conversation,
+                    ..request
+                });
+                tracing::info!(session = %self.lease.session, tokens_before, tokens_after, "eliding old tool outputs");
+                self.append(vec![Event::OutputsElided {
+                    before,
+                    tokens_before,
+                    tokens_after,
+                }])
+                .await?;
+                Ok(true)
+            }
+            Plan::Summarise(upto) => {
+                self.summarise(&request, upto).await?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Compaction's summary: a journaled model call over the older messages, whose
+    /// outcome replaces them. A crash before the outcome asks it again; after, never.
+    async fn summarise(&mut self, request: &ModelRequest, upto: u32) -> Result<()> {
+        use crate::compaction::{estimate_tokens, summary_request};
+        let tokens_before = estimate_tokens(request);
+        let call_id = format!("mc_{}", uuid::Uuid::now_v7().simple());
+        tracing::info!(session = %self.lease.session, tokens_before, upto, "compacting the conversation");
+        self.append(vec![Event::CompactionIntent {
+            call_id: call_id.clone(),
+            upto,
+            tokens_before,
+        }])
+        .await?;
+        point(points::COMPACTION_INTENT);
+        let started = std::time::Instant::now();
+        let asked = summary_request(request, upto);
+        let response = match self.model.complete(&asked, &mut |_| {}).await {
+            Ok(response) => response,
+            Err(e) if e.is_retryable() => return Err(e.into()), // stays pending
+            Err(e) => {
+                let message = format!("compacting the conversation: {e}");
+                self.count_model_call(false, None, 0, started.elapsed());
+                return self
+                    .append(vec![
+                        Event::ModelCallFailed {
+                            call_id,
+                            error: message.clone(),
+                        },
+                        Event::SessionEnded {
+                            state: EndState::Failed,
+                            reason: message,
+                            diff: Vec::new(),
+                        },
+                    ])
+                    .await;
+            }
+        };
+        point(points::COMPACTION_EFFECT);
+        let summary = response
+            .content
+            .iter()
+            .filter_map(|b| match b {
+                steadfast_log::Block::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let cost = pricing::cost_with(
+            &self.harness.options.prices,
+            &self.state.model.model,
+            &response.usage,
+        );
+        self.count_model_call(true, Some(&response.usage), cost, started.elapsed());
+        let mut after = self.state.clone();
+        let event = Event::Compacted {
+            call_id: call_id.clone(),
+            summary: summary.clone(),
+            tokens_after: 0,
+            usage: response.usage,
+            cost_micro_usd: cost,
+        };
+        after.apply(&Record {
+            seq: after.last_seq + 1,
+            epoch: 0,
+            at_ms: 0,
+            event,
+        })?;
+        let tokens_after = estimate_tokens(&ModelRequest {
+            messages: after.conversation,
+            ..request.clone()
+        });
+        tracing::info!(session = %self.lease.session, tokens_before, tokens_after, "compacted");
+        self.append(vec![Event::Compacted {
+            call_id,
+            summary,
+            tokens_after,
+            usage: response.usage,
+            cost_micro_usd: cost,
+        }])
+        .await
     }
 
     /// Counts an answered model call in the process's metrics.

@@ -38,6 +38,8 @@ pub struct HarnessOptions {
     pub max_steps_per_turn: u32,
     /// The most tokens a reply may have.
     pub max_tokens: u32,
+    /// When the native agent compacts its conversation (context windows, shares).
+    pub compaction: crate::compaction::CompactionPolicy,
     /// Model prices that override the built-in table (for the cost breaker).
     pub prices: steadfast_model::pricing::PriceTable,
     /// Stop a session's sandbox after this long without a tool call (`None`: keep it
@@ -101,6 +103,7 @@ impl HarnessOptions {
             lease_ttl: Duration::from_secs(30),
             max_steps_per_turn: 200,
             max_tokens: 8192,
+            compaction: Default::default(),
             prices: Default::default(),
             sandbox_idle_stop: Some(Duration::from_secs(300)),
             snapshot_timeout: Duration::from_secs(600),

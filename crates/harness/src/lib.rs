@@ -49,6 +49,7 @@
 
 mod backoff;
 pub mod client_tools;
+pub mod compaction;
 mod control;
 mod diff;
 mod driver;

@@ -551,6 +551,41 @@ pub enum Event {
         /// Cost in millionths of a US dollar.
         cost_micro_usd: u64,
     },
+    /// Old tool outputs were elided from the conversation the model is sent (they stay
+    /// in the log): the first step of compacting a conversation near the model's
+    /// context window.
+    OutputsElided {
+        /// Tool results in messages before this position are elided.
+        before: u32,
+        /// The request's estimated size before and after, tokens.
+        tokens_before: u64,
+        /// See `tokens_before`.
+        tokens_after: u64,
+    },
+    /// A model call that summarises the conversation's older messages is being made
+    /// (compaction); a crash before its outcome asks it again.
+    CompactionIntent {
+        /// Names the call, as a model call's id does.
+        call_id: String,
+        /// The messages before this position are the ones summarised.
+        upto: u32,
+        /// The request's estimated size before, tokens.
+        tokens_before: u64,
+    },
+    /// The compaction's outcome: the summarised messages are replaced, in what the model
+    /// is sent, by the summary (the log keeps them all).
+    Compacted {
+        /// The intent answered.
+        call_id: String,
+        /// The summary.
+        summary: String,
+        /// The request's estimated size after, tokens.
+        tokens_after: u64,
+        /// What the summarising call used.
+        usage: Usage,
+        /// What it cost, millionths of a dollar.
+        cost_micro_usd: u64,
+    },
     /// A model call was cut off by a crash and will be issued again.
     ModelCallInterrupted {
         /// The intent resolved.
@@ -761,6 +796,9 @@ impl Event {
             Event::ModelCallIntent { .. } => "model_call_intent",
             Event::ModelCallOutcome { .. } => "model_call_outcome",
             Event::ModelCallInterrupted { .. } => "model_call_interrupted",
+            Event::OutputsElided { .. } => "outputs_elided",
+            Event::CompactionIntent { .. } => "compaction_intent",
+            Event::Compacted { .. } => "compacted",
             Event::ModelCallFailed { .. } => "model_call_failed",
             Event::ToolCallIntent { .. } => "tool_call_intent",
             Event::ToolCallOutcome { .. } => "tool_call_outcome",

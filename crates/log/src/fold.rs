@@ -187,6 +187,34 @@ pub enum Next {
     Ended(Status),
 }
 
+/// Tool outputs longer than this are elided by [`Event::OutputsElided`].
+pub const ELIDE_OVER: usize = 256;
+
+/// What an elided tool output of `len` bytes becomes.
+fn elided(len: usize, call_id: &str) -> String {
+    format!(
+        "[steadfast: this output ({len} bytes) was elided to keep the conversation within the model's context; the session's log keeps it, at the outcome of call {call_id}]"
+    )
+}
+
+/// What compaction's summarising call is asked, after the messages it summarises.
+pub const SUMMARY_PROMPT: &str = "[steadfast] The conversation so far is about to be compacted to fit your context window. \
+Write a summary that will replace every message above: the user's requests, what you have done and found, \
+the state of the work (files changed, commands that pass or fail, decisions taken) and what remains to do. \
+Be specific (paths, names, numbers); leave out what no longer matters. Reply with the summary only, and call no tools.";
+
+/// The first line of a compaction summary, as the model is sent it: how many model
+/// turns it stands for (what a scripted model counts its place by).
+pub fn compaction_header(turns: u32) -> String {
+    format!("[steadfast: compacted summary of the {turns} earlier model turns]\n\n")
+}
+
+/// The model turns a compaction summary (a message's text) says it stands for.
+pub fn compacted_turns(text: &str) -> Option<u32> {
+    let rest = text.strip_prefix("[steadfast: compacted summary of the ")?;
+    rest.split(' ').next()?.parse().ok()
+}
+
 /// Everything the log says about a session.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SessionState {
@@ -242,6 +270,12 @@ pub struct SessionState {
     pub approved: Vec<String>,
     /// The last inbox entry taken into the log.
     pub inbox_consumed: u64,
+    /// While a compaction call is pending: the position it summarises up to.
+    pub compacting: Option<u32>,
+    /// How many model turns compaction summaries stand for, in all.
+    pub compacted_turns: u32,
+    /// How many compactions (summaries) the conversation has had.
+    pub compactions: u32,
     /// The session's bounds, as raised by `resume` signals.
     pub limits: Limits,
     /// Whether external-effect calls wait for approval.
@@ -378,6 +412,9 @@ impl SessionState {
             failures_in_row: 0,
             approved: Vec::new(),
             inbox_consumed: 0,
+            compacting: None,
+            compacted_turns: 0,
+            compactions: 0,
             limits: Limits {
                 max_cost_micro_usd: limits.max_cost_micro_usd.or(*budget_micro_usd),
                 ..*limits
@@ -844,6 +881,69 @@ impl SessionState {
             Event::ModelCallInterrupted { call_id } | Event::ModelCallFailed { call_id, .. } => {
                 self.take_pending_model(call_id)
                     .ok_or_else(|| bad("no such pending model call"))?;
+                self.compacting = None;
+            }
+            Event::OutputsElided { before, .. } => {
+                if !matches!(self.next(), Next::CallModel { .. }) {
+                    return Err(bad("no model call is due here"));
+                }
+                let before = (*before as usize).min(self.conversation.len());
+                for message in &mut self.conversation[..before] {
+                    for block in &mut message.content {
+                        if let Block::ToolResult {
+                            content,
+                            tool_use_id,
+                            ..
+                        } = block
+                        {
+                            if content.len() > ELIDE_OVER {
+                                *content = elided(content.len(), tool_use_id);
+                            }
+                        }
+                    }
+                }
+            }
+            Event::CompactionIntent { call_id, upto, .. } => {
+                if !matches!(self.next(), Next::CallModel { .. }) {
+                    return Err(bad("no model call is due here"));
+                }
+                if *upto as usize > self.conversation.len() {
+                    return Err(bad("compaction past the conversation's end"));
+                }
+                self.model_attempts += 1;
+                self.pending_model = Some(PendingModel {
+                    call_id: call_id.clone(),
+                    step: self.step,
+                });
+                self.compacting = Some(*upto);
+            }
+            Event::Compacted {
+                call_id,
+                summary,
+                usage,
+                cost_micro_usd,
+                ..
+            } => {
+                self.take_pending_model(call_id)
+                    .ok_or_else(|| bad("no such pending model call"))?;
+                let upto =
+                    self.compacting
+                        .take()
+                        .ok_or_else(|| bad("no compaction pending"))? as usize;
+                let summarised = self.conversation[..upto]
+                    .iter()
+                    .filter(|m| m.role == Role::Assistant)
+                    .count() as u32;
+                self.compacted_turns += summarised;
+                self.compactions += 1;
+                self.usage.add(usage);
+                self.cost_micro_usd += cost_micro_usd;
+                self.model_calls += 1;
+                let text = format!("{}{summary}", compaction_header(self.compacted_turns));
+                let rest = self.conversation.split_off(upto);
+                self.conversation = std::iter::once(Message::user_text(text))
+                    .chain(rest)
+                    .collect();
             }
             Event::ToolCallIntent {
                 call_id,

@@ -120,6 +120,39 @@ pub enum EventBody {
         /// What it cost.
         cost_usd: f64,
     },
+    /// Old tool outputs were elided from what the model is sent (the log keeps them),
+    /// to stay within its context window.
+    OutputsElided {
+        /// Messages before this position lost their long tool outputs.
+        before: u32,
+        /// The request's estimated size before, tokens.
+        tokens_before: u64,
+        /// And after.
+        tokens_after: u64,
+    },
+    /// The conversation is being compacted: a model call summarises its older messages.
+    CompactionIntent {
+        /// The summarising call.
+        call_id: String,
+        /// The messages before this position are summarised.
+        upto: u32,
+        /// The request's estimated size before, tokens.
+        tokens_before: u64,
+    },
+    /// The conversation was compacted: the summary stands for the older messages in
+    /// what the model is sent (the log keeps them all).
+    Compacted {
+        /// The summarising call.
+        call_id: String,
+        /// The summary.
+        summary: String,
+        /// The request's estimated size after, tokens.
+        tokens_after: u64,
+        /// Tokens the summarising call used.
+        usage: Usage,
+        /// What it cost.
+        cost_usd: f64,
+    },
     /// A model call cut off (a crash, a dropped stream); it is asked again.
     ModelCallInterrupted {
         /// The call.
@@ -531,6 +564,37 @@ fn body(event: &Event) -> EventBody {
                 cost_usd: cost_usd(*cost_micro_usd),
             }
         }
+        Event::OutputsElided {
+            before,
+            tokens_before,
+            tokens_after,
+        } => EventBody::OutputsElided {
+            before: *before,
+            tokens_before: *tokens_before,
+            tokens_after: *tokens_after,
+        },
+        Event::CompactionIntent {
+            call_id,
+            upto,
+            tokens_before,
+        } => EventBody::CompactionIntent {
+            call_id: s(call_id),
+            upto: *upto,
+            tokens_before: *tokens_before,
+        },
+        Event::Compacted {
+            call_id,
+            summary,
+            tokens_after,
+            usage,
+            cost_micro_usd,
+        } => EventBody::Compacted {
+            call_id: s(call_id),
+            summary: s(summary),
+            tokens_after: *tokens_after,
+            usage: *usage,
+            cost_usd: cost_usd(*cost_micro_usd),
+        },
         Event::ModelCallInterrupted { call_id } => EventBody::ModelCallInterrupted {
             call_id: s(call_id),
         },

@@ -28,6 +28,12 @@ struct Counters {
     request_hashes: Vec<u64>,
     /// Every request body received, in order.
     requests: Vec<String>,
+    /// Requests refused for passing the context window.
+    too_long: u64,
+    /// Compaction requests answered with a summary.
+    summaries: u64,
+    /// The largest request, tokens (a quarter of its bytes).
+    largest: u64,
 }
 
 impl FakeState {
@@ -56,6 +62,21 @@ impl FakeState {
     /// Every request body received, in order (for tests that check what a client sent).
     pub fn requests(&self) -> Vec<String> {
         self.lock().requests.clone()
+    }
+
+    /// Requests refused for passing the script's context window.
+    pub fn too_long(&self) -> u64 {
+        self.lock().too_long
+    }
+
+    /// Compaction requests (asking for a summary) answered.
+    pub fn summaries(&self) -> u64 {
+        self.lock().summaries
+    }
+
+    /// The largest request received, tokens (a quarter of its bytes).
+    pub fn largest_request(&self) -> u64 {
+        self.lock().largest
     }
 
     /// Calls received per script step.
@@ -309,6 +330,41 @@ async fn serve(state: &FakeState, format: Format, body: &str) -> Response {
             "messages: field required",
         );
     };
+    let tokens = (body.len() / 4) as u64;
+    {
+        let mut c = state.lock();
+        c.largest = c.largest.max(tokens);
+        if state.script.context_window.is_some_and(|w| tokens > w) {
+            c.too_long += 1;
+            drop(c);
+            let window = state.script.context_window.unwrap_or_default();
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &format!("prompt is too long: {tokens} tokens > {window} maximum"),
+            );
+        }
+    }
+    if asks_for_summary(messages) {
+        // Compaction: a summary of what the conversation holds, in no script step.
+        let turns = messages
+            .iter()
+            .filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
+            .count();
+        state.lock().summaries += 1;
+        let step = crate::Step {
+            text: format!(
+                "Summary of {turns} model turns: the user asked for the work; files were read and checked step by step; nothing failed; continue from the next step."
+            ),
+            ..Default::default()
+        };
+        let model = request
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("fake");
+        let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
+        return wire::reply(format, messages.len(), &step, model, tokens, stream);
+    }
     let index = wire::step_index(format, messages);
     let step = match count_call(state, index, body) {
         Ok(step) => resolve_tool_names(step, &request),
@@ -329,6 +385,13 @@ async fn serve(state: &FakeState, format: Format, body: &str) -> Response {
     let seed = index * 1000 + messages.len();
     slow_down(&step, stream).await;
     wire::reply(format, seed, &step, &model, input_tokens, stream)
+}
+
+/// Whether a request is a compaction asking for a summary (its last message says so).
+fn asks_for_summary(messages: &[Value]) -> bool {
+    messages
+        .last()
+        .is_some_and(|m| wire::text_of(m).contains(steadfast_log::fold::SUMMARY_PROMPT))
 }
 
 /// A fake provider running on a loopback port, for tests and the offline demo.

@@ -35,6 +35,10 @@ pub fn frame_kind(event: &str, data: &str) -> String {
 pub struct Script {
     /// The replies, in order.
     pub steps: Vec<Step>,
+    /// The model's context window, tokens (a quarter of the request body's bytes):
+    /// a larger request is refused with 400 `prompt is too long`, as providers do.
+    #[serde(default)]
+    pub context_window: Option<u64>,
 }
 
 /// One scripted reply.

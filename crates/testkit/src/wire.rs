@@ -31,12 +31,31 @@ fn rolled_back(content: &Value) -> bool {
     }
 }
 
+/// A message's text, whether its content is a string or blocks.
+pub(crate) fn text_of(message: &Value) -> String {
+    match message.get("content") {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(blocks)) => blocks
+            .iter()
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
 /// The script step answering a conversation: its completed model turns, not counting
-/// turns whose tool calls were rolled back (those are retried, so the step repeats).
+/// turns whose tool calls were rolled back (those are retried, so the step repeats),
+/// and counting the turns a compaction summary stands for.
 pub(crate) fn step_index(format: Format, messages: &[Value]) -> usize {
     let mut index = 0usize;
     let mut last_assistant_redo = false;
     for m in messages {
+        if m.get("role").and_then(Value::as_str) == Some("user") {
+            if let Some(turns) = steadfast_log::fold::compacted_turns(&text_of(m)) {
+                index += turns as usize;
+            }
+        }
         let redo = match (format, m.get("role").and_then(Value::as_str)) {
             (_, Some("assistant")) => {
                 index += 1;

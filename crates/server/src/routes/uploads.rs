@@ -27,7 +27,7 @@ pub(crate) const UPLOAD_PREFIX: &str = "upl_";
     post,
     path = "/v1/uploads",
     operation_id = "create_upload",
-    request_body(content = Vec<u8>, content_type = "application/x-tar", description = "A tar archive, or a gzip-compressed one (`application/gzip`)"),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "A tar archive, or a gzip-compressed one, sent as `application/octet-stream`, `application/x-tar` or `application/gzip`"),
     responses(
         (status = 201, description = "Stored", body = wire::Upload),
         (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
