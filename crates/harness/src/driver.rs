@@ -12,8 +12,10 @@ use steadfast_world::{now_ms, strip_ansi, InboundKind, Lease, World, INLINE_LIMI
 use crate::harness::Harness;
 use steadfast_world::interrupt;
 
-/// Journal streamed text in pieces of at least this many bytes...
-const DELTA_BATCH: usize = 256;
+/// Journal streamed text in pieces of at least this many bytes... (a commit per few
+/// hundred bytes made a step's durable cost grow with its reply; readers of the log
+/// follow a reply at the interval below either way)
+const DELTA_BATCH: usize = 4096;
 /// ...or at least this often.
 const DELTA_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
@@ -432,14 +434,12 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 pending.push_str(&text);
             }
         }
-        if result.is_ok() && !pending.is_empty() {
-            self.append(vec![Event::ModelDelta {
-                call_id: call_id.clone(),
-                text: pending,
-                restart: false,
-            }])
-            .await?;
-        }
+        // The reply's last piece goes into the log with its outcome, in one commit.
+        let last_piece = (result.is_ok() && !pending.is_empty()).then(|| Event::ModelDelta {
+            call_id: call_id.clone(),
+            text: pending,
+            restart: false,
+        });
         let response = match result {
             Ok(r) => r,
             Err(e) if e.is_retryable() => return Err(e.into()), // stays pending
@@ -473,14 +473,15 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             Some(&response.usage),
             Some(&response.stop_reason),
         );
-        self.append(vec![Event::ModelCallOutcome {
+        let outcome = Event::ModelCallOutcome {
             call_id,
             content: response.content,
             stop_reason: response.stop_reason,
             usage: response.usage,
             cost_micro_usd: cost,
-        }])
-        .await?;
+        };
+        self.append(last_piece.into_iter().chain([outcome]).collect())
+            .await?;
         point(points::MODEL_OUTCOME);
         Ok(())
     }
