@@ -97,6 +97,7 @@ pub fn timeline(record: &Record) -> Vec<String> {
             )
         }
         Event::ModelCallInterrupted { .. } => "model call interrupted by a crash; issued again (clients restart the reply)".into(),
+        Event::Checkpoint { blob, version } => format!("checkpoint: the state so far stored (blob {}, format {version})", &blob.hash[..12.min(blob.hash.len())]),
         Event::OutputsElided { before, tokens_before, tokens_after } => format!("context: long tool outputs before message {before} elided (~{tokens_before} -> ~{tokens_after} tokens; the log keeps them)"),
         Event::CompactionIntent { upto, tokens_before, .. } => format!("context: compacting messages before {upto} into a summary (~{tokens_before} tokens)"),
         Event::Compacted { summary, tokens_after, cost_micro_usd, .. } => format!("context: compacted to ~{tokens_after} tokens (${:.4}): {}", *cost_micro_usd as f64 / 1e6, short(summary, 80)),

@@ -3,8 +3,9 @@
 //! providers do). The harness elides old outputs and summarises older turns as it
 //! goes, so no request passes the window and the turn finishes. The harness is aborted
 //! once after a summary arrived (before its compaction was recorded) and once after a
-//! compaction's intent (before the summary was asked); each resume carries on: the
-//! summary cut off is asked again once, and no recorded compaction is asked twice.
+//! compaction's intent (before the summary was asked); each resume (waking from the
+//! latest checkpoint) carries on: the summary cut off is asked again once, and no
+//! recorded compaction is asked twice.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -163,6 +164,10 @@ async fn a_long_session_compacts_within_the_window_and_survives_crashes_mid_comp
     );
     assert!(compacted >= 5, "compactions: {compacted}");
     assert!(elided >= 1, "outputs elided first");
+    assert!(
+        !kinds(&records, "checkpoint").is_empty(),
+        "the resumes woke from checkpoints"
+    );
     assert_eq!(intents, compacted + 2, "two compactions were cut off");
     assert_eq!(
         state.summaries(),

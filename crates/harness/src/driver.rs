@@ -307,6 +307,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 let turn = self.state.turn;
                 self.append(vec![Event::TurnEnded { turn, reply: None }])
                     .await?;
+                self.checkpoint_if_due().await?;
                 Ok(None)
             }
         }
@@ -609,7 +610,17 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             usage: response.usage,
             cost_micro_usd: cost,
         }])
-        .await
+        .await?;
+        self.checkpoint_if_due().await
+    }
+
+    /// Stores the state as a checkpoint when one is due (see
+    /// [`Harness::checkpoint_if_due`]).
+    async fn checkpoint_if_due(&mut self) -> Result<()> {
+        if let Some(checkpoint) = self.harness.checkpoint_if_due(&self.state).await? {
+            self.append(vec![checkpoint]).await?;
+        }
+        Ok(())
     }
 
     /// Counts an answered model call in the process's metrics.

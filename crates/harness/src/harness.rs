@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use steadfast_drive::Drive;
-use steadfast_log::{fold, Event, ModelSpec, SessionState};
+use steadfast_log::{fold, Event, ModelSpec, Record, SessionState};
 use steadfast_model::{Endpoint, ModelClient, RetryPolicy};
 use steadfast_sandbox::{AnySandbox, Sandbox, SandboxOptions};
 use steadfast_world::{now_ms, Blobs, Holder, SqliteWorld, World};
@@ -361,8 +361,63 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
 
     /// Reads and folds a session's log without driving it.
     pub async fn state(&self, session: &str) -> Result<SessionState> {
+        Ok(self.load(session).await?.0)
+    }
+
+    /// A session's state, from its latest checkpoint and the records after it when
+    /// there is a usable one (this format, its blob intact), else from the whole log;
+    /// with the records read (from the checkpoint's own on, or all).
+    pub async fn load(&self, session: &str) -> Result<(SessionState, Vec<Record>)> {
+        let at = self
+            .world
+            .last_of_kind(session, steadfast_log::CHECKPOINT_KIND)
+            .await?;
+        if at > 0 {
+            let records = self.world.read(session, at).await?;
+            if let Some(steadfast_log::Event::Checkpoint { blob, .. }) =
+                records.first().map(|r| &r.event)
+            {
+                match self.blobs.get(&blob.hash).await {
+                    Ok(bytes) => {
+                        if let Some(state) =
+                            steadfast_log::fold::Checkpoint::resume(&bytes, &records)
+                        {
+                            return Ok((state?, records));
+                        }
+                        tracing::info!(%session, at, "checkpoint of another format: folding the whole log");
+                    }
+                    Err(e) => {
+                        tracing::warn!(%session, at, error = %e, "checkpoint unreadable: folding the whole log");
+                    }
+                }
+            }
+        }
         let records = self.world.read(session, 1).await?;
-        Ok(fold(&records)?)
+        let state = fold(&records)?;
+        Ok((state, records))
+    }
+
+    /// Stores `state` (the session's, after its last record) as a checkpoint when
+    /// enough has been appended since the last one, so waking reads only what
+    /// follows it.
+    pub(crate) async fn checkpoint_if_due(
+        &self,
+        state: &SessionState,
+    ) -> Result<Option<steadfast_log::Event>> {
+        if state.last_seq < state.last_checkpoint + CHECKPOINT_EVERY {
+            return Ok(None);
+        }
+        let checkpoint = steadfast_log::fold::Checkpoint {
+            version: steadfast_log::fold::CHECKPOINT_VERSION,
+            state: state.clone(),
+        };
+        let bytes = serde_json::to_vec(&checkpoint)
+            .map_err(|e| Error::Invalid(format!("checkpoint: {e}")))?;
+        let blob = self.blobs.put(&bytes).await?;
+        Ok(Some(steadfast_log::Event::Checkpoint {
+            blob,
+            version: steadfast_log::fold::CHECKPOINT_VERSION,
+        }))
     }
 
     /// Takes over a session and returns the driver its agent needs: the native loop,
@@ -379,8 +434,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// [`Harness::wake`] for a lease already taken (by [`World::claim`]).
     #[tracing::instrument(level = "debug", skip_all, fields(session = %lease.session, epoch = lease.epoch))]
     pub async fn wake_leased(&self, lease: steadfast_world::Lease) -> Result<Awake<'_, W, S>> {
-        let records = self.world.read(&lease.session, 1).await?;
-        let state = fold(&records)?;
+        let (state, records) = self.load(&lease.session).await?;
         // A turn an earlier driver left in flight (it died, or its lease lapsed): not
         // one just opened by its user message, nor one held back to retry a failure.
         let fresh_or_retrying = records.last().is_some_and(|r| {
@@ -704,6 +758,9 @@ impl<W: World + Clone, S: Sandbox> Awake<'_, W, S> {
         }
     }
 }
+
+/// Records appended between checkpoints (at the end of a turn or a compaction).
+const CHECKPOINT_EVERY: u64 = 256;
 
 /// The tools the harness runs for a session outside its sandbox.
 pub(crate) struct HostedTools {

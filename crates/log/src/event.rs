@@ -400,6 +400,9 @@ fn default_prefix() -> String {
     "Bearer ".into()
 }
 
+/// The kind of [`Event::Checkpoint`] records (what a world looks the latest one up by).
+pub const CHECKPOINT_KIND: &str = "checkpoint";
+
 /// The signal that resumes an escalated session. Its payload may raise limits:
 /// `{"max_cost_usd": 2.5, "max_tokens": 10000, "max_turns": 20, "max_duration_s": 3600}`.
 pub const RESUME_SIGNAL: &str = "resume";
@@ -586,6 +589,15 @@ pub enum Event {
         /// What it cost, millionths of a dollar.
         cost_micro_usd: u64,
     },
+    /// The session's folded state up to (not including) this record was stored in
+    /// the blob store, so waking reads it and only the records after it
+    /// ([`crate::fold::Checkpoint`]). Changes nothing in the state.
+    Checkpoint {
+        /// The stored state.
+        blob: BlobRef,
+        /// Its format ([`crate::fold::CHECKPOINT_VERSION`] when it was written).
+        version: u32,
+    },
     /// A model call was cut off by a crash and will be issued again.
     ModelCallInterrupted {
         /// The intent resolved.
@@ -758,6 +770,7 @@ impl Event {
                 output: Output::Blob(b),
                 ..
             } => Some(b),
+            Event::Checkpoint { blob, .. } => Some(blob),
             _ => None,
         }
     }
@@ -797,6 +810,7 @@ impl Event {
             Event::ModelCallOutcome { .. } => "model_call_outcome",
             Event::ModelCallInterrupted { .. } => "model_call_interrupted",
             Event::OutputsElided { .. } => "outputs_elided",
+            Event::Checkpoint { .. } => CHECKPOINT_KIND,
             Event::CompactionIntent { .. } => "compaction_intent",
             Event::Compacted { .. } => "compacted",
             Event::ModelCallFailed { .. } => "model_call_failed",

@@ -5,7 +5,7 @@
 //! including calls whose intent is in the log without an outcome, which the harness must
 //! resolve by DESIGN.md invariant 4 before doing anything else.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::event::{
@@ -16,7 +16,7 @@ use crate::message::{Block, Message, Role, ToolUse};
 use crate::record::Record;
 
 /// Where a session stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     /// Between turns, waiting for a user message.
@@ -48,7 +48,7 @@ impl std::fmt::Display for Status {
 }
 
 /// A model call whose intent is logged without an outcome.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PendingModel {
     /// The attempt's id.
     pub call_id: String,
@@ -57,7 +57,7 @@ pub struct PendingModel {
 }
 
 /// A tool call whose intent is logged without an outcome.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PendingTool {
     /// The model's tool-use id.
     pub call_id: String,
@@ -72,7 +72,7 @@ pub struct PendingTool {
 }
 
 /// A pause until a named signal arrives.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Wait {
     /// The log position where the wait began: an answer may name it, so that it
     /// answers this wait and no later one.
@@ -88,7 +88,7 @@ pub struct Wait {
 }
 
 /// A retry a worker scheduled after a failure retrying may fix.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Retry {
     /// Failures in a row.
     pub attempt: u32,
@@ -99,7 +99,7 @@ pub struct Retry {
 }
 
 /// One model request of a wrapped agent, as recorded by the gateway.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Exchange {
     /// The attempt's id.
     pub call_id: String,
@@ -116,7 +116,7 @@ pub struct Exchange {
 }
 
 /// A tool call of a wrapped agent (through the MCP server), as recorded.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WrappedTool {
     /// The call's id (the harness's; MCP calls carry none of the model's).
     pub call_id: String,
@@ -151,7 +151,7 @@ impl WrappedTool {
 
 /// Where the open turn of a wrapped agent began: what a CLI started again to replay
 /// it must be shown first.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TurnStart {
     /// The first of the turn's exchanges.
     pub exchanges: u32,
@@ -187,6 +187,44 @@ pub enum Next {
     Ended(Status),
 }
 
+/// The format of stored checkpoints. Bump it with any change to [`SessionState`] or to
+/// what folding a record does: a checkpoint of another version is ignored and the log
+/// folded in full.
+pub const CHECKPOINT_VERSION: u32 = 1;
+
+/// A session's folded state as stored in the blob store (named by its hash, so it
+/// comes back checked) by an [`Event::Checkpoint`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// [`CHECKPOINT_VERSION`] when it was written.
+    pub version: u32,
+    /// The state after every record before the checkpoint's.
+    pub state: SessionState,
+}
+
+impl Checkpoint {
+    /// The state from a stored checkpoint and the records from the checkpoint's own on
+    /// (`records[0]` is it); `None` when the bytes are not a checkpoint of this
+    /// version or do not line up with the records (the caller folds in full).
+    pub fn resume(bytes: &[u8], records: &[Record]) -> Option<Result<SessionState, FoldError>> {
+        let checkpoint: Checkpoint = serde_json::from_slice(bytes).ok()?;
+        let first = records.first()?;
+        if checkpoint.version != CHECKPOINT_VERSION
+            || first.seq != checkpoint.state.last_seq + 1
+            || !matches!(first.event, Event::Checkpoint { .. })
+        {
+            return None;
+        }
+        let mut state = checkpoint.state;
+        Some(
+            records
+                .iter()
+                .try_for_each(|r| state.apply(r))
+                .map(|()| state),
+        )
+    }
+}
+
 /// Tool outputs longer than this are elided by [`Event::OutputsElided`].
 pub const ELIDE_OVER: usize = 256;
 
@@ -216,7 +254,7 @@ pub fn compacted_turns(text: &str) -> Option<u32> {
 }
 
 /// Everything the log says about a session.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionState {
     /// The agent's name.
     pub agent: String,
@@ -276,6 +314,8 @@ pub struct SessionState {
     pub compacted_turns: u32,
     /// How many compactions (summaries) the conversation has had.
     pub compactions: u32,
+    /// The position of the last checkpoint record (0: none).
+    pub last_checkpoint: u64,
     /// The session's bounds, as raised by `resume` signals.
     pub limits: Limits,
     /// Whether external-effect calls wait for approval.
@@ -415,6 +455,7 @@ impl SessionState {
             compacting: None,
             compacted_turns: 0,
             compactions: 0,
+            last_checkpoint: 0,
             limits: Limits {
                 max_cost_micro_usd: limits.max_cost_micro_usd.or(*budget_micro_usd),
                 ..*limits
@@ -883,6 +924,8 @@ impl SessionState {
                     .ok_or_else(|| bad("no such pending model call"))?;
                 self.compacting = None;
             }
+            // A copy of the state so far: nothing new but where it is.
+            Event::Checkpoint { .. } => self.last_checkpoint = record.seq,
             Event::OutputsElided { before, .. } => {
                 if !matches!(self.next(), Next::CallModel { .. }) {
                     return Err(bad("no model call is due here"));

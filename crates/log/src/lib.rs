@@ -13,8 +13,8 @@ pub mod record;
 
 pub use event::{
     tool_result_signal, BlobRef, Breaker, ClientTool, EgressCredential, EndState, Event, GitSource,
-    Limits, McpServer, ModelSpec, Output, ToolClass, ToolResolution, Usage, DENIED,
-    INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK, INTERRUPT_SIGNAL, RESUME_SIGNAL,
+    Limits, McpServer, ModelSpec, Output, ToolClass, ToolResolution, Usage, CHECKPOINT_KIND,
+    DENIED, INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK, INTERRUPT_SIGNAL, RESUME_SIGNAL,
     TOOL_RESULT_SIGNAL,
 };
 pub use fold::{

@@ -130,6 +130,8 @@ pub enum EventBody {
         /// And after.
         tokens_after: u64,
     },
+    /// The session's state so far was stored, so waking it reads only what follows.
+    Checkpoint {},
     /// The conversation is being compacted: a model call summarises its older messages.
     CompactionIntent {
         /// The summarising call.
@@ -573,6 +575,7 @@ fn body(event: &Event) -> EventBody {
             tokens_before: *tokens_before,
             tokens_after: *tokens_after,
         },
+        Event::Checkpoint { .. } => EventBody::Checkpoint {},
         Event::CompactionIntent {
             call_id,
             upto,

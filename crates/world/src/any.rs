@@ -122,6 +122,10 @@ impl World for AnyWorld {
         delegate!(self, w => w.turn_began(session, at))
     }
 
+    async fn last_of_kind(&self, session: &str, kind: &str) -> Result<u64> {
+        delegate!(self, w => w.last_of_kind(session, kind))
+    }
+
     async fn spilled(&self, session: &str) -> Result<Vec<String>> {
         delegate!(self, w => w.spilled(session))
     }

@@ -57,6 +57,9 @@ pub async fn append_then_read<W: World>(world: &W) {
         0,
         "no turn before the log"
     );
+    assert_eq!(world.last_of_kind("s1", "user_message").await.unwrap(), 3);
+    assert_eq!(world.last_of_kind("s1", "turn_ended").await.unwrap(), 4);
+    assert_eq!(world.last_of_kind("s1", "checkpoint").await.unwrap(), 0);
 }
 
 /// Unknown sessions are `NotFound`; a duplicate create is `AlreadyExists`.

@@ -277,6 +277,10 @@ pub trait World: Send + Sync + 'static {
     /// turn's state from its start instead of from the whole log.
     fn turn_began(&self, session: &str, at: u64) -> impl Future<Output = Result<u64>> + Send;
 
+    /// The position of the session's last record of `kind` (0 if there is none): where
+    /// a reader that needs only what follows it (the latest checkpoint) starts.
+    fn last_of_kind(&self, session: &str, kind: &str) -> impl Future<Output = Result<u64>> + Send;
+
     /// The blobs holding this session's records too big to keep inline (their bodies
     /// live in the blob store), for garbage collection.
     fn spilled(&self, session: &str) -> impl Future<Output = Result<Vec<String>>> + Send;

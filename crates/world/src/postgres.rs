@@ -891,6 +891,18 @@ impl World for PostgresWorld {
         Ok(row.map(|r| to_u64(r.get(0))).unwrap_or_default())
     }
 
+    async fn last_of_kind(&self, session: &str, kind: &str) -> Result<u64> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT seq FROM steadfast_events WHERE session_id = $1 AND kind = $2 ORDER BY seq DESC LIMIT 1",
+                &[&session, &kind],
+            )
+            .await
+            .map_err(db)?;
+        Ok(row.map(|r| to_u64(r.get(0))).unwrap_or_default())
+    }
+
     async fn spilled(&self, session: &str) -> Result<Vec<String>> {
         let client = self.client().await?;
         let rows = client

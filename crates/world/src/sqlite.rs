@@ -697,6 +697,19 @@ impl World for SqliteWorld {
         .await
     }
 
+    async fn last_of_kind(&self, session: &str, kind: &str) -> Result<u64> {
+        let (session, kind) = (session.to_string(), kind.to_string());
+        self.with(move |conn| {
+            conn.prepare_cached(
+                "SELECT seq FROM events WHERE session_id = ?1 AND kind = ?2 ORDER BY seq DESC LIMIT 1",
+            )
+            .and_then(|mut stmt| stmt.query_row(params![session, kind], |r| r.get::<_, u64>(0)).optional())
+            .map(Option::unwrap_or_default)
+            .map_err(backend)
+        })
+        .await
+    }
+
     async fn spilled(&self, session: &str) -> Result<Vec<String>> {
         let session = session.to_string();
         self.with(move |conn| {
