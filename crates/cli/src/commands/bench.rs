@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use serde_json::json;
-use steadfast_log::{fold, Block, Event, Output, ToolClass, ToolUse, Usage};
+use steadfast_log::{Event, Output, ToolClass};
 use steadfast_world::{Holder, SqliteWorld, World};
 
 /// Which benchmark to run.
@@ -15,7 +15,8 @@ pub enum Which {
     /// Intent+outcome append against a bare SQLite insert of the same bytes.
     #[value(alias = "sqlite")]
     Journal,
-    /// Reading and folding a 10,000-event session.
+    /// Taking a session of 1k, 10k and 100k events up: a full fold against the latest
+    /// checkpoint and what follows it.
     Wake,
     /// SIGKILL of the driving worker to the next event by another worker.
     Recovery,
@@ -43,9 +44,9 @@ pub struct BenchArgs {
     /// Intent+outcome pairs to append per round (journal).
     #[arg(long, default_value_t = 100)]
     pairs: usize,
-    /// Events in the session to wake.
-    #[arg(long, default_value_t = 10_000)]
-    events: usize,
+    /// Events in the session to wake (default: 1,000, 10,000 and 100,000 in turn).
+    #[arg(long)]
+    events: Option<usize>,
     /// Rounds: worker kills to time (recovery), alternating baseline/Steadfast
     /// rounds (journal, postgres, sandbox), calls of each kind (gateway, at least 20).
     #[arg(long, default_value_t = 7)]
@@ -143,109 +144,6 @@ async fn journal(pairs: usize, rounds: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wake(events: usize) -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let world = SqliteWorld::open(dir.path().join("world.db"))?;
-    world.create_session("bench", "bench").await?;
-    let lease = world
-        .acquire_lease("bench", &Holder::new("bench"), Duration::from_secs(3600))
-        .await?;
-    let mut log = vec![
-        Event::bare_start(
-            "native",
-            steadfast_log::ModelSpec {
-                provider: "fake".into(),
-                model: "m".into(),
-            },
-            "/w",
-        ),
-        Event::UserMessage {
-            turn: 1,
-            text: "work".into(),
-            inbox_id: None,
-        },
-    ];
-    let mut i = 0;
-    while log.len() + 4 <= events {
-        let call = ToolUse {
-            id: format!("toolu_{i}"),
-            name: "bash".into(),
-            input: json!({"command": "cargo test"}),
-        };
-        log.push(Event::ModelCallIntent {
-            call_id: format!("mc_{i}"),
-            step: i as u32 + 1,
-            fingerprint: "f".repeat(64),
-        });
-        log.push(Event::ModelCallOutcome {
-            call_id: format!("mc_{i}"),
-            content: vec![
-                Block::Text {
-                    text: "Running the tests again.".into(),
-                },
-                Block::ToolUse(call),
-            ],
-            stop_reason: "tool_use".into(),
-            usage: Usage {
-                input_tokens: 1200,
-                output_tokens: 40,
-                ..Usage::default()
-            },
-            cost_micro_usd: 4200,
-        });
-        log.extend(tool_pair(i));
-        i += 1;
-    }
-    for chunk in log.chunks(500) {
-        world.append(&lease, chunk).await?;
-    }
-    let n = world.read("bench", 1).await?.len();
-    let mut read_times = Vec::new();
-    let mut fold_times = Vec::new();
-    for _ in 0..7 {
-        let start = Instant::now();
-        let records = world.read("bench", 1).await?;
-        let read = start.elapsed();
-        let state = fold(&records)?;
-        fold_times.push(start.elapsed() - read);
-        read_times.push(read);
-        assert_eq!(state.last_seq as usize, n);
-    }
-    // Baseline: the same rows fetched raw, without verification or decoding.
-    let raw = rusqlite::Connection::open(dir.path().join("world.db"))?;
-    let mut raw_times = Vec::new();
-    for _ in 0..7 {
-        let start = Instant::now();
-        let mut stmt = raw.prepare_cached(
-            "SELECT seq, epoch, at_ms, schema, body, checksum FROM events WHERE session_id = ?1 AND seq >= 1 ORDER BY seq",
-        )?;
-        let rows: Vec<(u64, Vec<u8>, String)> = stmt
-            .query_map(["bench"], |r| Ok((r.get(0)?, r.get(4)?, r.get(5)?)))?
-            .collect::<rusqlite::Result<_>>()?;
-        assert_eq!(rows.len(), n);
-        raw_times.push(start.elapsed());
-    }
-    let (r, f) = (median(read_times), median(fold_times));
-    println!("wake: a {n}-event session (median of 7)");
-    println!(
-        "  baseline, raw rows only: {:>7.1} ms",
-        median(raw_times).as_secs_f64() * 1e3
-    );
-    println!(
-        "  read + verify checksums: {:>7.1} ms",
-        r.as_secs_f64() * 1e3
-    );
-    println!(
-        "  fold:                    {:>7.1} ms",
-        f.as_secs_f64() * 1e3
-    );
-    println!(
-        "  total: {:.1} ms (target < 50 ms)",
-        (r + f).as_secs_f64() * 1e3
-    );
-    Ok(())
-}
-
 pub async fn run(args: BenchArgs, world: Option<&str>) -> anyhow::Result<ExitCode> {
     if cfg!(debug_assertions) {
         eprintln!("note: this is a debug build; use `cargo run --release -p steadfast-cli -- bench` for real numbers");
@@ -254,7 +152,11 @@ pub async fn run(args: BenchArgs, world: Option<&str>) -> anyhow::Result<ExitCod
         journal(args.pairs, args.rounds).await?;
     }
     if matches!(args.which, Which::Wake | Which::All) {
-        wake(args.events).await?;
+        let sizes = match args.events {
+            Some(n) => vec![n],
+            None => vec![1_000, 10_000, 100_000],
+        };
+        super::bench_wake::run(&sizes).await?;
     }
     if matches!(args.which, Which::Recovery | Which::All) {
         super::bench_server::recovery(args.rounds, world, args.hosts).await?;
