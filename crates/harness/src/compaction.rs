@@ -84,6 +84,19 @@ pub enum Plan {
     Summarise(u32),
 }
 
+/// What a compaction someone asked for (the `compact` signal) does, whatever the
+/// request's size: summarise every message before the last reply of the model.
+pub fn plan_asked(request: &ModelRequest) -> Plan {
+    let messages = &request.messages;
+    match (1..messages.len())
+        .rev()
+        .find(|&i| messages[i].role == Role::Assistant)
+    {
+        Some(upto) if upto >= 1 => Plan::Summarise(upto as u32),
+        _ => Plan::Nothing,
+    }
+}
+
 /// What the next request needs, by `policy`, for a model with `window` tokens.
 pub fn plan(policy: &CompactionPolicy, window: u64, request: &ModelRequest) -> Plan {
     if policy.off {

@@ -43,6 +43,20 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 "name: `interrupt` is reserved; interrupt the session to stop a turn".into(),
             ));
         }
+        // A compaction is asked for whenever; it answers no wait.
+        let target = if name == steadfast_log::COMPACT_SIGNAL {
+            if target.wait.is_some() {
+                return Err(Error::Invalid(
+                    "`compact` answers no wait, so it cannot name one".into(),
+                ));
+            }
+            SignalTarget {
+                queue: true,
+                ..target
+            }
+        } else {
+            target
+        };
         if target.queue && target.wait.is_some() {
             return Err(Error::Invalid(
                 "a queued signal answers a wait that has not begun, so it cannot name one".into(),

@@ -491,10 +491,25 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     /// would pass the policy's share of the model's context window (see
     /// [`crate::compaction`]): one step, elision or a summary. Returns whether it did.
     async fn make_room(&mut self) -> Result<bool> {
-        use crate::compaction::{estimate_tokens, plan, Plan};
+        use crate::compaction::{estimate_tokens, plan, plan_asked, Plan};
         let policy = &self.harness.options.compaction;
         let window = policy.window_for(&self.state.model.model);
         let request = self.request();
+        // A `compact` signal (or one taken whose compaction a crash cut off) asks for
+        // a summary now, whatever the size.
+        let signal = self
+            .harness
+            .world
+            .inbox(&self.lease.session)
+            .await?
+            .into_iter()
+            .find(|i| i.kind == InboundKind::Signal && i.name == steadfast_log::COMPACT_SIGNAL);
+        if signal.is_some() || self.state.compact_asked {
+            if let Plan::Summarise(upto) = plan_asked(&request) {
+                self.summarise(&request, upto, signal.map(|i| i.id)).await?;
+                return Ok(true);
+            }
+        }
         match plan(policy, window, &request) {
             Plan::Nothing => Ok(false),
             Plan::Elide(before) => {
@@ -525,7 +540,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 Ok(true)
             }
             Plan::Summarise(upto) => {
-                self.summarise(&request, upto).await?;
+                self.summarise(&request, upto, None).await?;
                 Ok(true)
             }
         }
@@ -533,7 +548,12 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
 
     /// Compaction's summary: a journaled model call over the older messages, whose
     /// outcome replaces them. A crash before the outcome asks it again; after, never.
-    async fn summarise(&mut self, request: &ModelRequest, upto: u32) -> Result<()> {
+    async fn summarise(
+        &mut self,
+        request: &ModelRequest,
+        upto: u32,
+        inbox_id: Option<u64>,
+    ) -> Result<()> {
         use crate::compaction::{estimate_tokens, summary_request};
         let tokens_before = estimate_tokens(request);
         let call_id = format!("mc_{}", uuid::Uuid::now_v7().simple());
@@ -542,6 +562,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             call_id: call_id.clone(),
             upto,
             tokens_before,
+            inbox_id,
         }])
         .await?;
         point(points::COMPACTION_INTENT);

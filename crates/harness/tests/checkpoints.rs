@@ -122,3 +122,58 @@ async fn waking_from_a_checkpoint_gives_the_state_a_full_fold_gives() -> anyhow:
 
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compact_signal_compacts_before_the_next_call_once() -> anyhow::Result<()> {
+    let read = |line: u32| json!({"text": "reading", "tool_calls": [{"name": "read", "input": {"file_path": "hello.txt", "offset": line}}]});
+    let setup = Setup::new(json!([
+        read(1),
+        read(2),
+        read(3),
+        {"text": "first done"},
+        read(4),
+        {"text": "second done"}
+    ]))
+    .await;
+    let harness = setup.harness();
+    let id = harness
+        .start_session(NewSession::native("fake/m", &setup.workspace()))
+        .await?;
+    let mut driver = harness.wake_native(&id).await?;
+    driver.send("first").await?;
+    assert_eq!(driver.run().await?, Stop::Idle);
+    driver.release().await?;
+
+    // Asked while idle (it answers no wait, so it is queued, never refused)...
+    let (inbox_id, answers) = harness
+        .signal(&id, "compact", &json!({}), Default::default())
+        .await?;
+    assert_eq!(answers, None);
+    let mut driver = harness.wake_native(&id).await?;
+    driver.send("second").await?;
+    assert_eq!(driver.run().await?, Stop::Idle);
+    driver.release().await?;
+
+    // ...it compacted before the next call, once, and the model kept its place.
+    let records = harness.world().read(&id, 1).await?;
+    let intents: Vec<_> = records
+        .iter()
+        .filter_map(|r| match &r.event {
+            Event::CompactionIntent { inbox_id, .. } => Some(*inbox_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(intents, vec![Some(inbox_id)]);
+    let state = fold(&records)?;
+    assert_eq!(state.compactions, 1);
+    assert_eq!(state.compacted_turns, 3);
+    assert!(!state.compact_asked);
+    assert_eq!(setup.fake.state().summaries(), 1);
+    assert!(setup.fake.state().calls_per_step().iter().all(|&n| n == 1));
+    assert_eq!(state.last_reply().as_deref(), Some("second done"));
+    assert!(
+        harness.world().inbox(&id).await?.is_empty(),
+        "the signal was taken"
+    );
+    Ok(())
+}

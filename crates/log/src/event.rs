@@ -400,6 +400,10 @@ fn default_prefix() -> String {
     "Bearer ".into()
 }
 
+/// The inbox signal that asks the native agent to compact its conversation before its
+/// next model call, whatever its size. Always queued: it answers no wait.
+pub const COMPACT_SIGNAL: &str = "compact";
+
 /// The kind of [`Event::Checkpoint`] records (what a world looks the latest one up by).
 pub const CHECKPOINT_KIND: &str = "checkpoint";
 
@@ -574,6 +578,9 @@ pub enum Event {
         upto: u32,
         /// The request's estimated size before, tokens.
         tokens_before: u64,
+        /// The `compact` signal that asked for it, if one did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        inbox_id: Option<u64>,
     },
     /// The compaction's outcome: the summarised messages are replaced, in what the model
     /// is sent, by the summary (the log keeps them all).

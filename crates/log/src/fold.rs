@@ -316,6 +316,9 @@ pub struct SessionState {
     pub compactions: u32,
     /// The position of the last checkpoint record (0: none).
     pub last_checkpoint: u64,
+    /// A `compact` signal was taken and its compaction is not yet done (a crash cut
+    /// it off): the next model call compacts first.
+    pub compact_asked: bool,
     /// The session's bounds, as raised by `resume` signals.
     pub limits: Limits,
     /// Whether external-effect calls wait for approval.
@@ -456,6 +459,7 @@ impl SessionState {
             compacted_turns: 0,
             compactions: 0,
             last_checkpoint: 0,
+            compact_asked: false,
             limits: Limits {
                 max_cost_micro_usd: limits.max_cost_micro_usd.or(*budget_micro_usd),
                 ..*limits
@@ -946,7 +950,12 @@ impl SessionState {
                     }
                 }
             }
-            Event::CompactionIntent { call_id, upto, .. } => {
+            Event::CompactionIntent {
+                call_id,
+                upto,
+                inbox_id,
+                ..
+            } => {
                 if !matches!(self.next(), Next::CallModel { .. }) {
                     return Err(bad("no model call is due here"));
                 }
@@ -959,6 +968,10 @@ impl SessionState {
                     step: self.step,
                 });
                 self.compacting = Some(*upto);
+                if inbox_id.is_some() {
+                    self.take_inbox(*inbox_id);
+                    self.compact_asked = true;
+                }
             }
             Event::Compacted {
                 call_id,
@@ -979,6 +992,7 @@ impl SessionState {
                     .count() as u32;
                 self.compacted_turns += summarised;
                 self.compactions += 1;
+                self.compact_asked = false;
                 self.usage.add(usage);
                 self.cost_micro_usd += cost_micro_usd;
                 self.model_calls += 1;

@@ -14,8 +14,8 @@ pub mod record;
 pub use event::{
     tool_result_signal, BlobRef, Breaker, ClientTool, EgressCredential, EndState, Event, GitSource,
     Limits, McpServer, ModelSpec, Output, ToolClass, ToolResolution, Usage, CHECKPOINT_KIND,
-    DENIED, INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK, INTERRUPT_SIGNAL, RESUME_SIGNAL,
-    TOOL_RESULT_SIGNAL,
+    COMPACT_SIGNAL, DENIED, INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK, INTERRUPT_SIGNAL,
+    RESUME_SIGNAL, TOOL_RESULT_SIGNAL,
 };
 pub use fold::{
     fold, Exchange, FoldError, Next, PendingModel, PendingTool, Retry, SessionState, Status,

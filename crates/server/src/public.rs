@@ -580,6 +580,7 @@ fn body(event: &Event) -> EventBody {
             call_id,
             upto,
             tokens_before,
+            ..
         } => EventBody::CompactionIntent {
             call_id: s(call_id),
             upto: *upto,

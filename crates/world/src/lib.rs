@@ -480,6 +480,7 @@ pub(crate) fn summarize(events: &[Event]) -> Summary {
                 s.taken.extend(inbox_id);
             }
             Event::Steered { inbox_id, .. } => s.taken.push(*inbox_id),
+            Event::CompactionIntent { inbox_id, .. } => s.taken.extend(inbox_id),
             Event::TurnInterrupted {
                 inbox_id, stopped, ..
             } => {

@@ -126,6 +126,7 @@ impl Writer<'_> {
             call_id: call_id.clone(),
             upto: upto as u32,
             tokens_before: 100_000,
+            inbox_id: None,
         })?;
         self.push(Event::Compacted {
             call_id,
