@@ -98,11 +98,12 @@ pub fn plan_asked(request: &ModelRequest) -> Plan {
 }
 
 /// What the next request needs, by `policy`, for a model with `window` tokens.
-pub fn plan(policy: &CompactionPolicy, window: u64, request: &ModelRequest) -> Plan {
+pub fn plan(policy: &CompactionPolicy, window: u64, request: &ModelRequest, bytes: usize) -> Plan {
     if policy.off {
         return Plan::Nothing;
     }
-    let tokens = estimate_tokens(request);
+    // The request's JSON length, 4 bytes a token (as [`estimate_tokens`] counts).
+    let tokens = (bytes / 4) as u64 + 1;
     if (tokens as f64) <= window as f64 * policy.at_share {
         return Plan::Nothing;
     }
@@ -187,6 +188,10 @@ mod tests {
         }
     }
 
+    fn len(request: &ModelRequest) -> usize {
+        serde_json::to_vec(request).unwrap().len()
+    }
+
     #[test]
     fn windows_come_from_the_longest_prefix_or_the_policy() {
         assert_eq!(context_window("claude-sonnet-4-5"), 200_000);
@@ -202,14 +207,17 @@ mod tests {
     #[test]
     fn outputs_are_elided_first_then_older_turns_summarised_at_a_turn_boundary() {
         let policy = CompactionPolicy::default();
-        assert_eq!(plan(&policy, 32_000, &request(5, 100)), Plan::Nothing);
+        assert_eq!(
+            plan(&policy, 32_000, &request(5, 100), len(&request(5, 100))),
+            Plan::Nothing
+        );
         let big = request(100, 1200);
-        let Plan::Elide(before) = plan(&policy, 32_000, &big) else {
+        let Plan::Elide(before) = plan(&policy, 32_000, &big, len(&big)) else {
             panic!("long outputs are elided first");
         };
         assert!(before > 0 && (before as usize) < big.messages.len());
         let short = request(400, 100);
-        let Plan::Summarise(upto) = plan(&policy, 32_000, &short) else {
+        let Plan::Summarise(upto) = plan(&policy, 32_000, &short, len(&short)) else {
             panic!("short outputs: summarised");
         };
         assert_eq!(short.messages[upto as usize].role, Role::Assistant);
@@ -225,7 +233,7 @@ mod tests {
             off: true,
             ..Default::default()
         };
-        assert_eq!(plan(&off, 32_000, &short), Plan::Nothing);
+        assert_eq!(plan(&off, 32_000, &short, len(&short)), Plan::Nothing);
         let asked = summary_request(&short, upto);
         assert_eq!(asked.messages.len(), upto as usize + 1);
         assert_eq!(asked.messages.last().unwrap().text(), SUMMARY_PROMPT);

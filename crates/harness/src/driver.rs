@@ -82,6 +82,8 @@ pub struct Driver<'h, W, S> {
     remote: Option<std::sync::Arc<steadfast_wrap::remote::RemoteTools>>,
     /// What `git_push` pushes with, if the workspace came from git.
     git: Option<std::sync::Arc<crate::git::GitPusher>>,
+    /// A `compact` signal in the inbox, seen at the last read of it.
+    compact_signal: Option<u64>,
     observer: Observer,
     _heartbeat: Heartbeat,
 }
@@ -105,6 +107,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             model,
             remote: hosted.remote,
             git: hosted.git,
+            compact_signal: None,
             observer: Box::new(|_| {}),
             _heartbeat: heartbeat,
         }
@@ -298,8 +301,12 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             }
             Next::CallModel { .. } | Next::EndTurn if self.take_steer().await? => Ok(None),
             Next::CallModel { step } => {
-                if !self.make_room().await? {
-                    self.call_model(step).await?;
+                let request = self.request();
+                let canonical = serde_json::to_vec(&request)
+                    .map_err(|e| Error::Invalid(format!("request: {e}")))?;
+                if !self.make_room(&request, canonical.len()).await? {
+                    let fingerprint = blake3::hash(&canonical).to_hex().to_string();
+                    self.call_model(step, request, fingerprint).await?;
                 }
                 Ok(None)
             }
@@ -315,8 +322,13 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
 
     /// Delivers the oldest pending steer to the running turn, if there is one. Called
     /// only between calls, so the call in flight always finishes first.
+    /// Also notes a pending `compact` signal, from the same read of the inbox.
     async fn take_steer(&mut self) -> Result<bool> {
         let inbox = self.harness.world.inbox(&self.lease.session).await?;
+        self.compact_signal = inbox
+            .iter()
+            .find(|i| i.kind == InboundKind::Signal && i.name == steadfast_log::COMPACT_SIGNAL)
+            .map(|i| i.id);
         let Some(item) = inbox.into_iter().find(|i| i.kind == InboundKind::Steer) else {
             return Ok(false);
         };
@@ -358,7 +370,12 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     }
 
     /// One model call, as a span of the turn's trace.
-    async fn call_model(&mut self, step: u32) -> Result<()> {
+    async fn call_model(
+        &mut self,
+        step: u32,
+        request: ModelRequest,
+        fingerprint: String,
+    ) -> Result<()> {
         use tracing::Instrument;
         let span = steadfast_metrics::trace::model_call_span(
             &self.lease.session,
@@ -366,22 +383,27 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             &self.state.model.provider,
             &self.state.model.model,
         );
-        self.call_model_in(step, span.clone())
+        self.call_model_in(step, request, fingerprint, span.clone())
             .instrument(span)
             .await
     }
 
-    async fn call_model_in(&mut self, step: u32, span: tracing::Span) -> Result<()> {
+    async fn call_model_in(
+        &mut self,
+        step: u32,
+        request: ModelRequest,
+        fingerprint: String,
+        span: tracing::Span,
+    ) -> Result<()> {
         if self.harness.options.prewarm_sandbox {
             self.sandbox.hydrate_to(self.state.last_snapshot.clone());
             self.sandbox.prewarm();
         }
-        let request = self.request();
         let call_id = format!("mc_{}", uuid::Uuid::now_v7().simple());
         self.append(vec![Event::ModelCallIntent {
             call_id: call_id.clone(),
             step,
-            fingerprint: request.fingerprint(),
+            fingerprint,
         }])
         .await?;
         point(points::MODEL_INTENT);
@@ -490,30 +512,23 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     /// Makes room in the conversation before the next model call when the request
     /// would pass the policy's share of the model's context window (see
     /// [`crate::compaction`]): one step, elision or a summary. Returns whether it did.
-    async fn make_room(&mut self) -> Result<bool> {
+    async fn make_room(&mut self, request: &ModelRequest, bytes: usize) -> Result<bool> {
         use crate::compaction::{estimate_tokens, plan, plan_asked, Plan};
         let policy = &self.harness.options.compaction;
         let window = policy.window_for(&self.state.model.model);
-        let request = self.request();
         // A `compact` signal (or one taken whose compaction a crash cut off) asks for
         // a summary now, whatever the size.
-        let signal = self
-            .harness
-            .world
-            .inbox(&self.lease.session)
-            .await?
-            .into_iter()
-            .find(|i| i.kind == InboundKind::Signal && i.name == steadfast_log::COMPACT_SIGNAL);
+        let signal = self.compact_signal.take();
         if signal.is_some() || self.state.compact_asked {
-            if let Plan::Summarise(upto) = plan_asked(&request) {
-                self.summarise(&request, upto, signal.map(|i| i.id)).await?;
+            if let Plan::Summarise(upto) = plan_asked(request) {
+                self.summarise(request, upto, signal).await?;
                 return Ok(true);
             }
         }
-        match plan(policy, window, &request) {
+        match plan(policy, window, request, bytes) {
             Plan::Nothing => Ok(false),
             Plan::Elide(before) => {
-                let tokens_before = estimate_tokens(&request);
+                let tokens_before = estimate_tokens(request);
                 let mut after = self.state.clone();
                 let event = Event::OutputsElided {
                     before,
@@ -528,7 +543,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 })?;
                 let tokens_after = estimate_tokens(&ModelRequest {
                     messages: after.conversation,
-                    ..request
+                    ..request.clone()
                 });
                 tracing::info!(session = %self.lease.session, tokens_before, tokens_after, "eliding old tool outputs");
                 self.append(vec![Event::OutputsElided {
@@ -540,7 +555,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 Ok(true)
             }
             Plan::Summarise(upto) => {
-                self.summarise(&request, upto, None).await?;
+                self.summarise(request, upto, None).await?;
                 Ok(true)
             }
         }
