@@ -13,6 +13,9 @@ use serde_json::{json, Value};
 use crate::wire::{self, Format};
 use crate::Script;
 
+/// How many request bodies [`FakeState::requests`] keeps (the latest).
+const KEPT_BODIES: usize = 1000;
+
 /// The provider's shared state: the script and the counters.
 #[derive(Debug, Default)]
 pub struct FakeState {
@@ -59,7 +62,8 @@ impl FakeState {
         hashes.len()
     }
 
-    /// Every request body received, in order (for tests that check what a client sent).
+    /// The request bodies received, in order (for tests that check what a client
+    /// sent): the latest thousand.
     pub fn requests(&self) -> Vec<String> {
         self.lock().requests.clone()
     }
@@ -219,6 +223,10 @@ fn count_call(state: &FakeState, index: usize, body: &str) -> Result<crate::Step
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     std::hash::Hash::hash(body, &mut hasher);
     c.request_hashes.push(std::hash::Hasher::finish(&hasher));
+    // The bodies of the latest requests only: a long session's would fill memory.
+    if c.requests.len() >= KEPT_BODIES {
+        c.requests.remove(0);
+    }
     c.requests.push(body.to_string());
     if c.per_step.len() <= index {
         c.per_step.resize(index + 1, 0);

@@ -31,6 +31,9 @@ pub enum Which {
     /// Added latency and time-to-first-byte of the gateway against calling the
     /// provider directly.
     Gateway,
+    /// Per-step durable overhead at steps 100, 1,000 and 10,000 of one native session
+    /// (beyond the model's and the tool's own time).
+    Steps,
     /// All of them.
     All,
 }
@@ -55,6 +58,9 @@ pub struct BenchArgs {
     /// (2 or more: a dead holder is found through the database, as across machines).
     #[arg(long, default_value_t = 1)]
     hosts: usize,
+    /// Steps of the session `steps` runs.
+    #[arg(long, default_value_t = 10_020)]
+    steps: u32,
     /// Concurrent stream readers.
     #[arg(long, default_value_t = 100)]
     readers: usize,
@@ -157,6 +163,9 @@ pub async fn run(args: BenchArgs, world: Option<&str>) -> anyhow::Result<ExitCod
             None => vec![1_000, 10_000, 100_000],
         };
         super::bench_wake::run(&sizes).await?;
+    }
+    if matches!(args.which, Which::Steps | Which::All) {
+        super::bench_steps::run(world, args.steps).await?;
     }
     if matches!(args.which, Which::Recovery | Which::All) {
         super::bench_server::recovery(args.rounds, world, args.hosts).await?;
