@@ -129,7 +129,7 @@ pub async fn run(world: Option<&str>, total: u32) -> anyhow::Result<()> {
         let harness_time = median(
             per_step
                 .iter()
-                .filter(|(s, _)| s + WINDOW / 2 > mark && *s <= mark + WINDOW / 2 - 1)
+                .filter(|(s, _)| s + WINDOW / 2 > mark && *s < mark + WINDOW / 2)
                 .map(|(_, d)| *d)
                 .collect(),
         );
