@@ -5,10 +5,10 @@
 //! a 1 KB file per step, the context window 64k tokens, so the conversation compacts
 //! as a long one does). Around each mark, the harness's time per step (the model call,
 //! the tool call and everything durable between: intents, outcomes, snapshots,
-//! compaction) is timed; right after, with the session at that point, the same model
-//! call is made straight to the provider and the same tool run straight in a local
-//! sandbox, alternately, and their medians are the step's own time. What is left is
-//! the harness's durable overhead per step.
+//! compaction) is timed, and after each of those steps the call the harness is about to
+//! make is made straight to the provider and the same tool run straight in a local
+//! sandbox (harness, direct, harness, direct, ...); their medians are the step's own
+//! time. What is left is the harness's durable overhead per step.
 
 use std::time::{Duration, Instant};
 
@@ -102,9 +102,12 @@ pub async fn run(world: Option<&str>, total: u32) -> anyhow::Result<()> {
     let mut driver = harness.wake_native(&id).await?;
     driver.send("work through the notes").await?;
     let mut per_step: Vec<(u32, Duration)> = Vec::new();
+    let (mut model, mut tool_times) = (Vec::new(), Vec::new());
     let mut overheads = Vec::new();
     let mut next_mark = marks.iter().copied().peekable();
+    let in_window = |step: u32, mark: u32| step + WINDOW / 2 > mark && step < mark + WINDOW / 2;
     loop {
+        let before = driver.state().step;
         let started = Instant::now();
         let stop = driver.step().await?;
         let took = started.elapsed();
@@ -113,15 +116,29 @@ pub async fn run(world: Option<&str>, total: u32) -> anyhow::Result<()> {
             Some((s, d)) if *s == step => *d += took,
             _ => per_step.push((step, took)),
         }
-        if let Some(Stop::Idle) | Some(Stop::Ended(_)) = stop {
-            break;
-        }
-        if stop.is_some() {
-            anyhow::bail!("the session stopped early: {stop:?}");
+        match stop {
+            Some(Stop::Idle) | Some(Stop::Ended(_)) => break,
+            Some(other) => anyhow::bail!("the session stopped early: {other:?}"),
+            None => {}
         }
         let Some(&mark) = next_mark.peek() else {
             continue;
         };
+        if step != before && in_window(step, mark) {
+            // Alternating with the harness's steps: the call it is about to make, made
+            // straight to the model, and the tool straight in a local sandbox.
+            let request = request_now(driver.state());
+            let started = Instant::now();
+            client.complete(&request, &mut |_| {}).await?;
+            model.push(started.elapsed());
+            let started = Instant::now();
+            tool.execute(
+                "read",
+                &json!({"file_path": format!("notes{}.txt", step % 2)}),
+            )
+            .await?;
+            tool_times.push(started.elapsed());
+        }
         if step < mark + WINDOW / 2 {
             continue;
         }
@@ -129,31 +146,21 @@ pub async fn run(world: Option<&str>, total: u32) -> anyhow::Result<()> {
         let harness_time = median(
             per_step
                 .iter()
-                .filter(|(s, _)| s + WINDOW / 2 > mark && *s < mark + WINDOW / 2)
+                .filter(|(s, _)| in_window(*s, mark))
                 .map(|(_, d)| *d)
                 .collect(),
         );
-        // The step's own time, right now: the same call straight to the model, the
-        // same tool straight in a local sandbox, alternately.
-        let request = request_now(driver.state());
-        let (mut model, mut tool_times) = (Vec::new(), Vec::new());
-        for i in 0..7 {
-            let started = Instant::now();
-            client.complete(&request, &mut |_| {}).await?;
-            model.push(started.elapsed());
-            let started = Instant::now();
-            tool.execute("read", &json!({"file_path": format!("notes{}.txt", i % 2)}))
-                .await?;
-            tool_times.push(started.elapsed());
-        }
-        let (model, tool_time) = (median(model), median(tool_times));
-        let overhead = harness_time.saturating_sub(model + tool_time);
+        let (model_time, tool_time) = (
+            median(std::mem::take(&mut model)),
+            median(std::mem::take(&mut tool_times)),
+        );
+        let overhead = harness_time.saturating_sub(model_time + tool_time);
         overheads.push((mark, overhead));
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!(
             "  {mark:>6}  {:>8.2}ms  {:>8.2}ms  {:>8.2}ms  {:>8.2}ms",
             ms(harness_time),
-            ms(model),
+            ms(model_time),
             ms(tool_time),
             ms(overhead)
         );
