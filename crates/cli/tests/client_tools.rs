@@ -10,17 +10,7 @@ use steadfast_testkit::{FakeProvider, Script};
 
 mod common;
 
-use common::{last_kind_and_holder, service, wait_for};
-
-async fn call(method: reqwest::Method, url: &str, body: Option<Value>) -> (u16, Value) {
-    let mut req = reqwest::Client::new().request(method, url);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
+use common::{call, last_kind_and_holder, service, wait_for};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_tool_is_answered_after_the_worker_dies_and_asked_once() {

@@ -15,7 +15,7 @@ use steadfast_testkit::{FakeProvider, Script};
 
 mod common;
 
-use common::{service, wait_for};
+use common::{call, service, wait_for};
 
 const SECRET: &str = "tracker-token-5f0c2a91";
 
@@ -39,17 +39,6 @@ fn receiver() -> (u16, Arc<Mutex<Vec<String>>>) {
         }
     });
     (port, heads)
-}
-
-async fn call(method: reqwest::Method, url: &str, body: Value) -> (u16, Value) {
-    let resp = reqwest::Client::new()
-        .request(method, url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,7 +79,7 @@ async fn a_bound_credential_is_added_at_the_proxy_and_never_seen_inside() {
     let (status, _) = call(
         reqwest::Method::PUT,
         &format!("{url}/v1/vaults/tracker"),
-        json!({"value": SECRET}),
+        Some(json!({"value": SECRET})),
     )
     .await;
     assert_eq!(status, 204);
@@ -104,8 +93,8 @@ async fn a_bound_credential_is_added_at_the_proxy_and_never_seen_inside() {
         let (status, body) = call(
             reqwest::Method::POST,
             &sessions,
-            json!({"network": network,
-                   "egress_credentials": [{"host": host, "credential": credential}]}),
+            Some(json!({"network": network,
+                   "egress_credentials": [{"host": host, "credential": credential}]})),
         )
         .await;
         assert_eq!(status, 422, "{body}");
@@ -118,11 +107,11 @@ async fn a_bound_credential_is_added_at_the_proxy_and_never_seen_inside() {
     let (status, created) = call(
         reqwest::Method::POST,
         &sessions,
-        json!({
+        Some(json!({
             "task": "fetch issue 7",
             "network": format!("allow:{host}"),
             "egress_credentials": [{"host": host, "credential": "tracker"}],
-        }),
+        })),
     )
     .await;
     assert_eq!(status, 201, "{created}");

@@ -17,7 +17,7 @@ use steadfast_testkit::{FakeProvider, Script};
 
 mod common;
 
-use common::{service, wait_for};
+use common::{call, event_page, holding, service, wait_for};
 
 const TOKEN: &str = "git-token-7d3e91ab";
 
@@ -68,44 +68,6 @@ fn repository(root: &Path, name: &str) {
             &format!("{name}.git"),
         ],
     );
-}
-
-async fn call(method: reqwest::Method, url: &str, body: Value) -> (u16, Value) {
-    let resp = reqwest::Client::new()
-        .request(method, url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
-
-/// The session's events, as one JSON page.
-async fn events(url: &str) -> Value {
-    reqwest::Client::new()
-        .get(url)
-        .header("accept", "application/json")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
-/// Every file under `dir` that holds `needle`.
-fn holding(dir: &Path, needle: &str) -> Vec<PathBuf> {
-    walkdir::WalkDir::new(dir)
-        .into_iter()
-        .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_file())
-        .filter(|e| {
-            std::fs::read(e.path())
-                .is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
-        })
-        .map(|e| e.path().to_path_buf())
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -168,14 +130,14 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
     let (status, _) = call(
         reqwest::Method::PUT,
         &format!("{url}/v1/vaults/forge"),
-        json!({"value": TOKEN}),
+        Some(json!({"value": TOKEN})),
     )
     .await;
     assert_eq!(status, 204);
     let (status, _) = call(
         reqwest::Method::PUT,
         &format!("{url}/v1/vaults/stale"),
-        json!({"value": "not-the-token"}),
+        Some(json!({"value": "not-the-token"})),
     )
     .await;
     assert_eq!(status, 204);
@@ -215,7 +177,7 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
         let (status, body) = call(
             reqwest::Method::POST,
             &sessions,
-            json!({"workspace": workspace}),
+            Some(json!({"workspace": workspace})),
         )
         .await;
         assert_eq!(status, 422, "{body}");
@@ -237,8 +199,7 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
     let (status, created) = call(
         reqwest::Method::POST,
         &sessions,
-        json!({"workspace": {"kind": "git", "url": repo0, "credential": "forge", "ref": first}}),
-    )
+        Some(json!({"workspace": {"kind": "git", "url": repo0, "credential": "forge", "ref": first}})))
     .await;
     assert_eq!(status, 201, "{created}");
     let at_first = PathBuf::from(created["workspace"].as_str().unwrap());
@@ -250,12 +211,11 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
         let (status, created) = call(
             reqwest::Method::POST,
             &sessions,
-            json!({
+            Some(json!({
                 "task": "add a twice function and push it",
                 "agent": agent,
                 "workspace": {"kind": "git", "url": server.url(&name), "credential": "forge", "ref": "main"},
-            }),
-        )
+            })))
         .await;
         assert_eq!(status, 201, "{created}");
         let id = created["id"].as_str().unwrap().to_string();
@@ -333,10 +293,8 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
         // The log says how the cut-off push was resolved.
         // The log says how the cut-off push was resolved: after the push, seen done on
         // the remote (and not pushed again); before it, seen not done and run once.
-        let log = events(&format!("{sessions}/{id}/events")).await;
-        let resolutions: Vec<&Value> = log["events"]
-            .as_array()
-            .unwrap()
+        let log = event_page(&format!("{sessions}/{id}/events")).await;
+        let resolutions: Vec<&Value> = log
             .iter()
             .filter(|e| e["type"] == "tool_call_interrupted")
             .map(|e| &e["resolution"])

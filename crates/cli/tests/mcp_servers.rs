@@ -8,7 +8,7 @@
 //! same tools are offered to a wrapped CLI (Claude Code) through the journaled MCP
 //! server.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use base64::Engine as _;
 use serde_json::{json, Value};
@@ -17,7 +17,7 @@ use steadfast_testkit::{FakeProvider, Script};
 
 mod common;
 
-use common::{service, wait_for};
+use common::{call, event_page, holding, service, wait_for};
 
 const TOKEN: &str = "mcp-token-2b7f04c1";
 const TOOLS: [&str; 3] = ["lookup_issue", "set_label", "close_issue"];
@@ -34,43 +34,6 @@ fn script() -> Script {
         {"text": "issue 7 is handled"}
     ]}))
     .unwrap()
-}
-
-async fn call(method: reqwest::Method, url: &str, body: Value) -> (u16, Value) {
-    let resp = reqwest::Client::new()
-        .request(method, url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
-
-async fn events(url: &str) -> Vec<Value> {
-    let page: Value = reqwest::Client::new()
-        .get(url)
-        .header("accept", "application/json")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    page["events"].as_array().unwrap().clone()
-}
-
-fn holding(dir: &Path, needle: &str) -> Vec<PathBuf> {
-    walkdir::WalkDir::new(dir)
-        .into_iter()
-        .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_file())
-        .filter(|e| {
-            std::fs::read(e.path())
-                .is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
-        })
-        .map(|e| e.path().to_path_buf())
-        .collect()
 }
 
 fn counts(tracker: &McpTracker) -> [u32; 3] {
@@ -114,7 +77,7 @@ async fn rounds(agent: &str) {
     let (status, _) = call(
         reqwest::Method::PUT,
         &format!("{url}/v1/vaults/tracker"),
-        json!({"value": TOKEN}),
+        Some(json!({"value": TOKEN})),
     )
     .await;
     assert_eq!(status, 204);
@@ -143,7 +106,7 @@ async fn rounds(agent: &str) {
         let (status, body) = call(
             reqwest::Method::POST,
             &sessions,
-            json!({"mcp_servers": servers}),
+            Some(json!({"mcp_servers": servers})),
         )
         .await;
         assert_eq!(status, 422, "{body}");
@@ -164,7 +127,7 @@ async fn rounds(agent: &str) {
         let (status, created) = call(
             reqwest::Method::POST,
             &sessions,
-            json!({"task": "handle issue 7", "agent": agent, "mcp_servers": [server]}),
+            Some(json!({"task": "handle issue 7", "agent": agent, "mcp_servers": [server]})),
         )
         .await;
         assert_eq!(status, 201, "{created}");
@@ -203,7 +166,7 @@ async fn rounds(agent: &str) {
             "{agent}: cut off at MCP call {}",
             k + 1
         );
-        let log = events(&format!("{sessions}/{id}/events")).await;
+        let log = event_page(&format!("{sessions}/{id}/events")).await;
         let resolved: Vec<&Value> = log
             .iter()
             .filter(|e| e["type"] == "tool_call_interrupted")

@@ -529,22 +529,14 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             Plan::Nothing => Ok(false),
             Plan::Elide(before) => {
                 let tokens_before = estimate_tokens(request);
-                let mut after = self.state.clone();
-                let event = Event::OutputsElided {
-                    before,
-                    tokens_before,
-                    tokens_after: 0,
-                };
-                after.apply(&Record {
-                    seq: after.last_seq + 1,
-                    epoch: 0,
-                    at_ms: 0,
-                    event,
-                })?;
-                let tokens_after = estimate_tokens(&ModelRequest {
-                    messages: after.conversation,
-                    ..request.clone()
-                });
+                let tokens_after = self.tokens_after(
+                    request,
+                    Event::OutputsElided {
+                        before,
+                        tokens_before,
+                        tokens_after: 0,
+                    },
+                )?;
                 tracing::info!(session = %self.lease.session, tokens_before, tokens_after, "eliding old tool outputs");
                 self.append(vec![Event::OutputsElided {
                     before,
@@ -620,24 +612,16 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             &response.usage,
         );
         self.count_model_call(true, Some(&response.usage), cost, started.elapsed());
-        let mut after = self.state.clone();
-        let event = Event::Compacted {
-            call_id: call_id.clone(),
-            summary: summary.clone(),
-            tokens_after: 0,
-            usage: response.usage,
-            cost_micro_usd: cost,
-        };
-        after.apply(&Record {
-            seq: after.last_seq + 1,
-            epoch: 0,
-            at_ms: 0,
-            event,
-        })?;
-        let tokens_after = estimate_tokens(&ModelRequest {
-            messages: after.conversation,
-            ..request.clone()
-        });
+        let tokens_after = self.tokens_after(
+            request,
+            Event::Compacted {
+                call_id: call_id.clone(),
+                summary: summary.clone(),
+                tokens_after: 0,
+                usage: response.usage,
+                cost_micro_usd: cost,
+            },
+        )?;
         tracing::info!(session = %self.lease.session, tokens_before, tokens_after, "compacted");
         self.append(vec![Event::Compacted {
             call_id,
@@ -648,6 +632,22 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         }])
         .await?;
         self.checkpoint_if_due().await
+    }
+
+    /// The estimated size of `request` once `event` (an elision or a compaction) is
+    /// folded into the conversation: what the record says it comes to.
+    fn tokens_after(&self, request: &ModelRequest, event: Event) -> Result<u64> {
+        let mut after = self.state.clone();
+        after.apply(&Record {
+            seq: after.last_seq + 1,
+            epoch: 0,
+            at_ms: 0,
+            event,
+        })?;
+        Ok(crate::compaction::estimate_tokens(&ModelRequest {
+            messages: after.conversation,
+            ..request.clone()
+        }))
     }
 
     /// Stores the state as a checkpoint when one is due (see

@@ -189,3 +189,46 @@ pub async fn printed_url(child: &mut tokio::process::Child) -> String {
         .unwrap()
         .unwrap()
 }
+
+/// A JSON request to the API: its status and JSON body (`null` when it has none).
+pub async fn call(
+    method: reqwest::Method,
+    url: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let mut req = reqwest::Client::new().request(method, url);
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(serde_json::Value::Null))
+}
+
+/// A session's events as one JSON page (`GET .../events` with `Accept: application/json`).
+pub async fn event_page(url: &str) -> Vec<serde_json::Value> {
+    let page: serde_json::Value = reqwest::Client::new()
+        .get(url)
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    page["events"].as_array().unwrap().clone()
+}
+
+/// Every file under `dir` that holds `needle` (a secret that must be nowhere).
+pub fn holding(dir: &Path, needle: &str) -> Vec<PathBuf> {
+    walkdir::WalkDir::new(dir)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_file())
+        .filter(|e| {
+            std::fs::read(e.path())
+                .is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+        })
+        .map(|e| e.path().to_path_buf())
+        .collect()
+}
