@@ -9,13 +9,12 @@ use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use base64::Engine as _;
 use serde_json::{json, Value};
 use steadfast_testkit::{FakeProvider, Script};
 
 mod common;
 
-use common::{call, service, wait_for};
+use common::{call, put_credential, wait_for, VaultSite};
 
 const SECRET: &str = "tracker-token-5f0c2a91";
 
@@ -59,30 +58,13 @@ async fn a_bound_credential_is_added_at_the_proxy_and_never_seen_inside() {
     .unwrap();
     let fake = FakeProvider::start(script).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let home = dir.path().join("home");
-    let config = dir.path().join("steadfast.toml");
-    std::fs::write(
-        &config,
-        format!("[sandbox]\nbackend = \"bwrap\"\ninternal-hosts = [\"{host}\"]\n"),
-    )
-    .unwrap();
-    let key = base64::engine::general_purpose::STANDARD.encode([8u8; 32]);
-    let mut api = service(
-        &home,
-        &fake,
-        &["serve", "--listen", "127.0.0.1:0", "--workers", "1"],
+    let site = VaultSite::new(
+        dir.path(),
+        &format!("[sandbox]\nbackend = \"bwrap\"\ninternal-hosts = [\"{host}\"]\n"),
     );
-    api.env("STEADFAST_CONFIG", &config)
-        .env("STEADFAST_VAULT_KEY", &key);
-    let mut api = api.spawn().unwrap();
-    let url = common::printed_url(&mut api).await;
-    let (status, _) = call(
-        reqwest::Method::PUT,
-        &format!("{url}/v1/vaults/tracker"),
-        Some(json!({"value": SECRET})),
-    )
-    .await;
-    assert_eq!(status, 204);
+    let home = site.home.clone();
+    let (_api, url) = site.serve(&fake, "1").await;
+    put_credential(&url, "tracker", SECRET).await;
 
     // A binding must name a destination of the allow-list and a stored credential.
     let sessions = format!("{url}/v1/sessions");

@@ -10,14 +10,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use base64::Engine as _;
 use serde_json::{json, Value};
 use steadfast_testkit::git_server::GitServer;
 use steadfast_testkit::{FakeProvider, Script};
 
 mod common;
 
-use common::{call, event_page, holding, service, wait_for};
+use common::{call, event_page, holding, put_credential, wait_for, VaultSite};
 
 const TOKEN: &str = "git-token-7d3e91ab";
 
@@ -109,38 +108,11 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
     ]}))
     .unwrap();
     let fake = FakeProvider::start(script).await.unwrap();
-    let home = dir.path().join("home");
-    let config = dir.path().join("steadfast.toml");
-    std::fs::write(&config, "[sandbox]\nbackend = \"bwrap\"\n").unwrap();
-    let key = base64::engine::general_purpose::STANDARD.encode([7u8; 32]);
-    let with_keys = |mut cmd: tokio::process::Command| {
-        cmd.env("STEADFAST_CONFIG", &config)
-            .env("STEADFAST_VAULT_KEY", &key)
-            .env("STEADFAST_AGENTS_DIR", common::agents_dir());
-        cmd
-    };
-    let mut api = with_keys(service(
-        &home,
-        &fake,
-        &["serve", "--listen", "127.0.0.1:0", "--workers", "0"],
-    ))
-    .spawn()
-    .unwrap();
-    let url = common::printed_url(&mut api).await;
-    let (status, _) = call(
-        reqwest::Method::PUT,
-        &format!("{url}/v1/vaults/forge"),
-        Some(json!({"value": TOKEN})),
-    )
-    .await;
-    assert_eq!(status, 204);
-    let (status, _) = call(
-        reqwest::Method::PUT,
-        &format!("{url}/v1/vaults/stale"),
-        Some(json!({"value": "not-the-token"})),
-    )
-    .await;
-    assert_eq!(status, 204);
+    let site = VaultSite::new(dir.path(), "[sandbox]\nbackend = \"bwrap\"\n");
+    let home = site.home.clone();
+    let (_api, url) = site.serve(&fake, "0").await;
+    put_credential(&url, "forge", TOKEN).await;
+    put_credential(&url, "stale", "not-the-token").await;
     let sessions = format!("{url}/v1/sessions");
     let workspaces = home.join("workspaces");
     let made_before = std::fs::read_dir(&workspaces).map_or(0, |d| d.count());
@@ -222,16 +194,14 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
         let workspace = PathBuf::from(created["workspace"].as_str().unwrap());
 
         // The third tool call is the push: the first worker dies at `fault` in it.
-        let mut doomed = with_keys(service(&home, &fake, &["worker"]));
+        let mut doomed = site.command(&fake, &["worker"]);
         doomed.env("STEADFAST_FAULT", format!("{fault}:3"));
         let status = tokio::time::timeout(std::time::Duration::from_secs(120), doomed.status())
             .await
             .expect("the worker reached the fault")
             .unwrap();
         assert!(!status.success(), "{fault}: the worker was to abort");
-        let mut worker = with_keys(service(&home, &fake, &["worker"]))
-            .spawn()
-            .unwrap();
+        let mut worker = site.command(&fake, &["worker"]).spawn().unwrap();
         wait_for("the turn to end", async || {
             reqwest::get(format!("{sessions}/{id}"))
                 .await

@@ -10,14 +10,13 @@
 
 use std::path::PathBuf;
 
-use base64::Engine as _;
 use serde_json::{json, Value};
 use steadfast_testkit::mcp_server::McpTracker;
 use steadfast_testkit::{FakeProvider, Script};
 
 mod common;
 
-use common::{call, event_page, holding, service, wait_for};
+use common::{call, event_page, holding, put_credential, wait_for, VaultSite};
 
 const TOKEN: &str = "mcp-token-2b7f04c1";
 const TOOLS: [&str; 3] = ["lookup_issue", "set_label", "close_issue"];
@@ -56,31 +55,10 @@ async fn rounds(agent: &str) {
     let tracker = McpTracker::start(TOKEN).await.unwrap();
     let fake = FakeProvider::start(script()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let home = dir.path().join("home");
-    let config = dir.path().join("steadfast.toml");
-    std::fs::write(&config, "[sandbox]\nbackend = \"bwrap\"\n").unwrap();
-    let key = base64::engine::general_purpose::STANDARD.encode([9u8; 32]);
-    let with_keys = |mut cmd: tokio::process::Command| {
-        cmd.env("STEADFAST_CONFIG", &config)
-            .env("STEADFAST_VAULT_KEY", &key)
-            .env("STEADFAST_AGENTS_DIR", common::agents_dir());
-        cmd
-    };
-    let mut api = with_keys(service(
-        &home,
-        &fake,
-        &["serve", "--listen", "127.0.0.1:0", "--workers", "0"],
-    ))
-    .spawn()
-    .unwrap();
-    let url = common::printed_url(&mut api).await;
-    let (status, _) = call(
-        reqwest::Method::PUT,
-        &format!("{url}/v1/vaults/tracker"),
-        Some(json!({"value": TOKEN})),
-    )
-    .await;
-    assert_eq!(status, 204);
+    let site = VaultSite::new(dir.path(), "[sandbox]\nbackend = \"bwrap\"\n");
+    let home = site.home.clone();
+    let (_api, url) = site.serve(&fake, "0").await;
+    put_credential(&url, "tracker", TOKEN).await;
     let sessions = format!("{url}/v1/sessions");
     let server = json!({"name": "tracker", "url": tracker.url(), "credential": "tracker"});
 
@@ -133,7 +111,7 @@ async fn rounds(agent: &str) {
         assert_eq!(status, 201, "{created}");
         let id = created["id"].as_str().unwrap().to_string();
         let workspace = PathBuf::from(created["workspace"].as_str().unwrap());
-        let mut doomed = with_keys(service(&home, &fake, &["worker"]));
+        let mut doomed = site.command(&fake, &["worker"]);
         doomed.env(
             "STEADFAST_FAULT",
             format!("{}:{}", steadfast_fault::points::TOOL_EFFECT, k + 1),
@@ -143,9 +121,7 @@ async fn rounds(agent: &str) {
             .expect("the worker reached the fault")
             .unwrap();
         assert!(!status.success());
-        let mut worker = with_keys(service(&home, &fake, &["worker"]))
-            .spawn()
-            .unwrap();
+        let mut worker = site.command(&fake, &["worker"]).spawn().unwrap();
         wait_for("the turn to end", async || {
             reqwest::get(format!("{sessions}/{id}"))
                 .await

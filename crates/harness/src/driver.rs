@@ -466,23 +466,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         let response = match result {
             Ok(r) => r,
             Err(e) if e.is_retryable() => return Err(e.into()), // stays pending
-            Err(e) => {
-                let message = e.to_string();
-                self.count_model_call(false, None, 0, started.elapsed());
-                self.append(vec![
-                    Event::ModelCallFailed {
-                        call_id,
-                        error: message.clone(),
-                    },
-                    Event::SessionEnded {
-                        state: EndState::Failed,
-                        reason: message,
-                        diff: Vec::new(),
-                    },
-                ])
-                .await?;
-                return Ok(());
-            }
+            Err(e) => return self.fail_model_call(call_id, e.to_string(), started).await,
         };
         point(points::MODEL_EFFECT);
         let cost = pricing::cost_with(
@@ -580,20 +564,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             Err(e) if e.is_retryable() => return Err(e.into()), // stays pending
             Err(e) => {
                 let message = format!("compacting the conversation: {e}");
-                self.count_model_call(false, None, 0, started.elapsed());
-                return self
-                    .append(vec![
-                        Event::ModelCallFailed {
-                            call_id,
-                            error: message.clone(),
-                        },
-                        Event::SessionEnded {
-                            state: EndState::Failed,
-                            reason: message,
-                            diff: Vec::new(),
-                        },
-                    ])
-                    .await;
+                return self.fail_model_call(call_id, message, started).await;
             }
         };
         point(points::COMPACTION_EFFECT);
@@ -657,6 +628,29 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             self.append(vec![checkpoint]).await?;
         }
         Ok(())
+    }
+
+    /// A model call that failed for good (a 4xx, retries exhausted) ends the session:
+    /// counted, and recorded with the reason.
+    async fn fail_model_call(
+        &mut self,
+        call_id: String,
+        message: String,
+        started: std::time::Instant,
+    ) -> Result<()> {
+        self.count_model_call(false, None, 0, started.elapsed());
+        self.append(vec![
+            Event::ModelCallFailed {
+                call_id,
+                error: message.clone(),
+            },
+            Event::SessionEnded {
+                state: EndState::Failed,
+                reason: message,
+                diff: Vec::new(),
+            },
+        ])
+        .await
     }
 
     /// Counts an answered model call in the process's metrics.

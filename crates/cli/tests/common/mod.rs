@@ -232,3 +232,67 @@ pub fn holding(dir: &Path, needle: &str) -> Vec<PathBuf> {
         .map(|e| e.path().to_path_buf())
         .collect()
 }
+
+/// A home whose processes run bwrap sandboxes (with `config` as their configuration)
+/// and hold a vault key: where the tests of credentials a sandbox must never see run.
+pub struct VaultSite {
+    /// The home.
+    pub home: PathBuf,
+    config: PathBuf,
+    key: String,
+}
+
+impl VaultSite {
+    /// A site under `dir` with `config` as its `steadfast.toml`.
+    pub fn new(dir: &Path, config: &str) -> Self {
+        use base64::Engine as _;
+        let path = dir.join("steadfast.toml");
+        std::fs::write(&path, config).unwrap();
+        VaultSite {
+            home: dir.join("home"),
+            config: path,
+            key: base64::engine::general_purpose::STANDARD.encode([7u8; 32]),
+        }
+    }
+
+    /// `steadfast` with `args` on this site (see [`service`]).
+    pub fn command(
+        &self,
+        fake: &steadfast_testkit::FakeProvider,
+        args: &[&str],
+    ) -> tokio::process::Command {
+        let mut cmd = service(&self.home, fake, args);
+        cmd.env("STEADFAST_CONFIG", &self.config)
+            .env("STEADFAST_VAULT_KEY", &self.key)
+            .env("STEADFAST_AGENTS_DIR", agents_dir());
+        cmd
+    }
+
+    /// `steadfast serve` with `workers` workers, and its URL.
+    pub async fn serve(
+        &self,
+        fake: &steadfast_testkit::FakeProvider,
+        workers: &str,
+    ) -> (tokio::process::Child, String) {
+        let mut api = self
+            .command(
+                fake,
+                &["serve", "--listen", "127.0.0.1:0", "--workers", workers],
+            )
+            .spawn()
+            .unwrap();
+        let url = printed_url(&mut api).await;
+        (api, url)
+    }
+}
+
+/// Stores credential `name` in the caller's vault through the API.
+pub async fn put_credential(url: &str, name: &str, value: &str) {
+    let (status, body) = call(
+        reqwest::Method::PUT,
+        &format!("{url}/v1/vaults/{name}"),
+        Some(serde_json::json!({ "value": value })),
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+}
