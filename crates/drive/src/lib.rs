@@ -7,21 +7,31 @@
 //! Snapshots cover everything in the workspace, `.git` included, except a top-level
 //! `.steadfast` directory (the runtime's own state, should it live inside the
 //! workspace). File contents are stored once per distinct content ([`store::ObjectStore`]);
-//! a snapshot is a manifest of paths, itself content-addressed, so its id is a
-//! pointer and forking a drive is copying that id. A stat cache keeps unchanged files
-//! from being hashed again.
+//! each directory is a tree object naming its entries by content ([`tree`]), so a
+//! snapshot's id is a pointer (forking a drive is copying it) and a snapshot stores
+//! only the files and directories that changed. The index ([`index`]) keeps unchanged
+//! files from being hashed and unchanged directories from being written: a snapshot
+//! costs a stat per entry plus the work of what changed.
 
 mod archive;
+mod index;
 mod manifest;
-mod statcache;
+mod restore;
+mod scan;
 mod store;
+mod tree;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 pub use archive::{unpack_tar, Unpacked};
+use index::Index;
 pub use manifest::{Change, ChangeKind, Entry, Manifest, SpecialKind};
-use statcache::StatCache;
+use scan::{Mode, Scanner};
 use store::ObjectStore;
+use tree::Stored;
 
 /// The name of the workspace directory snapshots leave out.
 pub const EXCLUDED_DIR: &str = ".steadfast";
@@ -63,7 +73,15 @@ pub(crate) fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -
 pub struct Drive {
     objects: ObjectStore,
     cache_dir: PathBuf,
+    /// The indexes of workspaces snapshotted lately, by path.
+    indexes: Arc<Mutex<HashMap<PathBuf, Index>>>,
+    /// Files read (hashed) by snapshots and restores so far.
+    files_read: Arc<AtomicU64>,
 }
+
+/// How many workspaces' indexes a drive keeps in memory (the rest are read back
+/// from their files when next used).
+const INDEXES_IN_MEMORY: usize = 64;
 
 impl Drive {
     /// Opens (creating if needed) a drive stored under `dir`.
@@ -74,62 +92,119 @@ impl Drive {
         Ok(Drive {
             objects: ObjectStore::open(dir.join("objects"))?,
             cache_dir,
+            indexes: Arc::default(),
+            files_read: Arc::default(),
         })
+    }
+
+    /// Runs `f` with the index of `workspace`, taken out of the shared map meanwhile
+    /// (two passes over one workspace at once each get an index; both are right).
+    fn with_index<T>(&self, workspace: &Path, f: impl FnOnce(&mut Index) -> T) -> T {
+        let taken = self.indexes.lock().expect("index lock").remove(workspace);
+        let mut index = taken.unwrap_or_else(|| Index::new(&self.cache_dir, workspace));
+        let out = f(&mut index);
+        let mut indexes = self.indexes.lock().expect("index lock");
+        if indexes.len() >= INDEXES_IN_MEMORY {
+            if let Some(evict) = indexes.keys().next().cloned() {
+                indexes.remove(&evict);
+            }
+        }
+        indexes.insert(workspace.to_path_buf(), index);
+        out
     }
 
     /// Takes a snapshot of `workspace` and returns its id.
     ///
-    /// Durable when this returns: every object and the manifest are synced. A crash
-    /// part way through leaves only unreferenced objects behind.
+    /// Durable when this returns: every new object is synced. A crash part way
+    /// through leaves only unreferenced objects behind.
     pub fn snapshot(&self, workspace: &Path) -> Result<String> {
-        let mut cache = StatCache::load(&self.cache_dir, workspace);
-        let manifest = manifest::scan(workspace, &mut cache, &self.objects)?;
+        self.with_index(workspace, |index| {
+            let root = self.store_pass(workspace, index)?;
+            if self.objects.contains(&root) {
+                return Ok(root);
+            }
+            // The index named a tree the store no longer holds (swept while no log
+            // referenced it): start over from the files themselves.
+            index.clear();
+            self.store_pass(workspace, index)
+        })
+    }
+
+    fn store_pass(&self, workspace: &Path, index: &mut Index) -> Result<String> {
+        let mut scanner = Scanner::new(&self.objects, index, Mode::Store);
+        let root = scanner
+            .dir(workspace, "")?
+            .expect("the root is read or fails");
+        self.files_read
+            .fetch_add(scanner.files_read, Ordering::Relaxed);
         steadfast_fault::point(steadfast_fault::points::MID_SNAPSHOT);
-        let id = self.objects.put(&manifest.to_bytes())?;
-        cache.save()?;
-        Ok(id)
+        self.objects.finish(&mut scanner.batch)?;
+        Ok(root)
     }
 
     /// Makes `workspace` equal to snapshot `id`: extra entries removed, changed and
-    /// missing ones written. Idempotent, so a crash during a restore is repaired by
-    /// restoring again.
+    /// missing ones written, directories that already match left alone. Idempotent,
+    /// so a crash during a restore is repaired by restoring again.
     pub fn restore(&self, workspace: &Path, id: &str) -> Result<()> {
-        let manifest = self.manifest(id)?;
-        let mut cache = StatCache::load(&self.cache_dir, workspace);
-        manifest::apply(&manifest, workspace, &mut cache, &self.objects)?;
-        cache.save()
+        let root = tree::root_of(&self.objects, id)?;
+        std::fs::create_dir_all(workspace).map_err(io("create", workspace))?;
+        self.with_index(workspace, |index| {
+            let mut scanner = Scanner::new(&self.objects, index, Mode::Probe);
+            scanner.dir(workspace, "")?;
+            self.files_read
+                .fetch_add(scanner.files_read, Ordering::Relaxed);
+            restore::apply(&self.objects, &scanner.found, workspace, "", &root)
+        })
     }
 
-    /// The manifest of snapshot `id`.
+    /// The manifest of snapshot `id`: every path in it.
     pub fn manifest(&self, id: &str) -> Result<Manifest> {
-        Manifest::from_bytes(id, &self.objects.get(id)?)
+        match tree::load(&self.objects, id)? {
+            Stored::Flat(manifest) => Ok(manifest),
+            Stored::Tree(_) => {
+                let mut manifest = Manifest::default();
+                tree::flatten(&self.objects, id, "", &mut manifest.entries)?;
+                Ok(manifest)
+            }
+        }
     }
 
-    /// What changed from snapshot `a` to snapshot `b`, by path.
+    /// What changed from snapshot `a` to snapshot `b`, by path. Directories both
+    /// share are skipped without being read.
     pub fn diff(&self, a: &str, b: &str) -> Result<Vec<Change>> {
-        Ok(self.manifest(a)?.diff(&self.manifest(b)?))
+        let both_trees = matches!(tree::load(&self.objects, a)?, Stored::Tree(_))
+            && matches!(tree::load(&self.objects, b)?, Stored::Tree(_));
+        if !both_trees {
+            return Ok(self.manifest(a)?.diff(&self.manifest(b)?));
+        }
+        let mut changes = Vec::new();
+        tree::diff(&self.objects, a, b, "", &mut changes)?;
+        changes.sort_by(|x, y| x.path.cmp(&y.path));
+        Ok(changes)
     }
 
-    /// Removes stored objects that none of `keep` (snapshot ids) references, once they
+    /// Removes stored objects that none of `keep` (snapshot ids) reaches, once they
     /// are older than `min_age` (a snapshot being taken right now has written objects
     /// that no log references yet; the grace period keeps them). Returns the number of
     /// objects removed.
     pub fn gc(&self, keep: &[String], min_age: std::time::Duration) -> Result<usize> {
         let mut referenced = std::collections::HashSet::new();
         for id in keep {
-            let manifest = match self.manifest(id) {
-                Ok(m) => m,
-                Err(Error::NotFound(_)) => continue,
-                Err(e) => return Err(e),
-            };
-            referenced.insert(id.clone());
-            for entry in manifest.entries.values() {
-                if let Entry::File { hash, .. } = entry {
-                    referenced.insert(hash.clone());
-                }
-            }
+            tree::mark(&self.objects, id, &mut referenced)?;
         }
         self.objects.sweep(&referenced, min_age)
+    }
+
+    /// Bytes of new objects this drive (and its clones) has stored since it was
+    /// opened: what snapshots cost in storage.
+    pub fn stored_bytes(&self) -> u64 {
+        self.objects.written()
+    }
+
+    /// Files snapshots and restores through this drive (and its clones) have read
+    /// whole so far: those whose stat said they might have changed.
+    pub fn files_read(&self) -> u64 {
+        self.files_read.load(Ordering::Relaxed)
     }
 
     /// Where the content objects are kept (for tests that damage one).
@@ -140,9 +215,19 @@ impl Drive {
 
     /// The bytes of a file in a snapshot.
     pub fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>> {
-        match self.manifest(id)?.entries.get(path) {
-            Some(Entry::File { hash, .. }) => self.objects.get(hash),
-            _ => Err(Error::NotFound(format!("{id}:{path}"))),
+        let hash = match tree::load(&self.objects, id)? {
+            Stored::Flat(manifest) => match manifest.entries.get(path) {
+                Some(Entry::File { hash, .. }) => Some(hash.clone()),
+                _ => None,
+            },
+            Stored::Tree(_) => match tree::lookup(&self.objects, id, path)? {
+                Some(tree::Node::File { hash, .. }) => Some(hash),
+                _ => None,
+            },
+        };
+        match hash {
+            Some(hash) => self.objects.get(&hash),
+            None => Err(Error::NotFound(format!("{id}:{path}"))),
         }
     }
 }

@@ -156,7 +156,7 @@ fn gc_keeps_what_snapshots_reference_and_removes_the_rest() {
     let removed = drive
         .gc(std::slice::from_ref(&new), std::time::Duration::ZERO)
         .unwrap();
-    assert_eq!(removed, 2, "the old manifest and the old lib.rs");
+    assert_eq!(removed, 3, "the old root and src trees and the old lib.rs");
     assert!(matches!(drive.manifest(&old), Err(Error::NotFound(_))));
     let fresh = ws.parent().unwrap().join("fresh");
     drive.restore(&fresh, &new).unwrap();
@@ -274,4 +274,145 @@ fn a_snapshot_exports_as_a_tar_that_tar_unpacks_to_the_same_tree() {
     let object = drive.objects_dir().join(&hash[..2]).join(&hash[2..]);
     fs::write(&object, b"fn b() {}\n").unwrap();
     assert!(drive.export_tar(&id, std::io::sink()).is_err());
+}
+
+fn object_count(drive: &Drive) -> usize {
+    walkdir::WalkDir::new(drive.objects_dir())
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_type().is_file() && !e.path().starts_with(drive.objects_dir().join("tmp"))
+        })
+        .count()
+}
+
+fn wide_tree(ws: &Path) {
+    for d in 0..20 {
+        for f in 0..20 {
+            let dir = ws.join(format!("pkg{d}/sub"));
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(
+                dir.join(format!("f{f}.txt")),
+                format!("{d}/{f}\n").repeat(50),
+            )
+            .unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_snapshot_with_nothing_changed_stores_nothing() {
+    let (_d, drive, ws) = setup();
+    wide_tree(&ws);
+    let a = drive.snapshot(&ws).unwrap();
+    let (objects, bytes) = (object_count(&drive), drive.stored_bytes());
+    assert_eq!(drive.snapshot(&ws).unwrap(), a);
+    assert_eq!(object_count(&drive), objects);
+    assert_eq!(drive.stored_bytes(), bytes);
+}
+
+#[test]
+fn a_change_stores_its_file_and_the_trees_above_it_only() {
+    let (_d, drive, ws) = setup();
+    wide_tree(&ws);
+    let a = drive.snapshot(&ws).unwrap();
+    let (objects, bytes) = (object_count(&drive), drive.stored_bytes());
+    fs::write(ws.join("pkg7/sub/f3.txt"), "changed\n").unwrap();
+    let b = drive.snapshot(&ws).unwrap();
+    assert_eq!(
+        object_count(&drive) - objects,
+        4,
+        "the file, and the trees of pkg7/sub, pkg7 and the root"
+    );
+    let stored = drive.stored_bytes() - bytes;
+    let sub_tree = drive.manifest(&b).unwrap().entries.len(); // a bound, not exact
+    assert!(
+        stored < 8 * 1024,
+        "stored {stored} bytes for one 8-byte change ({sub_tree} paths)"
+    );
+    assert_eq!(
+        drive.diff(&a, &b).unwrap(),
+        vec![Change {
+            path: "pkg7/sub/f3.txt".into(),
+            kind: ChangeKind::Modified
+        }]
+    );
+}
+
+#[test]
+fn restore_rewrites_only_what_differs() {
+    use std::os::unix::fs::MetadataExt;
+    let (_d, drive, ws) = setup();
+    wide_tree(&ws);
+    let id = drive.snapshot(&ws).unwrap();
+    let inode = |p: &str| fs::metadata(ws.join(p)).unwrap().ino();
+    let (same_dir, other_dir) = (inode("pkg7/sub/f4.txt"), inode("pkg2/sub/f1.txt"));
+    fs::write(ws.join("pkg7/sub/f3.txt"), "changed\n").unwrap();
+    fs::remove_dir_all(ws.join("pkg9")).unwrap();
+    drive.restore(&ws, &id).unwrap();
+    assert_eq!(drive.snapshot(&ws).unwrap(), id);
+    assert_eq!(
+        inode("pkg7/sub/f4.txt"),
+        same_dir,
+        "an equal file is left in place"
+    );
+    assert_eq!(inode("pkg2/sub/f1.txt"), other_dir);
+    assert_eq!(
+        fs::read_to_string(ws.join("pkg7/sub/f3.txt")).unwrap(),
+        "7/3\n".repeat(50)
+    );
+}
+
+#[test]
+fn snapshots_stored_as_one_flat_manifest_are_still_read() {
+    let (d, drive, ws) = setup();
+    let tree_id = drive.snapshot(&ws).unwrap();
+    // The format snapshots had before trees: one manifest of every path.
+    let flat = drive.manifest(&tree_id).unwrap();
+    let mut batch = store::Batch::default();
+    let flat_id = drive.objects.put(&mut batch, &flat.to_bytes()).unwrap();
+    drive.objects.finish(&mut batch).unwrap();
+    assert_ne!(flat_id, tree_id);
+
+    assert_eq!(drive.manifest(&flat_id).unwrap(), flat);
+    assert!(drive.diff(&flat_id, &tree_id).unwrap().is_empty());
+    assert_eq!(
+        drive.read_file(&flat_id, "src/lib.rs").unwrap(),
+        b"fn a() {}\n"
+    );
+    let fresh = d.path().join("fresh");
+    drive.restore(&fresh, &flat_id).unwrap();
+    assert_eq!(tree(&fresh), tree(&ws));
+    // gc keeps what the flat manifest names.
+    drive
+        .gc(std::slice::from_ref(&flat_id), std::time::Duration::ZERO)
+        .unwrap();
+    let again = d.path().join("again");
+    drive.restore(&again, &flat_id).unwrap();
+    assert_eq!(tree(&again), tree(&ws));
+}
+
+#[test]
+fn the_index_is_read_back_by_a_new_process() {
+    let (d, drive, ws) = setup();
+    wide_tree(&ws);
+    drive.snapshot(&ws).unwrap();
+    // Stamps are kept only for files that have settled.
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let id = drive.snapshot(&ws).unwrap();
+    let read = drive.files_read();
+    assert_eq!(drive.snapshot(&ws).unwrap(), id);
+    assert_eq!(
+        drive.files_read(),
+        read,
+        "nothing is read when nothing changed"
+    );
+
+    // A new drive on the same directory (a restarted process) reads the index back.
+    let reopened = Drive::open(d.path().join("drive")).unwrap();
+    assert_eq!(reopened.snapshot(&ws).unwrap(), id);
+    assert_eq!(reopened.files_read(), 0);
+    fs::write(ws.join("pkg3/sub/f1.txt"), "new").unwrap();
+    reopened.snapshot(&ws).unwrap();
+    assert_eq!(reopened.files_read(), 1, "only the changed file is read");
 }

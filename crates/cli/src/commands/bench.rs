@@ -34,6 +34,9 @@ pub enum Which {
     /// Per-step durable overhead at steps 100, 1,000 and 10,000 of one native session
     /// (beyond the model's and the tool's own time).
     Steps,
+    /// Workspace snapshots of a 20,000-file tree (0, 10 and 1,000 files changed)
+    /// against `git add -A && git write-tree`, and the bytes each stores.
+    Drive,
     /// All of them.
     All,
 }
@@ -166,6 +169,9 @@ pub async fn run(args: BenchArgs, world: Option<&str>) -> anyhow::Result<ExitCod
     }
     if matches!(args.which, Which::Steps | Which::All) {
         super::bench_steps::run(world, args.steps).await?;
+    }
+    if matches!(args.which, Which::Drive | Which::All) {
+        super::bench_drive::run(args.rounds).await?;
     }
     if matches!(args.which, Which::Recovery | Which::All) {
         super::bench_server::recovery(args.rounds, world, args.hosts).await?;

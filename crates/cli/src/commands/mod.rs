@@ -1,6 +1,7 @@
 //! One module per command.
 
 pub mod bench;
+mod bench_drive;
 mod bench_gateway;
 mod bench_pg;
 mod bench_rounds;

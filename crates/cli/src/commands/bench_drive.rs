@@ -1,0 +1,144 @@
+//! `steadfast bench drive`: snapshots of a generated 20,000-file workspace with 0, 10
+//! and 1,000 files changed, against `git add -A && git write-tree` on the same tree
+//! (its own repository outside the tree), alternated round by round; with the bytes
+//! each snapshot stored against the bytes that changed, and a restore of one change.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use steadfast_drive::Drive;
+
+use super::bench::Rounds;
+
+/// Directories of the generated tree: `TOP` packages of `SUB` modules each.
+const TOP: usize = 20;
+const SUB: usize = 10;
+/// Files per module directory.
+const FILES: usize = 100;
+
+fn file_path(root: &Path, i: usize) -> std::path::PathBuf {
+    let (dir, file) = (i / FILES, i % FILES);
+    root.join(format!("pkg{}/mod{}/file{file}.rs", dir / SUB, dir % SUB))
+}
+
+fn content(i: usize, version: usize) -> String {
+    format!("// file {i}, version {version}\npub fn f{i}() -> usize {{ {version} }}\n").repeat(12)
+}
+
+/// Writes the tree: `TOP * SUB * FILES` files of about 700 bytes.
+fn generate(root: &Path) -> anyhow::Result<usize> {
+    let total = TOP * SUB * FILES;
+    for i in 0..total {
+        let path = file_path(root, i);
+        if i % FILES == 0 {
+            std::fs::create_dir_all(path.parent().expect("has a parent"))?;
+        }
+        std::fs::write(path, content(i, 0))?;
+    }
+    Ok(total)
+}
+
+fn git(git_dir: &Path, tree: &Path, script: &str) -> anyhow::Result<()> {
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .env("GIT_DIR", git_dir)
+        .env("GIT_WORK_TREE", tree)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("HOME", git_dir)
+        .stdout(std::process::Stdio::null())
+        .status()?;
+    anyhow::ensure!(status.success(), "`{script}` failed");
+    Ok(())
+}
+
+pub async fn run(rounds: usize) -> anyhow::Result<()> {
+    tokio::task::spawn_blocking(move || measure(rounds.max(5))).await?
+}
+
+fn measure(rounds: usize) -> anyhow::Result<()> {
+    let dir = tempfile::Builder::new()
+        .prefix("steadfast-bench-drive")
+        .tempdir_in(std::env::temp_dir())?;
+    let tree = dir.path().join("tree");
+    let git_dir = dir.path().join("repo.git");
+    let total = generate(&tree)?;
+    git(
+        &git_dir,
+        &tree,
+        "git init -q && git add -A && git write-tree",
+    )?;
+    let drive = Drive::open(dir.path().join("drive"))?;
+    let first = Instant::now();
+    drive.snapshot(&tree)?;
+    let first = first.elapsed();
+    // Let every file settle, so both sides may trust their stat caches.
+    std::thread::sleep(Duration::from_millis(2100));
+    git(&git_dir, &tree, "git add -A && git write-tree")?;
+    drive.snapshot(&tree)?;
+
+    println!(
+        "drive: snapshots of a {total}-file workspace (first one {:.0} ms), against `git add -A && git write-tree`, {rounds} alternating rounds",
+        first.as_secs_f64() * 1e3
+    );
+    let mut version = 0;
+    let mut next = 0;
+    for changed in [0usize, 10, 1000] {
+        let mut timed = Rounds::default();
+        let mut stored = Vec::new();
+        let mut changed_bytes = 0;
+        for _ in 0..rounds {
+            version += 1;
+            changed_bytes = 0;
+            for _ in 0..changed {
+                // Spread over the tree: every 7th file onwards, wrapping.
+                let i = (next * 7919) % total;
+                next += 1;
+                let text = content(i, version);
+                changed_bytes += text.len();
+                std::fs::write(file_path(&tree, i), text)?;
+            }
+            let start = Instant::now();
+            git(&git_dir, &tree, "git add -A && git write-tree")?;
+            let git_time = start.elapsed();
+            let before = drive.stored_bytes();
+            let start = Instant::now();
+            drive.snapshot(&tree)?;
+            timed.push(git_time, start.elapsed());
+            stored.push(drive.stored_bytes() - before);
+        }
+        stored.sort_unstable();
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        println!(
+            "  {changed:>4} changed: git {:>7.1} ms, steadfast {:>7.1} ms (median), ratio {:.2}x; stored {} bytes per snapshot for {changed_bytes} changed",
+            ms(timed.base()),
+            ms(timed.ours()),
+            timed.ratio(),
+            stored[stored.len() / 2],
+        );
+    }
+    println!(
+        "  targets: ≤ 0.5x git at 10 changed; ≤ 20 ms with nothing changed; stored ≈ changed bytes"
+    );
+
+    // Restore: one file changed back, and a fresh directory hydrated.
+    let id = drive.snapshot(&tree)?;
+    let mut restore_one = Vec::new();
+    for round in 0..rounds {
+        std::fs::write(file_path(&tree, round), "scribbled over")?;
+        let start = Instant::now();
+        drive.restore(&tree, &id)?;
+        restore_one.push(start.elapsed());
+    }
+    let fresh = dir.path().join("fresh");
+    let start = Instant::now();
+    drive.restore(&fresh, &id)?;
+    let hydrate = start.elapsed();
+    println!(
+        "  restore of one changed file: {:.1} ms (median); hydrating an empty directory: {:.0} ms",
+        super::bench::median(restore_one).as_secs_f64() * 1e3,
+        hydrate.as_secs_f64() * 1e3
+    );
+    Ok(())
+}

@@ -1,0 +1,104 @@
+//! Making a workspace equal to a snapshot, touching only what differs: the workspace
+//! is probed first (stat only, through the index), and every directory whose tree
+//! already matches is skipped whole.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use crate::manifest::SpecialKind;
+use crate::store::ObjectStore;
+use crate::tree::{join, load_tree, Node};
+use crate::{io, Result};
+
+/// Each directory found in the workspace: its tree id and names.
+pub(crate) type Found = HashMap<String, (String, BTreeMap<String, Node>)>;
+
+/// Makes directory `abs` (workspace path `rel`) equal to tree `target`.
+pub(crate) fn apply(
+    objects: &ObjectStore,
+    found: &Found,
+    abs: &Path,
+    rel: &str,
+    target: &str,
+) -> Result<()> {
+    let none = BTreeMap::new();
+    let have = match found.get(rel) {
+        Some((tree, _)) if tree == target => return Ok(()),
+        Some((_, nodes)) => nodes,
+        None => &none,
+    };
+    let want = load_tree(objects, target)?.tree;
+    for (name, node) in have {
+        if !want.get(name).is_some_and(|w| same_kind(node, w)) {
+            let path = abs.join(name);
+            if matches!(node, Node::Dir { .. }) {
+                std::fs::remove_dir_all(&path).map_err(io("remove", &path))?;
+            } else {
+                std::fs::remove_file(&path).map_err(io("remove", &path))?;
+            }
+        }
+    }
+    for (name, node) in &want {
+        let path = abs.join(name);
+        // What is there now, unless the loop above removed it.
+        let had = have.get(name).filter(|h| same_kind(h, node));
+        match node {
+            Node::Dir { tree } => {
+                if !matches!(had, Some(Node::Dir { .. })) {
+                    std::fs::create_dir(&path).map_err(io("create", &path))?;
+                }
+                apply(objects, found, &path, &join(rel, name), tree)?;
+            }
+            Node::File { hash, exec, .. } => {
+                let mode = if *exec { 0o755 } else { 0o644 };
+                match had {
+                    Some(Node::File {
+                        hash: had_hash,
+                        exec: had_exec,
+                        ..
+                    }) if had_hash == hash => {
+                        if had_exec != exec {
+                            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                                .map_err(io("chmod", &path))?;
+                        }
+                    }
+                    _ => {
+                        let tmp = abs.join(format!(".{name}.steadfast-restore"));
+                        objects.copy_to(hash, &tmp)?;
+                        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+                            .map_err(io("chmod", &tmp))?;
+                        std::fs::rename(&tmp, &path).map_err(io("rename", &path))?;
+                    }
+                }
+            }
+            Node::Symlink { target } => {
+                if had == Some(node) {
+                    continue;
+                }
+                if had.is_some() {
+                    std::fs::remove_file(&path).map_err(io("remove", &path))?;
+                }
+                std::os::unix::fs::symlink(target, &path).map_err(io("symlink", &path))?;
+            }
+            Node::Special { special } => {
+                if *special == SpecialKind::Fifo && had.is_none() {
+                    nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o644))
+                        .map_err(|e| io("mkfifo", &path)(e.into()))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `a` can be turned into `b` in place (else it is removed first).
+fn same_kind(a: &Node, b: &Node) -> bool {
+    match (a, b) {
+        (Node::Dir { .. }, Node::Dir { .. })
+        | (Node::File { .. }, Node::File { .. })
+        | (Node::Symlink { .. }, Node::Symlink { .. }) => true,
+        (Node::Special { special: x }, Node::Special { special: y }) => x == y,
+        _ => false,
+    }
+}
