@@ -210,6 +210,10 @@ pub struct HarnessConfig {
     /// Compact at all (default true); off, a conversation that outgrows the window
     /// fails the session.
     pub compaction: Option<bool>,
+    /// How long after a turn ends `steadfast gc` keeps its replies' streamed pieces
+    /// (`model_delta` records, redundant with the replies' outcomes) before pruning
+    /// them, seconds (default one day, so clients reconnecting late still get them).
+    pub keep_deltas_secs: Option<u64>,
 }
 
 impl LimitsConfig {

@@ -97,6 +97,7 @@ pub fn timeline(record: &Record) -> Vec<String> {
             )
         }
         Event::ModelCallInterrupted { .. } => "model call interrupted by a crash; issued again (clients restart the reply)".into(),
+        Event::Pruned { was, bytes } => format!("pruned: a {was} of {bytes} bytes, removed by retention"),
         Event::Checkpoint { blob, version } => format!("checkpoint: the state so far stored (blob {}, format {version})", &blob.hash[..12.min(blob.hash.len())]),
         Event::OutputsElided { before, tokens_before, tokens_after } => format!("context: long tool outputs before message {before} elided (~{tokens_before} -> ~{tokens_after} tokens; the log keeps them)"),
         Event::CompactionIntent { upto, tokens_before, .. } => format!("context: compacting messages before {upto} into a summary (~{tokens_before} tokens)"),

@@ -526,3 +526,59 @@ async fn deleting_a_session_never_takes_an_output_another_session_shares() {
         text(&gc.stderr)
     );
 }
+
+#[tokio::test]
+async fn gc_prunes_the_streamed_pieces_of_ended_turns_and_the_log_still_verifies() {
+    let person = Person::new();
+    let mut cmd = person.command(
+        "here",
+        &["run", "count", "--workspace", "one", "--create", "--json"],
+    );
+    let out = cmd.output().await.unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = result["session"].as_str().unwrap().to_string();
+    let kinds = || async {
+        let log = person.steadfast("elsewhere", &["log", &id, "--json"]).await;
+        assert!(log.status.success(), "{}", text(&log.stderr));
+        text(&log.stdout)
+            .lines()
+            .map(|l| {
+                let r: Value = serde_json::from_str(l).unwrap();
+                let event = r["event"].as_object().unwrap();
+                event.keys().next().unwrap().clone()
+            })
+            .collect::<Vec<_>>()
+    };
+    let count = |kinds: &[String], kind: &str| kinds.iter().filter(|k| *k == kind).count();
+    let before = kinds().await;
+    let deltas = count(&before, "model_delta");
+    assert!(deltas > 0, "the replies streamed: {before:?}");
+
+    // The default keeps a day: a turn that just ended keeps its pieces.
+    let gc = person.steadfast("elsewhere", &["gc"]).await;
+    assert!(gc.status.success(), "{}", text(&gc.stderr));
+    assert_eq!(kinds().await, before);
+
+    let gc = person
+        .steadfast("elsewhere", &["gc", "--keep-deltas-secs", "0"])
+        .await;
+    assert!(gc.status.success(), "{}", text(&gc.stderr));
+    assert!(
+        text(&gc.stderr).contains(&format!("{deltas} streamed reply pieces")),
+        "{}",
+        text(&gc.stderr)
+    );
+    let after = kinds().await;
+    assert_eq!(after.len(), before.len(), "every position stays");
+    assert_eq!(count(&after, "model_delta"), 0);
+    assert_eq!(count(&after, "pruned"), deltas);
+    for (old, new) in before.iter().zip(&after) {
+        if old != "model_delta" {
+            assert_eq!(old, new);
+        }
+    }
+    // What the session did is all still there: its diff reads the same snapshots.
+    let diff = person.steadfast("elsewhere", &["diff", &id]).await;
+    assert!(diff.status.success(), "{}", text(&diff.stderr));
+}

@@ -404,6 +404,12 @@ fn default_prefix() -> String {
 /// next model call, whatever its size. Always queued: it answers no wait.
 pub const COMPACT_SIGNAL: &str = "compact";
 
+/// The kind of [`Event::Pruned`] records.
+pub const PRUNED_KIND: &str = "pruned";
+
+/// The kind of [`Event::ModelDelta`] records (what retention prunes).
+pub const MODEL_DELTA_KIND: &str = "model_delta";
+
 /// The kind of [`Event::Checkpoint`] records (what a world looks the latest one up by).
 pub const CHECKPOINT_KIND: &str = "checkpoint";
 
@@ -604,6 +610,17 @@ pub enum Event {
         blob: BlobRef,
         /// Its format ([`crate::fold::CHECKPOINT_VERSION`] when it was written).
         version: u32,
+    },
+    /// What a record held was removed by retention once it was redundant (a
+    /// streamed piece of a reply, after the turn that made it ended and the reply's
+    /// outcome holds the whole). The record keeps its position, and its checksum
+    /// covers this body, so the log stays whole and verifiable. Changes nothing in the
+    /// state.
+    Pruned {
+        /// The kind of record it was (e.g. `model_delta`).
+        was: String,
+        /// The length of its body then, in bytes.
+        bytes: u64,
     },
     /// A model call was cut off by a crash and will be issued again.
     ModelCallInterrupted {
@@ -810,7 +827,7 @@ impl Event {
             Event::SessionStarted { .. } => "session_started",
             Event::UserMessage { .. } => "user_message",
             Event::Steered { .. } => "steered",
-            Event::ModelDelta { .. } => "model_delta",
+            Event::ModelDelta { .. } => MODEL_DELTA_KIND,
             Event::WaitStarted { .. } => "wait_started",
             Event::SignalReceived { .. } => "signal_received",
             Event::ModelCallIntent { .. } => "model_call_intent",
@@ -818,6 +835,7 @@ impl Event {
             Event::ModelCallInterrupted { .. } => "model_call_interrupted",
             Event::OutputsElided { .. } => "outputs_elided",
             Event::Checkpoint { .. } => CHECKPOINT_KIND,
+            Event::Pruned { .. } => PRUNED_KIND,
             Event::CompactionIntent { .. } => "compaction_intent",
             Event::Compacted { .. } => "compacted",
             Event::ModelCallFailed { .. } => "model_call_failed",

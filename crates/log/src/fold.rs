@@ -930,6 +930,7 @@ impl SessionState {
             }
             // A copy of the state so far: nothing new but where it is.
             Event::Checkpoint { .. } => self.last_checkpoint = record.seq,
+            Event::Pruned { .. } => {}
             Event::OutputsElided { before, .. } => {
                 if !matches!(self.next(), Next::CallModel { .. }) {
                     return Err(bad("no model call is due here"));

@@ -132,6 +132,14 @@ pub enum EventBody {
     },
     /// The session's state so far was stored, so waking it reads only what follows.
     Checkpoint {},
+    /// What this record held was removed by retention (e.g. a streamed piece of a
+    /// reply whose turn ended long ago; the reply's outcome holds it whole).
+    Pruned {
+        /// The kind of event it was.
+        was: String,
+        /// Its size then, in bytes.
+        bytes: u64,
+    },
     /// The conversation is being compacted: a model call summarises its older messages.
     CompactionIntent {
         /// The summarising call.
@@ -576,6 +584,10 @@ fn body(event: &Event) -> EventBody {
             tokens_after: *tokens_after,
         },
         Event::Checkpoint { .. } => EventBody::Checkpoint {},
+        Event::Pruned { was, bytes } => EventBody::Pruned {
+            was: s(was),
+            bytes: *bytes,
+        },
         Event::CompactionIntent {
             call_id,
             upto,

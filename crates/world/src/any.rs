@@ -126,6 +126,10 @@ impl World for AnyWorld {
         delegate!(self, w => w.last_of_kind(session, kind))
     }
 
+    async fn prune_deltas(&self, session: &str, before: u64) -> Result<u64> {
+        delegate!(self, w => w.prune_deltas(session, before))
+    }
+
     async fn spilled(&self, session: &str) -> Result<Vec<String>> {
         delegate!(self, w => w.spilled(session))
     }

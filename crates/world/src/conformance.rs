@@ -771,3 +771,59 @@ pub async fn the_vault_keeps_each_owners_sealed_credentials<W: World>(world: &W)
     assert!(world.vault_get("alice", "github").await.unwrap().is_none());
     assert!(world.vault_get("bob", "github").await.unwrap().is_some());
 }
+
+/// Retention prunes the streamed pieces of replies before a position: each keeps its
+/// place as a `pruned` record that verifies, and nothing else changes.
+pub async fn retention_prunes_deltas_in_place<W: World>(world: &W) {
+    world.create_session("r1", "alice").await.unwrap();
+    let lease = world
+        .acquire_lease("r1", &Holder::new("h1"), TTL)
+        .await
+        .unwrap();
+    let delta = |text: &str| Event::ModelDelta {
+        call_id: "m1".into(),
+        text: text.into(),
+        restart: false,
+    };
+    world
+        .append(
+            &lease,
+            &[
+                message(1, "a"),
+                delta("Hello, "),
+                delta("world"),
+                message(2, "b"),
+            ],
+        )
+        .await
+        .unwrap();
+    world.append(&lease, &[delta("later")]).await.unwrap();
+    let before = world.read("r1", 1).await.unwrap();
+
+    assert_eq!(world.prune_deltas("r1", 5).await.unwrap(), 2);
+    let after = world.read("r1", 1).await.unwrap();
+    assert_eq!(after.len(), before.len(), "every position stays");
+    for (old, new) in before.iter().zip(&after) {
+        assert_eq!(
+            (old.seq, old.epoch, old.at_ms),
+            (new.seq, new.epoch, new.at_ms)
+        );
+        match (&old.event, new.seq) {
+            (Event::ModelDelta { .. }, 2 | 3) => {
+                let bytes = serde_json::to_vec(&old.event).unwrap().len() as u64;
+                assert_eq!(
+                    new.event,
+                    Event::Pruned {
+                        was: "model_delta".into(),
+                        bytes
+                    }
+                );
+            }
+            _ => assert_eq!(old.event, new.event, "at {}", old.seq),
+        }
+    }
+    assert_eq!(world.prune_deltas("r1", 5).await.unwrap(), 0, "done once");
+    // The session goes on appending after its log was pruned.
+    world.append(&lease, &[message(3, "c")]).await.unwrap();
+    assert_eq!(world.read("r1", 1).await.unwrap().len(), 6);
+}

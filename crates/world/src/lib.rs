@@ -281,6 +281,13 @@ pub trait World: Send + Sync + 'static {
     /// a reader that needs only what follows it (the latest checkpoint) starts.
     fn last_of_kind(&self, session: &str, kind: &str) -> impl Future<Output = Result<u64>> + Send;
 
+    /// Retention: replaces each streamed piece of a reply (`model_delta`) before
+    /// position `before` with an [`Event::Pruned`] record at the same position, epoch
+    /// and time, its checksum over the new body, so the log keeps every position and
+    /// still verifies. The caller picks `before` past the end of turns whose replies'
+    /// outcomes hold those pieces whole. Returns how many records were pruned.
+    fn prune_deltas(&self, session: &str, before: u64) -> impl Future<Output = Result<u64>> + Send;
+
     /// The blobs holding this session's records too big to keep inline (their bodies
     /// live in the blob store), for garbage collection.
     fn spilled(&self, session: &str) -> impl Future<Output = Result<Vec<String>>> + Send;
@@ -659,6 +666,28 @@ pub(crate) async fn verify_off_thread(
 
 /// A permit of a `'static` semaphore, held by the blocking work it admits.
 struct SendPermit(#[allow(dead_code)] tokio::sync::SemaphorePermit<'static>);
+
+/// The stored form of the [`Event::Pruned`] record that replaces a record of kind
+/// `was` whose body was `bytes` long, at the same coordinates.
+pub(crate) fn pruned_record(
+    session: &str,
+    seq: u64,
+    epoch: u64,
+    at_ms: u64,
+    was: &str,
+    bytes: u64,
+) -> record::EncodedRecord {
+    let record = Record {
+        seq,
+        epoch,
+        at_ms,
+        event: Event::Pruned {
+            was: was.to_string(),
+            bytes,
+        },
+    };
+    record::encode(session, &record)
+}
 
 /// Checks that rows run `from`, `from + 1`, ... up to the session's `last_seq` without
 /// gaps, then verifies and decodes them.

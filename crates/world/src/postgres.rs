@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use steadfast_log::record::{self, EncodedRecord};
-use steadfast_log::{Event, Record};
+use steadfast_log::{Event, Record, MODEL_DELTA_KIND, PRUNED_KIND};
 use tokio_postgres::{NoTls, Row, Transaction};
 
 use crate::{
@@ -901,6 +901,51 @@ impl World for PostgresWorld {
             .await
             .map_err(db)?;
         Ok(row.map(|r| to_u64(r.get(0))).unwrap_or_default())
+    }
+
+    async fn prune_deltas(&self, session: &str, before: u64) -> Result<u64> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db)?;
+        let rows = tx
+            .query(
+                "SELECT seq, epoch, at_ms, octet_length(body) FROM steadfast_events WHERE session_id = $1 AND kind = $2 AND seq < $3",
+                &[&session, &MODEL_DELTA_KIND, &(before as i64)],
+            )
+            .await
+            .map_err(db)?;
+        let update = tx
+            .prepare_cached(
+                "UPDATE steadfast_events SET kind = $3, schema = $4, body = $5, checksum = $6, blob = NULL WHERE session_id = $1 AND seq = $2",
+            )
+            .await
+            .map_err(db)?;
+        for row in &rows {
+            let (seq, epoch, at_ms, bytes): (i64, i64, i64, i32) =
+                (row.get(0), row.get(1), row.get(2), row.get(3));
+            let pruned = crate::pruned_record(
+                session,
+                to_u64(seq),
+                to_u64(epoch),
+                to_u64(at_ms),
+                MODEL_DELTA_KIND,
+                bytes.max(0) as u64,
+            );
+            tx.execute(
+                &update,
+                &[
+                    &session,
+                    &seq,
+                    &PRUNED_KIND,
+                    &(pruned.schema as i16),
+                    &pruned.body,
+                    &pruned.checksum,
+                ],
+            )
+            .await
+            .map_err(db)?;
+        }
+        tx.commit().await.map_err(db)?;
+        Ok(rows.len() as u64)
     }
 
     async fn spilled(&self, session: &str) -> Result<Vec<String>> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use steadfast_log::record::{self, EncodedRecord};
-use steadfast_log::{Event, Record};
+use steadfast_log::{Event, Record, MODEL_DELTA_KIND, PRUNED_KIND};
 
 use crate::{
     now_ms, summarize, Error, Holder, Inbound, InboundKind, Lease, LeaseRow, RawRecord, Result,
@@ -706,6 +706,42 @@ impl World for SqliteWorld {
             .and_then(|mut stmt| stmt.query_row(params![session, kind], |r| r.get::<_, u64>(0)).optional())
             .map(Option::unwrap_or_default)
             .map_err(backend)
+        })
+        .await
+    }
+
+    async fn prune_deltas(&self, session: &str, before: u64) -> Result<u64> {
+        let session = session.to_string();
+        self.with(move |conn| {
+            let tx = conn.transaction().map_err(backend)?;
+            let rows = {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "SELECT seq, epoch, at_ms, length(body) FROM events WHERE session_id = ?1 AND kind = ?2 AND seq < ?3",
+                    )
+                    .map_err(backend)?;
+                let rows = stmt
+                    .query_map(params![session, MODEL_DELTA_KIND, before], |r| {
+                        Ok((r.get::<_, u64>(0)?, r.get::<_, u64>(1)?, r.get::<_, u64>(2)?, r.get::<_, u64>(3)?))
+                    })
+                    .map_err(backend)?;
+                rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)?
+            };
+            {
+                let mut update = tx
+                    .prepare_cached(
+                        "UPDATE events SET kind = ?3, schema = ?4, body = ?5, checksum = ?6, blob = NULL WHERE session_id = ?1 AND seq = ?2",
+                    )
+                    .map_err(backend)?;
+                for (seq, epoch, at_ms, bytes) in &rows {
+                    let pruned = crate::pruned_record(&session, *seq, *epoch, *at_ms, MODEL_DELTA_KIND, *bytes);
+                    update
+                        .execute(params![session, seq, PRUNED_KIND, pruned.schema, pruned.body, pruned.checksum])
+                        .map_err(backend)?;
+                }
+            }
+            tx.commit().map_err(backend)?;
+            Ok(rows.len() as u64)
         })
         .await
     }

@@ -413,3 +413,9 @@ async fn the_vault_keeps_each_owners_sealed_credentials() {
     let db = TestDb::new().await;
     conformance::the_vault_keeps_each_owners_sealed_credentials(&db.world().await).await;
 }
+
+#[tokio::test]
+async fn retention_prunes_deltas_in_place() {
+    let db = TestDb::new().await;
+    conformance::retention_prunes_deltas_in_place(&db.world().await).await;
+}

@@ -240,3 +240,8 @@ async fn the_outbox_queues_notable_records_with_their_append() {
 async fn the_vault_keeps_each_owners_sealed_credentials() {
     conformance::the_vault_keeps_each_owners_sealed_credentials(&world().1).await;
 }
+
+#[tokio::test]
+async fn retention_prunes_deltas_in_place() {
+    conformance::retention_prunes_deltas_in_place(&world().1).await;
+}

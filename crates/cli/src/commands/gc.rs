@@ -20,6 +20,32 @@ pub struct GcArgs {
     /// objects no log references yet).
     #[arg(long, default_value_t = 3600)]
     min_age_secs: u64,
+    /// Prune the streamed pieces of replies (`model_delta` records) of turns that
+    /// ended longer ago than this (default: `[harness] keep-deltas-secs`, else a day).
+    #[arg(long)]
+    keep_deltas_secs: Option<u64>,
+}
+
+/// How long streamed pieces of replies are kept after their turn ends, by default.
+const KEEP_DELTAS: Duration = Duration::from_secs(24 * 3600);
+
+/// The position past the last turn that ended at or before `cutoff_ms`: every
+/// streamed piece before it belongs to a finished turn (0 when none has).
+fn ended_turns_end(records: &[steadfast_log::Record], cutoff_ms: u64) -> u64 {
+    records
+        .iter()
+        .filter(|r| r.at_ms <= cutoff_ms)
+        .filter(|r| {
+            matches!(
+                r.event,
+                Event::TurnEnded { .. }
+                    | Event::TurnInterrupted { .. }
+                    | Event::SessionEnded { .. }
+            )
+        })
+        .map(|r| r.seq)
+        .max()
+        .unwrap_or(0)
 }
 
 /// How long webhook outbox entries are kept (the deliverer's retention too).
@@ -51,8 +77,18 @@ pub async fn run(home: &Path, config: &Config, args: GcArgs) -> anyhow::Result<E
     let mut keep = BTreeSet::new();
     let mut keep_blobs = std::collections::HashSet::new();
     let sessions = world.list_sessions().await?;
+    let keep_deltas = args
+        .keep_deltas_secs
+        .or(config.harness.keep_deltas_secs)
+        .map_or(KEEP_DELTAS, Duration::from_secs);
+    let cutoff_ms = steadfast_world::now_ms().saturating_sub(keep_deltas.as_millis() as u64);
+    let mut pruned = 0;
     for s in &sessions {
         let records = world.read(&s.id, 1).await?;
+        let before = ended_turns_end(&records, cutoff_ms);
+        if before > 0 {
+            pruned += world.prune_deltas(&s.id, before).await?;
+        }
         keep_blobs.extend(
             records
                 .iter()
@@ -77,8 +113,9 @@ pub async fn run(home: &Path, config: &Config, args: GcArgs) -> anyhow::Result<E
     let before = steadfast_world::now_ms().saturating_sub(OUTBOX_RETENTION.as_millis() as u64);
     let announced = world.outbox_prune(before).await?;
     eprintln!(
-        "steadfast: {} sessions scanned; {removed} drive objects and {blobs_removed} blobs no log references, older than {}s, removed; {announced} webhook outbox entries older than {} days forgotten",
+        "steadfast: {} sessions scanned; {pruned} streamed reply pieces of turns ended over {}s ago pruned; {removed} drive objects and {blobs_removed} blobs no log references, older than {}s, removed; {announced} webhook outbox entries older than {} days forgotten",
         sessions.len(),
+        keep_deltas.as_secs(),
         args.min_age_secs,
         OUTBOX_RETENTION.as_secs() / 86_400
     );
