@@ -15,7 +15,6 @@
 //! already older than [`SETTLE_NS`] when it was read; younger files are always hashed.
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -37,13 +36,14 @@ pub(crate) struct Stamp {
 }
 
 impl Stamp {
-    pub(crate) fn of(meta: &std::fs::Metadata) -> Self {
+    /// The stamp of what `fstatat` returned.
+    pub(crate) fn of(stat: &nix::sys::stat::FileStat) -> Self {
         Stamp {
-            size: meta.size(),
-            mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
-            ctime_ns: meta.ctime() as i128 * 1_000_000_000 + meta.ctime_nsec() as i128,
-            ino: meta.ino(),
-            mode: meta.mode(),
+            size: stat.st_size as u64,
+            mtime_ns: stat.st_mtime as i128 * 1_000_000_000 + stat.st_mtime_nsec as i128,
+            ctime_ns: stat.st_ctime as i128 * 1_000_000_000 + stat.st_ctime_nsec as i128,
+            ino: stat.st_ino,
+            mode: stat.st_mode,
         }
     }
 

@@ -132,9 +132,7 @@ impl Drive {
 
     fn store_pass(&self, workspace: &Path, index: &mut Index) -> Result<String> {
         let mut scanner = Scanner::new(&self.objects, index, Mode::Store);
-        let root = scanner
-            .dir(workspace, "")?
-            .expect("the root is read or fails");
+        let root = scanner.root(workspace)?;
         self.files_read
             .fetch_add(scanner.files_read, Ordering::Relaxed);
         steadfast_fault::point(steadfast_fault::points::MID_SNAPSHOT);
@@ -150,7 +148,7 @@ impl Drive {
         std::fs::create_dir_all(workspace).map_err(io("create", workspace))?;
         self.with_index(workspace, |index| {
             let mut scanner = Scanner::new(&self.objects, index, Mode::Probe);
-            scanner.dir(workspace, "")?;
+            scanner.root(workspace)?;
             self.files_read
                 .fetch_add(scanner.files_read, Ordering::Relaxed);
             restore::apply(&self.objects, &scanner.found, workspace, "", &root)

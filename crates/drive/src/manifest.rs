@@ -51,23 +51,6 @@ pub enum SpecialKind {
     BlockDevice,
 }
 
-impl SpecialKind {
-    pub(crate) fn of(kind: std::fs::FileType) -> Option<Self> {
-        use std::os::unix::fs::FileTypeExt;
-        if kind.is_fifo() {
-            Some(SpecialKind::Fifo)
-        } else if kind.is_socket() {
-            Some(SpecialKind::Socket)
-        } else if kind.is_char_device() {
-            Some(SpecialKind::CharDevice)
-        } else if kind.is_block_device() {
-            Some(SpecialKind::BlockDevice)
-        } else {
-            None
-        }
-    }
-}
-
 /// A snapshot: every path of the workspace, relative, `/`-separated, sorted.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {

@@ -1,9 +1,16 @@
 //! Reading a workspace into trees, a directory at a time, reusing what the index
-//! says is unchanged.
+//! says is unchanged. Directories are opened relative to their parent and entries
+//! stat'ed relative to their directory (`openat`, `fstatat`), so an unchanged entry
+//! costs one system call and no path is resolved twice.
 
-use std::collections::{BTreeMap, HashMap};
-use std::os::unix::fs::PermissionsExt;
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
 use std::path::Path;
+
+use nix::dir::{Dir, Type};
+use nix::fcntl::AtFlags;
+use nix::fcntl::OFlag;
+use nix::sys::stat::{fstatat, FileStat, Mode as Perm};
 
 use crate::index::{DirRecord, Index, Stamp};
 use crate::manifest::SpecialKind;
@@ -33,6 +40,47 @@ pub(crate) struct Scanner<'a> {
     pub(crate) files_read: u64,
 }
 
+fn errno(op: &'static str, path: &Path) -> impl FnOnce(nix::Error) -> crate::Error {
+    let path = path.to_path_buf();
+    move |e| io(op, &path)(e.into())
+}
+
+fn kind_of(stat: &FileStat) -> Type {
+    match stat.st_mode & nix::libc::S_IFMT {
+        nix::libc::S_IFDIR => Type::Directory,
+        nix::libc::S_IFLNK => Type::Symlink,
+        nix::libc::S_IFIFO => Type::Fifo,
+        nix::libc::S_IFSOCK => Type::Socket,
+        nix::libc::S_IFCHR => Type::CharacterDevice,
+        nix::libc::S_IFBLK => Type::BlockDevice,
+        _ => Type::File,
+    }
+}
+
+fn special(kind: Type) -> Option<SpecialKind> {
+    match kind {
+        Type::Fifo => Some(SpecialKind::Fifo),
+        Type::Socket => Some(SpecialKind::Socket),
+        Type::CharacterDevice => Some(SpecialKind::CharDevice),
+        Type::BlockDevice => Some(SpecialKind::BlockDevice),
+        _ => None,
+    }
+}
+
+/// Whether an error means the entry went away (or turned into something else)
+/// between the listing and now.
+fn vanished(e: nix::Error) -> bool {
+    matches!(
+        e,
+        nix::Error::ENOENT | nix::Error::ENOTDIR | nix::Error::ELOOP
+    )
+}
+
+const DIR_FLAGS: OFlag = OFlag::O_RDONLY
+    .union(OFlag::O_DIRECTORY)
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_CLOEXEC);
+
 impl<'a> Scanner<'a> {
     pub(crate) fn new(objects: &'a ObjectStore, index: &'a mut Index, mode: Mode) -> Self {
         index.begin();
@@ -41,60 +89,82 @@ impl<'a> Scanner<'a> {
             index,
             mode,
             batch: Batch::default(),
-            found: HashMap::new(),
+            found: Default::default(),
             files_read: 0,
         }
     }
 
-    /// Reads directory `abs` (workspace path `rel`) and returns its tree id. `None`
-    /// when it vanished before it could be read.
-    pub(crate) fn dir(&mut self, abs: &Path, rel: &str) -> Result<Option<String>> {
-        let listing = match std::fs::read_dir(abs) {
-            Ok(listing) => listing,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !rel.is_empty() => {
-                return Ok(None)
-            }
-            Err(e) => return Err(io("read", abs)(e)),
-        };
+    /// Reads the workspace at `root` and returns its root tree id.
+    pub(crate) fn root(&mut self, root: &Path) -> Result<String> {
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        let fd = nix::fcntl::open(root, flags, Perm::empty()).map_err(errno("read", root))?;
+        self.dir(fd, root, "")
+    }
+
+    /// Reads directory `fd` (at `abs`, workspace path `rel`) and returns its tree id.
+    fn dir(&mut self, fd: OwnedFd, abs: &Path, rel: &str) -> Result<String> {
+        let listing = fd.try_clone().map_err(io("read", abs))?;
+        let mut listing = Dir::from_fd(listing).map_err(errno("read", abs))?;
         let mut children = Vec::new();
-        for child in listing {
-            let child = child.map_err(io("read", abs))?;
-            let name = child.file_name().to_string_lossy().into_owned();
+        for entry in listing.iter() {
+            let entry = entry.map_err(errno("read", abs))?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let name = String::from_utf8_lossy(name).into_owned();
             if rel.is_empty() && name == EXCLUDED_DIR {
                 continue;
             }
-            children.push((name, child));
+            children.push((name, entry.file_type()));
         }
-        children.sort_by(|a, b| a.0.cmp(&b.0));
+        drop(listing);
+        children.sort_unstable_by(|a, b| a.0.cmp(&b.0));
 
         let record = self.index.take(rel);
         let mut nodes = BTreeMap::new();
         let mut stamps = BTreeMap::new();
-        for (name, child) in children {
-            let path = child.path();
-            let Ok(kind) = child.file_type() else {
-                continue; // gone
+        for (name, kind) in children {
+            let mut stat = None;
+            let kind = match kind {
+                Some(kind) => kind,
+                None => match fstatat(&fd, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+                    Ok(s) => {
+                        let kind = kind_of(&s);
+                        stat = Some(s);
+                        kind
+                    }
+                    Err(e) if vanished(e) => continue,
+                    Err(e) => return Err(errno("stat", &abs.join(&name))(e)),
+                },
             };
-            let node = if kind.is_dir() {
-                match self.dir(&path, &join(rel, &name))? {
-                    Some(tree) => Node::Dir { tree },
-                    None => continue,
+            let node = match kind {
+                Type::Directory => {
+                    let child =
+                        match nix::fcntl::openat(&fd, name.as_str(), DIR_FLAGS, Perm::empty()) {
+                            Ok(child) => child,
+                            Err(e) if vanished(e) => continue,
+                            Err(e) => return Err(errno("read", &abs.join(&name))(e)),
+                        };
+                    let tree = self.dir(child, &abs.join(&name), &join(rel, &name))?;
+                    Node::Dir { tree }
                 }
-            } else if kind.is_symlink() {
-                match std::fs::read_link(&path) {
+                Type::Symlink => match nix::fcntl::readlinkat(&fd, name.as_str()) {
                     Ok(target) => Node::Symlink {
                         target: target.to_string_lossy().into_owned(),
                     },
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(io("readlink", &path)(e)),
+                    Err(e) if vanished(e) || e == nix::Error::EINVAL => continue,
+                    Err(e) => return Err(errno("readlink", &abs.join(&name))(e)),
+                },
+                Type::File => {
+                    match self.file(&fd, abs, &name, stat, record.as_ref(), &mut stamps)? {
+                        Some(node) => node,
+                        None => continue,
+                    }
                 }
-            } else if let Some(special) = SpecialKind::of(kind) {
-                Node::Special { special }
-            } else {
-                match self.file(&child, &name, record.as_ref(), &mut stamps)? {
-                    Some(node) => node,
-                    None => continue,
-                }
+                other => Node::Special {
+                    special: special(other).expect("the other kinds are special"),
+                },
             };
             nodes.insert(name, node);
         }
@@ -134,25 +204,30 @@ impl<'a> Scanner<'a> {
                 self.found.insert(rel.to_string(), (tree.clone(), nodes));
             }
         }
-        Ok(Some(tree))
+        Ok(tree)
     }
 
-    /// The node of regular file `path`: from the index when its stamp is unchanged,
-    /// else read (and, in [`Mode::Store`], stored). `None` when it is gone.
+    /// The node of regular file `name` in directory `fd`: from the index when its
+    /// stamp is unchanged, else read (and, in [`Mode::Store`], stored). `None` when it
+    /// is gone.
     fn file(
         &mut self,
-        child: &std::fs::DirEntry,
+        fd: &OwnedFd,
+        abs: &Path,
         name: &str,
+        stat: Option<FileStat>,
         record: Option<&DirRecord>,
         stamps: &mut BTreeMap<String, Stamp>,
     ) -> Result<Option<Node>> {
-        let path = &child.path();
-        let meta = match child.metadata() {
-            Ok(meta) => meta,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io("stat", path)(e)),
+        let stat = match stat {
+            Some(stat) => stat,
+            None => match fstatat(fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(stat) => stat,
+                Err(e) if vanished(e) => return Ok(None),
+                Err(e) => return Err(errno("stat", &abs.join(name))(e)),
+            },
         };
-        let stamp = Stamp::of(&meta);
+        let stamp = Stamp::of(&stat);
         if let Some(record) = record {
             if record.stamps.get(name) == Some(&stamp) {
                 if let Some(node @ Node::File { .. }) = record.nodes.get(name) {
@@ -161,21 +236,28 @@ impl<'a> Scanner<'a> {
                 }
             }
         }
-        let Some((mut file, meta)) = open_regular(path)? else {
-            // Replaced by something else since the listing: record what is there now.
-            let now = match std::fs::symlink_metadata(path) {
-                Ok(now) => now,
-                Err(_) => return Ok(None),
-            };
-            return Ok(SpecialKind::of(now.file_type()).map(|special| Node::Special { special }));
+        // Opened without following a link and without blocking: a path swapped for
+        // a FIFO after the listing saw a file must not hang the snapshot.
+        let path = abs.join(name);
+        let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let mut file = match nix::fcntl::openat(fd, name, flags, Perm::empty()) {
+            Ok(file) => std::fs::File::from(file),
+            Err(e) if vanished(e) => return Ok(None),
+            Err(e) => return Err(errno("open", &path)(e)),
         };
-        let stamp = Stamp::of(&meta);
+        let stat = nix::sys::stat::fstat(&file).map_err(errno("stat", &path))?;
+        let kind = kind_of(&stat);
+        if kind != Type::File {
+            // Replaced by something else since the listing: record what is there now.
+            return Ok(special(kind).map(|special| Node::Special { special }));
+        }
+        let stamp = Stamp::of(&stat);
         self.files_read += 1;
         let (hash, size) = match self.mode {
-            Mode::Store => self.objects.put_reader(&mut self.batch, path, &mut file)?,
+            Mode::Store => self.objects.put_reader(&mut self.batch, &path, &mut file)?,
             Mode::Probe => {
                 let mut hasher = blake3::Hasher::new();
-                let size = std::io::copy(&mut file, &mut hasher).map_err(io("read", path))?;
+                let size = std::io::copy(&mut file, &mut hasher).map_err(io("read", &path))?;
                 (hasher.finalize().to_hex().to_string(), size)
             }
         };
@@ -185,26 +267,7 @@ impl<'a> Scanner<'a> {
         Ok(Some(Node::File {
             hash,
             size,
-            exec: meta.permissions().mode() & 0o111 != 0,
+            exec: stat.st_mode & 0o111 != 0,
         }))
     }
-}
-
-/// Opens a file for a snapshot without following a link and without blocking (a
-/// path swapped for a FIFO after the listing saw a file must not hang the snapshot).
-/// `None` when what is there now is not a regular file, or nothing is.
-fn open_regular(path: &Path) -> Result<Option<(std::fs::File, std::fs::Metadata)>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = match std::fs::File::options()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOFOLLOW)
-        .open(path)
-    {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => return Ok(None),
-        Err(e) => return Err(io("open", path)(e)),
-    };
-    let meta = file.metadata().map_err(io("stat", path))?;
-    Ok(meta.is_file().then_some((file, meta)))
 }

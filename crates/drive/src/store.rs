@@ -30,7 +30,10 @@ pub(crate) struct Batch {
 }
 
 /// How many written objects a batch holds (open) before it commits them.
-const BATCH_LIMIT: usize = 256;
+const BATCH_LIMIT: usize = 512;
+
+/// Up to this many new objects are synced file by file; more, with one `syncfs`.
+const SYNC_ONE_BY_ONE: usize = 32;
 
 impl ObjectStore {
     pub(crate) fn open(dir: PathBuf) -> Result<Self> {
@@ -59,6 +62,13 @@ impl ObjectStore {
         if pending.is_empty() {
             return Ok(());
         }
+        if pending.len() > SYNC_ONE_BY_ONE {
+            // Many new objects (a first snapshot, a big checkout): one sync of the
+            // whole filesystem costs less than thousands of file syncs.
+            let dir = std::fs::File::open(&self.dir).map_err(io("open", &self.dir))?;
+            nix::unistd::syncfs(&dir).map_err(|e| io("sync", &self.dir)(e.into()))?;
+            return self.rename_all(batch, pending);
+        }
         let threads = pending.len().min(8);
         let chunk = pending.len().div_ceil(threads);
         let synced: Vec<Result<()>> = std::thread::scope(|scope| {
@@ -85,6 +95,15 @@ impl ObjectStore {
                 .collect()
         });
         synced.into_iter().collect::<Result<()>>()?;
+        self.rename_all(batch, pending)
+    }
+
+    /// Renames synced objects into place.
+    fn rename_all(
+        &self,
+        batch: &mut Batch,
+        pending: Vec<(PathBuf, std::fs::File, String)>,
+    ) -> Result<()> {
         for (tmp, file, hash) in pending {
             drop(file);
             let path = self.path(&hash);
