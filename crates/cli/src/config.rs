@@ -214,6 +214,9 @@ pub struct HarnessConfig {
     /// (`model_delta` records, redundant with the replies' outcomes) before pruning
     /// them, seconds (default one day, so clients reconnecting late still get them).
     pub keep_deltas_secs: Option<u64>,
+    /// Records appended since the last checkpoint before the next one is stored, at
+    /// a turn's end or a compaction (default 256).
+    pub checkpoint_every: Option<u64>,
 }
 
 impl LimitsConfig {
@@ -375,6 +378,9 @@ impl Config {
             options.compaction.keep_share = options.compaction.keep_share.min(share / 2.0);
         }
         options.compaction.off = h.compaction == Some(false);
+        if let Some(n) = h.checkpoint_every {
+            options.checkpoint_every = n.max(1);
+        }
         for (model, price) in &self.prices {
             options
                 .prices

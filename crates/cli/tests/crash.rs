@@ -25,14 +25,25 @@ const MODEL: &str = "anthropic/claude-sonnet-4-5";
 struct Case {
     dir: tempfile::TempDir,
     fake: FakeProvider,
+    /// A configuration file every command of the case reads.
+    config: Option<PathBuf>,
 }
 
 impl Case {
     async fn new(script: Script) -> Self {
+        Self::configured(script, None).await
+    }
+
+    async fn configured(script: Script, config: Option<&str>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         demo::write_project(&dir.path().join("ws")).unwrap();
         let fake = FakeProvider::start(script).await.unwrap();
-        Case { dir, fake }
+        let config = config.map(|text| {
+            let path = dir.path().join("config.toml");
+            std::fs::write(&path, text).unwrap();
+            path
+        });
+        Case { dir, fake, config }
     }
 
     fn workspace(&self) -> PathBuf {
@@ -49,7 +60,11 @@ impl Case {
             .env_remove("OPENAI_API_KEY")
             .env_remove("STEADFAST_FAULT")
             .env_remove("STEADFAST_FAULT_TRACE")
-            .env_remove("STEADFAST_MODEL");
+            .env_remove("STEADFAST_MODEL")
+            .env_remove("STEADFAST_CONFIG");
+        if let Some(config) = &self.config {
+            cmd.env("STEADFAST_CONFIG", config);
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -94,8 +109,48 @@ impl Case {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_crash_point_resumes_to_the_crash_free_result() {
+    walk_every_crash_point(None).await;
+}
+
+/// The same walk with a checkpoint stored at every chance (`checkpoint-every = 1`):
+/// each crashed-and-resumed log must hold checkpoints, and each one's stored state
+/// must equal a fold from scratch of the records before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_crash_point_resumes_with_checkpoints_on_each_equal_to_a_full_fold() {
+    walk_every_crash_point(Some("[harness]\ncheckpoint-every = 1\n")).await;
+}
+
+/// Checks every checkpoint in `session`'s log against a fold of what precedes it;
+/// returns how many there are.
+async fn checkpoints_equal_full_folds(case: &Case, session: &str, label: &str) -> usize {
+    let records: Vec<steadfast_log::Record> = case
+        .log(session)
+        .await
+        .into_iter()
+        .map(|r| serde_json::from_value(r).unwrap())
+        .collect();
+    let mut seen = 0;
+    for (i, record) in records.iter().enumerate() {
+        let steadfast_log::Event::Checkpoint { blob, .. } = &record.event else {
+            continue;
+        };
+        let stored = std::fs::read(case.dir.path().join("home/blobs").join(&blob.hash)).unwrap();
+        let checkpoint: steadfast_log::fold::Checkpoint = serde_json::from_slice(&stored).unwrap();
+        let folded = steadfast_log::fold::fold(&records[..i]).unwrap();
+        assert_eq!(
+            serde_json::to_value(&checkpoint.state).unwrap(),
+            serde_json::to_value(&folded).unwrap(),
+            "{label}: the checkpoint at {} differs from a full fold",
+            record.seq
+        );
+        seen += 1;
+    }
+    seen
+}
+
+async fn walk_every_crash_point(config: Option<&str>) {
     // The crash-free run, traced.
-    let clean = Case::new(demo::script()).await;
+    let clean = Case::configured(demo::script(), config).await;
     let trace = clean.dir.path().join("trace");
     let out = clean
         .run(
@@ -129,7 +184,7 @@ async fn every_crash_point_resumes_to_the_crash_free_result() {
     let mut crashes = 0;
     for (point, count) in &hits {
         for n in 1..=*count {
-            let case = Case::new(demo::script()).await;
+            let case = Case::configured(demo::script(), config).await;
             let label = format!("{point}:{n}");
             let out = case
                 .run(demo::TASK, &[("STEADFAST_FAULT", label.clone())])
@@ -262,6 +317,10 @@ async fn every_crash_point_resumes_to_the_crash_free_result() {
             }
             if repeated == 1 || point == "model.intent_committed" {
                 assert_eq!(events(&log, "model_call_interrupted").len(), 1, "{label}");
+            }
+            if config.is_some() {
+                let checkpoints = checkpoints_equal_full_folds(&case, &session, &label).await;
+                assert!(checkpoints > 0, "{label}: no checkpoint was stored");
             }
         }
     }

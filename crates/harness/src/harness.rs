@@ -40,6 +40,9 @@ pub struct HarnessOptions {
     pub max_tokens: u32,
     /// When the native agent compacts its conversation (context windows, shares).
     pub compaction: crate::compaction::CompactionPolicy,
+    /// Records appended since the last checkpoint before a turn's end or a
+    /// compaction stores another (waking reads the latest and what follows it).
+    pub checkpoint_every: u64,
     /// Model prices that override the built-in table (for the cost breaker).
     pub prices: steadfast_model::pricing::PriceTable,
     /// Stop a session's sandbox after this long without a tool call (`None`: keep it
@@ -104,6 +107,7 @@ impl HarnessOptions {
             max_steps_per_turn: 200,
             max_tokens: 8192,
             compaction: Default::default(),
+            checkpoint_every: CHECKPOINT_EVERY,
             prices: Default::default(),
             sandbox_idle_stop: Some(Duration::from_secs(300)),
             snapshot_timeout: Duration::from_secs(600),
@@ -404,7 +408,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         &self,
         state: &SessionState,
     ) -> Result<Option<steadfast_log::Event>> {
-        if state.last_seq < state.last_checkpoint + CHECKPOINT_EVERY {
+        if state.last_seq < state.last_checkpoint + self.options.checkpoint_every.max(1) {
             return Ok(None);
         }
         let checkpoint = steadfast_log::fold::Checkpoint {
