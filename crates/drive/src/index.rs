@@ -21,6 +21,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::tree::Node;
+use crate::watch::{Changes, Watcher};
 use crate::{io, Result};
 
 const SETTLE_NS: i128 = 2_000_000_000;
@@ -71,6 +72,12 @@ pub(crate) struct Index {
     records: HashMap<String, Option<DirRecord>>,
     /// Now, in ns since the epoch, read once per pass.
     pub(crate) now_ns: i128,
+    /// The workspace's directories watched for changes, once a full pass has run.
+    watcher: Option<Watcher>,
+    /// Directories holding files too young to trust their stamps: looked at again
+    /// by the next pass, so their stamps are kept (for a process that starts over
+    /// from the files) once they settle.
+    pub(crate) unsettled: std::collections::HashSet<String>,
 }
 
 impl Index {
@@ -81,6 +88,8 @@ impl Index {
             dir: cache_dir.join(&key[..32]),
             records: HashMap::new(),
             now_ns: 0,
+            watcher: None,
+            unsettled: Default::default(),
         }
     }
 
@@ -125,10 +134,60 @@ impl Index {
         Ok(())
     }
 
+    /// The tree id of directory `rel` as last stored, if it is in memory.
+    pub(crate) fn tree_of(&self, rel: &str) -> Option<&str> {
+        self.records
+            .get(rel)
+            .and_then(Option::as_ref)
+            .map(|r| r.tree.as_str())
+    }
+
+    /// What changed since the last pass, as far as the watcher can vouch. Without a
+    /// watcher (the first pass in this process, or after a failure) one is started,
+    /// and the coming pass, which must look at everything, adds its watches.
+    pub(crate) fn changes(&mut self) -> Changes {
+        let mut touched = match &mut self.watcher {
+            Some(watcher) => match watcher.changes() {
+                Changes::Only(touched) => touched,
+                Changes::Everything => {
+                    self.unsettled.clear();
+                    return Changes::Everything;
+                }
+            },
+            None => {
+                self.watcher = Watcher::new();
+                self.unsettled.clear();
+                return Changes::Everything;
+            }
+        };
+        // Taken: the pass adds back each one it finds still unsettled.
+        for rel in std::mem::take(&mut self.unsettled) {
+            crate::watch::with_parents(&mut touched, &rel);
+        }
+        Changes::Only(touched)
+    }
+
+    /// Whether the watcher vouches that directory `rel` is the one last listed there.
+    pub(crate) fn trusts(&self, rel: &str) -> bool {
+        self.watcher.as_ref().is_some_and(|w| w.trusts(rel))
+    }
+
+    /// Watches directory `abs` (workspace path `rel`) before it is listed. A watch
+    /// that cannot be added ends watching: the next pass looks at everything.
+    pub(crate) fn watch(&mut self, abs: &Path, rel: &str) {
+        if let Some(watcher) = &mut self.watcher {
+            if !watcher.watch(abs, rel) {
+                self.watcher = None;
+            }
+        }
+    }
+
     /// Forgets everything (memory and files), as when a record named an object the
     /// store no longer holds.
     pub(crate) fn clear(&mut self) {
         self.records.clear();
+        self.watcher = None;
+        self.unsettled.clear();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

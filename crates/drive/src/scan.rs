@@ -38,6 +38,9 @@ pub(crate) struct Scanner<'a> {
     pub(crate) found: crate::restore::Found,
     /// Files read whole in this pass.
     pub(crate) files_read: u64,
+    /// In an incremental pass, the only directories to look at (the others are as
+    /// the index has them); `None` to look at everything.
+    pub(crate) touched: Option<std::collections::HashSet<String>>,
 }
 
 fn errno(op: &'static str, path: &Path) -> impl FnOnce(nix::Error) -> crate::Error {
@@ -91,6 +94,7 @@ impl<'a> Scanner<'a> {
             batch: Batch::default(),
             found: Default::default(),
             files_read: 0,
+            touched: None,
         }
     }
 
@@ -98,11 +102,17 @@ impl<'a> Scanner<'a> {
     pub(crate) fn root(&mut self, root: &Path) -> Result<String> {
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
         let fd = nix::fcntl::open(root, flags, Perm::empty()).map_err(errno("read", root))?;
-        self.dir(fd, root, "")
+        let trusted = self.touched.is_some() && self.index.trusts("");
+        if self.mode == Mode::Store {
+            self.index.watch(root, "");
+        }
+        self.dir(fd, root, "", trusted)
     }
 
     /// Reads directory `fd` (at `abs`, workspace path `rel`) and returns its tree id.
-    fn dir(&mut self, fd: OwnedFd, abs: &Path, rel: &str) -> Result<String> {
+    /// `trusted`: it has been watched since it was last listed, so those of its
+    /// subdirectories that are too and reported nothing are taken from the index.
+    fn dir(&mut self, fd: OwnedFd, abs: &Path, rel: &str, trusted: bool) -> Result<String> {
         let listing = fd.try_clone().map_err(io("read", abs))?;
         let mut listing = Dir::from_fd(listing).map_err(errno("read", abs))?;
         let mut children = Vec::new();
@@ -140,13 +150,24 @@ impl<'a> Scanner<'a> {
             };
             let node = match kind {
                 Type::Directory => {
+                    let rel_child = join(rel, &name);
+                    let child_trusted = trusted && self.index.trusts(&rel_child);
+                    if child_trusted {
+                        if let Some(tree) = self.unchanged_dir(&rel_child) {
+                            nodes.insert(name, Node::Dir { tree });
+                            continue;
+                        }
+                    }
+                    if self.mode == Mode::Store {
+                        self.index.watch(&abs.join(&name), &rel_child);
+                    }
                     let child =
                         match nix::fcntl::openat(&fd, name.as_str(), DIR_FLAGS, Perm::empty()) {
                             Ok(child) => child,
                             Err(e) if vanished(e) => continue,
                             Err(e) => return Err(errno("read", &abs.join(&name))(e)),
                         };
-                    let tree = self.dir(child, &abs.join(&name), &join(rel, &name))?;
+                    let tree = self.dir(child, &abs.join(&name), &rel_child, child_trusted)?;
                     Node::Dir { tree }
                 }
                 Type::Symlink => match nix::fcntl::readlinkat(&fd, name.as_str()) {
@@ -169,6 +190,14 @@ impl<'a> Scanner<'a> {
             nodes.insert(name, node);
         }
 
+        if self.mode == Mode::Store {
+            let files = nodes.values().filter(|n| matches!(n, Node::File { .. }));
+            if files.count() > stamps.len() {
+                self.index.unsettled.insert(rel.to_string());
+            } else {
+                self.index.unsettled.remove(rel);
+            }
+        }
         let unchanged = record.as_ref().filter(|r| r.nodes == nodes);
         let tree = match unchanged {
             Some(r) => r.tree.clone(),
@@ -205,6 +234,16 @@ impl<'a> Scanner<'a> {
             }
         }
         Ok(tree)
+    }
+
+    /// In an incremental pass, the tree of directory `rel` when nothing was reported
+    /// in or under it since it was stored.
+    fn unchanged_dir(&self, rel: &str) -> Option<String> {
+        let touched = self.touched.as_ref()?;
+        if touched.contains(rel) {
+            return None;
+        }
+        self.index.tree_of(rel).map(str::to_string)
     }
 
     /// The node of regular file `name` in directory `fd`: from the index when its

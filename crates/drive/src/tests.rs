@@ -416,3 +416,131 @@ fn the_index_is_read_back_by_a_new_process() {
     reopened.snapshot(&ws).unwrap();
     assert_eq!(reopened.files_read(), 1, "only the changed file is read");
 }
+
+/// A small deterministic generator (no dependency for a test's dice).
+struct Dice(u64);
+
+impl Dice {
+    fn roll(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> Option<&'a T> {
+        (!items.is_empty()).then(|| &items[self.roll(items.len())])
+    }
+}
+
+fn listing(ws: &Path) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let (mut dirs, mut files) = (vec![ws.to_path_buf()], Vec::new());
+    for e in walkdir::WalkDir::new(ws).min_depth(1) {
+        let e = e.unwrap();
+        if e.file_type().is_dir() {
+            dirs.push(e.path().to_path_buf());
+        } else if e.file_type().is_file() {
+            files.push(e.path().to_path_buf());
+        }
+    }
+    (dirs, files)
+}
+
+/// One random change to the workspace; returns what it did.
+fn random_change(ws: &Path, dice: &mut Dice) -> String {
+    let names = ["a", "b", "c", "x.txt", "y.rs", "z"];
+    let (dirs, files) = listing(ws);
+    let dir = dice.pick(&dirs).unwrap().clone();
+    let name = names[dice.roll(names.len())];
+    let target = dir.join(name);
+    let exists = target.symlink_metadata().is_ok();
+    match dice.roll(9) {
+        0 | 1 if !exists => {
+            let size = 1 + dice.roll(40);
+            fs::write(&target, "q".repeat(size)).unwrap();
+            format!("write {}", target.display())
+        }
+        2 => match dice.pick(&files) {
+            // Same size, other bytes: only the content tells.
+            Some(f) => {
+                let len = fs::metadata(f).unwrap().len() as usize;
+                let fill = ["1", "2", "3"][dice.roll(3)];
+                fs::write(f, fill.repeat(len)).unwrap();
+                format!("rewrite {}", f.display())
+            }
+            None => "nothing".into(),
+        },
+        3 => match dice.pick(&files) {
+            Some(f) => {
+                fs::remove_file(f).unwrap();
+                format!("remove {}", f.display())
+            }
+            None => "nothing".into(),
+        },
+        4 if !exists => {
+            fs::create_dir_all(target.join("deep")).unwrap();
+            fs::write(target.join("deep/f"), "f").unwrap();
+            format!("mkdir {}", target.display())
+        }
+        5 if dir != ws => {
+            // Move a directory, with what it holds, somewhere else (not into itself).
+            let to = dice
+                .pick(&dirs)
+                .unwrap()
+                .join(format!("moved{}", dice.roll(100)));
+            if to.starts_with(&dir) || to.symlink_metadata().is_ok() {
+                return "nothing".into();
+            }
+            fs::rename(&dir, &to).unwrap();
+            format!("move {} to {}", dir.display(), to.display())
+        }
+        6 => match dice.pick(&files) {
+            Some(f) => {
+                let mode = fs::metadata(f).unwrap().permissions().mode() ^ 0o111;
+                fs::set_permissions(f, fs::Permissions::from_mode(mode)).unwrap();
+                format!("chmod {}", f.display())
+            }
+            None => "nothing".into(),
+        },
+        7 if dir != ws => {
+            fs::remove_dir_all(&dir).unwrap();
+            format!("rm -r {}", dir.display())
+        }
+        8 if !exists || target.is_symlink() => {
+            let _ = fs::remove_file(&target);
+            let to = ["x.txt", "../a", "nowhere"][dice.roll(3)];
+            std::os::unix::fs::symlink(to, &target).unwrap();
+            format!("symlink {} -> {to}", target.display())
+        }
+        _ => "nothing".into(),
+    }
+}
+
+#[test]
+fn watched_snapshots_equal_full_scans_through_random_changes() {
+    let (d, drive, ws) = setup();
+    drive.snapshot(&ws).unwrap();
+    let seed = std::env::var("STEADFAST_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x9E37_79B9_7F4A_7C15);
+    let mut dice = Dice(seed);
+    for step in 0..300 {
+        let done: Vec<String> = (0..1 + dice.roll(3))
+            .map(|_| random_change(&ws, &mut dice))
+            .collect();
+        let watched = drive.snapshot(&ws).unwrap();
+        // A drive with no index at all reads every file.
+        let fresh_dir = d.path().join("fresh-drive");
+        let _ = fs::remove_dir_all(&fresh_dir);
+        let full = Drive::open(&fresh_dir).unwrap().snapshot(&ws).unwrap();
+        assert_eq!(watched, full, "seed {seed}, step {step} after {done:?}");
+    }
+    // Once every file has settled (and been looked at once more to keep its stamp),
+    // a snapshot with nothing changed reads nothing.
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    drive.snapshot(&ws).unwrap();
+    let read = drive.files_read();
+    drive.snapshot(&ws).unwrap();
+    assert_eq!(drive.files_read(), read);
+}
