@@ -509,3 +509,47 @@ async fn a_wrapped_cli_cannot_run_away_with_tool_calls() {
     let lines = std::fs::read_to_string(case.workspace().join("runaway.txt")).unwrap();
     assert_eq!(lines.lines().count(), 12);
 }
+
+/// A wrapped session checkpoints at its turn's end as a native one does, and the
+/// stored state equals a fold of the whole log before it (what a wake then reads).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrapped_session_checkpoints_at_its_turn_end() {
+    installed("claude-code").await;
+    let case = Case::new().await;
+    std::fs::write(
+        case.dir.path().join("steadfast.toml"),
+        "[harness]\ncheckpoint-every = 1\n",
+    )
+    .unwrap();
+    let out = case
+        .run("claude-code", "anthropic/claude-sonnet-4-5", &[])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let session = case.session().await;
+    let records: Vec<steadfast_log::Record> = case
+        .log(&session)
+        .await
+        .into_iter()
+        .map(|r| serde_json::from_value(r).unwrap())
+        .collect();
+    let at = records
+        .iter()
+        .position(|r| matches!(r.event, steadfast_log::Event::Checkpoint { .. }))
+        .expect("a checkpoint after the turn");
+    assert!(
+        records[..at]
+            .iter()
+            .any(|r| matches!(r.event, steadfast_log::Event::TurnEnded { .. })),
+        "stored once the turn had ended"
+    );
+    let steadfast_log::Event::Checkpoint { blob, .. } = &records[at].event else {
+        unreachable!()
+    };
+    let stored = std::fs::read(case.dir.path().join("home/blobs").join(&blob.hash)).unwrap();
+    let checkpoint: steadfast_log::fold::Checkpoint = serde_json::from_slice(&stored).unwrap();
+    assert_eq!(
+        serde_json::to_value(&checkpoint.state).unwrap(),
+        serde_json::to_value(steadfast_log::fold::fold(&records[..at]).unwrap()).unwrap(),
+        "the checkpoint is the state a full fold gives"
+    );
+}

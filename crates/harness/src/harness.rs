@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use steadfast_drive::Drive;
-use steadfast_log::{fold, Event, ModelSpec, Record, SessionState};
+use steadfast_log::{Event, ModelSpec, Record, SessionState};
 use steadfast_model::{Endpoint, ModelClient, RetryPolicy};
 use steadfast_sandbox::{AnySandbox, Sandbox, SandboxOptions};
 use steadfast_world::{now_ms, Blobs, Holder, SqliteWorld, World};
@@ -372,33 +372,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// there is a usable one (this format, its blob intact), else from the whole log;
     /// with the records read (from the checkpoint's own on, or all).
     pub async fn load(&self, session: &str) -> Result<(SessionState, Vec<Record>)> {
-        let at = self
-            .world
-            .last_of_kind(session, steadfast_log::CHECKPOINT_KIND)
-            .await?;
-        if at > 0 {
-            let records = self.world.read(session, at).await?;
-            if let Some(steadfast_log::Event::Checkpoint { blob, .. }) =
-                records.first().map(|r| &r.event)
-            {
-                match self.blobs.get(&blob.hash).await {
-                    Ok(bytes) => {
-                        if let Some(state) =
-                            steadfast_log::fold::Checkpoint::resume(&bytes, &records)
-                        {
-                            return Ok((state?, records));
-                        }
-                        tracing::info!(%session, at, "checkpoint of another format: folding the whole log");
-                    }
-                    Err(e) => {
-                        tracing::warn!(%session, at, error = %e, "checkpoint unreadable: folding the whole log");
-                    }
-                }
-            }
-        }
-        let records = self.world.read(session, 1).await?;
-        let state = fold(&records)?;
-        Ok((state, records))
+        Ok(steadfast_world::load_state(&self.world, &self.blobs, session).await?)
     }
 
     /// Stores `state` (the session's, after its last record) as a checkpoint when

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use steadfast_gateway::Upstreams;
-use steadfast_log::{fold, EndState, Event, SessionState, Status};
+use steadfast_log::{EndState, Event, SessionState, Status};
 use steadfast_sandbox::Sandbox;
 use steadfast_world::interrupt;
 use steadfast_world::{InboundKind, Lease, World};
@@ -286,7 +286,7 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
     }
 
     async fn refresh(&mut self) -> Result<()> {
-        self.state = fold(&self.harness.world.read(&self.lease.session, 1).await?)?;
+        self.state = self.harness.load(&self.lease.session).await?.0;
         Ok(())
     }
 
@@ -346,7 +346,17 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
                     )
                     .await;
                     match turn {
-                        Ok(report) => self.add(report),
+                        Ok(report) => {
+                            self.add(report);
+                            // The turn is over: a checkpoint, when one is due, lets the
+                            // next wake skip what came before.
+                            self.refresh().await?;
+                            if let Some(checkpoint) =
+                                self.harness.checkpoint_if_due(&self.state).await?
+                            {
+                                self.append(&[checkpoint]).await?;
+                            }
+                        }
                         Err(e) => {
                             // A CLI that failed past its restarts has ended the session.
                             self.refresh().await?;

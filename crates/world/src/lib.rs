@@ -15,6 +15,7 @@
 
 mod any;
 pub mod blobs;
+mod checkpoint;
 pub mod conformance;
 mod heartbeat;
 mod live;
@@ -33,6 +34,7 @@ use steadfast_log::{Event, Record};
 
 pub mod interrupt;
 pub use any::AnyWorld;
+pub use checkpoint::load_state;
 pub use heartbeat::Heartbeat;
 pub use live::LiveSession;
 pub use outbox::{OutboxItem, Settled, OUTBOX_KINDS};

@@ -28,12 +28,18 @@ impl<W: World> LiveSession<W> {
     pub async fn open(world: W, lease: Lease) -> Result<Self> {
         let records = world.read(&lease.session, 1).await?;
         let state = fold(&records).map_err(|e| corrupt(&lease, &e))?;
-        Ok(LiveSession {
+        Ok(Self::with_state(world, lease, state))
+    }
+
+    /// The session under `lease` whose state, as of its last record, is `state`
+    /// (loaded already, e.g. from a checkpoint by [`crate::load_state`]).
+    pub fn with_state(world: W, lease: Lease, state: SessionState) -> Self {
+        LiveSession {
             world,
             lease,
             appending: Mutex::new(()),
             state: StdMutex::new(state),
-        })
+        }
     }
 
     /// The world.

@@ -9,7 +9,7 @@ use steadfast_drive::Drive;
 use steadfast_gateway::{Counters, Gateway, GatewayConfig, Upstreams};
 use steadfast_log::{fold, EndState, Event, Role, SessionState, Status};
 use steadfast_sandbox::{isolates, AnySandbox, NetworkPolicy, Sandbox, SandboxOptions};
-use steadfast_world::{Blobs, Heartbeat, Lease, LiveSession, World};
+use steadfast_world::{load_state, Blobs, Heartbeat, Lease, LiveSession, World};
 
 use crate::adapters::{Adapter, Launch};
 use crate::journal::{resolve_cut_off, MakeSandbox, ToolJournal};
@@ -196,7 +196,7 @@ pub async fn drive_turn<W: World + Clone>(
     let mut report = TurnReport::default();
     let _heartbeat = Heartbeat::start(world.clone(), lease.clone(), options.lease_ttl);
     loop {
-        let state = fold(&world.read(&lease.session, 1).await?)?;
+        let (state, _) = load_state(world, blobs, &lease.session).await?;
         if state.status != Status::Running {
             return Err(Error::Invalid(format!(
                 "session {} is {}: no turn to drive",
@@ -227,7 +227,7 @@ pub async fn drive_turn<W: World + Clone>(
             &make,
         )
         .await?;
-        let state = fold(&world.read(&lease.session, 1).await?)?;
+        let (state, _) = load_state(world, blobs, &lease.session).await?;
         // Lockstep: a CLI started again over a turn with a record sees the workspace
         // as the turn began; each call answered from the record moves it on to where
         // that call left it, until the replay reaches the frontier.
@@ -247,7 +247,11 @@ pub async fn drive_turn<W: World + Clone>(
 
         // From here on every append of this run goes through one live view of the log,
         // whose state the fold alone changes.
-        let live = Arc::new(LiveSession::open(world.clone(), lease.clone()).await?);
+        let live = Arc::new(LiveSession::with_state(
+            world.clone(),
+            lease.clone(),
+            state.clone(),
+        ));
         let journal = Arc::new(
             ToolJournal::new(
                 live.clone(),
