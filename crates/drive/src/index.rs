@@ -78,6 +78,8 @@ pub(crate) struct Index {
     /// by the next pass, so their stamps are kept (for a process that starts over
     /// from the files) once they settle.
     pub(crate) unsettled: std::collections::HashSet<String>,
+    /// Changes a restore's probe took from the watcher, still owed to the next pass.
+    pending: Option<std::collections::HashSet<String>>,
 }
 
 impl Index {
@@ -90,6 +92,7 @@ impl Index {
             now_ns: 0,
             watcher: None,
             unsettled: Default::default(),
+            pending: Some(Default::default()),
         }
     }
 
@@ -146,6 +149,7 @@ impl Index {
     /// watcher (the first pass in this process, or after a failure) one is started,
     /// and the coming pass, which must look at everything, adds its watches.
     pub(crate) fn changes(&mut self) -> Changes {
+        let owed = std::mem::replace(&mut self.pending, Some(Default::default()));
         let mut touched = match &mut self.watcher {
             Some(watcher) => match watcher.changes() {
                 Changes::Only(touched) => touched,
@@ -160,11 +164,42 @@ impl Index {
                 return Changes::Everything;
             }
         };
+        let Some(owed) = owed else {
+            self.unsettled.clear();
+            return Changes::Everything;
+        };
+        touched.extend(owed);
         // Taken: the pass adds back each one it finds still unsettled.
         for rel in std::mem::take(&mut self.unsettled) {
             crate::watch::with_parents(&mut touched, &rel);
         }
         Changes::Only(touched)
+    }
+
+    /// What changed since the last pass, for a restore's probe: the changes are
+    /// owed to the next pass as well (the restore changes files, and the index
+    /// still describes what the last snapshot saw). `None` when the watcher cannot
+    /// vouch for anything.
+    pub(crate) fn probe_changes(&mut self) -> Option<std::collections::HashSet<String>> {
+        let watcher = self.watcher.as_mut()?;
+        match watcher.changes() {
+            Changes::Only(touched) => {
+                if let Some(owed) = &mut self.pending {
+                    owed.extend(touched.iter().cloned());
+                }
+                self.pending.as_ref()?;
+                Some(touched)
+            }
+            Changes::Everything => {
+                self.pending = None;
+                None
+            }
+        }
+    }
+
+    /// Directory `rel` as last stored, if it is in memory.
+    pub(crate) fn record(&self, rel: &str) -> Option<&DirRecord> {
+        self.records.get(rel).and_then(Option::as_ref)
     }
 
     /// Whether the watcher vouches that directory `rel` is the one last listed there.
@@ -188,6 +223,7 @@ impl Index {
         self.records.clear();
         self.watcher = None;
         self.unsettled.clear();
+        self.pending = Some(Default::default());
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -163,12 +163,43 @@ impl Drive {
         let root = tree::root_of(&self.objects, id)?;
         std::fs::create_dir_all(workspace).map_err(io("create", workspace))?;
         self.with_index(workspace, |index| {
-            let mut scanner = Scanner::new(&self.objects, index, Mode::Probe);
-            scanner.root(workspace)?;
-            self.files_read
-                .fetch_add(scanner.files_read, Ordering::Relaxed);
-            restore::apply(&self.objects, &scanner.found, workspace, "", &root)
+            let touched = index.probe_changes();
+            if touched.is_some() {
+                match self.restore_pass(workspace, index, &root, touched) {
+                    Ok(()) => return Ok(()),
+                    Err(_) => {}
+                }
+            }
+            // Without the watcher, or if what it vouched for did not hold up: every
+            // directory is listed (restoring is idempotent, so starting over is safe).
+            self.restore_pass(workspace, index, &root, None)
         })
+    }
+
+    /// Probes `workspace` (only `touched` directories, when given) and makes it
+    /// equal to tree `root`.
+    fn restore_pass(
+        &self,
+        workspace: &Path,
+        index: &mut Index,
+        root: &str,
+        touched: Option<std::collections::HashSet<String>>,
+    ) -> Result<()> {
+        let mut scanner = Scanner::new(&self.objects, index, Mode::Probe);
+        let unchanged = touched.as_ref().is_some_and(|t| t.is_empty());
+        scanner.touched = touched;
+        if !(unchanged && scanner.trusts_root()) {
+            scanner.root(workspace)?;
+        }
+        self.files_read
+            .fetch_add(scanner.files_read, Ordering::Relaxed);
+        let found = std::mem::take(&mut scanner.found);
+        drop(scanner);
+        let current = restore::Current {
+            found: &found,
+            index,
+        };
+        restore::apply(&self.objects, &current, workspace, "", root, false)
     }
 
     /// The manifest of snapshot `id`: every path in it.

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+use crate::index::Index;
 use crate::manifest::SpecialKind;
 use crate::store::ObjectStore;
 use crate::tree::{join, load_tree, Node};
@@ -14,19 +15,43 @@ use crate::{io, Result};
 /// Each directory found in the workspace: its tree id and names.
 pub(crate) type Found = HashMap<String, (String, BTreeMap<String, Node>)>;
 
-/// Makes directory `abs` (workspace path `rel`) equal to tree `target`.
+/// What the workspace holds now: the directories the probe listed, and those it
+/// did not need to (the watcher vouched for them), as the index has them.
+pub(crate) struct Current<'a> {
+    pub(crate) found: &'a Found,
+    pub(crate) index: &'a Index,
+}
+
+impl Current<'_> {
+    /// Directory `rel`'s tree id and names; `None` if neither knows it (which a
+    /// directory the probe saw in its parent never is).
+    fn get(&self, rel: &str) -> Option<(&str, &BTreeMap<String, Node>)> {
+        match self.found.get(rel) {
+            Some((tree, nodes)) => Some((tree, nodes)),
+            None => self.index.record(rel).map(|r| (r.tree.as_str(), &r.nodes)),
+        }
+    }
+}
+
+/// Makes directory `abs` (workspace path `rel`) equal to tree `target`. `fresh`: it
+/// was just made, empty.
 pub(crate) fn apply(
     objects: &ObjectStore,
-    found: &Found,
+    current: &Current,
     abs: &Path,
     rel: &str,
     target: &str,
+    fresh: bool,
 ) -> Result<()> {
     let none = BTreeMap::new();
-    let have = match found.get(rel) {
-        Some((tree, _)) if tree == target => return Ok(()),
-        Some((_, nodes)) => nodes,
-        None => &none,
+    let have = if fresh {
+        &none
+    } else {
+        match current.get(rel) {
+            Some((tree, _)) if tree == target => return Ok(()),
+            Some((_, nodes)) => nodes,
+            None => return Err(crate::Error::NotFound(format!("the workspace's {rel}/"))),
+        }
     };
     let want = load_tree(objects, target)?.tree;
     for (name, node) in have {
@@ -45,10 +70,11 @@ pub(crate) fn apply(
         let had = have.get(name).filter(|h| same_kind(h, node));
         match node {
             Node::Dir { tree } => {
-                if !matches!(had, Some(Node::Dir { .. })) {
+                let fresh = !matches!(had, Some(Node::Dir { .. }));
+                if fresh {
                     std::fs::create_dir(&path).map_err(io("create", &path))?;
                 }
-                apply(objects, found, &path, &join(rel, name), tree)?;
+                apply(objects, current, &path, &join(rel, name), tree, fresh)?;
             }
             Node::File { hash, exec, .. } => {
                 let mode = if *exec { 0o755 } else { 0o644 };

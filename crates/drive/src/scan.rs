@@ -98,11 +98,16 @@ impl<'a> Scanner<'a> {
         }
     }
 
+    /// Whether this is an incremental pass and the watcher vouches for the root.
+    pub(crate) fn trusts_root(&self) -> bool {
+        self.touched.is_some() && self.index.trusts("")
+    }
+
     /// Reads the workspace at `root` and returns its root tree id.
     pub(crate) fn root(&mut self, root: &Path) -> Result<String> {
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
         let fd = nix::fcntl::open(root, flags, Perm::empty()).map_err(errno("read", root))?;
-        let trusted = self.touched.is_some() && self.index.trusts("");
+        let trusted = self.trusts_root();
         if self.mode == Mode::Store {
             self.index.watch(root, "");
         }

@@ -525,16 +525,32 @@ fn watched_snapshots_equal_full_scans_through_random_changes() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x9E37_79B9_7F4A_7C15);
     let mut dice = Dice(seed);
-    for step in 0..300 {
-        let done: Vec<String> = (0..1 + dice.roll(3))
-            .map(|_| random_change(&ws, &mut dice))
-            .collect();
-        let watched = drive.snapshot(&ws).unwrap();
+    let mut taken = Vec::new();
+    let full_scan = |ws: &Path| {
         // A drive with no index at all reads every file.
         let fresh_dir = d.path().join("fresh-drive");
         let _ = fs::remove_dir_all(&fresh_dir);
-        let full = Drive::open(&fresh_dir).unwrap().snapshot(&ws).unwrap();
-        assert_eq!(watched, full, "seed {seed}, step {step} after {done:?}");
+        Drive::open(&fresh_dir).unwrap().snapshot(ws).unwrap()
+    };
+    for step in 0..300 {
+        let mut done: Vec<String> = (0..1 + dice.roll(3))
+            .map(|_| random_change(&ws, &mut dice))
+            .collect();
+        if step % 7 == 6 {
+            // Back to an earlier snapshot (a rollback), then changed again.
+            let back: &String = dice.pick(&taken).unwrap();
+            drive.restore(&ws, back).unwrap();
+            assert_eq!(full_scan(&ws), *back, "seed {seed}, step {step}: restored");
+            done.push(format!("restore {back}"));
+            done.push(random_change(&ws, &mut dice));
+        }
+        let watched = drive.snapshot(&ws).unwrap();
+        assert_eq!(
+            watched,
+            full_scan(&ws),
+            "seed {seed}, step {step} after {done:?}"
+        );
+        taken.push(watched);
     }
     // Once every file has settled (and been looked at once more to keep its stamp),
     // a snapshot with nothing changed reads nothing.

@@ -54,8 +54,25 @@ pub(crate) struct Tree {
 }
 
 impl Tree {
+    /// The stored form: JSON, deflated (a tree is mostly hashes and repeated keys,
+    /// so this stores about a third of the bytes; the same tree always gives the
+    /// same bytes, and so the same id).
     pub(crate) fn to_bytes(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("trees serialize")
+        use std::io::Write;
+        let json = serde_json::to_vec(self).expect("trees serialize");
+        let mut out = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+        out.write_all(&json).expect("writing to memory");
+        out.finish().expect("writing to memory")
+    }
+
+    /// A tree from its stored form (deflated JSON), or `None` if it is not one.
+    fn from_bytes(bytes: &[u8]) -> Option<Tree> {
+        use std::io::Read;
+        let mut json = Vec::new();
+        flate2::read::ZlibDecoder::new(bytes)
+            .read_to_end(&mut json)
+            .ok()?;
+        serde_json::from_slice(&json).ok()
     }
 }
 
@@ -68,7 +85,12 @@ pub(crate) enum Stored {
 /// Reads object `id` as a tree or a flat manifest.
 pub(crate) fn load(objects: &ObjectStore, id: &str) -> Result<Stored> {
     let bytes = objects.get(id)?;
-    if let Ok(tree) = serde_json::from_slice::<Tree>(&bytes) {
+    if bytes.first() != Some(&b'{') {
+        if let Some(tree) = Tree::from_bytes(&bytes) {
+            return Ok(Stored::Tree(tree));
+        }
+    } else if let Ok(tree) = serde_json::from_slice::<Tree>(&bytes) {
+        // Trees were plain JSON for a while.
         return Ok(Stored::Tree(tree));
     }
     Manifest::from_bytes(id, &bytes).map(Stored::Flat)

@@ -111,7 +111,7 @@ fn measure(rounds: usize) -> anyhow::Result<()> {
         stored.sort_unstable();
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!(
-            "  {changed:>4} changed: git {:>7.1} ms, steadfast {:>7.1} ms (median), ratio {:.2}x; stored {} bytes per snapshot for {changed_bytes} changed",
+            "  {changed:>4} changed: git {:>7.2} ms, steadfast {:>7.2} ms (median), ratio {:.3}x; stored {} bytes per snapshot for {changed_bytes} changed",
             ms(timed.base()),
             ms(timed.ours()),
             timed.ratio(),
