@@ -149,7 +149,7 @@ impl Index {
     /// watcher (the first pass in this process, or after a failure) one is started,
     /// and the coming pass, which must look at everything, adds its watches.
     pub(crate) fn changes(&mut self) -> Changes {
-        let owed = std::mem::replace(&mut self.pending, Some(Default::default()));
+        let owed = self.pending.replace(Default::default());
         let mut touched = match &mut self.watcher {
             Some(watcher) => match watcher.changes() {
                 Changes::Only(touched) => touched,

@@ -164,11 +164,9 @@ impl Drive {
         std::fs::create_dir_all(workspace).map_err(io("create", workspace))?;
         self.with_index(workspace, |index| {
             let touched = index.probe_changes();
-            if touched.is_some() {
-                match self.restore_pass(workspace, index, &root, touched) {
-                    Ok(()) => return Ok(()),
-                    Err(_) => {}
-                }
+            // On any failure here (a real one comes back from the full pass too):
+            if touched.is_some() && self.restore_pass(workspace, index, &root, touched).is_ok() {
+                return Ok(());
             }
             // Without the watcher, or if what it vouched for did not hold up: every
             // directory is listed (restoring is idempotent, so starting over is safe).
