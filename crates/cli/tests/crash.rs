@@ -114,7 +114,8 @@ async fn every_crash_point_resumes_to_the_crash_free_result() {
 
 /// The same walk with a checkpoint stored at every chance (`checkpoint-every = 1`):
 /// each crashed-and-resumed log must hold checkpoints, and each one's stored state
-/// must equal a fold from scratch of the records before it.
+/// must equal a fold from scratch of the records before it, before and after
+/// retention prunes the log's streamed pieces.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_crash_point_resumes_with_checkpoints_on_each_equal_to_a_full_fold() {
     walk_every_crash_point(Some("[harness]\ncheckpoint-every = 1\n")).await;
@@ -321,6 +322,16 @@ async fn walk_every_crash_point(config: Option<&str>) {
             if config.is_some() {
                 let checkpoints = checkpoints_equal_full_folds(&case, &session, &label).await;
                 assert!(checkpoints > 0, "{label}: no checkpoint was stored");
+                // Retention on the resumed log: the streamed pieces of its ended turn
+                // are pruned, and every checkpoint still equals a full fold.
+                let gc = case
+                    .steadfast(&["gc", "--keep-deltas-secs", "0"], &[])
+                    .await;
+                assert!(gc.status.success(), "{label}: {}", stderr(&gc));
+                let log = case.log(&session).await;
+                assert!(events(&log, "model_delta").is_empty(), "{label}: pruned");
+                assert!(!events(&log, "pruned").is_empty(), "{label}: pruned");
+                checkpoints_equal_full_folds(&case, &session, &label).await;
             }
         }
     }
