@@ -553,3 +553,69 @@ async fn a_wrapped_session_checkpoints_at_its_turn_end() {
         "the checkpoint is the state a full fold gives"
     );
 }
+
+/// Claude Code compacting its own conversation (its auto-compact, made to start
+/// early): the summary requests go through the gateway like any other exchange, and
+/// after a crash — mid-stream or just after an exchange was recorded — the restarted
+/// CLI's compactions are answered from the log, never asked of the provider twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_s_own_compactions_are_journaled_and_replayed() {
+    installed("claude-code").await;
+    // A 20k window compacted at 10%: twice in the demo (lower and it thrashes, and
+    // Claude Code gives up; higher and it never compacts).
+    let config = "[sandbox.env]\nCLAUDE_AUTOCOMPACT_PCT_OVERRIDE = \"10\"\nCLAUDE_CODE_AUTO_COMPACT_WINDOW = \"20000\"\n";
+    let agent = ("claude-code", "anthropic/claude-sonnet-4-5");
+    let clean = Case::new().await;
+    std::fs::write(clean.dir.path().join("steadfast.toml"), config).unwrap();
+    let out = clean.run(agent.0, agent.1, &[]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let summaries = clean.fake.state().summaries();
+    assert!(summaries > 0, "Claude Code compacted its conversation");
+    let expected = tree(&clean.workspace());
+    assert!(
+        String::from_utf8_lossy(&expected["CHANGELOG.md"].0).contains("off-by-one"),
+        "the task was done across the compactions"
+    );
+    let session = clean.session().await;
+    clean
+        .assert_nothing_paid_twice(&session, "crash-free")
+        .await;
+    // Which provider calls were the compactions (1-based, as fault points count).
+    let compactions = clean.fake.state().summaries_at();
+
+    // Cut off in the middle of a compaction's reply, and just after one was recorded.
+    let points: Vec<String> = compactions
+        .iter()
+        .flat_map(|k| {
+            [
+                format!("model.mid_stream:{k}"),
+                format!("model.outcome_committed:{k}"),
+            ]
+        })
+        .collect();
+    for point in &points {
+        let point = point.as_str();
+        let case = Case::new().await;
+        std::fs::write(case.dir.path().join("steadfast.toml"), config).unwrap();
+        let out = case
+            .run(agent.0, agent.1, &[("STEADFAST_FAULT", point.to_string())])
+            .await;
+        assert_eq!(out.status.signal(), Some(6), "{point}: {}", stderr(&out));
+        let session = case.session().await;
+        let resumed = case.steadfast(&["resume", &session, "--json"], &[]).await;
+        assert!(resumed.status.success(), "{point}: {}", stderr(&resumed));
+        assert_eq!(tree(&case.workspace()), expected, "{point}");
+        let log = case.log(&session).await;
+        assert!(
+            events(&log, "replay_diverged").is_empty(),
+            "{point}: the restarted CLI's requests, compactions included, matched the record"
+        );
+        case.assert_nothing_paid_twice(&session, point).await;
+        let again = u64::from(point.starts_with("model.mid_stream"));
+        assert_eq!(
+            case.fake.state().summaries(),
+            summaries + again,
+            "{point}: a recorded summary is answered from the log; only one cut off mid-stream is asked again"
+        );
+    }
+}

@@ -35,6 +35,8 @@ struct Counters {
     too_long: u64,
     /// Compaction requests answered with a summary.
     summaries: u64,
+    /// Where each of them came among all requests answered (1-based).
+    summaries_at: Vec<u64>,
     /// The largest request, tokens (a quarter of its bytes).
     largest: u64,
 }
@@ -76,6 +78,12 @@ impl FakeState {
     /// Compaction requests (asking for a summary) answered.
     pub fn summaries(&self) -> u64 {
         self.lock().summaries
+    }
+
+    /// Where each compaction request came among all the requests answered (scripted
+    /// and compactions, 1-based): the provider calls a fault point can name.
+    pub fn summaries_at(&self) -> Vec<u64> {
+        self.lock().summaries_at.clone()
     }
 
     /// The largest request received, tokens (a quarter of its bytes).
@@ -355,14 +363,22 @@ async fn serve(state: &FakeState, format: Format, body: &str) -> Response {
     }
     if asks_for_summary(messages) {
         // Compaction: a summary of what the conversation holds, in no script step.
+        // A wrapped CLI keeps only the summary, so it carries the script's place.
         let turns = messages
             .iter()
             .filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
             .count();
-        state.lock().summaries += 1;
+        let done = wire::step_index(format, &messages[..messages.len() - 1]);
+        {
+            let mut c = state.lock();
+            c.summaries += 1;
+            let at = c.calls + c.summaries;
+            c.summaries_at.push(at);
+        }
         let step = crate::Step {
             text: format!(
-                "Summary of {turns} model turns: the user asked for the work; files were read and checked step by step; nothing failed; continue from the next step."
+                "<summary>{} Summary of {turns} model turns: the user asked for the work; files were read and checked step by step; nothing failed; continue from the next step.</summary>",
+                wire::place_marker(done)
             ),
             ..Default::default()
         };
@@ -395,11 +411,17 @@ async fn serve(state: &FakeState, format: Format, body: &str) -> Response {
     wire::reply(format, seed, &step, &model, input_tokens, stream)
 }
 
-/// Whether a request is a compaction asking for a summary (its last message says so).
+/// What a wrapped CLI's own compaction asks (Claude Code's auto-compact).
+const CLI_SUMMARY_PROMPT: &str =
+    "Your task is to create a detailed summary of the conversation so far";
+
+/// Whether a request is a compaction asking for a summary (its last message says so):
+/// the native agent's, or a wrapped CLI's own.
 fn asks_for_summary(messages: &[Value]) -> bool {
-    messages
-        .last()
-        .is_some_and(|m| wire::text_of(m).contains(steadfast_log::fold::SUMMARY_PROMPT))
+    messages.last().is_some_and(|m| {
+        let text = wire::text_of(m);
+        text.contains(steadfast_log::fold::SUMMARY_PROMPT) || text.contains(CLI_SUMMARY_PROMPT)
+    })
 }
 
 /// A fake provider running on a loopback port, for tests and the offline demo.

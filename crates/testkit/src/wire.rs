@@ -52,8 +52,12 @@ pub(crate) fn step_index(format: Format, messages: &[Value]) -> usize {
     let mut last_assistant_redo = false;
     for m in messages {
         if m.get("role").and_then(Value::as_str) == Some("user") {
-            if let Some(turns) = steadfast_log::fold::compacted_turns(&text_of(m)) {
+            let text = text_of(m);
+            if let Some(turns) = steadfast_log::fold::compacted_turns(&text) {
                 index += turns as usize;
+            } else if let Some(done) = place_in(&text) {
+                // A wrapped CLI's compaction: the summary it keeps says where it was.
+                index = done;
             }
         }
         let redo = match (format, m.get("role").and_then(Value::as_str)) {
@@ -80,6 +84,18 @@ pub(crate) fn step_index(format: Format, messages: &[Value]) -> usize {
         }
     }
     index
+}
+
+/// The mark a summary written for a wrapped CLI's compaction carries: how many
+/// script steps the conversation it replaces had done.
+pub(crate) fn place_marker(done: usize) -> String {
+    format!("[fake provider: {done} script steps done]")
+}
+
+/// The script steps done, from a summary's mark in `text`.
+fn place_in(text: &str) -> Option<usize> {
+    let rest = &text[text.find("[fake provider: ")? + "[fake provider: ".len()..];
+    rest.split(' ').next()?.parse().ok()
 }
 
 fn chunks(s: &str, size: usize) -> Vec<String> {
