@@ -276,10 +276,22 @@ async fn walk_every_crash_point(config: Option<&str>) {
                 clean_outcomes + rollbacks,
                 "{label}"
             );
+            // A model call's intent goes into the log with the outcome of the tool
+            // call before it, when that was the reply's last: a crash just after that
+            // outcome was recorded leaves the intent of a call never made.
+            let announced_call = point == "tool.outcome_committed"
+                && events(&log, "model_call_interrupted").iter().any(|r| {
+                    written_with(
+                        &log,
+                        "model_call_intent",
+                        &r["call_id"],
+                        "tool_call_outcome",
+                    )
+                });
+            let intent_only = point == "model.intent_committed" || announced_call;
             assert_eq!(
                 calls as usize,
-                events(&log, "model_call_intent").len()
-                    - usize::from(point == "model.intent_committed"),
+                events(&log, "model_call_intent").len() - usize::from(intent_only),
                 "{label}: every call has its intent in the log"
             );
             let changelog = String::from_utf8_lossy(&got["CHANGELOG.md"].0).into_owned();
@@ -295,7 +307,17 @@ async fn walk_every_crash_point(config: Option<&str>) {
             // A snapshot is taken before a mutation's intent (nothing pending yet) and
             // after its effect (the call pending): either may be the one cut.
             let maybe_mid_tool = point == "drive.mid_snapshot" && interrupted.len() == 1;
-            if cut_mid_tool || maybe_mid_tool {
+            // A read's intent goes into the log with the reply that asks for it: a
+            // crash just after the reply was recorded cuts that call off too.
+            let announced_tool = point == "model.outcome_committed"
+                && interrupted.len() == 1
+                && written_with(
+                    &log,
+                    "tool_call_intent",
+                    &interrupted[0]["call_id"],
+                    "model_call_outcome",
+                );
+            if cut_mid_tool || maybe_mid_tool || announced_tool {
                 assert_eq!(interrupted.len(), 1, "{label}");
                 let intent = events(&log, "tool_call_intent")
                     .into_iter()
@@ -316,7 +338,7 @@ async fn walk_every_crash_point(config: Option<&str>) {
                     "{label}: nothing was cut off mid-tool"
                 );
             }
-            if repeated == 1 || point == "model.intent_committed" {
+            if repeated == 1 || intent_only {
                 assert_eq!(events(&log, "model_call_interrupted").len(), 1, "{label}");
             }
             if config.is_some() {
@@ -631,4 +653,18 @@ fn sandboxes_of(workspace: &str) -> usize {
             })
             .count()
     })
+}
+
+/// Whether the `kind` record of `call_id` was written in one commit with the record
+/// before it, of `before` (adjacent, same epoch and time).
+fn written_with(log: &[Value], kind: &str, call_id: &Value, before: &str) -> bool {
+    log.iter()
+        .position(|r| r["event"][kind]["call_id"] == *call_id)
+        .filter(|&i| i > 0)
+        .is_some_and(|i| {
+            let (prev, this) = (&log[i - 1], &log[i]);
+            prev["event"].get(before).is_some()
+                && prev["epoch"] == this["epoch"]
+                && prev["at_ms"] == this["at_ms"]
+        })
 }

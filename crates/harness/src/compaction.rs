@@ -97,14 +97,17 @@ pub fn plan_asked(request: &ModelRequest) -> Plan {
     }
 }
 
-/// What the next request needs, by `policy`, for a model with `window` tokens.
-pub fn plan(policy: &CompactionPolicy, window: u64, request: &ModelRequest, bytes: usize) -> Plan {
-    if policy.off {
-        return Plan::Nothing;
-    }
+/// Whether a request whose canonical JSON is `bytes` long passes the share of
+/// `window` at which `policy` compacts.
+pub fn over_share(policy: &CompactionPolicy, window: u64, bytes: usize) -> bool {
     // The request's JSON length, 4 bytes a token (as [`estimate_tokens`] counts).
     let tokens = (bytes / 4) as u64 + 1;
-    if (tokens as f64) <= window as f64 * policy.at_share {
+    !policy.off && tokens as f64 > window as f64 * policy.at_share
+}
+
+/// What the next request needs, by `policy`, for a model with `window` tokens.
+pub fn plan(policy: &CompactionPolicy, window: u64, request: &ModelRequest, bytes: usize) -> Plan {
+    if !over_share(policy, window, bytes) {
         return Plan::Nothing;
     }
     let messages = &request.messages;

@@ -5,7 +5,9 @@ use steadfast_log::fold::Next;
 use steadfast_log::{
     EndState, Event, Output, PendingTool, Record, SessionState, ToolClass, ToolResolution, ToolUse,
 };
-use steadfast_model::{pricing, Delta, ModelClient, ModelRequest, ToolDef};
+use steadfast_model::{
+    pricing, Delta, ModelClient, ModelRequest, Prepared, RequestBuilder, RequestHead, ToolDef,
+};
 use steadfast_sandbox::{classify, tool_specs, Sandbox};
 use steadfast_world::{now_ms, strip_ansi, InboundKind, Lease, World, INLINE_LIMIT};
 
@@ -84,6 +86,8 @@ pub struct Driver<'h, W, S> {
     git: Option<std::sync::Arc<crate::git::GitPusher>>,
     /// A `compact` signal in the inbox, seen at the last read of it.
     compact_signal: Option<u64>,
+    /// The conversation's requests, built a message at a time.
+    requests: RequestBuilder,
     observer: Observer,
     _heartbeat: Heartbeat,
 }
@@ -108,6 +112,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             remote: hosted.remote,
             git: hosted.git,
             compact_signal: None,
+            requests: RequestBuilder::default(),
             observer: Box::new(|_| {}),
             _heartbeat: heartbeat,
         }
@@ -132,6 +137,17 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     async fn append(&mut self, events: Vec<Event>) -> Result<()> {
         let records = self.harness.world.append(&self.lease, &events).await?;
         for record in &records {
+            // Messages before the last rewritten: the requests build them again.
+            match &record.event {
+                Event::OutputsElided { before, .. } => {
+                    for i in steadfast_log::fold::elided_messages(&self.state.conversation, *before)
+                    {
+                        self.requests.forget(i);
+                    }
+                }
+                Event::Compacted { .. } => self.requests.forget_from(0),
+                _ => {}
+            }
             self.state.apply(record)?;
             (self.observer)(Progress::Appended(record));
         }
@@ -301,12 +317,21 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             }
             Next::CallModel { .. } | Next::EndTurn if self.take_steer().await? => Ok(None),
             Next::CallModel { step } => {
-                let request = self.request();
-                let canonical = serde_json::to_vec(&request)
-                    .map_err(|e| Error::Invalid(format!("request: {e}")))?;
-                if !self.make_room(&request, canonical.len()).await? {
-                    let fingerprint = blake3::hash(&canonical).to_hex().to_string();
-                    self.call_model(step, request, fingerprint).await?;
+                let tools = self.tools();
+                let head = RequestHead {
+                    model: &self.state.model.model,
+                    system: &self.state.system,
+                    tools: &tools,
+                    max_tokens: self.harness.options.max_tokens,
+                };
+                let prepared = self
+                    .requests
+                    .prepare(&self.model, head, &self.state.conversation);
+                if !self.make_room(prepared.canonical_bytes).await? {
+                    if let Some((call, class)) = self.call_model(step, prepared).await? {
+                        self.run_tool_span(call, |d, call| d.execute_announced(call, class))
+                            .await?;
+                    }
                 }
                 Ok(None)
             }
@@ -340,42 +365,50 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         Ok(true)
     }
 
+    /// The next request, owning its parts (for compaction; calls are built with
+    /// `self.requests`).
     fn request(&self) -> ModelRequest {
         ModelRequest {
             model: self.state.model.model.clone(),
             system: self.state.system.clone(),
             messages: self.state.conversation.clone(),
-            tools: tool_specs()
-                .into_iter()
-                .map(|t| ToolDef {
-                    name: t.name.to_string(),
-                    description: t.description.to_string(),
-                    input_schema: t.input_schema,
-                })
-                .chain(std::iter::once(approval_tool()))
-                .chain(self.state.git.is_some().then(crate::git::push_tool))
-                .chain(self.remote.iter().flat_map(|r| r.tools()).map(|t| ToolDef {
-                    name: t.name.clone(),
-                    description: t.description.clone(),
-                    input_schema: t.input_schema.clone(),
-                }))
-                .chain(self.state.client_tools.iter().map(|t| ToolDef {
-                    name: t.name.clone(),
-                    description: t.description.clone(),
-                    input_schema: t.input_schema.clone(),
-                }))
-                .collect(),
+            tools: self.tools(),
             max_tokens: self.harness.options.max_tokens,
         }
     }
 
-    /// One model call, as a span of the turn's trace.
+    /// The tools the model is offered.
+    fn tools(&self) -> Vec<ToolDef> {
+        tool_specs()
+            .into_iter()
+            .map(|t| ToolDef {
+                name: t.name.to_string(),
+                description: t.description.to_string(),
+                input_schema: t.input_schema,
+            })
+            .chain(std::iter::once(approval_tool()))
+            .chain(self.state.git.is_some().then(crate::git::push_tool))
+            .chain(self.remote.iter().flat_map(|r| r.tools()).map(|t| ToolDef {
+                name: t.name.clone(),
+                description: t.description.clone(),
+                input_schema: t.input_schema.clone(),
+            }))
+            .chain(self.state.client_tools.iter().map(|t| ToolDef {
+                name: t.name.clone(),
+                description: t.description.clone(),
+                input_schema: t.input_schema.clone(),
+            }))
+            .collect()
+    }
+
+    /// One model call, as a span of the turn's trace. Returns the reply's first tool
+    /// call when its intent went into the log with the reply (see
+    /// [`Self::announced_with_reply`]): the caller runs it next.
     async fn call_model(
         &mut self,
         step: u32,
-        request: ModelRequest,
-        fingerprint: String,
-    ) -> Result<()> {
+        request: Prepared,
+    ) -> Result<Option<(ToolUse, ToolClass)>> {
         use tracing::Instrument;
         let span = steadfast_metrics::trace::model_call_span(
             &self.lease.session,
@@ -383,7 +416,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             &self.state.model.provider,
             &self.state.model.model,
         );
-        self.call_model_in(step, request, fingerprint, span.clone())
+        self.call_model_in(step, request, span.clone())
             .instrument(span)
             .await
     }
@@ -391,10 +424,9 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     async fn call_model_in(
         &mut self,
         step: u32,
-        request: ModelRequest,
-        fingerprint: String,
+        request: Prepared,
         span: tracing::Span,
-    ) -> Result<()> {
+    ) -> Result<Option<(ToolUse, ToolClass)>> {
         if self.harness.options.prewarm_sandbox {
             self.sandbox.hydrate_to(self.state.last_snapshot.clone());
             self.sandbox.prewarm();
@@ -403,7 +435,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         self.append(vec![Event::ModelCallIntent {
             call_id: call_id.clone(),
             step,
-            fingerprint,
+            fingerprint: request.fingerprint.clone(),
         }])
         .await?;
         point(points::MODEL_INTENT);
@@ -415,7 +447,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let call = async move {
             model
-                .complete(&request, &mut |d| {
+                .send(&request, &mut |d| {
                     let _ = tx.send(d);
                 })
                 .await
@@ -431,7 +463,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 item = &mut stop => {
                     // The stream is dropped here; its partial reply is not kept.
                     let turn = self.state.turn;
-                    return self.interrupted(&item, turn, Some(call_id), true).await;
+                    return self.interrupted(&item, turn, Some(call_id), true).await.map(|()| None);
                 }
                 Some(delta) = rx.recv() => {
                     (self.observer)(Progress::Delta(&delta));
@@ -466,7 +498,12 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         let response = match result {
             Ok(r) => r,
             Err(e) if e.is_retryable() => return Err(e.into()), // stays pending
-            Err(e) => return self.fail_model_call(call_id, e.to_string(), started).await,
+            Err(e) => {
+                return self
+                    .fail_model_call(call_id, e.to_string(), started)
+                    .await
+                    .map(|()| None)
+            }
         };
         point(points::MODEL_EFFECT);
         let cost = pricing::cost_with(
@@ -480,6 +517,16 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             Some(&response.usage),
             Some(&response.stop_reason),
         );
+        let announced = self.announced_with_reply(&response.content);
+        let intent = announced
+            .as_ref()
+            .map(|(call, class)| Event::ToolCallIntent {
+                call_id: call.id.clone(),
+                tool: call.name.clone(),
+                input: call.input.clone(),
+                class: *class,
+                snapshot_before: None,
+            });
         let outcome = Event::ModelCallOutcome {
             call_id,
             content: response.content,
@@ -487,23 +534,38 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             usage: response.usage,
             cost_micro_usd: cost,
         };
-        self.append(last_piece.into_iter().chain([outcome]).collect())
-            .await?;
+        self.append(
+            last_piece
+                .into_iter()
+                .chain([outcome])
+                .chain(intent)
+                .collect(),
+        )
+        .await?;
         point(points::MODEL_OUTCOME);
-        Ok(())
+        if announced.is_some() {
+            point(points::TOOL_INTENT);
+        }
+        Ok(announced)
     }
 
     /// Makes room in the conversation before the next model call when the request
     /// would pass the policy's share of the model's context window (see
     /// [`crate::compaction`]): one step, elision or a summary. Returns whether it did.
-    async fn make_room(&mut self, request: &ModelRequest, bytes: usize) -> Result<bool> {
-        use crate::compaction::{estimate_tokens, plan, plan_asked, Plan};
+    /// `bytes`: the length of the request's canonical JSON.
+    async fn make_room(&mut self, bytes: usize) -> Result<bool> {
+        use crate::compaction::{estimate_tokens, over_share, plan, plan_asked, Plan};
         let policy = &self.harness.options.compaction;
         let window = policy.window_for(&self.state.model.model);
         // A `compact` signal (or one taken whose compaction a crash cut off) asks for
         // a summary now, whatever the size.
         let signal = self.compact_signal.take();
-        if signal.is_some() || self.state.compact_asked {
+        let asked = signal.is_some() || self.state.compact_asked;
+        if !asked && !over_share(policy, window, bytes) {
+            return Ok(false);
+        }
+        let request = &self.request();
+        if asked {
             if let Plan::Summarise(upto) = plan_asked(request) {
                 self.summarise(request, upto, signal).await?;
                 return Ok(true);
@@ -695,6 +757,19 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
 
     /// One tool call, as a span of the turn's trace.
     async fn run_tool(&mut self, call: ToolUse) -> Result<()> {
+        self.run_tool_span(call, |d, call| d.run_tool_in(call))
+            .await
+    }
+
+    /// `run` with `call`, as a span of the turn's trace.
+    async fn run_tool_span<'d, F>(
+        &'d mut self,
+        call: ToolUse,
+        run: impl FnOnce(&'d mut Self, ToolUse) -> F,
+    ) -> Result<()>
+    where
+        F: std::future::Future<Output = Result<()>> + 'd,
+    {
         use tracing::Instrument;
         let span = steadfast_metrics::trace::tool_call_span(
             &self.lease.session,
@@ -702,7 +777,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             &call.name,
             &call.id,
         );
-        self.run_tool_in(call).instrument(span).await
+        run(self, call).instrument(span).await
     }
 
     async fn run_tool_in(&mut self, call: ToolUse) -> Result<()> {
@@ -755,10 +830,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 .await;
         }
         let class = self.class_of(&call.name, &call.input);
-        if class.is_external_effect()
-            && self.state.approve_external
-            && !self.state.approved.contains(&call.id)
-        {
+        if self.awaits_approval(&call, class) {
             let command = call
                 .input
                 .get("command")
@@ -781,9 +853,8 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             self.sandbox.hydrate_to(self.state.last_snapshot.clone());
             self.sandbox.get().await?;
         }
-        let touches_workspace = class.touches_workspace() && !remote;
         let workspace = self.workspace.clone();
-        let snapshot_before = if touches_workspace {
+        let snapshot_before = if class.touches_workspace() && !remote {
             Some(self.harness.snapshot(&workspace).await?)
         } else {
             None
@@ -797,7 +868,47 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         }])
         .await?;
         point(points::TOOL_INTENT);
+        self.execute_announced(call, class).await
+    }
 
+    /// Whether `call` (of `class`) must wait for a human's approval before it runs.
+    fn awaits_approval(&self, call: &ToolUse, class: ToolClass) -> bool {
+        class.is_external_effect()
+            && self.state.approve_external
+            && !self.state.approved.contains(&call.id)
+    }
+
+    /// The first tool call of a reply with `content`, with its class, when its intent
+    /// can go into the log with the reply itself: it is the next thing due, and nothing
+    /// (a wait, a client, a snapshot to take) comes between. One commit fewer per step,
+    /// and the intent is as durable before the call runs as ever.
+    fn announced_with_reply(
+        &self,
+        content: &[steadfast_log::Block],
+    ) -> Option<(ToolUse, ToolClass)> {
+        let call = self.state.tool_after_reply(content, now_ms())?;
+        if call.name == APPROVAL_TOOL
+            || crate::client_tools::find(&self.state.client_tools, &call.name).is_some()
+        {
+            return None;
+        }
+        let class = self.class_of(&call.name, &call.input);
+        let remote = self.names_mcp_server(&call.name);
+        if self.awaits_approval(&call, class) || (class.touches_workspace() && !remote) {
+            return None;
+        }
+        Some((call, class))
+    }
+
+    /// Runs a tool call whose intent is in the log, and records its outcome.
+    async fn execute_announced(&mut self, call: ToolUse, class: ToolClass) -> Result<()> {
+        let remote = self.names_mcp_server(&call.name);
+        if !remote {
+            self.sandbox.hydrate_to(self.state.last_snapshot.clone());
+            self.sandbox.get().await?;
+        }
+        let touches_workspace = class.touches_workspace() && !remote;
+        let workspace = self.workspace.clone();
         let started = std::time::Instant::now();
         let stop = interrupt::arrives(self.harness.world.clone(), self.lease.session.clone());
         let executed = tokio::select! {

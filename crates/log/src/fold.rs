@@ -228,6 +228,27 @@ impl Checkpoint {
 /// Tool outputs longer than this are elided by [`Event::OutputsElided`].
 pub const ELIDE_OVER: usize = 256;
 
+/// Whether [`Event::OutputsElided`] elides a tool output of this content.
+fn elides(content: &str) -> bool {
+    content.len() > ELIDE_OVER
+}
+
+/// The positions of the messages of `conversation` that [`Event::OutputsElided`] with
+/// `before` changes, for whoever keeps things derived from each message (a request
+/// builder) and need only redo those.
+pub fn elided_messages(conversation: &[Message], before: u32) -> impl Iterator<Item = usize> + '_ {
+    let before = (before as usize).min(conversation.len());
+    conversation[..before]
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| {
+            m.content
+                .iter()
+                .any(|b| matches!(b, Block::ToolResult { content, .. } if elides(content)))
+        })
+        .map(|(i, _)| i)
+}
+
 /// What an elided tool output of `len` bytes becomes.
 fn elided(len: usize, call_id: &str) -> String {
     format!(
@@ -701,6 +722,29 @@ impl SessionState {
         }
     }
 
+    /// The tool call due next once a reply with `content` is folded into this state
+    /// (its first tool use), when nothing would come before it: no wait, no other
+    /// call pending, no breaker that stops tool calls. `None` when the reply has no tool
+    /// call, or something would.
+    pub fn tool_after_reply(&self, content: &[Block], now_ms: u64) -> Option<ToolUse> {
+        if self.ended
+            || self.waiting.is_some()
+            || self.pending_tool.is_some()
+            || self.status != Status::Running
+        {
+            return None;
+        }
+        // Of the bounds, only the wall clock stops a tool call (see `breaker`), and
+        // the reply does not move it.
+        if matches!(self.bound_hit(now_ms), Some((Breaker::Duration, _))) {
+            return None;
+        }
+        content.iter().find_map(|b| match b {
+            Block::ToolUse(t) => Some(t.clone()),
+            _ => None,
+        })
+    }
+
     /// The text of the model's last reply.
     pub fn last_reply(&self) -> Option<String> {
         if self.is_wrapped() {
@@ -944,7 +988,7 @@ impl SessionState {
                             ..
                         } = block
                         {
-                            if content.len() > ELIDE_OVER {
+                            if elides(content) {
                                 *content = elided(content.len(), tool_use_id);
                             }
                         }

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use steadfast_log::{Block, Message, Role, ToolUse, Usage};
 
 use crate::retry::{send, Attempt};
-use crate::{sse, Delta, Endpoint, Error, ModelRequest, ModelResponse};
+use crate::{sse, Delta, Endpoint, Error, ModelResponse, RequestHead};
 
 const PROVIDER: &str = "anthropic";
 const API_VERSION: &str = "2023-06-01";
@@ -27,7 +27,8 @@ fn block_json(block: &Block) -> Option<Value> {
     })
 }
 
-fn message_json(m: &Message) -> Value {
+/// `m` as an item of the request's `messages`.
+pub(crate) fn message_json(m: &Message) -> Value {
     let role = match m.role {
         Role::User => "user",
         Role::Assistant => "assistant",
@@ -36,18 +37,17 @@ fn message_json(m: &Message) -> Value {
     json!({"role": role, "content": content})
 }
 
-/// The request body for `request`.
-pub(crate) fn body(request: &ModelRequest) -> Value {
-    let tools: Vec<Value> = request
+/// The request body's fields besides `messages`.
+pub(crate) fn head_json(head: RequestHead<'_>) -> Value {
+    let tools: Vec<Value> = head
         .tools
         .iter()
         .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.input_schema}))
         .collect();
     json!({
-        "model": request.model,
-        "max_tokens": request.max_tokens,
-        "system": request.system,
-        "messages": request.messages.iter().map(message_json).collect::<Vec<_>>(),
+        "model": head.model,
+        "max_tokens": head.max_tokens,
+        "system": head.system,
         "tools": tools,
         "stream": true,
     })
@@ -88,7 +88,7 @@ fn usage_from(v: &Value, usage: &mut Usage) {
 pub(crate) async fn complete(
     http: &reqwest::Client,
     endpoint: &Endpoint,
-    request: &ModelRequest,
+    body: &bytes::Bytes,
     on_delta: &mut (dyn FnMut(Delta) + Send),
 ) -> Result<ModelResponse, Attempt> {
     let url = format!("{}/v1/messages", endpoint.base_url.trim_end_matches('/'));
@@ -97,7 +97,8 @@ pub(crate) async fn complete(
         http.post(&url)
             .header("x-api-key", &endpoint.api_key)
             .header("anthropic-version", API_VERSION)
-            .json(&body(request)),
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.clone()),
     )
     .await?;
 

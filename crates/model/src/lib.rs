@@ -8,6 +8,7 @@
 
 mod anthropic;
 mod openai;
+mod prepared;
 pub mod pricing;
 mod retry;
 mod sse;
@@ -17,6 +18,7 @@ use std::time::Duration;
 use serde::Serialize;
 use steadfast_log::{Block, Message, ModelSpec, Usage};
 
+pub use prepared::{Prepared, RequestBuilder, RequestHead};
 pub use retry::RetryPolicy;
 
 /// A tool as the model is told of it.
@@ -30,7 +32,8 @@ pub struct ToolDef {
     pub input_schema: serde_json::Value,
 }
 
-/// One model call, provider-neutral. Its canonical JSON is the call's fingerprint.
+/// One model call, provider-neutral, owning its parts (for one-off calls; a session's
+/// calls are built with a [`RequestBuilder`]).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelRequest {
     /// The provider's model name.
@@ -46,10 +49,14 @@ pub struct ModelRequest {
 }
 
 impl ModelRequest {
-    /// BLAKE3 of the request's canonical JSON: equal requests, equal fingerprints.
-    pub fn fingerprint(&self) -> String {
-        let bytes = serde_json::to_vec(self).expect("requests serialize");
-        blake3::hash(&bytes).to_hex().to_string()
+    /// Its parts besides the messages.
+    pub fn head(&self) -> RequestHead<'_> {
+        RequestHead {
+            model: &self.model,
+            system: &self.system,
+            tools: &self.tools,
+            max_tokens: self.max_tokens,
+        }
     }
 }
 
@@ -211,15 +218,33 @@ impl ModelClient {
         request: &ModelRequest,
         on_delta: &mut (dyn FnMut(Delta) + Send),
     ) -> Result<ModelResponse> {
+        let prepared = RequestBuilder::default().prepare(self, request.head(), &request.messages);
+        self.send(&prepared, on_delta).await
+    }
+
+    /// Sends a request built for this client's provider (see [`RequestBuilder`]),
+    /// streaming, and returns the whole reply. `on_delta` sees the reply as it arrives.
+    pub async fn send(
+        &self,
+        request: &Prepared,
+        on_delta: &mut (dyn FnMut(Delta) + Send),
+    ) -> Result<ModelResponse> {
+        if request.provider != self.provider {
+            return Err(Error::Config(format!(
+                "a request built for another provider sent to {}",
+                self.provider_name()
+            )));
+        }
         let name = self.provider_name();
         let mut retrier = retry::Retrier::new(&self.retry);
         loop {
+            let body = &request.body;
             let result = match self.provider {
                 Provider::Anthropic => {
-                    anthropic::complete(&self.http, &self.endpoint, request, on_delta).await
+                    anthropic::complete(&self.http, &self.endpoint, body, on_delta).await
                 }
                 Provider::OpenAi => {
-                    openai::complete(&self.http, &self.endpoint, request, on_delta).await
+                    openai::complete(&self.http, &self.endpoint, body, on_delta).await
                 }
             };
             match result {

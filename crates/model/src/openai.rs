@@ -5,11 +5,13 @@ use serde_json::{json, Value};
 use steadfast_log::{Block, Message, Role, ToolUse, Usage};
 
 use crate::retry::{send, Attempt};
-use crate::{sse, Delta, Endpoint, Error, ModelRequest, ModelResponse};
+use crate::{sse, Delta, Endpoint, Error, ModelResponse, RequestHead};
 
 const PROVIDER: &str = "openai";
 
-fn push_messages(m: &Message, out: &mut Vec<Value>) {
+/// `m` as items of the request's `messages` (a user message's tool results are
+/// messages of their own).
+pub(crate) fn push_messages(m: &Message, out: &mut Vec<Value>) {
     match m.role {
         Role::User => {
             let text = m.text();
@@ -44,22 +46,22 @@ fn push_messages(m: &Message, out: &mut Vec<Value>) {
     }
 }
 
-/// The request body for `request`.
-pub(crate) fn body(request: &ModelRequest) -> Value {
-    let mut messages = vec![json!({"role": "system", "content": request.system})];
-    for m in &request.messages {
-        push_messages(m, &mut messages);
-    }
-    let tools: Vec<Value> = request
+/// The first of the request's `messages`: the system prompt.
+pub(crate) fn system_message(head: RequestHead<'_>) -> Value {
+    json!({"role": "system", "content": head.system})
+}
+
+/// The request body's fields besides `messages`.
+pub(crate) fn head_json(head: RequestHead<'_>) -> Value {
+    let tools: Vec<Value> = head
         .tools
         .iter()
         .map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.input_schema}}))
         .collect();
     json!({
-        "model": request.model,
-        "messages": messages,
+        "model": head.model,
         "tools": tools,
-        "max_completion_tokens": request.max_tokens,
+        "max_completion_tokens": head.max_tokens,
         "stream": true,
         "stream_options": {"include_usage": true},
     })
@@ -82,7 +84,7 @@ struct Call {
 pub(crate) async fn complete(
     http: &reqwest::Client,
     endpoint: &Endpoint,
-    request: &ModelRequest,
+    body: &bytes::Bytes,
     on_delta: &mut (dyn FnMut(Delta) + Send),
 ) -> Result<ModelResponse, Attempt> {
     let url = format!(
@@ -93,7 +95,8 @@ pub(crate) async fn complete(
         PROVIDER,
         http.post(&url)
             .bearer_auth(&endpoint.api_key)
-            .json(&body(request)),
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.clone()),
     )
     .await?;
     let mut events = sse::events(response);

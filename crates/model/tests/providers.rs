@@ -190,12 +190,3 @@ async fn an_unreachable_provider_is_unavailable() {
     let err = client.complete(&request(), &mut |_| {}).await.unwrap_err();
     assert!(matches!(err, Error::Unavailable { .. }), "{err}");
 }
-
-#[test]
-fn fingerprints_follow_content() {
-    let a = request();
-    let mut b = request();
-    assert_eq!(a.fingerprint(), b.fingerprint());
-    b.messages.push(Message::user_text("more"));
-    assert_ne!(a.fingerprint(), b.fingerprint());
-}

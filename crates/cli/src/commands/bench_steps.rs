@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use steadfast_harness::{Harness, HarnessOptions, NewSession, Stop};
-use steadfast_model::{Endpoint, ModelClient, ModelRequest, RetryPolicy, ToolDef};
+use steadfast_model::{Endpoint, ModelClient, ModelRequest, RequestBuilder, RetryPolicy, ToolDef};
 use steadfast_sandbox::{LocalSandbox, Sandbox, SandboxOptions};
 use steadfast_testkit::{FakeProvider, Script};
 use steadfast_world::AnyWorld;
@@ -127,9 +127,12 @@ pub async fn run(world: Option<&str>, total: u32) -> anyhow::Result<()> {
         if step != before && in_window(step, mark) {
             // Alternating with the harness's steps: the call it is about to make, made
             // straight to the model, and the tool straight in a local sandbox.
+            // Its body is built beforehand, from scratch: only the call is timed.
             let request = request_now(driver.state());
+            let prepared =
+                RequestBuilder::default().prepare(&client, request.head(), &request.messages);
             let started = Instant::now();
-            client.complete(&request, &mut |_| {}).await?;
+            client.send(&prepared, &mut |_| {}).await?;
             model.push(started.elapsed());
             let started = Instant::now();
             tool.execute(
