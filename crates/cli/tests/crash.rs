@@ -121,6 +121,18 @@ async fn every_crash_point_resumes_with_checkpoints_on_each_equal_to_a_full_fold
     walk_every_crash_point(Some("[harness]\ncheckpoint-every = 1\n")).await;
 }
 
+/// The walk once more with the conversation compacted as it goes (a 4k-token window:
+/// the demo compacts along the way), checkpoints at every chance and retention: each
+/// crash at each compaction point too resumes to the crash-free result, with no
+/// recorded summary asked again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_crash_point_resumes_with_compaction_checkpoints_and_retention_on() {
+    walk_every_crash_point(Some(
+        "[harness]\ncheckpoint-every = 1\ncontext-window = 4096\ncompact-at = 0.3\n",
+    ))
+    .await;
+}
+
 /// Checks every checkpoint in `session`'s log against a fold of what precedes it;
 /// returns how many there are.
 async fn checkpoints_equal_full_folds(case: &Case, session: &str, label: &str) -> usize {
@@ -150,6 +162,7 @@ async fn checkpoints_equal_full_folds(case: &Case, session: &str, label: &str) -
 }
 
 async fn walk_every_crash_point(config: Option<&str>) {
+    let compacting = config.is_some_and(|c| c.contains("context-window"));
     // The crash-free run, traced.
     let clean = Case::configured(demo::script(), config).await;
     let trace = clean.dir.path().join("trace");
@@ -170,12 +183,24 @@ async fn walk_every_crash_point(config: Option<&str>) {
     );
     let changelog = String::from_utf8_lossy(&expected["CHANGELOG.md"].0).into_owned();
     assert_eq!(changelog.matches("- Fix off-by-one").count(), 1);
+    assert_eq!(
+        clean.fake.state().summaries() > 0,
+        compacting,
+        "the demo compacts only with the small window"
+    );
 
     let mut hits: BTreeMap<String, u64> = BTreeMap::new();
     for line in std::fs::read_to_string(&trace).unwrap().lines() {
         *hits.entry(line.to_string()).or_default() += 1;
     }
-    for point in steadfast_fault::points::ALL {
+    let compaction_points = [
+        steadfast_fault::points::COMPACTION_INTENT,
+        steadfast_fault::points::COMPACTION_EFFECT,
+    ];
+    let expected_points = steadfast_fault::points::ALL
+        .iter()
+        .chain(compaction_points.iter().filter(|_| compacting));
+    for point in expected_points {
         assert!(
             hits.contains_key(*point),
             "the demo never reaches {point}: {hits:?}"
@@ -252,46 +277,48 @@ async fn walk_every_crash_point(config: Option<&str>) {
             // off before it was recorded is asked again (same request), and a rolled-back
             // mutation costs one new call (the model is told, and decides again).
             let log = case.log(&session).await;
-            let repeated = u64::from(matches!(
-                point.as_str(),
-                "model.mid_stream" | "model.effect"
-            ));
             let rollbacks = events(&log, "tool_call_interrupted")
                 .iter()
                 .filter(|r| r["resolution"]["kind"] == "rolled_back")
-                .count();
-            let calls = case.fake.calls();
-            assert_eq!(
-                calls,
-                clean_calls + repeated + rollbacks as u64,
-                "{label}: model calls"
+                .count() as u64;
+            // A reply (or a summary) cut off before it was recorded: asked again.
+            let repeated = u64::from(matches!(
+                point.as_str(),
+                "model.mid_stream" | "model.effect" | "compaction.effect"
+            ));
+            let intent_only = matches!(
+                point.as_str(),
+                "model.intent_committed" | "compaction.intent_committed"
             );
+            let (calls, summaries) = (case.fake.calls(), case.fake.state().summaries());
+            let compacted = events(&log, "compacted").len() as u64;
+            // Which call a cut fell on: a summary streams like any reply.
+            let repeated_replies = calls.checked_sub(clean_calls + rollbacks);
+            let repeated_summaries = summaries.checked_sub(compacted);
+            assert!(
+                repeated_replies
+                    .zip(repeated_summaries)
+                    .is_some_and(|(r, s)| r + s == repeated),
+                "{label}: model calls {calls} and summaries {summaries} for {clean_calls} \
+                 clean calls, {rollbacks} rollbacks and {compacted} recorded summaries"
+            );
+            let repeated_replies = repeated_replies.unwrap_or_default();
+            assert!(compacting || summaries == 0, "{label}");
+            assert!(!compacting || compacted > 0, "{label}: no compaction");
             assert_eq!(
                 case.fake.state().distinct_requests() as u64,
-                calls - repeated,
+                calls - repeated_replies,
                 "{label}: a request was repeated"
             );
             assert_eq!(
-                events(&log, "model_call_outcome").len(),
-                clean_outcomes + rollbacks,
+                events(&log, "model_call_outcome").len() as u64,
+                clean_outcomes as u64 + rollbacks,
                 "{label}"
             );
-            // A model call's intent goes into the log with the outcome of the tool
-            // call before it, when that was the reply's last: a crash just after that
-            // outcome was recorded leaves the intent of a call never made.
-            let announced_call = point == "tool.outcome_committed"
-                && events(&log, "model_call_interrupted").iter().any(|r| {
-                    written_with(
-                        &log,
-                        "model_call_intent",
-                        &r["call_id"],
-                        "tool_call_outcome",
-                    )
-                });
-            let intent_only = point == "model.intent_committed" || announced_call;
             assert_eq!(
-                calls as usize,
-                events(&log, "model_call_intent").len() - usize::from(intent_only),
+                (calls + summaries) as usize,
+                events(&log, "model_call_intent").len() + events(&log, "compaction_intent").len()
+                    - usize::from(intent_only),
                 "{label}: every call has its intent in the log"
             );
             let changelog = String::from_utf8_lossy(&got["CHANGELOG.md"].0).into_owned();

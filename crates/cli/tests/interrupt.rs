@@ -376,3 +376,78 @@ async fn steadfast_stop_interrupts_a_running_cli_session() {
         "cli:tester"
     );
 }
+
+/// A steer sent through the API of one process while a worker in another runs a
+/// command is taken right after that command, before the next model call, on either
+/// world. (On PostgreSQL the worker skips the inbox read before a model call when its
+/// last append found the inbox empty; the append after the command finds the steer.)
+async fn steer_between_calls(world: Option<&str>) {
+    let script: Script = serde_json::from_value(json!({"steps": [
+        {"text": "Running it.", "tool_calls": [{"name": "bash", "input": {"command": "echo started > started.txt; sleep 2"}}]},
+        {"text": "Reading it.", "tool_calls": [{"name": "read", "input": {"file_path": "started.txt"}}]},
+        {"text": "Done, and steered."},
+    ]}))
+    .unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let (_api, url) = api(&home, world, &fake).await;
+    let _worker = command(&home, world, &fake, &["worker"]).spawn().unwrap();
+    let (code, created) = request(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions"),
+        Some(json!({"task": "go"})),
+    )
+    .await;
+    assert_eq!(code, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let ws = std::path::PathBuf::from(created["workspace"].as_str().unwrap());
+    wait_until("the command to start", async || {
+        ws.join("started.txt").exists()
+    })
+    .await;
+    let resp = reqwest::Client::new()
+        .post(format!("{url}/v1/sessions/{id}/messages"))
+        .json(&json!({"text": "also read the notes", "kind": "steer"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    drop(resp);
+    wait_until("the turn to end", async || {
+        kinds(&log(&home, world, &fake, &id).await)
+            .iter()
+            .any(|k| k == "turn_ended")
+    })
+    .await;
+    let names: Vec<String> = kinds(&log(&home, world, &fake, &id).await)
+        .into_iter()
+        .filter(|k| k != "model_delta")
+        .collect();
+    let at = names
+        .iter()
+        .position(|k| k == "steered")
+        .expect("the steer is in the log");
+    assert_eq!(
+        (names[at - 1].as_str(), names[at + 1].as_str()),
+        ("tool_call_outcome", "model_call_intent"),
+        "taken after the command, before the next call: {names:?}"
+    );
+    assert_eq!(
+        names.iter().filter(|k| *k == "tool_call_outcome").count(),
+        2,
+        "{names:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steer_is_taken_between_calls_on_sqlite() {
+    steer_between_calls(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steer_is_taken_between_calls_on_postgres() {
+    let db = common::TestDatabase::create("steadfast_steer").await;
+    steer_between_calls(Some(&db.url)).await;
+    db.drop_now().await;
+}

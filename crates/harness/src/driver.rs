@@ -315,7 +315,11 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 self.run_tool(call).await?;
                 Ok(None)
             }
-            Next::CallModel { .. } | Next::EndTurn if self.take_steer().await? => Ok(None),
+            ref next @ (Next::CallModel { .. } | Next::EndTurn)
+                if self.take_steer(next).await? =>
+            {
+                Ok(None)
+            }
             Next::CallModel { step } => {
                 let tools = self.tools();
                 let head = RequestHead {
@@ -348,7 +352,17 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     /// Delivers the oldest pending steer to the running turn, if there is one. Called
     /// only between calls, so the call in flight always finishes first.
     /// Also notes a pending `compact` signal, from the same read of the inbox.
-    async fn take_steer(&mut self) -> Result<bool> {
+    async fn take_steer(&mut self, next: &Next) -> Result<bool> {
+        // Before a model call, the inbox the last append found empty need not be read
+        // again: a steer sent since is taken before the next call. (Before the turn
+        // ends it is read, so a steer sent just now joins this turn.)
+        if matches!(next, Next::CallModel { .. })
+            && !self.state.compact_asked
+            && self.harness.world.inbox_seen_empty(&self.lease)
+        {
+            self.compact_signal = None;
+            return Ok(false);
+        }
         let inbox = self.harness.world.inbox(&self.lease.session).await?;
         self.compact_signal = inbox
             .iter()

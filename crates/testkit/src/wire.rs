@@ -53,11 +53,12 @@ pub(crate) fn step_index(format: Format, messages: &[Value]) -> usize {
     for m in messages {
         if m.get("role").and_then(Value::as_str) == Some("user") {
             let text = text_of(m);
-            if let Some(turns) = steadfast_log::fold::compacted_turns(&text) {
-                index += turns as usize;
-            } else if let Some(done) = place_in(&text) {
-                // A wrapped CLI's compaction: the summary it keeps says where it was.
+            if let Some(done) = place_in(&text) {
+                // A summary this provider wrote says where the script was (rolled-back
+                // turns it replaced not counted), whoever compacted.
                 index = done;
+            } else if let Some(turns) = steadfast_log::fold::compacted_turns(&text) {
+                index += turns as usize;
             }
         }
         let redo = match (format, m.get("role").and_then(Value::as_str)) {

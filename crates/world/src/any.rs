@@ -208,4 +208,12 @@ impl World for AnyWorld {
             AnyWorld::Postgres(w) => w.changes(),
         }
     }
+
+    fn inbox_seen_empty(&self, lease: &Lease) -> bool {
+        match self {
+            AnyWorld::Sqlite(w) => w.inbox_seen_empty(lease),
+            #[cfg(feature = "postgres")]
+            AnyWorld::Postgres(w) => w.inbox_seen_empty(lease),
+        }
+    }
 }

@@ -253,7 +253,8 @@ fn intent(step: u32) -> Event {
     }
 }
 
-fn started() -> Event {
+/// A session's first event, for tests of a world that need one.
+pub fn started() -> Event {
     Event::bare_start(
         "native",
         steadfast_log::ModelSpec {

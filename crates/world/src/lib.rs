@@ -377,6 +377,17 @@ pub trait World: Send + Sync + 'static {
     /// wake at once. SQLite: this process's appends and posts (other processes' are
     /// seen by polling). PostgreSQL: every process's, through `LISTEN/NOTIFY`.
     fn changes(&self) -> tokio::sync::watch::Receiver<u64>;
+
+    /// Whether this process's last append under `lease` found the session's inbox
+    /// empty as it committed (`false`: it did not, or it is not known). A driver
+    /// that looks for steers before each model call may skip that read: what was
+    /// sent since is seen at the next look, one step later. PostgreSQL answers it in
+    /// the append's own statement, saving a round trip per step; SQLite's read is
+    /// in-process and cheap, so it does not.
+    fn inbox_seen_empty(&self, lease: &Lease) -> bool {
+        let _ = lease;
+        false
+    }
 }
 
 /// Counts a successful append in the process's metrics (its latency, and what its

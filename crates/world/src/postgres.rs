@@ -96,21 +96,33 @@ taken AS (
      WHERE session_id = $1 AND id = ANY($16::bigint[]) AND EXISTS (SELECT 1 FROM s)
  RETURNING 1),
 note AS (SELECT pg_notify('steadfast', id) FROM s WHERE $17)
-SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM note)";
+SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM note),
+       NOT EXISTS (SELECT 1 FROM steadfast_inbox
+                    WHERE session_id = $1 AND NOT taken AND NOT (id = ANY($16::bigint[])))";
 
 /// An append that changes nothing but the log (most of them: deltas, model calls,
 /// tool calls) is its events' insert alone. The fence trigger refuses a stale epoch and
 /// the primary key a position someone else took, both inside the database.
+/// Every append also answers whether the session's inbox is empty (see
+/// [`World::inbox_seen_empty`]), so a driver need not ask before each call.
 const LEAN_APPEND: &str = "
+WITH ins AS (
 INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum, blob)
 SELECT $1::text, e.seq, $2::bigint, $3::bigint, e.schema, e.kind, e.body, e.checksum, e.blob
   FROM unnest($4::bigint[], $5::smallint[], $6::text[], $7::bytea[], $8::text[], $9::text[])
-       AS e(seq, schema, kind, body, checksum, blob)";
+       AS e(seq, schema, kind, body, checksum, blob)
+ RETURNING 1)
+SELECT (SELECT count(*) FROM ins),
+       NOT EXISTS (SELECT 1 FROM steadfast_inbox WHERE session_id = $1 AND NOT taken)";
 
 /// [`LEAN_APPEND`] for the commonest case, one event, without the arrays.
 const LEAN_APPEND_ONE: &str = "
+WITH ins AS (
 INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum, blob)
-VALUES ($1, $4, $2, $3, $5, $6, $7, $8, $9)";
+VALUES ($1, $4, $2, $3, $5, $6, $7, $8, $9)
+ RETURNING 1)
+SELECT (SELECT count(*) FROM ins),
+       NOT EXISTS (SELECT 1 FROM steadfast_inbox WHERE session_id = $1 AND NOT taken)";
 
 /// What this process last appended to a session under one lease epoch.
 #[derive(Debug, Clone, Copy)]
@@ -119,6 +131,8 @@ struct Position {
     last: u64,
     /// Whether the session row holds a retry time that the next append must clear.
     retry_pending: bool,
+    /// Whether the inbox had nothing untaken when that append committed.
+    inbox_empty: bool,
 }
 
 impl std::fmt::Debug for PostgresWorld {
@@ -427,7 +441,7 @@ impl PostgresWorld {
         let outcome = if lean && records.len() == 1 {
             let statement = client.prepare_cached(LEAN_APPEND_ONE).await.map_err(db)?;
             client
-                .execute(
+                .query_one(
                     &statement,
                     &[
                         &lease.session,
@@ -442,6 +456,7 @@ impl PostgresWorld {
                     ],
                 )
                 .await
+                .map(|row| (row.get::<_, i64>(0) as u64, row.get::<_, bool>(1)))
         } else {
             let seqs: Vec<i64> = records.iter().map(|r| r.seq as i64).collect();
             let schemas: Vec<i16> = vec![schema; records.len()];
@@ -449,7 +464,7 @@ impl PostgresWorld {
             if lean {
                 let statement = client.prepare_cached(LEAN_APPEND).await.map_err(db)?;
                 client
-                    .execute(
+                    .query_one(
                         &statement,
                         &[
                             &lease.session,
@@ -464,6 +479,7 @@ impl PostgresWorld {
                         ],
                     )
                     .await
+                    .map(|row| (row.get::<_, i64>(0) as u64, row.get::<_, bool>(1)))
             } else {
                 let taken: Vec<i64> = summary.taken.iter().map(|t| *t as i64).collect();
                 let (wset, wval) = match &summary.waiting_for {
@@ -498,18 +514,18 @@ impl PostgresWorld {
                         ],
                     )
                     .await
-                    .map(|row| row.get::<_, i64>(0) as u64)
+                    .map(|row| (row.get::<_, i64>(0) as u64, row.get::<_, bool>(2)))
             }
         };
-        let moved = match outcome {
-            Ok(n) => n == 0,
+        let (moved, inbox_empty) = match outcome {
+            Ok((n, inbox_empty)) => (n == 0, inbox_empty),
             Err(e)
                 if matches!(
                     e.code().map(|c| c.code()),
                     Some(STALE_FENCE | UNIQUE_VIOLATION)
                 ) =>
             {
-                true
+                (true, false)
             }
             Err(e) => return Err(db(e)),
         };
@@ -525,6 +541,7 @@ impl PostgresWorld {
                     epoch: lease.epoch,
                     last: r.seq,
                     retry_pending: summary.retry_at_ms > 0,
+                    inbox_empty,
                 },
             );
         }
@@ -717,6 +734,8 @@ impl PostgresWorld {
                         epoch: lease.epoch,
                         last: last.seq,
                         retry_pending: summarize(events).retry_at_ms > 0,
+                        // Not asked on this path.
+                        inbox_empty: false,
                     },
                 );
         }
@@ -1205,6 +1224,13 @@ impl World for PostgresWorld {
 
     fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.changes.subscribe()
+    }
+
+    fn inbox_seen_empty(&self, lease: &Lease) -> bool {
+        let positions = self.positions.lock().unwrap_or_else(|e| e.into_inner());
+        positions
+            .get(&lease.session)
+            .is_some_and(|p| p.epoch == lease.epoch && p.inbox_empty)
     }
 }
 
