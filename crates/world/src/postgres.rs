@@ -106,23 +106,24 @@ SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM note),
 /// Every append also answers whether the session's inbox is empty (see
 /// [`World::inbox_seen_empty`]), so a driver need not ask before each call.
 const LEAN_APPEND: &str = "
-WITH ins AS (
 INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum, blob)
 SELECT $1::text, e.seq, $2::bigint, $3::bigint, e.schema, e.kind, e.body, e.checksum, e.blob
   FROM unnest($4::bigint[], $5::smallint[], $6::text[], $7::bytea[], $8::text[], $9::text[])
        AS e(seq, schema, kind, body, checksum, blob)
- RETURNING 1)
-SELECT (SELECT count(*) FROM ins),
-       NOT EXISTS (SELECT 1 FROM steadfast_inbox WHERE session_id = $1 AND NOT taken)";
+RETURNING NOT EXISTS (SELECT 1 FROM steadfast_inbox WHERE session_id = $1 AND NOT taken)";
 
 /// [`LEAN_APPEND`] for the commonest case, one event, without the arrays.
 const LEAN_APPEND_ONE: &str = "
-WITH ins AS (
 INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum, blob)
 VALUES ($1, $4, $2, $3, $5, $6, $7, $8, $9)
- RETURNING 1)
-SELECT (SELECT count(*) FROM ins),
-       NOT EXISTS (SELECT 1 FROM steadfast_inbox WHERE session_id = $1 AND NOT taken)";
+RETURNING NOT EXISTS (SELECT 1 FROM steadfast_inbox WHERE session_id = $1 AND NOT taken)";
+
+/// What a lean append's rows say: how many were inserted, and whether the inbox was
+/// empty.
+fn inserted(rows: &[tokio_postgres::Row]) -> (u64, bool) {
+    let empty = rows.last().is_some_and(|r| r.get::<_, bool>(0));
+    (rows.len() as u64, empty)
+}
 
 /// What this process last appended to a session under one lease epoch.
 #[derive(Debug, Clone, Copy)]
@@ -441,7 +442,7 @@ impl PostgresWorld {
         let outcome = if lean && records.len() == 1 {
             let statement = client.prepare_cached(LEAN_APPEND_ONE).await.map_err(db)?;
             client
-                .query_one(
+                .query(
                     &statement,
                     &[
                         &lease.session,
@@ -456,7 +457,7 @@ impl PostgresWorld {
                     ],
                 )
                 .await
-                .map(|row| (row.get::<_, i64>(0) as u64, row.get::<_, bool>(1)))
+                .map(|rows| inserted(&rows))
         } else {
             let seqs: Vec<i64> = records.iter().map(|r| r.seq as i64).collect();
             let schemas: Vec<i16> = vec![schema; records.len()];
@@ -464,7 +465,7 @@ impl PostgresWorld {
             if lean {
                 let statement = client.prepare_cached(LEAN_APPEND).await.map_err(db)?;
                 client
-                    .query_one(
+                    .query(
                         &statement,
                         &[
                             &lease.session,
@@ -479,7 +480,7 @@ impl PostgresWorld {
                         ],
                     )
                     .await
-                    .map(|row| (row.get::<_, i64>(0) as u64, row.get::<_, bool>(1)))
+                    .map(|rows| inserted(&rows))
             } else {
                 let taken: Vec<i64> = summary.taken.iter().map(|t| *t as i64).collect();
                 let (wset, wval) = match &summary.waiting_for {
