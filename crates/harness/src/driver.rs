@@ -467,7 +467,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 .await
         };
         tokio::pin!(call);
-        let stop = interrupt::arrives(self.harness.world.clone(), self.lease.session.clone());
+        let stop = interrupt::arrives_after_append(self.harness.world.clone(), &self.lease);
         tokio::pin!(stop);
         let mut pending = String::new();
         let mut last_flush = std::time::Instant::now();
@@ -924,7 +924,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         let touches_workspace = class.touches_workspace() && !remote;
         let workspace = self.workspace.clone();
         let started = std::time::Instant::now();
-        let stop = interrupt::arrives(self.harness.world.clone(), self.lease.session.clone());
+        let stop = interrupt::arrives_after_append(self.harness.world.clone(), &self.lease);
         let executed = tokio::select! {
             out = self.execute_call(&call.name, &call.input) => Ok(out),
             item = stop => Err(item),

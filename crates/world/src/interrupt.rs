@@ -30,10 +30,28 @@ pub fn is_interrupt(item: &Inbound) -> bool {
 
 /// Completes when an interrupt for `session` arrives.
 pub async fn arrives<W: World>(world: W, session: String) -> Inbound {
+    watch(world, session, false).await
+}
+
+/// [`arrives`] for the holder of `lease`, who has just appended: when that append
+/// found the inbox empty ([`World::inbox_seen_empty`]), the first look waits for a
+/// change or the poll instead of reading at once (an interrupt posted since is seen
+/// within the poll, as one posted during the call is).
+pub fn arrives_after_append<W: World>(
+    world: W,
+    lease: &crate::Lease,
+) -> impl std::future::Future<Output = Inbound> + Send {
+    let seen_empty = world.inbox_seen_empty(lease);
+    watch(world, lease.session.clone(), seen_empty)
+}
+
+async fn watch<W: World>(world: W, session: String, mut seen_empty: bool) -> Inbound {
     let mut changes = world.changes();
     loop {
-        if let Some(item) = pending(&world, &session).await {
-            return item;
+        if !std::mem::take(&mut seen_empty) {
+            if let Some(item) = pending(&world, &session).await {
+                return item;
+            }
         }
         tokio::select! {
             _ = changes.changed() => {}
