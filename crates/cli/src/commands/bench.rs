@@ -62,7 +62,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     hosts: usize,
     /// Steps of the session `steps` runs.
-    #[arg(long, default_value_t = 10_020)]
+    #[arg(long, default_value_t = 10_050)]
     steps: u32,
     /// Concurrent stream readers.
     #[arg(long, default_value_t = 100)]

@@ -7,8 +7,9 @@
 //! the tool call and everything durable between: intents, outcomes, snapshots,
 //! compaction) is timed, and after each of those steps the call the harness is about to
 //! make is made straight to the provider and the same tool run straight in a local
-//! sandbox (harness, direct, harness, direct, ...); their medians are the step's own
-//! time. What is left is the harness's durable overhead per step.
+//! sandbox (harness, direct, harness, direct, ...). The overhead is the median, over
+//! the steps around the mark, of each step's time less the direct call and tool run
+//! made just before it.
 
 use std::time::{Duration, Instant};
 
@@ -22,7 +23,7 @@ use steadfast_world::AnyWorld;
 use super::bench::median;
 
 /// Steps timed around each mark.
-const WINDOW: u32 = 40;
+const WINDOW: u32 = 100;
 
 /// The request the session would send now (what the harness builds from its state).
 fn request_now(state: &steadfast_log::SessionState) -> ModelRequest {
@@ -102,7 +103,7 @@ pub async fn run(world: Option<&str>, total: u32) -> anyhow::Result<()> {
     let mut driver = harness.wake_native(&id).await?;
     driver.send("work through the notes").await?;
     let mut per_step: Vec<(u32, Duration)> = Vec::new();
-    let (mut model, mut tool_times) = (Vec::new(), Vec::new());
+    let mut direct: Vec<(u32, Duration, Duration)> = Vec::new();
     let mut overheads = Vec::new();
     let mut next_mark = marks.iter().copied().peekable();
     let in_window = |step: u32, mark: u32| step + WINDOW / 2 > mark && step < mark + WINDOW / 2;
@@ -133,14 +134,15 @@ pub async fn run(world: Option<&str>, total: u32) -> anyhow::Result<()> {
                 RequestBuilder::default().prepare(&client, request.head(), &request.messages);
             let started = Instant::now();
             client.send(&prepared, &mut |_| {}).await?;
-            model.push(started.elapsed());
+            let model_took = started.elapsed();
             let started = Instant::now();
             tool.execute(
                 "read",
                 &json!({"file_path": format!("notes{}.txt", step % 2)}),
             )
             .await?;
-            tool_times.push(started.elapsed());
+            // What the harness's next step does, done directly.
+            direct.push((step + 1, model_took, started.elapsed()));
         }
         if step < mark + WINDOW / 2 {
             continue;
@@ -153,11 +155,24 @@ pub async fn run(world: Option<&str>, total: u32) -> anyhow::Result<()> {
                 .map(|(_, d)| *d)
                 .collect(),
         );
+        let direct = std::mem::take(&mut direct);
         let (model_time, tool_time) = (
-            median(std::mem::take(&mut model)),
-            median(std::mem::take(&mut tool_times)),
+            median(direct.iter().map(|d| d.1).collect()),
+            median(direct.iter().map(|d| d.2).collect()),
         );
-        let overhead = harness_time.saturating_sub(model_time + tool_time);
+        // Each step against the same work done directly just before it: the median of
+        // those differences, so a slow spell of the machine moves both sides alike.
+        let mut differences: Vec<f64> = direct
+            .iter()
+            .filter_map(|(s, m, t)| {
+                let harness = per_step.iter().find(|(p, _)| p == s)?.1;
+                Some(harness.as_secs_f64() - (*m + *t).as_secs_f64())
+            })
+            .collect();
+        differences.sort_by(f64::total_cmp);
+        let overhead = differences
+            .get(differences.len() / 2)
+            .map_or(Duration::ZERO, |d| Duration::from_secs_f64(d.max(0.0)));
         overheads.push((mark, overhead));
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!(
