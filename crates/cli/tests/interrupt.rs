@@ -137,6 +137,50 @@ fn kinds(log: &[Value]) -> Vec<String> {
         .collect()
 }
 
+/// An API process and a worker process on one home and world, with the fake provider
+/// playing `script`.
+struct Processes {
+    fake: FakeProvider,
+    _dir: tempfile::TempDir,
+    home: std::path::PathBuf,
+    url: String,
+    _api: tokio::process::Child,
+    _worker: tokio::process::Child,
+}
+
+impl Processes {
+    async fn start(world: Option<&str>, script: Script) -> Self {
+        let fake = FakeProvider::start(script).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let (api, url) = api(&home, world, &fake).await;
+        let worker = command(&home, world, &fake, &["worker"]).spawn().unwrap();
+        Processes {
+            fake,
+            _dir: dir,
+            home,
+            url,
+            _api: api,
+            _worker: worker,
+        }
+    }
+
+    /// Creates a session with `task` through the API: its id and workspace.
+    async fn create(&self, task: &str) -> (String, std::path::PathBuf) {
+        let (code, created) = request(
+            reqwest::Method::POST,
+            &format!("{}/v1/sessions", self.url),
+            Some(json!({ "task": task })),
+        )
+        .await;
+        assert_eq!(code, 201, "{created}");
+        (
+            created["id"].as_str().unwrap().to_string(),
+            std::path::PathBuf::from(created["workspace"].as_str().unwrap()),
+        )
+    }
+}
+
 async fn interrupt_everything(world: Option<&str>) {
     let long = "This reply streams slowly, a few words at a time, so there is time to stop it. "
         .repeat(20);
@@ -148,24 +192,13 @@ async fn interrupt_everything(world: Option<&str>) {
         {"text": "Understood, I stopped."},
     ]}))
     .unwrap();
-    let fake = FakeProvider::start(script).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let home = dir.path().join("home");
-    let (_api, url) = api(&home, world, &fake).await;
-    let _worker = command(&home, world, &fake, &["worker"]).spawn().unwrap();
+    let procs = Processes::start(world, script).await;
+    let (fake, home, url) = (&procs.fake, &procs.home, &procs.url);
 
     // 1. Mid model stream: cut, recorded as interrupted by its owner, no restart.
-    let (code, created) = request(
-        reqwest::Method::POST,
-        &format!("{url}/v1/sessions"),
-        Some(json!({"task": "talk"})),
-    )
-    .await;
-    assert_eq!(code, 201, "{created}");
-    let id = created["id"].as_str().unwrap().to_string();
-    let ws = std::path::PathBuf::from(created["workspace"].as_str().unwrap());
+    let (id, ws) = procs.create("talk").await;
     wait_until("the reply to stream", async || {
-        kinds(&log(&home, world, &fake, &id).await)
+        kinds(&log(home, world, fake, &id).await)
             .iter()
             .any(|k| k == "model_delta")
     })
@@ -179,7 +212,7 @@ async fn interrupt_everything(world: Option<&str>) {
     .await;
     assert_eq!(code, 202, "{body}");
     wait_until("the turn to stop", async || {
-        status(&url, &id).await["status"] == "idle"
+        status(url, &id).await["status"] == "idle"
     })
     .await;
     assert!(
@@ -187,7 +220,7 @@ async fn interrupt_everything(world: Option<&str>) {
         "{:?}",
         started.elapsed()
     );
-    let records = log(&home, world, &fake, &id).await;
+    let records = log(home, world, fake, &id).await;
     let names = kinds(&records);
     assert!(
         !names.contains(&"model_call_outcome".to_string()),
@@ -203,7 +236,7 @@ async fn interrupt_everything(world: Option<&str>) {
     assert!(stopped["call_id"].as_str().unwrap().starts_with("mc_"));
 
     // 2. Mid command: killed within a second, the workspace after it recorded.
-    assert_eq!(send_message(&url, &id, "run it").await, 200);
+    assert_eq!(send_message(url, &id, "run it").await, 200);
     wait_until("the command to start", async || {
         ws.join("started.txt").exists()
     })
@@ -217,7 +250,7 @@ async fn interrupt_everything(world: Option<&str>) {
     .await;
     assert_eq!(code, 202, "{body}");
     wait_until("the command to stop", async || {
-        status(&url, &id).await["status"] == "idle"
+        status(url, &id).await["status"] == "idle"
     })
     .await;
     assert!(
@@ -225,7 +258,7 @@ async fn interrupt_everything(world: Option<&str>) {
         "{:?}",
         started.elapsed()
     );
-    let records = log(&home, world, &fake, &id).await;
+    let records = log(home, world, fake, &id).await;
     let outcome = records
         .iter()
         .rev()
@@ -245,9 +278,9 @@ async fn interrupt_everything(world: Option<&str>) {
     );
 
     // 3. The next turn works, and the model is told what happened.
-    assert_eq!(send_message(&url, &id, "what now?").await, 200);
+    assert_eq!(send_message(url, &id, "what now?").await, 200);
     wait_until("the next turn", async || {
-        status(&url, &id).await["reply"] == "Understood, I stopped."
+        status(url, &id).await["reply"] == "Understood, I stopped."
     })
     .await;
     let asked = fake.state().requests().last().cloned().unwrap();
@@ -269,7 +302,7 @@ async fn interrupt_everything(world: Option<&str>) {
         .await;
         let other = created["id"].as_str().unwrap().to_string();
         wait_until("the reply to stream", async || {
-            kinds(&log(&home, world, &fake, &other).await)
+            kinds(&log(home, world, fake, &other).await)
                 .iter()
                 .any(|k| k == "model_delta")
         })
@@ -388,20 +421,9 @@ async fn steer_between_calls(world: Option<&str>) {
         {"text": "Done, and steered."},
     ]}))
     .unwrap();
-    let fake = FakeProvider::start(script).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let home = dir.path().join("home");
-    let (_api, url) = api(&home, world, &fake).await;
-    let _worker = command(&home, world, &fake, &["worker"]).spawn().unwrap();
-    let (code, created) = request(
-        reqwest::Method::POST,
-        &format!("{url}/v1/sessions"),
-        Some(json!({"task": "go"})),
-    )
-    .await;
-    assert_eq!(code, 201, "{created}");
-    let id = created["id"].as_str().unwrap().to_string();
-    let ws = std::path::PathBuf::from(created["workspace"].as_str().unwrap());
+    let procs = Processes::start(world, script).await;
+    let (fake, home, url) = (&procs.fake, &procs.home, &procs.url);
+    let (id, ws) = procs.create("go").await;
     wait_until("the command to start", async || {
         ws.join("started.txt").exists()
     })
@@ -415,12 +437,12 @@ async fn steer_between_calls(world: Option<&str>) {
     assert!(resp.status().is_success(), "{}", resp.status());
     drop(resp);
     wait_until("the turn to end", async || {
-        kinds(&log(&home, world, &fake, &id).await)
+        kinds(&log(home, world, fake, &id).await)
             .iter()
             .any(|k| k == "turn_ended")
     })
     .await;
-    let names: Vec<String> = kinds(&log(&home, world, &fake, &id).await)
+    let names: Vec<String> = kinds(&log(home, world, fake, &id).await)
         .into_iter()
         .filter(|k| k != "model_delta")
         .collect();
