@@ -24,6 +24,9 @@ pub struct Config {
     /// Where big outputs go: `s3://bucket/prefix` (with the usual `AWS_*` variables)
     /// or a directory; unset for `blobs/` under the home directory.
     pub blobs: Option<String>,
+    /// Where this host materializes logical workspaces (default: workspaces/ under
+    /// the home directory).
+    pub workspace_root: Option<PathBuf>,
     /// Default model of new sessions (`provider/model`).
     pub model: Option<String>,
     /// Per-provider endpoints.
@@ -202,6 +205,9 @@ pub struct HarnessConfig {
     pub max_tokens: Option<u32>,
     /// Lease time to live, seconds.
     pub lease_ttl_secs: Option<u64>,
+    /// The most this host's cache of a shared drive store (`blobs = "s3://..."`)
+    /// holds, MiB (default 4096); least recently used snapshots' objects go first.
+    pub drive_cache_mb: Option<u64>,
     /// The models' context window, tokens (default: by model, e.g. 200k for Claude).
     pub context_window: Option<u64>,
     /// Compact the native agent's conversation when a request would pass this share
@@ -381,6 +387,10 @@ impl Config {
         if let Some(n) = h.checkpoint_every {
             options.checkpoint_every = n.max(1);
         }
+        if let Some(mb) = h.drive_cache_mb {
+            options.drive_cache_bytes = mb.max(1) << 20;
+        }
+        options.workspace_root = self.workspace_root.clone();
         for (model, price) in &self.prices {
             options
                 .prices

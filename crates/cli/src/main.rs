@@ -35,6 +35,10 @@ struct Cli {
     /// under --home).
     #[arg(long, global = true, env = "STEADFAST_BLOBS")]
     blobs: Option<String>,
+    /// Where this host materializes the logical workspaces of sessions it drives
+    /// (default: workspaces/ under --home).
+    #[arg(long, global = true, env = "STEADFAST_WORKSPACE_ROOT")]
+    workspace_root: Option<PathBuf>,
     /// The sandbox backend: `auto` (bwrap where it works, else local with a warning),
     /// `bwrap` or `local`.
     #[arg(long, global = true, env = "STEADFAST_SANDBOX")]
@@ -186,6 +190,9 @@ fn main() -> ExitCode {
         if cli.blobs.is_some() {
             config.blobs = cli.blobs.clone();
         }
+        if cli.workspace_root.is_some() {
+            config.workspace_root = cli.workspace_root.clone();
+        }
         config.migrate_on_open = cli.migrate;
         if cli.sandbox.is_some() {
             config.sandbox.backend = cli.sandbox.clone();
@@ -253,7 +260,7 @@ fn main() -> ExitCode {
                 Ok(ExitCode::SUCCESS)
             }
             Command::FakeProvider(args) => commands::fake::run(args).await,
-            Command::Bench(args) => commands::bench::run(args, config.world.as_deref()).await,
+            Command::Bench(args) => commands::bench::run(args, &config).await,
         }
     });
     // Work stuck in a blocking call (a snapshot of a hung filesystem, say) must not

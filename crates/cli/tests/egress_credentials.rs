@@ -98,7 +98,7 @@ async fn a_bound_credential_is_added_at_the_proxy_and_never_seen_inside() {
     .await;
     assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().unwrap().to_string();
-    let workspace = std::path::PathBuf::from(created["workspace"].as_str().unwrap());
+    let workspace = common::workspace_in(&home, &created);
     wait_for("the turn to end", async || {
         reqwest::get(format!("{sessions}/{id}"))
             .await

@@ -62,8 +62,8 @@ impl Fleet {
     }
 }
 
-fn workspace(created: &Value) -> PathBuf {
-    PathBuf::from(created["workspace"].as_str().unwrap())
+fn workspace(fleet: &Fleet, created: &Value) -> PathBuf {
+    common::workspace_in(&fleet.home, created)
 }
 
 async fn log(fleet: &Fleet, id: &str) -> Vec<Value> {
@@ -212,7 +212,7 @@ async fn twenty_sessions_survive_random_worker_kills_on_postgres() {
         }
         // No mutation applied twice.
         assert_eq!(
-            std::fs::read_to_string(workspace(s).join("steps.txt")).unwrap(),
+            std::fs::read_to_string(workspace(&fleet, s).join("steps.txt")).unwrap(),
             "step1\nstep2\nstep3\n",
             "{id}"
         );

@@ -174,7 +174,7 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
         Some(json!({"workspace": {"kind": "git", "url": repo0, "credential": "forge", "ref": first}})))
     .await;
     assert_eq!(status, 201, "{created}");
-    let at_first = PathBuf::from(created["workspace"].as_str().unwrap());
+    let at_first = common::workspace_in(&home, &created);
     assert!(at_first.join("README.md").exists() && !at_first.join("src").exists());
     assert_eq!(git(&at_first, &["rev-parse", "HEAD"]), first);
 
@@ -191,7 +191,7 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
         .await;
         assert_eq!(status, 201, "{created}");
         let id = created["id"].as_str().unwrap().to_string();
-        let workspace = PathBuf::from(created["workspace"].as_str().unwrap());
+        let workspace = common::workspace_in(&home, &created);
 
         // The third tool call is the push: the first worker dies at `fault` in it.
         let mut doomed = site.command(&fake, &["worker"]);

@@ -176,7 +176,7 @@ impl Processes {
         assert_eq!(code, 201, "{created}");
         (
             created["id"].as_str().unwrap().to_string(),
-            std::path::PathBuf::from(created["workspace"].as_str().unwrap()),
+            common::workspace_in(&self.home, &created),
         )
     }
 }

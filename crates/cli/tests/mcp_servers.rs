@@ -110,7 +110,7 @@ async fn rounds(agent: &str) {
         .await;
         assert_eq!(status, 201, "{created}");
         let id = created["id"].as_str().unwrap().to_string();
-        let workspace = PathBuf::from(created["workspace"].as_str().unwrap());
+        let workspace = common::workspace_in(&home, &created);
         let mut doomed = site.command(&fake, &["worker"]);
         doomed.env(
             "STEADFAST_FAULT",

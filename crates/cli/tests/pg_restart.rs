@@ -2,6 +2,8 @@
 //! and every session completes. (Its own test binary: it restarts the machine's
 //! server, which no other test may be using at the time.)
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
@@ -119,11 +121,9 @@ async fn sessions_complete_across_a_database_restart() {
     }
     // Restart the database once the work is under way, before it is done.
     let lines = |s: &Value| {
-        std::fs::read_to_string(
-            PathBuf::from(s["workspace"].as_str().unwrap()).join("progress.txt"),
-        )
-        .map(|t| t.lines().count())
-        .unwrap_or(0)
+        std::fs::read_to_string(common::workspace_in(&home, s).join("progress.txt"))
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
     };
     for _ in 0..200 {
         if sessions.iter().any(|s| lines(s) > 0) {
@@ -162,7 +162,7 @@ async fn sessions_complete_across_a_database_restart() {
     }
     assert!(done, "every session completed after the restart");
     for s in &sessions {
-        let ws = PathBuf::from(s["workspace"].as_str().unwrap());
+        let ws = common::workspace_in(&home, s);
         assert_eq!(
             std::fs::read_to_string(ws.join("progress.txt")).unwrap(),
             "1\n2\n3\n4\n"

@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use steadfast_drive::Drive;
 use steadfast_harness::{Harness, HarnessOptions, NewSession, Provisioner, Stop};
 use steadfast_log::{Event, ToolResolution};
 use steadfast_sandbox::{AnySandbox, Backend, Sandbox, SandboxOptions, ToolOutput};
@@ -98,7 +97,9 @@ impl Setup {
         let home = self.dir.path().join("home");
         let blobs = Blobs::local(&home.join("blobs")).unwrap();
         let world = SqliteWorld::open(home.join("world.db")).unwrap();
-        let drive = Drive::open(home.join("drive")).unwrap();
+        let drive =
+            steadfast_harness::open_drive(&home, &blobs, steadfast_harness::DRIVE_CACHE_BYTES)
+                .unwrap();
         let mut options = HarnessOptions::fake_provider(&self.fake.base_url());
         options.sandbox = SandboxOptions {
             backend: Backend::Bwrap,

@@ -149,7 +149,7 @@ async fn a_sigkilled_worker_s_turn_is_finished_by_another() {
     assert_eq!(fake.state().distinct_requests(), 3);
     let session = get(&format!("{url}/v1/sessions/{id}")).await;
     assert_eq!(session["status"], "idle");
-    let ws = PathBuf::from(created["workspace"].as_str().unwrap());
+    let ws = common::workspace_in(&home, &created);
     assert_eq!(
         std::fs::read_to_string(ws.join("notes.txt")).unwrap(),
         "one\ntwo\n"
@@ -209,7 +209,7 @@ async fn a_waiting_session_resumes_after_a_server_restart() {
         get(&format!("{url}/v1/sessions/{id}")).await["status"] == "idle"
     })
     .await;
-    let ws = PathBuf::from(created["workspace"].as_str().unwrap());
+    let ws = common::workspace_in(&home, &created);
     assert_eq!(
         std::fs::read_to_string(ws.join("RELEASED")).unwrap(),
         "released\n"
@@ -281,7 +281,7 @@ async fn special_files_never_block_a_session_and_sigterm_always_stops_the_server
     .await;
     let shown = get(&format!("{url}/v1/sessions/{id}")).await;
     assert_eq!(shown["reply"], "done", "{shown}");
-    let ws = std::path::PathBuf::from(created["workspace"].as_str().unwrap());
+    let ws = common::workspace_in(&home, &created);
     assert_eq!(
         std::fs::read_to_string(ws.join("after.txt")).unwrap(),
         "next-command-works\n"

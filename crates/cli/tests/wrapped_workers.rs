@@ -166,7 +166,7 @@ async fn takeover(
     assert_eq!(resp.status(), 201);
     let created: Value = resp.json().await.unwrap();
     let id = created["id"].as_str().unwrap().to_string();
-    let workspace = PathBuf::from(created["workspace"].as_str().unwrap());
+    let workspace = common::workspace_in(&site.home, &created);
 
     // The turn streams over SSE from the message's own request.
     let stream = http

@@ -35,7 +35,7 @@ impl Read for Verified {
 
 impl ObjectStore {
     fn open_verified(&self, hash: &str) -> Result<Verified> {
-        let path = self.checked_path(hash)?;
+        let path = self.local(hash)?;
         let file = std::fs::File::open(&path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => Error::NotFound(hash.to_string()),
             _ => crate::io("read", &path)(e),

@@ -16,6 +16,7 @@
 mod archive;
 mod index;
 mod manifest;
+mod remote;
 mod restore;
 mod scan;
 mod store;
@@ -60,6 +61,9 @@ pub enum Error {
     /// An archive given to unpack is not one, or holds what a workspace may not.
     #[error("{0}")]
     Archive(String),
+    /// The shared store failed (unreachable, refused, or answered nonsense).
+    #[error("drive store: {0}")]
+    Store(String),
 }
 
 /// The drive's result type.
@@ -70,7 +74,8 @@ pub(crate) fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -
     move |source| Error::Io { op, path, source }
 }
 
-/// A snapshot store on local disk, shared by all the workspaces that use it.
+/// A snapshot store, shared by all the workspaces that use it: on local disk, or in
+/// an object store every host shares with a bounded cache on this one.
 #[derive(Debug, Clone)]
 pub struct Drive {
     objects: ObjectStore,
@@ -89,10 +94,34 @@ impl Drive {
     /// Opens (creating if needed) a drive stored under `dir`.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
+        Self::open_at(dir, dir.join("objects"))
+    }
+
+    /// Opens a drive whose objects are in the directory `objects` (which may be
+    /// shared by several hosts) and whose per-host state is under `dir`.
+    pub fn open_at(dir: impl AsRef<Path>, objects: impl Into<PathBuf>) -> Result<Self> {
+        Self::with_objects(dir.as_ref(), ObjectStore::open(objects.into())?)
+    }
+
+    /// Opens a drive whose objects live in `store`, shared by every host, with a
+    /// cache of at most `cache_bytes` and the per-host state under `dir`. A snapshot
+    /// is durable when `store` holds it; any host can restore it.
+    pub fn open_shared(
+        dir: impl AsRef<Path>,
+        store: Arc<dyn object_store::ObjectStore>,
+        cache_bytes: u64,
+    ) -> Result<Self> {
+        let dir = dir.as_ref();
+        let remote = remote::Remote::new(store);
+        let objects = ObjectStore::cached(dir.join("objects"), remote, cache_bytes)?;
+        Self::with_objects(dir, objects)
+    }
+
+    fn with_objects(dir: &Path, objects: ObjectStore) -> Result<Self> {
         let cache_dir = dir.join("statcache");
         std::fs::create_dir_all(&cache_dir).map_err(io("create", &cache_dir))?;
         Ok(Drive {
-            objects: ObjectStore::open(dir.join("objects"))?,
+            objects,
             cache_dir,
             indexes: Arc::default(),
             files_read: Arc::default(),
@@ -122,7 +151,7 @@ impl Drive {
     pub fn snapshot(&self, workspace: &Path) -> Result<String> {
         self.with_index(workspace, |index| {
             let root = self.store_pass(workspace, index)?;
-            if self.objects.contains(&root) {
+            if self.objects.contains(&root)? {
                 return Ok(root);
             }
             // The index named a tree the store no longer holds (swept while no log
@@ -277,3 +306,5 @@ impl Drive {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_shared;

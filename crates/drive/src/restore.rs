@@ -54,6 +54,15 @@ pub(crate) fn apply(
         }
     };
     let want = load_tree(objects, target)?.tree;
+    let wanted: Vec<&str> = want
+        .iter()
+        .filter_map(|(name, node)| match (node, have.get(name)) {
+            (Node::File { hash, .. }, Some(Node::File { hash: had, .. })) if had == hash => None,
+            (Node::File { hash, .. }, _) => Some(hash.as_str()),
+            _ => None,
+        })
+        .collect();
+    objects.prefetch(&wanted)?;
     for (name, node) in have {
         if !want.get(name).is_some_and(|w| same_kind(node, w)) {
             let path = abs.join(name);

@@ -5,12 +5,18 @@
 //! filesystem's journal commits them in one go) before renaming each into place. An
 //! object is therefore either whole or absent, and a snapshot with ten new objects
 //! pays for about one sync, not ten.
+//!
+//! With a shared store behind it ([`Remote`]), this directory is a bounded cache: a
+//! batch's objects are uploaded before it is finished (a snapshot is durable when the
+//! shared store holds it, so the cache is not synced), objects missing here are
+//! fetched and checked against their name, and the least recently used are evicted.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::remote::Remote;
 use crate::{io, Error, Result};
 
 #[derive(Debug, Clone)]
@@ -18,6 +24,42 @@ pub(crate) struct ObjectStore {
     dir: PathBuf,
     /// Bytes of new objects committed through this handle (and its clones).
     written: Arc<AtomicU64>,
+    /// The shared store this directory caches, if any.
+    remote: Option<Remote>,
+    /// How much the cache holds and may hold (with a remote only).
+    cache: Option<Arc<Cache>>,
+}
+
+/// The bound on a cache directory and what it holds now.
+#[derive(Debug)]
+struct Cache {
+    limit: u64,
+    used: AtomicU64,
+    /// Objects this process has seen in the shared store: uploaded, or read back
+    /// (a restore reads only recorded snapshots, which the store keeps). A pass that
+    /// writes one of these again need not upload it; any other cached object is
+    /// uploaded again, since the store may have collected it since it was cached.
+    known: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+/// How many objects a cache remembers as seen in the shared store (past it, it
+/// forgets them all and starts over: a few more uploads, never a wrong answer).
+const KNOWN_LIMIT: usize = 1 << 20;
+
+impl Cache {
+    fn knows(&self, hash: &str) -> bool {
+        self.known.lock().expect("known lock").contains(hash)
+    }
+
+    fn learn<'a>(&self, hashes: impl IntoIterator<Item = &'a str>) {
+        let mut known = self.known.lock().expect("known lock");
+        for hash in hashes {
+            if known.len() >= KNOWN_LIMIT {
+                known.clear();
+            }
+            known.insert(hash.to_string());
+        }
+    }
 }
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -26,6 +68,9 @@ static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 #[derive(Default)]
 pub(crate) struct Batch {
     pending: Vec<(PathBuf, std::fs::File, String)>,
+    /// Objects a pass wrote that this directory already held: a shared store is
+    /// given them again (it may have collected them since this host cached them).
+    reused: Vec<String>,
     bytes: u64,
 }
 
@@ -42,7 +87,172 @@ impl ObjectStore {
         Ok(ObjectStore {
             dir,
             written: Arc::default(),
+            remote: None,
+            cache: None,
         })
+    }
+
+    /// A cache in `dir` of at most `limit` bytes in front of `remote`.
+    pub(crate) fn cached(dir: PathBuf, remote: Remote, limit: u64) -> Result<Self> {
+        let mut store = Self::open(dir)?;
+        let used = store.cached_objects()?.iter().map(|o| o.len).sum();
+        store.remote = Some(remote);
+        store.cache = Some(Arc::new(Cache {
+            limit,
+            used: AtomicU64::new(used),
+            known: Default::default(),
+        }));
+        Ok(store)
+    }
+
+    /// Every object file in the directory, with its size and last use.
+    fn cached_objects(&self) -> Result<Vec<CachedObject>> {
+        let mut found = Vec::new();
+        for shard in std::fs::read_dir(&self.dir).map_err(io("read", &self.dir))? {
+            let shard = shard.map_err(io("read", &self.dir))?.path();
+            let is_shard = shard
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.len() == 2 && n != "tmp");
+            if !is_shard || !shard.is_dir() {
+                continue;
+            }
+            for file in std::fs::read_dir(&shard).map_err(io("read", &shard))? {
+                let path = file.map_err(io("read", &shard))?.path();
+                if let Ok(meta) = std::fs::metadata(&path) {
+                    let used = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
+                    found.push(CachedObject {
+                        path,
+                        len: meta.len(),
+                        used,
+                    });
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Counts `bytes` more in the cache and, past its bound, evicts the least
+    /// recently used objects down to three quarters of it (every one is in the
+    /// shared store, so any can go), but never `keep` (about to be read).
+    fn cached_more(&self, bytes: u64, keep: Option<&Path>) -> Result<()> {
+        let Some(cache) = &self.cache else {
+            return Ok(());
+        };
+        let used = cache.used.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        if used <= cache.limit {
+            return Ok(());
+        }
+        let mut objects = self.cached_objects()?;
+        objects.sort_by_key(|o| o.used);
+        let mut used: u64 = objects.iter().map(|o| o.len).sum();
+        let target = cache.limit / 4 * 3;
+        for object in objects {
+            if used <= target {
+                break;
+            }
+            if Some(object.path.as_path()) == keep {
+                continue;
+            }
+            if std::fs::remove_file(&object.path).is_ok() {
+                used -= object.len;
+            }
+        }
+        cache.used.store(used, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The path of object `hash` here, fetched from the shared store if this
+    /// directory does not hold it (and marked as just used if it does).
+    pub(crate) fn local(&self, hash: &str) -> Result<PathBuf> {
+        let path = self.checked_path(hash)?;
+        let Some(remote) = &self.remote else {
+            return Ok(path);
+        };
+        if let Some(cache) = &self.cache {
+            cache.learn([hash]);
+        }
+        if let Ok(file) = std::fs::File::options().write(true).open(&path) {
+            let _ = file.set_modified(std::time::SystemTime::now());
+            return Ok(path);
+        }
+        let (tmp, file) = self.temporary()?;
+        drop(file);
+        if let Err(e) = remote.download(hash, &tmp) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        let len = std::fs::metadata(&tmp).map_err(io("read", &tmp))?.len();
+        let parent = path.parent().expect("object paths have a parent");
+        std::fs::create_dir_all(parent).map_err(io("create", parent))?;
+        std::fs::rename(&tmp, &path).map_err(io("rename", &path))?;
+        self.cached_more(len, Some(&path))?;
+        Ok(path)
+    }
+
+    /// Whether a cached object must be uploaded again when a pass writes it: with a
+    /// shared store, unless this process has seen it there.
+    fn unvouched(&self, hash: &str) -> bool {
+        self.cache.as_ref().is_some_and(|c| !c.knows(hash))
+    }
+
+    /// Fetches those of `hashes` this directory lacks from the shared store, several
+    /// at once (a restore about to write them asks first, rather than one by one).
+    pub(crate) fn prefetch(&self, hashes: &[&str]) -> Result<()> {
+        let Some(remote) = &self.remote else {
+            return Ok(());
+        };
+        let mut missing: Vec<&str> = hashes
+            .iter()
+            .copied()
+            .filter(|h| self.checked_path(h).is_ok_and(|p| !p.exists()))
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        if missing.len() < 2 {
+            return Ok(());
+        }
+        let mut items = Vec::with_capacity(missing.len());
+        for hash in missing {
+            let (tmp, file) = self.temporary()?;
+            drop(file);
+            items.push((hash.to_string(), tmp));
+        }
+        let fetched = remote.download_all(items.clone());
+        let mut bytes = 0;
+        for (hash, tmp) in items {
+            if fetched.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+                continue;
+            }
+            let path = self.path(&hash);
+            bytes += std::fs::metadata(&tmp).map_err(io("read", &tmp))?.len();
+            let parent = path.parent().expect("object paths have a parent");
+            std::fs::create_dir_all(parent).map_err(io("create", parent))?;
+            std::fs::rename(&tmp, &path).map_err(io("rename", &path))?;
+        }
+        fetched?;
+        self.cached_more(bytes, None)
+    }
+
+    /// Whether a read that failed with `error` is worth one more try: with a shared
+    /// store, a cached copy found corrupt (dropped here, so the next read fetches it
+    /// again) or evicted between being fetched and opened. Without one, the local
+    /// copy is the only one.
+    fn refetchable(&self, hash: &str, error: &Error) -> bool {
+        if self.remote.is_none() {
+            return false;
+        }
+        match error {
+            Error::Corrupt(_) => {
+                if let Ok(path) = self.checked_path(hash) {
+                    let _ = std::fs::remove_file(path);
+                }
+                true
+            }
+            Error::NotFound(_) => true,
+            _ => false,
+        }
     }
 
     /// Bytes of new objects committed through this store so far.
@@ -51,14 +261,38 @@ impl ObjectStore {
     }
 
     /// Whether object `hash` is stored.
-    pub(crate) fn contains(&self, hash: &str) -> bool {
-        self.checked_path(hash).is_ok_and(|p| p.exists())
+    pub(crate) fn contains(&self, hash: &str) -> Result<bool> {
+        if self.checked_path(hash).is_ok_and(|p| p.exists()) {
+            return Ok(true);
+        }
+        match &self.remote {
+            Some(remote) if self.checked_path(hash).is_ok() => remote.contains(hash),
+            _ => Ok(false),
+        }
     }
 
     /// Syncs every object of `batch` (a few threads at once) and renames each into
     /// place. Durable when this returns.
     pub(crate) fn finish(&self, batch: &mut Batch) -> Result<()> {
         let pending = std::mem::take(&mut batch.pending);
+        let reused = std::mem::take(&mut batch.reused);
+        if let Some(remote) = &self.remote {
+            let mut uploads: Vec<(String, PathBuf)> = pending
+                .iter()
+                .map(|(tmp, _, hash)| (hash.clone(), tmp.clone()))
+                .collect();
+            uploads.extend(reused.into_iter().map(|h| {
+                let path = self.path(&h);
+                (h, path)
+            }));
+            remote.upload(uploads.clone())?;
+            if let Some(cache) = &self.cache {
+                cache.learn(uploads.iter().map(|(h, _)| h.as_str()));
+            }
+            let bytes = batch.bytes;
+            self.rename_all(batch, pending)?;
+            return self.cached_more(bytes, None);
+        }
         if pending.is_empty() {
             return Ok(());
         }
@@ -152,6 +386,9 @@ impl ObjectStore {
     /// Stores `bytes` already known to hash to `hash`.
     pub(crate) fn put_hashed(&self, batch: &mut Batch, hash: &str, bytes: &[u8]) -> Result<()> {
         if self.path(hash).exists() {
+            if self.unvouched(hash) {
+                batch.reused.push(hash.to_string());
+            }
             return Ok(());
         }
         let (tmp, mut file) = self.temporary()?;
@@ -203,6 +440,9 @@ impl ObjectStore {
         let hash = hasher.finalize().to_hex().to_string();
         if self.path(&hash).exists() {
             let _ = std::fs::remove_file(&tmp);
+            if self.unvouched(&hash) {
+                batch.reused.push(hash.clone());
+            }
         } else {
             self.defer(batch, tmp, file, hash.clone(), total)?;
         }
@@ -211,10 +451,10 @@ impl ObjectStore {
 
     fn temporary(&self) -> Result<(PathBuf, std::fs::File)> {
         let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let tmp = self
-            .dir
-            .join("tmp")
-            .join(format!("{}-{n}", std::process::id()));
+        let tmp =
+            self.dir
+                .join("tmp")
+                .join(format!("{}-{:x}-{n}", std::process::id(), process_nonce()));
         let file = std::fs::File::create(&tmp).map_err(io("create", &tmp))?;
         Ok((tmp, file))
     }
@@ -222,7 +462,14 @@ impl ObjectStore {
     /// Writes object `hash` to a new file `dest`, a chunk at a time, checking that
     /// it still hashes to its name (a corrupt object leaves no `dest` behind).
     pub(crate) fn copy_to(&self, hash: &str, dest: &Path) -> Result<()> {
-        let path = self.checked_path(hash)?;
+        match self.copy_once(hash, dest) {
+            Err(e) if self.refetchable(hash, &e) => self.copy_once(hash, dest),
+            done => done,
+        }
+    }
+
+    fn copy_once(&self, hash: &str, dest: &Path) -> Result<()> {
+        let path = self.local(hash)?;
         let mut source = std::fs::File::open(&path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => Error::NotFound(hash.to_string()),
             _ => io("read", &path)(e),
@@ -255,6 +502,32 @@ impl ObjectStore {
     /// Removes objects (and leftover temporary files) not in `keep` and older than
     /// `min_age`. Returns how many were removed.
     pub(crate) fn sweep(
+        &self,
+        keep: &std::collections::HashSet<String>,
+        min_age: std::time::Duration,
+    ) -> Result<usize> {
+        let Some(remote) = &self.remote else {
+            return self.sweep_dir(keep, min_age);
+        };
+        // The shared store first: what it no longer holds, no cache may vouch for.
+        let doomed: Vec<String> = remote
+            .list()?
+            .into_iter()
+            .filter(|o| !keep.contains(&o.hash) && o.age >= min_age)
+            .map(|o| o.hash)
+            .collect();
+        let removed = doomed.len();
+        remote.delete(doomed)?;
+        self.sweep_dir(keep, min_age)?;
+        if let Some(cache) = &self.cache {
+            let used = self.cached_objects()?.iter().map(|o| o.len).sum();
+            cache.used.store(used, Ordering::Relaxed);
+        }
+        Ok(removed)
+    }
+
+    /// [`Self::sweep`] of this directory alone.
+    fn sweep_dir(
         &self,
         keep: &std::collections::HashSet<String>,
         min_age: std::time::Duration,
@@ -293,7 +566,14 @@ impl ObjectStore {
 
     /// Reads an object and checks it still hashes to its name.
     pub(crate) fn get(&self, hash: &str) -> Result<Vec<u8>> {
-        let path = self.checked_path(hash)?;
+        match self.get_once(hash) {
+            Err(e) if self.refetchable(hash, &e) => self.get_once(hash),
+            done => done,
+        }
+    }
+
+    fn get_once(&self, hash: &str) -> Result<Vec<u8>> {
+        let path = self.local(hash)?;
         let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => Error::NotFound(hash.to_string()),
             _ => io("read", &path)(e),
@@ -303,6 +583,25 @@ impl ObjectStore {
         }
         Ok(bytes)
     }
+}
+
+/// An object file of a cache directory.
+struct CachedObject {
+    path: PathBuf,
+    len: u64,
+    used: std::time::SystemTime,
+}
+
+/// A number telling this process's temporary files from those of processes on
+/// other hosts with the same pid (when the object directory is shared).
+fn process_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static NONCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *NONCE.get_or_init(|| {
+        std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish()
+    })
 }
 
 /// How much of a file is read at a time.

@@ -543,7 +543,7 @@ async fn handle<W: World + Clone>(
         );
     };
     let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
-    let fingerprint = normalize::fingerprint(api.name(), &request);
+    let fingerprint = normalize::fingerprint(api.name(), &request, &shared.workspace);
     match shared.route(api, &fingerprint, stream).await {
         Err(response) => response,
         Ok(Routed::Replay(reply)) => relay::replay(reply),

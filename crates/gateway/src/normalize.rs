@@ -13,7 +13,13 @@
 //!   more digits become `<n>` (Unix timestamps, and the time-based ids Codex puts in
 //!   many fields), and Codex's `Wall time: N seconds` note on each tool output loses its
 //!   number (a replayed tool result is the same result, however long the first run
-//!   took).
+//!   took);
+//! - the workspace's directory becomes `<workspace>`: a session's workspace is
+//!   materialized under each host's own root, so a turn replayed on another host
+//!   names another directory (the CLIs put their working directory in every request,
+//!   and recorded tool outputs replayed to them name the first host's). For a logical
+//!   workspace (`.../ws_<id>`) any absolute path ending in its id is its directory on
+//!   some host; a directory given by path is matched as itself.
 //!
 //! Headers (request ids, per-run session ids, user agents) are never part of it. Ids the
 //! provider assigned (message, tool-call ids) are kept: on replay the client gets the
@@ -47,8 +53,26 @@ fn patterns() -> &'static [(Regex, &'static str)] {
     })
 }
 
-fn normalize_string(s: &str) -> String {
-    let mut out = s.to_string();
+/// What names the workspace's directory in a request, on any host.
+fn workspace_pattern(workspace: &std::path::Path) -> Option<Regex> {
+    let path = workspace.to_string_lossy();
+    let path = path.trim_end_matches('/');
+    if path.is_empty() {
+        return None;
+    }
+    let name = workspace.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let pattern = match steadfast_log::is_workspace_id(name) {
+        true => format!(r#"(?:/[^/\s"'`:;,()<>]+)*/{}\b"#, regex::escape(name)),
+        false => regex::escape(path),
+    };
+    Regex::new(&pattern).ok()
+}
+
+fn normalize_string(s: &str, workspace: Option<&Regex>) -> String {
+    let mut out = match workspace {
+        Some(re) if re.is_match(s) => re.replace_all(s, "<workspace>").into_owned(),
+        _ => s.to_string(),
+    };
     for (re, with) in patterns() {
         if re.is_match(&out) {
             out = re.replace_all(&out, *with).into_owned();
@@ -57,27 +81,28 @@ fn normalize_string(s: &str) -> String {
     out
 }
 
-fn normalize(value: &mut Value) {
+fn normalize(value: &mut Value, workspace: Option<&Regex>) {
     match value {
-        Value::String(s) => *s = normalize_string(s),
-        Value::Array(items) => items.iter_mut().for_each(normalize),
+        Value::String(s) => *s = normalize_string(s, workspace),
+        Value::Array(items) => items.iter_mut().for_each(|v| normalize(v, workspace)),
         Value::Object(map) => {
             map.remove("cache_control");
-            map.values_mut().for_each(normalize);
+            map.values_mut().for_each(|v| normalize(v, workspace));
         }
         _ => {}
     }
 }
 
-/// The fingerprint of a request to `api`.
-pub fn fingerprint(api: &str, request: &Value) -> String {
+/// The fingerprint of a request to `api` from a client working in `workspace`.
+pub fn fingerprint(api: &str, request: &Value, workspace: &std::path::Path) -> String {
+    let workspace = workspace_pattern(workspace);
     let mut value = request.clone();
     if let Value::Object(map) = &mut value {
         for field in RUN_FIELDS {
             map.remove(*field);
         }
     }
-    normalize(&mut value);
+    normalize(&mut value, workspace.as_ref());
     let mut hasher = blake3::Hasher::new();
     hasher.update(api.as_bytes());
     hasher.update(b"\0");
@@ -89,6 +114,59 @@ pub fn fingerprint(api: &str, request: &Value) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn fp(api: &str, request: &Value) -> String {
+        fingerprint(
+            api,
+            request,
+            std::path::Path::new("/hosts/a/workspaces/ws_1"),
+        )
+    }
+
+    #[test]
+    fn the_workspace_directory_of_each_host_is_the_same_workspace() {
+        // The CLI's working directory on this host, and a recorded tool output that
+        // names the directory on the host that first ran the call.
+        let request = |dir: &str, recorded: &str| {
+            json!({"input": [
+                {"type": "message", "content": format!("<cwd>{dir}</cwd> see {dir}/src/lib.rs")},
+                {"type": "function_call_output", "output": format!("File \"{recorded}/stats.py\", line 3")},
+            ]})
+        };
+        let on = |host: &str, first: &str| {
+            let dir = format!("/hosts/{host}/workspaces/ws_1");
+            let recorded = format!("/hosts/{first}/workspaces/ws_1");
+            fingerprint(
+                "openai.responses",
+                &request(&dir, &recorded),
+                std::path::Path::new(&dir),
+            )
+        };
+        assert_eq!(on("a", "a"), on("b", "a"), "one workspace on two hosts");
+        assert_eq!(on("a", "a"), on("b", "b"));
+        let other = |dir: &str, ws: &str| {
+            fingerprint(
+                "openai.responses",
+                &request(dir, dir),
+                std::path::Path::new(ws),
+            )
+        };
+        assert_ne!(
+            other("/hosts/a/workspaces/ws_12", "/hosts/a/workspaces/ws_1"),
+            on("a", "a"),
+            "another workspace is not this one"
+        );
+        assert_ne!(
+            other("/hosts/a/elsewhere", "/hosts/a/workspaces/ws_1"),
+            on("a", "a"),
+            "another directory is another request"
+        );
+        // A directory given by path is itself only.
+        assert_ne!(
+            other("/home/me/repo", "/home/me/repo"),
+            other("/home/you/repo", "/home/me/repo")
+        );
+    }
 
     #[test]
     fn what_changes_between_runs_is_ignored_and_the_conversation_is_not() {
@@ -102,7 +180,7 @@ mod tests {
                 "prompt_cache_key": session,
             })
         };
-        let a = fingerprint(
+        let a = fp(
             "anthropic.messages",
             &run(
                 "6f1c2a9e-1111-4a4a-8b8b-0123456789ab",
@@ -110,7 +188,7 @@ mod tests {
                 "1764500000123",
             ),
         );
-        let b = fingerprint(
+        let b = fp(
             "anthropic.messages",
             &run(
                 "0a0b0c0d-2222-4c4c-9d9d-ba9876543210",
@@ -121,21 +199,21 @@ mod tests {
         assert_eq!(a, b);
         let mut other = run("6f1c2a9e-1111-4a4a-8b8b-0123456789ab", "2026-11-30", "1");
         other["messages"][0]["content"] = json!("something else");
-        assert_ne!(a, fingerprint("anthropic.messages", &other));
+        assert_ne!(a, fp("anthropic.messages", &other));
         assert_ne!(
-            fingerprint("anthropic.messages", &json!({})),
-            fingerprint("openai.chat", &json!({}))
+            fp("anthropic.messages", &json!({})),
+            fp("openai.chat", &json!({}))
         );
         let codex = |t: &str| json!({"input": [{"type": "function_call_output", "output": format!("Wall time: {t} seconds\nOutput:\nok")}]});
         assert_eq!(
-            fingerprint("openai.responses", &codex("0.0146")),
-            fingerprint("openai.responses", &codex("0.0469"))
+            fp("openai.responses", &codex("0.0146")),
+            fp("openai.responses", &codex("0.0469"))
         );
         // Provider-assigned ids are kept.
         let with_id = |id: &str| json!({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": id}]}]});
         assert_ne!(
-            fingerprint("anthropic.messages", &with_id("toolu_01A")),
-            fingerprint("anthropic.messages", &with_id("toolu_01B"))
+            fp("anthropic.messages", &with_id("toolu_01A")),
+            fp("anthropic.messages", &with_id("toolu_01B"))
         );
     }
 }

@@ -105,7 +105,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         Driver {
             harness,
             lease,
-            workspace: std::path::PathBuf::from(&state.workspace),
+            workspace: sandbox.workspace().to_path_buf(),
             state,
             sandbox,
             model,

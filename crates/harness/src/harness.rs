@@ -64,7 +64,18 @@ pub struct HarnessOptions {
     /// The operator's vault keys, to open the credentials sessions bind to egress
     /// destinations; `None`: no credential can be opened here.
     pub vault: Option<Arc<steadfast_world::VaultKeys>>,
+    /// This host's identity (`STEADFAST_HOST_ID`, else the hostname): what the log
+    /// records for a workspace given as a directory, which only this host drives.
+    pub host: String,
+    /// Where logical workspaces are materialized on this host (`None`:
+    /// `workspaces/` under the home).
+    pub workspace_root: Option<PathBuf>,
+    /// The most the local cache of a shared drive store may hold, bytes.
+    pub drive_cache_bytes: u64,
 }
+
+/// The default bound on a host's cache of a shared drive store.
+pub const DRIVE_CACHE_BYTES: u64 = 4 << 30;
 
 impl std::fmt::Debug for HarnessOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -116,6 +127,9 @@ impl HarnessOptions {
             agents: Default::default(),
             retry_backoff: Default::default(),
             vault: None,
+            host: steadfast_world::host_id(),
+            workspace_root: None,
+            drive_cache_bytes: DRIVE_CACHE_BYTES,
         }
     }
 }
@@ -129,6 +143,10 @@ pub struct NewSession {
     pub model: String,
     /// The workspace directory (created if missing).
     pub workspace: PathBuf,
+    /// The logical workspace this is (`workspace` is then its directory under this
+    /// host's workspace root): the log records the id, and any host can drive the
+    /// session. `None`: a directory on this host, which the log binds to it.
+    pub workspace_id: Option<String>,
     /// Who owns the session.
     pub owner: String,
     /// The first user message, if the session should start working at once. It is
@@ -163,6 +181,7 @@ impl NewSession {
             agent: "native".into(),
             model: model.into(),
             workspace: workspace.to_path_buf(),
+            workspace_id: None,
             owner: "local".into(),
             task: None,
             budget_micro_usd: None,
@@ -193,6 +212,41 @@ pub fn parse_model(spec: &str) -> Result<ModelSpec> {
         _ => Err(Error::Invalid(format!(
             "model `{spec}` is not of the form provider/model (e.g. anthropic/claude-sonnet-4-5)"
         ))),
+    }
+}
+
+/// Opens the drive beside `blobs`: its objects where the blobs are (so hosts sharing
+/// the blobs share snapshots), directly when that is a directory, through a cache of
+/// at most `cache_bytes` under `home` when it is an object store; its per-host state
+/// (which files were seen unchanged) under `home`.
+pub fn open_drive(home: &Path, blobs: &Blobs, cache_bytes: u64) -> Result<Drive> {
+    let state = home.join("drive");
+    Ok(match blobs.drive_objects() {
+        steadfast_world::DriveObjects::Dir(objects) => {
+            adopt_objects(&state.join("objects"), &objects);
+            Drive::open_at(&state, objects)?
+        }
+        steadfast_world::DriveObjects::Store(store) => {
+            Drive::open_shared(&state, store, cache_bytes)?
+        }
+    })
+}
+
+/// Moves a home's drive objects from where they were kept before they went beside
+/// the blobs, once (a failure leaves them; snapshots they hold are then missing and
+/// reported so).
+fn adopt_objects(old: &Path, new: &Path) {
+    if old.is_dir() && !new.exists() {
+        if let Some(parent) = new.parent() {
+            let _ = std::fs::create_dir_all(parent);
+        }
+        if let Err(e) = std::fs::rename(old, new) {
+            tracing::warn!(
+                "could not move drive objects {} to {}: {e}",
+                old.display(),
+                new.display()
+            );
+        }
     }
 }
 
@@ -233,7 +287,7 @@ impl<W: World + Clone> Harness<W, AnySandbox> {
         blobs: Blobs,
         options: HarnessOptions,
     ) -> Result<Self> {
-        let drive = Drive::open(home.join("drive"))?;
+        let drive = open_drive(home, &blobs, options.drive_cache_bytes)?;
         let provision: Provisioner<AnySandbox> = Arc::new(AnySandbox::provision);
         let mut harness = Harness::new(world, blobs, drive, options, provision);
         harness.home = Some(home.to_path_buf());
@@ -326,6 +380,22 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             .canonicalize()
             .map_err(|e| Error::Invalid(format!("workspace {}: {e}", new.workspace.display())))?;
         self.keep_home_out(&workspace)?;
+        let (recorded, host) = match &new.workspace_id {
+            Some(id) => {
+                let expected = self.workspace_dir_of(id)?;
+                if expected.canonicalize().ok().as_ref() != Some(&workspace) {
+                    return Err(Error::Invalid(format!(
+                        "workspace {id} is not under this host's workspace root {}",
+                        expected.display()
+                    )));
+                }
+                (id.clone(), None)
+            }
+            None => (
+                workspace.display().to_string(),
+                Some(self.options.host.clone()),
+            ),
+        };
         // The snapshot comes first: a crash while taking it leaves no session behind.
         let snapshot = self.snapshot(&workspace).await?;
         let id = format!("ses_{}", uuid::Uuid::now_v7().simple());
@@ -334,12 +404,12 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             .world
             .acquire_lease(&id, &self.holder, self.options.lease_ttl)
             .await?;
-        let ws = workspace.display().to_string();
         let mut events = vec![Event::SessionStarted {
             agent: new.agent,
             model,
-            system: prompt::system(&ws),
-            workspace: ws,
+            system: prompt::system(host.is_some().then_some(recorded.as_str())),
+            workspace: recorded,
+            host,
             initial_snapshot: Some(snapshot),
             created_at_ms: now_ms(),
             budget_micro_usd: new.budget_micro_usd,
@@ -466,15 +536,10 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         lease: steadfast_world::Lease,
         state: SessionState,
     ) -> Result<Driver<'_, W, S>> {
-        let workspace = PathBuf::from(&state.workspace);
         let sandbox_options = self.sandbox_options(&lease.session, &state).await?;
-        if let Some(snapshot) = &state.last_snapshot {
-            let drive = self.drive.clone();
-            let (ws, snap) = (workspace.clone(), snapshot.clone());
-            tokio::task::spawn_blocking(move || drive.restore(&ws, &snap))
-                .await
-                .map_err(|e| Error::Invalid(format!("restore task failed: {e}")))??;
-        }
+        // The native loop's workspace is always the log's: brought to the last
+        // snapshot on every wake, whoever drove it last.
+        let workspace = self.materialize(&state, true).await?;
         let sandbox = SandboxSlot::new(
             workspace,
             self.provision.clone(),
@@ -498,7 +563,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         session: &str,
         state: &SessionState,
     ) -> Result<SandboxOptions> {
-        self.keep_home_out(Path::new(&state.workspace))?;
+        self.keep_home_out(&self.workspace_dir(state)?)?;
         let mut options = self.options.sandbox.clone();
         if let Some(policy) = &state.network {
             options.network =
@@ -553,7 +618,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 Some(Arc::new(crate::git::GitPusher::new(
                     source.clone(),
                     credential,
-                    PathBuf::from(&state.workspace),
+                    self.workspace_dir(state)?,
                 )))
             }
         };

@@ -57,6 +57,7 @@ mod harness;
 mod prompt;
 mod slot;
 mod worker;
+mod workspace;
 mod wrapped;
 
 pub use backoff::Backoff;
@@ -64,10 +65,12 @@ pub use control::{SignalTarget, STOP_WAIT};
 pub use diff::{FileDiff, WorkspaceDiff, WorkspaceEntry, WorkspaceListing};
 pub use driver::{Driver, Progress, Stop, APPROVAL_SIGNAL, APPROVAL_TOOL};
 pub use harness::{
-    parse_model, Awake, Harness, HarnessOptions, ModelResolver, NewSession, Provisioner,
+    open_drive, parse_model, Awake, Harness, HarnessOptions, ModelResolver, NewSession,
+    Provisioner, DRIVE_CACHE_BYTES,
 };
 pub use steadfast_sandbox::reconcile;
 pub use steadfast_wrap::{git, remote};
+pub use workspace::{new_workspace_id, workspace_root};
 pub use wrapped::{AgentInfo, AgentOptions, NamedAgent, WrappedDriver};
 
 /// Everything that can stop the harness.

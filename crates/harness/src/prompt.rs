@@ -1,10 +1,16 @@
 //! The native agent's system prompt.
 
-/// The system prompt for a session in `workspace`.
-pub(crate) fn system(workspace: &str) -> String {
+/// The native agent's system prompt. `workspace`: the directory, when the session is
+/// bound to one; a logical workspace is wherever the host driving it puts it, so the
+/// prompt names none.
+pub(crate) fn system(workspace: Option<&str>) -> String {
+    let place = match workspace {
+        Some(dir) => format!("the directory {dir}"),
+        None => "the current directory".to_string(),
+    };
     format!(
         "You are a careful software engineer working as a coding agent. Your workspace is \
-the directory {workspace}; every tool works inside it and paths are relative to it.\n\
+{place}; every tool works inside it and paths are relative to it.\n\
 Tools: bash (run a command), read, write, edit (exact string replace), glob, grep.\n\
 Work in small steps: look before you change, run the tests after changing code, and \
 finish with a short report of what you changed and why.\n\

@@ -80,6 +80,11 @@ impl<S: Sandbox> SandboxSlot<S> {
     }
 
     /// Sets the snapshot the next sandbox is hydrated to.
+    /// The workspace directory the slot's sandboxes mount.
+    pub(crate) fn workspace(&self) -> &std::path::Path {
+        &self.workspace
+    }
+
     pub(crate) fn hydrate_to(&self, snapshot: Option<String>) {
         *self.hydrate_to.lock().unwrap_or_else(|e| e.into_inner()) = snapshot;
     }

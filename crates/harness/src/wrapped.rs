@@ -226,10 +226,14 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         let adapter = self.adapter(&state.agent)?;
         self.check_agent(&state.agent)?;
         let sandbox = self.sandbox_options(&lease.session, &state).await?;
+        // A wrapped CLI's directory is left as its user had it; a logical workspace
+        // is brought to the log's last snapshot, whichever host drove it last.
+        let workspace = self.materialize(&state, false).await?;
         let agents = &self.options.agents;
         let options = WrappedOptions {
             adapter,
             install_dir: self.install_dir(),
+            workspace,
             sandbox,
             upstreams: agents.upstreams.clone(),
             max_restarts: agents.max_restarts,

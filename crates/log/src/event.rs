@@ -444,6 +444,17 @@ impl std::fmt::Display for EndState {
     }
 }
 
+/// Whether a recorded workspace is a logical id (`ws_` and letters, digits or
+/// underscores, nothing a path could be): such a workspace belongs to no host.
+pub fn is_workspace_id(workspace: &str) -> bool {
+    workspace.len() > 3
+        && workspace.len() <= 64
+        && workspace.starts_with("ws_")
+        && workspace[3..]
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
 /// One entry of a session log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -454,8 +465,14 @@ pub enum Event {
         agent: String,
         /// The model spoken to.
         model: ModelSpec,
-        /// The workspace directory.
+        /// The workspace: a logical id (`ws_...`, see [`is_workspace_id`]) that each
+        /// host materializes under its own workspace root, or a directory a user
+        /// named, which lives on one host.
         workspace: String,
+        /// The host a workspace given as a directory lives on (never set for a
+        /// logical one, which any host can drive).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        host: Option<String>,
         /// The system prompt.
         system: String,
         /// The workspace snapshot when the session began.
@@ -807,6 +824,7 @@ impl Event {
             agent: agent.into(),
             model,
             workspace: workspace.into(),
+            host: None,
             system: String::new(),
             initial_snapshot: None,
             created_at_ms: 0,

@@ -281,8 +281,11 @@ pub struct SessionState {
     pub agent: String,
     /// The model.
     pub model: ModelSpec,
-    /// The workspace directory.
+    /// The workspace: a logical id or a directory on [`Self::workspace_host`].
     pub workspace: String,
+    /// The host a directory workspace lives on (`None`: logical, or recorded before
+    /// hosts were).
+    pub workspace_host: Option<String>,
     /// The system prompt.
     pub system: String,
     /// The workspace snapshot the session began with.
@@ -434,6 +437,7 @@ impl SessionState {
             agent,
             model,
             workspace,
+            host,
             system,
             initial_snapshot,
             created_at_ms,
@@ -453,6 +457,7 @@ impl SessionState {
             agent: agent.clone(),
             model: model.clone(),
             workspace: workspace.clone(),
+            workspace_host: host.clone(),
             system: system.clone(),
             initial_snapshot: initial_snapshot.clone(),
             created_at_ms: *created_at_ms,

@@ -12,10 +12,10 @@ pub mod message;
 pub mod record;
 
 pub use event::{
-    tool_result_signal, BlobRef, Breaker, ClientTool, EgressCredential, EndState, Event, GitSource,
-    Limits, McpServer, ModelSpec, Output, ToolClass, ToolResolution, Usage, CHECKPOINT_KIND,
-    COMPACT_SIGNAL, DENIED, INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK, INTERRUPT_SIGNAL,
-    MODEL_DELTA_KIND, PRUNED_KIND, RESUME_SIGNAL, TOOL_RESULT_SIGNAL,
+    is_workspace_id, tool_result_signal, BlobRef, Breaker, ClientTool, EgressCredential, EndState,
+    Event, GitSource, Limits, McpServer, ModelSpec, Output, ToolClass, ToolResolution, Usage,
+    CHECKPOINT_KIND, COMPACT_SIGNAL, DENIED, INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK,
+    INTERRUPT_SIGNAL, MODEL_DELTA_KIND, PRUNED_KIND, RESUME_SIGNAL, TOOL_RESULT_SIGNAL,
 };
 pub use fold::{
     fold, Exchange, FoldError, Next, PendingModel, PendingTool, Retry, SessionState, Status,

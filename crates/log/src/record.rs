@@ -299,6 +299,7 @@ mod tests {
                     model: "m".into(),
                 },
                 workspace: "/w".into(),
+                host: None,
                 system: String::new(),
                 initial_snapshot: None,
                 created_at_ms: 5,

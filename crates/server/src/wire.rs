@@ -60,7 +60,7 @@ pub struct Upload {
 
 /// A session just created.
 #[derive(Debug, Serialize, ToSchema)]
-#[schema(example = json!({"id": "s_01931f7c", "status": "idle", "model": "anthropic/claude-sonnet-4-5", "workspace": "/srv/steadfast/workspaces/ws_01931f7c"}))]
+#[schema(example = json!({"id": "s_01931f7c", "status": "idle", "model": "anthropic/claude-sonnet-4-5", "workspace": "ws_01931f7c9e3a7b2c8d4e5f6a7b8c9d0e"}))]
 pub struct Created {
     /// The session's id.
     pub id: String,
@@ -69,7 +69,8 @@ pub struct Created {
     pub status: String,
     /// `provider/model`.
     pub model: String,
-    /// The workspace directory, on the API's host.
+    /// The session's workspace: a logical id, which whichever host drives the
+    /// session materializes from the drive (no host's path).
     pub workspace: String,
 }
 

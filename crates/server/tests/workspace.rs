@@ -117,7 +117,7 @@ async fn seeded_binary_files_come_back_in_the_archive_at_every_position() {
     .await;
     assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().unwrap();
-    let workspace = Path::new(created["workspace"].as_str().unwrap()).to_path_buf();
+    let workspace = srv.workspace(&created);
     assert_eq!(
         std::fs::read(workspace.join("assets/img.bin")).unwrap(),
         binary
@@ -306,7 +306,7 @@ async fn an_uploaded_repository_becomes_the_workspace_byte_for_byte() {
     .await;
     assert_eq!(status, 201, "{created}");
     let session = created["id"].as_str().unwrap();
-    let workspace = Path::new(created["workspace"].as_str().unwrap()).to_path_buf();
+    let workspace = srv.workspace(&created);
     let unpacked = tree(&workspace);
     let differ: Vec<String> = before
         .iter()

@@ -17,7 +17,22 @@ const EXCERPT: usize = 8 * 1024;
 pub struct Blobs {
     store: Arc<dyn ObjectStore>,
     base_uri: String,
+    /// The directory, when the store is one.
+    dir: Option<std::path::PathBuf>,
 }
+
+/// Where a drive keeps its snapshot objects beside a blob store: in the same place,
+/// so every host that shares the blobs shares the snapshots.
+#[derive(Debug, Clone)]
+pub enum DriveObjects {
+    /// A directory (under the blob directory): the drive writes it directly.
+    Dir(std::path::PathBuf),
+    /// An object store (the blob store's `drive/` prefix): the drive caches it.
+    Store(Arc<dyn ObjectStore>),
+}
+
+/// Where in a blob store the drive's objects go; blob sweeps leave it alone.
+const DRIVE_PREFIX: &str = "drive";
 
 impl Blobs {
     /// Blobs in a local directory (created if needed).
@@ -31,6 +46,7 @@ impl Blobs {
         Ok(Blobs {
             store: Arc::new(store),
             base_uri: format!("file://{}", dir.display()),
+            dir: Some(dir),
         })
     }
 
@@ -57,9 +73,21 @@ impl Blobs {
             return Ok(Blobs {
                 store,
                 base_uri: url.trim_end_matches('/').to_string(),
+                dir: None,
             });
         }
         Self::local(Path::new(url.strip_prefix("file://").unwrap_or(url)))
+    }
+
+    /// Where the drive's snapshot objects live beside these blobs.
+    pub fn drive_objects(&self) -> DriveObjects {
+        match &self.dir {
+            Some(dir) => DriveObjects::Dir(dir.join(DRIVE_PREFIX)),
+            None => DriveObjects::Store(Arc::new(object_store::prefix::PrefixStore::new(
+                self.store.clone(),
+                DRIVE_PREFIX,
+            ))),
+        }
     }
 
     /// Stores `bytes` and returns the reference the log keeps: hash, size, URI and
@@ -111,6 +139,10 @@ impl Blobs {
         let mut doomed = Vec::new();
         while let Some(meta) = listing.next().await {
             let meta = meta.map_err(|e| Error::Blob(e.to_string()))?;
+            // Blobs are top-level names; deeper paths are the drive's (its own gc).
+            if meta.location.parts().count() != 1 {
+                continue;
+            }
             let Some(name) = meta.location.filename() else {
                 continue;
             };

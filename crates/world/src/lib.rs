@@ -44,7 +44,7 @@ pub use vault::{Sealed, VaultEntry, VaultError, VaultKeys};
 pub(crate) fn bump(tx: &tokio::sync::watch::Sender<u64>) {
     tx.send_modify(|n| *n = n.wrapping_add(1));
 }
-pub use blobs::{strip_ansi, BlobDamage, Blobs, INLINE_LIMIT};
+pub use blobs::{strip_ansi, BlobDamage, Blobs, DriveObjects, INLINE_LIMIT};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresWorld;
 pub use sqlite::SqliteWorld;
@@ -142,14 +142,16 @@ impl Holder {
     pub fn new(id: impl Into<String>) -> Self {
         Holder {
             id: id.into(),
-            host: this_host(),
+            host: host_id(),
             pid: std::process::id(),
         }
     }
 }
 
-/// This process's host identity: [`HOST_ID_ENV`] if set, else the hostname.
-fn this_host() -> String {
+/// This process's host identity: [`HOST_ID_ENV`] if set, else the hostname. What
+/// lease holders record, and what binds a workspace given as a directory to the
+/// machine it is on.
+pub fn host_id() -> String {
     match std::env::var(HOST_ID_ENV) {
         Ok(id) if !id.trim().is_empty() => id.trim().to_string(),
         _ => nix::unistd::gethostname()

@@ -27,6 +27,8 @@ pub struct WrappedOptions {
     pub adapter: Adapter,
     /// Where its npm package is installed.
     pub install_dir: PathBuf,
+    /// The session's workspace on this host (materialized by the harness).
+    pub workspace: PathBuf,
     /// Sandbox settings (of the tools' sandbox; the CLI's gets no network but the
     /// gateway and the tools).
     pub sandbox: SandboxOptions,
@@ -204,7 +206,7 @@ pub async fn drive_turn<W: World + Clone>(
             )));
         }
         let task = turn_prompt(&state);
-        let workspace = PathBuf::from(&state.workspace);
+        let workspace = options.workspace.clone();
         let model = state.model.model.clone();
         let provider = state.model.provider.clone();
         let tool_options = SandboxOptions {

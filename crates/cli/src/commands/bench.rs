@@ -35,7 +35,9 @@ pub enum Which {
     /// (beyond the model's and the tool's own time).
     Steps,
     /// Workspace snapshots of a 20,000-file tree (0, 10 and 1,000 files changed)
-    /// against `git add -A && git write-tree`, and the bytes each stores.
+    /// against `git add -A && git write-tree`, and the bytes each stores; with
+    /// `--blobs s3://...`, the drive in that store, and hydrating the tree on a cold
+    /// host and on a warm one against `git clone` from a local bare repository.
     Drive,
     /// All of them.
     All,
@@ -153,7 +155,8 @@ async fn journal(pairs: usize, rounds: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn run(args: BenchArgs, world: Option<&str>) -> anyhow::Result<ExitCode> {
+pub async fn run(args: BenchArgs, config: &crate::config::Config) -> anyhow::Result<ExitCode> {
+    let world = config.world.as_deref();
     if cfg!(debug_assertions) {
         eprintln!("note: this is a debug build; use `cargo run --release -p steadfast-cli -- bench` for real numbers");
     }
@@ -171,10 +174,11 @@ pub async fn run(args: BenchArgs, world: Option<&str>) -> anyhow::Result<ExitCod
         super::bench_steps::run(world, args.steps).await?;
     }
     if matches!(args.which, Which::Drive | Which::All) {
-        super::bench_drive::run(args.rounds).await?;
+        super::bench_drive::run(args.rounds, config.blobs.clone()).await?;
     }
     if matches!(args.which, Which::Recovery | Which::All) {
-        super::bench_server::recovery(args.rounds, world, args.hosts).await?;
+        super::bench_server::recovery(args.rounds, world, config.blobs.as_deref(), args.hosts)
+            .await?;
     }
     if matches!(args.which, Which::Fanout | Which::All) {
         super::bench_server::fanout(args.readers).await?;

@@ -2,6 +2,11 @@
 //! and 1,000 files changed, against `git add -A && git write-tree` on the same tree
 //! (its own repository outside the tree), alternated round by round; with the bytes
 //! each snapshot stored against the bytes that changed, and a restore of one change.
+//!
+//! With a shared blob store (`--blobs s3://...`) the drive keeps its objects there,
+//! as a fleet's hosts do, and hydrating the tree is measured on a cold host (an empty
+//! cache: everything comes from the store) and a warm one (its cache holds it),
+//! against `git clone` of the same tree from a local bare repository.
 
 use std::path::Path;
 use std::process::Command;
@@ -53,11 +58,30 @@ fn git(git_dir: &Path, tree: &Path, script: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn run(rounds: usize) -> anyhow::Result<()> {
-    tokio::task::spawn_blocking(move || measure(rounds.max(5))).await?
+pub async fn run(rounds: usize, blobs: Option<String>) -> anyhow::Result<()> {
+    let store = match blobs {
+        Some(url) => Some((url.clone(), steadfast_world::Blobs::open(&url)?)),
+        None => None,
+    };
+    tokio::task::spawn_blocking(move || measure(rounds.max(5), store)).await?
 }
 
-fn measure(rounds: usize) -> anyhow::Result<()> {
+/// A blob store and its URL.
+type Shared = (String, steadfast_world::Blobs);
+
+/// A drive as a host of the fleet opens it, with `dir` as its home: the objects in
+/// the blob store when there is one.
+fn host_drive(dir: &Path, store: Option<&Shared>) -> anyhow::Result<Drive> {
+    Ok(match store {
+        Some((_, blobs)) => steadfast_harness::open_drive(dir, blobs, HOST_CACHE)?,
+        None => Drive::open(dir.join("drive"))?,
+    })
+}
+
+/// The cache bound of the benchmark's hosts: room for the whole tree.
+const HOST_CACHE: u64 = 1 << 30;
+
+fn measure(rounds: usize, store: Option<Shared>) -> anyhow::Result<()> {
     let dir = tempfile::Builder::new()
         .prefix("steadfast-bench-drive")
         .tempdir_in(std::env::temp_dir())?;
@@ -69,7 +93,7 @@ fn measure(rounds: usize) -> anyhow::Result<()> {
         &tree,
         "git init -q && git add -A && git write-tree",
     )?;
-    let drive = Drive::open(dir.path().join("drive"))?;
+    let drive = host_drive(dir.path(), store.as_ref())?;
     let first = Instant::now();
     drive.snapshot(&tree)?;
     let first = first.elapsed();
@@ -79,7 +103,8 @@ fn measure(rounds: usize) -> anyhow::Result<()> {
     drive.snapshot(&tree)?;
 
     println!(
-        "drive: snapshots of a {total}-file workspace (first one {:.0} ms), against `git add -A && git write-tree`, {rounds} alternating rounds",
+        "drive{}: snapshots of a {total}-file workspace (first one {:.0} ms), against `git add -A && git write-tree`, {rounds} alternating rounds",
+        store.as_ref().map(|(url, _)| format!(" in {url}")).unwrap_or_default(),
         first.as_secs_f64() * 1e3
     );
     let mut version = 0;
@@ -139,6 +164,69 @@ fn measure(rounds: usize) -> anyhow::Result<()> {
         "  restore of one changed file: {:.1} ms (median); hydrating an empty directory: {:.0} ms",
         super::bench::median(restore_one).as_secs_f64() * 1e3,
         hydrate.as_secs_f64() * 1e3
+    );
+    if let Some(store) = &store {
+        hydrate_hosts(dir.path(), &tree, &git_dir, &id, store, rounds)?;
+    }
+    Ok(())
+}
+
+/// Hydrating snapshot `id` into an empty directory on a cold host (a new host
+/// identity: its own empty cache) and on a warm one (one that hydrated it before),
+/// against `git clone` of the same tree from a local bare repository, alternated.
+fn hydrate_hosts(
+    dir: &Path,
+    tree: &Path,
+    git_dir: &Path,
+    id: &str,
+    store: &Shared,
+    rounds: usize,
+) -> anyhow::Result<()> {
+    git(
+        git_dir,
+        tree,
+        "git add -A && git -c user.name=b -c user.email=b@b commit -q -m tree && git symbolic-ref HEAD refs/heads/main 2>/dev/null; git branch -f main HEAD",
+    )?;
+    let warm = host_drive(&dir.join("host-warm"), Some(store))?;
+    warm.restore(&dir.join("warm-first"), id)?;
+    let (mut cold_vs_git, mut warm_vs_git) = (Rounds::default(), Rounds::default());
+    for round in 0..rounds {
+        let clone_to = dir.join(format!("clone-{round}"));
+        let start = Instant::now();
+        let status = Command::new("git")
+            .args(["clone", "-q"])
+            .arg(git_dir)
+            .arg(&clone_to)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("HOME", git_dir)
+            .status()?;
+        anyhow::ensure!(status.success(), "git clone failed");
+        let git_time = start.elapsed();
+        let cold = host_drive(&dir.join(format!("host-cold-{round}")), Some(store))?;
+        let start = Instant::now();
+        cold.restore(&dir.join(format!("cold-{round}")), id)?;
+        cold_vs_git.push(git_time, start.elapsed());
+        let start = Instant::now();
+        warm.restore(&dir.join(format!("warm-{round}")), id)?;
+        warm_vs_git.push(git_time, start.elapsed());
+        for gone in [
+            &clone_to,
+            &dir.join(format!("cold-{round}")),
+            &dir.join(format!("warm-{round}")),
+        ] {
+            std::fs::remove_dir_all(gone)?;
+        }
+        std::fs::remove_dir_all(dir.join(format!("host-cold-{round}")))?;
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "  hydrating on another host from {}: git clone {:.0} ms; cold host (empty cache) {:.0} ms, ratio {:.2}x; warm host (cached) {:.0} ms, ratio {:.2}x (medians of {rounds})",
+        store.0,
+        ms(cold_vs_git.base()),
+        ms(cold_vs_git.ours()),
+        cold_vs_git.ratio(),
+        ms(warm_vs_git.ours()),
+        warm_vs_git.ratio(),
     );
     Ok(())
 }

@@ -14,12 +14,13 @@ use steadfast_world::{AnyWorld, Holder, World};
 
 use super::bench::{median, tool_pair};
 
-/// A worker process over `home` and `world` (the embedded SQLite world if `None`);
-/// with `host`, it takes that host identity, so it and its siblings see one another as
-/// processes on other machines.
+/// A worker process over `home`, `world` (the embedded SQLite world if `None`) and
+/// the blob store `blobs`; with `host`, it takes that host identity, so it and its
+/// siblings see one another as processes on other machines.
 fn spawn_worker(
     home: &std::path::Path,
     world: Option<&str>,
+    blobs: &str,
     host: Option<String>,
     fake: &FakeProvider,
 ) -> anyhow::Result<std::process::Child> {
@@ -27,6 +28,7 @@ fn spawn_worker(
     command
         .arg("worker")
         .env("STEADFAST_HOME", home)
+        .env("STEADFAST_BLOBS", blobs)
         .env("ANTHROPIC_API_KEY", "bench")
         .env("ANTHROPIC_BASE_URL", fake.base_url())
         .env_remove("STEADFAST_WORLD")
@@ -79,10 +81,13 @@ async fn driver(
 /// Median time from SIGKILL of the worker driving a turn to the next event of that
 /// session written by another worker. With `hosts` of 2 or more, each worker process
 /// has its own host identity, so a dead holder can only be found as another machine's
-/// would be: through the database (PostgreSQL sees its connection close).
+/// would be: through the database (PostgreSQL sees its connection close), and its
+/// own home (disk): sessions' workspaces are logical, materialized from the drive in
+/// the shared blob store (`blobs`, else a directory all hosts are given).
 pub(crate) async fn recovery(
     rounds: usize,
     world: Option<&str>,
+    blobs: Option<&str>,
     hosts: usize,
 ) -> anyhow::Result<()> {
     let postgres = world.filter(|w| w.starts_with("postgres"));
@@ -97,7 +102,9 @@ pub(crate) async fn recovery(
     let dir = tempfile::tempdir()?;
     let home = dir.path().join("home");
     std::fs::create_dir_all(&home)?;
-    let blobs = steadfast_world::Blobs::local(&home.join("blobs"))?;
+    let shared = dir.path().join("shared-blobs").display().to_string();
+    let blobs_url = blobs.unwrap_or(&shared).to_string();
+    let blobs = steadfast_world::Blobs::open(&blobs_url)?;
     let any = AnyWorld::open(postgres, &home, true)
         .await?
         .with_spill(blobs.clone());
@@ -109,16 +116,25 @@ pub(crate) async fn recovery(
     )?;
     let workers_n = hosts.max(2);
     let host = |i: usize| (hosts > 1).then(|| format!("bench-host-{i}"));
+    // Each host its own disk; workers of one host share its home.
+    let home_of = |i: usize| match hosts > 1 {
+        true => dir.path().join(format!("bench-host-{i}")),
+        false => home.clone(),
+    };
+    let spawn = |i: usize| spawn_worker(&home_of(i), postgres, &blobs_url, host(i), &fake);
     let mut workers = (0..workers_n)
-        .map(|i| spawn_worker(&home, postgres, host(i), &fake))
+        .map(spawn)
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut times = Vec::new();
     let mut sessions = Vec::new();
     for round in 0..rounds {
-        let ws = dir.path().join(format!("ws{round}"));
-        let id = harness
-            .start_session(NewSession::native("anthropic/claude-sonnet-4-5", &ws).with_task("go"))
-            .await?;
+        let workspace_id = steadfast_harness::new_workspace_id();
+        let ws = harness.workspace_dir_of(&workspace_id)?;
+        std::fs::create_dir_all(&ws)?;
+        std::fs::write(ws.join("round.txt"), format!("round {round}\n"))?;
+        let mut new = NewSession::native("anthropic/claude-sonnet-4-5", &ws).with_task("go");
+        new.workspace_id = Some(workspace_id);
+        let id = harness.start_session(new).await?;
         sessions.push(id.clone());
         // Wait until a worker is streaming a reply.
         let (pid, epoch, seq) = loop {
@@ -151,7 +167,7 @@ pub(crate) async fn recovery(
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let _ = workers[index].wait();
-        workers[index] = spawn_worker(&home, postgres, host(index), &fake)?;
+        workers[index] = spawn(index)?;
         // Let the session finish, so the workers are free for the next round.
         while harness.world().session(&id).await?.status == "running" {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -167,7 +183,9 @@ pub(crate) async fn recovery(
     let mut sorted = times.clone();
     sorted.sort();
     let place = match (postgres, hosts > 1) {
-        (Some(_), true) => format!("{workers_n} workers as {workers_n} hosts, PostgreSQL"),
+        (Some(_), true) => format!(
+            "{workers_n} workers as {workers_n} hosts with their own homes, PostgreSQL, blobs and drive in {blobs_url}"
+        ),
         (Some(_), false) => format!("{workers_n} workers on one host, PostgreSQL"),
         _ => format!("{workers_n} workers on one host, SQLite"),
     };

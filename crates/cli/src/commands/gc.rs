@@ -83,8 +83,12 @@ pub async fn run(home: &Path, config: &Config, args: GcArgs) -> anyhow::Result<E
         .map_or(KEEP_DELTAS, Duration::from_secs);
     let cutoff_ms = steadfast_world::now_ms().saturating_sub(keep_deltas.as_millis() as u64);
     let mut pruned = 0;
+    let mut workspaces = std::collections::HashSet::new();
     for s in &sessions {
         let records = world.read(&s.id, 1).await?;
+        if let Some(Event::SessionStarted { workspace, .. }) = records.first().map(|r| &r.event) {
+            workspaces.insert(workspace.clone());
+        }
         let before = ended_turns_end(&records, cutoff_ms);
         if before > 0 {
             pruned += world.prune_deltas(&s.id, before).await?;
@@ -102,7 +106,8 @@ pub async fn run(home: &Path, config: &Config, args: GcArgs) -> anyhow::Result<E
     let blobs_removed = blobs
         .sweep(&keep_blobs, Duration::from_secs(args.min_age_secs))
         .await?;
-    let drive = steadfast_drive::Drive::open(home.join("drive"))?;
+    let options = config.harness_options();
+    let drive = steadfast_harness::open_drive(home, &blobs, options.drive_cache_bytes)?;
     let keep: Vec<String> = keep.into_iter().collect();
     let removed = tokio::task::spawn_blocking(move || {
         drive.gc(&keep, Duration::from_secs(args.min_age_secs))
@@ -112,12 +117,45 @@ pub async fn run(home: &Path, config: &Config, args: GcArgs) -> anyhow::Result<E
     // for a while; without a deliverer (no webhook configured) its entries only age.
     let before = steadfast_world::now_ms().saturating_sub(OUTBOX_RETENTION.as_millis() as u64);
     let announced = world.outbox_prune(before).await?;
+    let root = steadfast_harness::workspace_root(home, options.workspace_root.as_deref());
+    let dropped = drop_workspaces(&root, &workspaces, Duration::from_secs(args.min_age_secs));
     eprintln!(
-        "steadfast: {} sessions scanned; {pruned} streamed reply pieces of turns ended over {}s ago pruned; {removed} drive objects and {blobs_removed} blobs no log references, older than {}s, removed; {announced} webhook outbox entries older than {} days forgotten",
+        "steadfast: {} sessions scanned; {pruned} streamed reply pieces of turns ended over {}s ago pruned; {removed} drive objects and {blobs_removed} blobs no log references, older than {}s, removed; {dropped} workspaces of sessions that are gone dropped from this host; {announced} webhook outbox entries older than {} days forgotten",
         sessions.len(),
         keep_deltas.as_secs(),
         args.min_age_secs,
         OUTBOX_RETENTION.as_secs() / 86_400
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Removes this host's copies of logical workspaces no session names any more (their
+/// session was deleted on another host), once older than `min_age` (a session being
+/// created has made its directory before its log names it). Returns how many went.
+fn drop_workspaces(
+    root: &Path,
+    named: &std::collections::HashSet<String>,
+    min_age: Duration,
+) -> usize {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return 0;
+    };
+    let mut dropped = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let old_enough = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= min_age);
+        if steadfast_log::is_workspace_id(&name)
+            && !named.contains(&name)
+            && old_enough
+            && std::fs::remove_dir_all(entry.path()).is_ok()
+        {
+            dropped += 1;
+        }
+    }
+    dropped
 }

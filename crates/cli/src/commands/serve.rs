@@ -132,7 +132,7 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
     let (harness, fake) = setup::shared_harness(home, config, world).await?;
     let metrics = args.metrics.start(harness.world().clone()).await?;
     let webhook = config.server.webhook.options()?;
-    let workspaces = home.join("workspaces");
+    let workspaces = harness.workspace_root()?;
     std::fs::create_dir_all(&workspaces)?;
     let mut state = ServerState::new(
         harness.clone(),

@@ -48,6 +48,14 @@ fn walkdir(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// Where the session `created` (a `POST /v1/sessions` answer) has its workspace on
+/// the host whose home is `home`: its logical id under the home's workspace root.
+pub fn workspace_in(home: &Path, created: &Value) -> PathBuf {
+    let id = created["workspace"].as_str().unwrap();
+    assert!(steadfast_log::is_workspace_id(id), "{created}");
+    home.join("workspaces").join(id)
+}
+
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }

@@ -16,6 +16,7 @@ impl Log {
                 model: "m".into(),
             },
             workspace: "/w".into(),
+            host: None,
             system: "sys".into(),
             initial_snapshot: Some("s0".into()),
             created_at_ms: 0,

@@ -283,9 +283,8 @@ pub(crate) async fn create<W: World + Clone>(
             }
         }
     }
-    let dir = state
-        .workspaces
-        .join(format!("ws_{}", uuid::Uuid::now_v7().simple()));
+    let workspace_id = steadfast_harness::new_workspace_id();
+    let dir = state.workspaces.join(&workspace_id);
     std::fs::create_dir_all(&dir).map_err(ApiError::internal)?;
     // From here on, a refusal takes the directory with it: nothing is left behind.
     let made = MadeWorkspace(Some(dir.clone()));
@@ -338,6 +337,7 @@ pub(crate) async fn create<W: World + Clone>(
         }
     }
     let mut new = NewSession::native(&model, &root);
+    new.workspace_id = Some(workspace_id.clone());
     new.agent = agent;
     new.owner = owner;
     new.task = req.task;
@@ -358,7 +358,7 @@ pub(crate) async fn create<W: World + Clone>(
             id,
             status: summary.status,
             model,
-            workspace: root.display().to_string(),
+            workspace: workspace_id,
         }),
     ))
 }
@@ -691,13 +691,11 @@ pub(crate) async fn delete<W: World + Clone>(
     let owner = state.auth.owner(&headers)?;
     owned(&state, &id, &owner).await?;
     let s = state.harness.delete_session(&id, &owner).await?;
-    // The workspace goes too if the server made it; its snapshot objects are shared
-    // by content and reclaimed by garbage collection.
-    let ws = std::path::Path::new(&s.workspace);
-    if let Ok(root) = state.workspaces.canonicalize() {
-        if ws.starts_with(&root) && ws != root {
-            let _ = std::fs::remove_dir_all(ws);
-        }
+    // This host's copy of a logical workspace goes too (other hosts' copies go with
+    // their next `steadfast gc`); its snapshot objects are shared by content and
+    // reclaimed by garbage collection. A user's own directory is never removed.
+    if steadfast_log::is_workspace_id(&s.workspace) {
+        let _ = std::fs::remove_dir_all(state.workspaces.join(&s.workspace));
     }
     Ok(StatusCode::NO_CONTENT)
 }

@@ -18,6 +18,16 @@ pub struct Server {
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
+impl Server {
+    /// Where the session `created` (a `POST /v1/sessions` answer) has its workspace on
+    /// this server's host: its logical id under the home's workspace root.
+    pub fn workspace(&self, created: &Value) -> std::path::PathBuf {
+        let id = created["workspace"].as_str().unwrap();
+        assert!(steadfast_log::is_workspace_id(id), "{created}");
+        self._dir.path().join("home/workspaces").join(id)
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         for t in &self.tasks {

@@ -1,0 +1,488 @@
+//! Many machines for real: a PostgreSQL world and an S3 bucket (moto's S3 server) are
+//! all the hosts share. The API process and three worker processes each have their own
+//! home, workspace root and host name, standing for separate machines; twenty
+//! sessions (native ones and wrapped Codex ones) are created through the API while
+//! workers are SIGKILLed at random, some coming back as the same host and some as a
+//! brand-new one with an empty disk. Every session finishes on whatever host takes it,
+//! its workspace byte-equal to a crash-free run's, no effect lost or run twice, and no
+//! recorded reply asked for again.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use steadfast_testkit::{demo, FakeProvider, Script};
+use tokio::io::AsyncBufReadExt;
+
+use common::{agents_dir, installed, TestDatabase};
+
+const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
+const NATIVE: usize = 18;
+const WRAPPED: usize = 2;
+
+/// moto's S3 server on a free port, killed when dropped.
+struct Moto(Child);
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts moto with an empty bucket `bucket`; returns it and its endpoint.
+fn moto(bucket: &str) -> (Moto, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let server = Moto(
+        Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto_server must be installed (see .ci/run)"),
+    );
+    let endpoint = format!("http://127.0.0.1:{port}");
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(Command::new("curl")
+        .args(["-sf", "-X", "PUT", &format!("{endpoint}/{bucket}")])
+        .status()
+        .unwrap()
+        .success());
+    (server, endpoint)
+}
+
+/// One machine: its name and its own disk.
+#[derive(Clone)]
+struct Host {
+    name: String,
+    home: PathBuf,
+}
+
+struct Fleet {
+    root: PathBuf,
+    world: String,
+    s3: String,
+    native_fake: String,
+    codex_fake: String,
+}
+
+impl Fleet {
+    fn host(&self, name: &str) -> Host {
+        Host {
+            name: name.to_string(),
+            home: self.root.join(name),
+        }
+    }
+
+    fn command(&self, host: &Host, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(BIN);
+        cmd.args(args)
+            .env("STEADFAST_HOME", &host.home)
+            .env("STEADFAST_HOST_ID", &host.name)
+            .env("STEADFAST_WORLD", &self.world)
+            .env("STEADFAST_BLOBS", "s3://fleet/steadfast")
+            .env("AWS_ENDPOINT", &self.s3)
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_REGION", "us-east-1")
+            .env("STEADFAST_AGENTS_DIR", agents_dir())
+            .env("ANTHROPIC_API_KEY", "test-key")
+            .env("ANTHROPIC_BASE_URL", &self.native_fake)
+            .env("OPENAI_API_KEY", "test-key")
+            .env("OPENAI_BASE_URL", format!("{}/v1", self.codex_fake))
+            .env("STEADFAST_MODEL", "anthropic/claude-sonnet-4-5")
+            .env_remove("STEADFAST_FAULT")
+            .env_remove("STEADFAST_WORKSPACE_ROOT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        cmd
+    }
+
+    fn worker(&self, host: &Host) -> tokio::process::Child {
+        self.command(host, &["worker", "--workers", "2"])
+            .spawn()
+            .unwrap()
+    }
+
+    async fn api(&self, host: &Host) -> (tokio::process::Child, String) {
+        let mut child = self
+            .command(
+                host,
+                &["serve", "--listen", "127.0.0.1:0", "--workers", "0"],
+            )
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let url = tokio::io::BufReader::new(stdout)
+            .lines()
+            .next_line()
+            .await
+            .unwrap()
+            .unwrap();
+        (child, url)
+    }
+
+    async fn log(&self, host: &Host, id: &str) -> Vec<Value> {
+        let out = self
+            .command(host, &["log", id, "--json"])
+            .output()
+            .await
+            .unwrap();
+        assert!(out.status.success(), "the log of {id} reads back verified");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+fn kind(record: &Value) -> String {
+    record["event"]
+        .as_object()
+        .and_then(|o| o.keys().next().cloned())
+        .unwrap_or_default()
+}
+
+/// A session through the API: native on the empty-with-files workspace, or Codex on
+/// the demo project.
+async fn create(http: &reqwest::Client, api: &str, job: &str, wrapped: bool) -> Value {
+    let body = if wrapped {
+        json!({"agent": "codex", "model": "openai/gpt-5", "workspace": {"kind": "demo"}, "task": demo::TASK})
+    } else {
+        json!({"task": format!("job {job}"), "workspace": {"kind": "empty", "files": {
+            "README.md": "A project that lives on no machine in particular.\n",
+            "src/lib.rs": "pub fn answer() -> u32 { 42 }\n".repeat(200),
+            "bin/run.sh": "#!/bin/sh\necho run\n",
+        }}})
+    };
+    let resp = http
+        .post(format!("{api}/v1/sessions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    resp.json().await.unwrap()
+}
+
+async fn status(http: &reqwest::Client, api: &str, id: &str) -> String {
+    let shown: Value = http
+        .get(format!("{api}/v1/sessions/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    shown["status"].as_str().unwrap_or_default().to_string()
+}
+
+/// The session's workspace as its log's last snapshot has it, as the API serves it
+/// (a deterministic tar archive).
+async fn archive(http: &reqwest::Client, api: &str, id: &str) -> Vec<u8> {
+    let resp = http
+        .get(format!("{api}/v1/sessions/{id}/archive"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "{id}");
+    resp.bytes().await.unwrap().to_vec()
+}
+
+/// Unpacks `archive` with the system's tar and lists what it holds.
+fn unpacked(archive: &[u8], into: &Path) -> BTreeMap<String, (Vec<u8>, bool)> {
+    std::fs::create_dir_all(into).unwrap();
+    let file = into.with_extension("tar");
+    std::fs::write(&file, archive).unwrap();
+    assert!(Command::new("tar")
+        .arg("-xf")
+        .arg(&file)
+        .arg("-C")
+        .arg(into)
+        .status()
+        .unwrap()
+        .success());
+    common::tree(into)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_finish_on_any_host_with_only_the_database_and_the_bucket_shared() {
+    installed("codex").await;
+    let text = "Working on it, one small step at a time, streaming as I go.";
+    let step = |n: u32| json!({"text": text, "chunk_delay_ms": 15, "tool_calls": [{"name": "bash", "input": {"command": format!("echo step{n} >> steps.txt && cat src/lib.rs | wc -l >> steps.txt")}}]});
+    let script: Script = serde_json::from_value(
+        json!({"steps": [step(1), step(2), step(3), {"text": "All three steps done.", "chunk_delay_ms": 15}]}),
+    )
+    .unwrap();
+    let native_fake = FakeProvider::start(script).await.unwrap();
+    let codex_fake = FakeProvider::start(demo::script()).await.unwrap();
+    let (_moto, s3) = moto("fleet");
+    let dir = tempfile::tempdir().unwrap();
+    let db = TestDatabase::create(&format!("steadfast_hosts_{}", std::process::id())).await;
+    let fleet = Fleet {
+        root: dir.path().to_path_buf(),
+        world: db.url.clone(),
+        s3,
+        native_fake: native_fake.base_url(),
+        codex_fake: codex_fake.base_url(),
+    };
+    let api_host = fleet.host("api");
+    let migrated = fleet
+        .command(&api_host, &["migrate"])
+        .output()
+        .await
+        .unwrap();
+    assert!(migrated.status.success());
+    let (_api, api) = fleet.api(&api_host).await;
+    let mut hosts: Vec<Host> = (1..=3).map(|n| fleet.host(&format!("host-{n}"))).collect();
+    let mut workers: Vec<_> = hosts.iter().map(|h| fleet.worker(h)).collect();
+    let http = reqwest::Client::new();
+
+    // Crash-free runs first: what every session of each kind must end up with.
+    let reference_native = create(&http, &api, "reference", false).await;
+    let reference_codex = create(&http, &api, "reference", true).await;
+    for reference in [&reference_native, &reference_codex] {
+        let id = reference["id"].as_str().unwrap();
+        for round in 0..1800 {
+            if status(&http, &api, id).await == "idle" {
+                break;
+            }
+            assert!(round < 1799, "the crash-free {id} did not finish");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let expected_native = archive(&http, &api, reference_native["id"].as_str().unwrap()).await;
+    let expected_codex = archive(&http, &api, reference_codex["id"].as_str().unwrap()).await;
+    let expected_tree = unpacked(&expected_native, &dir.path().join("expected-native"));
+    assert_eq!(
+        expected_tree["steps.txt"].0,
+        b"step1\n200\nstep2\n200\nstep3\n200\n".to_vec(),
+        "the crash-free run did its three steps once each"
+    );
+    let codex_tree = unpacked(&expected_codex, &dir.path().join("expected-codex"));
+    assert!(
+        String::from_utf8_lossy(&codex_tree["CHANGELOG.md"].0).contains("off-by-one"),
+        "the crash-free Codex run finished the demo task"
+    );
+
+    // Twenty sessions, created while workers die.
+    let mut sessions = Vec::new();
+    for i in 0..NATIVE + WRAPPED {
+        let wrapped = i % (NATIVE / WRAPPED + 1) == NATIVE / WRAPPED;
+        sessions.push((create(&http, &api, &i.to_string(), wrapped).await, wrapped));
+    }
+    assert_eq!(sessions.iter().filter(|(_, w)| *w).count(), WRAPPED);
+
+    // First a kill aimed at a Codex session's host mid-turn, after its second reply:
+    // that machine is gone for good, so the turn must finish on another.
+    let (db_client, conn) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let aimed = sessions.iter().find(|(_, w)| *w).unwrap().0["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut new_hosts = 0;
+    for round in 0..1200 {
+        let row = db_client
+            .query_one(
+                "SELECT (SELECT count(*) FROM steadfast_events WHERE session_id = $1 AND kind = 'exchange_outcome'), \
+                 (SELECT lease_host FROM steadfast_sessions WHERE id = $1)",
+                &[&aimed],
+            )
+            .await
+            .unwrap();
+        let (replies, holder): (i64, Option<String>) = (row.get(0), row.get(1));
+        let victim = holder.and_then(|h| hosts.iter().position(|x| x.name == h));
+        if let (true, Some(victim)) = (replies >= 2, victim) {
+            workers[victim].start_kill().unwrap(); // SIGKILL
+            let _ = workers[victim].wait().await;
+            new_hosts += 1;
+            hosts[victim] = fleet.host(&format!("new-host-{new_hosts}"));
+            workers[victim] = fleet.worker(&hosts[victim]);
+            break;
+        }
+        assert!(round < 1199, "the aimed-at Codex session never got going");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut kills = 1;
+    let mut seed = 11u64;
+    for round in 0..3000 {
+        let mut idle = 0;
+        for (s, _) in &sessions {
+            if status(&http, &api, s["id"].as_str().unwrap()).await == "idle" {
+                idle += 1;
+            }
+        }
+        if idle == sessions.len() {
+            break;
+        }
+        assert!(round < 2999, "sessions did not all finish: {idle} idle");
+        if round % 5 == 4 && kills < 8 {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            let victim = (seed >> 33) as usize % workers.len();
+            workers[victim].start_kill().unwrap(); // SIGKILL
+            let _ = workers[victim].wait().await;
+            kills += 1;
+            if kills % 4 == 0 {
+                // The machine is gone for good; a new one, with an empty disk, joins.
+                new_hosts += 1;
+                hosts[victim] = fleet.host(&format!("new-host-{new_hosts}"));
+            }
+            workers[victim] = fleet.worker(&hosts[victim]);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        kills >= 4,
+        "workers were killed {kills} times during the run"
+    );
+    assert!(new_hosts >= 2, "new hosts joined");
+
+    let mut native_outcomes = 0;
+    let mut taken_over = 0;
+    let mut moved = 0;
+    let all_hosts: Vec<PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.join("workspaces").is_dir())
+        .collect();
+    for (s, wrapped) in sessions.iter().chain(
+        [(&reference_native, &false), (&reference_codex, &true)]
+            .map(|(s, w)| (s.clone(), *w))
+            .iter(),
+    ) {
+        let id = s["id"].as_str().unwrap();
+        let records = fleet.log(&api_host, id).await;
+        let seqs: Vec<u64> = records.iter().map(|r| r["seq"].as_u64().unwrap()).collect();
+        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "{id}");
+        let kinds: Vec<String> = records.iter().map(kind).collect();
+        assert_eq!(
+            kinds.last().map(String::as_str),
+            Some("turn_ended"),
+            "{id}: {kinds:?}"
+        );
+        assert!(
+            !kinds.iter().any(|k| k == "replay_diverged"),
+            "{id}: {kinds:?}"
+        );
+        // The log names a workspace, not a host's directory.
+        let started = &records[0]["event"]["session_started"];
+        assert!(
+            steadfast_log::is_workspace_id(started["workspace"].as_str().unwrap()),
+            "{started}"
+        );
+        assert!(started.get("host").is_none(), "{started}");
+        let epochs: Vec<u64> = records
+            .iter()
+            .map(|r| r["epoch"].as_u64().unwrap())
+            .collect();
+        assert!(epochs.windows(2).all(|w| w[0] <= w[1]), "{id}: {epochs:?}");
+        if epochs.last().copied().unwrap_or(0) > 2 {
+            taken_over += 1;
+        }
+        if *wrapped {
+            let intents = kinds.iter().filter(|k| *k == "exchange_intent").count();
+            assert!(intents > 0, "{id}: {kinds:?}");
+            assert!(!kinds.iter().any(|k| k.starts_with("model_call")), "{id}");
+        } else {
+            native_outcomes += kinds.iter().filter(|k| *k == "model_call_outcome").count();
+        }
+        // Byte-equal to the crash-free run of its kind: no effect lost or repeated.
+        let got = archive(&http, &api, id).await;
+        let expected = if *wrapped {
+            &expected_codex
+        } else {
+            &expected_native
+        };
+        if got != *expected {
+            let tree = unpacked(&got, &dir.path().join(format!("got-{id}")));
+            let want = if *wrapped {
+                &codex_tree
+            } else {
+                &expected_tree
+            };
+            let differ: Vec<&String> = tree
+                .keys()
+                .chain(want.keys())
+                .filter(|k| tree.get(*k) != want.get(*k))
+                .collect();
+            panic!("{id}: the workspace differs from the crash-free run's in {differ:?}");
+        }
+        // Each host that drove it has its own copy; the last one is the log's.
+        let ws = s["workspace"].as_str().unwrap();
+        let copies: Vec<&PathBuf> = all_hosts
+            .iter()
+            .filter(|h| h.join("workspaces").join(ws).is_dir() && !h.ends_with("api"))
+            .collect();
+        assert!(!copies.is_empty(), "{id} was materialized on a worker host");
+        let want = if *wrapped {
+            &codex_tree
+        } else {
+            &expected_tree
+        };
+        assert!(
+            copies
+                .iter()
+                .any(|h| common::tree(&h.join("workspaces").join(ws)) == *want),
+            "{id}: some worker host's copy is the final workspace"
+        );
+        if copies.len() > 1 {
+            moved += 1;
+        }
+        if id == aimed {
+            assert!(
+                copies.len() > 1,
+                "the aimed-at Codex turn finished on another host"
+            );
+            let opened = kinds.iter().position(|k| k == "user_message").unwrap();
+            let epochs: BTreeSet<u64> = records[opened..]
+                .iter()
+                .filter_map(|r| r["epoch"].as_u64())
+                .collect();
+            assert!(epochs.len() >= 2, "{id}: the turn moved: epochs {epochs:?}");
+        }
+    }
+    assert!(
+        taken_over > 0,
+        "some turn was cut by a kill and finished elsewhere"
+    );
+    assert!(moved > 0, "some session was driven on more than one host");
+    // No recorded reply was asked for again: every distinct request has exactly one
+    // recorded outcome (a reply cut off by a kill is re-sent as the same request).
+    assert_eq!(native_fake.state().distinct_requests(), native_outcomes);
+    assert!(native_fake.calls() as usize >= native_outcomes);
+
+    // The bucket holds the drive beside the blobs; no host's disk was needed.
+    let listing = Command::new("curl")
+        .args([
+            "-sf",
+            &format!("{}/fleet?list-type=2&prefix=steadfast/drive/", fleet.s3),
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&listing.stdout).contains("<Key>steadfast/drive/"));
+
+    for w in &mut workers {
+        let _ = w.start_kill();
+    }
+    db.drop_now().await;
+}
