@@ -33,6 +33,7 @@ use index::Index;
 pub use manifest::{Change, ChangeKind, Entry, Manifest, SpecialKind};
 use scan::{Mode, Scanner};
 use store::ObjectStore;
+pub use store::KNOWN_FOR;
 use tree::Stored;
 use watch::Changes;
 

@@ -35,29 +35,35 @@ pub(crate) struct ObjectStore {
 struct Cache {
     limit: u64,
     used: AtomicU64,
-    /// Objects this process has seen in the shared store: uploaded, or read back
-    /// (a restore reads only recorded snapshots, which the store keeps). A pass that
-    /// writes one of these again need not upload it; any other cached object is
-    /// uploaded again, since the store may have collected it since it was cached.
-    known: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Objects this process uploaded lately, and when. A pass that writes one of
+    /// these again need not upload it: the store has held it for less than
+    /// [`KNOWN_FOR`], shorter than any gc grace period, so no gc can have taken it.
+    /// Any other cached object is uploaded again (gc may have collected it since).
+    known: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
-/// How many objects a cache remembers as seen in the shared store (past it, it
-/// forgets them all and starts over: a few more uploads, never a wrong answer).
+/// How long an upload vouches for an object (`steadfast gc` takes only objects older
+/// than its grace period, an hour by default, which must exceed this).
+pub const KNOWN_FOR: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// How many objects a cache remembers as uploaded (past it, it forgets them all and
+/// starts over: a few more uploads, never a wrong answer).
 const KNOWN_LIMIT: usize = 1 << 20;
 
 impl Cache {
     fn knows(&self, hash: &str) -> bool {
-        self.known.lock().expect("known lock").contains(hash)
+        let known = self.known.lock().expect("known lock");
+        known.get(hash).is_some_and(|at| at.elapsed() < KNOWN_FOR)
     }
 
-    fn learn<'a>(&self, hashes: impl IntoIterator<Item = &'a str>) {
+    fn uploaded<'a>(&self, hashes: impl IntoIterator<Item = &'a str>) {
+        let now = std::time::Instant::now();
         let mut known = self.known.lock().expect("known lock");
         for hash in hashes {
             if known.len() >= KNOWN_LIMIT {
                 known.clear();
             }
-            known.insert(hash.to_string());
+            known.insert(hash.to_string(), now);
         }
     }
 }
@@ -169,9 +175,6 @@ impl ObjectStore {
         let Some(remote) = &self.remote else {
             return Ok(path);
         };
-        if let Some(cache) = &self.cache {
-            cache.learn([hash]);
-        }
         if let Ok(file) = std::fs::File::options().write(true).open(&path) {
             let _ = file.set_modified(std::time::SystemTime::now());
             return Ok(path);
@@ -190,10 +193,21 @@ impl ObjectStore {
         Ok(path)
     }
 
-    /// Whether a cached object must be uploaded again when a pass writes it: with a
-    /// shared store, unless this process has seen it there.
-    fn unvouched(&self, hash: &str) -> bool {
-        self.cache.as_ref().is_some_and(|c| !c.knows(hash))
+    /// A pass wrote an object already stored: it is made fresh where gc looks, so
+    /// that a gc running now (which takes only objects older than its grace period)
+    /// cannot take it before the snapshot's log record refers to it. In a directory,
+    /// its time is set to now; with a shared store, it is uploaded again with the
+    /// batch, unless this process uploaded it less than [`KNOWN_FOR`] ago.
+    fn reuse(&self, batch: &mut Batch, hash: &str) {
+        match &self.cache {
+            Some(cache) if !cache.knows(hash) => batch.reused.push(hash.to_string()),
+            Some(_) => {}
+            None => {
+                if let Ok(file) = std::fs::File::options().write(true).open(self.path(hash)) {
+                    let _ = file.set_modified(std::time::SystemTime::now());
+                }
+            }
+        }
     }
 
     /// Fetches those of `hashes` this directory lacks from the shared store, several
@@ -287,7 +301,7 @@ impl ObjectStore {
             }));
             remote.upload(uploads.clone())?;
             if let Some(cache) = &self.cache {
-                cache.learn(uploads.iter().map(|(h, _)| h.as_str()));
+                cache.uploaded(uploads.iter().map(|(h, _)| h.as_str()));
             }
             let bytes = batch.bytes;
             self.rename_all(batch, pending)?;
@@ -386,9 +400,7 @@ impl ObjectStore {
     /// Stores `bytes` already known to hash to `hash`.
     pub(crate) fn put_hashed(&self, batch: &mut Batch, hash: &str, bytes: &[u8]) -> Result<()> {
         if self.path(hash).exists() {
-            if self.unvouched(hash) {
-                batch.reused.push(hash.to_string());
-            }
+            self.reuse(batch, hash);
             return Ok(());
         }
         let (tmp, mut file) = self.temporary()?;
@@ -440,9 +452,7 @@ impl ObjectStore {
         let hash = hasher.finalize().to_hex().to_string();
         if self.path(&hash).exists() {
             let _ = std::fs::remove_file(&tmp);
-            if self.unvouched(&hash) {
-                batch.reused.push(hash.clone());
-            }
+            self.reuse(batch, &hash);
         } else {
             self.defer(batch, tmp, file, hash.clone(), total)?;
         }

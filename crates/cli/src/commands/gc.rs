@@ -73,6 +73,13 @@ fn snapshots(events: impl Iterator<Item = Event>, out: &mut BTreeSet<String>) {
 }
 
 pub async fn run(home: &Path, config: &Config, args: GcArgs) -> anyhow::Result<ExitCode> {
+    if args.min_age_secs < steadfast_drive::KNOWN_FOR.as_secs() {
+        eprintln!(
+            "steadfast: warning: --min-age-secs {} is shorter than a snapshot being taken on some host may rely on ({}s): only use it while no session runs",
+            args.min_age_secs,
+            steadfast_drive::KNOWN_FOR.as_secs()
+        );
+    }
     let world = crate::setup::world(home, config, false).await?;
     let mut keep = BTreeSet::new();
     let mut keep_blobs = std::collections::HashSet::new();
