@@ -476,7 +476,15 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             .world
             .acquire_lease(session, &self.holder, self.options.lease_ttl)
             .await?;
-        self.wake_leased(lease).await
+        match self.wake_leased(lease.clone()).await {
+            Ok(awake) => Ok(awake),
+            Err(e) => {
+                // Nothing was driven: the session is free for a process that can
+                // (workers, which claim through the queue, hold it back instead).
+                let _ = self.world.release_lease(&lease).await;
+                Err(e)
+            }
+        }
     }
 
     /// [`Harness::wake`] for a lease already taken (by [`World::claim`]).
