@@ -480,9 +480,65 @@ async fn sessions_finish_on_any_host_with_only_the_database_and_the_bucket_share
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&listing.stdout).contains("<Key>steadfast/drive/"));
-
     for w in &mut workers {
         let _ = w.start_kill();
+        let _ = w.wait().await;
+    }
+
+    // A session deleted through the API: gc on a host that drove it drops its copy
+    // there and reclaims from the bucket only what no log refers to: every other
+    // session's workspace still comes back whole. Then idle copies go too.
+    let doomed = sessions[0].0.clone();
+    let doomed_ws = doomed["workspace"].as_str().unwrap();
+    let driver_host = all_hosts
+        .iter()
+        .find(|h| h.join("workspaces").join(doomed_ws).is_dir() && !h.ends_with("api"))
+        .unwrap();
+    let host_of = |home: &Path| Host {
+        name: home.file_name().unwrap().to_string_lossy().into_owned(),
+        home: home.to_path_buf(),
+    };
+    let resp = http
+        .delete(format!(
+            "{api}/v1/sessions/{}",
+            doomed["id"].as_str().unwrap()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 204);
+    let gc = |home: &Path, extra: &[&str]| {
+        let mut args = vec!["gc", "--min-age-secs", "0"];
+        args.extend_from_slice(extra);
+        fleet.command(&host_of(home), &args).output()
+    };
+    let out = gc(driver_host, &[]).await.unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert!(!driver_host.join("workspaces").join(doomed_ws).exists());
+    let copies = |home: &Path| std::fs::read_dir(home.join("workspaces")).unwrap().count();
+    let kept = copies(driver_host);
+    // The API host's cache emptied, so what it serves comes from the bucket.
+    for entry in std::fs::read_dir(api_host.home.join("drive/objects")).unwrap() {
+        let path = entry.unwrap().path();
+        if !path.ends_with("tmp") {
+            std::fs::remove_dir_all(path).unwrap();
+        }
+    }
+    for (s, wrapped) in &sessions[1..] {
+        let expected = if *wrapped {
+            &expected_codex
+        } else {
+            &expected_native
+        };
+        let id = s["id"].as_str().unwrap();
+        assert_eq!(&archive(&http, &api, id).await, expected, "{id} after gc");
+    }
+    if kept > 0 {
+        let out = gc(driver_host, &["--idle-workspaces-secs", "0"])
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        assert_eq!(copies(driver_host), 0, "idle copies dropped from this host");
     }
     db.drop_now().await;
 }

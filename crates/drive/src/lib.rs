@@ -85,6 +85,12 @@ pub struct Drive {
     indexes: Arc<Mutex<HashMap<PathBuf, Index>>>,
     /// Files read (hashed) by snapshots and restores so far.
     files_read: Arc<AtomicU64>,
+    /// With a shared store: every object of the recorded snapshot each workspace was
+    /// brought to from elsewhere (a new host, or another host's changes), by path.
+    /// The store keeps them while the session lives (its log refers to the
+    /// snapshot), so the first snapshot after such a restore, which re-reads files
+    /// the index has not seen, uploads none of them again.
+    restored: Arc<Mutex<HashMap<PathBuf, Arc<std::collections::HashSet<String>>>>>,
 }
 
 /// How many workspaces' indexes a drive keeps in memory (the rest are read back
@@ -126,6 +132,7 @@ impl Drive {
             cache_dir,
             indexes: Arc::default(),
             files_read: Arc::default(),
+            restored: Arc::default(),
         })
     }
 
@@ -178,6 +185,12 @@ impl Drive {
         };
         let mut scanner = Scanner::new(&self.objects, index, Mode::Store);
         scanner.touched = touched;
+        scanner.batch.vouched = self
+            .restored
+            .lock()
+            .expect("restored lock")
+            .get(workspace)
+            .cloned();
         let root = scanner.root(workspace)?;
         self.files_read
             .fetch_add(scanner.files_read, Ordering::Relaxed);
@@ -193,6 +206,9 @@ impl Drive {
         let root = tree::root_of(&self.objects, id)?;
         std::fs::create_dir_all(workspace).map_err(io("create", workspace))?;
         self.with_index(workspace, |index| {
+            if self.objects.is_shared() && index.tree_of("") != Some(root.as_str()) {
+                self.vouch(workspace, &root)?;
+            }
             let touched = index.probe_changes();
             // On any failure here (a real one comes back from the full pass too):
             if touched.is_some() && self.restore_pass(workspace, index, &root, touched).is_ok() {
@@ -202,6 +218,28 @@ impl Drive {
             // directory is listed (restoring is idempotent, so starting over is safe).
             self.restore_pass(workspace, index, &root, None)
         })
+    }
+
+    /// Remembers every object under tree `root` as kept by the shared store for
+    /// `workspace` (see [`Drive::restored`]): only for a logical workspace, which
+    /// belongs to one session for good (a directory may be another session's next,
+    /// after the first was deleted and its objects collected).
+    fn vouch(&self, workspace: &Path, root: &str) -> Result<()> {
+        let logical = workspace
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(steadfast_log::is_workspace_id);
+        if !logical {
+            return Ok(());
+        }
+        let mut objects = std::collections::HashSet::new();
+        tree::mark(&self.objects, root, &mut objects)?;
+        let mut restored = self.restored.lock().expect("restored lock");
+        if restored.len() >= INDEXES_IN_MEMORY {
+            restored.clear();
+        }
+        restored.insert(workspace.to_path_buf(), Arc::new(objects));
+        Ok(())
     }
 
     /// Probes `workspace` (only `touched` directories, when given) and makes it

@@ -77,6 +77,10 @@ pub(crate) struct Batch {
     /// Objects a pass wrote that this directory already held: a shared store is
     /// given them again (it may have collected them since this host cached them).
     reused: Vec<String>,
+    /// Objects the shared store keeps for as long as the session does: those of the
+    /// recorded snapshot this workspace was last restored to. A pass that writes one
+    /// again need not upload it.
+    pub(crate) vouched: Option<Arc<std::collections::HashSet<String>>>,
     bytes: u64,
 }
 
@@ -197,10 +201,12 @@ impl ObjectStore {
     /// that a gc running now (which takes only objects older than its grace period)
     /// cannot take it before the snapshot's log record refers to it. In a directory,
     /// its time is set to now; with a shared store, it is uploaded again with the
-    /// batch, unless this process uploaded it less than [`KNOWN_FOR`] ago.
+    /// batch, unless this process uploaded it less than [`KNOWN_FOR`] ago or the
+    /// batch's workspace was restored to a snapshot holding it.
     fn reuse(&self, batch: &mut Batch, hash: &str) {
+        let vouched = batch.vouched.as_ref().is_some_and(|v| v.contains(hash));
         match &self.cache {
-            Some(cache) if !cache.knows(hash) => batch.reused.push(hash.to_string()),
+            Some(cache) if !vouched && !cache.knows(hash) => batch.reused.push(hash.to_string()),
             Some(_) => {}
             None => {
                 if let Ok(file) = std::fs::File::options().write(true).open(self.path(hash)) {
@@ -272,6 +278,11 @@ impl ObjectStore {
     /// Bytes of new objects committed through this store so far.
     pub(crate) fn written(&self) -> u64 {
         self.written.load(Ordering::Relaxed)
+    }
+
+    /// Whether the objects live in a store other hosts share.
+    pub(crate) fn is_shared(&self) -> bool {
+        self.remote.is_some()
     }
 
     /// Whether object `hash` is stored.

@@ -279,3 +279,54 @@ fn an_old_object_a_new_snapshot_writes_again_is_fresh_for_gc_in_a_directory_and_
         );
     }
 }
+
+/// How many of the bucket's objects were written in the last minute.
+fn fresh_in(bucket: &Path) -> usize {
+    fs::read_dir(bucket)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.metadata()
+                .unwrap()
+                .modified()
+                .unwrap()
+                .elapsed()
+                .is_ok_and(|age| age.as_secs() < 60)
+        })
+        .count()
+}
+
+#[test]
+fn a_logical_workspace_restored_on_a_new_host_does_not_upload_its_files_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, bucket) = shared(dir.path());
+    let ws = dir.path().join("a/ws_0193aa");
+    workspace(&ws);
+    let id = host(dir.path(), "host-a", &store, 1 << 30)
+        .snapshot(&ws)
+        .unwrap();
+    for (name, vouched) in [("ws_0193aa", true), ("users-own-dir", false)] {
+        age(&bucket);
+        let b = host(dir.path(), &format!("host-b-{name}"), &store, 1 << 30);
+        let there = dir.path().join("b").join(name);
+        b.restore(&there, &id).unwrap();
+        // The first snapshot re-reads every file (the index never saw them); one
+        // file changed.
+        fs::write(there.join("src/deep/f9.rs"), "changed on b\n").unwrap();
+        let after = b.snapshot(&there).unwrap();
+        let uploaded = fresh_in(&bucket);
+        if vouched {
+            // The changed file, and the trees above it.
+            assert!(uploaded <= 4, "{name}: {uploaded} objects uploaded again");
+        } else {
+            assert!(
+                uploaded > 40,
+                "{name}: a directory's objects are uploaded again"
+            );
+        }
+        let c = host(dir.path(), &format!("host-c-{name}"), &store, 1 << 30);
+        let back = dir.path().join("c").join(name);
+        c.restore(&back, &after).unwrap();
+        assert_eq!(listing(&back), listing(&there));
+    }
+}

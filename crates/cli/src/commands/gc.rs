@@ -24,6 +24,11 @@ pub struct GcArgs {
     /// ended longer ago than this (default: `[harness] keep-deltas-secs`, else a day).
     #[arg(long)]
     keep_deltas_secs: Option<u64>,
+    /// Also drop this host's copies of the logical workspaces of sessions that have
+    /// not changed for this long and are not running (whichever host drives one next
+    /// materializes it again from the drive).
+    #[arg(long)]
+    idle_workspaces_secs: Option<u64>,
 }
 
 /// How long streamed pieces of replies are kept after their turn ends, by default.
@@ -91,10 +96,16 @@ pub async fn run(home: &Path, config: &Config, args: GcArgs) -> anyhow::Result<E
     let cutoff_ms = steadfast_world::now_ms().saturating_sub(keep_deltas.as_millis() as u64);
     let mut pruned = 0;
     let mut workspaces = std::collections::HashSet::new();
+    let idle_since = args
+        .idle_workspaces_secs
+        .map(|secs| steadfast_world::now_ms().saturating_sub(secs.saturating_mul(1000)));
     for s in &sessions {
         let records = world.read(&s.id, 1).await?;
         if let Some(Event::SessionStarted { workspace, .. }) = records.first().map(|r| &r.event) {
-            workspaces.insert(workspace.clone());
+            let idle = idle_since.is_some_and(|t| s.updated_at_ms < t) && s.status != "running";
+            if !idle {
+                workspaces.insert(workspace.clone());
+            }
         }
         let before = ended_turns_end(&records, cutoff_ms);
         if before > 0 {
@@ -127,18 +138,23 @@ pub async fn run(home: &Path, config: &Config, args: GcArgs) -> anyhow::Result<E
     let root = steadfast_harness::workspace_root(home, options.workspace_root.as_deref());
     let dropped = drop_workspaces(&root, &workspaces, Duration::from_secs(args.min_age_secs));
     eprintln!(
-        "steadfast: {} sessions scanned; {pruned} streamed reply pieces of turns ended over {}s ago pruned; {removed} drive objects and {blobs_removed} blobs no log references, older than {}s, removed; {dropped} workspaces of sessions that are gone dropped from this host; {announced} webhook outbox entries older than {} days forgotten",
+        "steadfast: {} sessions scanned; {pruned} streamed reply pieces of turns ended over {}s ago pruned; {removed} drive objects and {blobs_removed} blobs no log references, older than {}s, removed; {dropped} workspaces of sessions that are gone{} dropped from this host; {announced} webhook outbox entries older than {} days forgotten",
         sessions.len(),
         keep_deltas.as_secs(),
         args.min_age_secs,
+        match args.idle_workspaces_secs {
+            Some(secs) => format!(" or idle over {secs}s"),
+            None => String::new(),
+        },
         OUTBOX_RETENTION.as_secs() / 86_400
     );
     Ok(ExitCode::SUCCESS)
 }
 
-/// Removes this host's copies of logical workspaces no session names any more (their
-/// session was deleted on another host), once older than `min_age` (a session being
-/// created has made its directory before its log names it). Returns how many went.
+/// Removes this host's copies of logical workspaces not in `named` (their session was
+/// deleted on another host, or has been idle past the asked-for time), once older
+/// than `min_age` (a session being created has made its directory before its log
+/// names it). Returns how many went.
 fn drop_workspaces(
     root: &Path,
     named: &std::collections::HashSet<String>,
