@@ -14,6 +14,7 @@
 //! costs a stat per entry plus the work of what changed.
 
 mod archive;
+mod cache;
 mod index;
 mod manifest;
 mod remote;
@@ -29,11 +30,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use archive::{unpack_tar, Unpacked};
+pub use cache::KNOWN_FOR;
 use index::Index;
 pub use manifest::{Change, ChangeKind, Entry, Manifest, SpecialKind};
 use scan::{Mode, Scanner};
 use store::ObjectStore;
-pub use store::KNOWN_FOR;
 use tree::Stored;
 use watch::Changes;
 

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::cache::Cache;
 use crate::remote::Remote;
 use crate::{io, Error, Result};
 
@@ -26,46 +27,8 @@ pub(crate) struct ObjectStore {
     written: Arc<AtomicU64>,
     /// The shared store this directory caches, if any.
     remote: Option<Remote>,
-    /// How much the cache holds and may hold (with a remote only).
+    /// The bounded cache this directory is (with a remote only).
     cache: Option<Arc<Cache>>,
-}
-
-/// The bound on a cache directory and what it holds now.
-#[derive(Debug)]
-struct Cache {
-    limit: u64,
-    used: AtomicU64,
-    /// Objects this process uploaded lately, and when. A pass that writes one of
-    /// these again need not upload it: the store has held it for less than
-    /// [`KNOWN_FOR`], shorter than any gc grace period, so no gc can have taken it.
-    /// Any other cached object is uploaded again (gc may have collected it since).
-    known: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
-}
-
-/// How long an upload vouches for an object (`steadfast gc` takes only objects older
-/// than its grace period, an hour by default, which must exceed this).
-pub const KNOWN_FOR: std::time::Duration = std::time::Duration::from_secs(600);
-
-/// How many objects a cache remembers as uploaded (past it, it forgets them all and
-/// starts over: a few more uploads, never a wrong answer).
-const KNOWN_LIMIT: usize = 1 << 20;
-
-impl Cache {
-    fn knows(&self, hash: &str) -> bool {
-        let known = self.known.lock().expect("known lock");
-        known.get(hash).is_some_and(|at| at.elapsed() < KNOWN_FOR)
-    }
-
-    fn uploaded<'a>(&self, hashes: impl IntoIterator<Item = &'a str>) {
-        let now = std::time::Instant::now();
-        let mut known = self.known.lock().expect("known lock");
-        for hash in hashes {
-            if known.len() >= KNOWN_LIMIT {
-                known.clear();
-            }
-            known.insert(hash.to_string(), now);
-        }
-    }
 }
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -104,72 +67,19 @@ impl ObjectStore {
 
     /// A cache in `dir` of at most `limit` bytes in front of `remote`.
     pub(crate) fn cached(dir: PathBuf, remote: Remote, limit: u64) -> Result<Self> {
-        let mut store = Self::open(dir)?;
-        let used = store.cached_objects()?.iter().map(|o| o.len).sum();
+        let mut store = Self::open(dir.clone())?;
         store.remote = Some(remote);
-        store.cache = Some(Arc::new(Cache {
-            limit,
-            used: AtomicU64::new(used),
-            known: Default::default(),
-        }));
+        store.cache = Some(Arc::new(Cache::open(dir, limit)?));
         Ok(store)
     }
 
-    /// Every object file in the directory, with its size and last use.
-    fn cached_objects(&self) -> Result<Vec<CachedObject>> {
-        let mut found = Vec::new();
-        for shard in std::fs::read_dir(&self.dir).map_err(io("read", &self.dir))? {
-            let shard = shard.map_err(io("read", &self.dir))?.path();
-            let is_shard = shard
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.len() == 2 && n != "tmp");
-            if !is_shard || !shard.is_dir() {
-                continue;
-            }
-            for file in std::fs::read_dir(&shard).map_err(io("read", &shard))? {
-                let path = file.map_err(io("read", &shard))?.path();
-                if let Ok(meta) = std::fs::metadata(&path) {
-                    let used = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
-                    found.push(CachedObject {
-                        path,
-                        len: meta.len(),
-                        used,
-                    });
-                }
-            }
-        }
-        Ok(found)
-    }
-
-    /// Counts `bytes` more in the cache and, past its bound, evicts the least
-    /// recently used objects down to three quarters of it (every one is in the
-    /// shared store, so any can go), but never `keep` (about to be read).
+    /// Counts `bytes` more in the cache, if this directory is one (see
+    /// [`Cache::added`]).
     fn cached_more(&self, bytes: u64, keep: Option<&Path>) -> Result<()> {
-        let Some(cache) = &self.cache else {
-            return Ok(());
-        };
-        let used = cache.used.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        if used <= cache.limit {
-            return Ok(());
+        match &self.cache {
+            Some(cache) => cache.added(bytes, keep),
+            None => Ok(()),
         }
-        let mut objects = self.cached_objects()?;
-        objects.sort_by_key(|o| o.used);
-        let mut used: u64 = objects.iter().map(|o| o.len).sum();
-        let target = cache.limit / 4 * 3;
-        for object in objects {
-            if used <= target {
-                break;
-            }
-            if Some(object.path.as_path()) == keep {
-                continue;
-            }
-            if std::fs::remove_file(&object.path).is_ok() {
-                used -= object.len;
-            }
-        }
-        cache.used.store(used, Ordering::Relaxed);
-        Ok(())
     }
 
     /// The path of object `hash` here, fetched from the shared store if this
@@ -201,7 +111,7 @@ impl ObjectStore {
     /// that a gc running now (which takes only objects older than its grace period)
     /// cannot take it before the snapshot's log record refers to it. In a directory,
     /// its time is set to now; with a shared store, it is uploaded again with the
-    /// batch, unless this process uploaded it less than [`KNOWN_FOR`] ago or the
+    /// batch, unless this process uploaded it less than [`crate::KNOWN_FOR`] ago or the
     /// batch's workspace was restored to a snapshot holding it.
     fn reuse(&self, batch: &mut Batch, hash: &str) {
         let vouched = batch.vouched.as_ref().is_some_and(|v| v.contains(hash));
@@ -541,8 +451,7 @@ impl ObjectStore {
         remote.delete(doomed)?;
         self.sweep_dir(keep, min_age)?;
         if let Some(cache) = &self.cache {
-            let used = self.cached_objects()?.iter().map(|o| o.len).sum();
-            cache.used.store(used, Ordering::Relaxed);
+            cache.recount()?;
         }
         Ok(removed)
     }
@@ -604,13 +513,6 @@ impl ObjectStore {
         }
         Ok(bytes)
     }
-}
-
-/// An object file of a cache directory.
-struct CachedObject {
-    path: PathBuf,
-    len: u64,
-    used: std::time::SystemTime,
 }
 
 /// A number telling this process's temporary files from those of processes on

@@ -185,7 +185,7 @@ fn hydrate_hosts(
     git(
         git_dir,
         tree,
-        "git add -A && git -c user.name=b -c user.email=b@b commit -q -m tree && git symbolic-ref HEAD refs/heads/main 2>/dev/null; git branch -f main HEAD",
+        "git add -A && git -c user.name=bench -c user.email=bench@localhost commit -q -m tree",
     )?;
     let warm = host_drive(&dir.join("host-warm"), Some(store))?;
     warm.restore(&dir.join("warm-first"), id)?;
