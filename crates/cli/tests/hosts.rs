@@ -11,7 +11,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -23,46 +23,6 @@ use common::{agents_dir, installed, TestDatabase};
 const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
 const NATIVE: usize = 18;
 const WRAPPED: usize = 2;
-
-/// moto's S3 server on a free port, killed when dropped.
-struct Moto(Child);
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts moto with an empty bucket `bucket`; returns it and its endpoint.
-fn moto(bucket: &str) -> (Moto, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let server = Moto(
-        Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("moto_server must be installed (see .ci/run)"),
-    );
-    let endpoint = format!("http://127.0.0.1:{port}");
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert!(Command::new("curl")
-        .args(["-sf", "-X", "PUT", &format!("{endpoint}/{bucket}")])
-        .status()
-        .unwrap()
-        .success());
-    (server, endpoint)
-}
 
 /// One machine: its name and its own disk.
 #[derive(Clone)]
@@ -232,7 +192,8 @@ async fn sessions_finish_on_any_host_with_only_the_database_and_the_bucket_share
     .unwrap();
     let native_fake = FakeProvider::start(script).await.unwrap();
     let codex_fake = FakeProvider::start(demo::script()).await.unwrap();
-    let (_moto, s3) = moto("fleet");
+    let moto = common::Moto::start("fleet");
+    let s3 = moto.endpoint.clone();
     let dir = tempfile::tempdir().unwrap();
     let db = TestDatabase::create(&format!("steadfast_hosts_{}", std::process::id())).await;
     let fleet = Fleet {

@@ -1,48 +1,17 @@
 //! `STEADFAST_BLOBS=s3://...`: big outputs of a real run land in an S3-compatible
 //! store (moto's S3 server; `.ci/run` installs it).
 
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+mod common;
+
+use std::process::Command;
 
 use serde_json::{json, Value};
 use steadfast_testkit::{FakeProvider, Script};
 
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test]
 async fn big_outputs_go_to_the_configured_s3_bucket() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let _s3 = Server(
-        Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("moto_server must be installed (see .ci/run)"),
-    );
-    let endpoint = format!("http://127.0.0.1:{port}");
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert!(Command::new("curl")
-        .args(["-sf", "-X", "PUT", &format!("{endpoint}/outputs")])
-        .status()
-        .unwrap()
-        .success());
+    let moto = common::Moto::start("outputs");
+    let endpoint = moto.endpoint.clone();
 
     let script: Script = serde_json::from_value(json!({"steps": [
         {"text": "lots of output", "tool_calls": [{"name": "bash", "input": {"command": "seq 1 50000"}}]},

@@ -304,3 +304,48 @@ pub async fn put_credential(url: &str, name: &str, value: &str) {
     .await;
     assert_eq!(status, 204, "{body}");
 }
+
+/// moto's S3 server (`.ci/run` installs it) on a free port, killed when dropped.
+pub struct Moto {
+    child: std::process::Child,
+    /// Its endpoint (`AWS_ENDPOINT`).
+    pub endpoint: String,
+}
+
+impl Moto {
+    /// Starts moto with the empty bucket `bucket`.
+    pub fn start(bucket: &str) -> Self {
+        use std::process::{Command, Stdio};
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto_server must be installed (see .ci/run)");
+        let endpoint = format!("http://127.0.0.1:{port}");
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        assert!(Command::new("curl")
+            .args(["-sf", "-X", "PUT", &format!("{endpoint}/{bucket}")])
+            .status()
+            .unwrap()
+            .success());
+        Moto { child, endpoint }
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
