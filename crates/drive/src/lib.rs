@@ -94,6 +94,10 @@ pub struct Drive {
     restored: Arc<Mutex<HashMap<PathBuf, Arc<std::collections::HashSet<String>>>>>,
 }
 
+/// How many objects a restore from elsewhere fetches before it makes room for more
+/// in the cache.
+const PREFETCH_CHUNK: usize = 1024;
+
 /// How many workspaces' indexes a drive keeps in memory (the rest are read back
 /// from their files when next used).
 const INDEXES_IN_MEMORY: usize = 64;
@@ -208,7 +212,7 @@ impl Drive {
         std::fs::create_dir_all(workspace).map_err(io("create", workspace))?;
         self.with_index(workspace, |index| {
             if self.objects.is_shared() && index.tree_of("") != Some(root.as_str()) {
-                self.vouch(workspace, &root)?;
+                self.bring_over(workspace, &root)?;
             }
             let touched = index.probe_changes();
             // On any failure here (a real one comes back from the full pass too):
@@ -221,11 +225,20 @@ impl Drive {
         })
     }
 
-    /// Remembers every object under tree `root` as kept by the shared store for
-    /// `workspace` (see [`Drive::restored`]): only for a logical workspace, which
-    /// belongs to one session for good (a directory may be another session's next,
-    /// after the first was deleted and its objects collected).
-    fn vouch(&self, workspace: &Path, root: &str) -> Result<()> {
+    /// Before `workspace` is brought to tree `root` from elsewhere (a shared store,
+    /// and this host's copy is not at it): every object of the snapshot this cache
+    /// lacks is fetched at once, many in flight (a restore would otherwise ask
+    /// directory by directory), and, for a logical workspace, remembered as kept by
+    /// the shared store (see [`Drive::restored`]). Only a logical workspace belongs to
+    /// one session for good; a directory may be another session's next, after the
+    /// first was deleted and its objects collected.
+    fn bring_over(&self, workspace: &Path, root: &str) -> Result<()> {
+        let mut objects = std::collections::HashSet::new();
+        tree::mark(&self.objects, root, &mut objects)?;
+        let all: Vec<&str> = objects.iter().map(String::as_str).collect();
+        for some in all.chunks(PREFETCH_CHUNK) {
+            self.objects.prefetch(some)?;
+        }
         let logical = workspace
             .file_name()
             .and_then(|n| n.to_str())
@@ -233,8 +246,6 @@ impl Drive {
         if !logical {
             return Ok(());
         }
-        let mut objects = std::collections::HashSet::new();
-        tree::mark(&self.objects, root, &mut objects)?;
         let mut restored = self.restored.lock().expect("restored lock");
         if restored.len() >= INDEXES_IN_MEMORY {
             restored.clear();
