@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use steadfast_testkit::{FakeProvider, Script};
 use tokio::io::AsyncBufReadExt;
 
-use common::TestDatabase;
+use common::{kind, TestDatabase};
 
 const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
 const SESSIONS: usize = 20;
@@ -77,13 +77,6 @@ async fn log(fleet: &Fleet, id: &str) -> Vec<Value> {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
-}
-
-fn kind(record: &Value) -> String {
-    record["event"]
-        .as_object()
-        .and_then(|o| o.keys().next().cloned())
-        .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,9 +16,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use steadfast_testkit::{demo, FakeProvider, Script};
-use tokio::io::AsyncBufReadExt;
 
-use common::{agents_dir, installed, TestDatabase};
+use common::{agents_dir, installed, kind, TestDatabase};
 
 const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
 const NATIVE: usize = 18;
@@ -88,13 +87,7 @@ impl Fleet {
             )
             .spawn()
             .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let url = tokio::io::BufReader::new(stdout)
-            .lines()
-            .next_line()
-            .await
-            .unwrap()
-            .unwrap();
+        let url = common::printed_url(&mut child).await;
         (child, url)
     }
 
@@ -110,13 +103,6 @@ impl Fleet {
             .map(|l| serde_json::from_str(l).unwrap())
             .collect()
     }
-}
-
-fn kind(record: &Value) -> String {
-    record["event"]
-        .as_object()
-        .and_then(|o| o.keys().next().cloned())
-        .unwrap_or_default()
 }
 
 /// A session through the API: native on the empty-with-files workspace, or Codex on
@@ -141,15 +127,13 @@ async fn create(http: &reqwest::Client, api: &str, job: &str, wrapped: bool) -> 
     resp.json().await.unwrap()
 }
 
-async fn status(http: &reqwest::Client, api: &str, id: &str) -> String {
-    let shown: Value = http
-        .get(format!("{api}/v1/sessions/{id}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+async fn status(_http: &reqwest::Client, api: &str, id: &str) -> String {
+    let (_, shown) = common::call(
+        reqwest::Method::GET,
+        &format!("{api}/v1/sessions/{id}"),
+        None,
+    )
+    .await;
     shown["status"].as_str().unwrap_or_default().to_string()
 }
 

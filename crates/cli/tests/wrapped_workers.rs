@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use steadfast_testkit::{demo, FakeProvider};
 use tokio::io::AsyncBufReadExt;
 
-use common::{agents_dir, installed, TestDatabase};
+use common::{agents_dir, installed, kind, TestDatabase};
 
 const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
 
@@ -77,13 +77,6 @@ impl Site {
             .map(|l| serde_json::from_str(l).unwrap())
             .collect()
     }
-}
-
-fn kind(record: &Value) -> String {
-    record["event"]
-        .as_object()
-        .and_then(|o| o.keys().next().cloned())
-        .unwrap_or_default()
 }
 
 /// The parent of process `pid`.

@@ -186,6 +186,14 @@ pub fn last_kind_and_holder(home: &Path) -> (String, i32) {
     (last, holder)
 }
 
+/// The kind of a `steadfast log --json` record (events are externally tagged).
+pub fn kind(record: &Value) -> String {
+    record["event"]
+        .as_object()
+        .and_then(|o| o.keys().next().cloned())
+        .unwrap_or_default()
+}
+
 /// The first line a started `steadfast serve` prints on stdout: its base URL.
 pub async fn printed_url(child: &mut tokio::process::Child) -> String {
     use tokio::io::AsyncBufReadExt;
