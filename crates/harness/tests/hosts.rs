@@ -89,6 +89,11 @@ async fn a_logical_workspace_follows_its_session_from_host_to_host() -> anyhow::
     // Turn 3 on a host that never saw it, with an empty disk.
     let c = host(dir.path(), "c", &world, &blobs, &fake);
     let mut driver = c.wake_native(&id).await?;
+    // Materialized on waking, before any sandbox or tool needs it.
+    assert_eq!(
+        std::fs::read_to_string(c.workspace_dir_of(&workspace_id)?.join("notes.txt"))?,
+        "zero\none\ntwo\n"
+    );
     driver.send("and again").await?;
     driver.run().await?;
     driver.release().await?;
