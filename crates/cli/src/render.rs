@@ -123,6 +123,11 @@ pub fn timeline(record: &Record) -> Vec<String> {
         Event::ExchangeIntent { index, api, fingerprint, stream, .. } => format!("gateway request #{index} ({api}{}, request {})", if *stream { ", streaming" } else { "" }, &fingerprint[..12.min(fingerprint.len())]),
         Event::ExchangeOutcome { status, body, .. } => format!("gateway reply: HTTP {status}, {} bytes recorded", body.len()),
         Event::ReplayDiverged { index, snapshot } => format!("replay diverged at request #{index}: later records superseded, workspace restored to {}", snap(snapshot)),
+        Event::WorkspaceMoved { workspace, host, from_workspace, from_host, snapshot } => format!(
+            "workspace moved by its user from {from_workspace}{} to {workspace} on {host}, at {}",
+            from_host.as_ref().map(|h| format!(" on {h}")).unwrap_or_default(),
+            snap(snapshot)
+        ),
         Event::DriveFailed { reason, attempt, retry_at_ms: Some(at) } => format!(
             "ERROR (failure {attempt} in a row, retrying in {:.1}s): {}",
             at.saturating_sub(record.at_ms) as f64 / 1000.0,

@@ -487,3 +487,213 @@ async fn sessions_finish_on_any_host_with_only_the_database_and_the_bucket_share
     }
     db.drop_now().await;
 }
+
+/// A host with its own home, sharing a world file and a blob directory with the
+/// others (standing for a database and a bucket).
+fn on_host(
+    shared: &Path,
+    host: &str,
+    fake: &FakeProvider,
+    args: &[&str],
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.args(args)
+        .current_dir(shared)
+        .env("STEADFAST_HOME", shared.join(host))
+        .env("STEADFAST_HOST_ID", host)
+        .env(
+            "STEADFAST_WORLD",
+            format!("sqlite:{}", shared.join("world.db").display()),
+        )
+        .env("STEADFAST_BLOBS", shared.join("bucket"))
+        .env("ANTHROPIC_API_KEY", "test-key")
+        .env("ANTHROPIC_BASE_URL", fake.base_url())
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("STEADFAST_FAULT")
+        .env_remove("STEADFAST_WORKSPACE_ROOT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+#[tokio::test]
+async fn a_session_killed_in_its_directory_on_one_host_moves_to_another_at_its_users_word() {
+    let script: Script = serde_json::from_value(json!({"steps": [
+        {"text": "Setting up.", "tool_calls": [{"name": "bash", "input": {"command":
+            "mkdir -p src && printf 'one\\n' > src/a.txt && ln -s src/a.txt link && head -c 300000 /dev/urandom > big.bin"}}]},
+        {"text": "Running the slow job.", "tool_calls": [{"name": "bash", "input": {"command":
+            "echo start >> job.log; sleep 2; echo late >> job.log"}}]},
+        {"text": "done"},
+    ]}))
+    .unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path();
+    // Host a's lease lapses 3 s after it dies (its heartbeat stops).
+    std::fs::write(
+        shared.join("steadfast.toml"),
+        "[harness]\nlease-ttl-secs = 3\n",
+    )
+    .unwrap();
+    let on_a = shared.join("a-repo");
+    std::fs::create_dir_all(&on_a).unwrap();
+    std::fs::write(on_a.join("README"), "mine\n").unwrap();
+
+    // Host a runs the session in the user's directory and dies mid-command.
+    let mut run = on_host(
+        shared,
+        "a",
+        &fake,
+        &[
+            "run",
+            "go",
+            "--workspace",
+            on_a.to_str().unwrap(),
+            "--model",
+            "anthropic/claude-sonnet-4-5",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    common::wait_for("the slow job to start", async || {
+        std::fs::read_to_string(on_a.join("job.log")).is_ok_and(|s| s.contains("start"))
+    })
+    .await;
+    run.kill().await.unwrap();
+    let listed = on_host(shared, "b", &fake, &["sessions", "--json"])
+        .output()
+        .await
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    let id = serde_json::from_str::<Value>(listed.lines().next().unwrap()).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let calls_before = fake.calls();
+
+    // Host b will not drive it in a's directory, and says how to move it.
+    let refused = on_host(shared, "b", &fake, &["resume", &id])
+        .output()
+        .await
+        .unwrap();
+    assert!(!refused.status.success());
+    let said = common::stderr(&refused);
+    assert!(
+        said.contains("host `a`") && said.contains("--move-here"),
+        "{said}"
+    );
+
+    // Not while a's lease stands: a may be alive and about to go on.
+    let on_b = shared.join("b-disk").join("repo");
+    let out = on_host(
+        shared,
+        "b",
+        &fake,
+        &["resume", &id, "--move-here", on_b.to_str().unwrap()],
+    )
+    .output()
+    .await
+    .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        common::stderr(&out).contains("being driven"),
+        "{}",
+        common::stderr(&out)
+    );
+    assert!(!on_b.exists(), "a refused move leaves nothing behind");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // A directory with something in it is not overwritten.
+    let occupied = shared.join("occupied");
+    std::fs::create_dir_all(&occupied).unwrap();
+    std::fs::write(occupied.join("keep.txt"), "precious").unwrap();
+    let out = on_host(
+        shared,
+        "b",
+        &fake,
+        &["resume", &id, "--move-here", occupied.to_str().unwrap()],
+    )
+    .output()
+    .await
+    .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        common::stderr(&out).contains("not empty"),
+        "{}",
+        common::stderr(&out)
+    );
+    assert_eq!(
+        std::fs::read_to_string(occupied.join("keep.txt")).unwrap(),
+        "precious"
+    );
+
+    // Moved: b's new directory gets the last snapshot and the turn finishes there.
+    let out = on_host(
+        shared,
+        "b",
+        &fake,
+        &[
+            "resume",
+            &id,
+            "--move-here",
+            on_b.to_str().unwrap(),
+            "--json",
+        ],
+    )
+    .output()
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["status"], "completed", "{result}");
+    let tree = common::tree(&on_b);
+    assert_eq!(tree["README"].0, b"mine\n");
+    assert_eq!(tree["src/a.txt"].0, b"one\n");
+    assert_eq!(tree["big.bin"].0.len(), 300_000);
+    assert_eq!(
+        std::fs::read_link(on_b.join("link")).unwrap(),
+        Path::new("src/a.txt")
+    );
+    // The cut-off command was rolled back and ran once, whole, on b.
+    assert_eq!(tree["job.log"].0, b"start\nlate\n");
+    assert_eq!(
+        tree["big.bin"].0,
+        std::fs::read(on_a.join("big.bin")).unwrap()
+    );
+    // The log says where it went; from now on it belongs to b, not a.
+    let log = on_host(shared, "b", &fake, &["log", &id, "--json"])
+        .output()
+        .await
+        .unwrap();
+    let records: Vec<Value> = String::from_utf8_lossy(&log.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let moved: Vec<&Value> = records
+        .iter()
+        .filter(|r| kind(r) == "workspace_moved")
+        .collect();
+    assert_eq!(moved.len(), 1, "{records:?}");
+    // Every model call the log records was asked once: none that a recorded before
+    // the move was asked again on b (the interrupted command's own step is new: the
+    // model is told it was rolled back).
+    let asked = records
+        .iter()
+        .filter(|r| kind(r) == "model_call_intent")
+        .count() as u64;
+    assert_eq!(fake.calls(), asked);
+    assert!(fake.calls() > calls_before);
+    let moved = moved[0].to_string();
+    assert!(
+        moved.contains("b-disk/repo") && moved.contains("a-repo"),
+        "{moved}"
+    );
+    let out = on_host(shared, "a", &fake, &["resume", &id])
+        .output()
+        .await
+        .unwrap();
+    let said = common::stderr(&out);
+    assert!(!out.status.success() && said.contains("host `b`"), "{said}");
+}

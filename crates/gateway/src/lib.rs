@@ -144,6 +144,8 @@ pub(crate) struct Shared<W> {
     pub(crate) live: Arc<LiveSession<W>>,
     drive: Drive,
     workspace: PathBuf,
+    /// What names the workspace in requests (fingerprints ignore it).
+    names: normalize::WorkspaceNames,
     token_hash: blake3::Hash,
     pub(crate) upstreams: Upstreams,
     models: Vec<String>,
@@ -233,10 +235,14 @@ impl<W: World + Clone> Gateway<W> {
             .tcp_nodelay(true)
             .build()
             .unwrap_or_else(|_| reqwest::Client::new());
+        let names = config
+            .live
+            .with(|s| normalize::WorkspaceNames::new(&config.workspace, &s.former_workspaces));
         Ok(Gateway {
             shared: Arc::new(Shared {
                 live: config.live,
                 drive: config.drive,
+                names,
                 workspace: config.workspace,
                 token_hash: blake3::hash(config.token.as_bytes()),
                 upstreams: config.upstreams,
@@ -543,7 +549,7 @@ async fn handle<W: World + Clone>(
         );
     };
     let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
-    let fingerprint = normalize::fingerprint(api.name(), &request, &shared.workspace);
+    let fingerprint = normalize::fingerprint(api.name(), &request, &shared.names);
     match shared.route(api, &fingerprint, stream).await {
         Err(response) => response,
         Ok(Routed::Replay(reply)) => relay::replay(reply),

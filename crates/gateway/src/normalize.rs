@@ -53,19 +53,44 @@ fn patterns() -> &'static [(Regex, &'static str)] {
     })
 }
 
-/// What names the workspace's directory in a request, on any host.
-fn workspace_pattern(workspace: &std::path::Path) -> Option<Regex> {
-    let path = workspace.to_string_lossy();
+/// What names a session's workspace in its requests: its directory on any host (for a
+/// logical workspace, any absolute path ending in its id), and the directories it
+/// worked in before its user moved it (recorded tool outputs replayed to the CLI name
+/// those). Compiled once per gateway, not per request.
+pub struct WorkspaceNames(Option<Regex>);
+
+impl WorkspaceNames {
+    /// The names of `workspace`, which was at each of `former` before.
+    pub fn new(workspace: &std::path::Path, former: &[String]) -> Self {
+        let mut alternatives: Vec<String> = std::iter::once(workspace.to_string_lossy())
+            .chain(former.iter().map(|f| f.as_str().into()))
+            .filter_map(|path| directory_pattern(&path))
+            .collect();
+        // The longest first, so no directory is taken for a prefix of itself.
+        alternatives.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        alternatives.dedup();
+        if alternatives.is_empty() {
+            return WorkspaceNames(None);
+        }
+        WorkspaceNames(Regex::new(&format!("(?:{})", alternatives.join("|"))).ok())
+    }
+}
+
+/// The pattern of one directory's name in a request.
+fn directory_pattern(path: &str) -> Option<String> {
     let path = path.trim_end_matches('/');
+    let name = path.rsplit('/').next().unwrap_or("");
     if path.is_empty() {
         return None;
     }
-    let name = workspace.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    let pattern = match steadfast_log::is_workspace_id(name) {
+    Some(match steadfast_log::is_workspace_id(name) {
         true => format!(r#"(?:/[^/\s"'`:;,()<>]+)*/{}\b"#, regex::escape(name)),
+        // `/home/me/repo` is not in `/home/me/repo2`.
+        false if path.ends_with(|c: char| c.is_alphanumeric() || c == '_') => {
+            format!(r"{}\b", regex::escape(path))
+        }
         false => regex::escape(path),
-    };
-    Regex::new(&pattern).ok()
+    })
 }
 
 fn normalize_string(s: &str, workspace: Option<&Regex>) -> String {
@@ -94,15 +119,14 @@ fn normalize(value: &mut Value, workspace: Option<&Regex>) {
 }
 
 /// The fingerprint of a request to `api` from a client working in `workspace`.
-pub fn fingerprint(api: &str, request: &Value, workspace: &std::path::Path) -> String {
-    let workspace = workspace_pattern(workspace);
+pub fn fingerprint(api: &str, request: &Value, workspace: &WorkspaceNames) -> String {
     let mut value = request.clone();
     if let Value::Object(map) = &mut value {
         for field in RUN_FIELDS {
             map.remove(*field);
         }
     }
-    normalize(&mut value, workspace.as_ref());
+    normalize(&mut value, workspace.0.as_ref());
     let mut hasher = blake3::Hasher::new();
     hasher.update(api.as_bytes());
     hasher.update(b"\0");
@@ -115,12 +139,13 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn names(workspace: &str, former: &[&str]) -> WorkspaceNames {
+        let former: Vec<String> = former.iter().map(|f| f.to_string()).collect();
+        WorkspaceNames::new(std::path::Path::new(workspace), &former)
+    }
+
     fn fp(api: &str, request: &Value) -> String {
-        fingerprint(
-            api,
-            request,
-            std::path::Path::new("/hosts/a/workspaces/ws_1"),
-        )
+        fingerprint(api, request, &names("/hosts/a/workspaces/ws_1", &[]))
     }
 
     #[test]
@@ -139,17 +164,13 @@ mod tests {
             fingerprint(
                 "openai.responses",
                 &request(&dir, &recorded),
-                std::path::Path::new(&dir),
+                &names(&dir, &[]),
             )
         };
         assert_eq!(on("a", "a"), on("b", "a"), "one workspace on two hosts");
         assert_eq!(on("a", "a"), on("b", "b"));
         let other = |dir: &str, ws: &str| {
-            fingerprint(
-                "openai.responses",
-                &request(dir, dir),
-                std::path::Path::new(ws),
-            )
+            fingerprint("openai.responses", &request(dir, dir), &names(ws, &[]))
         };
         assert_ne!(
             other("/hosts/a/workspaces/ws_12", "/hosts/a/workspaces/ws_1"),
@@ -165,6 +186,51 @@ mod tests {
         assert_ne!(
             other("/home/me/repo", "/home/me/repo"),
             other("/home/you/repo", "/home/me/repo")
+        );
+    }
+
+    #[test]
+    fn a_moved_directory_is_the_workspace_under_each_of_its_names() {
+        // Recorded on host a in /home/me/repo; the user moved the session to
+        // /srv/repo on host b, where the CLI's cwd is the new directory and the
+        // replayed tool outputs name the old one.
+        let request = |cwd: &str, recorded: &str| {
+            json!({"messages": [
+                {"role": "user", "content": format!("cwd: {cwd}")},
+                {"role": "user", "content": format!("{recorded}/src/main.rs:3: error")},
+            ]})
+        };
+        let first = fingerprint(
+            "anthropic.messages",
+            &request("/home/me/repo", "/home/me/repo"),
+            &names("/home/me/repo", &[]),
+        );
+        let moved = names("/srv/repo", &["/home/me/repo"]);
+        assert_eq!(
+            first,
+            fingerprint(
+                "anthropic.messages",
+                &request("/srv/repo", "/home/me/repo"),
+                &moved
+            )
+        );
+        assert_ne!(
+            first,
+            fingerprint(
+                "anthropic.messages",
+                &request("/srv/repo", "/srv/repo2"),
+                &moved
+            ),
+            "a directory beside it is not it"
+        );
+        assert_ne!(
+            first,
+            fingerprint(
+                "anthropic.messages",
+                &request("/srv/repo", "/home/me/repo"),
+                &names("/srv/repo", &[])
+            ),
+            "without the record of the move, the old directory is another one"
         );
     }
 

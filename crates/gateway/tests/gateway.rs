@@ -300,7 +300,7 @@ async fn a_reply_cut_off_before_it_was_recorded_is_asked_again_in_its_place() {
                 fingerprint: steadfast_gateway::normalize::fingerprint(
                     "anthropic.messages",
                     &request,
-                    &setup.ws(),
+                    &steadfast_gateway::normalize::WorkspaceNames::new(&setup.ws(), &[]),
                 ),
                 stream: true,
                 snapshot: None,

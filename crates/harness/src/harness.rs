@@ -686,7 +686,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// Refuses a workspace (or a read-only path shown to sandboxes) that is or holds
     /// this harness's home: the world's database, blobs and snapshots must never be
     /// visible to, let alone writable by, the code a model runs.
-    fn keep_home_out(&self, workspace: &Path) -> Result<()> {
+    pub(crate) fn keep_home_out(&self, workspace: &Path) -> Result<()> {
         let Some(home) = self.home.as_deref() else {
             return Ok(());
         };

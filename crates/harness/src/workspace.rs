@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use steadfast_drive::Drive;
-use steadfast_log::SessionState;
+use steadfast_log::{Event, SessionState};
 use steadfast_world::World;
 
 use crate::harness::Harness;
@@ -55,7 +55,8 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
         match &state.workspace_host {
             Some(host) if *host != self.options.host => Err(Error::NotHere(format!(
                 "the workspace {} is a directory on host `{host}`, and this is `{}`: only \
-                 that host drives the session",
+                 that host drives the session, unless its user moves it here (`steadfast \
+                 resume SESSION --move-here DIR`)",
                 state.workspace, self.options.host
             ))),
             _ => Ok(PathBuf::from(&state.workspace)),
@@ -84,6 +85,114 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
         // requests by this name).
         Ok(dir.canonicalize().unwrap_or(dir))
     }
+}
+
+impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
+    /// Moves `session`, which works in a directory on one host, to `dir` on this one,
+    /// at its user's word (`steadfast resume --move-here DIR`): a session bound to a
+    /// directory is otherwise driven only there. `dir` must be empty or absent; it is
+    /// brought to the session's last snapshot, and then the move is recorded
+    /// ([`Event::WorkspaceMoved`]), so a crash in between leaves the session where it
+    /// was. The old directory is left as it is. Refused for a session being driven
+    /// (its lease is held), for one that is over, and for a logical workspace, which
+    /// every host has. Returns the new directory.
+    pub async fn move_workspace_here(&self, session: &str, dir: &Path) -> Result<PathBuf> {
+        let lease = match self
+            .world
+            .acquire_lease(session, &self.holder, self.options.lease_ttl)
+            .await
+        {
+            Err(steadfast_world::Error::LeaseHeld { holder, .. }) => {
+                return Err(Error::Invalid(format!(
+                    "session {session} is being driven (by {holder}): stop it there first, \
+                     or wait for its lease to lapse if that host is gone"
+                )))
+            }
+            other => other?,
+        };
+        let moved = self.move_leased(&lease, dir).await;
+        let _ = self.world.release_lease(&lease).await;
+        moved
+    }
+
+    async fn move_leased(&self, lease: &steadfast_world::Lease, dir: &Path) -> Result<PathBuf> {
+        let state = self.state(&lease.session).await?;
+        if state.is_ended() {
+            return Err(Error::Invalid(format!(
+                "session {} is over: there is nothing to move",
+                lease.session
+            )));
+        }
+        if steadfast_log::is_workspace_id(&state.workspace) {
+            return Err(Error::Invalid(format!(
+                "session {} works in the logical workspace {}, which every host \
+                 materializes in its own workspace root: there is nothing to move",
+                lease.session, state.workspace
+            )));
+        }
+        let invalid = |what: &str| Error::Invalid(format!("{}: {what}", dir.display()));
+        let dir = std::path::absolute(dir).map_err(|e| invalid(&e.to_string()))?;
+        let created = !dir.exists();
+        std::fs::create_dir_all(&dir).map_err(|e| invalid(&e.to_string()))?;
+        let dir = dir.canonicalize().map_err(|e| invalid(&e.to_string()))?;
+        let here = state
+            .workspace_host
+            .as_deref()
+            .unwrap_or(&self.options.host);
+        if dir == Path::new(&state.workspace) && here == self.options.host {
+            return Ok(dir); // already there
+        }
+        let empty = std::fs::read_dir(&dir)
+            .map_err(|e| invalid(&e.to_string()))?
+            .next()
+            .is_none();
+        if !empty {
+            return Err(invalid(
+                "not empty: a session is moved into an empty directory, where its last \
+                 snapshot is restored",
+            ));
+        }
+        let undo = || {
+            let _ = match created {
+                true => std::fs::remove_dir_all(&dir),
+                false => empty_dir(&dir),
+            };
+        };
+        let moved = async {
+            self.keep_home_out(&dir)?;
+            if let Some(snapshot) = &state.last_snapshot {
+                restore(&self.drive, &dir, snapshot).await?;
+            }
+            let event = Event::WorkspaceMoved {
+                workspace: dir.to_string_lossy().into_owned(),
+                host: self.options.host.clone(),
+                from_workspace: state.workspace.clone(),
+                from_host: state.workspace_host.clone(),
+                snapshot: state.last_snapshot.clone(),
+            };
+            self.world.append(lease, &[event]).await?;
+            Ok::<_, Error>(())
+        };
+        match moved.await {
+            Ok(()) => Ok(dir),
+            Err(e) => {
+                undo();
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Removes everything in `dir`, keeping it.
+fn empty_dir(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        match path.is_dir() && !path.is_symlink() {
+            true => std::fs::remove_dir_all(&path)?,
+            false => std::fs::remove_file(&path)?,
+        }
+    }
+    Ok(())
 }
 
 /// Brings `dir` to `snapshot`, off the async threads.

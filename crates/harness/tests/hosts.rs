@@ -153,3 +153,118 @@ async fn a_home_made_before_the_drive_moved_beside_the_blobs_keeps_its_snapshots
     assert!(home.join("blobs/drive").is_dir() && !home.join("drive/objects").exists());
     Ok(())
 }
+
+#[tokio::test]
+async fn a_directory_bound_session_moves_only_at_its_users_word() -> anyhow::Result<()> {
+    let append = |line: &str| json!({"text": "appending", "tool_calls": [{"name": "bash", "input": {"command": format!("echo {line} >> notes.txt")}}]});
+    let (dir, world, blobs, fake) = fleet(json!([
+        append("one"), {"text": "turn one done"},
+        append("two"), {"text": "turn two done"},
+    ]))
+    .await;
+    let a = host(dir.path(), "a", &world, &blobs, &fake);
+    let b = host(dir.path(), "b", &world, &blobs, &fake);
+    let mine = dir.path().join("a-disk/repo");
+    std::fs::create_dir_all(mine.join("src"))?;
+    std::fs::write(mine.join("notes.txt"), "zero\n")?;
+    std::fs::write(mine.join("src/lib.rs"), "fn main() {}\n")?;
+    std::os::unix::fs::symlink("src/lib.rs", mine.join("lib"))?;
+    let id = a.start_session(NewSession::native("fake/m", &mine)).await?;
+    let mut driver = a.wake_native(&id).await?;
+    driver.send("go").await?;
+    driver.run().await?;
+
+    // Not while a drives it.
+    let theirs = dir.path().join("b-disk/repo");
+    let refused = b.move_workspace_here(&id, &theirs).await.unwrap_err();
+    assert!(refused.to_string().contains("being driven"), "{refused}");
+    assert!(!theirs.exists(), "a refused move leaves nothing behind");
+    driver.release().await?;
+
+    // Not into a directory with something in it.
+    let occupied = dir.path().join("occupied");
+    std::fs::create_dir_all(&occupied)?;
+    std::fs::write(occupied.join("keep"), "mine")?;
+    let before = a.state(&id).await?.last_seq;
+    let refused = b.move_workspace_here(&id, &occupied).await.unwrap_err();
+    assert!(refused.to_string().contains("not empty"), "{refused}");
+    assert_eq!(std::fs::read_to_string(occupied.join("keep"))?, "mine");
+    assert_eq!(a.state(&id).await?.last_seq, before, "nothing recorded");
+
+    // Moved to b: the new directory is at the last snapshot, the log says so.
+    let moved = b.move_workspace_here(&id, &theirs).await?;
+    assert_eq!(moved, theirs.canonicalize()?);
+    assert_eq!(
+        std::fs::read_to_string(theirs.join("notes.txt"))?,
+        "zero\none\n"
+    );
+    assert_eq!(
+        std::fs::read_link(theirs.join("lib"))?,
+        Path::new("src/lib.rs")
+    );
+    let state = b.state(&id).await?;
+    assert_eq!(Path::new(&state.workspace), moved);
+    assert_eq!(state.workspace_host.as_deref(), Some("b"));
+    assert_eq!(
+        state.former_workspaces,
+        [mine.canonicalize()?.display().to_string()]
+    );
+    assert!(
+        state.system.contains(&moved.display().to_string()),
+        "the prompt names the new place"
+    );
+    assert!(!state
+        .system
+        .contains(&mine.canonicalize()?.display().to_string()));
+    // Moving it again to where it is changes nothing.
+    b.move_workspace_here(&id, &theirs).await?;
+    assert_eq!(b.state(&id).await?.last_seq, state.last_seq);
+
+    // Now b drives it and a does not; a's directory is left as it was.
+    let refused = match a.wake_native(&id).await {
+        Ok(_) => panic!("host a drove a session moved to host b"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(refused, steadfast_harness::Error::NotHere(ref m) if m.contains("host `b`")),
+        "{refused}"
+    );
+    let mut driver = b.wake_native(&id).await?;
+    driver.send("again").await?;
+    driver.run().await?;
+    driver.release().await?;
+    assert_eq!(
+        std::fs::read_to_string(theirs.join("notes.txt"))?,
+        "zero\none\ntwo\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(mine.join("notes.txt"))?,
+        "zero\none\n"
+    );
+    // The full fold and the checkpointed one agree.
+    let records = world_records(&world, &id).await;
+    assert_eq!(steadfast_log::fold(&records)?, b.state(&id).await?);
+
+    // A logical workspace has nothing to move.
+    let logical = steadfast_harness::new_workspace_id();
+    let on_a = a.workspace_dir_of(&logical)?;
+    std::fs::create_dir_all(&on_a)?;
+    let mut new = NewSession::native("fake/m", &on_a);
+    new.workspace_id = Some(logical);
+    let other = a.start_session(new).await?;
+    let refused = b
+        .move_workspace_here(&other, &dir.path().join("x"))
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("logical workspace"),
+        "{refused}"
+    );
+    assert!(!dir.path().join("x").exists());
+    Ok(())
+}
+
+async fn world_records(world: &SqliteWorld, id: &str) -> Vec<steadfast_log::Record> {
+    use steadfast_world::World;
+    world.read(id, 1).await.unwrap()
+}

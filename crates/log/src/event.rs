@@ -791,6 +791,23 @@ pub enum Event {
         /// The snapshot the workspace was restored to.
         snapshot: Option<String>,
     },
+    /// The user moved a session bound to a directory to another directory, on this
+    /// host or another (`steadfast resume --move-here DIR`): the new directory was
+    /// brought to the session's last snapshot first, and only this host drives it from
+    /// here on. Never recorded for a logical workspace, which is on every host.
+    WorkspaceMoved {
+        /// The directory the session works in from here on.
+        workspace: String,
+        /// The host it is on.
+        host: String,
+        /// The directory it worked in before.
+        from_workspace: String,
+        /// The host that was on (`None` in logs recorded before hosts were).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from_host: Option<String>,
+        /// The snapshot the new directory was brought to.
+        snapshot: Option<String>,
+    },
     /// The session is over.
     SessionEnded {
         /// How it ended.
@@ -868,6 +885,7 @@ impl Event {
             Event::ExchangeIntent { .. } => "exchange_intent",
             Event::ExchangeOutcome { .. } => "exchange_outcome",
             Event::ReplayDiverged { .. } => "replay_diverged",
+            Event::WorkspaceMoved { .. } => "workspace_moved",
             Event::SessionEnded { .. } => "session_ended",
         }
     }

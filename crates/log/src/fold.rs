@@ -12,6 +12,7 @@ use crate::event::{
     Breaker, EndState, Event, Limits, ModelSpec, ToolClass, ToolResolution, Usage, DENIED,
     INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK, RESUME_SIGNAL,
 };
+use crate::is_workspace_id;
 use crate::message::{Block, Message, Role, ToolUse};
 use crate::record::Record;
 
@@ -190,7 +191,7 @@ pub enum Next {
 /// The format of stored checkpoints. Bump it with any change to [`SessionState`] or to
 /// what folding a record does: a checkpoint of another version is ignored and the log
 /// folded in full.
-pub const CHECKPOINT_VERSION: u32 = 1;
+pub const CHECKPOINT_VERSION: u32 = 2;
 
 /// A session's folded state as stored in the blob store (named by its hash, so it
 /// comes back checked) by an [`Event::Checkpoint`].
@@ -286,6 +287,9 @@ pub struct SessionState {
     /// The host a directory workspace lives on (`None`: logical, or recorded before
     /// hosts were).
     pub workspace_host: Option<String>,
+    /// The directories the session worked in before it was moved (oldest first): a
+    /// replayed record that names one names the workspace.
+    pub former_workspaces: Vec<String>,
     /// The system prompt.
     pub system: String,
     /// The workspace snapshot the session began with.
@@ -458,6 +462,7 @@ impl SessionState {
             model: model.clone(),
             workspace: workspace.clone(),
             workspace_host: host.clone(),
+            former_workspaces: Vec::new(),
             system: system.clone(),
             initial_snapshot: initial_snapshot.clone(),
             created_at_ms: *created_at_ms,
@@ -794,6 +799,30 @@ impl SessionState {
                 self.last_seq = record.seq;
                 return Ok(());
             }
+            Event::WorkspaceMoved {
+                workspace,
+                host,
+                from_workspace,
+                snapshot,
+                ..
+            } => {
+                if is_workspace_id(&self.workspace) || is_workspace_id(workspace) {
+                    return Err(bad("a logical workspace is on every host, never moved"));
+                }
+                if *from_workspace != self.workspace {
+                    return Err(bad("moved from a directory the session is not in"));
+                }
+                if *snapshot != self.last_snapshot {
+                    return Err(bad("the new directory is not at the last snapshot"));
+                }
+                // The native prompt names the directory: it names the new one now.
+                self.system = self.system.replace(from_workspace.as_str(), workspace);
+                self.former_workspaces
+                    .push(std::mem::replace(&mut self.workspace, workspace.clone()));
+                self.workspace_host = Some(host.clone());
+                self.last_seq = record.seq;
+                return Ok(());
+            }
             Event::ModelCallOutcome { .. }
             | Event::ToolCallOutcome { .. }
             | Event::ExchangeOutcome { .. }
@@ -815,7 +844,7 @@ impl SessionState {
         }
         match &record.event {
             Event::SessionStarted { .. } => return Err(bad("session already started")),
-            Event::DriveFailed { .. } => {} // folded above, wrapped or not
+            Event::DriveFailed { .. } | Event::WorkspaceMoved { .. } => {} // folded above
             Event::UserMessage {
                 turn,
                 text,

@@ -280,6 +280,10 @@ pub enum EventBody {
         /// The first exchange that differed.
         index: u32,
     },
+    /// Its user moved a session bound to a directory to another directory (on this
+    /// host or another), where it is driven from here on. Which directory and host
+    /// are for operators (`steadfast log`): host paths never reach clients.
+    WorkspaceMoved {},
     /// The session ended for good.
     SessionEnded {
         /// How.
@@ -712,6 +716,7 @@ fn body(event: &Event) -> EventBody {
             cost_usd: cost_usd(*cost_micro_usd),
         },
         Event::ReplayDiverged { index, .. } => EventBody::ReplayDiverged { index: *index },
+        Event::WorkspaceMoved { .. } => EventBody::WorkspaceMoved {},
         Event::SessionEnded {
             state,
             reason,

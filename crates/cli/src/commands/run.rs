@@ -65,6 +65,11 @@ pub struct ResumeArgs {
     /// Print the final result as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// Move a session that works in a directory on another host (or elsewhere on
+    /// this one) to DIR, here: an empty or new directory, which gets the session's
+    /// last snapshot. The old directory is left as it is.
+    #[arg(long, value_name = "DIR")]
+    move_here: Option<std::path::PathBuf>,
 }
 
 pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -195,6 +200,25 @@ pub async fn resume(home: &Path, config: &Config, args: ResumeArgs) -> anyhow::R
     // The model's context keeps excerpts, so a session can go on without its blobs;
     // but a lost one is said, with its position, before it does.
     crate::commands::log::report_damage(harness.blobs(), &args.session, &records).await;
+    // A session bound to another host's directory is refused before its lease is
+    // even asked for (that host may hold it a while yet, or be gone for good).
+    if args.move_here.is_none() {
+        harness.workspace_dir(&state)?;
+    }
+    if let Some(dir) = &args.move_here {
+        let moved = harness.move_workspace_here(&args.session, dir).await?;
+        eprintln!(
+            "steadfast: session {} now works in {} on this host (it was in {}{})",
+            args.session,
+            moved.display(),
+            state.workspace,
+            state
+                .workspace_host
+                .as_ref()
+                .map(|h| format!(" on {h}"))
+                .unwrap_or_default()
+        );
+    }
     let mut awake = harness.wake(&args.session).await?;
     let session = args.session.clone();
     eprintln!(

@@ -513,3 +513,39 @@ fn a_client_tools_result_is_the_clients_content_for_its_own_call_only() {
     );
     assert_eq!(state.next(), Next::CallModel { step: 2 });
 }
+
+#[test]
+fn a_move_must_start_where_the_session_is_and_at_its_last_snapshot() {
+    let moved = |from: &str, snapshot: &str| Event::WorkspaceMoved {
+        workspace: "/elsewhere/w".into(),
+        host: "b".into(),
+        from_workspace: from.into(),
+        from_host: None,
+        snapshot: Some(snapshot.into()),
+    };
+    let mut log = Log::new();
+    if let Event::SessionStarted { system, .. } = &mut log.0[0].event {
+        *system = "Your workspace is /w.".into();
+    }
+    log.push(moved("/w", "s0"));
+    let state = fold(&log.0).unwrap();
+    assert_eq!(state.workspace, "/elsewhere/w");
+    assert_eq!(state.workspace_host.as_deref(), Some("b"));
+    assert_eq!(state.former_workspaces, ["/w"]);
+    assert_eq!(state.system, "Your workspace is /elsewhere/w.");
+
+    for wrong in [moved("/other", "s0"), moved("/w", "s9")] {
+        let mut log = Log::new();
+        log.push(wrong);
+        assert!(
+            matches!(fold(&log.0), Err(FoldError::Inconsistent { .. })),
+            "a move from where the session is not, or to another snapshot, is refused"
+        );
+    }
+    let mut log = Log::new();
+    if let Event::SessionStarted { workspace, .. } = &mut log.0[0].event {
+        *workspace = "ws_0123".into();
+    }
+    log.push(moved("ws_0123", "s0"));
+    assert!(matches!(fold(&log.0), Err(FoldError::Inconsistent { .. })));
+}
