@@ -46,6 +46,11 @@ impl Case {
     }
 
     fn spawn_run(&self) -> tokio::process::Child {
+        self.spawn_run_on("auto")
+    }
+
+    /// `run` on sandbox backend `sandbox`.
+    fn spawn_run_on(&self, sandbox: &str) -> tokio::process::Child {
         let ws = self.ws().display().to_string();
         self.command(&[
             "run",
@@ -55,6 +60,7 @@ impl Case {
             "--model",
             "anthropic/claude-sonnet-4-5",
         ])
+        .env("STEADFAST_SANDBOX", sandbox)
         .spawn()
         .unwrap()
     }
@@ -120,6 +126,44 @@ async fn sigkill_mid_command_kills_the_orphan_and_rolls_back() {
         .into_owned();
     assert!(log.contains("rolled back"), "{log}");
     assert_eq!(case.fake.calls(), 3, "step, retry after rollback, final");
+}
+
+#[tokio::test]
+async fn a_killed_drivers_orphan_writes_nothing_into_the_rolled_back_workspace() {
+    // The local sandbox has no namespace to die with its driver: a background writer
+    // the command started outlives a SIGKILL until the next sandbox reaps it.
+    let marks = tempfile::tempdir().unwrap();
+    let spawned = marks.path().join("spawned");
+    let command = format!(
+        "test -e {0} && exit 0; touch {0}; \
+         (while true; do echo x >> junk.log; done) & sleep 30",
+        spawned.display()
+    );
+    let case = Case::new(json!([
+        {"text": "Starting a writer.", "tool_calls": [{"name": "bash", "input": {"command": command}}]},
+        {"text": "done"},
+    ]))
+    .await;
+    let mut child = case.spawn_run_on("local");
+    wait_for(&case.ws().join("junk.log"), "x").await;
+    child.kill().await.unwrap();
+
+    let id = case.session().await;
+    let mut resume = case.command(&["resume", &id]);
+    resume.env("STEADFAST_SANDBOX", "local");
+    let out = resume.output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The writer was reaped before the rollback, not after it: nothing it wrote is
+    // in the workspace, and nothing more arrives.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !case.ws().join("junk.log").exists(),
+        "the orphan wrote into the workspace after it was rolled back"
+    );
 }
 
 #[tokio::test]

@@ -66,6 +66,10 @@ pub enum Error {
     /// The shared store failed (unreachable, refused, or answered nonsense).
     #[error("drive store: {0}")]
     Store(String),
+    /// A restore's blocking task did not finish (it panicked, or its runtime shut
+    /// down).
+    #[error("drive task: {0}")]
+    Task(String),
 }
 
 /// The drive's result type.
@@ -202,6 +206,15 @@ impl Drive {
         steadfast_fault::point(steadfast_fault::points::MID_SNAPSHOT);
         self.objects.finish(&mut scanner.batch)?;
         Ok(root)
+    }
+
+    /// [`Drive::restore`] for async callers, on a blocking thread: restoring a big
+    /// tree must not stall the runtime the session's other work runs on.
+    pub async fn restore_async(&self, workspace: &Path, id: &str) -> Result<()> {
+        let (drive, workspace, id) = (self.clone(), workspace.to_path_buf(), id.to_string());
+        tokio::task::spawn_blocking(move || drive.restore(&workspace, &id))
+            .await
+            .map_err(|e| Error::Task(e.to_string()))?
     }
 
     /// Makes `workspace` equal to snapshot `id`: extra entries removed, changed and

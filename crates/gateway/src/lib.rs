@@ -397,10 +397,9 @@ impl<W: World + Clone> Shared<W> {
             "replay diverged: superseding the record from here"
         );
         if let Some(snap) = &snapshot {
-            let (drive, ws, snap) = (self.drive.clone(), self.workspace.clone(), snap.clone());
-            tokio::task::spawn_blocking(move || drive.restore(&ws, &snap))
+            self.drive
+                .restore_async(&self.workspace, snap)
                 .await
-                .map_err(|e| internal(&e.to_string()))?
                 .map_err(|e| internal(&e.to_string()))?;
         }
         self.live

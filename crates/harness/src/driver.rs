@@ -1019,12 +1019,15 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     async fn resolve_tool(&mut self, pending: PendingTool) -> Result<()> {
         if pending.class == ToolClass::Mutate {
             if let Some(snapshot) = &pending.snapshot_before {
-                let workspace = self.workspace.clone();
-                let drive = self.harness.drive.clone();
-                let snap = snapshot.clone();
-                tokio::task::spawn_blocking(move || drive.restore(&workspace, &snap))
-                    .await
-                    .map_err(|e| Error::Invalid(format!("restore task failed: {e}")))??;
+                // A sandbox first: starting one reaps what the dead driver's left
+                // running (a local sandbox's orphans), which would otherwise go on
+                // writing into the workspace rolled back here.
+                self.sandbox.hydrate_to(Some(snapshot.clone()));
+                self.sandbox.get().await?;
+                self.harness
+                    .drive
+                    .restore_async(&self.workspace, snapshot)
+                    .await?;
                 (self.observer)(Progress::Restored(snapshot));
             }
         }

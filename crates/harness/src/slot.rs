@@ -79,12 +79,12 @@ impl<S: Sandbox> SandboxSlot<S> {
         }
     }
 
-    /// Sets the snapshot the next sandbox is hydrated to.
     /// The workspace directory the slot's sandboxes mount.
     pub(crate) fn workspace(&self) -> &std::path::Path {
         &self.workspace
     }
 
+    /// Sets the snapshot the next sandbox is hydrated to.
     pub(crate) fn hydrate_to(&self, snapshot: Option<String>) {
         *self.hydrate_to.lock().unwrap_or_else(|e| e.into_inner()) = snapshot;
     }
@@ -120,12 +120,6 @@ impl<S: Sandbox> SandboxSlot<S> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        if let Some(snapshot) = snapshot {
-            let (drive, ws) = (self.drive.clone(), self.workspace.clone());
-            tokio::task::spawn_blocking(move || drive.restore(&ws, &snapshot))
-                .await
-                .map_err(|e| Error::Invalid(format!("hydration task failed: {e}")))??;
-        }
         let (provision, ws, options) = (
             self.provision.clone(),
             self.workspace.clone(),
@@ -134,6 +128,12 @@ impl<S: Sandbox> SandboxSlot<S> {
         let sandbox = tokio::task::spawn_blocking(move || provision(&ws, &options))
             .await
             .map_err(|e| Error::Invalid(format!("provisioning task failed: {e}")))??;
+        // Hydrated once the new sandbox has reaped what an earlier one left running
+        // (a killed driver's orphan may write until then), and before any call runs
+        // in it: this also undoes what such a process wrote after the wake's restore.
+        if let Some(snapshot) = snapshot {
+            self.drive.restore_async(&self.workspace, &snapshot).await?;
+        }
         tracing::info!(
             ms = started.elapsed().as_millis() as u64,
             "sandbox provisioned"

@@ -7,7 +7,6 @@
 
 use std::path::{Path, PathBuf};
 
-use steadfast_drive::Drive;
 use steadfast_log::{Event, SessionState};
 use steadfast_world::World;
 
@@ -79,7 +78,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                 .map_err(|e| Error::Invalid(format!("workspace {}: {e}", dir.display())))?;
         }
         if let (Some(snapshot), true) = (&state.last_snapshot, logical || restore_directory) {
-            restore(&self.drive, &dir, snapshot).await?;
+            self.drive.restore_async(&dir, snapshot).await?;
         }
         // As the sandbox and the CLIs in it see it (the gateway recognizes it in their
         // requests by this name).
@@ -161,7 +160,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
         let moved = async {
             self.keep_home_out(&dir)?;
             if let Some(snapshot) = &state.last_snapshot {
-                restore(&self.drive, &dir, snapshot).await?;
+                self.drive.restore_async(&dir, snapshot).await?;
             }
             let event = Event::WorkspaceMoved {
                 workspace: dir.to_string_lossy().into_owned(),
@@ -192,14 +191,5 @@ fn empty_dir(dir: &Path) -> std::io::Result<()> {
             false => std::fs::remove_file(&path)?,
         }
     }
-    Ok(())
-}
-
-/// Brings `dir` to `snapshot`, off the async threads.
-pub(crate) async fn restore(drive: &Drive, dir: &Path, snapshot: &str) -> Result<()> {
-    let (drive, dir, snapshot) = (drive.clone(), dir.to_path_buf(), snapshot.to_string());
-    tokio::task::spawn_blocking(move || drive.restore(&dir, &snapshot))
-        .await
-        .map_err(|e| Error::Invalid(format!("restore task failed: {e}")))??;
     Ok(())
 }

@@ -57,7 +57,7 @@ pub(crate) fn reap(registry: &Path, root: &Path) -> usize {
     if groups.is_empty() {
         return 0;
     }
-    let mut killed = 0;
+    let mut killed = Vec::new();
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return 0;
     };
@@ -81,13 +81,30 @@ pub(crate) fn reap(registry: &Path, root: &Path) -> usize {
             .map(|cwd| cwd.starts_with(root))
             .unwrap_or(false);
         if inside && kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
-            killed += 1;
+            killed.push(pid);
         }
     }
-    if killed > 0 {
-        tracing::warn!(workspace = %root.display(), killed, "killed commands left running by a dead harness");
+    if !killed.is_empty() {
+        tracing::warn!(workspace = %root.display(), killed = killed.len(), "killed commands left running by a dead harness");
     }
-    killed
+    // Gone before the caller restores the workspace: a write a process was in the
+    // middle of when the signal came still lands, so "killed" is not yet "done".
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while killed.iter().any(|&pid| is_running(pid)) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    killed.len()
+}
+
+/// Whether `pid` exists and has not exited (a zombie has: it writes nothing more).
+fn is_running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat[stat.rfind(')').map_or(0, |i| i + 1)..]
+            .split_whitespace()
+            .next()
+            .unwrap_or("");
+        state != "Z" && state != "X"
+    })
 }
 
 /// The process group of `pid`, from `/proc/<pid>/stat` (field 5, after the

@@ -242,10 +242,7 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
         if current.as_deref() == Some(after.as_str()) {
             return Ok(());
         }
-        let (drive, ws, snap) = (self.drive.clone(), self.workspace.clone(), after.clone());
-        tokio::task::spawn_blocking(move || drive.restore(&ws, &snap))
-            .await
-            .map_err(|e| Error::Task(e.to_string()))??;
+        self.drive.restore_async(&self.workspace, &after).await?;
         *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(after);
         Ok(())
     }
@@ -428,12 +425,7 @@ pub async fn resolve_cut_off<W: World, S: Sandbox>(
 ) -> Result<Option<String>> {
     let restore = |snap: String| {
         let (drive, ws) = (drive.clone(), workspace.to_path_buf());
-        async move {
-            tokio::task::spawn_blocking(move || drive.restore(&ws, &snap))
-                .await
-                .map_err(|e| Error::Task(e.to_string()))?
-                .map_err(Error::from)
-        }
+        async move { drive.restore_async(&ws, &snap).await.map_err(Error::from) }
     };
     let mut sandbox: Option<S> = None;
     for t in tools.iter().filter(|t| t.result.is_none()) {

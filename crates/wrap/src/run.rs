@@ -237,10 +237,7 @@ pub async fn drive_turn<W: World + Clone>(
             || state.wrapped_tools.len() > state.turn_start.tools;
         let start = match &state.turn_start.snapshot {
             Some(snap) if replays && last.as_ref() != Some(snap) => {
-                let (d, ws, snap) = (drive.clone(), workspace.clone(), snap.clone());
-                tokio::task::spawn_blocking(move || d.restore(&ws, &snap))
-                    .await
-                    .map_err(|e| Error::Task(e.to_string()))??;
+                drive.restore_async(&workspace, snap).await?;
                 state.turn_start.snapshot.clone()
             }
             _ => last,
