@@ -273,6 +273,40 @@ async fn codex_survives_crashes_at_every_kind_of_point() {
     crash_and_resume("codex", "openai/gpt-5").await;
 }
 
+/// A wrapped session crashed mid-turn in its directory and moved by its user to
+/// another: the CLI restarted there replays the turn from the log, though its working
+/// directory and the recorded tool outputs it is sent name different directories.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_codex_session_moved_to_another_directory_replays_there() {
+    installed("codex").await;
+    let expected = reference("codex", "openai/gpt-5").await;
+    let case = Case::new().await;
+    let crash = [("STEADFAST_FAULT", "tool.outcome_committed:5".to_string())];
+    let out = case.run("codex", "openai/gpt-5", &crash).await;
+    assert_eq!(out.status.signal(), Some(6), "{}", stderr(&out));
+    let session = case.session().await;
+    let moved = case.dir.path().join("elsewhere").join("repo");
+    let dir = moved.display().to_string();
+    let resumed = case
+        .steadfast(&["resume", &session, "--move-here", &dir, "--json"], &[])
+        .await;
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    let text = stderr(&resumed);
+    assert!(text.contains("answered from the log"), "{text}");
+    assert_eq!(
+        tree(&moved),
+        expected,
+        "the crash-free workspace, in its new place"
+    );
+    let log = case.log(&session).await;
+    assert_eq!(events(&log, "workspace_moved").len(), 1);
+    assert!(
+        events(&log, "replay_diverged").is_empty(),
+        "the moved CLI's requests matched the record under the old directory's name"
+    );
+    case.assert_nothing_paid_twice(&session, "moved").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_killed_mid_turn_is_started_again_and_finishes() {
     installed("codex").await;
