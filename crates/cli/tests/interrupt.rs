@@ -340,6 +340,7 @@ async fn an_api_process_interrupts_a_turn_a_worker_drives_on_sqlite() {
 async fn an_api_process_interrupts_a_turn_a_worker_drives_on_postgres() {
     let db = common::TestDatabase::create("steadfast_interrupt").await;
     interrupt_everything(Some(&db.url)).await;
+    db.drop_now().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
