@@ -207,17 +207,20 @@ pub async fn resume(home: &Path, config: &Config, args: ResumeArgs) -> anyhow::R
     }
     if let Some(dir) = &args.move_here {
         let moved = harness.move_workspace_here(&args.session, dir).await?;
-        eprintln!(
-            "steadfast: session {} now works in {} on this host (it was in {}{})",
-            args.session,
-            moved.display(),
-            state.workspace,
-            state
-                .workspace_host
-                .as_ref()
-                .map(|h| format!(" on {h}"))
-                .unwrap_or_default()
-        );
+        let was = match &state.workspace_host {
+            Some(host) => format!("{} on {host}", state.workspace),
+            None => state.workspace.clone(),
+        };
+        let here = steadfast_world::host_id();
+        let same_host = state.workspace_host.as_ref().is_none_or(|h| *h == here);
+        match same_host && moved == std::path::Path::new(&state.workspace) {
+            true => eprintln!("steadfast: session {} already works in {was}", args.session),
+            false => eprintln!(
+                "steadfast: session {} now works in {} on this host (it was in {was})",
+                args.session,
+                moved.display()
+            ),
+        }
     }
     let mut awake = harness.wake(&args.session).await?;
     let session = args.session.clone();
