@@ -697,3 +697,94 @@ async fn a_session_killed_in_its_directory_on_one_host_moves_to_another_at_its_u
     let said = common::stderr(&out);
     assert!(!out.status.success() && said.contains("host `b`"), "{said}");
 }
+
+/// `serve` with one worker as host `host` (sharing the world file and blob
+/// directory of `shared`, bwrap sandboxes), and its URL.
+async fn serve_on(
+    shared: &Path,
+    host: &str,
+    fake: &FakeProvider,
+) -> (tokio::process::Child, String) {
+    let mut child = on_host(
+        shared,
+        host,
+        fake,
+        &["serve", "--listen", "127.0.0.1:0", "--workers", "1"],
+    )
+    .env("STEADFAST_MODEL", "anthropic/claude-sonnet-4-5")
+    .env("STEADFAST_SANDBOX", "bwrap")
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let url = common::printed_url(&mut child).await;
+    (child, url)
+}
+
+async fn wait_idle(url: &str, id: &str, turns: u64) {
+    common::wait_for("the turn to end", async || {
+        let (_, shown) = common::call(
+            reqwest::Method::GET,
+            &format!("{url}/v1/sessions/{id}"),
+            None,
+        )
+        .await;
+        shown["status"] == "idle" && shown["turn"].as_u64().unwrap_or(0) >= turns
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_logical_workspace_is_at_one_path_in_the_sandbox_on_every_host() {
+    let bash = |command: &str| json!({"text": "running", "tool_calls": [{"name": "bash", "input": {"command": command}}]});
+    let script: Script = serde_json::from_value(json!({"steps": [
+        bash("pwd > where.txt; echo hello > notes.txt; ln -s \"$PWD/notes.txt\" abs-link"),
+        {"text": "one done"},
+        bash("cat \"$(cat where.txt)/notes.txt\" > seen.txt && cat abs-link >> seen.txt && pwd >> seen.txt"),
+        {"text": "two done"},
+    ]}))
+    .unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path();
+
+    // Turn one on host a.
+    let (a, url) = serve_on(shared, "a", &fake).await;
+    let (status, created) = common::call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions"),
+        Some(json!({"task": "one", "workspace": {"kind": "empty"}})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    wait_idle(&url, &id, 1).await;
+    drop(a);
+    let on_a = common::workspace_in(&shared.join("a"), &created);
+    assert_eq!(
+        std::fs::read_to_string(on_a.join("where.txt")).unwrap(),
+        "/workspace\n"
+    );
+
+    // Turn two on host b, whose copy of the workspace is elsewhere on its disk: what
+    // turn one wrote down about where it worked still holds.
+    let (_b, url) = serve_on(shared, "b", &fake).await;
+    let sent = reqwest::Client::new()
+        .post(format!("{url}/v1/sessions/{id}/messages"))
+        .json(&json!({"text": "two"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sent.status(), 200);
+    drop(sent);
+    wait_idle(&url, &id, 2).await;
+    let on_b = common::workspace_in(&shared.join("b"), &created);
+    assert_ne!(on_a, on_b);
+    assert_eq!(
+        std::fs::read_to_string(on_b.join("seen.txt")).unwrap(),
+        "hello\nhello\n/workspace\n"
+    );
+    assert_eq!(
+        std::fs::read_link(on_b.join("abs-link")).unwrap(),
+        Path::new("/workspace/notes.txt")
+    );
+}

@@ -88,7 +88,8 @@ fn parent(pid: i32) -> Option<i32> {
         .and_then(|p| p.trim().parse().ok())
 }
 
-/// Which of `workers` runs the CLI working in `workspace`, if one does yet.
+/// Which of `workers` runs the CLI working in `workspace` (seen from the host, or as
+/// its sandbox shows it), if one does yet.
 fn driving_worker(workers: &[i32], needle: &str, workspace: &Path) -> Option<i32> {
     let ws = workspace.display().to_string();
     for entry in std::fs::read_dir("/proc").ok()?.filter_map(Result::ok) {
@@ -98,7 +99,9 @@ fn driving_worker(workers: &[i32], needle: &str, workspace: &Path) -> Option<i32
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         let cwd = std::fs::read_link(entry.path().join("cwd")).unwrap_or_default();
-        if !cmdline.contains(needle) || cwd.display().to_string() != ws {
+        // A logical workspace is at one fixed path inside its sandbox.
+        let inside = cwd == Path::new(steadfast_sandbox::WORKSPACE_MOUNT);
+        if !cmdline.contains(needle) || (cwd.display().to_string() != ws && !inside) {
             continue;
         }
         let mut at = pid;

@@ -573,6 +573,11 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     ) -> Result<SandboxOptions> {
         self.keep_home_out(&self.workspace_dir(state)?)?;
         let mut options = self.options.sandbox.clone();
+        // A logical workspace is somewhere else on each host; inside the sandbox it is
+        // always at one path, so what the agent saw there stays true wherever it goes.
+        if steadfast_log::is_workspace_id(&state.workspace) {
+            options.mount_at = Some(steadfast_sandbox::WORKSPACE_MOUNT.into());
+        }
         if let Some(policy) = &state.network {
             options.network =
                 steadfast_sandbox::NetworkPolicy::parse(policy).map_err(Error::Invalid)?;

@@ -231,6 +231,7 @@ impl BwrapSandbox {
         let root = workspace
             .canonicalize()
             .map_err(|e| Error::Unavailable(format!("{}: {e}", workspace.display())))?;
+        let inside = inside_path(&root, options)?;
 
         static REAPED: std::sync::Once = std::sync::Once::new();
         REAPED.call_once(reap_abandoned);
@@ -258,7 +259,7 @@ impl BwrapSandbox {
         };
         let config = AgentConfig {
             listen: Path::new(INSIDE_RUN).join("agent.sock"),
-            workspace: root.clone(),
+            workspace: inside.clone(),
             proxy_socket: proxy
                 .as_ref()
                 .map(|_| Path::new(INSIDE_RUN).join("proxy.sock")),
@@ -305,7 +306,7 @@ impl BwrapSandbox {
             }
             None => std::process::Command::new("bwrap"),
         };
-        cmd.args(bwrap_args(&root, &run.0, &program, options, &env))
+        cmd.args(bwrap_args(&root, &inside, &run.0, &program, options, &env))
             .arg("--")
             .arg(INSIDE_AGENT)
             .args(leading)
@@ -407,9 +408,45 @@ fn forward_path(port: u16, socket: &Path) -> PathBuf {
         .join(name)
 }
 
-/// bubblewrap's arguments for a sandbox over `root` sharing `run`.
+/// Where the workspace `root` appears inside the sandbox: [`SandboxOptions::mount_at`]
+/// when set (refused unless it is an absolute path of its own, clear of the system
+/// directories and the sandbox's own), else `root` itself.
+fn inside_path(root: &Path, options: &SandboxOptions) -> Result<PathBuf> {
+    let Some(at) = &options.mount_at else {
+        return Ok(root.to_path_buf());
+    };
+    let normal = at.is_absolute()
+        && at.components().count() > 1
+        && at.components().all(|c| {
+            matches!(
+                c,
+                std::path::Component::RootDir | std::path::Component::Normal(_)
+            )
+        });
+    let taken = SYSTEM
+        .iter()
+        .chain(&[
+            "/proc",
+            "/dev",
+            "/tmp",
+            INSIDE_HOME,
+            INSIDE_RUN,
+            INSIDE_AGENT,
+        ])
+        .any(|dir| at.starts_with(dir) || Path::new(dir).starts_with(at));
+    if !normal || taken {
+        return Err(Error::Unavailable(format!(
+            "the workspace cannot be shown at {} inside the sandbox",
+            at.display()
+        )));
+    }
+    Ok(at.clone())
+}
+
+/// bubblewrap's arguments for a sandbox over `root` (shown at `inside`) sharing `run`.
 fn bwrap_args(
     root: &Path,
+    inside: &Path,
     run: &Path,
     agent: &Path,
     options: &SandboxOptions,
@@ -487,7 +524,8 @@ fn bwrap_args(
             &inside_dir.to_string_lossy(),
         ]);
     }
-    push(&["--bind", &root, &root, "--chdir", &root]);
+    let inside = inside.to_string_lossy();
+    push(&["--bind", &root, &inside, "--chdir", &inside]);
     a
 }
 
@@ -570,5 +608,57 @@ impl Sandbox for BwrapSandbox {
                 }))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_workspace_is_shown_only_at_a_path_of_its_own() {
+        let root = Path::new("/srv/hosts/a/workspaces/ws_1");
+        let at = |mount: Option<&str>| {
+            let options = SandboxOptions {
+                mount_at: mount.map(PathBuf::from),
+                ..SandboxOptions::default()
+            };
+            inside_path(root, &options)
+        };
+        assert_eq!(at(None).unwrap(), root);
+        assert_eq!(at(Some("/workspace")).unwrap(), Path::new("/workspace"));
+        for bad in [
+            "workspace",
+            "/",
+            "/usr",
+            "/usr/local/ws",
+            "/etc/ws",
+            "/tmp/ws",
+            "/home/agent",
+            "/run/steadfast",
+            "/workspace/../etc",
+        ] {
+            assert!(at(Some(bad)).is_err(), "{bad} was accepted");
+        }
+        // The bind and the working directory are the inside path.
+        let args = bwrap_args(
+            root,
+            Path::new("/workspace"),
+            Path::new("/tmp/run"),
+            Path::new("/bin/agent"),
+            &SandboxOptions::default(),
+            &[],
+        );
+        let tail = &args[args.len() - 5..];
+        assert_eq!(
+            tail,
+            [
+                "--bind",
+                "/srv/hosts/a/workspaces/ws_1",
+                "/workspace",
+                "--chdir",
+                "/workspace"
+            ]
+        );
     }
 }

@@ -28,7 +28,7 @@ use std::path::Path;
 pub use any::{describe, isolates, isolation, AnySandbox, Backend};
 pub use bwrap::{bwrap_available, BwrapSandbox};
 pub use classify::{classify, classify_command};
-pub use local::{looks_secret, LocalSandbox, SandboxOptions};
+pub use local::{looks_secret, LocalSandbox, SandboxOptions, WORKSPACE_MOUNT};
 pub use paths::confine;
 pub use policy::{HostRule, NetworkPolicy, ResourceLimits};
 pub use proxy::Injection;

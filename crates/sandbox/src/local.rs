@@ -48,7 +48,16 @@ pub struct SandboxOptions {
     /// runs it inside the sandbox to serve commands): by default this executable with
     /// `sandbox-agent`.
     pub agent: Vec<String>,
+    /// Where an isolating backend shows the workspace inside the sandbox (an absolute
+    /// path; by default the workspace's own host path). A workspace materialized under
+    /// each host's own root is shown at one fixed path ([`WORKSPACE_MOUNT`]), so
+    /// whatever its commands print or its symlinks name stays true on every host. The
+    /// local backend has no mounts and always shows the host path.
+    pub mount_at: Option<std::path::PathBuf>,
 }
+
+/// The fixed path at which a logical workspace appears inside an isolating sandbox.
+pub const WORKSPACE_MOUNT: &str = "/workspace";
 
 impl Default for SandboxOptions {
     fn default() -> Self {
@@ -66,6 +75,7 @@ impl Default for SandboxOptions {
             read_only_paths: Vec::new(),
             forwards: Vec::new(),
             agent: Vec::new(),
+            mount_at: None,
         }
     }
 }
