@@ -131,7 +131,12 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
         }
         let invalid = |what: &str| Error::Invalid(format!("{}: {what}", dir.display()));
         let dir = std::path::absolute(dir).map_err(|e| invalid(&e.to_string()))?;
-        let created = !dir.exists();
+        // What a failed move removes again: the outermost directory it created.
+        let created = dir
+            .ancestors()
+            .take_while(|d| !d.exists())
+            .last()
+            .map(Path::to_path_buf);
         std::fs::create_dir_all(&dir).map_err(|e| invalid(&e.to_string()))?;
         let dir = dir.canonicalize().map_err(|e| invalid(&e.to_string()))?;
         let here = state
@@ -151,34 +156,31 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                  snapshot is restored",
             ));
         }
-        let undo = || {
-            let _ = match created {
-                true => std::fs::remove_dir_all(&dir),
-                false => empty_dir(&dir),
-            };
-        };
-        let moved = async {
+        let restored = async {
             self.keep_home_out(&dir)?;
             if let Some(snapshot) = &state.last_snapshot {
                 self.drive.restore_async(&dir, snapshot).await?;
             }
-            let event = Event::WorkspaceMoved {
-                workspace: dir.to_string_lossy().into_owned(),
-                host: self.options.host.clone(),
-                from_workspace: state.workspace.clone(),
-                from_host: state.workspace_host.clone(),
-                snapshot: state.last_snapshot.clone(),
-            };
-            self.world.append(lease, &[event]).await?;
             Ok::<_, Error>(())
         };
-        match moved.await {
-            Ok(()) => Ok(dir),
-            Err(e) => {
-                undo();
-                Err(e)
-            }
+        if let Err(e) = restored.await {
+            let _ = match &created {
+                Some(top) => std::fs::remove_dir_all(top),
+                None => empty_dir(&dir),
+            };
+            return Err(e);
         }
+        // A failed append may still have committed: the directory, at the snapshot
+        // either way, is left for the log to name.
+        let event = Event::WorkspaceMoved {
+            workspace: dir.to_string_lossy().into_owned(),
+            host: self.options.host.clone(),
+            from_workspace: state.workspace.clone(),
+            from_host: state.workspace_host.clone(),
+            snapshot: state.last_snapshot.clone(),
+        };
+        self.world.append(lease, &[event]).await?;
+        Ok(dir)
     }
 }
 

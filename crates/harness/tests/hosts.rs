@@ -261,6 +261,25 @@ async fn a_directory_bound_session_moves_only_at_its_users_word() -> anyhow::Res
         "{refused}"
     );
     assert!(!dir.path().join("x").exists());
+
+    // A move whose restore fails (the store lost the snapshot) records nothing and
+    // leaves no directory it made behind.
+    let lost = dir.path().join("lost-repo");
+    std::fs::create_dir_all(&lost)?;
+    std::fs::write(lost.join("f"), "x")?;
+    let other = a.start_session(NewSession::native("fake/m", &lost)).await?;
+    let before = a.state(&other).await?.last_seq;
+    let drive = dir.path().join("shared-blobs/drive");
+    std::fs::rename(&drive, dir.path().join("drive-away"))?;
+    let target = dir.path().join("fresh/parent/repo");
+    let failed = b.move_workspace_here(&other, &target).await;
+    std::fs::rename(dir.path().join("drive-away"), &drive)?;
+    assert!(failed.is_err());
+    assert!(
+        !dir.path().join("fresh").exists(),
+        "no directory left behind"
+    );
+    assert_eq!(a.state(&other).await?.last_seq, before, "nothing recorded");
     Ok(())
 }
 
