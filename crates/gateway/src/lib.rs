@@ -115,6 +115,9 @@ pub struct GatewayConfig<W> {
     /// A further bound checked before each model call (a wrapped agent's loop breaker,
     /// counted by its tool journal).
     pub extra_bound: Option<BoundCheck>,
+    /// The HTTP client upstream calls go through (the harness's, so each run of the
+    /// CLI reuses its warm connections: see [`steadfast_model::provider_http`]).
+    pub http: reqwest::Client,
 }
 
 /// A bound check: the breaker and reason if the session must stop.
@@ -231,10 +234,7 @@ impl<W: World + Clone> Gateway<W> {
     /// starts at the open turn's first recorded exchange (a restarted CLI starts its
     /// turn over; earlier turns' exchanges are history it never asks for again).
     pub async fn open(config: GatewayConfig<W>) -> Result<Self, Error> {
-        let http = reqwest::Client::builder()
-            .tcp_nodelay(true)
-            .build()
-            .unwrap_or_else(|_| reqwest::Client::new());
+        let http = config.http.clone();
         let names = config
             .live
             .with(|s| normalize::WorkspaceNames::new(&config.workspace, &s.former_workspaces));

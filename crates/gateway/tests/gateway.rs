@@ -23,6 +23,8 @@ struct Setup {
     drive: Drive,
     lease: Lease,
     last_snapshot: Arc<Mutex<Option<String>>>,
+    /// One client for every run's gateway, as a harness has.
+    http: reqwest::Client,
 }
 
 impl Setup {
@@ -74,6 +76,7 @@ impl Setup {
             lease,
             last_snapshot: Arc::new(Mutex::new(Some(snapshot))),
             dir,
+            http: steadfast_model::provider_http(),
         }
     }
 
@@ -106,6 +109,7 @@ impl Setup {
             max_exchanges: None,
             prices: Default::default(),
             extra_bound: None,
+            http: self.http.clone(),
         })
         .await
         .unwrap();
@@ -218,6 +222,11 @@ async fn a_restarted_client_is_answered_from_the_log_byte_for_byte() {
     .await;
     assert_eq!(next.0, 200);
     assert_eq!(setup.fake.calls(), 3);
+    assert_eq!(
+        setup.fake.state().connections(),
+        1,
+        "each run's gateway calls through the harness's one connection pool"
+    );
 }
 
 #[tokio::test]

@@ -259,6 +259,9 @@ pub struct Harness<W = SqliteWorld, S = AnySandbox> {
     pub(crate) home: Option<PathBuf>,
     pub(crate) options: HarnessOptions,
     provision: Provisioner<S>,
+    /// One client, one connection pool, for every provider call this harness makes or
+    /// relays, whichever wake or CLI run makes it.
+    pub(crate) http: reqwest::Client,
 }
 
 impl Harness<SqliteWorld, AnySandbox> {
@@ -312,6 +315,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             holder: Holder::new(format!("harness-{}", uuid::Uuid::now_v7().simple())),
             options,
             provision,
+            http: steadfast_model::provider_http(),
         }
     }
 
@@ -555,7 +559,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             self.drive.clone(),
             self.options.sandbox_idle_stop,
         );
-        let model = (self.options.models)(&state.model)?;
+        let model = (self.options.models)(&state.model)?.with_http(self.http.clone());
         let hosted = self.hosted_tools(&lease.session, &state).await?;
         let heartbeat = Heartbeat::start(self.world.clone(), lease.clone(), self.options.lease_ttl);
         Ok(Driver::new(

@@ -244,6 +244,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             max_tool_calls_per_turn: (self.options.max_steps_per_turn as usize)
                 .saturating_mul(TOOL_CALLS_PER_STEP),
             reconcilers: self.options.reconcilers.clone(),
+            http: self.http.clone(),
             hosted: {
                 let hosted = self.hosted_tools(&lease.session, &state).await?;
                 steadfast_wrap::run::Hosted {

@@ -508,3 +508,37 @@ fn one_attempt(base_url: String) -> steadfast_harness::ModelResolver {
         steadfast_model::ModelClient::new("anthropic", endpoint, once)
     })
 }
+
+#[tokio::test]
+async fn every_wake_of_a_harness_calls_the_provider_over_its_one_connection_pool(
+) -> anyhow::Result<()> {
+    let setup = Setup::new(json!([
+        {"text": "one"}, {"text": "two"}, {"text": "three"},
+    ]))
+    .await;
+    let harness = setup.harness();
+    let id = harness
+        .start_session(NewSession::native("fake/m", &setup.workspace()))
+        .await?;
+    // Each turn is a wake of its own, as a worker takes each turn.
+    for text in ["go", "again"] {
+        let mut driver = harness.wake_native(&id).await?;
+        driver.send(text).await?;
+        driver.run().await?;
+        driver.release().await?;
+    }
+    assert_eq!(setup.fake.calls(), 2);
+    assert_eq!(
+        setup.fake.state().connections(),
+        1,
+        "the second wake reused the first one's connection (no new TLS handshake)"
+    );
+    // Another harness (another process) has a pool of its own.
+    let other = setup.harness();
+    let mut driver = other.wake_native(&id).await?;
+    driver.send("and again").await?;
+    driver.run().await?;
+    driver.release().await?;
+    assert_eq!(setup.fake.state().connections(), 2);
+    Ok(())
+}

@@ -160,6 +160,18 @@ impl Endpoint {
     }
 }
 
+/// An HTTP client as provider calls need it. Clients are cheap to clone and share a
+/// connection pool; whoever makes many [`ModelClient`]s (a harness, for every wake and
+/// every wrapped CLI's gateway) makes one of these and gives it to all of them, so a
+/// new wake reuses a warm connection (no new TLS handshake with a real provider).
+pub fn provider_http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .read_timeout(Duration::from_secs(300))
+        .build()
+        .unwrap_or_else(|_| reqwest::Client::new())
+}
+
 /// A client for one provider.
 #[derive(Debug, Clone)]
 pub struct ModelClient {
@@ -187,17 +199,18 @@ impl ModelClient {
                 )))
             }
         };
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(Duration::from_secs(300))
-            .build()
-            .map_err(|e| Error::Config(e.to_string()))?;
         Ok(ModelClient {
             provider,
             endpoint,
-            http,
+            http: provider_http(),
             retry,
         })
+    }
+
+    /// This client, calling through `http` (and its connection pool).
+    pub fn with_http(mut self, http: reqwest::Client) -> Self {
+        self.http = http;
+        self
     }
 
     /// A client for the provider of `spec`, configured from the environment.

@@ -21,6 +21,8 @@ const KEPT_BODIES: usize = 1000;
 pub struct FakeState {
     script: Script,
     counters: Mutex<Counters>,
+    /// TCP connections accepted.
+    connections: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -47,7 +49,13 @@ impl FakeState {
         Arc::new(FakeState {
             script,
             counters: Mutex::default(),
+            connections: Default::default(),
         })
+    }
+
+    /// TCP connections accepted so far (calls on a kept-alive connection share one).
+    pub fn connections(&self) -> u64 {
+        self.connections.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Model calls received (authenticated, well-formed requests).
@@ -445,8 +453,12 @@ impl FakeProvider {
         let app = router(state.clone());
         // Streamed replies on a kept-alive connection must not wait for Nagle's
         // algorithm (about 40 ms a response with delayed ACKs).
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let counted = state.clone();
+        let listener = axum::serve::ListenerExt::tap_io(listener, move |tcp| {
             let _ = tcp.set_nodelay(true);
+            counted
+                .connections
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         });
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;

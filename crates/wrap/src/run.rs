@@ -52,6 +52,8 @@ pub struct WrappedOptions {
     /// The tools the harness runs for the session outside its sandbox, which the
     /// journaled MCP server offers too.
     pub hosted: Hosted,
+    /// The HTTP client the gateway calls the providers through (the harness's).
+    pub http: reqwest::Client,
 }
 
 /// The tools the harness runs for a session outside its sandbox: its own MCP servers'
@@ -265,6 +267,7 @@ pub async fn drive_turn<W: World + Clone>(
         );
         let token = token();
         let gateway = Gateway::open(GatewayConfig {
+            http: options.http.clone(),
             live: live.clone(),
             drive: drive.clone(),
             workspace: workspace.clone(),

@@ -69,6 +69,7 @@ async fn serve_gateway(
         )
         .await?;
     let gateway = Gateway::open(GatewayConfig {
+        http: steadfast_model::provider_http(),
         live: std::sync::Arc::new(steadfast_world::LiveSession::open(world.clone(), lease).await?),
         drive: Drive::open(dir.join("drive"))?,
         workspace: dir.to_path_buf(),
