@@ -518,6 +518,32 @@ fn on_host(
     cmd
 }
 
+/// `on_host`'s command run to its end.
+async fn output_on(
+    shared: &Path,
+    host: &str,
+    fake: &FakeProvider,
+    args: &[&str],
+) -> std::process::Output {
+    on_host(shared, host, fake, args).output().await.unwrap()
+}
+
+/// `git` in `dir`, which must succeed; its stdout.
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[tokio::test]
 async fn a_session_killed_in_its_directory_on_one_host_moves_to_another_at_its_users_word() {
     let script: Script = serde_json::from_value(json!({"steps": [
@@ -540,6 +566,24 @@ async fn a_session_killed_in_its_directory_on_one_host_moves_to_another_at_its_u
     let on_a = shared.join("a-repo");
     std::fs::create_dir_all(&on_a).unwrap();
     std::fs::write(on_a.join("README"), "mine\n").unwrap();
+    // A real repository with history, not a bare directory.
+    git(&on_a, &["init", "-q"]);
+    for (n, text) in ["first", "second"].iter().enumerate() {
+        std::fs::write(on_a.join("README"), format!("mine {text}\n")).unwrap();
+        git(&on_a, &["add", "-A"]);
+        git(
+            &on_a,
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@e",
+                "commit",
+                "-qm",
+                &format!("commit {n}"),
+            ],
+        );
+    }
 
     // Host a runs the session in the user's directory and dies mid-command.
     let mut run = on_host(
@@ -562,10 +606,7 @@ async fn a_session_killed_in_its_directory_on_one_host_moves_to_another_at_its_u
     })
     .await;
     run.kill().await.unwrap();
-    let listed = on_host(shared, "b", &fake, &["sessions", "--json"])
-        .output()
-        .await
-        .unwrap();
+    let listed = output_on(shared, "b", &fake, &["sessions", "--json"]).await;
     let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
     let id = serde_json::from_str::<Value>(listed.lines().next().unwrap()).unwrap()["id"]
         .as_str()
@@ -574,10 +615,7 @@ async fn a_session_killed_in_its_directory_on_one_host_moves_to_another_at_its_u
     let calls_before = fake.calls();
 
     // Host b will not drive it in a's directory, and says how to move it.
-    let refused = on_host(shared, "b", &fake, &["resume", &id])
-        .output()
-        .await
-        .unwrap();
+    let refused = output_on(shared, "b", &fake, &["resume", &id]).await;
     assert!(!refused.status.success());
     let said = common::stderr(&refused);
     assert!(
@@ -587,15 +625,13 @@ async fn a_session_killed_in_its_directory_on_one_host_moves_to_another_at_its_u
 
     // Not while a's lease stands: a may be alive and about to go on.
     let on_b = shared.join("b-disk").join("repo");
-    let out = on_host(
+    let out = output_on(
         shared,
         "b",
         &fake,
         &["resume", &id, "--move-here", on_b.to_str().unwrap()],
     )
-    .output()
-    .await
-    .unwrap();
+    .await;
     assert!(!out.status.success());
     assert!(
         common::stderr(&out).contains("being driven"),
@@ -605,19 +641,35 @@ async fn a_session_killed_in_its_directory_on_one_host_moves_to_another_at_its_u
     assert!(!on_b.exists(), "a refused move leaves nothing behind");
     tokio::time::sleep(Duration::from_secs(3)).await;
 
+    // A file is not a directory to move into: refused, and left as it was.
+    let file = shared.join("a-file");
+    std::fs::write(&file, "keep").unwrap();
+    let out = output_on(
+        shared,
+        "b",
+        &fake,
+        &["resume", &id, "--move-here", file.to_str().unwrap()],
+    )
+    .await;
+    assert!(!out.status.success());
+    assert!(
+        common::stderr(&out).contains("a-file"),
+        "{}",
+        common::stderr(&out)
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep");
+
     // A directory with something in it is not overwritten.
     let occupied = shared.join("occupied");
     std::fs::create_dir_all(&occupied).unwrap();
     std::fs::write(occupied.join("keep.txt"), "precious").unwrap();
-    let out = on_host(
+    let out = output_on(
         shared,
         "b",
         &fake,
         &["resume", &id, "--move-here", occupied.to_str().unwrap()],
     )
-    .output()
-    .await
-    .unwrap();
+    .await;
     assert!(!out.status.success());
     assert!(
         common::stderr(&out).contains("not empty"),
@@ -630,7 +682,7 @@ async fn a_session_killed_in_its_directory_on_one_host_moves_to_another_at_its_u
     );
 
     // Moved: b's new directory gets the last snapshot and the turn finishes there.
-    let out = on_host(
+    let out = output_on(
         shared,
         "b",
         &fake,
@@ -642,14 +694,20 @@ async fn a_session_killed_in_its_directory_on_one_host_moves_to_another_at_its_u
             "--json",
         ],
     )
-    .output()
-    .await
-    .unwrap();
+    .await;
     assert!(out.status.success(), "{}", common::stderr(&out));
     let result: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(result["status"], "completed", "{result}");
     let tree = common::tree(&on_b);
-    assert_eq!(tree["README"].0, b"mine\n");
+    assert_eq!(tree["README"].0, b"mine second\n");
+    // The repository came along whole: its history, and nothing uncommitted but what
+    // the session made.
+    assert_eq!(git(&on_b, &["log", "--format=%s"]), "commit 1\ncommit 0\n");
+    git(&on_b, &["fsck", "--no-progress"]);
+    assert_eq!(
+        git(&on_b, &["status", "--porcelain"]),
+        "?? big.bin\n?? job.log\n?? link\n?? src/\n"
+    );
     assert_eq!(tree["src/a.txt"].0, b"one\n");
     assert_eq!(tree["big.bin"].0.len(), 300_000);
     assert_eq!(
@@ -663,10 +721,7 @@ async fn a_session_killed_in_its_directory_on_one_host_moves_to_another_at_its_u
         std::fs::read(on_a.join("big.bin")).unwrap()
     );
     // The log says where it went; from now on it belongs to b, not a.
-    let log = on_host(shared, "b", &fake, &["log", &id, "--json"])
-        .output()
-        .await
-        .unwrap();
+    let log = output_on(shared, "b", &fake, &["log", &id, "--json"]).await;
     let records: Vec<Value> = String::from_utf8_lossy(&log.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -690,10 +745,7 @@ async fn a_session_killed_in_its_directory_on_one_host_moves_to_another_at_its_u
         moved.contains("b-disk/repo") && moved.contains("a-repo"),
         "{moved}"
     );
-    let out = on_host(shared, "a", &fake, &["resume", &id])
-        .output()
-        .await
-        .unwrap();
+    let out = output_on(shared, "a", &fake, &["resume", &id]).await;
     let said = common::stderr(&out);
     assert!(!out.status.success() && said.contains("host `b`"), "{said}");
 }
