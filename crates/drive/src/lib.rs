@@ -297,7 +297,7 @@ impl Drive {
     pub fn manifest(&self, id: &str) -> Result<Manifest> {
         match tree::load(&self.objects, id)? {
             Stored::Flat(manifest) => Ok(manifest),
-            Stored::Tree(_) => {
+            Stored::Tree { .. } => {
                 let mut manifest = Manifest::default();
                 tree::flatten(&self.objects, id, "", &mut manifest.entries)?;
                 Ok(manifest)
@@ -308,8 +308,8 @@ impl Drive {
     /// What changed from snapshot `a` to snapshot `b`, by path. Directories both
     /// share are skipped without being read.
     pub fn diff(&self, a: &str, b: &str) -> Result<Vec<Change>> {
-        let both_trees = matches!(tree::load(&self.objects, a)?, Stored::Tree(_))
-            && matches!(tree::load(&self.objects, b)?, Stored::Tree(_));
+        let both_trees = matches!(tree::load(&self.objects, a)?, Stored::Tree { .. })
+            && matches!(tree::load(&self.objects, b)?, Stored::Tree { .. });
         if !both_trees {
             return Ok(self.manifest(a)?.diff(&self.manifest(b)?));
         }
@@ -356,7 +356,7 @@ impl Drive {
                 Some(Entry::File { hash, .. }) => Some(hash.clone()),
                 _ => None,
             },
-            Stored::Tree(_) => match tree::lookup(&self.objects, id, path)? {
+            Stored::Tree { .. } => match tree::lookup(&self.objects, id, path)? {
                 Some(tree::Node::File { hash, .. }) => Some(hash),
                 _ => None,
             },

@@ -15,7 +15,7 @@ use nix::sys::stat::{fstatat, FileStat, Mode as Perm};
 use crate::index::{DirRecord, Index, Stamp};
 use crate::manifest::SpecialKind;
 use crate::store::{Batch, ObjectStore};
-use crate::tree::{join, Node, Tree};
+use crate::tree::{self, canonical, join, Node};
 use crate::{io, Result, EXCLUDED_DIR};
 
 /// What a pass does with what it reads.
@@ -207,14 +207,12 @@ impl<'a> Scanner<'a> {
         let tree = match unchanged {
             Some(r) => r.tree.clone(),
             None => {
-                let bytes = Tree {
-                    tree: nodes.clone(),
+                let (id, json) = canonical(&nodes);
+                if self.mode == Mode::Store {
+                    let previous = record.as_ref().map(|r| (r.tree.as_str(), &r.nodes));
+                    tree::store(self.objects, &mut self.batch, &id, &json, &nodes, previous)?;
                 }
-                .to_bytes();
-                match self.mode {
-                    Mode::Store => self.objects.put(&mut self.batch, &bytes)?,
-                    Mode::Probe => blake3::hash(&bytes).to_hex().to_string(),
-                }
+                id
             }
         };
         let same_stamps = unchanged.is_some_and(|r| r.stamps == stamps);

@@ -1,4 +1,6 @@
-//! Content-addressed object files: `objects/<first 2 hex>/<rest>`, named by BLAKE3.
+//! Content-addressed object files: `objects/<first 2 hex>/<rest>`, named by BLAKE3:
+//! of their bytes, or for a tree, of the tree it stands for (see the `tree` module);
+//! every read checks an object against its name.
 //!
 //! Objects written for one snapshot go into a [`Batch`]: each is written to a
 //! temporary file, and the batch syncs them together (several at once, so the
@@ -9,7 +11,7 @@
 //! With a shared store behind it ([`Remote`]), this directory is a bounded cache: a
 //! batch's objects are uploaded before it is finished (a snapshot is durable when the
 //! shared store holds it, so the cache is not synced), objects missing here are
-//! fetched and checked against their name, and the least recently used are evicted.
+//! fetched (and checked by whoever reads them), and the least recently used are evicted.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -113,7 +115,7 @@ impl ObjectStore {
     /// its time is set to now; with a shared store, it is uploaded again with the
     /// batch, unless this process uploaded it less than [`crate::KNOWN_FOR`] ago or the
     /// batch's workspace was restored to a snapshot holding it.
-    fn reuse(&self, batch: &mut Batch, hash: &str) {
+    pub(crate) fn reuse(&self, batch: &mut Batch, hash: &str) {
         let vouched = batch.vouched.as_ref().is_some_and(|v| v.contains(hash));
         match &self.cache {
             Some(cache) if !vouched && !cache.knows(hash) => batch.reused.push(hash.to_string()),
@@ -193,6 +195,11 @@ impl ObjectStore {
     /// Whether the objects live in a store other hosts share.
     pub(crate) fn is_shared(&self) -> bool {
         self.remote.is_some()
+    }
+
+    /// Whether this directory holds object `hash` (a shared store is not asked).
+    pub(crate) fn holds(&self, hash: &str) -> bool {
+        self.checked_path(hash).is_ok_and(|p| p.exists())
     }
 
     /// Whether object `hash` is stored.
@@ -312,6 +319,7 @@ impl ObjectStore {
     }
 
     /// Stores `bytes` under their hash (a no-op if already there) and returns it.
+    #[cfg(test)]
     pub(crate) fn put(&self, batch: &mut Batch, bytes: &[u8]) -> Result<String> {
         let hash = blake3::hash(bytes).to_hex().to_string();
         self.put_hashed(batch, &hash, bytes)?;
@@ -496,22 +504,35 @@ impl ObjectStore {
 
     /// Reads an object and checks it still hashes to its name.
     pub(crate) fn get(&self, hash: &str) -> Result<Vec<u8>> {
-        match self.get_once(hash) {
-            Err(e) if self.refetchable(hash, &e) => self.get_once(hash),
+        self.get_checked(hash, |bytes| {
+            if blake3::hash(bytes).to_hex().as_str() != hash {
+                return Err(Error::Corrupt(hash.to_string()));
+            }
+            Ok(bytes.to_vec())
+        })
+    }
+
+    /// Reads object `hash` and makes what `check` makes of its bytes; `check` fails
+    /// with [`Error::Corrupt`] when they are not what the name promises (a tree
+    /// stored as a delta is named by what it stands for, not by its bytes). A copy
+    /// cached from a shared store that fails is fetched again, once.
+    pub(crate) fn get_checked<T>(
+        &self,
+        hash: &str,
+        check: impl Fn(&[u8]) -> Result<T>,
+    ) -> Result<T> {
+        match self.read(hash).and_then(|b| check(&b)) {
+            Err(e) if self.refetchable(hash, &e) => check(&self.read(hash)?),
             done => done,
         }
     }
 
-    fn get_once(&self, hash: &str) -> Result<Vec<u8>> {
+    fn read(&self, hash: &str) -> Result<Vec<u8>> {
         let path = self.local(hash)?;
-        let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
+        std::fs::read(&path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => Error::NotFound(hash.to_string()),
             _ => io("read", &path)(e),
-        })?;
-        if blake3::hash(&bytes).to_hex().as_str() != hash {
-            return Err(Error::Corrupt(hash.to_string()));
-        }
-        Ok(bytes)
+        })
     }
 }
 

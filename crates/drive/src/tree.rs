@@ -3,11 +3,17 @@
 //! skipping every subtree whose id they share, and a restore descends only where the
 //! workspace differs.
 //!
-//! A snapshot's id is its root tree's id. Snapshots taken before trees existed are a
-//! single flat manifest of every path; they are still read, and are turned into trees
-//! the first time something needs them as trees.
+//! A tree is named by the hash of its canonical form, and stored either whole or,
+//! when few names changed since its directory was last stored, as a delta against
+//! that whole tree, so a snapshot stores about what changed even in a directory of
+//! thousands of names. A snapshot's id is its root tree's id.
+//!
+//! Snapshots taken before trees existed are a single flat manifest of every path;
+//! they are still read, and are turned into trees the first time something needs
+//! them as trees. Trees stored before they were named by content are named by their
+//! bytes, and are still read.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -53,53 +59,226 @@ pub(crate) struct Tree {
     pub(crate) tree: BTreeMap<String, Node>,
 }
 
-impl Tree {
-    /// The stored form: JSON, deflated (a tree is mostly hashes and repeated keys,
-    /// so this stores about a third of the bytes; the same tree always gives the
-    /// same bytes, and so the same id).
-    pub(crate) fn to_bytes(&self) -> Vec<u8> {
-        use std::io::Write;
-        let json = serde_json::to_vec(self).expect("trees serialize");
-        let mut out = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
-        out.write_all(&json).expect("writing to memory");
-        out.finish().expect("writing to memory")
-    }
+/// How a tree is stored: whole, or as the names that differ from a whole tree (its
+/// base). Either way the object is named by the tree it stands for — the hash of
+/// that tree's canonical form — so the same directory always has the same id, and a
+/// tree is checked against its name once it is rebuilt.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+enum Form {
+    Delta {
+        base: String,
+        set: BTreeMap<String, Node>,
+        del: BTreeSet<String>,
+    },
+    Whole(Tree),
+}
 
-    /// A tree from its stored form (deflated JSON), or `None` if it is not one.
-    fn from_bytes(bytes: &[u8]) -> Option<Tree> {
-        use std::io::Read;
-        let mut json = Vec::new();
-        flate2::read::ZlibDecoder::new(bytes)
-            .read_to_end(&mut json)
-            .ok()?;
-        serde_json::from_slice(&json).ok()
+/// A directory smaller than this is always stored whole: its delta would not be
+/// much smaller.
+const DELTA_MIN_NAMES: usize = 8;
+
+/// A directory's tree when last stored: its id and names.
+pub(crate) type Previous<'a> = (&'a str, &'a BTreeMap<String, Node>);
+
+/// The canonical form of a tree of `nodes` (JSON, names sorted) and the id it gives:
+/// the tree's name.
+pub(crate) fn canonical(nodes: &BTreeMap<String, Node>) -> (String, Vec<u8>) {
+    #[derive(Serialize)]
+    struct Borrowed<'a> {
+        tree: &'a BTreeMap<String, Node>,
+    }
+    let json = serde_json::to_vec(&Borrowed { tree: nodes }).expect("trees serialize");
+    (blake3::hash(&json).to_hex().to_string(), json)
+}
+
+/// The names of tree `id`, which must be stored whole.
+fn load_whole(objects: &ObjectStore, id: &str) -> Option<BTreeMap<String, Node>> {
+    match load(objects, id).ok()? {
+        Stored::Tree { tree, base: None } => Some(tree.tree),
+        _ => None,
     }
 }
 
-/// What a snapshot id names: a root tree, or an old flat manifest.
+impl Tree {
+    /// See [`canonical`].
+    pub(crate) fn identify(&self) -> (String, Vec<u8>) {
+        canonical(&self.tree)
+    }
+}
+
+/// Stores the tree of `nodes` (canonical form `json`, id `id`) unless the store has
+/// it: as a delta against the whole tree behind `previous` (this directory's tree
+/// when last stored) when few names differ from it, else whole. A delta keeps what a
+/// snapshot stores in proportion to what changed, not to the directory's size; it is
+/// always against a whole tree, so reading one takes two objects at most.
+pub(crate) fn store(
+    objects: &ObjectStore,
+    batch: &mut Batch,
+    id: &str,
+    json: &[u8],
+    nodes: &BTreeMap<String, Node>,
+    previous: Option<Previous>,
+) -> Result<()> {
+    if objects.holds(id) {
+        objects.reuse(batch, id);
+        return Ok(());
+    }
+    let delta = previous.and_then(|p| delta_from(objects, nodes, p));
+    let bytes = match delta {
+        Some((base, form)) => {
+            // The base must outlive the snapshot's record, like any reused object.
+            objects.reuse(batch, &base);
+            deflate(&serde_json::to_vec(&form).expect("trees serialize"))
+        }
+        None => deflate(json),
+    };
+    objects.put_hashed(batch, id, &bytes)
+}
+
+/// The tree of `nodes` as a delta against the whole tree `previous` is stored
+/// against (or is), if that is small enough to be worth it. `None` on any doubt: the
+/// base unreadable, or an old kind of object.
+fn delta_from(
+    objects: &ObjectStore,
+    nodes: &BTreeMap<String, Node>,
+    (previous, previous_nodes): Previous,
+) -> Option<(String, Form)> {
+    if nodes.len() < DELTA_MIN_NAMES {
+        return None;
+    }
+    let based_on = objects
+        .get_checked(previous, |b| Ok(base_named(b)))
+        .ok()??;
+    let loaded;
+    let (base, whole) = match based_on {
+        // Stored whole: the index's names for it are its content when they hash to its
+        // name (so the index, a hint, can never skew a delta).
+        None if canonical(previous_nodes).0 == previous => (previous.to_string(), previous_nodes),
+        None => {
+            loaded = load_whole(objects, previous)?;
+            (previous.to_string(), &loaded)
+        }
+        Some(base) => {
+            loaded = load_whole(objects, &base)?;
+            (base, &loaded)
+        }
+    };
+    let mut set = BTreeMap::new();
+    let mut del = BTreeSet::new();
+    for (name, node) in nodes {
+        if whole.get(name) != Some(node) {
+            set.insert(name.clone(), node.clone());
+        }
+    }
+    for name in whole.keys() {
+        if !nodes.contains_key(name) {
+            del.insert(name.clone());
+        }
+    }
+    if (set.len() + del.len()) * 2 > nodes.len() {
+        return None;
+    }
+    Some((base.clone(), Form::Delta { base, set, del }))
+}
+
+/// Deflates a stored form (a tree is mostly hashes and repeated keys, so this
+/// stores about a third of the bytes).
+fn deflate(json: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut out = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+    out.write_all(json).expect("writing to memory");
+    out.finish().expect("writing to memory")
+}
+
+fn inflate(bytes: &[u8]) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut json = Vec::new();
+    flate2::read::ZlibDecoder::new(bytes)
+        .read_to_end(&mut json)
+        .ok()?;
+    Some(json)
+}
+
+/// For stored bytes of a tree: `Some(Some(base))` for a delta, `Some(None)` for a
+/// whole tree, `None` for anything else. Reads only the head of the stored form.
+fn base_named(bytes: &[u8]) -> Option<Option<String>> {
+    use std::io::Read;
+    const HEAD: &[u8] = b"{\"base\":\"";
+    let mut head = vec![0u8; HEAD.len() + 64];
+    let mut decoder = flate2::read::ZlibDecoder::new(bytes);
+    let mut filled = 0;
+    while filled < head.len() {
+        match decoder.read(&mut head[filled..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => filled += n,
+        }
+    }
+    let head = &head[..filled];
+    if head.starts_with(HEAD) && head.len() == HEAD.len() + 64 {
+        let base = std::str::from_utf8(&head[HEAD.len()..]).ok()?;
+        return Some(Some(base.to_string()));
+    }
+    head.starts_with(b"{\"tree\":").then_some(None)
+}
+
+/// What a snapshot id names: a root tree (and, stored as a delta, its base), or an
+/// old flat manifest.
 pub(crate) enum Stored {
-    Tree(Tree),
+    Tree { tree: Tree, base: Option<String> },
     Flat(Manifest),
 }
 
-/// Reads object `id` as a tree or a flat manifest.
+/// Reads object `id` as a tree or a flat manifest, checking it against its name.
 pub(crate) fn load(objects: &ObjectStore, id: &str) -> Result<Stored> {
-    let bytes = objects.get(id)?;
-    if bytes.first() != Some(&b'{') {
-        if let Some(tree) = Tree::from_bytes(&bytes) {
-            return Ok(Stored::Tree(tree));
+    objects.get_checked(id, |bytes| {
+        let corrupt = || Error::Corrupt(id.to_string());
+        if blake3::hash(bytes).to_hex().as_str() == id {
+            // Named by its bytes: stored before trees were named by their content.
+            return legacy(id, bytes);
         }
-    } else if let Ok(tree) = serde_json::from_slice::<Tree>(&bytes) {
-        // Trees were plain JSON for a while.
-        return Ok(Stored::Tree(tree));
+        let json = inflate(bytes).ok_or_else(corrupt)?;
+        let (tree, base) = match serde_json::from_slice::<Form>(&json).map_err(|_| corrupt())? {
+            Form::Whole(tree) => (tree, None),
+            Form::Delta { base, set, del } => {
+                let Stored::Tree {
+                    mut tree,
+                    base: None,
+                } = load(objects, &base)?
+                else {
+                    // A delta's base is always a whole tree.
+                    return Err(corrupt());
+                };
+                tree.tree.retain(|name, _| !del.contains(name));
+                tree.tree.extend(set);
+                (tree, Some(base))
+            }
+        };
+        if tree.identify().0 != id {
+            return Err(corrupt());
+        }
+        Ok(Stored::Tree { tree, base })
+    })
+}
+
+/// An object named by the hash of its bytes: a deflated or plain JSON tree, or a
+/// flat manifest.
+fn legacy(id: &str, bytes: &[u8]) -> Result<Stored> {
+    let tree = if bytes.first() == Some(&b'{') {
+        serde_json::from_slice::<Tree>(bytes).ok()
+    } else {
+        inflate(bytes).and_then(|json| serde_json::from_slice::<Tree>(&json).ok())
+    };
+    match tree {
+        Some(tree) => Ok(Stored::Tree { tree, base: None }),
+        None => Manifest::from_bytes(id, bytes).map(Stored::Flat),
     }
-    Manifest::from_bytes(id, &bytes).map(Stored::Flat)
 }
 
 /// Reads object `id`, which must be a tree.
 pub(crate) fn load_tree(objects: &ObjectStore, id: &str) -> Result<Tree> {
     match load(objects, id)? {
-        Stored::Tree(tree) => Ok(tree),
+        Stored::Tree { tree, .. } => Ok(tree),
         Stored::Flat(_) => Err(Error::Corrupt(id.to_string())),
     }
 }
@@ -108,7 +287,7 @@ pub(crate) fn load_tree(objects: &ObjectStore, id: &str) -> Result<Tree> {
 /// hold the same paths, stored now.
 pub(crate) fn root_of(objects: &ObjectStore, id: &str) -> Result<String> {
     match load(objects, id)? {
-        Stored::Tree(_) => Ok(id.to_string()),
+        Stored::Tree { .. } => Ok(id.to_string()),
         Stored::Flat(manifest) => {
             let mut batch = Batch::default();
             let root = store_flat(objects, &mut batch, &manifest)?;
@@ -152,7 +331,8 @@ fn store_flat(objects: &ObjectStore, batch: &mut Batch, manifest: &Manifest) -> 
     let mut root = String::new();
     for path in order {
         let tree = dirs.remove(&path).expect("listed");
-        let id = objects.put(batch, &tree.to_bytes())?;
+        let (id, json) = tree.identify();
+        store(objects, batch, &id, &json, &tree.tree, None)?;
         if path.is_empty() {
             root = id;
         } else {
@@ -294,7 +474,10 @@ pub(crate) fn mark(objects: &ObjectStore, id: &str, seen: &mut HashSet<String>) 
                 }
             }
         }
-        Stored::Tree(tree) => {
+        Stored::Tree { tree, base } => {
+            if let Some(base) = base {
+                seen.insert(base);
+            }
             for node in tree.tree.values() {
                 match node {
                     Node::File { hash, .. } => {
