@@ -139,7 +139,8 @@ pub(crate) async fn run(world: PostgresWorld, rounds: usize) -> anyhow::Result<(
 }
 
 /// The baseline: the same bytes as the journal's events, one INSERT per event, from
-/// `concurrency` connections of the same pool at once.
+/// `concurrency` tasks at once, each insert on a connection taken from the same pool
+/// the journal's appends take theirs from.
 async fn bare_inserts(world: &Arc<PostgresWorld>, concurrency: usize) -> anyhow::Result<Duration> {
     let bodies: Arc<Vec<[Vec<u8>; 2]>> = Arc::new(
         (0..PAIRS_PER_SESSION)
@@ -151,12 +152,14 @@ async fn bare_inserts(world: &Arc<PostgresWorld>, concurrency: usize) -> anyhow:
     for _ in 0..concurrency {
         let (world, bodies) = (world.clone(), bodies.clone());
         tasks.push(tokio::spawn(async move {
-            let client = world.pooled_connection().await?;
-            let insert = client
-                .prepare_cached("INSERT INTO steadfast_bench_bare (body) VALUES ($1)")
-                .await?;
             for pair in bodies.iter() {
                 for body in pair {
+                    // A connection per insert, as each append takes one: with more
+                    // sessions than the pool has connections, both share it alike.
+                    let client = world.pooled_connection().await?;
+                    let insert = client
+                        .prepare_cached("INSERT INTO steadfast_bench_bare (body) VALUES ($1)")
+                        .await?;
                     client.execute(&insert, &[body]).await?;
                 }
             }
