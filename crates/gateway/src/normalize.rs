@@ -54,15 +54,22 @@ fn patterns() -> &'static [(Regex, &'static str)] {
 }
 
 /// What names a session's workspace in its requests: its directory on any host (for a
-/// logical workspace, any absolute path ending in its id), and the directories it
-/// worked in before its user moved it (recorded tool outputs replayed to the CLI name
-/// those). Compiled once per gateway, not per request.
+/// logical workspace, any absolute path ending in its id, and the fixed path an
+/// isolating sandbox shows it at, so a fleet of mixed backends names it alike), and
+/// the directories it worked in before its user moved it (recorded tool outputs
+/// replayed to the CLI name those). Compiled once per gateway, not per request.
 pub struct WorkspaceNames(Option<Regex>);
 
 impl WorkspaceNames {
     /// The names of `workspace`, which was at each of `former` before.
     pub fn new(workspace: &std::path::Path, former: &[String]) -> Self {
+        let logical = workspace
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(steadfast_log::is_workspace_id);
+        let mount = logical.then(|| steadfast_log::WORKSPACE_MOUNT.into());
         let mut alternatives: Vec<String> = std::iter::once(workspace.to_string_lossy())
+            .chain(mount)
             .chain(former.iter().map(|f| f.as_str().into()))
             .filter_map(|path| directory_pattern(&path))
             .collect();
@@ -186,6 +193,38 @@ mod tests {
         assert_ne!(
             other("/home/me/repo", "/home/me/repo"),
             other("/home/you/repo", "/home/me/repo")
+        );
+    }
+
+    #[test]
+    fn a_logical_workspace_in_a_sandbox_and_on_a_host_is_the_same_workspace() {
+        // Recorded on a bwrap host, where the CLI worked in the sandbox's fixed
+        // path; asked again on a host whose backend has no mounts.
+        let request = |cwd: &str| {
+            json!({"messages": [
+                {"role": "user", "content": format!("cwd: {cwd}")},
+                {"role": "user", "content": format!("{cwd}/src/main.rs:3: error")},
+            ]})
+        };
+        let logical = names("/hosts/b/workspaces/ws_1", &[]);
+        assert_eq!(
+            fingerprint("anthropic.messages", &request("/workspace"), &logical),
+            fingerprint(
+                "anthropic.messages",
+                &request("/hosts/b/workspaces/ws_1"),
+                &logical
+            )
+        );
+        assert_ne!(
+            fingerprint("anthropic.messages", &request("/workspace2"), &logical),
+            fingerprint("anthropic.messages", &request("/workspace"), &logical),
+            "another directory is another request"
+        );
+        // A directory given by path is never in a sandbox's fixed path.
+        let bound = names("/home/me/repo", &[]);
+        assert_ne!(
+            fingerprint("anthropic.messages", &request("/workspace"), &bound),
+            fingerprint("anthropic.messages", &request("/home/me/repo"), &bound)
         );
     }
 

@@ -444,6 +444,11 @@ impl std::fmt::Display for EndState {
     }
 }
 
+/// The fixed path at which a logical workspace appears inside an isolating sandbox,
+/// on every host (so what its commands print or its symlinks name stays true
+/// wherever the session goes next).
+pub const WORKSPACE_MOUNT: &str = "/workspace";
+
 /// Whether a recorded workspace is a logical id (`ws_` and letters, digits or
 /// underscores, nothing a path could be): such a workspace belongs to no host.
 pub fn is_workspace_id(workspace: &str) -> bool {

@@ -56,8 +56,7 @@ pub struct SandboxOptions {
     pub mount_at: Option<std::path::PathBuf>,
 }
 
-/// The fixed path at which a logical workspace appears inside an isolating sandbox.
-pub const WORKSPACE_MOUNT: &str = "/workspace";
+pub use steadfast_log::WORKSPACE_MOUNT;
 
 impl Default for SandboxOptions {
     fn default() -> Self {
