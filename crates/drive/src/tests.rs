@@ -339,6 +339,20 @@ fn a_change_stores_its_file_and_the_trees_above_it_only() {
     );
 }
 
+/// Collects everything snapshot `id` does not reach, then restores it into `dest` and
+/// checks that it equals `ws`.
+fn restores_after_gc_keeping_only(drive: &Drive, id: &str, dest: &Path, ws: &Path) {
+    drive
+        .gc(&[id.to_string()], std::time::Duration::ZERO)
+        .unwrap();
+    drive.restore(dest, id).unwrap();
+    assert_eq!(
+        tree(dest),
+        tree(ws),
+        "everything snapshot {id} needs is kept"
+    );
+}
+
 /// Directories of 200 files each: stored whole, one's tree is about 10 KB.
 fn big_directories(ws: &Path) {
     for d in 0..10 {
@@ -389,12 +403,7 @@ fn changes_in_big_directories_store_about_what_changed_and_read_back_whole() {
     else {
         panic!("pkg3/sub is stored as a delta")
     };
-    drive
-        .gc(std::slice::from_ref(&last), std::time::Duration::ZERO)
-        .unwrap();
-    let elsewhere = d.path().join("elsewhere");
-    drive.restore(&elsewhere, &last).unwrap();
-    assert_eq!(tree(&elsewhere), tree(&ws));
+    restores_after_gc_keeping_only(&drive, &last, &d.path().join("elsewhere"), &ws);
 
     // A damaged base is reported, never read as some other tree.
     fs::write(drive.objects_dir().join(&base[..2]).join(&base[2..]), "x").unwrap();
@@ -447,12 +456,7 @@ fn snapshots_stored_as_one_flat_manifest_are_still_read() {
     drive.restore(&fresh, &flat_id).unwrap();
     assert_eq!(tree(&fresh), tree(&ws));
     // gc keeps what the flat manifest names.
-    drive
-        .gc(std::slice::from_ref(&flat_id), std::time::Duration::ZERO)
-        .unwrap();
-    let again = d.path().join("again");
-    drive.restore(&again, &flat_id).unwrap();
-    assert_eq!(tree(&again), tree(&ws));
+    restores_after_gc_keeping_only(&drive, &flat_id, &d.path().join("again"), &ws);
 }
 
 #[test]
