@@ -235,6 +235,15 @@ async fn walk_every_crash_point(config: Option<&str>) {
                     continue;
                 }
             };
+            // A read's outcome goes into the log with the next call's intent: a crash
+            // just after that commit (at `tool.outcome_committed`) leaves an intent
+            // whose call was never made, as a crash at `model.intent_committed` does.
+            let crashed_log = case.log(&session).await;
+            let ends_with_intent = crashed_log.last().is_some_and(|r| {
+                ["model_call_intent", "compaction_intent"]
+                    .iter()
+                    .any(|kind| r["event"].get(*kind).is_some())
+            });
             let resumed = case.steadfast(&["resume", &session, "--json"], &[]).await;
             assert!(
                 resumed.status.success(),
@@ -289,7 +298,7 @@ async fn walk_every_crash_point(config: Option<&str>) {
             let intent_only = matches!(
                 point.as_str(),
                 "model.intent_committed" | "compaction.intent_committed"
-            );
+            ) || (point == "tool.outcome_committed" && ends_with_intent);
             let (calls, summaries) = (case.fake.calls(), case.fake.state().summaries());
             let compacted = events(&log, "compacted").len() as u64;
             // Which call a cut fell on: a summary streams like any reply.

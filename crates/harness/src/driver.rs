@@ -21,6 +21,14 @@ const DELTA_BATCH: usize = 4096;
 /// ...or at least this often.
 const DELTA_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// A read-only tool call that finished within this long has its
+/// outcome folded at once but committed with the driver's next append (the next model
+/// call's intent, usually): one commit fewer per step. A crash before that commit
+/// loses only the outcome, and such a call is run again on wake (never rolled back,
+/// never costing a model call); a steer sent while it ran waits at most this long
+/// more. Longer calls, and every call that may change anything, commit alone.
+const STAGE_WITHIN: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// The tool the model calls to ask a human for approval.
 pub const APPROVAL_TOOL: &str = "request_approval";
 /// The signal that answers an approval wait.
@@ -88,6 +96,12 @@ pub struct Driver<'h, W, S> {
     compact_signal: Option<u64>,
     /// The conversation's requests, built a message at a time.
     requests: RequestBuilder,
+    /// Events folded into `state` but not yet in the log (see [`STAGE_WITHIN`]):
+    /// the next append commits them first.
+    staged: Vec<Event>,
+    /// An append with staged events failed: the state may be ahead of the log, so
+    /// this driver appends nothing more (waking the session again carries on).
+    out_of_step: bool,
     observer: Observer,
     _heartbeat: Heartbeat,
 }
@@ -113,6 +127,8 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             git: hosted.git,
             compact_signal: None,
             requests: RequestBuilder::default(),
+            staged: Vec::new(),
+            out_of_step: false,
             observer: Box::new(|_| {}),
             _heartbeat: heartbeat,
         }
@@ -123,7 +139,8 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         self.observer = Box::new(observer);
     }
 
-    /// The session's state as of the last append.
+    /// The session's state as this driver holds it: the log's, plus a short read's
+    /// outcome not yet committed (see [`Self::step`]).
     pub fn state(&self) -> &SessionState {
         &self.state
     }
@@ -133,24 +150,90 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         &self.lease.session
     }
 
-    /// Appends events and folds them into the state. Durable when it returns.
+    /// Appends events (after any staged ones, in the same commit) and folds them into
+    /// the state. Durable when it returns.
     async fn append(&mut self, events: Vec<Event>) -> Result<()> {
-        let records = self.harness.world.append(&self.lease, &events).await?;
-        for record in &records {
-            // Messages before the last rewritten: the requests build them again.
-            match &record.event {
-                Event::OutputsElided { before, .. } => {
-                    for i in steadfast_log::fold::elided_messages(&self.state.conversation, *before)
-                    {
-                        self.requests.forget(i);
-                    }
-                }
-                Event::Compacted { .. } => self.requests.forget_from(0),
-                _ => {}
+        if self.out_of_step {
+            return Err(Error::Invalid(format!(
+                "session {}: an earlier append failed; wake the session again",
+                self.lease.session
+            )));
+        }
+        let staged = std::mem::take(&mut self.staged);
+        let held = staged.len();
+        let events = if held == 0 {
+            events
+        } else {
+            staged.into_iter().chain(events).collect()
+        };
+        let records = match self.harness.world.append(&self.lease, &events).await {
+            Ok(records) => records,
+            Err(e) => {
+                self.out_of_step = held > 0;
+                return Err(e.into());
             }
-            self.state.apply(record)?;
+        };
+        let first_new = self.state.last_seq + 1;
+        if records.len() != events.len()
+            || records.get(held).map_or(first_new, |r| r.seq) != first_new
+        {
+            self.out_of_step = true;
+            return Err(Error::Invalid(format!(
+                "session {}: the log took staged records at other positions",
+                self.lease.session
+            )));
+        }
+        let (committed, new) = records.split_at(held);
+        for record in committed {
             (self.observer)(Progress::Appended(record));
         }
+        if committed
+            .iter()
+            .any(|r| matches!(r.event, Event::ToolCallOutcome { .. }))
+        {
+            point(points::TOOL_OUTCOME);
+        }
+        for record in new {
+            self.fold(record)?;
+            (self.observer)(Progress::Appended(record));
+        }
+        Ok(())
+    }
+
+    /// Folds `event` into the state now and commits it with the next append.
+    fn stage(&mut self, event: Event) -> Result<()> {
+        let record = Record {
+            seq: self.state.last_seq + 1,
+            epoch: self.lease.epoch,
+            at_ms: now_ms(),
+            event,
+        };
+        self.fold(&record)?;
+        self.staged.push(record.event);
+        Ok(())
+    }
+
+    /// Commits what is staged, if anything is.
+    async fn flush(&mut self) -> Result<()> {
+        if self.staged.is_empty() {
+            return Ok(());
+        }
+        self.append(Vec::new()).await
+    }
+
+    /// Folds one record into the state (and the request builder).
+    fn fold(&mut self, record: &Record) -> Result<()> {
+        // Messages before the last rewritten: the requests build them again.
+        match &record.event {
+            Event::OutputsElided { before, .. } => {
+                for i in steadfast_log::fold::elided_messages(&self.state.conversation, *before) {
+                    self.requests.forget(i);
+                }
+            }
+            Event::Compacted { .. } => self.requests.forget_from(0),
+            _ => {}
+        }
+        self.state.apply(record)?;
         Ok(())
     }
 
@@ -183,7 +266,8 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     }
 
     /// Gives the lease back so another harness need not wait for it to lapse.
-    pub async fn release(self) -> Result<()> {
+    pub async fn release(mut self) -> Result<()> {
+        self.flush().await?;
         self.harness.world.release_lease(&self.lease).await?;
         Ok(())
     }
@@ -202,8 +286,23 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     }
 
     /// Takes the next step at the frontier (one call, or one resolution). Returns
-    /// `Some` when there is nothing left to do.
+    /// `Some` when there is nothing left to do, with everything in the log. After
+    /// `None`, a short read's outcome may be held for the next step's first commit
+    /// (see [`STAGE_WITHIN`]); dropping the driver then is a crash just after the
+    /// read ran: waking runs it again.
     pub async fn step(&mut self) -> Result<Option<Stop>> {
+        let stepped = self.step_staged().await;
+        if !matches!(stepped, Ok(None)) && !self.out_of_step {
+            // Stopping (or failing): what is staged goes into the log first.
+            let flushed = self.flush().await;
+            if stepped.is_ok() {
+                flushed?;
+            }
+        }
+        stepped
+    }
+
+    async fn step_staged(&mut self) -> Result<Option<Stop>> {
         let max_steps = self.harness.options.max_steps_per_turn;
         if let Some((breaker, reason)) = self.state.breaker(now_ms(), max_steps) {
             let diff = self.harness.changes_since_start(&self.state);
@@ -965,14 +1064,17 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         } else {
             Output::Inline { text }
         };
-        self.append(vec![Event::ToolCallOutcome {
+        let outcome = Event::ToolCallOutcome {
             call_id: call.id,
             is_error: out.is_error,
             exit_code: out.exit_code,
             output,
             snapshot_after,
-        }])
-        .await?;
+        };
+        if class == ToolClass::Read && started.elapsed() < STAGE_WITHIN {
+            return self.stage(outcome);
+        }
+        self.append(vec![outcome]).await?;
         point(points::TOOL_OUTCOME);
         Ok(())
     }
