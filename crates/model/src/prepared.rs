@@ -72,6 +72,20 @@ pub struct RequestBuilder {
     provider: Option<Provider>,
     /// By position; `None`: to be built again.
     settled: Vec<Option<Settled>>,
+    /// The last head's wire form, kept while the head stays the same (as it does
+    /// from call to call): turning the tools into the provider's JSON cost more than
+    /// the rest of a step's request.
+    head: Option<WireHead>,
+}
+
+/// A request head on the wire, and the canonical head it was built from.
+#[derive(Debug)]
+struct WireHead {
+    canonical: Vec<u8>,
+    /// The body up to its messages' first item.
+    prefix: Vec<u8>,
+    /// Items that come before the conversation's.
+    leading: Vec<Vec<u8>>,
 }
 
 /// What the fingerprint's hash starts with: a new scheme, a new prefix.
@@ -105,6 +119,7 @@ impl RequestBuilder {
         let provider = client.provider;
         if self.provider != Some(provider) {
             self.settled.clear();
+            self.head = None;
             self.provider = Some(provider);
         }
         let settle_to = messages.len().saturating_sub(1);
@@ -137,7 +152,21 @@ impl RequestBuilder {
             + all.iter().map(|s| s.canonical + 1).sum::<usize>()
             - usize::from(!all.is_empty());
 
-        let (prefix, leading) = wire_head(provider, head);
+        if self
+            .head
+            .as_ref()
+            .is_none_or(|kept| kept.canonical != head_canonical)
+        {
+            let (prefix, leading) = wire_head(provider, head);
+            self.head = Some(WireHead {
+                canonical: head_canonical,
+                prefix,
+                leading,
+            });
+        }
+        let WireHead {
+            prefix, leading, ..
+        } = self.head.as_ref().expect("the head was just kept");
         let items = leading
             .iter()
             .map(Vec::as_slice)
@@ -148,7 +177,7 @@ impl RequestBuilder {
             + all.iter().map(|s| s.wire.len() + 1).sum::<usize>()
             + 2;
         let mut body = Vec::with_capacity(size);
-        body.extend_from_slice(&prefix);
+        body.extend_from_slice(prefix);
         for (i, item) in items.enumerate() {
             if i > 0 {
                 body.push(b',');
@@ -369,5 +398,34 @@ mod tests {
         let rebuilt = builder.prepare(&client, head(&tools), &messages);
         assert_eq!(rebuilt.body, fresh(&messages).body);
         assert_eq!(rebuilt.fingerprint, fresh(&messages).fingerprint);
+    }
+
+    #[test]
+    fn a_changed_head_is_built_again() {
+        let mut tools = tools();
+        let messages = conversations().pop().unwrap();
+        for provider in ["anthropic", "openai"] {
+            let client = client(provider);
+            let mut builder = RequestBuilder::default();
+            builder.prepare(&client, head(&tools), &messages);
+            // A tool joins (an MCP server connected), then the prompt changes.
+            tools.push(ToolDef {
+                name: "search".into(),
+                description: "searches".into(),
+                input_schema: json!({"type": "object"}),
+            });
+            let grown = builder.prepare(&client, head(&tools), &messages);
+            let fresh = RequestBuilder::default().prepare(&client, head(&tools), &messages);
+            assert_eq!(grown.body, fresh.body, "{provider}");
+            let body: Value = serde_json::from_slice(&grown.body).unwrap();
+            assert_eq!(body["tools"].as_array().unwrap().len(), tools.len());
+            let other = RequestHead {
+                system: "You are a careful coding agent.",
+                ..head(&tools)
+            };
+            let grown = builder.prepare(&client, other, &messages);
+            let fresh = RequestBuilder::default().prepare(&client, other, &messages);
+            assert_eq!(grown.body, fresh.body, "{provider}");
+        }
     }
 }
