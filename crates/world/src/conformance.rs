@@ -130,6 +130,71 @@ pub async fn leases_fence_appends<W: World>(world: &W) {
     assert_eq!(log[2].epoch, b.epoch);
 }
 
+/// Each append answers, in its own transaction, whether the inbox was empty, so a
+/// driver skips reading it before a model call; what it says must be true. A post
+/// from this process (`here`) clears the answer at once; one from another (`there`)
+/// is seen at the next append.
+pub async fn an_append_says_whether_the_inbox_is_empty<W: World>(here: &W, there: &W) {
+    use crate::InboundKind;
+    here.create_session("s1", "alice").await.unwrap();
+    let ttl = Duration::from_secs(30);
+    let lease = here
+        .acquire_lease("s1", &Holder::new("w"), ttl)
+        .await
+        .unwrap();
+    let delta = |text: &str| Event::ModelDelta {
+        call_id: "mc_1".into(),
+        text: text.into(),
+        restart: false,
+    };
+    assert!(!here.inbox_seen_empty(&lease), "no append yet");
+    here.append(&lease, &[started()]).await.unwrap();
+    here.append(&lease, &[delta("a")]).await.unwrap();
+    assert!(here.inbox_seen_empty(&lease), "nothing was posted");
+
+    let steer = serde_json::json!("look at b");
+    let id = there
+        .post("s1", InboundKind::Steer, "", &steer)
+        .await
+        .unwrap();
+    assert!(
+        here.inbox_seen_empty(&lease),
+        "as of the last append (a read finds another process's steer a step later)"
+    );
+    here.append(&lease, &[delta("b"), delta("c")])
+        .await
+        .unwrap();
+    assert!(!here.inbox_seen_empty(&lease), "a steer waits");
+    here.append(&lease, &[delta("d")]).await.unwrap();
+    assert!(!here.inbox_seen_empty(&lease), "it still waits");
+    let taken = Event::Steered {
+        text: "look at b".into(),
+        inbox_id: id,
+    };
+    here.append(&lease, &[taken]).await.unwrap();
+    assert!(here.inbox("s1").await.unwrap().is_empty());
+    assert!(
+        here.inbox_seen_empty(&lease),
+        "the append that took the steer leaves the inbox empty"
+    );
+
+    // A post from this process is not waited out.
+    here.post("s1", InboundKind::Steer, "", &steer)
+        .await
+        .unwrap();
+    assert!(!here.inbox_seen_empty(&lease), "posted here");
+
+    // Another holder's lease: this process's answer was for the old epoch.
+    here.append(&lease, &[delta("e")]).await.unwrap();
+    here.release_lease(&lease).await.unwrap();
+    let other = here
+        .acquire_lease("s1", &Holder::new("v"), ttl)
+        .await
+        .unwrap();
+    assert!(!here.inbox_seen_empty(&lease));
+    assert!(!here.inbox_seen_empty(&other), "no append under it yet");
+}
+
 /// Two harnesses (separate handles to one store) race for a session and append as
 /// fast as they can, each stealing the lease as soon as it lapses. Exactly one is
 /// accepted at a time: every rejected append is a stale fence, and the log's epochs

@@ -381,15 +381,13 @@ pub trait World: Send + Sync + 'static {
     fn changes(&self) -> tokio::sync::watch::Receiver<u64>;
 
     /// Whether this process's last append under `lease` found the session's inbox
-    /// empty as it committed (`false`: it did not, or it is not known). A driver
-    /// that looks for steers before each model call may skip that read: what was
-    /// sent since is seen at the next look, one step later. PostgreSQL answers it in
-    /// the append's own statement, saving a round trip per step; SQLite's read is
-    /// in-process and cheap, so it does not.
-    fn inbox_seen_empty(&self, lease: &Lease) -> bool {
-        let _ = lease;
-        false
-    }
+    /// empty as it committed, and this process has posted nothing to it since
+    /// (`false`: it did not, or it is not known). A driver that looks for steers
+    /// before each model call, and for interrupts as each call starts, may skip
+    /// those reads: what another process sent since is seen at the next look, one
+    /// step later (or within an interrupt watch's poll). Each append answers it in
+    /// its own transaction, saving a round trip to the store per look.
+    fn inbox_seen_empty(&self, lease: &Lease) -> bool;
 }
 
 /// Counts a successful append in the process's metrics (its latency, and what its

@@ -893,6 +893,15 @@ impl World for PostgresWorld {
             .await
             .map_err(db)?;
         tx.commit().await.map_err(db)?;
+        // A post from this process is seen at the next step, not one later.
+        if let Some(known) = self
+            .positions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(session)
+        {
+            known.inbox_empty = false;
+        }
         crate::bump(&self.changes);
         Ok(to_u64(id))
     }

@@ -112,6 +112,9 @@ pub struct SqliteWorld {
     /// it in order: callers wait as tasks, so any number of them (a thousand event
     /// streams, say) occupy one thread, not one each of the blocking pool.
     jobs: Arc<ConnectionThread>,
+    /// Sessions whose last append here found their inbox empty, by the lease epoch
+    /// it was made under (see [`World::inbox_seen_empty`]).
+    inbox_seen_empty: Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>>,
     path: PathBuf,
     changes: Arc<tokio::sync::watch::Sender<u64>>,
     spill: Option<crate::Blobs>,
@@ -308,6 +311,7 @@ impl SqliteWorld {
         }
         Ok(SqliteWorld {
             jobs: Arc::new(ConnectionThread::start(conn, &path)?),
+            inbox_seen_empty: Arc::default(),
             path,
             changes: Arc::new(tokio::sync::watch::channel(0).0),
             spill: None,
@@ -563,10 +567,31 @@ impl World for SqliteWorld {
                 )
                 .map_err(backend)?;
             }
+            // Asked here, in the append's own transaction, so the driver need not
+            // ask again before its next call (each ask is a trip to this thread).
+            let inbox_empty: bool = tx
+                .prepare_cached(
+                    "SELECT NOT EXISTS (SELECT 1 FROM inbox WHERE session_id = ?1 AND taken = 0)",
+                )
+                .map_err(backend)?
+                .query_row([&lease.session], |r| r.get(0))
+                .map_err(backend)?;
             tx.commit().map_err(backend)?;
-            Ok(records)
+            Ok((records, inbox_empty))
         })
         .await;
+        let result = result.map(|(records, inbox_empty)| {
+            let mut seen = self
+                .inbox_seen_empty
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if inbox_empty {
+                seen.insert(fenced.session.clone(), fenced.epoch);
+            } else {
+                seen.remove(&fenced.session);
+            }
+            records
+        });
         if result.is_ok() {
             crate::bump(&self.changes);
         }
@@ -655,6 +680,7 @@ impl World for SqliteWorld {
         body: &serde_json::Value,
     ) -> Result<u64> {
         let (session, name, body) = (session.to_string(), name.to_string(), body.to_string());
+        let session_key = session.clone();
         let id = self
             .with(move |conn| {
                 let tx = conn
@@ -679,6 +705,11 @@ impl World for SqliteWorld {
                 Ok(id)
             })
             .await?;
+        // A post from this process is seen at the next step, not one later.
+        self.inbox_seen_empty
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&session_key);
         crate::bump(&self.changes);
         Ok(id)
     }
@@ -1012,6 +1043,14 @@ impl World for SqliteWorld {
 
     fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.changes.subscribe()
+    }
+
+    fn inbox_seen_empty(&self, lease: &Lease) -> bool {
+        self.inbox_seen_empty
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&lease.session)
+            == Some(&lease.epoch)
     }
 }
 

@@ -420,73 +420,10 @@ async fn retention_prunes_deltas_in_place() {
     conformance::retention_prunes_deltas_in_place(&db.world().await).await;
 }
 
-/// Each append answers, in its own statement, whether the inbox was empty, so a
-/// driver skips the read before a model call; what it says must be true.
 #[tokio::test]
 async fn an_append_says_whether_the_inbox_is_empty() {
-    use steadfast_world::InboundKind;
     let db = TestDb::new().await;
-    let world = db.world().await;
-    world.create_session("s1", "alice").await.unwrap();
-    let ttl = std::time::Duration::from_secs(30);
-    let lease = world
-        .acquire_lease("s1", &Holder::new("w"), ttl)
-        .await
-        .unwrap();
-    let delta = |text: &str| Event::ModelDelta {
-        call_id: "mc_1".into(),
-        text: text.into(),
-        restart: false,
-    };
-    world
-        .append(&lease, &[conformance::started()])
-        .await
-        .unwrap();
-    world.append(&lease, &[delta("a")]).await.unwrap();
-    assert!(world.inbox_seen_empty(&lease), "nothing was posted");
-
-    let id = world
-        .post(
-            "s1",
-            InboundKind::Steer,
-            "",
-            &serde_json::json!("look at b"),
-        )
-        .await
-        .unwrap();
-    assert!(
-        world.inbox_seen_empty(&lease),
-        "as of the last append (a read finds the steer a step later)"
-    );
-    world
-        .append(&lease, &[delta("b"), delta("c")])
-        .await
-        .unwrap();
-    assert!(!world.inbox_seen_empty(&lease), "a steer waits");
-    world.append(&lease, &[delta("d")]).await.unwrap();
-    assert!(!world.inbox_seen_empty(&lease), "it still waits");
-    world
-        .append(
-            &lease,
-            &[Event::Steered {
-                text: "look at b".into(),
-                inbox_id: id,
-            }],
-        )
-        .await
-        .unwrap();
-    assert!(world.inbox("s1").await.unwrap().is_empty());
-    assert!(
-        world.inbox_seen_empty(&lease),
-        "the append that took the steer leaves the inbox empty"
-    );
-
-    // Another holder's lease: this process's answer was for the old epoch.
-    world.release_lease(&lease).await.unwrap();
-    let other = world
-        .acquire_lease("s1", &Holder::new("v"), ttl)
-        .await
-        .unwrap();
-    assert!(!world.inbox_seen_empty(&lease));
-    assert!(!world.inbox_seen_empty(&other), "no append under it yet");
+    // A second pool: another process posting.
+    conformance::an_append_says_whether_the_inbox_is_empty(&db.world().await, &db.world().await)
+        .await;
 }

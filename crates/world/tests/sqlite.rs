@@ -10,6 +10,14 @@ fn world() -> (tempfile::TempDir, SqliteWorld) {
 }
 
 #[tokio::test]
+async fn an_append_says_whether_the_inbox_is_empty() {
+    let (dir, here) = world();
+    // A second connection to the same file: another process posting.
+    let there = SqliteWorld::open(dir.path().join("world.db")).unwrap();
+    conformance::an_append_says_whether_the_inbox_is_empty(&here, &there).await;
+}
+
+#[tokio::test]
 async fn append_then_read() {
     conformance::append_then_read(&world().1).await;
 }
