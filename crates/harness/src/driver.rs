@@ -21,9 +21,9 @@ const DELTA_BATCH: usize = 4096;
 /// ...or at least this often.
 const DELTA_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// A read-only tool call that finished within this long has its
-/// outcome folded at once but committed with the driver's next append (the next model
-/// call's intent, usually): one commit fewer per step. A crash before that commit
+/// A read-only tool call that finished within this long has its outcome folded at
+/// once but committed with the driver's next append (the next model call's intent,
+/// usually): one commit fewer per step. A crash before that commit
 /// loses only the outcome, and such a call is run again on wake (never rolled back,
 /// never costing a model call); a steer sent while it ran waits at most this long
 /// more. Longer calls, and every call that may change anything, commit alone.
@@ -173,10 +173,9 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 return Err(e.into());
             }
         };
-        let first_new = self.state.last_seq + 1;
-        if records.len() != events.len()
-            || records.get(held).map_or(first_new, |r| r.seq) != first_new
-        {
+        // The staged records were folded at the positions after the log's last.
+        let first = self.state.last_seq + 1 - held as u64;
+        if records.len() != events.len() || records.first().is_some_and(|r| r.seq != first) {
             self.out_of_step = true;
             return Err(Error::Invalid(format!(
                 "session {}: the log took staged records at other positions",

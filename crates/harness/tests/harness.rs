@@ -55,6 +55,60 @@ async fn a_second_driver_is_fenced_out_and_the_log_never_interleaves() -> anyhow
     Ok(())
 }
 
+/// A short read's outcome waits for the driver's next commit; if the lease is lost
+/// meanwhile, that commit is refused, the driver appends nothing more (its state is
+/// ahead of the log), and the new holder runs the read again: nothing is lost and
+/// no model call is made twice.
+#[tokio::test]
+async fn a_staged_read_lost_with_the_lease_is_run_again_by_the_new_holder() -> anyhow::Result<()> {
+    let read = json!({"text": "reading", "tool_calls": [{"name": "read", "input": {"file_path": "hello.txt"}}]});
+    let setup = Setup::new(json!([read.clone(), read, {"text": "done"}])).await;
+    let (one, two) = (setup.harness(), setup.harness());
+    let id = one
+        .start_session(NewSession::native("fake/m", &setup.workspace()))
+        .await?;
+    let mut a = one.wake_native(&id).await?;
+    a.send("go").await?;
+    assert_eq!(a.step().await?, None); // the model call and the read
+    let log = one.world().read(&id, 1).await?;
+    assert!(
+        matches!(
+            log.last().map(|r| &r.event),
+            Some(Event::ToolCallIntent { .. })
+        ),
+        "the read's outcome is held for the next commit: {:?}",
+        log.last()
+    );
+    assert_eq!(a.state().last_seq, log.len() as u64 + 1);
+
+    let db = rusqlite::Connection::open(setup.dir.path().join("home/world.db"))?;
+    db.execute("UPDATE sessions SET lease_expires_ms = 0", [])?;
+    let mut b = two.wake_native(&id).await?;
+    assert_eq!(b.run().await?, Stop::Idle);
+
+    let err = a.step().await.unwrap_err();
+    assert!(
+        matches!(err, Error::World(steadfast_world::Error::StaleFence { .. })),
+        "{err}"
+    );
+    let err = a.step().await.unwrap_err();
+    assert!(matches!(err, Error::Invalid(_)), "{err}");
+
+    let log = one.world().read(&id, 1).await?;
+    steadfast_log::fold::fold(&log)?;
+    let outcomes = log
+        .iter()
+        .filter(|r| matches!(r.event, Event::ToolCallOutcome { .. }))
+        .count();
+    let reruns = log
+        .iter()
+        .filter(|r| matches!(r.event, Event::ToolCallInterrupted { .. }))
+        .count();
+    assert_eq!((outcomes, reruns), (2, 1), "{log:#?}");
+    assert_eq!(setup.fake.calls(), 3, "no model call made twice");
+    Ok(())
+}
+
 #[tokio::test]
 async fn big_outputs_go_to_the_blob_store_with_excerpts_in_context() -> anyhow::Result<()> {
     let setup = Setup::new(json!([

@@ -137,16 +137,10 @@ pub async fn leases_fence_appends<W: World>(world: &W) {
 pub async fn an_append_says_whether_the_inbox_is_empty<W: World>(here: &W, there: &W) {
     use crate::InboundKind;
     here.create_session("s1", "alice").await.unwrap();
-    let ttl = Duration::from_secs(30);
     let lease = here
-        .acquire_lease("s1", &Holder::new("w"), ttl)
+        .acquire_lease("s1", &Holder::new("w"), TTL)
         .await
         .unwrap();
-    let delta = |text: &str| Event::ModelDelta {
-        call_id: "mc_1".into(),
-        text: text.into(),
-        restart: false,
-    };
     assert!(!here.inbox_seen_empty(&lease), "no append yet");
     here.append(&lease, &[started()]).await.unwrap();
     here.append(&lease, &[delta("a")]).await.unwrap();
@@ -188,7 +182,7 @@ pub async fn an_append_says_whether_the_inbox_is_empty<W: World>(here: &W, there
     here.append(&lease, &[delta("e")]).await.unwrap();
     here.release_lease(&lease).await.unwrap();
     let other = here
-        .acquire_lease("s1", &Holder::new("v"), ttl)
+        .acquire_lease("s1", &Holder::new("v"), TTL)
         .await
         .unwrap();
     assert!(!here.inbox_seen_empty(&lease));
@@ -315,6 +309,15 @@ fn intent(step: u32) -> Event {
         call_id: format!("mc_{step}"),
         step,
         fingerprint: "f".repeat(64),
+    }
+}
+
+/// A piece of a streamed reply holding `text`.
+fn delta(text: &str) -> Event {
+    Event::ModelDelta {
+        call_id: "m1".into(),
+        text: text.into(),
+        restart: false,
     }
 }
 
@@ -846,11 +849,6 @@ pub async fn retention_prunes_deltas_in_place<W: World>(world: &W) {
         .acquire_lease("r1", &Holder::new("h1"), TTL)
         .await
         .unwrap();
-    let delta = |text: &str| Event::ModelDelta {
-        call_id: "m1".into(),
-        text: text.into(),
-        restart: false,
-    };
     world
         .append(
             &lease,
