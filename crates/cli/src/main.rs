@@ -182,7 +182,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
+    // The command runs as a task on the runtime's workers, not on this thread: a future
+    // driven by `block_on` wakes across threads for every reply its I/O tasks (database
+    // connections, HTTP servers in this process) hand it, which on a small machine more
+    // than doubled a fake-model step's wall time.
+    let command = async move {
         let mut config = config::Config::load(cli.config.as_deref())?;
         if cli.world.is_some() {
             config.world = cli.world.clone();
@@ -262,7 +266,12 @@ fn main() -> ExitCode {
             Command::FakeProvider(args) => commands::fake::run(args).await,
             Command::Bench(args) => commands::bench::run(args, &config).await,
         }
-    });
+    };
+    let result = match runtime.block_on(runtime.spawn(command)) {
+        Ok(result) => result,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(anyhow::anyhow!("the command was cancelled: {e}")),
+    };
     // Work stuck in a blocking call (a snapshot of a hung filesystem, say) must not
     // keep the process alive once the command is over.
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));

@@ -120,13 +120,16 @@ async fn journal(pairs: usize, rounds: usize) -> anyhow::Result<()> {
             })
             .collect();
         let start = Instant::now();
-        let mut insert = bare.prepare_cached("INSERT INTO t (body) VALUES (?1)")?;
-        for pair in &bodies {
-            for body in pair {
-                insert.execute([body])?;
+        // In a block of its own: no statement may be held across an await (the bench
+        // runs on the runtime's workers, which need a `Send` future).
+        {
+            let mut insert = bare.prepare_cached("INSERT INTO t (body) VALUES (?1)")?;
+            for pair in &bodies {
+                for body in pair {
+                    insert.execute([body])?;
+                }
             }
         }
-        drop(insert);
         let bare_time = start.elapsed();
         let start = Instant::now();
         for [intent, outcome] in events {

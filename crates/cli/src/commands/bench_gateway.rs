@@ -91,6 +91,10 @@ async fn serve_gateway(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let app = gateway.router();
+    // As the wrapped CLI's gateway is served over TCP: no reply waits for Nagle.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let server = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });

@@ -175,12 +175,7 @@ async fn measure(events: usize) -> anyhow::Result<(usize, [Duration; 3])> {
     let conn = rusqlite::Connection::open(home.join("world.db"))?;
     for _ in 0..7 {
         let start = Instant::now();
-        let mut stmt = conn.prepare_cached(
-            "SELECT seq, epoch, at_ms, schema, body, checksum FROM events WHERE session_id = ?1 AND seq >= 1 ORDER BY seq",
-        )?;
-        let rows: Vec<(u64, Vec<u8>)> = stmt
-            .query_map(["bench"], |r| Ok((r.get(0)?, r.get(4)?)))?
-            .collect::<rusqlite::Result<_>>()?;
+        let rows = raw_rows(&conn)?;
         anyhow::ensure!(rows.len() == n);
         raw.push(start.elapsed());
 
@@ -194,6 +189,19 @@ async fn measure(events: usize) -> anyhow::Result<(usize, [Duration; 3])> {
         anyhow::ensure!(loaded == whole, "the checkpointed state differs");
     }
     Ok((n, [median(raw), median(full), median(checkpointed)]))
+}
+
+/// Every row of the bench session, read straight from the file (the baseline). A
+/// function of its own so no statement is held across an await (the bench runs on
+/// the runtime's workers, which need a `Send` future).
+fn raw_rows(conn: &rusqlite::Connection) -> anyhow::Result<Vec<(u64, Vec<u8>)>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT seq, epoch, at_ms, schema, body, checksum FROM events WHERE session_id = ?1 AND seq >= 1 ORDER BY seq",
+    )?;
+    let rows = stmt
+        .query_map(["bench"], |r| Ok((r.get(0)?, r.get(4)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(rows)
 }
 
 /// Prints wake times at each size.
