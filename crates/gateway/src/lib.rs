@@ -354,7 +354,13 @@ impl<W: World + Clone> Shared<W> {
 
     /// Matches a request against the record: `Ok(Some(reply))` to answer from the log,
     /// `Ok(None)` with the index to record a live call at.
-    async fn route(&self, api: Api, fingerprint: &str, stream: bool) -> Result<Routed, Response> {
+    async fn route(
+        &self,
+        outgoing: &relay::Outgoing,
+        fingerprint: &str,
+        stream: bool,
+    ) -> Result<Routed, Response> {
+        let api = outgoing.api;
         let mut replay = self.replay.lock().await;
         let index = match self.plan(&replay, fingerprint) {
             Plan::Replay(i, reply) => {
@@ -367,7 +373,7 @@ impl<W: World + Clone> Shared<W> {
             // Recorded but cut off before its reply: ask again, in its place.
             Plan::Reask(i) => {
                 return self
-                    .record_intent(&mut replay, i, api, fingerprint, stream)
+                    .record_intent(&mut replay, i, outgoing, fingerprint, stream)
                     .await
             }
             Plan::Diverge(at, snapshot) => {
@@ -387,7 +393,7 @@ impl<W: World + Clone> Shared<W> {
                 &message,
             ));
         }
-        self.record_intent(&mut replay, index, api, fingerprint, stream)
+        self.record_intent(&mut replay, index, outgoing, fingerprint, stream)
             .await
     }
 
@@ -414,15 +420,20 @@ impl<W: World + Clone> Shared<W> {
         Ok(())
     }
 
+    /// Records a live exchange's intent, the request already on its way to the
+    /// provider but for its last byte, which follows once the intent is in the log.
     async fn record_intent(
         &self,
         replay: &mut Replay,
         index: usize,
-        api: Api,
+        outgoing: &relay::Outgoing,
         fingerprint: &str,
         stream: bool,
     ) -> Result<Routed, Response> {
+        let api = outgoing.api;
         let call_id = format!("gx_{}", uuid::Uuid::now_v7().simple());
+        let (opener, gate) = steadfast_model::gate();
+        let sent = outgoing.start(&self.http, &gate);
         let snapshot = self
             .last_snapshot
             .lock()
@@ -441,8 +452,9 @@ impl<W: World + Clone> Shared<W> {
             .map_err(|e| internal(&e.to_string()))?;
         replay.consumed.insert(call_id.clone());
         steadfast_fault::point(steadfast_fault::points::MODEL_INTENT);
+        opener.open();
         self.count(|c| c.live += 1);
-        Ok(Routed::Live { call_id })
+        Ok(Routed::Live { call_id, sent })
     }
 
     /// The bound a new model call at exchange `index` would cross, if any.
@@ -484,7 +496,7 @@ pub(crate) enum Routed {
     /// Answered from the log: status, content type, body.
     Replay((u16, String, String)),
     /// Sent to the provider, recorded under this id.
-    Live { call_id: String },
+    Live { call_id: String, sent: relay::Sent },
 }
 
 /// The common path of every model request.
@@ -549,10 +561,17 @@ async fn handle<W: World + Clone>(
     };
     let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
     let fingerprint = normalize::fingerprint(api.name(), &request, &shared.names);
-    match shared.route(api, &fingerprint, stream).await {
+    let outgoing = relay::Outgoing {
+        api,
+        upstream,
+        headers,
+        query,
+        body,
+    };
+    match shared.route(&outgoing, &fingerprint, stream).await {
         Err(response) => response,
         Ok(Routed::Replay(reply)) => relay::replay(reply),
-        Ok(Routed::Live { call_id }) => {
+        Ok(Routed::Live { call_id, sent }) => {
             let model = request
                 .get("model")
                 .and_then(Value::as_str)
@@ -575,9 +594,7 @@ async fn handle<W: World + Clone>(
                 span: span.clone(),
             };
             use tracing::Instrument;
-            relay::live(shared, call, upstream, headers, query, body)
-                .instrument(span)
-                .await
+            relay::live(shared, call, sent).instrument(span).await
         }
     }
 }

@@ -81,16 +81,66 @@ pub(crate) struct Call {
     pub(crate) span: tracing::Span,
 }
 
-/// Sends the request to the provider and streams the reply back while recording it.
-/// The reply is read to its end and recorded even if the client goes away meanwhile,
-/// so a restarted client gets it from the log instead of paying for it again.
+/// A request to pass on to the provider, as the client sent it.
+pub(crate) struct Outgoing {
+    pub(crate) api: Api,
+    pub(crate) upstream: Upstream,
+    pub(crate) headers: HeaderMap,
+    pub(crate) query: Option<String>,
+    pub(crate) body: Bytes,
+}
+
+impl Outgoing {
+    /// Starts sending the request to the provider under `gate`, as a task of its own:
+    /// all of it but its last byte goes out now, the rest once the gate opens (after
+    /// the exchange's intent is in the log; see `steadfast_model::gate`).
+    pub(crate) fn start(&self, http: &reqwest::Client, gate: &steadfast_model::Gate) -> Sent {
+        let api = self.api;
+        let mut request = http
+            .post(upstream_url(api, &self.upstream, self.query.as_deref()))
+            .header("content-type", "application/json");
+        for name in FORWARDED {
+            if let Some(v) = self.headers.get(*name) {
+                request = request.header(*name, v);
+            }
+        }
+        request = if matches!(api, Api::AnthropicMessages | Api::AnthropicCountTokens) {
+            request.header("x-api-key", &self.upstream.api_key)
+        } else {
+            request.bearer_auth(&self.upstream.api_key)
+        };
+        Sent(tokio::spawn(gate.attach(request, &self.body).send()))
+    }
+}
+
+/// A request on its way to the provider; dropped, it is abandoned (its gate still
+/// shut, the provider never has all of it).
+pub(crate) struct Sent(tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>);
+
+impl Sent {
+    /// The provider's answer (its head; the body streams).
+    async fn response(mut self) -> Result<reqwest::Response, String> {
+        match (&mut self.0).await {
+            Ok(answer) => answer.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+impl Drop for Sent {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Streams the provider's reply to a request sent (see [`Outgoing::start`]) back
+/// while recording it. The reply is read to its end and recorded even if the client
+/// goes away meanwhile, so a restarted client gets it from the log instead of paying
+/// for it again.
 pub(crate) async fn live<W: World + Clone>(
     shared: Arc<Shared<W>>,
     call: Call,
-    upstream: Upstream,
-    headers: HeaderMap,
-    query: Option<String>,
-    body: Bytes,
+    sent: Sent,
 ) -> Response {
     let Call {
         api,
@@ -99,22 +149,7 @@ pub(crate) async fn live<W: World + Clone>(
         span,
     } = call;
     let started = std::time::Instant::now();
-    let mut request = shared
-        .http
-        .post(upstream_url(api, &upstream, query.as_deref()))
-        .header("content-type", "application/json")
-        .body(body);
-    for name in FORWARDED {
-        if let Some(v) = headers.get(*name) {
-            request = request.header(*name, v);
-        }
-    }
-    request = if matches!(api, Api::AnthropicMessages | Api::AnthropicCountTokens) {
-        request.header("x-api-key", &upstream.api_key)
-    } else {
-        request.bearer_auth(&upstream.api_key)
-    };
-    let upstream_response = match request.send().await {
+    let upstream_response = match sent.response().await {
         Ok(r) => r,
         Err(e) => {
             // Nothing came back: the intent stays unanswered, so asking again is right.

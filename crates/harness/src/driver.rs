@@ -544,32 +544,55 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             self.sandbox.prewarm();
         }
         let call_id = format!("mc_{}", uuid::Uuid::now_v7().simple());
-        self.append(vec![Event::ModelCallIntent {
-            call_id: call_id.clone(),
-            step,
-            fingerprint: request.fingerprint.clone(),
-        }])
-        .await?;
-        point(points::MODEL_INTENT);
-        let started = std::time::Instant::now();
-
-        // The reply streams into the log as it arrives (batched), so readers of the
-        // log can follow it; the outcome below holds the whole reply.
+        let fingerprint = request.fingerprint.clone();
+        // The request goes out while its intent commits, all but its last byte, which
+        // follows once the intent is durable (see `steadfast_model::gate`): a failed
+        // append drops the opener and the call, and the provider never has the whole
+        // request. The reply streams into the log as it arrives (batched), so readers
+        // of the log can follow it; the outcome below holds the whole reply.
+        let (opener, gate) = steadfast_model::gate();
         let model = self.model.clone();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let call = async move {
             model
-                .send(&request, &mut |d| {
+                .send_gated(&request, gate, &mut |d| {
                     let _ = tx.send(d);
                 })
                 .await
         };
         tokio::pin!(call);
+        // Polled here, with the append: a call can only end this early by failing to
+        // reach the provider (or by the provider refusing it before reading it all).
+        let mut ended = None;
+        {
+            let intent = self.append(vec![Event::ModelCallIntent {
+                call_id: call_id.clone(),
+                step,
+                fingerprint,
+            }]);
+            tokio::pin!(intent);
+            loop {
+                tokio::select! {
+                    biased;
+                    appended = &mut intent => {
+                        appended?;
+                        break;
+                    }
+                    result = &mut call, if ended.is_none() => ended = Some(result),
+                }
+            }
+        }
+        point(points::MODEL_INTENT);
+        opener.open();
+        let started = std::time::Instant::now();
         let stop = interrupt::arrives_after_append(self.harness.world.clone(), &self.lease);
         tokio::pin!(stop);
         let mut pending = String::new();
         let mut last_flush = std::time::Instant::now();
         let result = loop {
+            if let Some(result) = ended.take() {
+                break result;
+            }
             tokio::select! {
                 biased;
                 item = &mut stop => {

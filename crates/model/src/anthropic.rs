@@ -88,17 +88,17 @@ fn usage_from(v: &Value, usage: &mut Usage) {
 pub(crate) async fn complete(
     http: &reqwest::Client,
     endpoint: &Endpoint,
-    body: &bytes::Bytes,
+    body: crate::Body<'_>,
     on_delta: &mut (dyn FnMut(Delta) + Send),
 ) -> Result<ModelResponse, Attempt> {
     let url = format!("{}/v1/messages", endpoint.base_url.trim_end_matches('/'));
     let response = send(
         PROVIDER,
-        http.post(&url)
+        body.on(http
+            .post(&url)
             .header("x-api-key", &endpoint.api_key)
             .header("anthropic-version", API_VERSION)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body.clone()),
+            .header(reqwest::header::CONTENT_TYPE, "application/json")),
     )
     .await?;
 

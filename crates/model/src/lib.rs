@@ -7,6 +7,7 @@
 //! a 4xx is a clear, terminal [`Error::Rejected`].
 
 mod anthropic;
+mod gate;
 mod openai;
 mod prepared;
 pub mod pricing;
@@ -18,6 +19,7 @@ use std::time::Duration;
 use serde::Serialize;
 use steadfast_log::{Block, Message, ModelSpec, Usage};
 
+pub use gate::{gate, Gate, GateOpener};
 pub use prepared::{Prepared, RequestBuilder, RequestHead};
 pub use retry::RetryPolicy;
 
@@ -119,6 +121,10 @@ pub enum Error {
     /// The client is not set up correctly (unknown provider, no key).
     #[error("model configuration: {0}")]
     Config(String),
+    /// The request's [`Gate`] was refused (its intent was not recorded), so the request
+    /// was abandoned before the provider had all of it.
+    #[error("the request was withheld: its intent was not recorded")]
+    Withheld,
 }
 
 impl Error {
@@ -242,6 +248,17 @@ impl ModelClient {
         request: &Prepared,
         on_delta: &mut (dyn FnMut(Delta) + Send),
     ) -> Result<ModelResponse> {
+        self.send_gated(request, Gate::open(), on_delta).await
+    }
+
+    /// [`Self::send`], with the request's last byte held back until `gate` opens (see
+    /// [`gate`]); [`Error::Withheld`] if it is refused. Retries wait for it too.
+    pub async fn send_gated(
+        &self,
+        request: &Prepared,
+        gate: Gate,
+        on_delta: &mut (dyn FnMut(Delta) + Send),
+    ) -> Result<ModelResponse> {
         if request.provider != self.provider {
             return Err(Error::Config(format!(
                 "a request built for another provider sent to {}",
@@ -251,7 +268,10 @@ impl ModelClient {
         let name = self.provider_name();
         let mut retrier = retry::Retrier::new(&self.retry);
         loop {
-            let body = &request.body;
+            let body = Body {
+                bytes: &request.body,
+                gate: &gate,
+            };
             let result = match self.provider {
                 Provider::Anthropic => {
                     anthropic::complete(&self.http, &self.endpoint, body, on_delta).await
@@ -262,6 +282,8 @@ impl ModelClient {
             };
             match result {
                 Ok(response) => return Ok(response),
+                // Refused while it was sent: nothing to retry.
+                Err(_) if gate.refused() => return Err(Error::Withheld),
                 Err(failure) => retrier.after_failure(name, failure, on_delta).await?,
             }
         }
@@ -272,6 +294,19 @@ impl ModelClient {
             Provider::Anthropic => "anthropic",
             Provider::OpenAi => "openai",
         }
+    }
+}
+
+/// A request's body and the gate its last byte waits for.
+pub(crate) struct Body<'a> {
+    bytes: &'a bytes::Bytes,
+    gate: &'a Gate,
+}
+
+impl Body<'_> {
+    /// Puts the body on `request` (see [`Gate::attach`]).
+    pub(crate) fn on(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        self.gate.attach(request, self.bytes)
     }
 }
 

@@ -84,7 +84,7 @@ struct Call {
 pub(crate) async fn complete(
     http: &reqwest::Client,
     endpoint: &Endpoint,
-    body: &bytes::Bytes,
+    body: crate::Body<'_>,
     on_delta: &mut (dyn FnMut(Delta) + Send),
 ) -> Result<ModelResponse, Attempt> {
     let url = format!(
@@ -93,10 +93,10 @@ pub(crate) async fn complete(
     );
     let response = send(
         PROVIDER,
-        http.post(&url)
+        body.on(http
+            .post(&url)
             .bearer_auth(&endpoint.api_key)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body.clone()),
+            .header(reqwest::header::CONTENT_TYPE, "application/json")),
     )
     .await?;
     let mut events = sse::events(response);

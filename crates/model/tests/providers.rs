@@ -190,3 +190,134 @@ async fn an_unreachable_provider_is_unavailable() {
     let err = client.complete(&request(), &mut |_| {}).await.unwrap_err();
     assert!(matches!(err, Error::Unavailable { .. }), "{err}");
 }
+
+/// Reads one HTTP request's head from `socket`: its bytes so far and the body's length.
+async fn read_head(socket: &mut tokio::net::TcpStream) -> (Vec<u8>, usize) {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        let n = socket.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the client closed before its request's head");
+        seen.extend_from_slice(&buf[..n]);
+        if let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .expect("the length is declared")
+                .trim()
+                .parse()
+                .unwrap();
+            return (seen[end + 4..].to_vec(), length);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_gated_request_is_sent_but_for_its_last_byte_until_the_gate_opens() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = Endpoint {
+        base_url: format!("http://{}", listener.local_addr().unwrap()),
+        api_key: "k".into(),
+    };
+    let client = ModelClient::new("anthropic", endpoint, fast_retries()).unwrap();
+    let prepared = steadfast_model::RequestBuilder::default().prepare(
+        &client,
+        request().head(),
+        &request().messages,
+    );
+    let (opener, gate) = steadfast_model::gate();
+    let call = tokio::spawn(async move { client.send_gated(&prepared, gate, &mut |_| {}).await });
+    let (mut socket, _) = listener.accept().await.unwrap();
+    let (mut body, length) = read_head(&mut socket).await;
+    let mut buf = vec![0u8; length];
+    while body.len() < length - 1 {
+        let n = socket.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the client closed mid-body");
+        body.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(
+        body.len(),
+        length - 1,
+        "all but the last byte arrive at once"
+    );
+    // Held: nothing more comes until the gate opens.
+    let more = tokio::time::timeout(Duration::from_millis(300), socket.read(&mut buf)).await;
+    assert!(more.is_err(), "the last byte waits for the gate: {more:?}");
+    opener.open();
+    let n = socket.read(&mut buf).await.unwrap();
+    body.extend_from_slice(&buf[..n]);
+    assert_eq!(body.len(), length, "the last byte follows the gate");
+    let request: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(request["messages"][0]["content"][0]["text"], "fix it");
+    let answer = br#"{"type":"error","error":{"type":"invalid_request_error","message":"seen"}}"#;
+    let head = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        answer.len()
+    );
+    socket.write_all(head.as_bytes()).await.unwrap();
+    socket.write_all(answer).await.unwrap();
+    let err = call.await.unwrap().unwrap_err();
+    assert!(matches!(err, Error::Rejected { status: 400, .. }), "{err}");
+}
+
+async fn a_refused_gate_abandons_the_request(provider: &str) {
+    let fake = FakeProvider::start(script(json!({}))).await.unwrap();
+    let client = client(provider, &fake, "fake-provider-key").await;
+    let prepared = steadfast_model::RequestBuilder::default().prepare(
+        &client,
+        request().head(),
+        &request().messages,
+    );
+    let (opener, gate) = steadfast_model::gate();
+    let call = tokio::spawn(async move { client.send_gated(&prepared, gate, &mut |_| {}).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(fake.state().connections(), 1, "the request is on its way");
+    assert_eq!(fake.calls(), 0, "but not whole");
+    drop(opener);
+    let err = call.await.unwrap().unwrap_err();
+    assert!(matches!(err, Error::Withheld), "{err}");
+    // Not retried either.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(fake.calls(), 0, "the provider never had the whole request");
+}
+
+#[tokio::test]
+async fn a_refused_gate_abandons_an_anthropic_request() {
+    a_refused_gate_abandons_the_request("anthropic").await;
+}
+
+#[tokio::test]
+async fn a_refused_gate_abandons_an_openai_request() {
+    a_refused_gate_abandons_the_request("openai").await;
+}
+
+async fn an_open_gate_completes_the_call(provider: &str) {
+    let fake = FakeProvider::start(script(json!({}))).await.unwrap();
+    let client = client(provider, &fake, "fake-provider-key").await;
+    let prepared = steadfast_model::RequestBuilder::default().prepare(
+        &client,
+        request().head(),
+        &request().messages,
+    );
+    let (opener, gate) = steadfast_model::gate();
+    let call = tokio::spawn(async move { client.send_gated(&prepared, gate, &mut |_| {}).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(fake.calls(), 0, "held");
+    opener.open();
+    let response = call.await.unwrap().unwrap();
+    assert_eq!(fake.calls(), 1);
+    assert!(!response.content.is_empty());
+}
+
+#[tokio::test]
+async fn an_open_gate_completes_an_anthropic_call() {
+    an_open_gate_completes_the_call("anthropic").await;
+}
+
+#[tokio::test]
+async fn an_open_gate_completes_an_openai_call() {
+    an_open_gate_completes_the_call("openai").await;
+}
