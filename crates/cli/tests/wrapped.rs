@@ -179,6 +179,16 @@ async fn crash_and_resume(agent: &str, model: &str) {
             "{point}: the restarted CLI's requests matched the record (normalization)"
         );
         case.assert_nothing_paid_twice(&session, point).await;
+        if point.starts_with("model.intent_committed") {
+            // The crash came after the intent and before the call: the provider never
+            // had that request whole, so every call it had has its reply in the log.
+            let outcomes = events(&log, "exchange_outcome").len() as u64;
+            assert_eq!(
+                case.fake.calls(),
+                outcomes,
+                "{point}: a call reached the provider before its intent's crash point"
+            );
+        }
     }
 }
 
