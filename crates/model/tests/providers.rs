@@ -191,6 +191,23 @@ async fn an_unreachable_provider_is_unavailable() {
     assert!(matches!(err, Error::Unavailable { .. }), "{err}");
 }
 
+/// Sends the test request through `client` under a gate held shut, as a task.
+fn send_held(
+    client: ModelClient,
+) -> (
+    steadfast_model::GateOpener,
+    tokio::task::JoinHandle<steadfast_model::Result<steadfast_model::ModelResponse>>,
+) {
+    let prepared = steadfast_model::RequestBuilder::default().prepare(
+        &client,
+        request().head(),
+        &request().messages,
+    );
+    let (opener, gate) = steadfast_model::gate();
+    let call = tokio::spawn(async move { client.send_gated(&prepared, gate, &mut |_| {}).await });
+    (opener, call)
+}
+
 /// Reads one HTTP request's head from `socket`: its bytes so far and the body's length.
 async fn read_head(socket: &mut tokio::net::TcpStream) -> (Vec<u8>, usize) {
     use tokio::io::AsyncReadExt;
@@ -223,13 +240,7 @@ async fn a_gated_request_is_sent_but_for_its_last_byte_until_the_gate_opens() {
         api_key: "k".into(),
     };
     let client = ModelClient::new("anthropic", endpoint, fast_retries()).unwrap();
-    let prepared = steadfast_model::RequestBuilder::default().prepare(
-        &client,
-        request().head(),
-        &request().messages,
-    );
-    let (opener, gate) = steadfast_model::gate();
-    let call = tokio::spawn(async move { client.send_gated(&prepared, gate, &mut |_| {}).await });
+    let (opener, call) = send_held(client);
     let (mut socket, _) = listener.accept().await.unwrap();
     let (mut body, length) = read_head(&mut socket).await;
     let mut buf = vec![0u8; length];
@@ -265,14 +276,7 @@ async fn a_gated_request_is_sent_but_for_its_last_byte_until_the_gate_opens() {
 
 async fn a_refused_gate_abandons_the_request(provider: &str) {
     let fake = FakeProvider::start(script(json!({}))).await.unwrap();
-    let client = client(provider, &fake, "fake-provider-key").await;
-    let prepared = steadfast_model::RequestBuilder::default().prepare(
-        &client,
-        request().head(),
-        &request().messages,
-    );
-    let (opener, gate) = steadfast_model::gate();
-    let call = tokio::spawn(async move { client.send_gated(&prepared, gate, &mut |_| {}).await });
+    let (opener, call) = send_held(client(provider, &fake, "fake-provider-key").await);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(fake.state().connections(), 1, "the request is on its way");
     assert_eq!(fake.calls(), 0, "but not whole");
@@ -296,14 +300,7 @@ async fn a_refused_gate_abandons_an_openai_request() {
 
 async fn an_open_gate_completes_the_call(provider: &str) {
     let fake = FakeProvider::start(script(json!({}))).await.unwrap();
-    let client = client(provider, &fake, "fake-provider-key").await;
-    let prepared = steadfast_model::RequestBuilder::default().prepare(
-        &client,
-        request().head(),
-        &request().messages,
-    );
-    let (opener, gate) = steadfast_model::gate();
-    let call = tokio::spawn(async move { client.send_gated(&prepared, gate, &mut |_| {}).await });
+    let (opener, call) = send_held(client(provider, &fake, "fake-provider-key").await);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(fake.calls(), 0, "held");
     opener.open();
