@@ -235,15 +235,19 @@ async fn walk_every_crash_point(config: Option<&str>) {
                     continue;
                 }
             };
-            // A read's outcome goes into the log with the next call's intent: a crash
-            // just after that commit (at `tool.outcome_committed`) leaves an intent
-            // whose call was never made, as a crash at `model.intent_committed` does.
+            // A short read's step goes into the log in one commit with the next
+            // call's intent: a crash just after that commit (at any of its records'
+            // points) leaves an intent whose call was never made, as a crash at
+            // `model.intent_committed` does. And a crash just after such a read ran
+            // (`tool.effect`) is before its reply's commit: the reply is asked again.
             let crashed_log = case.log(&session).await;
-            let ends_with_intent = crashed_log.last().is_some_and(|r| {
-                ["model_call_intent", "compaction_intent"]
-                    .iter()
-                    .any(|kind| r["event"].get(*kind).is_some())
-            });
+            let ends_with = |kinds: &[&str]| {
+                crashed_log
+                    .last()
+                    .is_some_and(|r| kinds.iter().any(|kind| r["event"].get(*kind).is_some()))
+            };
+            let ends_with_intent = ends_with(&["model_call_intent", "compaction_intent"]);
+            let reply_unrecorded = ends_with(&["model_call_intent", "model_delta"]);
             let resumed = case.steadfast(&["resume", &session, "--json"], &[]).await;
             assert!(
                 resumed.status.success(),
@@ -291,14 +295,24 @@ async fn walk_every_crash_point(config: Option<&str>) {
                 .filter(|r| r["resolution"]["kind"] == "rolled_back")
                 .count() as u64;
             // A reply (or a summary) cut off before it was recorded: asked again.
-            let repeated = u64::from(matches!(
-                point.as_str(),
-                "model.mid_stream" | "model.effect" | "compaction.effect"
-            ));
-            let intent_only = matches!(
-                point.as_str(),
-                "model.intent_committed" | "compaction.intent_committed"
-            ) || (point == "tool.outcome_committed" && ends_with_intent);
+            let repeated = u64::from(
+                matches!(
+                    point.as_str(),
+                    "model.mid_stream" | "model.effect" | "compaction.effect"
+                ) || (point == "tool.effect" && reply_unrecorded),
+            );
+            let intent_only = repeated == 0 && ends_with_intent;
+            assert_eq!(
+                intent_only,
+                matches!(
+                    point.as_str(),
+                    "model.intent_committed" | "compaction.intent_committed"
+                ) || (matches!(
+                    point.as_str(),
+                    "model.outcome_committed" | "tool.intent_committed" | "tool.outcome_committed"
+                ) && ends_with_intent),
+                "{label}: the log ends with an unanswered intent only at a commit"
+            );
             let (calls, summaries) = (case.fake.calls(), case.fake.state().summaries());
             let compacted = events(&log, "compacted").len() as u64;
             // Which call a cut fell on: a summary streams like any reply.
@@ -339,7 +353,10 @@ async fn walk_every_crash_point(config: Option<&str>) {
 
             // Resolutions are in the log, as invariant 4 says.
             let interrupted = events(&log, "tool_call_interrupted");
-            let cut_mid_tool = point.starts_with("tool.intent") || point.starts_with("tool.effect");
+            // (Unless its intent is not in the log yet, or its outcome is already.)
+            let cut_mid_tool = (point.starts_with("tool.intent")
+                || point.starts_with("tool.effect"))
+                && ends_with(&["tool_call_intent"]);
             // A snapshot is taken before a mutation's intent (nothing pending yet) and
             // after its effect (the call pending): either may be the one cut.
             let maybe_mid_tool = point == "drive.mid_snapshot" && interrupted.len() == 1;

@@ -345,8 +345,22 @@ async fn an_api_process_interrupts_a_turn_a_worker_drives_on_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steadfast_stop_interrupts_a_running_cli_session() {
+    stop_a_running_command("sleep 30").await;
+}
+
+/// A read-only command runs before the reply that asks for it is committed (if the
+/// sandbox already runs): one that goes on has the reply committed while it runs, and
+/// is stopped like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steadfast_stop_interrupts_a_running_read_only_command() {
+    stop_a_running_command("tail -f notes.txt").await;
+}
+
+async fn stop_a_running_command(command_line: &str) {
     let script: Script = serde_json::from_value(json!({"steps": [
-        {"tool_calls": [{"name": "bash", "input": {"command": "sleep 30"}}]},
+        // The sandbox runs by the second reply.
+        {"tool_calls": [{"name": "bash", "input": {"command": "true"}}]},
+        {"tool_calls": [{"name": "bash", "input": {"command": command_line}}]},
     ]}))
     .unwrap();
     let fake = FakeProvider::start(script).await.unwrap();
@@ -354,6 +368,7 @@ async fn steadfast_stop_interrupts_a_running_cli_session() {
     let home = dir.path().join("home");
     let ws = dir.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("notes.txt"), "notes\n").unwrap();
     let run = command(
         &home,
         None,
@@ -379,7 +394,7 @@ async fn steadfast_stop_interrupts_a_running_cli_session() {
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
         match listed.first() {
-            Some(s) if s["last_seq"].as_u64().unwrap_or(0) >= 5 => {
+            Some(s) => {
                 id = s["id"].as_str().unwrap().to_string();
                 true
             }
@@ -387,6 +402,15 @@ async fn steadfast_stop_interrupts_a_running_cli_session() {
         }
     })
     .await;
+    wait_until("the command's intent in the log", async || {
+        log(&home, None, &fake, &id)
+            .await
+            .iter()
+            .any(|r| r["event"]["tool_call_intent"]["input"]["command"] == command_line)
+    })
+    .await;
+    // Well past the moment its reply and intent committed: the command runs now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
     let stop = command(&home, None, &fake, &["stop", &id])
         .output()
@@ -409,6 +433,31 @@ async fn steadfast_stop_interrupts_a_running_cli_session() {
         records.last().unwrap()["event"]["turn_interrupted"]["by"],
         "cli:tester"
     );
+    // Both replies recorded, and the stopped command's outcome after its intent.
+    let kinds = kinds(&records);
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "model_call_outcome").count(),
+        2,
+        "{kinds:?}"
+    );
+    let intents: Vec<&Value> = records
+        .iter()
+        .filter_map(|r| r["event"].get("tool_call_intent"))
+        .collect();
+    let last = intents.last().unwrap();
+    assert_eq!(last["input"]["command"], command_line, "{kinds:?}");
+    let at = |kind: &str| {
+        records
+            .iter()
+            .position(|r| r["event"][kind]["call_id"] == last["call_id"])
+            .unwrap_or_else(|| panic!("no {kind} for the stopped command: {kinds:?}"))
+    };
+    assert!(
+        at("tool_call_intent") < at("tool_call_outcome"),
+        "{kinds:?}"
+    );
+    let outcome = &records[at("tool_call_outcome")]["event"]["tool_call_outcome"];
+    assert_eq!(outcome["is_error"], true, "{outcome}");
 }
 
 /// A steer sent through the API of one process while a worker in another runs a

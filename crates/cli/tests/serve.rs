@@ -400,3 +400,69 @@ async fn an_unrunnable_session_fails_once_with_its_reason_and_can_be_deleted() {
     assert_eq!(deleted.status(), 204);
     let _ = server.kill().await;
 }
+
+/// A server stopped (SIGTERM) while its worker runs a command hands the session back:
+/// the lease is given up at once, not left to lapse, and the next server carries the
+/// turn on from the log (the cut command rolled back, the model told).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_server_hands_its_running_session_back() {
+    let script: Script = serde_json::from_value(json!({"steps": [
+        {"text": "Running it.", "tool_calls": [{"name": "bash", "input": {"command": "echo started > started.txt; sleep 8"}}]},
+        {"text": "It was stopped; done."},
+    ]}))
+    .unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let home = home(&dir);
+    let (mut server, url) = serve(&home, &fake, "1").await;
+    let created = post(&format!("{url}/v1/sessions"), json!({"task": "run it"})).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    let ws = common::workspace_in(&home, &created);
+    wait_for("the command to start", async || {
+        ws.join("started.txt").exists()
+    })
+    .await;
+
+    kill(Pid::from_raw(server.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(20), server.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "serve stops cleanly on SIGTERM");
+    let holder: Option<String> = db(&home)
+        .query_row(
+            "SELECT lease_holder FROM sessions WHERE id = ?1",
+            [&id],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(holder, None, "the stopped worker gave its lease back");
+
+    let (mut server, url) = serve(&home, &fake, "1").await;
+    wait_for("the turn to finish", async || {
+        get(&format!("{url}/v1/sessions/{id}")).await["status"] == "idle"
+    })
+    .await;
+    let conn = db(&home);
+    let kinds: Vec<String> = conn
+        .prepare("SELECT kind FROM events WHERE session_id = ?1 ORDER BY seq")
+        .unwrap()
+        .query_map([&id], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert!(
+        kinds.iter().any(|k| k == "tool_call_interrupted"),
+        "the cut command is resolved: {kinds:?}"
+    );
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("turn_ended"),
+        "{kinds:?}"
+    );
+    // The two replies, and one more after the rollback (the model told, deciding
+    // again); no request was sent twice.
+    assert_eq!(fake.calls(), 3, "{kinds:?}");
+    assert_eq!(fake.state().distinct_requests(), 3, "{kinds:?}");
+    let _ = server.kill().await;
+}

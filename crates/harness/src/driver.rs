@@ -29,6 +29,15 @@ const DELTA_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100
 /// more. Longer calls, and every call that may change anything, commit alone.
 const STAGE_WITHIN: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// A read-only tool call that a reply announces runs at once, before the reply is
+/// committed; the reply waits this long for it, then commits while it goes on. A
+/// read done by then has its outcome staged with the reply: a read step costs one
+/// commit, not two. A read has no effect to guard, so its intent need not be durable
+/// before it runs (its outcome never goes into the log before its intent). The cost:
+/// a crash before that commit loses the reply too, as a crash during a commit does,
+/// and waking asks for it again; this bound keeps that window short.
+const READ_WITH_REPLY_WITHIN: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// The tool the model calls to ask a human for approval.
 pub const APPROVAL_TOOL: &str = "request_approval";
 /// The signal that answers an approval wait.
@@ -159,14 +168,29 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 self.lease.session
             )));
         }
-        let staged = std::mem::take(&mut self.staged);
-        let held = staged.len();
+        let held = self.staged.len();
         let events = if held == 0 {
             events
         } else {
-            staged.into_iter().chain(events).collect()
+            std::mem::take(&mut self.staged)
+                .into_iter()
+                .chain(events)
+                .collect()
         };
-        let records = match self.harness.world.append(&self.lease, &events).await {
+        let appended = self.harness.world.append(&self.lease, &events).await;
+        self.took(events.len(), held, appended)
+    }
+
+    /// Takes what the log answered to an append of `sent` events, the first `held` of
+    /// them staged (already folded): folds the rest, reports them all, and passes the
+    /// fault points of the staged ones, which are only now committed.
+    fn took(
+        &mut self,
+        sent: usize,
+        held: usize,
+        appended: steadfast_world::Result<Vec<Record>>,
+    ) -> Result<()> {
+        let records = match appended {
             Ok(records) => records,
             Err(e) => {
                 self.out_of_step = held > 0;
@@ -175,7 +199,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         };
         // The staged records were folded at the positions after the log's last.
         let first = self.state.last_seq + 1 - held as u64;
-        if records.len() != events.len() || records.first().is_some_and(|r| r.seq != first) {
+        if records.len() != sent || records.first().is_some_and(|r| r.seq != first) {
             self.out_of_step = true;
             return Err(Error::Invalid(format!(
                 "session {}: the log took staged records at other positions",
@@ -186,11 +210,13 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         for record in committed {
             (self.observer)(Progress::Appended(record));
         }
-        if committed
-            .iter()
-            .any(|r| matches!(r.event, Event::ToolCallOutcome { .. }))
-        {
-            point(points::TOOL_OUTCOME);
+        for record in committed {
+            match record.event {
+                Event::ModelCallOutcome { .. } => point(points::MODEL_OUTCOME),
+                Event::ToolCallIntent { .. } => point(points::TOOL_INTENT),
+                Event::ToolCallOutcome { .. } => point(points::TOOL_OUTCOME),
+                _ => {}
+            }
         }
         for record in new {
             self.fold(record)?;
@@ -212,8 +238,11 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         Ok(())
     }
 
-    /// Commits what is staged, if anything is.
-    async fn flush(&mut self) -> Result<()> {
+    /// Commits what is staged, if anything is. Also for a graceful stop after
+    /// [`Self::run`] or [`Self::step`] was dropped mid-way: what a short read's step
+    /// holds for its next commit (the reply itself, possibly) goes into the log
+    /// rather than being asked for again.
+    pub async fn commit_staged(&mut self) -> Result<()> {
         if self.staged.is_empty() {
             return Ok(());
         }
@@ -266,7 +295,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
 
     /// Gives the lease back so another harness need not wait for it to lapse.
     pub async fn release(mut self) -> Result<()> {
-        self.flush().await?;
+        self.commit_staged().await?;
         self.harness.world.release_lease(&self.lease).await?;
         Ok(())
     }
@@ -293,7 +322,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         let stepped = self.step_staged().await;
         if !matches!(stepped, Ok(None)) && !self.out_of_step {
             // Stopping (or failing): what is staged goes into the log first.
-            let flushed = self.flush().await;
+            let flushed = self.commit_staged().await;
             if stepped.is_ok() {
                 flushed?;
             }
@@ -669,19 +698,83 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             usage: response.usage,
             cost_micro_usd: cost,
         };
-        self.append(
-            last_piece
-                .into_iter()
-                .chain([outcome])
-                .chain(intent)
-                .collect(),
-        )
-        .await?;
-        point(points::MODEL_OUTCOME);
-        if announced.is_some() {
-            point(points::TOOL_INTENT);
+        let reply: Vec<Event> = last_piece
+            .into_iter()
+            .chain([outcome])
+            .chain(intent)
+            .collect();
+        match announced {
+            Some((call, ToolClass::Read))
+                if !self.names_mcp_server(&call.name) && self.sandbox.ready() =>
+            {
+                self.read_with_reply(reply, call).await?;
+                Ok(None)
+            }
+            announced => {
+                self.append(reply).await?;
+                point(points::MODEL_OUTCOME);
+                if announced.is_some() {
+                    point(points::TOOL_INTENT);
+                }
+                Ok(announced)
+            }
         }
-        Ok(announced)
+    }
+
+    /// Runs a read that `reply` announces at once, in the sandbox already running,
+    /// the reply and the read's intent staged (see [`READ_WITH_REPLY_WITHIN`]). A read
+    /// done within that bound has its outcome staged too: the whole step then commits
+    /// with what comes next, usually the next model call's intent. A slower read goes
+    /// on while the reply commits, and an interrupt stops it once the reply is in the
+    /// log.
+    async fn read_with_reply(&mut self, reply: Vec<Event>, call: ToolUse) -> Result<()> {
+        for event in reply {
+            self.stage(event)?;
+        }
+        let started = std::time::Instant::now();
+        // Owned, so the reply can commit (and the driver be stopped gracefully, its
+        // staged records committed) while the read goes on.
+        let read = run_in(
+            self.sandbox.handle(),
+            self.state.last_snapshot.clone(),
+            call.name.clone(),
+            call.input.clone(),
+        );
+        tokio::pin!(read);
+        let executed = match tokio::time::timeout(READ_WITH_REPLY_WITHIN, &mut read).await {
+            Ok(executed) => executed,
+            Err(_) => {
+                let mut executed = None;
+                {
+                    let commit = self.append(Vec::new());
+                    tokio::pin!(commit);
+                    loop {
+                        tokio::select! {
+                            biased;
+                            appended = &mut commit => break appended?,
+                            out = &mut read, if executed.is_none() => executed = Some(out),
+                        }
+                    }
+                }
+                match executed {
+                    Some(executed) => executed,
+                    None => {
+                        let stop = interrupt::arrives_after_append(
+                            self.harness.world.clone(),
+                            &self.lease,
+                        );
+                        tokio::select! {
+                            executed = &mut read => executed,
+                            item = stop => {
+                                return self.interrupt_tool(call, ToolClass::Read, item, started).await;
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        self.record_executed(call, ToolClass::Read, executed, started)
+            .await
     }
 
     /// Makes room in the conversation before the next model call when the request
@@ -1042,8 +1135,6 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             self.sandbox.hydrate_to(self.state.last_snapshot.clone());
             self.sandbox.get().await?;
         }
-        let touches_workspace = class.touches_workspace() && !remote;
-        let workspace = self.workspace.clone();
         let started = std::time::Instant::now();
         let stop = interrupt::arrives_after_append(self.harness.world.clone(), &self.lease);
         let executed = tokio::select! {
@@ -1054,6 +1145,20 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             Ok(executed) => executed,
             Err(item) => return self.interrupt_tool(call, class, item, started).await,
         };
+        self.record_executed(call, class, executed, started).await
+    }
+
+    /// Records what a tool call that ran `started` ago gave: its outcome (staged, for
+    /// a short read; see [`STAGE_WITHIN`]), or the sandbox's death, resolved.
+    async fn record_executed(
+        &mut self,
+        call: ToolUse,
+        class: ToolClass,
+        executed: Result<steadfast_sandbox::ToolOutput>,
+        started: std::time::Instant,
+    ) -> Result<()> {
+        let touches_workspace = class.touches_workspace() && !self.names_mcp_server(&call.name);
+        let workspace = self.workspace.clone();
         let out = match executed {
             Ok(out) => out,
             Err(Error::Sandbox(steadfast_sandbox::Error::Died(reason))) => {
@@ -1262,16 +1367,33 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         tool: &str,
         input: &serde_json::Value,
     ) -> Result<steadfast_sandbox::ToolOutput> {
-        self.sandbox.hydrate_to(self.state.last_snapshot.clone());
-        let sandbox = self.sandbox.get().await?;
-        let out = sandbox.execute(tool, input).await;
-        drop(sandbox);
-        self.sandbox.touch().await;
-        Ok(out?)
+        run_in(
+            self.sandbox.handle(),
+            self.state.last_snapshot.clone(),
+            tool.to_string(),
+            input.clone(),
+        )
+        .await
     }
 
     /// Whether a sandbox is running for this session now.
     pub async fn has_sandbox(&self) -> bool {
         self.sandbox.is_running().await
     }
+}
+
+/// Runs a tool call in a session's sandbox (`slot`), provisioning one hydrated to
+/// `snapshot` if none runs.
+async fn run_in<S: Sandbox>(
+    slot: SandboxSlot<S>,
+    snapshot: Option<String>,
+    tool: String,
+    input: serde_json::Value,
+) -> Result<steadfast_sandbox::ToolOutput> {
+    slot.hydrate_to(snapshot);
+    let sandbox = slot.get().await?;
+    let out = sandbox.execute(&tool, &input).await;
+    drop(sandbox);
+    slot.touch().await;
+    Ok(out?)
 }

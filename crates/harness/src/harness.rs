@@ -810,6 +810,15 @@ impl<W: World + Clone, S: Sandbox> Awake<'_, W, S> {
         }
     }
 
+    /// Commits what the native loop holds for its next commit (see
+    /// [`Driver::commit_staged`]), for a graceful stop after `run` was dropped.
+    pub async fn commit_staged(&mut self) -> Result<()> {
+        match self {
+            Awake::Native(d) => d.commit_staged().await,
+            Awake::Wrapped(_) => Ok(()),
+        }
+    }
+
     /// Gives the lease back.
     pub async fn release(self) -> Result<()> {
         match self {

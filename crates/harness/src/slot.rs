@@ -163,8 +163,15 @@ impl<S: Sandbox> SandboxSlot<S> {
         self.live.lock().await.is_some()
     }
 
-    /// A second handle on the same slot, for background provisioning.
-    fn handle(&self) -> Self {
+    /// Whether a sandbox is running and free this instant (never waits: a slot busy
+    /// provisioning or running a call is not ready).
+    pub(crate) fn ready(&self) -> bool {
+        self.live.try_lock().is_ok_and(|live| live.is_some())
+    }
+
+    /// A second handle on the same slot, for background provisioning and for calls
+    /// that run while the driver goes on.
+    pub(crate) fn handle(&self) -> Self {
         SandboxSlot {
             workspace: self.workspace.clone(),
             provision: self.provision.clone(),

@@ -31,7 +31,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             let claimed = self.world.claim(&holder, self.options.lease_ttl).await;
             steadfast_metrics::metrics().claimed(started.elapsed());
             match claimed {
-                Ok(Some(lease)) => self.drive_claimed(lease).await,
+                Ok(Some(lease)) => self.drive_claimed(lease, shutdown.clone()).await,
                 Ok(None) => {
                     tokio::select! {
                         _ = changes.changed() => {}
@@ -47,12 +47,22 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         }
     }
 
-    async fn drive_claimed(&self, lease: steadfast_world::Lease) {
+    async fn drive_claimed(
+        &self,
+        lease: steadfast_world::Lease,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) {
         let span = tracing::info_span!("drive", session = %lease.session, epoch = lease.epoch);
-        self.drive_claimed_inner(lease).instrument(span).await
+        self.drive_claimed_inner(lease, shutdown)
+            .instrument(span)
+            .await
     }
 
-    async fn drive_claimed_inner(&self, lease: steadfast_world::Lease) {
+    async fn drive_claimed_inner(
+        &self,
+        lease: steadfast_world::Lease,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+    ) {
         let mut driver = match self.wake_leased(lease.clone()).await {
             Ok(d) => d,
             Err(e) => {
@@ -61,7 +71,21 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 return;
             }
         };
-        match driver.run().await {
+        let ran = tokio::select! {
+            ran = driver.run() => ran,
+            () = async { let _ = shutdown.wait_for(|stop| *stop).await; } => {
+                // Stopping: the call in flight is dropped (its intent stays in the log
+                // for the next holder to resolve), what is held for the next commit
+                // goes in, and the lease is given back so another worker carries on
+                // at once.
+                tracing::info!(session = %lease.session, "worker stopping; handing the session back");
+                if let Err(e) = driver.release().await {
+                    tracing::warn!(session = %lease.session, error = %e, "handing the session back failed");
+                }
+                return;
+            }
+        };
+        match ran {
             Ok(stop) => {
                 tracing::info!(session = %lease.session, ?stop, "session stopped");
                 let _ = driver.release().await;

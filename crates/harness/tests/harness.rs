@@ -55,31 +55,41 @@ async fn a_second_driver_is_fenced_out_and_the_log_never_interleaves() -> anyhow
     Ok(())
 }
 
-/// A short read's outcome waits for the driver's next commit; if the lease is lost
-/// meanwhile, that commit is refused, the driver appends nothing more (its state is
-/// ahead of the log), and the new holder runs the read again: nothing is lost and
-/// no model call is made twice.
+/// A short read runs before the reply that asks for it is committed, and the whole
+/// step waits for the driver's next commit; if the lease is lost meanwhile, that
+/// commit is refused, the driver appends nothing more (its state is ahead of the log),
+/// and the new holder takes the step again: the reply lost with the lease is asked
+/// for again (the one call a crash just before a commit costs), the read runs again,
+/// nothing else is repeated and nothing is lost.
 #[tokio::test]
-async fn a_staged_read_lost_with_the_lease_is_run_again_by_the_new_holder() -> anyhow::Result<()> {
+async fn a_staged_step_lost_with_the_lease_is_taken_again_by_the_new_holder() -> anyhow::Result<()>
+{
     let read = json!({"text": "reading", "tool_calls": [{"name": "read", "input": {"file_path": "hello.txt"}}]});
-    let setup = Setup::new(json!([read.clone(), read, {"text": "done"}])).await;
+    // The write first, so the sandbox runs by the read (a read waits for none to start).
+    let write = json!({"text": "writing", "tool_calls": [{"name": "write", "input": {"file_path": "out.txt", "content": "out\n"}}]});
+    let setup = Setup::new(json!([write, read.clone(), read, {"text": "done"}])).await;
     let (one, two) = (setup.harness(), setup.harness());
     let id = one
         .start_session(NewSession::native("fake/m", &setup.workspace()))
         .await?;
     let mut a = one.wake_native(&id).await?;
     a.send("go").await?;
-    assert_eq!(a.step().await?, None); // the model call and the read
+    assert_eq!(a.step().await?, None); // the first model call
+    assert_eq!(a.step().await?, None); // the write
+    let written = one.world().read(&id, 1).await?.len() as u64;
+    assert_eq!(a.state().last_seq, written, "a write commits alone");
+    assert_eq!(a.step().await?, None); // the second model call and the read
     let log = one.world().read(&id, 1).await?;
     assert!(
         matches!(
             log.last().map(|r| &r.event),
-            Some(Event::ToolCallIntent { .. })
+            Some(Event::ModelCallIntent { .. })
         ),
-        "the read's outcome is held for the next commit: {:?}",
+        "the reply and the read are held for the next commit: {:?}",
         log.last()
     );
-    assert_eq!(a.state().last_seq, log.len() as u64 + 1);
+    // The reply's last piece and outcome, the read's intent and its outcome.
+    assert_eq!(a.state().last_seq, log.len() as u64 + 4);
 
     let db = rusqlite::Connection::open(setup.dir.path().join("home/world.db"))?;
     db.execute("UPDATE sessions SET lease_expires_ms = 0", [])?;
@@ -96,16 +106,54 @@ async fn a_staged_read_lost_with_the_lease_is_run_again_by_the_new_holder() -> a
 
     let log = one.world().read(&id, 1).await?;
     steadfast_log::fold::fold(&log)?;
-    let outcomes = log
-        .iter()
-        .filter(|r| matches!(r.event, Event::ToolCallOutcome { .. }))
-        .count();
-    let reruns = log
-        .iter()
-        .filter(|r| matches!(r.event, Event::ToolCallInterrupted { .. }))
-        .count();
-    assert_eq!((outcomes, reruns), (2, 1), "{log:#?}");
-    assert_eq!(setup.fake.calls(), 3, "no model call made twice");
+    let count = |kind: &str| log.iter().filter(|r| r.event.kind() == kind).count();
+    assert_eq!(count("model_call_interrupted"), 1, "{log:#?}");
+    assert_eq!(count("model_call_outcome"), 4, "{log:#?}");
+    assert_eq!(count("tool_call_outcome"), 3, "{log:#?}");
+    assert_eq!(count("tool_call_interrupted"), 0, "{log:#?}");
+    assert_eq!(
+        setup.fake.calls(),
+        5,
+        "four calls, and the one whose reply was lost with the lease asked again"
+    );
+    Ok(())
+}
+
+/// A driver stopped between steps (its run dropped, as a graceful stop does) commits
+/// what it holds for the next commit: the reply and its read go into the log, and the
+/// next holder asks the model for nothing twice.
+#[tokio::test]
+async fn a_graceful_stop_commits_the_staged_step() -> anyhow::Result<()> {
+    let read = json!({"text": "reading", "tool_calls": [{"name": "read", "input": {"file_path": "hello.txt"}}]});
+    let write = json!({"text": "writing", "tool_calls": [{"name": "write", "input": {"file_path": "out.txt", "content": "out\n"}}]});
+    let setup = Setup::new(json!([write, read, {"text": "done"}])).await;
+    let harness = setup.harness();
+    let id = harness
+        .start_session(NewSession::native("fake/m", &setup.workspace()))
+        .await?;
+    let mut a = harness.wake_native(&id).await?;
+    a.send("go").await?;
+    for _ in 0..3 {
+        assert_eq!(a.step().await?, None); // the write's call, the write, the read's call
+    }
+    let before = harness.world().read(&id, 1).await?.len() as u64;
+    assert!(a.state().last_seq > before, "the read's step is held");
+    a.commit_staged().await?;
+    let log = harness.world().read(&id, 1).await?;
+    assert_eq!(log.len() as u64, a.state().last_seq);
+    assert!(
+        matches!(
+            log.last().map(|r| &r.event),
+            Some(Event::ToolCallOutcome { .. })
+        ),
+        "{:?}",
+        log.last()
+    );
+    a.release().await?;
+
+    let mut b = harness.wake_native(&id).await?;
+    assert_eq!(b.run().await?, Stop::Idle);
+    assert_eq!(setup.fake.calls(), 3, "no model call asked twice");
     Ok(())
 }
 

@@ -358,6 +358,10 @@ async fn drive<W: World + Clone, S: Sandbox>(
         _ = tokio::signal::ctrl_c() => {
             // Dropping the run stops the call in flight (a command's whole process
             // group is killed); its intent stays in the log for resume to resolve.
+            // What is held for the next commit goes in now.
+            if let Err(e) = awake.commit_staged().await {
+                eprintln!("steadfast: {e}");
+            }
             eprintln!("\nsteadfast: interrupted; nothing is lost. Carry on with: {} resume {}", crate::home::me(), awake.session());
             return Ok(ExitCode::from(130));
         }

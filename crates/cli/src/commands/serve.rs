@@ -191,11 +191,28 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
             eprintln!("steadfast: connections still open after {} s; stopping", SHUTDOWN_GRACE.as_secs());
         }
     }
-    let _ = stop_tx.send(true);
-    workers.abort_all();
+    stop_workers(&stop_tx, &mut workers).await;
     metrics.inspect(|m| m.abort());
     drop(fake);
     Ok(ExitCode::SUCCESS)
+}
+
+/// How long stopping workers get to hand their sessions back (committing what they
+/// hold for the next commit and giving up their leases) before they are aborted.
+const WORKER_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Tells the workers to stop, gives them [`WORKER_GRACE`] to hand their sessions
+/// back, then aborts what is left.
+async fn stop_workers(
+    stop: &tokio::sync::watch::Sender<bool>,
+    workers: &mut tokio::task::JoinSet<()>,
+) {
+    let _ = stop.send(true);
+    let _ = tokio::time::timeout(WORKER_GRACE, async {
+        while workers.join_next().await.is_some() {}
+    })
+    .await;
+    workers.abort_all();
 }
 
 pub async fn worker(home: &Path, config: &Config, args: WorkerArgs) -> anyhow::Result<ExitCode> {
@@ -214,8 +231,7 @@ pub async fn worker(home: &Path, config: &Config, args: WorkerArgs) -> anyhow::R
         _ = shutdown_signal() => {}
         _ = workers.join_next() => {}
     }
-    let _ = stop_tx.send(true);
-    workers.abort_all();
+    stop_workers(&stop_tx, &mut workers).await;
     metrics.inspect(|m| m.abort());
     drop(fake);
     Ok(ExitCode::SUCCESS)
