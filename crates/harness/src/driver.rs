@@ -181,6 +181,29 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         self.took(events.len(), held, appended)
     }
 
+    /// Appends `events` (see [`Self::append`]) while polling `other`, which goes on
+    /// meanwhile (a request going out under its gate, a read): returns its output if
+    /// it ended first.
+    async fn append_polling<F: std::future::Future>(
+        &mut self,
+        events: Vec<Event>,
+        mut other: std::pin::Pin<&mut F>,
+    ) -> Result<Option<F::Output>> {
+        let mut ended = None;
+        let append = self.append(events);
+        tokio::pin!(append);
+        loop {
+            tokio::select! {
+                biased;
+                appended = &mut append => {
+                    appended?;
+                    return Ok(ended);
+                }
+                out = other.as_mut(), if ended.is_none() => ended = Some(out),
+            }
+        }
+    }
+
     /// Takes what the log answered to an append of `sent` events, the first `held` of
     /// them staged (already folded): folds the rest, reports them all, and passes the
     /// fault points of the staged ones, which are only now committed.
@@ -592,25 +615,16 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         tokio::pin!(call);
         // Polled here, with the append: a call can only end this early by failing to
         // reach the provider (or by the provider refusing it before reading it all).
-        let mut ended = None;
-        {
-            let intent = self.append(vec![Event::ModelCallIntent {
-                call_id: call_id.clone(),
-                step,
-                fingerprint,
-            }]);
-            tokio::pin!(intent);
-            loop {
-                tokio::select! {
-                    biased;
-                    appended = &mut intent => {
-                        appended?;
-                        break;
-                    }
-                    result = &mut call, if ended.is_none() => ended = Some(result),
-                }
-            }
-        }
+        let mut ended = self
+            .append_polling(
+                vec![Event::ModelCallIntent {
+                    call_id: call_id.clone(),
+                    step,
+                    fingerprint,
+                }],
+                call.as_mut(),
+            )
+            .await?;
         point(points::MODEL_INTENT);
         opener.open();
         let started = std::time::Instant::now();
@@ -744,18 +758,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         let executed = match tokio::time::timeout(READ_WITH_REPLY_WITHIN, &mut read).await {
             Ok(executed) => executed,
             Err(_) => {
-                let mut executed = None;
-                {
-                    let commit = self.append(Vec::new());
-                    tokio::pin!(commit);
-                    loop {
-                        tokio::select! {
-                            biased;
-                            appended = &mut commit => break appended?,
-                            out = &mut read, if executed.is_none() => executed = Some(out),
-                        }
-                    }
-                }
+                let executed = self.append_polling(Vec::new(), read.as_mut()).await?;
                 match executed {
                     Some(executed) => executed,
                     None => {
@@ -839,17 +842,34 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         let tokens_before = estimate_tokens(request);
         let call_id = format!("mc_{}", uuid::Uuid::now_v7().simple());
         tracing::info!(session = %self.lease.session, tokens_before, upto, "compacting the conversation");
-        self.append(vec![Event::CompactionIntent {
-            call_id: call_id.clone(),
-            upto,
-            tokens_before,
-            inbox_id,
-        }])
-        .await?;
-        point(points::COMPACTION_INTENT);
-        let started = std::time::Instant::now();
+        // Sent while its intent commits, its last byte held until then, as every
+        // model call is (see `call_model_in`).
         let asked = summary_request(request, upto);
-        let response = match self.model.complete(&asked, &mut |_| {}).await {
+        let prepared =
+            RequestBuilder::default().prepare(&self.model, asked.head(), &asked.messages);
+        let (opener, gate) = steadfast_model::gate();
+        let model = self.model.clone();
+        let call = async move { model.send_gated(&prepared, gate, &mut |_| {}).await };
+        tokio::pin!(call);
+        let ended = self
+            .append_polling(
+                vec![Event::CompactionIntent {
+                    call_id: call_id.clone(),
+                    upto,
+                    tokens_before,
+                    inbox_id,
+                }],
+                call.as_mut(),
+            )
+            .await?;
+        point(points::COMPACTION_INTENT);
+        opener.open();
+        let started = std::time::Instant::now();
+        let result = match ended {
+            Some(result) => result,
+            None => call.await,
+        };
+        let response = match result {
             Ok(response) => response,
             Err(e) if e.is_retryable() => return Err(e.into()), // stays pending
             Err(e) => {
