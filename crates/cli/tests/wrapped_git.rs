@@ -286,6 +286,16 @@ async fn git_workspace_crash_suite(agent: &str, model: &str, config: &str) {
         resume(&case, &session, point).await;
         assert_eq!(case.files(), expected, "{point}: the crash-free workspace");
         case.check(&session, point).await;
+        if point.starts_with("model.intent_committed") {
+            // The crash came after the intent and before the call: the provider never
+            // had that request whole, so every call it had has its reply in the log.
+            let outcomes = events(&case.log(&session).await, "exchange_outcome").len() as u64;
+            assert_eq!(
+                case.fake.calls(),
+                outcomes,
+                "{point}: a call reached the provider before its intent's crash point"
+            );
+        }
     }
 
     // SIGKILL of the harness while the slow command runs.
