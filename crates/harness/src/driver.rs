@@ -149,7 +149,8 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     }
 
     /// The session's state as this driver holds it: the log's, plus a short read's
-    /// outcome not yet committed (see [`Self::step`]).
+    /// step (the reply that asked for it, possibly) not yet committed (see
+    /// [`Self::step`]).
     pub fn state(&self) -> &SessionState {
         &self.state
     }
@@ -338,9 +339,11 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
 
     /// Takes the next step at the frontier (one call, or one resolution). Returns
     /// `Some` when there is nothing left to do, with everything in the log. After
-    /// `None`, a short read's outcome may be held for the next step's first commit
-    /// (see [`STAGE_WITHIN`]); dropping the driver then is a crash just after the
-    /// read ran: waking runs it again.
+    /// `None`, a short read's outcome, and the reply that asked for it, may be held
+    /// for the next step's first commit (see [`STAGE_WITHIN`] and
+    /// [`READ_WITH_REPLY_WITHIN`]): call the next step at once, or
+    /// [`Self::commit_staged`]. Dropping the driver then is a crash just after the
+    /// read ran: waking runs it again, and asks for a held reply again.
     pub async fn step(&mut self) -> Result<Option<Stop>> {
         let stepped = self.step_staged().await;
         if !matches!(stepped, Ok(None)) && !self.out_of_step {
