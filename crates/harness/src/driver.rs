@@ -340,8 +340,8 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     /// Takes the next step at the frontier (one call, or one resolution). Returns
     /// `Some` when there is nothing left to do, with everything in the log. After
     /// `None`, a short read's outcome, and the reply that asked for it, may be held
-    /// for the next step's first commit (see [`STAGE_WITHIN`] and
-    /// [`READ_WITH_REPLY_WITHIN`]): call the next step at once, or
+    /// for the next step's first commit (a read done within 2 ms of its reply, or
+    /// within 50 ms once the reply is in): call the next step at once, or
     /// [`Self::commit_staged`]. Dropping the driver then is a crash just after the
     /// read ran: waking runs it again, and asks for a held reply again.
     pub async fn step(&mut self) -> Result<Option<Stop>> {
