@@ -184,6 +184,9 @@ pub async fn run(world: Option<&str>, total: u32) -> anyhow::Result<()> {
         );
     }
     driver.release().await?;
+    // The session goes, so a shared database does not grow by a whole session per run
+    // (a larger events table would slow the next run's appends).
+    steadfast_world::World::delete_session(harness.world(), &id).await?;
     if let (Some((_, first)), Some((last_mark, last))) = (overheads.first(), overheads.last()) {
         if overheads.len() > 1 {
             println!(
