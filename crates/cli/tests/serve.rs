@@ -53,6 +53,16 @@ fn db(home: &Path) -> rusqlite::Connection {
     .unwrap()
 }
 
+/// Stops `serve` with SIGTERM; it must exit cleanly.
+async fn stop(server: &mut tokio::process::Child) {
+    kill(Pid::from_raw(server.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(20), server.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "serve stops cleanly on SIGTERM");
+}
+
 fn home(dir: &tempfile::TempDir) -> PathBuf {
     dir.path().join("home")
 }
@@ -191,12 +201,7 @@ async fn a_waiting_session_resumes_after_a_server_restart() {
     assert_eq!(shown["waiting_for"], "approval");
     assert_eq!(shown["waiting_reason"], "release v2");
 
-    kill(Pid::from_raw(server.id().unwrap() as i32), Signal::SIGTERM).unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(20), server.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(status.success(), "serve stops cleanly on SIGTERM");
+    stop(&mut server).await;
 
     let (_server, url) = serve(&home, &fake, "1").await;
     let accepted = post(
@@ -423,12 +428,7 @@ async fn a_stopped_server_hands_its_running_session_back() {
     })
     .await;
 
-    kill(Pid::from_raw(server.id().unwrap() as i32), Signal::SIGTERM).unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(20), server.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(status.success(), "serve stops cleanly on SIGTERM");
+    stop(&mut server).await;
     let holder: Option<String> = db(&home)
         .query_row(
             "SELECT lease_holder FROM sessions WHERE id = ?1",

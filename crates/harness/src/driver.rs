@@ -6,7 +6,8 @@ use steadfast_log::{
     EndState, Event, Output, PendingTool, Record, SessionState, ToolClass, ToolResolution, ToolUse,
 };
 use steadfast_model::{
-    pricing, Delta, ModelClient, ModelRequest, Prepared, RequestBuilder, RequestHead, ToolDef,
+    pricing, Delta, ModelClient, ModelRequest, ModelResponse, Prepared, RequestBuilder,
+    RequestHead, ToolDef,
 };
 use steadfast_sandbox::{classify, tool_specs, Sandbox};
 use steadfast_world::{now_ms, strip_ansi, InboundKind, Lease, World, INLINE_LIMIT};
@@ -182,10 +183,33 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         self.took(events.len(), held, appended)
     }
 
+    /// Sends `request` while `intent` commits, all but its last byte, which follows
+    /// once the intent is durable and the `fault` point is passed (see
+    /// `steadfast_model::gate`): a failed append drops the opener and the call, and the
+    /// provider never has the whole request. Returns the call, and its result if it
+    /// already ended (it can only end this early by failing to reach the provider, or
+    /// by the provider refusing it before reading it all).
+    async fn send_after_intent(
+        &mut self,
+        intent: Event,
+        fault: &'static str,
+        request: Prepared,
+        mut on_delta: impl FnMut(Delta) + Send + 'static,
+    ) -> Result<(ModelCall, Option<steadfast_model::Result<ModelResponse>>)> {
+        let (opener, gate) = steadfast_model::gate();
+        let model = self.model.clone();
+        let mut call: ModelCall =
+            Box::pin(async move { model.send_gated(&request, gate, &mut on_delta).await });
+        let ended = self.append_polling(vec![intent], call.as_mut()).await?;
+        point(fault);
+        opener.open();
+        Ok((call, ended))
+    }
+
     /// Appends `events` (see [`Self::append`]) while polling `other`, which goes on
     /// meanwhile (a request going out under its gate, a read): returns its output if
     /// it ended first.
-    async fn append_polling<F: std::future::Future>(
+    async fn append_polling<F: std::future::Future + ?Sized>(
         &mut self,
         events: Vec<Event>,
         mut other: std::pin::Pin<&mut F>,
@@ -605,31 +629,17 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         // append drops the opener and the call, and the provider never has the whole
         // request. The reply streams into the log as it arrives (batched), so readers
         // of the log can follow it; the outcome below holds the whole reply.
-        let (opener, gate) = steadfast_model::gate();
-        let model = self.model.clone();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let call = async move {
-            model
-                .send_gated(&request, gate, &mut |d| {
-                    let _ = tx.send(d);
-                })
-                .await
+        let intent = Event::ModelCallIntent {
+            call_id: call_id.clone(),
+            step,
+            fingerprint,
         };
-        tokio::pin!(call);
-        // Polled here, with the append: a call can only end this early by failing to
-        // reach the provider (or by the provider refusing it before reading it all).
-        let mut ended = self
-            .append_polling(
-                vec![Event::ModelCallIntent {
-                    call_id: call_id.clone(),
-                    step,
-                    fingerprint,
-                }],
-                call.as_mut(),
-            )
+        let (mut call, mut ended) = self
+            .send_after_intent(intent, points::MODEL_INTENT, request, move |d| {
+                let _ = tx.send(d);
+            })
             .await?;
-        point(points::MODEL_INTENT);
-        opener.open();
         let started = std::time::Instant::now();
         let stop = interrupt::arrives_after_append(self.harness.world.clone(), &self.lease);
         tokio::pin!(stop);
@@ -850,23 +860,15 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         let asked = summary_request(request, upto);
         let prepared =
             RequestBuilder::default().prepare(&self.model, asked.head(), &asked.messages);
-        let (opener, gate) = steadfast_model::gate();
-        let model = self.model.clone();
-        let call = async move { model.send_gated(&prepared, gate, &mut |_| {}).await };
-        tokio::pin!(call);
-        let ended = self
-            .append_polling(
-                vec![Event::CompactionIntent {
-                    call_id: call_id.clone(),
-                    upto,
-                    tokens_before,
-                    inbox_id,
-                }],
-                call.as_mut(),
-            )
+        let intent = Event::CompactionIntent {
+            call_id: call_id.clone(),
+            upto,
+            tokens_before,
+            inbox_id,
+        };
+        let (call, ended) = self
+            .send_after_intent(intent, points::COMPACTION_INTENT, prepared, |_| {})
             .await?;
-        point(points::COMPACTION_INTENT);
-        opener.open();
         let started = std::time::Instant::now();
         let result = match ended {
             Some(result) => result,
@@ -1404,6 +1406,11 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         self.sandbox.is_running().await
     }
 }
+
+/// A model call on its way (see [`Driver::send_after_intent`]).
+type ModelCall = std::pin::Pin<
+    Box<dyn std::future::Future<Output = steadfast_model::Result<ModelResponse>> + Send>,
+>;
 
 /// Runs a tool call in a session's sandbox (`slot`), provisioning one hydrated to
 /// `snapshot` if none runs.

@@ -7,7 +7,7 @@ use steadfast_world::{Holder, World};
 
 mod common;
 
-use common::{bash, Setup};
+use common::{bash, read, write, Setup};
 
 #[tokio::test]
 async fn a_second_driver_is_fenced_out_and_the_log_never_interleaves() -> anyhow::Result<()> {
@@ -64,10 +64,14 @@ async fn a_second_driver_is_fenced_out_and_the_log_never_interleaves() -> anyhow
 #[tokio::test]
 async fn a_staged_step_lost_with_the_lease_is_taken_again_by_the_new_holder() -> anyhow::Result<()>
 {
-    let read = json!({"text": "reading", "tool_calls": [{"name": "read", "input": {"file_path": "hello.txt"}}]});
     // The write first, so the sandbox runs by the read (a read waits for none to start).
-    let write = json!({"text": "writing", "tool_calls": [{"name": "write", "input": {"file_path": "out.txt", "content": "out\n"}}]});
-    let setup = Setup::new(json!([write, read.clone(), read, {"text": "done"}])).await;
+    let setup = Setup::new(json!([
+        write("out.txt", "out\n"),
+        read("hello.txt"),
+        read("hello.txt"),
+        {"text": "done"}
+    ]))
+    .await;
     let (one, two) = (setup.harness(), setup.harness());
     let id = one
         .start_session(NewSession::native("fake/m", &setup.workspace()))
@@ -124,9 +128,12 @@ async fn a_staged_step_lost_with_the_lease_is_taken_again_by_the_new_holder() ->
 /// next holder asks the model for nothing twice.
 #[tokio::test]
 async fn a_graceful_stop_commits_the_staged_step() -> anyhow::Result<()> {
-    let read = json!({"text": "reading", "tool_calls": [{"name": "read", "input": {"file_path": "hello.txt"}}]});
-    let write = json!({"text": "writing", "tool_calls": [{"name": "write", "input": {"file_path": "out.txt", "content": "out\n"}}]});
-    let setup = Setup::new(json!([write, read, {"text": "done"}])).await;
+    let setup = Setup::new(json!([
+        write("out.txt", "out\n"),
+        read("hello.txt"),
+        {"text": "done"}
+    ]))
+    .await;
     let harness = setup.harness();
     let id = harness
         .start_session(NewSession::native("fake/m", &setup.workspace()))

@@ -43,3 +43,13 @@ impl Setup {
 pub fn bash(command: &str) -> serde_json::Value {
     json!({"text": "running", "tool_calls": [{"name": "bash", "input": {"command": command}}]})
 }
+
+/// A scripted reply that reads `file`.
+pub fn read(file: &str) -> serde_json::Value {
+    json!({"text": "reading", "tool_calls": [{"name": "read", "input": {"file_path": file}}]})
+}
+
+/// A scripted reply that writes `content` to `file`.
+pub fn write(file: &str, content: &str) -> serde_json::Value {
+    json!({"text": "writing", "tool_calls": [{"name": "write", "input": {"file_path": file, "content": content}}]})
+}
