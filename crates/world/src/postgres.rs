@@ -19,6 +19,7 @@ use crate::{
     SessionSummary, World,
 };
 
+mod group;
 mod listen;
 
 use listen::{listen, AbortOnDrop, Liveness, CHANNEL, HOLDER_GONE};
@@ -61,6 +62,8 @@ pub struct PostgresWorld {
     /// conditional statement instead of a locking transaction.
     positions: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Position>>>,
     spill: Option<crate::Blobs>,
+    /// Lean appends of this process's sessions, committed together when they queue.
+    group: group::GroupCommit,
 }
 
 /// Whether an append changes what other processes should act on (a turn starting,
@@ -250,6 +253,7 @@ impl PostgresWorld {
             liveness: std::sync::Arc::new(tokio::sync::watch::channel(None).0),
             positions: Default::default(),
             spill: None,
+            group: Default::default(),
         };
         Ok(world.with_listener(listen_config))
     }
@@ -413,7 +417,6 @@ impl PostgresWorld {
         serialized: &crate::Serialized,
     ) -> Result<Option<Vec<Record>>> {
         let spilled = &serialized.spilled;
-        let client = self.client().await?;
         let at_ms = now_ms();
         let records: Vec<Record> = events
             .iter()
@@ -439,102 +442,84 @@ impl PostgresWorld {
             && summary.taken.is_empty()
             && summary.retry_at_ms == 0
             && !known.retry_pending;
-        let outcome = if lean && records.len() == 1 {
-            let statement = client.prepare_cached(LEAN_APPEND_ONE).await.map_err(db)?;
-            client
-                .query(
-                    &statement,
-                    &[
-                        &lease.session,
-                        &(lease.epoch as i64),
-                        &(at_ms as i64),
-                        &(records[0].seq as i64),
-                        &schema,
-                        &records[0].event.kind(),
-                        &bodies[0],
-                        &sums[0],
-                        &spilled[0],
-                    ],
-                )
-                .await
-                .map(|rows| inserted(&rows))
+        let outcome = if lean {
+            let append = group::LeanAppend {
+                session: lease.session.clone(),
+                epoch: lease.epoch as i64,
+                at_ms: at_ms as i64,
+                schema,
+                seqs: records.iter().map(|r| r.seq as i64).collect(),
+                kinds: records.iter().map(|r| r.event.kind()).collect(),
+                bodies: bodies.iter().map(|b| b.to_vec()).collect(),
+                sums,
+                blobs: spilled.clone(),
+            };
+            self.group.append(&self.pool, append).await?
         } else {
             let seqs: Vec<i64> = records.iter().map(|r| r.seq as i64).collect();
             let schemas: Vec<i16> = vec![schema; records.len()];
             let kinds: Vec<&str> = records.iter().map(|r| r.event.kind()).collect();
-            if lean {
-                let statement = client.prepare_cached(LEAN_APPEND).await.map_err(db)?;
-                client
-                    .query(
-                        &statement,
-                        &[
-                            &lease.session,
-                            &(lease.epoch as i64),
-                            &(at_ms as i64),
-                            &seqs,
-                            &schemas,
-                            &kinds,
-                            &bodies,
-                            &sums,
-                            &spilled,
-                        ],
-                    )
-                    .await
-                    .map(|rows| inserted(&rows))
-            } else {
-                let taken: Vec<i64> = summary.taken.iter().map(|t| *t as i64).collect();
-                let (wset, wval) = match &summary.waiting_for {
-                    Some(v) => (true, v.clone()),
-                    None => (false, None),
-                };
-                let notify = wakes_others(&summary);
-                let statement = client.prepare_cached(ROW_APPEND).await.map_err(db)?;
-                client
-                    .query_one(
-                        &statement,
-                        &[
-                            &lease.session,
-                            &(lease.epoch as i64),
-                            &lease.holder,
-                            &(known.last as i64),
-                            &(records.len() as i64),
-                            &(at_ms as i64),
-                            &summary.status,
-                            &summary.title,
-                            &wset,
-                            &wval,
-                            &seqs,
-                            &schemas,
-                            &kinds,
-                            &bodies,
-                            &sums,
-                            &taken,
-                            &notify,
-                            &spilled,
-                            &(summary.retry_at_ms as i64),
-                        ],
-                    )
-                    .await
-                    .map(|row| (row.get::<_, i64>(0) as u64, row.get::<_, bool>(2)))
+            let taken: Vec<i64> = summary.taken.iter().map(|t| *t as i64).collect();
+            let (wset, wval) = match &summary.waiting_for {
+                Some(v) => (true, v.clone()),
+                None => (false, None),
+            };
+            let notify = wakes_others(&summary);
+            let client = self.client().await?;
+            let statement = client.prepare_cached(ROW_APPEND).await.map_err(db)?;
+            match client
+                .query_one(
+                    &statement,
+                    &[
+                        &lease.session,
+                        &(lease.epoch as i64),
+                        &lease.holder,
+                        &(known.last as i64),
+                        &(records.len() as i64),
+                        &(at_ms as i64),
+                        &summary.status,
+                        &summary.title,
+                        &wset,
+                        &wval,
+                        &seqs,
+                        &schemas,
+                        &kinds,
+                        &bodies,
+                        &sums,
+                        &taken,
+                        &notify,
+                        &spilled,
+                        &(summary.retry_at_ms as i64),
+                    ],
+                )
+                .await
+            {
+                Ok(row) if row.get::<_, i64>(0) > 0 => group::Landed::Appended {
+                    inbox_empty: row.get::<_, bool>(2),
+                },
+                Ok(_) => group::Landed::Moved,
+                Err(e)
+                    if matches!(
+                        e.code().map(|c| c.code()),
+                        Some(STALE_FENCE | UNIQUE_VIOLATION)
+                    ) =>
+                {
+                    group::Landed::Moved
+                }
+                Err(e) => return Err(db(e)),
             }
         };
-        let (moved, inbox_empty) = match outcome {
-            Ok((n, inbox_empty)) => (n == 0, inbox_empty),
-            Err(e)
-                if matches!(
-                    e.code().map(|c| c.code()),
-                    Some(STALE_FENCE | UNIQUE_VIOLATION)
-                ) =>
-            {
-                (true, false)
+        let inbox_empty = match outcome {
+            group::Landed::Appended { inbox_empty } => inbox_empty,
+            group::Landed::Moved => {
+                self.positions
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&lease.session);
+                return Ok(None);
             }
-            Err(e) => return Err(db(e)),
         };
         let mut positions = self.positions.lock().unwrap_or_else(|e| e.into_inner());
-        if moved {
-            positions.remove(&lease.session);
-            return Ok(None);
-        }
         if let Some(r) = records.last() {
             positions.insert(
                 lease.session.clone(),

@@ -427,3 +427,92 @@ async fn an_append_says_whether_the_inbox_is_empty() {
     conformance::an_append_says_whether_the_inbox_is_empty(&db.world().await, &db.world().await)
         .await;
 }
+
+/// A lean append (a tool call's intent): it changes nothing but the log.
+fn intent(n: usize) -> Event {
+    Event::ToolCallIntent {
+        call_id: format!("toolu_{n}"),
+        tool: "read".into(),
+        input: serde_json::json!({ "path": format!("src/{n}.rs") }),
+        class: steadfast_log::ToolClass::Read,
+        snapshot_before: None,
+    }
+}
+
+/// Many sessions appending at once through one process share commits (group
+/// commit): each append still returns only once its rows are in, every log stays
+/// whole and in order, and a stale holder among them is refused on its own, without
+/// failing the appends it was grouped with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_sessions_share_commits_and_a_stale_holder_among_them_is_refused_alone() {
+    const SESSIONS: usize = 16;
+    const APPENDS: usize = 30;
+    let db = TestDb::new().await;
+    let world = db.world().await;
+    let other = db.world().await;
+    let mut leases = Vec::new();
+    for n in 0..SESSIONS {
+        let session = format!("g{n}");
+        world.create_session(&session, "alice").await.unwrap();
+        // Session g0's lease is short: another process takes it below.
+        let ttl = std::time::Duration::from_millis(if n == 0 { 50 } else { 60_000 });
+        let lease = world
+            .acquire_lease(&session, &Holder::new("a"), ttl)
+            .await
+            .unwrap();
+        world.append(&lease, &[intent(0)]).await.unwrap();
+        leases.push(lease);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let taken = other
+        .acquire_lease("g0", &Holder::new("b"), std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(taken.epoch > leases[0].epoch);
+
+    let mut tasks = Vec::new();
+    for lease in leases {
+        let world = world.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut refused = 0;
+            for i in 1..=APPENDS {
+                match world.append(&lease, &[intent(i)]).await {
+                    Ok(records) => assert_eq!(records[0].seq, 1 + i as u64),
+                    Err(Error::StaleFence { .. }) => refused += 1,
+                    Err(e) => panic!("{}: {e}", lease.session),
+                }
+            }
+            (lease.session, refused)
+        }));
+    }
+    for task in tasks {
+        let (session, refused) = task.await.unwrap();
+        let log = world.read(&session, 1).await.unwrap();
+        if session == "g0" {
+            assert_eq!(
+                refused, APPENDS,
+                "every append of the stale holder is refused"
+            );
+            assert_eq!(log.len(), 1, "nothing of the stale holder's lands");
+        } else {
+            assert_eq!(refused, 0, "{session}: no append refused");
+            assert_eq!(log.len(), 1 + APPENDS, "{session}: every append is in");
+            let seqs: Vec<u64> = log.iter().map(|r| r.seq).collect();
+            assert_eq!(seqs, (1..=1 + APPENDS as u64).collect::<Vec<_>>());
+        }
+    }
+
+    // Rows of different sessions committed in one transaction: they were grouped.
+    let (client, conn) = tokio_postgres::connect(&db.url, NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let shared: i64 = client
+        .query_one(
+            "SELECT count(*) FROM (SELECT xmin::text FROM steadfast_events GROUP BY xmin::text \
+             HAVING count(DISTINCT session_id) > 1) t",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(shared > 0, "no two sessions' appends shared a commit");
+}
