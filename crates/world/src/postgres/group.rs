@@ -130,8 +130,11 @@ impl GroupCommit {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The next batch: up to [`MOST_PER_BATCH`] waiting appends, leaving out any
+    /// whose caller has gone (an append dropped before it went out never goes out).
     fn take(&self) -> Vec<Waiting> {
         let mut queue = self.lock();
+        queue.retain(|(_, _, sent)| !sent.is_closed());
         let n = queue.len().min(MOST_PER_BATCH);
         queue.drain(..n).collect()
     }
