@@ -498,14 +498,7 @@ impl PostgresWorld {
                     inbox_empty: row.get::<_, bool>(2),
                 },
                 Ok(_) => group::Landed::Moved,
-                Err(e)
-                    if matches!(
-                        e.code().map(|c| c.code()),
-                        Some(STALE_FENCE | UNIQUE_VIOLATION)
-                    ) =>
-                {
-                    group::Landed::Moved
-                }
+                Err(e) if group::refused(&e) => group::Landed::Moved,
                 Err(e) => return Err(db(e)),
             }
         };

@@ -171,8 +171,9 @@ async fn run(pool: &Pool, mut batch: Vec<Waiting>) {
     }
 }
 
-/// Whether a failed statement was refused by the fence or the log's key.
-fn refused(e: &tokio_postgres::Error) -> bool {
+/// Whether a failed append was refused by the fence or the log's key (the lease or
+/// the position moved), rather than failing.
+pub(super) fn refused(e: &tokio_postgres::Error) -> bool {
     matches!(
         e.code().map(|c| c.code()),
         Some(STALE_FENCE | UNIQUE_VIOLATION)
