@@ -441,12 +441,16 @@ fn intent(n: usize) -> Event {
 
 /// Many sessions appending at once through one process share commits (group
 /// commit): each append still returns only once its rows are in, every log stays
-/// whole and in order, and a stale holder among them is refused on its own, without
-/// failing the appends it was grouped with.
+/// whole and in order, each append answers for its own session's inbox, and stale
+/// holders among them are refused on their own, without failing the appends they
+/// were grouped with.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_sessions_share_commits_and_a_stale_holder_among_them_is_refused_alone() {
+async fn concurrent_sessions_share_commits_and_stale_holders_among_them_are_refused_alone() {
     const SESSIONS: usize = 16;
     const APPENDS: usize = 30;
+    // Sessions g0..g3 lose their leases to another process before anyone appends.
+    const STALE: usize = 4;
+    let stale = |session: &str| session[1..].parse::<usize>().unwrap() < STALE;
     let db = TestDb::new().await;
     let world = db.world().await;
     let other = db.world().await;
@@ -454,8 +458,8 @@ async fn concurrent_sessions_share_commits_and_a_stale_holder_among_them_is_refu
     for n in 0..SESSIONS {
         let session = format!("g{n}");
         world.create_session(&session, "alice").await.unwrap();
-        // Session g0's lease is short: another process takes it below.
-        let ttl = std::time::Duration::from_millis(if n == 0 { 50 } else { 60_000 });
+        // The stale sessions' leases are short: another process takes them below.
+        let ttl = std::time::Duration::from_millis(if n < STALE { 50 } else { 60_000 });
         let lease = world
             .acquire_lease(&session, &Holder::new("a"), ttl)
             .await
@@ -464,16 +468,38 @@ async fn concurrent_sessions_share_commits_and_a_stale_holder_among_them_is_refu
         leases.push(lease);
     }
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let taken = other
-        .acquire_lease("g0", &Holder::new("b"), std::time::Duration::from_secs(60))
+    for lease in &leases[..STALE] {
+        let taken = other
+            .acquire_lease(
+                &lease.session,
+                &Holder::new("b"),
+                std::time::Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        assert!(taken.epoch > lease.epoch);
+    }
+    // Another process leaves session g5 a message: each grouped append must answer
+    // for its own session's inbox, not its neighbours'.
+    other
+        .post(
+            "g5",
+            steadfast_world::InboundKind::Message,
+            "",
+            &serde_json::json!("steer"),
+        )
         .await
         .unwrap();
-    assert!(taken.epoch > leases[0].epoch);
 
+    // Everyone's first append at once: a stale holder's first append is the one that
+    // goes through the group (after a refusal it takes the locking path).
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(SESSIONS));
     let mut tasks = Vec::new();
     for lease in leases {
         let world = world.clone();
+        let start = start.clone();
         tasks.push(tokio::spawn(async move {
+            start.wait().await;
             let mut refused = 0;
             for i in 1..=APPENDS {
                 match world.append(&lease, &[intent(i)]).await {
@@ -482,13 +508,19 @@ async fn concurrent_sessions_share_commits_and_a_stale_holder_among_them_is_refu
                     Err(e) => panic!("{}: {e}", lease.session),
                 }
             }
-            (lease.session, refused)
+            let seen_empty = world.inbox_seen_empty(&lease);
+            (lease.session, refused, seen_empty)
         }));
     }
     for task in tasks {
-        let (session, refused) = task.await.unwrap();
+        let (session, refused, seen_empty) = task.await.unwrap();
+        match session.as_str() {
+            s if stale(s) => {}
+            "g5" => assert!(!seen_empty, "g5's appends saw its pending message"),
+            _ => assert!(seen_empty, "{session}: its inbox is empty"),
+        }
         let log = world.read(&session, 1).await.unwrap();
-        if session == "g0" {
+        if stale(&session) {
             assert_eq!(
                 refused, APPENDS,
                 "every append of the stale holder is refused"
