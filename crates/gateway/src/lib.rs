@@ -433,21 +433,21 @@ impl<W: World + Clone> Shared<W> {
         let api = outgoing.api;
         let call_id = format!("gx_{}", uuid::Uuid::now_v7().simple());
         let (opener, gate) = steadfast_model::gate();
-        let sent = outgoing.start(&self.http, &gate);
+        let mut sent = outgoing.start(&self.http, &gate);
         let snapshot = self
             .last_snapshot
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        self.live
-            .append(&[Event::ExchangeIntent {
-                call_id: call_id.clone(),
-                index: index as u32,
-                api: api.name().to_string(),
-                fingerprint: fingerprint.to_string(),
-                stream,
-                snapshot,
-            }])
+        let intent = [Event::ExchangeIntent {
+            call_id: call_id.clone(),
+            index: index as u32,
+            api: api.name().to_string(),
+            fingerprint: fingerprint.to_string(),
+            stream,
+            snapshot,
+        }];
+        sent.while_appending(self.live.append(&intent))
             .await
             .map_err(|e| internal(&e.to_string()))?;
         replay.consumed.insert(call_id.clone());

@@ -91,9 +91,10 @@ pub(crate) struct Outgoing {
 }
 
 impl Outgoing {
-    /// Starts sending the request to the provider under `gate`, as a task of its own:
-    /// all of it but its last byte goes out now, the rest once the gate opens (after
-    /// the exchange's intent is in the log; see `steadfast_model::gate`).
+    /// Starts sending the request to the provider under `gate`: all of it but its last
+    /// byte goes out while the returned [`Sent`] is polled (alongside the exchange's
+    /// intent, see [`Sent::while_appending`]), the rest once the gate opens (after the
+    /// intent is in the log; see `steadfast_model::gate`).
     pub(crate) fn start(&self, http: &reqwest::Client, gate: &steadfast_model::Gate) -> Sent {
         let api = self.api;
         let mut request = http
@@ -109,27 +110,43 @@ impl Outgoing {
         } else {
             request.bearer_auth(&self.upstream.api_key)
         };
-        Sent(tokio::spawn(gate.attach(request, &self.body).send()))
-    }
-}
-
-/// A request on its way to the provider; dropped, it is abandoned (its gate still
-/// shut, the provider never has all of it).
-pub(crate) struct Sent(tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>);
-
-impl Sent {
-    /// The provider's answer (its head; the body streams).
-    async fn response(mut self) -> Result<reqwest::Response, String> {
-        match (&mut self.0).await {
-            Ok(answer) => answer.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
+        Sent {
+            request: Box::pin(gate.attach(request, &self.body).send()),
+            answered: None,
         }
     }
 }
 
-impl Drop for Sent {
-    fn drop(&mut self) {
-        self.0.abort();
+/// A request on its way to the provider, polled by the handler's own task (no task
+/// between the provider's answer and the client); dropped, it is abandoned (its gate
+/// still shut, the provider never has all of it).
+pub(crate) struct Sent {
+    request: futures_util::future::BoxFuture<'static, reqwest::Result<reqwest::Response>>,
+    /// The answer, if it came while the intent was being appended.
+    answered: Option<reqwest::Result<reqwest::Response>>,
+}
+
+impl Sent {
+    /// Runs `append` (the exchange's intent) while the request goes out.
+    pub(crate) async fn while_appending<T>(
+        &mut self,
+        append: impl std::future::Future<Output = T>,
+    ) -> T {
+        let (appended, answered) =
+            steadfast_model::while_polling(append, self.request.as_mut()).await;
+        if answered.is_some() {
+            self.answered = answered;
+        }
+        appended
+    }
+
+    /// The provider's answer (its head; the body streams).
+    async fn response(self) -> Result<reqwest::Response, String> {
+        match self.answered {
+            Some(answer) => answer,
+            None => self.request.await,
+        }
+        .map_err(|e| e.to_string())
     }
 }
 

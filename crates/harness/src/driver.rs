@@ -212,21 +212,11 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     async fn append_polling<F: std::future::Future + ?Sized>(
         &mut self,
         events: Vec<Event>,
-        mut other: std::pin::Pin<&mut F>,
+        other: std::pin::Pin<&mut F>,
     ) -> Result<Option<F::Output>> {
-        let mut ended = None;
-        let append = self.append(events);
-        tokio::pin!(append);
-        loop {
-            tokio::select! {
-                biased;
-                appended = &mut append => {
-                    appended?;
-                    return Ok(ended);
-                }
-                out = other.as_mut(), if ended.is_none() => ended = Some(out),
-            }
-        }
+        let (appended, ended) = steadfast_model::while_polling(self.append(events), other).await;
+        appended?;
+        Ok(ended)
     }
 
     /// Takes what the log answered to an append of `sent` events, the first `held` of

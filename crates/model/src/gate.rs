@@ -83,3 +83,33 @@ impl Gate {
         reqwest::Body::wrap_stream(chunks)
     }
 }
+
+/// Runs `first` (an intent's append) to its end while polling `other` (the request
+/// it holds back, or a read going on meanwhile) in the same task: returns `first`'s
+/// output, and `other`'s if it ended first. In the same task, not a spawned one, so
+/// the reply's head reaches whoever awaits `other` next with no task between.
+pub async fn while_polling<A, F>(
+    first: A,
+    mut other: std::pin::Pin<&mut F>,
+) -> (A::Output, Option<F::Output>)
+where
+    A: std::future::Future,
+    F: std::future::Future + ?Sized,
+{
+    let mut first = std::pin::pin!(first);
+    let mut ended = None;
+    let output = std::future::poll_fn(|cx| {
+        // The append first: its commit is what everything waits for.
+        if let std::task::Poll::Ready(output) = first.as_mut().poll(cx) {
+            return std::task::Poll::Ready(output);
+        }
+        if ended.is_none() {
+            if let std::task::Poll::Ready(out) = other.as_mut().poll(cx) {
+                ended = Some(out);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await;
+    (output, ended)
+}

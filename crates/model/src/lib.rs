@@ -19,7 +19,7 @@ use std::time::Duration;
 use serde::Serialize;
 use steadfast_log::{Block, Message, ModelSpec, Usage};
 
-pub use gate::{gate, Gate, GateOpener};
+pub use gate::{gate, while_polling, Gate, GateOpener};
 pub use prepared::{Prepared, RequestBuilder, RequestHead};
 pub use retry::RetryPolicy;
 
