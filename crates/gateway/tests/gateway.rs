@@ -1,7 +1,8 @@
 //! The gateway against a real SQLite world, a real drive and the fake provider over
 //! loopback HTTP: live calls are recorded, a restarted client is answered from the log
 //! byte for byte without the provider, a divergence supersedes the record and restores
-//! the workspace, and bad requests get clear errors in the API's own format.
+//! the workspace, a request whose intent the log refuses never reaches the provider
+//! whole, and bad requests get clear errors in the API's own format.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -328,6 +329,66 @@ async fn a_reply_cut_off_before_it_was_recorded_is_asked_again_in_its_place() {
     let recorded = exchanges(&setup).await;
     assert_eq!(recorded.len(), 1);
     assert!(recorded[0].reply.is_some());
+}
+
+#[tokio::test]
+async fn a_request_whose_intent_the_log_refuses_never_reaches_the_provider_whole() {
+    let setup = Setup::new(json!([{"text": "one"}, {"text": "two"}])).await;
+    let (url, gateway, _task) = setup.run().await;
+    // A first call, so the gateway's connection to the provider is open and kept: the
+    // next request goes out on it at once, while its intent is being appended.
+    let (status, body) = post(
+        &format!("{url}/v1/messages"),
+        TOKEN,
+        &messages_request("a", "first", false),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // Another driver takes the session over: this gateway's lease is stale, so the
+    // store refuses its next intent.
+    setup.world.release_lease(&setup.lease).await.unwrap();
+    setup
+        .world
+        .acquire_lease(
+            "s1",
+            &Holder::new("another-driver"),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    // And the log is slow to answer: another process holds its write lock for a
+    // while, so a request that did not wait for its intent would reach the provider
+    // meanwhile.
+    let (locked, lock_held) = std::sync::mpsc::channel();
+    let db = setup.dir.path().join("world.db");
+    let holder = std::thread::spawn(move || {
+        let conn = rusqlite::Connection::open(db).unwrap();
+        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+        locked.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+        conn.execute_batch("ROLLBACK").unwrap();
+    });
+    lock_held.recv().unwrap();
+    let (status, body) = post(
+        &format!("{url}/v1/messages"),
+        TOKEN,
+        &messages_request("a", "second", false),
+    )
+    .await;
+    holder.join().unwrap();
+    assert!(
+        status >= 500,
+        "a refused intent cannot be answered: {status} {body}"
+    );
+    // What went out of the second request is abandoned, not finished late.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        setup.fake.calls(),
+        1,
+        "the provider must never have the whole request of an unrecorded call"
+    );
+    assert_eq!(gateway.counters().live, 1);
+    assert_eq!(exchanges(&setup).await.len(), 1);
 }
 
 #[tokio::test]
