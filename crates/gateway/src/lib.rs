@@ -377,7 +377,7 @@ impl<W: World + Clone> Shared<W> {
                     .await
             }
             Plan::Diverge(at, snapshot) => {
-                self.diverge(at, snapshot).await?;
+                self.diverge(api, at, snapshot).await?;
                 at
             }
             Plan::New(index) => index,
@@ -397,7 +397,7 @@ impl<W: World + Clone> Shared<W> {
             .await
     }
 
-    async fn diverge(&self, at: usize, snapshot: Option<String>) -> Result<(), Response> {
+    async fn diverge(&self, api: Api, at: usize, snapshot: Option<String>) -> Result<(), Response> {
         tracing::warn!(
             index = at,
             "replay diverged: superseding the record from here"
@@ -406,7 +406,7 @@ impl<W: World + Clone> Shared<W> {
             self.drive
                 .restore_async(&self.workspace, snap)
                 .await
-                .map_err(|e| internal(&e.to_string()))?;
+                .map_err(|e| internal(Some(api), &e.to_string()))?;
         }
         self.live
             .append(&[Event::ReplayDiverged {
@@ -414,7 +414,7 @@ impl<W: World + Clone> Shared<W> {
                 snapshot: snapshot.clone(),
             }])
             .await
-            .map_err(|e| internal(&e.to_string()))?;
+            .map_err(|e| log_refused(api, &e))?;
         *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = snapshot;
         self.count(|c| c.diverged += 1);
         Ok(())
@@ -449,7 +449,7 @@ impl<W: World + Clone> Shared<W> {
         }];
         sent.while_appending(self.live.append(&intent))
             .await
-            .map_err(|e| internal(&e.to_string()))?;
+            .map_err(|e| log_refused(api, &e))?;
         replay.consumed.insert(call_id.clone());
         steadfast_fault::point(steadfast_fault::points::MODEL_INTENT);
         opener.open();
@@ -482,13 +482,35 @@ impl<W: World + Clone> Shared<W> {
     }
 }
 
-pub(crate) fn internal(message: &str) -> Response {
-    api_error(
-        None,
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "api_error",
-        message,
-    )
+pub(crate) fn internal(api: Option<Api>, message: &str) -> Response {
+    api_error(api, StatusCode::INTERNAL_SERVER_ERROR, "api_error", message)
+}
+
+/// The answer to a call whose record the log would not take (so the call was never
+/// made), by why: another worker drives the session now or it has ended (409: this
+/// run of the agent is over, its worker stops it), the store is busy or down (503:
+/// the same call may go through later), or something worse (500).
+fn log_refused(api: Api, error: &steadfast_world::Error) -> Response {
+    use steadfast_world::Error as E;
+    let (status, kind, why) = match error {
+        E::StaleFence { .. } | E::LeaseHeld { .. } | E::Ended(_) => (
+            StatusCode::CONFLICT,
+            "invalid_request_error",
+            "this run of the agent no longer drives the session",
+        ),
+        E::Backend(_) | E::Blob(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "api_error",
+            "the session's log is unavailable",
+        ),
+        _ => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "api_error",
+            "the session's log failed",
+        ),
+    };
+    let message = format!("steadfast: {why}, so the call was not made ({error})");
+    api_error(Some(api), status, kind, &message)
 }
 
 /// Where a request goes.
