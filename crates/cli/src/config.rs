@@ -205,6 +205,10 @@ pub struct HarnessConfig {
     pub max_tokens: Option<u32>,
     /// Lease time to live, seconds.
     pub lease_ttl_secs: Option<u64>,
+    /// How long a stopping worker (SIGTERM, Ctrl-C) lets the native agent's step in
+    /// hand finish before cutting it off, seconds (default 10). A step cut off is
+    /// redone by the next worker: its model call asked, and paid for, again.
+    pub stop_grace_secs: Option<u64>,
     /// The most this host's cache of a shared drive store (`blobs = "s3://..."`)
     /// holds, MiB (default 4096); least recently used snapshots' objects go first.
     pub drive_cache_mb: Option<u64>,
@@ -377,6 +381,9 @@ impl Config {
         }
         if let Some(s) = h.lease_ttl_secs {
             options.lease_ttl = Duration::from_secs(s.max(3));
+        }
+        if let Some(s) = h.stop_grace_secs {
+            options.stop_grace = Duration::from_secs(s);
         }
         options.compaction.window = h.context_window;
         if let Some(share) = h.compact_at {

@@ -19,11 +19,25 @@ use common::{service as command, wait_for};
 
 /// Starts `steadfast serve` and returns it with its base URL.
 async fn serve(home: &Path, fake: &FakeProvider, workers: &str) -> (tokio::process::Child, String) {
+    serve_configured(home, fake, workers, "").await
+}
+
+/// Starts `steadfast serve` with `config` as its configuration file.
+async fn serve_configured(
+    home: &Path,
+    fake: &FakeProvider,
+    workers: &str,
+    config: &str,
+) -> (tokio::process::Child, String) {
+    std::fs::create_dir_all(home).unwrap();
+    let file = home.join("steadfast-test.toml");
+    std::fs::write(&file, config).unwrap();
     let mut child = command(
         home,
         fake,
         &["serve", "--listen", "127.0.0.1:0", "--workers", workers],
     )
+    .env("STEADFAST_CONFIG", &file)
     .spawn()
     .unwrap();
     let url = common::printed_url(&mut child).await;
@@ -277,7 +291,9 @@ async fn special_files_never_block_a_session_and_sigterm_always_stops_the_server
     let fake = FakeProvider::start(script).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let home = home(&dir);
-    let (mut server, url) = serve(&home, &fake, "1").await;
+    // The long command outlasts the workers' stop grace, and is cut off at its end.
+    let config = "[harness]\nstop-grace-secs = 2\n";
+    let (mut server, url) = serve_configured(&home, &fake, "1", config).await;
     let created = post(&format!("{url}/v1/sessions"), json!({"task": "make pipes"})).await;
     let id = created["id"].as_str().unwrap().to_string();
     wait_for("the session to finish its turn", async || {
@@ -406,9 +422,21 @@ async fn an_unrunnable_session_fails_once_with_its_reason_and_can_be_deleted() {
     let _ = server.kill().await;
 }
 
-/// A server stopped (SIGTERM) while its worker runs a command hands the session back:
-/// the lease is given up at once, not left to lapse, and the next server carries the
-/// turn on from the log (the cut command rolled back, the model told).
+/// The kinds of a session's records, in order.
+fn kinds(home: &Path, id: &str) -> Vec<String> {
+    db(home)
+        .prepare("SELECT kind FROM events WHERE session_id = ?1 ORDER BY seq")
+        .unwrap()
+        .query_map([id], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+/// A server stopped (SIGTERM) while its worker runs a command longer than the stop
+/// grace hands the session back once the grace is over: the lease is given up at
+/// once, not left to lapse, and the next server carries the turn on from the log (the
+/// cut command rolled back, the model told).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_server_hands_its_running_session_back() {
     let script: Script = serde_json::from_value(json!({"steps": [
@@ -419,7 +447,8 @@ async fn a_stopped_server_hands_its_running_session_back() {
     let fake = FakeProvider::start(script).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let home = home(&dir);
-    let (mut server, url) = serve(&home, &fake, "1").await;
+    let config = "[harness]\nstop-grace-secs = 1\n";
+    let (mut server, url) = serve_configured(&home, &fake, "1", config).await;
     let created = post(&format!("{url}/v1/sessions"), json!({"task": "run it"})).await;
     let id = created["id"].as_str().unwrap().to_string();
     let ws = common::workspace_in(&home, &created);
@@ -443,14 +472,7 @@ async fn a_stopped_server_hands_its_running_session_back() {
         get(&format!("{url}/v1/sessions/{id}")).await["status"] == "idle"
     })
     .await;
-    let conn = db(&home);
-    let kinds: Vec<String> = conn
-        .prepare("SELECT kind FROM events WHERE session_id = ?1 ORDER BY seq")
-        .unwrap()
-        .query_map([&id], |r| r.get(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
+    let kinds = kinds(&home, &id);
     assert!(
         kinds.iter().any(|k| k == "tool_call_interrupted"),
         "the cut command is resolved: {kinds:?}"
@@ -464,5 +486,61 @@ async fn a_stopped_server_hands_its_running_session_back() {
     // again); no request was sent twice.
     assert_eq!(fake.calls(), 3, "{kinds:?}");
     assert_eq!(fake.state().distinct_requests(), 3, "{kinds:?}");
+    let _ = server.kill().await;
+}
+
+/// A server stopped (SIGTERM) while a model reply streams in lets that reply finish
+/// and records it before handing the session back, so the next server carries on
+/// from it and the provider is never asked (nor paid) for it twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_server_lets_the_reply_it_is_paying_for_finish() {
+    let long = "I am going to explain this slowly, one careful piece at a time, so the reply takes a while to stream. ";
+    let script: Script = serde_json::from_value(json!({"steps": [
+        // About three seconds of streaming: the stop lands inside it.
+        {"text": long.repeat(4), "chunk_delay_ms": 30, "tool_calls": [{"name": "bash", "input": {"command": "echo once >> ran.txt"}}]},
+        {"text": "Done."},
+    ]}))
+    .unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let home = home(&dir);
+    let (mut server, url) = serve(&home, &fake, "1").await;
+    let created = post(&format!("{url}/v1/sessions"), json!({"task": "explain"})).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    wait_for("the reply to stream in", async || {
+        kinds(&home, &id).iter().any(|k| k == "model_delta")
+    })
+    .await;
+    assert!(
+        !kinds(&home, &id).iter().any(|k| k == "model_call_outcome"),
+        "the stop must land inside the reply"
+    );
+
+    stop(&mut server).await;
+    let stopped = kinds(&home, &id);
+    assert!(
+        stopped.iter().any(|k| k == "model_call_outcome"),
+        "the reply in hand was recorded before the server stopped: {stopped:?}"
+    );
+    assert!(
+        !stopped.iter().any(|k| k == "model_call_interrupted"),
+        "{stopped:?}"
+    );
+    assert_eq!(fake.calls(), 1);
+
+    let (mut server, url) = serve(&home, &fake, "1").await;
+    wait_for("the turn to finish", async || {
+        get(&format!("{url}/v1/sessions/{id}")).await["status"] == "idle"
+    })
+    .await;
+    let kinds = kinds(&home, &id);
+    // The recorded reply's command ran once, and only the next reply was asked for.
+    let ws = common::workspace_in(&home, &created);
+    assert_eq!(
+        std::fs::read_to_string(ws.join("ran.txt")).unwrap(),
+        "once\n"
+    );
+    assert_eq!(fake.calls(), 2, "{kinds:?}");
+    assert_eq!(fake.state().distinct_requests(), 2, "{kinds:?}");
     let _ = server.kill().await;
 }

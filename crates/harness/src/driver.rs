@@ -341,12 +341,26 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     /// Works until the turn is done or the session ends.
     pub async fn run(&mut self) -> Result<Stop> {
         loop {
+            if let Some(stop) = self.run_until(|| false).await? {
+                return Ok(stop);
+            }
+        }
+    }
+
+    /// Works as [`Self::run`] does, but once `stopping()` is true it stops at the end
+    /// of the step in hand (`Ok(None)`), so a stopping worker can let a model reply or
+    /// a command it has paid for finish, and hand the session back between steps.
+    pub async fn run_until(&mut self, stopping: impl Fn() -> bool) -> Result<Option<Stop>> {
+        loop {
             if let Some(stop) = self.step().await? {
                 if stop != Stop::Idle {
                     // Waiting on a human (or ended): hold no sandbox meanwhile.
                     self.sandbox.discard().await;
                 }
-                return Ok(stop);
+                return Ok(Some(stop));
+            }
+            if stopping() {
+                return Ok(None);
             }
         }
     }

@@ -72,7 +72,16 @@ pub struct HarnessOptions {
     pub workspace_root: Option<PathBuf>,
     /// The most the local cache of a shared drive store may hold, bytes.
     pub drive_cache_bytes: u64,
+    /// How long a stopping worker lets the native agent's step in hand finish (a
+    /// model reply streaming in, a command running) before it cuts the step off and
+    /// hands the session back. A step cut off is redone by the next holder: its model
+    /// call paid for twice, its command rolled back and run again.
+    pub stop_grace: Duration,
 }
+
+/// The default [`HarnessOptions::stop_grace`]: most model replies finish within it,
+/// and it leaves a deploy's usual 30 s termination grace room for the rest.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// The default bound on a host's cache of a shared drive store.
 pub const DRIVE_CACHE_BYTES: u64 = 4 << 30;
@@ -130,6 +139,7 @@ impl HarnessOptions {
             host: steadfast_world::host_id(),
             workspace_root: None,
             drive_cache_bytes: DRIVE_CACHE_BYTES,
+            stop_grace: STOP_GRACE,
         }
     }
 }
@@ -317,6 +327,12 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             provision,
             http: steadfast_model::provider_http(),
         }
+    }
+
+    /// How long its stopping workers let a native step in hand finish (see
+    /// [`HarnessOptions::stop_grace`]), so whoever stops them knows how long to wait.
+    pub fn stop_grace(&self) -> Duration {
+        self.options.stop_grace
     }
 
     /// The world sessions live in.
@@ -776,6 +792,21 @@ impl<W: World + Clone, S: Sandbox> Awake<'_, W, S> {
             Awake::Native(d) => d.run().await,
             Awake::Wrapped(d) => d.run().await,
         }
+    }
+
+    /// Works as [`Self::run`] does, but once `stopping()` is true the native loop
+    /// stops at the end of the step in hand (`Ok(None)`). A wrapped CLI has no steps
+    /// to stop between: it runs on until its turn is done or it is dropped.
+    pub async fn run_until(&mut self, stopping: impl Fn() -> bool) -> Result<Option<Stop>> {
+        match self {
+            Awake::Native(d) => d.run_until(stopping).await,
+            Awake::Wrapped(d) => d.run().await.map(Some),
+        }
+    }
+
+    /// Whether the session's agent is the native loop, which stops between steps.
+    pub fn is_native(&self) -> bool {
+        matches!(self, Awake::Native(_))
     }
 
     /// Sends a user message, opening a turn.

@@ -71,22 +71,37 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 return;
             }
         };
+        // Stopping, the native loop finishes the step in hand (a reply it is paying
+        // for, a command) if it can within the grace; a wrapped CLI has no step to
+        // finish and is cut off at once.
+        let grace = if driver.is_native() {
+            self.options.stop_grace
+        } else {
+            Duration::ZERO
+        };
+        let stopping = shutdown.clone();
         let ran = tokio::select! {
-            ran = driver.run() => ran,
-            () = async { let _ = shutdown.wait_for(|stop| *stop).await; } => {
-                // Stopping: the call in flight is dropped (its intent stays in the log
-                // for the next holder to resolve), what is held for the next commit
-                // goes in, and the lease is given back so another worker carries on
-                // at once.
+            ran = driver.run_until(|| *stopping.borrow()) => ran,
+            () = async {
+                let _ = shutdown.wait_for(|stop| *stop).await;
+                tokio::time::sleep(grace).await;
+            } => {
+                // Out of time: the call in flight is dropped (its intent stays in the
+                // log for the next holder to resolve).
+                tracing::info!(session = %lease.session, "worker stopping; the step in hand is cut off");
+                Ok(None)
+            }
+        };
+        match ran {
+            Ok(None) => {
+                // What is held for the next commit goes in, and the lease is given
+                // back so another worker carries on at once.
                 tracing::info!(session = %lease.session, "worker stopping; handing the session back");
                 if let Err(e) = driver.release().await {
                     tracing::warn!(session = %lease.session, error = %e, "handing the session back failed");
                 }
-                return;
             }
-        };
-        match ran {
-            Ok(stop) => {
+            Ok(Some(stop)) => {
                 tracing::info!(session = %lease.session, ?stop, "session stopped");
                 let _ = driver.release().await;
             }

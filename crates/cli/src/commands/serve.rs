@@ -165,11 +165,17 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
         let stop = stop_rx.clone();
         tokio::spawn(steadfast_server::webhooks::deliver(world, options, stop));
     }
+    let grace = harness.stop_grace();
     let mut workers = spawn_workers(harness, args.workers, stop_rx);
     // On SIGTERM or Ctrl-C: stop accepting, let requests finish, but never wait on
-    // open event streams (they do not end by themselves) longer than the grace.
+    // open event streams (they do not end by themselves) longer than the grace; the
+    // workers are told at once, so their steps in hand finish meanwhile.
     let stopping = Arc::new(tokio::sync::Notify::new());
     let notify = stopping.clone();
+    let stop_tx = Arc::new(stop_tx);
+    let stop = stop_tx.clone();
+    let steps_until = Arc::new(std::sync::OnceLock::new());
+    let stopped_at = steps_until.clone();
     let mut edges = steadfast_server::ServeOptions::default();
     let server = &config.server;
     if let Some(secs) = server.header_timeout_secs {
@@ -183,6 +189,8 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
     }
     let graceful = steadfast_server::serve(listener, app(state), edges, async move {
         shutdown_signal().await;
+        let _ = stopped_at.set(tokio::time::Instant::now() + grace);
+        let _ = stop.send(true);
         notify.notify_one();
     });
     tokio::select! {
@@ -191,27 +199,44 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
             eprintln!("steadfast: connections still open after {} s; stopping", SHUTDOWN_GRACE.as_secs());
         }
     }
-    stop_workers(&stop_tx, &mut workers).await;
+    let steps_until = steps_until
+        .get()
+        .copied()
+        .unwrap_or_else(|| tokio::time::Instant::now() + grace);
+    stop_workers(&stop_tx, &mut workers, steps_until).await;
     metrics.inspect(|m| m.abort());
     drop(fake);
     Ok(ExitCode::SUCCESS)
 }
 
 /// How long stopping workers get to hand their sessions back (committing what they
-/// hold for the next commit and giving up their leases) before they are aborted.
+/// hold for the next commit and giving up their leases), beyond the time they have to
+/// finish the step in hand, before they are aborted.
 const WORKER_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Tells the workers to stop, gives them [`WORKER_GRACE`] to hand their sessions
-/// back, then aborts what is left.
+/// Tells the workers to stop, gives them until `steps_until` to finish the steps in
+/// hand (their own grace ends then too) and [`WORKER_GRACE`] more to hand their
+/// sessions back, then aborts what is left. A second SIGTERM or Ctrl-C cuts the wait
+/// short.
 async fn stop_workers(
     stop: &tokio::sync::watch::Sender<bool>,
     workers: &mut tokio::task::JoinSet<()>,
+    steps_until: tokio::time::Instant,
 ) {
     let _ = stop.send(true);
-    let _ = tokio::time::timeout(WORKER_GRACE, async {
-        while workers.join_next().await.is_some() {}
-    })
-    .await;
+    let left = steps_until.saturating_duration_since(tokio::time::Instant::now());
+    if !workers.is_empty() && !left.is_zero() {
+        eprintln!(
+            "steadfast: letting the steps in hand finish (up to {} s more; stop again to cut them off)",
+            left.as_secs()
+        );
+    }
+    tokio::select! {
+        _ = tokio::time::timeout_at(steps_until + WORKER_GRACE, async {
+            while workers.join_next().await.is_some() {}
+        }) => {}
+        () = shutdown_signal() => {}
+    }
     workers.abort_all();
 }
 
@@ -221,6 +246,7 @@ pub async fn worker(home: &Path, config: &Config, args: WorkerArgs) -> anyhow::R
     let (harness, fake) = setup::shared_harness(home, config, world).await?;
     let metrics = args.metrics.start(harness.world().clone()).await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let grace = harness.stop_grace();
     let mut workers = spawn_workers(harness, args.workers.max(1), stop_rx);
     eprintln!(
         "steadfast: {} workers taking turns (pid {})",
@@ -231,7 +257,7 @@ pub async fn worker(home: &Path, config: &Config, args: WorkerArgs) -> anyhow::R
         _ = shutdown_signal() => {}
         _ = workers.join_next() => {}
     }
-    stop_workers(&stop_tx, &mut workers).await;
+    stop_workers(&stop_tx, &mut workers, tokio::time::Instant::now() + grace).await;
     metrics.inspect(|m| m.abort());
     drop(fake);
     Ok(ExitCode::SUCCESS)
