@@ -203,6 +203,7 @@ pub(crate) async fn live<W: World + Clone>(
         text: crate::deltas::TextDeltas::default(),
         first: true,
         chunks: Some(Box::pin(upstream_response.bytes_stream())),
+        detached: false,
     };
     // The client's connection polls the provider's stream itself (no task or channel
     // between them), so each chunk goes on as it arrives; the body ends only once
@@ -253,6 +254,10 @@ struct Recording<W: World + Clone> {
     chunks: Option<futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>>,
     /// Counts the relay as in flight until the reply is recorded or broke off.
     inflight: Option<Inflight<W>>,
+    /// Already handed to a task of its own to finish: dropped unfinished again (that
+    /// task cancelled, the runtime shutting down), it is abandoned, as a crash would
+    /// leave it, rather than handed on once more.
+    detached: bool,
 }
 
 impl<W: World + Clone> Recording<W> {
@@ -335,7 +340,7 @@ impl<W: World + Clone> Recording<W> {
 
 impl<W: World + Clone> Drop for Recording<W> {
     fn drop(&mut self) {
-        if self.inflight.is_none() {
+        if self.inflight.is_none() || self.detached {
             return;
         }
         // Unfinished: the rest of the reply is read and recorded by a task of its own.
@@ -354,6 +359,7 @@ impl<W: World + Clone> Drop for Recording<W> {
             first: self.first,
             chunks: self.chunks.take(),
             inflight: self.inflight.take(),
+            detached: true,
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(tracing::Instrument::in_current_span(async move {

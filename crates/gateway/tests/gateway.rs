@@ -2,7 +2,8 @@
 //! loopback HTTP: live calls are recorded, a restarted client is answered from the log
 //! byte for byte without the provider, a divergence supersedes the record and restores
 //! the workspace, a request whose intent the log refuses never reaches the provider
-//! whole, and bad requests get clear errors in the API's own format.
+//! whole, a process stopping mid-recording abandons it cleanly, and bad requests get
+//! clear errors in the API's own format.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -432,6 +433,47 @@ async fn a_reply_whose_client_went_away_mid_stream_is_still_recorded_whole() {
     assert_eq!(again, reply.2);
     assert_eq!(setup.fake.calls(), 1, "the provider was asked once");
     assert_eq!(second.counters().replayed, 1);
+}
+
+/// A process that stops while a reply is still being recorded (its client gone, the
+/// recording finishing in a task of its own) abandons the recording as a crash would:
+/// the intent stays unanswered, for the next run to ask again. Before, the runtime's
+/// shutdown dropped that task, whose recording handed itself to a new task, which the
+/// closing runtime dropped at once, and so on until the stack overflowed.
+#[test]
+fn a_runtime_shut_down_mid_recording_abandons_it_cleanly() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (setup, _gateway) = runtime.block_on(async {
+        let setup = Setup::new(json!([
+            {"text": "A reply long enough to stream in many pieces. ".repeat(6), "chunk_delay_ms": 200}
+        ]))
+        .await;
+        let (url, gateway, _task) = setup.run().await;
+        let response = reqwest::Client::new()
+            .post(format!("{url}/v1/messages"))
+            .header("x-api-key", TOKEN)
+            .header("anthropic-version", "2023-06-01")
+            .json(&messages_request("a", "go", true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let mut body = response.bytes_stream();
+        use futures_util::StreamExt;
+        assert!(!body.next().await.unwrap().unwrap().is_empty());
+        drop(body); // the client goes away: the recording goes on in a task
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (setup, gateway)
+    });
+    drop(runtime); // the process stops with that task still reading the reply
+    let after = tokio::runtime::Runtime::new().unwrap();
+    let recorded = after.block_on(exchanges(&setup));
+    assert_eq!(recorded.len(), 1);
+    assert!(recorded[0].reply.is_none(), "abandoned, not recorded");
 }
 
 #[tokio::test]
