@@ -205,9 +205,9 @@ pub struct HarnessConfig {
     pub max_tokens: Option<u32>,
     /// Lease time to live, seconds.
     pub lease_ttl_secs: Option<u64>,
-    /// How long a stopping worker (SIGTERM, Ctrl-C) lets the native agent's step in
-    /// hand finish before cutting it off, seconds (default 10). A step cut off is
-    /// redone by the next worker: its model call asked, and paid for, again.
+    /// How long a stopping worker (SIGTERM, Ctrl-C) lets the model reply or command in
+    /// hand finish and be recorded before cutting it off, seconds (default 10). What is
+    /// cut off is redone by the next worker: its model call asked, and paid for, again.
     pub stop_grace_secs: Option<u64>,
     /// The most this host's cache of a shared drive store (`blobs = "s3://..."`)
     /// holds, MiB (default 4096); least recently used snapshots' objects go first.

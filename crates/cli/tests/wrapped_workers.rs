@@ -518,3 +518,78 @@ async fn an_interrupt_stops_a_running_wrapped_turn_at_once() {
     assert_eq!(stopped["event"]["turn_interrupted"]["stopped"], true);
     assert!(!kinds.contains(&"turn_ended".to_string()), "{kinds:?}");
 }
+
+/// A worker stopped (SIGTERM) while the wrapped CLI it drives receives a reply stops
+/// the CLI at once, but records the reply before it exits: the next worker's CLI gets
+/// it from the log, and the provider is never asked (nor paid) for it twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_worker_records_the_reply_its_wrapped_cli_was_receiving() {
+    installed("claude-code").await;
+    let mut script = demo::script();
+    // About three seconds of streaming, well within the stop grace.
+    script.steps[4].chunk_delay_ms = 150;
+    let fake = FakeProvider::start(script).await.unwrap();
+    let (_dir, site, mut processes, url, id) = demo_on_a_worker(&fake).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while fake.state().calls_per_step().get(4).is_none_or(|n| *n == 0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the turn never got going"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let worker = &mut processes[1];
+    let pid = nix::unistd::Pid::from_raw(worker.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), worker.wait())
+        .await
+        .expect("the worker stops within its grace")
+        .unwrap();
+    assert!(status.success(), "the worker stops cleanly on SIGTERM");
+    let stopped: Vec<String> = site.log(&id).await.iter().map(kind).collect();
+    assert!(
+        !stopped.iter().any(|k| k == "turn_ended"),
+        "the stop landed mid-turn: {stopped:?}"
+    );
+    let intents = stopped.iter().filter(|k| *k == "exchange_intent").count();
+    let outcomes = stopped.iter().filter(|k| *k == "exchange_outcome").count();
+    assert_eq!(
+        intents, outcomes,
+        "every reply the stopped CLI asked for was recorded: {stopped:?}"
+    );
+
+    let _next = site.worker();
+    let http = reqwest::Client::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let shown: Value = http
+            .get(format!("{url}/v1/sessions/{id}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if shown["status"] == "idle" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the next worker finished the turn: {shown}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = site.log(&id).await;
+    let kinds: Vec<String> = log.iter().map(kind).collect();
+    assert!(!kinds.iter().any(|k| k == "replay_diverged"), "{kinds:?}");
+    let per_step = fake.state().calls_per_step();
+    assert_eq!(
+        per_step.get(4),
+        Some(&1),
+        "the reply the stop landed in was asked for once: {per_step:?} {kinds:?}"
+    );
+    assert!(
+        per_step.iter().all(|n| *n <= 1),
+        "no reply was asked for twice: {per_step:?}"
+    );
+}

@@ -72,10 +72,11 @@ pub struct HarnessOptions {
     pub workspace_root: Option<PathBuf>,
     /// The most the local cache of a shared drive store may hold, bytes.
     pub drive_cache_bytes: u64,
-    /// How long a stopping worker lets the native agent's step in hand finish (a
-    /// model reply streaming in, a command running) before it cuts the step off and
-    /// hands the session back. A step cut off is redone by the next holder: its model
-    /// call paid for twice, its command rolled back and run again.
+    /// How long a stopping worker lets what is in hand finish and be recorded (the
+    /// native agent's step: a model reply streaming in, a command running; a wrapped
+    /// CLI's reply and tool call in flight) before it cuts it off and hands the
+    /// session back. What is cut off is redone by the next holder: its model call paid
+    /// for twice, its command rolled back and run again.
     pub stop_grace: Duration,
 }
 
@@ -794,19 +795,19 @@ impl<W: World + Clone, S: Sandbox> Awake<'_, W, S> {
         }
     }
 
-    /// Works as [`Self::run`] does, but once `stopping()` is true the native loop
-    /// stops at the end of the step in hand (`Ok(None)`). A wrapped CLI has no steps
-    /// to stop between: it runs on until its turn is done or it is dropped.
-    pub async fn run_until(&mut self, stopping: impl Fn() -> bool) -> Result<Option<Stop>> {
+    /// Works as [`Self::run`] does, but once `stopping` turns true it stops as soon
+    /// as it can without losing what is being paid for, and returns `Ok(None)`: the
+    /// native loop at the end of the step in hand, a wrapped CLI at once (it has no
+    /// steps to stop between), once the reply and the tool call it was waiting on
+    /// are recorded.
+    pub async fn run_until(
+        &mut self,
+        stopping: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<Option<Stop>> {
         match self {
-            Awake::Native(d) => d.run_until(stopping).await,
-            Awake::Wrapped(d) => d.run().await.map(Some),
+            Awake::Native(d) => d.run_until(|| *stopping.borrow()).await,
+            Awake::Wrapped(d) => d.run_until(stopping).await,
         }
-    }
-
-    /// Whether the session's agent is the native loop, which stops between steps.
-    pub fn is_native(&self) -> bool {
-        matches!(self, Awake::Native(_))
     }
 
     /// Sends a user message, opening a turn.

@@ -71,17 +71,11 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 return;
             }
         };
-        // Stopping, the native loop finishes the step in hand (a reply it is paying
-        // for, a command) if it can within the grace; a wrapped CLI has no step to
-        // finish and is cut off at once.
-        let grace = if driver.is_native() {
-            self.options.stop_grace
-        } else {
-            Duration::ZERO
-        };
-        let stopping = shutdown.clone();
+        // Stopping, what is being paid for (a model reply streaming in, a command)
+        // may finish and be recorded within the grace.
+        let grace = self.options.stop_grace;
         let ran = tokio::select! {
-            ran = driver.run_until(|| *stopping.borrow()) => ran,
+            ran = driver.run_until(shutdown.clone()) => ran,
             () = async {
                 let _ = shutdown.wait_for(|stop| *stop).await;
                 tokio::time::sleep(grace).await;

@@ -303,10 +303,29 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
     /// Works until the turn is done (and no message is queued), the session waits
     /// for a signal, or it ends.
     pub async fn run(&mut self) -> Result<Stop> {
+        let (_never, stopping) = tokio::sync::watch::channel(false);
         loop {
+            if let Some(stop) = self.run_until(stopping.clone()).await? {
+                return Ok(stop);
+            }
+        }
+    }
+
+    /// Works as [`Self::run`] does, but once `stopping` turns true the CLI is stopped
+    /// at once (it has no steps to stop between), the model reply and the tool call it
+    /// was waiting on are still recorded, and it returns `Ok(None)`: the turn goes on
+    /// from the log with the session's next driver, which replays what was recorded.
+    pub async fn run_until(
+        &mut self,
+        stopping: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<Option<Stop>> {
+        loop {
+            if *stopping.borrow() {
+                return Ok(None);
+            }
             self.refresh().await?;
             if self.state.ended {
-                return Ok(Stop::Ended(end_state(self.state.status)));
+                return Ok(Some(Stop::Ended(end_state(self.state.status))));
             }
             let inbox = self.harness.world.inbox(&self.lease.session).await?;
             // An interrupt with no turn running (it came after the turn ended, or
@@ -330,7 +349,7 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
                     .into_iter()
                     .find(|i| i.kind == InboundKind::Signal && i.name == wait.name)
                 else {
-                    return Ok(Stop::Waiting(wait.name));
+                    return Ok(Some(Stop::Waiting(wait.name)));
                 };
                 self.append(&[Event::SignalReceived {
                     name: signal.name,
@@ -348,9 +367,14 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
                         &self.harness.blobs,
                         &self.harness.drive,
                         &self.options,
+                        stopping.clone(),
                     )
                     .await;
                     match turn {
+                        Ok(report) if report.stopped => {
+                            self.add(report);
+                            return Ok(None);
+                        }
                         Ok(report) => {
                             self.add(report);
                             // The turn is over: a checkpoint, when one is due, lets the
@@ -366,7 +390,7 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
                             // A CLI that failed past its restarts has ended the session.
                             self.refresh().await?;
                             if self.state.ended {
-                                return Ok(Stop::Ended(end_state(self.state.status)));
+                                return Ok(Some(Stop::Ended(end_state(self.state.status))));
                             }
                             return Err(e.into());
                         }
@@ -375,7 +399,7 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
                 _ => {
                     let Some(item) = inbox.into_iter().find(|i| i.kind != InboundKind::Signal)
                     else {
-                        return Ok(Stop::Idle);
+                        return Ok(Some(Stop::Idle));
                     };
                     let turn = self.state.turn + 1;
                     self.append(&[Event::UserMessage {

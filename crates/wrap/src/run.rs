@@ -79,6 +79,9 @@ pub struct TurnReport {
     pub tools: (u64, u64),
     /// Who interrupted the turn, if someone did.
     pub interrupted_by: Option<String>,
+    /// The CLI was stopped because its driver is stopping (the turn goes on
+    /// elsewhere, from the log): nothing more is recorded for the turn.
+    pub stopped: bool,
 }
 
 /// How a run of the CLI ended.
@@ -87,6 +90,15 @@ enum RunEnd {
     Ran(steadfast_sandbox::Result<steadfast_sandbox::ToolOutput>),
     /// Someone interrupted the turn.
     Interrupted(steadfast_world::Inbound),
+    /// The driver is stopping (its worker was told to).
+    Stopped,
+}
+
+/// Resolves once `stopping` turns true; never, if its sender is gone first.
+async fn stop_requested(mut stopping: tokio::sync::watch::Receiver<bool>) {
+    if stopping.wait_for(|stop| *stop).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// How long an interrupted turn waits for the model reply and the command it cut off
@@ -196,6 +208,7 @@ pub async fn drive_turn<W: World + Clone>(
     blobs: &Blobs,
     drive: &Drive,
     options: &WrappedOptions,
+    stopping: tokio::sync::watch::Receiver<bool>,
 ) -> Result<TurnReport> {
     let mut report = TurnReport::default();
     let _heartbeat = Heartbeat::start(world.clone(), lease.clone(), options.lease_ttl);
@@ -327,15 +340,19 @@ pub async fn drive_turn<W: World + Clone>(
             result = cli.execute("bash", &input) => RunEnd::Ran(result),
             () = gateway.escalated() => RunEnd::Ran(Ok(steadfast_sandbox::ToolOutput::error("stopped: a bound was crossed"))),
             item = steadfast_world::interrupt::arrives(world.clone(), lease.session.clone()) => RunEnd::Interrupted(item),
+            () = stop_requested(stopping.clone()) => RunEnd::Stopped,
         };
         let interrupted = matches!(ended, RunEnd::Interrupted(_));
-        if interrupted {
+        if interrupted || matches!(ended, RunEnd::Stopped) {
             cli.cancel().await;
+        }
+        if interrupted {
             journal.cancel().await;
         }
         drop(cli);
         // A reply the dead CLI was receiving is still being recorded: let it finish, so
-        // the next start gets it from the log rather than paying for it again.
+        // the next start gets it from the log rather than paying for it again (when
+        // stopping, for as long as the driver's grace lets this run).
         gateway
             .settle(if interrupted {
                 INTERRUPT_SETTLE
@@ -360,6 +377,11 @@ pub async fn drive_turn<W: World + Clone>(
         report.tools.1 += ran;
         let result = match ended {
             RunEnd::Ran(result) => result,
+            RunEnd::Stopped => {
+                tracing::info!(session = %lease.session, "wrapped turn stopped; it goes on from the log");
+                report.stopped = true;
+                return Ok(report);
+            }
             RunEnd::Interrupted(item) => {
                 let by = steadfast_world::interrupt::sender(&item);
                 tracing::info!(session = %lease.session, %by, "wrapped turn interrupted");
