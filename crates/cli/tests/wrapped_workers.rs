@@ -3,7 +3,8 @@
 //! driving it is SIGKILLed mid-turn; the other worker takes the session over and
 //! finishes the turn by replaying its log (nothing paid twice, nothing run by the
 //! native loop), and the SSE client sees the turn through to its `end`. On the
-//! embedded SQLite world and on PostgreSQL.
+//! embedded SQLite world and on PostgreSQL. A worker stopped with SIGTERM instead
+//! records the reply its CLI was receiving before it exits.
 
 mod common;
 
