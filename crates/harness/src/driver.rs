@@ -352,15 +352,15 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     /// a command it has paid for finish, and hand the session back between steps.
     pub async fn run_until(&mut self, stopping: impl Fn() -> bool) -> Result<Option<Stop>> {
         loop {
+            if stopping() {
+                return Ok(None);
+            }
             if let Some(stop) = self.step().await? {
                 if stop != Stop::Idle {
                     // Waiting on a human (or ended): hold no sandbox meanwhile.
                     self.sandbox.discard().await;
                 }
                 return Ok(Some(stop));
-            }
-            if stopping() {
-                return Ok(None);
             }
         }
     }
