@@ -327,6 +327,17 @@ async fn takeover(
     reasked
 }
 
+/// The session as the API shows it.
+async fn shown(http: &reqwest::Client, url: &str, id: &str) -> Value {
+    http.get(format!("{url}/v1/sessions/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// A Claude Code session of the demo task created through an API process and driven
 /// by a worker process (both kept alive by the returned children).
 async fn demo_on_a_worker(
@@ -488,14 +499,7 @@ async fn an_interrupt_stops_a_running_wrapped_turn_at_once() {
         .unwrap();
     assert_eq!(resp.status(), 202);
     loop {
-        let shown: Value = http
-            .get(format!("{url}/v1/sessions/{id}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let shown = shown(&http, &url, &id).await;
         if shown["status"] == "idle" {
             break;
         }
@@ -563,14 +567,7 @@ async fn a_stopped_worker_records_the_reply_its_wrapped_cli_was_receiving() {
     let http = reqwest::Client::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     loop {
-        let shown: Value = http
-            .get(format!("{url}/v1/sessions/{id}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let shown = shown(&http, &url, &id).await;
         if shown["status"] == "idle" {
             break;
         }
