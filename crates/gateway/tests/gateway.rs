@@ -2,7 +2,8 @@
 //! loopback HTTP: live calls are recorded, a restarted client is answered from the log
 //! byte for byte without the provider, a divergence supersedes the record and restores
 //! the workspace, a request whose intent the log refuses never reaches the provider
-//! whole, a process stopping mid-recording abandons it cleanly, and bad requests get
+//! whole (a 409 when another driver has the session, a 503 when the log is too busy),
+//! a process stopping mid-recording abandons it cleanly, and bad requests get
 //! clear errors in the API's own format.
 
 use std::path::PathBuf;
@@ -122,6 +123,22 @@ impl Setup {
             axum::serve(listener, app).await.unwrap();
         });
         (url, gateway, task)
+    }
+
+    /// Another process's hold on the log's write lock for `how_long`, taken when this
+    /// returns; join the handle to wait for its release.
+    fn hold_write_lock(&self, how_long: Duration) -> std::thread::JoinHandle<()> {
+        let (locked, lock_held) = std::sync::mpsc::channel();
+        let db = self.dir.path().join("world.db");
+        let holder = std::thread::spawn(move || {
+            let conn = rusqlite::Connection::open(db).unwrap();
+            conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+            locked.send(()).unwrap();
+            std::thread::sleep(how_long);
+            conn.execute_batch("ROLLBACK").unwrap();
+        });
+        lock_held.recv().unwrap();
+        holder
     }
 
     /// Changes the workspace and records its snapshot as the session's last.
@@ -360,16 +377,7 @@ async fn a_request_whose_intent_the_log_refuses_never_reaches_the_provider_whole
     // And the log is slow to answer: another process holds its write lock for a
     // while, so a request that did not wait for its intent would reach the provider
     // meanwhile.
-    let (locked, lock_held) = std::sync::mpsc::channel();
-    let db = setup.dir.path().join("world.db");
-    let holder = std::thread::spawn(move || {
-        let conn = rusqlite::Connection::open(db).unwrap();
-        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
-        locked.send(()).unwrap();
-        std::thread::sleep(Duration::from_millis(400));
-        conn.execute_batch("ROLLBACK").unwrap();
-    });
-    lock_held.recv().unwrap();
+    let holder = setup.hold_write_lock(Duration::from_millis(400));
     let (status, body) = post(
         &format!("{url}/v1/messages"),
         TOKEN,
@@ -433,6 +441,34 @@ async fn a_reply_whose_client_went_away_mid_stream_is_still_recorded_whole() {
     assert_eq!(again, reply.2);
     assert_eq!(setup.fake.calls(), 1, "the provider was asked once");
     assert_eq!(second.counters().replayed, 1);
+}
+
+/// A log too busy to take a call's intent (another process holds its write lock past
+/// the store's wait) gets the call refused as unavailable, a 503 the client may retry,
+/// and the call is never made; once the log is free, the same request goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_log_is_too_busy_to_record_is_a_503_and_is_not_made() {
+    let setup = Setup::new(json!([{"text": "one"}])).await;
+    let (url, _gateway, _task) = setup.run().await;
+    // Longer than the world waits for a lock (10 s).
+    let holder = setup.hold_write_lock(Duration::from_secs(11));
+    let request = messages_request("a", "first", false);
+    let (status, body) = post(&format!("{url}/v1/messages"), TOKEN, &request).await;
+    holder.join().unwrap();
+    assert_eq!(status, 503, "{body}");
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(error["type"], "error", "{body}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("log is unavailable"),
+        "{body}"
+    );
+    assert_eq!(setup.fake.calls(), 0, "the call was not made");
+    let (status, body) = post(&format!("{url}/v1/messages"), TOKEN, &request).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(setup.fake.calls(), 1);
 }
 
 /// A process that stops while a reply is still being recorded (its client gone, the
