@@ -195,6 +195,10 @@ pub struct SandboxConfig {
     pub read_only_paths: Vec<PathBuf>,
 }
 
+/// The longest `[harness] stop-grace-secs` may be: a stop that waits longer is no
+/// stop at all (and a deploy's own termination grace is far shorter).
+const MAX_STOP_GRACE_SECS: u64 = 3600;
+
 /// Harness settings.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
@@ -528,6 +532,12 @@ impl Config {
             "[harness] compact-at: a share of the context window between 0.2 and 0.95"
         );
         anyhow::ensure!(
+            self.harness
+                .stop_grace_secs
+                .is_none_or(|s| s <= MAX_STOP_GRACE_SECS),
+            "[harness] stop-grace-secs: at most {MAX_STOP_GRACE_SECS} (an hour)"
+        );
+        anyhow::ensure!(
             self.harness.context_window.is_none_or(|w| w >= 4096),
             "[harness] context-window: at least 4096 tokens"
         );
@@ -669,6 +679,24 @@ mod tests {
             dump.contains("# openai key: set") && !dump.contains("sk-test"),
             "{dump}"
         );
+    }
+
+    #[test]
+    fn a_stop_grace_out_of_range_is_a_configuration_error_naming_it() {
+        let parse = |text: &str| toml::from_str::<Config>(text).map(|c| c.check());
+        assert!(parse("[harness]\nstop-grace-secs = 0\n").unwrap().is_ok());
+        assert!(parse("[harness]\nstop-grace-secs = 3600\n")
+            .unwrap()
+            .is_ok());
+        let err = parse("[harness]\nstop-grace-secs = 18446744073709551615\n")
+            .unwrap()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("stop-grace-secs"), "{err}");
+        let err = parse("[harness]\nstop-grace-secs = -1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("stop-grace-secs"), "{err}");
     }
 
     #[test]

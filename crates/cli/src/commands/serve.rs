@@ -189,7 +189,7 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
     }
     let graceful = steadfast_server::serve(listener, app(state), edges, async move {
         shutdown_signal().await;
-        let _ = stopped_at.set(tokio::time::Instant::now() + grace);
+        let _ = stopped_at.set(steps_deadline(grace));
         let _ = stop.send(true);
         notify.notify_one();
     });
@@ -202,7 +202,7 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
     let steps_until = steps_until
         .get()
         .copied()
-        .unwrap_or_else(|| tokio::time::Instant::now() + grace);
+        .unwrap_or_else(|| steps_deadline(grace));
     stop_workers(&stop_tx, &mut workers, steps_until).await;
     metrics.inspect(|m| m.abort());
     drop(fake);
@@ -213,6 +213,14 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
 /// hold for the next commit and giving up their leases), beyond the time they have to
 /// finish the step in hand, before they are aborted.
 const WORKER_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// When the steps in hand must be done if the workers are told to stop now (far in
+/// the future, not a panic, for a grace no clock can add).
+fn steps_deadline(grace: std::time::Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(grace)
+        .unwrap_or_else(|| now + std::time::Duration::from_secs(86_400 * 365))
+}
 
 /// Tells the workers to stop, gives them until `steps_until` to finish the steps in
 /// hand (their own grace ends then too) and [`WORKER_GRACE`] more to hand their
@@ -232,7 +240,7 @@ async fn stop_workers(
         );
     }
     tokio::select! {
-        _ = tokio::time::timeout_at(steps_until + WORKER_GRACE, async {
+        _ = tokio::time::timeout_at(steps_until.checked_add(WORKER_GRACE).unwrap_or(steps_until), async {
             while workers.join_next().await.is_some() {}
         }) => {}
         () = shutdown_signal() => {}
@@ -257,7 +265,7 @@ pub async fn worker(home: &Path, config: &Config, args: WorkerArgs) -> anyhow::R
         _ = shutdown_signal() => {}
         _ = workers.join_next() => {}
     }
-    stop_workers(&stop_tx, &mut workers, tokio::time::Instant::now() + grace).await;
+    stop_workers(&stop_tx, &mut workers, steps_deadline(grace)).await;
     metrics.inspect(|m| m.abort());
     drop(fake);
     Ok(ExitCode::SUCCESS)
