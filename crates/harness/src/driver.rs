@@ -341,6 +341,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     /// Works until the turn is done or the session ends.
     pub async fn run(&mut self) -> Result<Stop> {
         loop {
+            // Never stopping, it returns only with a stop of the agent's own.
             if let Some(stop) = self.run_until(|| false).await? {
                 return Ok(stop);
             }

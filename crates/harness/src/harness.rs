@@ -330,7 +330,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         }
     }
 
-    /// How long its stopping workers let a native step in hand finish (see
+    /// How long its stopping workers let what is in hand finish (see
     /// [`HarnessOptions::stop_grace`]), so whoever stops them knows how long to wait.
     pub fn stop_grace(&self) -> Duration {
         self.options.stop_grace
