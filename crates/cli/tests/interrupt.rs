@@ -34,7 +34,9 @@ fn command(
         .env_remove("STEADFAST_WORLD")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(steadfast_testkit::service_log::stderr(env!(
+            "CARGO_TARGET_TMPDIR"
+        )))
         .kill_on_drop(true);
     if let Some(url) = world {
         cmd.env("STEADFAST_WORLD", url)

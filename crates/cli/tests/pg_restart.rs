@@ -1,6 +1,6 @@
 //! PostgreSQL restarted in the middle of a run: workers and API processes reconnect
-//! and every session completes. (Its own test binary: it restarts the machine's
-//! server, which no other test may be using at the time.)
+//! and every session completes. The server restarted is the test's own (a cluster made
+//! with `initdb` in a temporary directory, on a port of its own), never the machine's.
 
 mod common;
 
@@ -9,44 +9,11 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use steadfast_testkit::postgres::PrivatePostgres;
 use steadfast_testkit::{FakeProvider, Script};
 use tokio::io::AsyncBufReadExt;
 
 const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
-
-fn admin() -> String {
-    std::env::var("STEADFAST_TEST_POSTGRES")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-async fn admin_client() -> Option<tokio_postgres::Client> {
-    let (client, conn) = tokio_postgres::connect(&admin(), tokio_postgres::NoTls)
-        .await
-        .ok()?;
-    tokio::spawn(conn);
-    Some(client)
-}
-
-fn restart_postgres() {
-    let version = std::fs::read_dir("/etc/postgresql")
-        .expect("a Debian PostgreSQL cluster")
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .max()
-        .unwrap();
-    let status = std::process::Command::new("pg_ctlcluster")
-        .args([
-            "--skip-systemctl-redirect",
-            &version,
-            "main",
-            "restart",
-            "--",
-            "-m",
-            "fast",
-        ])
-        .status()
-        .expect("pg_ctlcluster runs");
-    assert!(status.success(), "PostgreSQL restarted");
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_complete_across_a_database_restart() {
@@ -57,19 +24,11 @@ async fn sessions_complete_across_a_database_restart() {
     )
     .unwrap();
     let fake = FakeProvider::start(script).await.unwrap();
-    let client = admin_client().await.expect("PostgreSQL must be running");
-    let db = format!("steadfast_restart_{}", std::process::id());
-    client
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+    let postgres = tokio::task::spawn_blocking(PrivatePostgres::start)
         .await
-        .unwrap();
-    client
-        .batch_execute(&format!("CREATE DATABASE {db}"))
-        .await
-        .unwrap();
-    drop(client);
-    let base = admin();
-    let world = format!("{}/{db}", &base[..base.rfind('/').unwrap()]);
+        .unwrap()
+        .expect("a private PostgreSQL server starts");
+    let world = postgres.url("postgres");
     let dir = tempfile::tempdir().unwrap();
     let home: PathBuf = dir.path().join("home");
     let command = |args: &[&str]| {
@@ -83,7 +42,9 @@ async fn sessions_complete_across_a_database_restart() {
             .env_remove("OPENAI_API_KEY")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(steadfast_testkit::service_log::stderr(env!(
+                "CARGO_TARGET_TMPDIR"
+            )))
             .kill_on_drop(true);
         cmd
     };
@@ -136,7 +97,19 @@ async fn sessions_complete_across_a_database_restart() {
         unfinished > 0,
         "the restart lands in the middle of the work"
     );
-    restart_postgres();
+    let before = start_time(&world).await;
+    let postgres = tokio::task::spawn_blocking(move || {
+        postgres.restart().expect("the private server restarts");
+        postgres
+    })
+    .await
+    .unwrap();
+    assert_ne!(
+        start_time(&world).await,
+        before,
+        "the server restarted: {}",
+        postgres.log()
+    );
 
     let mut done = false;
     for _ in 0..900 {
@@ -168,9 +141,18 @@ async fn sessions_complete_across_a_database_restart() {
             "1\n2\n3\n4\n"
         );
     }
-    if let Some(client) = admin_client().await {
-        let _ = client
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-            .await;
-    }
+    drop(postgres);
+}
+
+/// When the server at `url` started (`pg_postmaster_start_time()`).
+async fn start_time(url: &str) -> String {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let row = client
+        .query_one("SELECT pg_postmaster_start_time()::text", &[])
+        .await
+        .unwrap();
+    row.get(0)
 }

@@ -24,10 +24,35 @@ pub(crate) fn registry(root: &Path) -> PathBuf {
 
 /// Records a running command's process group.
 pub(crate) fn record(registry: &Path, pgid: u32) -> Option<PathBuf> {
-    std::fs::create_dir_all(registry).ok()?;
     let file = registry.join(format!("{pgid}.pgid"));
-    std::fs::write(&file, format!("{pgid} {}", std::process::id())).ok()?;
-    Some(file)
+    let record = format!("{pgid} {}", std::process::id());
+    // A directory emptied by another command's [`forget`] between the two steps is
+    // made again.
+    for _ in 0..3 {
+        std::fs::create_dir_all(registry).ok()?;
+        match std::fs::write(&file, &record) {
+            Ok(()) => return Some(file),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// Removes a finished command's record, and the registry's directories once they are
+/// empty, so a host's temporary directory holds nothing once no command runs.
+pub(crate) fn forget(file: &Path) {
+    let _ = std::fs::remove_file(file);
+    let registry = file.parent();
+    // Fails, leaving them, while another command is recorded.
+    for dir in [registry, registry.and_then(Path::parent)]
+        .into_iter()
+        .flatten()
+    {
+        if std::fs::remove_dir(dir).is_err() {
+            break;
+        }
+    }
 }
 
 /// Kills what is left of every recorded command of the workspace `root`. Returns how
@@ -50,7 +75,7 @@ pub(crate) fn reap(registry: &Path, root: &Path) -> usize {
             if owner_alive {
                 return None;
             }
-            let _ = std::fs::remove_file(e.path());
+            forget(&e.path());
             Some(pgid)
         })
         .collect();
@@ -113,4 +138,24 @@ fn process_group(pid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = &stat[stat.rfind(')')? + 1..];
     after.split_whitespace().nth(2)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_registry_is_removed_once_its_last_command_is_forgotten() {
+        let tmp = tempfile::tempdir().unwrap();
+        let registry = tmp.path().join("steadfast-running").join("key");
+        let a = record(&registry, 1).unwrap();
+        let b = record(&registry, 2).unwrap();
+        forget(&a);
+        assert!(b.exists(), "another command's record stays");
+        forget(&b);
+        assert!(!registry.exists() && !tmp.path().join("steadfast-running").exists());
+        // Recorded again after that, the directories are made again.
+        let c = record(&registry, 3).unwrap();
+        assert!(c.exists());
+    }
 }

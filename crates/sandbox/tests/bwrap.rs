@@ -298,6 +298,20 @@ async fn each_resource_limit_gives_a_clear_tool_error() {
         out.text
     );
 
+    // The report comes from the kernel's own signal (SIGXCPU at the soft limit), not
+    // from timing; a command that catches it is killed at the hard limit a second
+    // later, and the report is the same.
+    let out = bash(&sandbox, "trap '' XCPU; while :; do :; done").await;
+    assert!(
+        out.is_error && out.text.contains("CPU time limit (1 s)"),
+        "{}",
+        out.text
+    );
+    assert!(
+        !f.ws().join("core").exists(),
+        "no core file in the workspace"
+    );
+
     let out = bash(&sandbox, "for i in $(seq 1 100); do sleep 30 & done; wait").await;
     assert!(
         out.is_error && out.text.contains("process limit (20"),

@@ -9,7 +9,9 @@ pub mod demo;
 mod fake;
 pub mod git_server;
 pub mod mcp_server;
+pub mod postgres;
 mod responses;
+pub mod service_log;
 mod wire;
 
 pub use fake::{router, FakeProvider, FakeState};

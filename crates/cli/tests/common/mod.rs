@@ -129,7 +129,8 @@ impl TestDatabase {
 
 /// `steadfast` with `args` as a service of the world in `home`, its model calls going
 /// to `fake` (Anthropic's API, `claude-sonnet-4-5`), stdout piped (`serve` prints its
-/// URL there), stderr inherited, killed when dropped.
+/// URL there), stderr to the test's service log (`steadfast_testkit::service_log`),
+/// killed when dropped.
 pub fn service(
     home: &Path,
     fake: &steadfast_testkit::FakeProvider,
@@ -147,7 +148,9 @@ pub fn service(
         .env_remove("STEADFAST_METRICS_LISTEN")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
+        .stderr(steadfast_testkit::service_log::stderr(env!(
+            "CARGO_TARGET_TMPDIR"
+        )))
         .kill_on_drop(true);
     cmd
 }

@@ -36,18 +36,28 @@ const QUOTA_POLL: Duration = Duration::from_millis(200);
 
 /// The shell that applies the limits and then runs the command (`$1`). `ulimit`
 /// without `-S`/`-H` sets both, so the command cannot raise them again.
+///
+/// The CPU limit is the one exception: its soft limit is the configured seconds and its
+/// hard limit one second more. At the soft limit the kernel sends `SIGXCPU`, which ends
+/// the command with that signal, so the report names the CPU limit from the exit status
+/// alone, whatever the machine's load did to the timing. (With both limits equal the
+/// kernel sends a bare `SIGKILL`, indistinguishable from any other kill.) A command that
+/// catches `SIGXCPU` gets its `SIGKILL` a second later. No core file is written into the
+/// workspace (`-c 0`).
 fn limited(limits: &ResourceLimits, command: &str, cmd: &mut std::process::Command) {
-    let mut script = String::from("ulimit");
+    let mut steps = vec!["ulimit -c 0".to_string()];
     if let Some(s) = limits.cpu_secs {
-        script.push_str(&format!(" -t {s}"));
+        // Soft first: a hard limit below the current soft one is refused.
+        steps.push(format!("ulimit -S -t {s}"));
+        steps.push(format!("ulimit -H -t {}", s + 1));
     }
     if let Some(mb) = limits.memory_mb {
-        script.push_str(&format!(" -v {}", mb * 1024));
+        steps.push(format!("ulimit -v {}", mb * 1024));
     }
     if let Some(mb) = limits.file_mb {
-        script.push_str(&format!(" -f {}", mb * 1024)); // bash counts 1024-byte blocks
+        steps.push(format!("ulimit -f {}", mb * 1024)); // bash counts 1024-byte blocks
     }
-    script.push_str(" || exit 125; exec bash -c \"$1\"");
+    let script = format!("{} || exit 125; exec bash -c \"$1\"", steps.join(" && "));
     cmd.arg("-c").arg(script).arg("steadfast").arg(command);
 }
 
@@ -219,7 +229,7 @@ pub(crate) async fn run(ctx: &Context<'_>, input: &Value) -> ToolOutput {
                  // of its own, which the group kill misses and which would hold the pipe open).
     crate::agent::kill_strays();
     if let Some(file) = recorded {
-        let _ = std::fs::remove_file(file);
+        crate::orphans::forget(&file);
     }
     let (kept, total) = collector.await.unwrap_or_default();
     let mut text = String::from_utf8_lossy(&kept).into_owned();
@@ -305,7 +315,10 @@ fn limit_message(
         ));
     }
     if let Some(secs) = limits.cpu_secs {
-        let spent = cpu.as_secs_f64() >= secs as f64 * 0.9;
+        // `SIGXCPU` is the soft limit's own signal; a `SIGKILL` counts as the hard limit
+        // only when the command's measured CPU time passed the soft one (the hard limit
+        // is a whole second beyond it, so the margin is the kernel's, not a guess).
+        let spent = cpu >= Duration::from_secs(secs);
         if signal == Some(SIGXCPU) || (signal == Some(SIGKILL) && spent) {
             return Some(format!(
                 "the command exceeded the sandbox's CPU time limit ({secs} s) and was killed"
