@@ -129,7 +129,7 @@ impl Index {
     pub(crate) fn put(&mut self, rel: &str, record: DirRecord) -> Result<()> {
         std::fs::create_dir_all(&self.dir).map_err(io("create", &self.dir))?;
         let file = self.file(rel);
-        let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+        let tmp = file.with_extension(crate::unique_temp_suffix());
         let bytes = serde_json::to_vec(&record).expect("records serialize");
         std::fs::write(&tmp, bytes).map_err(io("write", &tmp))?;
         std::fs::rename(&tmp, &file).map_err(io("rename", &file))?;

@@ -75,6 +75,18 @@ pub enum Error {
 /// The drive's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// A name part no other writer uses at the same time (this process's id and a counter),
+/// for a temporary file renamed into place: two processes, or two threads of one, that
+/// write the same file never share a temporary.
+pub(crate) fn unique_temp_suffix() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "tmp{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 pub(crate) fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
     let path = path.to_path_buf();
     move |source| Error::Io { op, path, source }
@@ -86,8 +98,9 @@ pub(crate) fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -
 pub struct Drive {
     objects: ObjectStore,
     cache_dir: PathBuf,
-    /// The indexes of workspaces snapshotted lately, by path.
-    indexes: Arc<Mutex<HashMap<PathBuf, Index>>>,
+    /// The indexes of workspaces snapshotted lately, by path. Each is also the
+    /// workspace's writer lock: a snapshot or a restore holds it for its whole pass.
+    indexes: Arc<Mutex<HashMap<PathBuf, Arc<Mutex<Index>>>>>,
     /// Files read (hashed) by snapshots and restores so far.
     files_read: Arc<AtomicU64>,
     /// With a shared store: every object of the recorded snapshot each workspace was
@@ -145,20 +158,44 @@ impl Drive {
         })
     }
 
-    /// Runs `f` with the index of `workspace`, taken out of the shared map meanwhile
-    /// (two passes over one workspace at once each get an index; both are right).
+    /// Runs `f` with the index of `workspace`, holding it for the whole pass.
+    ///
+    /// **One pass at a time per workspace.** Snapshots and restores of one workspace
+    /// through this drive (and its clones) never overlap: a snapshot taken while a
+    /// restore runs would record a workspace half one thing and half another, and two
+    /// restores to different snapshots at once would leave a mixture of both. So a
+    /// snapshot always records a workspace some restore left whole (or that commands
+    /// changed), and concurrent callers (tool calls of one reply run in parallel) are
+    /// served in turn, each with the index the one before it left.
     fn with_index<T>(&self, workspace: &Path, f: impl FnOnce(&mut Index) -> T) -> T {
-        let taken = self.indexes.lock().expect("index lock").remove(workspace);
-        let mut index = taken.unwrap_or_else(|| Index::new(&self.cache_dir, workspace));
-        let out = f(&mut index);
-        let mut indexes = self.indexes.lock().expect("index lock");
-        if indexes.len() >= INDEXES_IN_MEMORY {
-            if let Some(evict) = indexes.keys().next().cloned() {
-                indexes.remove(&evict);
+        let slot = {
+            let mut indexes = self.indexes.lock().expect("index lock");
+            if !indexes.contains_key(workspace) && indexes.len() >= INDEXES_IN_MEMORY {
+                // Forget one no pass is using (its files stay, read back when needed).
+                let idle = indexes
+                    .iter()
+                    .find(|(_, slot)| Arc::strong_count(slot) == 1)
+                    .map(|(path, _)| path.clone());
+                if let Some(path) = idle {
+                    indexes.remove(&path);
+                }
             }
-        }
-        indexes.insert(workspace.to_path_buf(), index);
-        out
+            indexes
+                .entry(workspace.to_path_buf())
+                .or_insert_with(|| Arc::new(Mutex::new(Index::new(&self.cache_dir, workspace))))
+                .clone()
+        };
+        let mut index = match slot.lock() {
+            Ok(index) => index,
+            Err(poisoned) => {
+                // A pass panicked half way: its index is only a hint, so start over.
+                let mut index = poisoned.into_inner();
+                index.clear();
+                slot.clear_poison();
+                index
+            }
+        };
+        f(&mut index)
     }
 
     /// Takes a snapshot of `workspace` and returns its id.

@@ -99,7 +99,10 @@ pub(crate) fn apply(
                         }
                     }
                     _ => {
-                        let tmp = abs.join(format!(".{name}.steadfast-restore"));
+                        let tmp = abs.join(format!(
+                            ".{name}.steadfast-restore-{}",
+                            crate::unique_temp_suffix()
+                        ));
                         objects.copy_to(hash, &tmp)?;
                         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
                             .map_err(io("chmod", &tmp))?;

@@ -627,3 +627,100 @@ fn watched_snapshots_equal_full_scans_through_random_changes() {
     drive.snapshot(&ws).unwrap();
     assert_eq!(drive.files_read(), read);
 }
+
+/// Two states of a workspace that differ in many files and directories, so a restore
+/// from one to the other takes long enough for other passes to land in the middle.
+fn two_states(drive: &Drive, ws: &Path) -> (String, String) {
+    for d in 0..8 {
+        for f in 0..40 {
+            let dir = ws.join(format!("d{d}"));
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(dir.join(format!("f{f}.txt")), format!("a {d} {f}\n")).unwrap();
+        }
+    }
+    let a = drive.snapshot(ws).unwrap();
+    for d in 0..8 {
+        for f in 0..40 {
+            let path = ws.join(format!("d{d}/f{f}.txt"));
+            if f % 3 == 0 {
+                fs::remove_file(&path).unwrap();
+            } else {
+                fs::write(&path, format!("b {d} {f}\n")).unwrap();
+            }
+        }
+        fs::write(ws.join(format!("d{d}/new.txt")), "only in b\n").unwrap();
+    }
+    let b = drive.snapshot(ws).unwrap();
+    assert_ne!(a, b);
+    (a, b)
+}
+
+#[test]
+fn sixteen_concurrent_snapshots_and_restores_of_one_workspace_never_collide_or_mix() {
+    let (_dir, drive, ws) = setup();
+    let (a, b) = two_states(&drive, &ws);
+    let threads: Vec<_> = (0..16)
+        .map(|i| {
+            let (drive, ws, a, b) = (drive.clone(), ws.clone(), a.clone(), b.clone());
+            std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                for round in 0..12 {
+                    if i % 2 == 0 {
+                        let to = if (i / 2 + round) % 2 == 0 { &a } else { &b };
+                        drive.restore(&ws, to).unwrap();
+                    } else {
+                        seen.push(drive.snapshot(&ws).unwrap());
+                    }
+                }
+                seen
+            })
+        })
+        .collect();
+    for t in threads {
+        for id in t.join().unwrap() {
+            // A snapshot never records a restore half done.
+            assert!(id == a || id == b, "a snapshot of a mixed workspace: {id}");
+        }
+    }
+    // Whatever the order, the workspace ends whole and restores to either state.
+    for id in [&a, &b] {
+        drive.restore(&ws, id).unwrap();
+        assert_eq!(&drive.snapshot(&ws).unwrap(), id);
+    }
+    let leftovers: Vec<_> = walkdir::WalkDir::new(&ws)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .contains("steadfast-restore")
+        })
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+#[test]
+fn drives_opened_twice_on_one_directory_snapshot_one_workspace_at_once() {
+    // Two processes on one host share the per-host index files: their temporary
+    // files never collide.
+    let (dir, drive, ws) = setup();
+    let (_, b) = two_states(&drive, &ws);
+    for _ in 0..5 {
+        // No index files: every pass writes every directory's record at once.
+        fs::remove_dir_all(dir.path().join("drive/statcache")).unwrap();
+        let start = Arc::new(std::sync::Barrier::new(8));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (drive_dir, ws, start) = (dir.path().join("drive"), ws.clone(), start.clone());
+                std::thread::spawn(move || {
+                    let drive = Drive::open(drive_dir).unwrap();
+                    start.wait();
+                    drive.snapshot(&ws).unwrap()
+                })
+            })
+            .collect();
+        for t in threads {
+            assert_eq!(t.join().unwrap(), b);
+        }
+    }
+}
