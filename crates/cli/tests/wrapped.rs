@@ -663,3 +663,162 @@ async fn claude_code_s_own_compactions_are_journaled_and_replayed() {
         );
     }
 }
+
+/// A reply of eight tool calls that write files of their own, one of them slow.
+fn parallel_script() -> steadfast_testkit::Script {
+    // The slow one first: however an agent batches the calls, it is still running
+    // when the others' results are recorded.
+    let slow =
+        serde_json::json!({"name": "bash", "input": {"command": "sleep 2; echo late > late.txt"}});
+    let mut calls = vec![slow];
+    calls.extend((0..7).map(|i| {
+        serde_json::json!({"name": "bash", "input": {"command": format!("echo {i} > f{i}.txt")}})
+    }));
+    serde_json::from_value(serde_json::json!({
+        "steps": [{"text": "Writing them all at once.", "tool_calls": calls}, {"text": "Written."}]
+    }))
+    .unwrap()
+}
+
+/// The snapshots the log's tool events name, in log order (`intent`: taken before a
+/// call; `outcome`: after it; a resolution's kind: where a cut-off call left it), and
+/// whether calls overlapped (an intent recorded before an earlier call's outcome).
+fn tool_records(log: &[Value]) -> (Vec<(String, String)>, bool) {
+    let mut open = 0;
+    let mut overlapped = false;
+    let mut snapshots = Vec::new();
+    for r in log {
+        let event = &r["event"];
+        if let Some(intent) = event.get("tool_call_intent") {
+            overlapped |= open > 0;
+            open += 1;
+            if let Some(before) = intent["snapshot_before"].as_str() {
+                snapshots.push(("intent".to_string(), before.to_string()));
+            }
+        }
+        if let Some(outcome) = event.get("tool_call_outcome") {
+            open -= 1;
+            snapshots.push((
+                "outcome".to_string(),
+                outcome["snapshot_after"].as_str().unwrap_or("").to_string(),
+            ));
+        }
+        if let Some(cut) = event.get("tool_call_interrupted") {
+            open -= 1;
+            let resolution = &cut["resolution"];
+            let kind = resolution["kind"].as_str().unwrap_or("").to_string();
+            let to = resolution["snapshot"].as_str().unwrap_or("").to_string();
+            snapshots.push((kind, to));
+        }
+    }
+    (snapshots, overlapped)
+}
+
+/// Pi and OpenCode run the tool calls of a reply at once. Each gets one recorded
+/// outcome, and a crash while some are still running rolls those back without undoing
+/// the ones whose results were recorded: the workspace the rollback restores holds
+/// every finished sibling's file, and the session then ends with the crash-free
+/// workspace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pi_s_parallel_calls_each_get_one_outcome_and_a_crash_keeps_the_finished_ones() {
+    installed("pi").await;
+    parallel_calls("pi").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_s_parallel_calls_each_get_one_outcome_and_a_crash_keeps_the_finished_ones() {
+    installed("opencode").await;
+    parallel_calls("opencode").await;
+}
+
+async fn parallel_calls(agent: &str) {
+    let model = "anthropic/claude-sonnet-4-5";
+    let run = |case: &Case, env: Vec<(&'static str, String)>| {
+        let ws = case.workspace().display().to_string();
+        let args = [
+            "run",
+            "write",
+            "--agent",
+            agent,
+            "--workspace",
+            &ws,
+            "--model",
+            model,
+            "--json",
+        ]
+        .map(String::from);
+        let cmd = case.command(&args.iter().map(String::as_str).collect::<Vec<_>>(), &env);
+        async move {
+            let mut cmd = cmd;
+            cmd.output().await.unwrap()
+        }
+    };
+
+    let clean = Case::with_script(parallel_script()).await;
+    let out = run(&clean, vec![]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let session = clean.session().await;
+    let log = clean.log(&session).await;
+    let (records, overlapped) = tool_records(&log);
+    assert!(overlapped, "{agent} ran the calls of the reply at once");
+    let outcomes = records.iter().filter(|(k, _)| k == "outcome").count();
+    assert_eq!(outcomes, 8, "every call has one outcome: {records:?}");
+    let expected = tree(&clean.workspace());
+    for i in 0..7 {
+        assert!(expected.contains_key(&format!("f{i}.txt")));
+    }
+    assert!(expected.contains_key("late.txt"));
+
+    // Killed once five results are recorded, three calls still running.
+    let case = Case::with_script(parallel_script()).await;
+    let crash = vec![("STEADFAST_FAULT", "tool.outcome_committed:5".to_string())];
+    let out = run(&case, crash).await;
+    assert_eq!(out.status.signal(), Some(6), "{}", stderr(&out));
+    let session = case.session().await;
+    let resumed = case.steadfast(&["resume", &session, "--json"], &[]).await;
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    let log = case.log(&session).await;
+    let (records, _) = tool_records(&log);
+    let cut = records
+        .iter()
+        .position(|(kind, _)| kind == "rolled_back")
+        .unwrap_or_else(|| panic!("the cut-off calls were rolled back: {records:?}"));
+    let outcomes = records[..cut]
+        .iter()
+        .filter(|(k, _)| k == "outcome")
+        .count();
+    assert_eq!(outcomes, 5, "{records:?}");
+    // Each rollback went to the newest snapshot the log named before the crash, which
+    // holds every recorded sibling's work, never to an older one that would undo it.
+    let newest = &records[cut - 1].1;
+    for (kind, snap) in records[cut..]
+        .iter()
+        .take_while(|(k, _)| k == "rolled_back")
+    {
+        assert_eq!(
+            snap, newest,
+            "{kind}: a rollback kept every recorded sibling: {records:?}"
+        );
+    }
+    // The restarted agent's new calls ran on the workspace every recorded call left
+    // (even while its earlier calls were still being answered from the record), never
+    // on one a replay passed through on its way there.
+    let passed: std::collections::HashSet<&String> = records[..cut]
+        .iter()
+        .map(|(_, snap)| snap)
+        .filter(|snap| *snap != newest)
+        .collect();
+    for (kind, snap) in &records[cut..] {
+        assert!(
+            kind != "intent" || !passed.contains(snap),
+            "a call after the crash ran on an earlier workspace: {records:?}"
+        );
+    }
+    assert_eq!(
+        tree(&case.workspace()),
+        expected,
+        "the crash-free workspace"
+    );
+    case.assert_nothing_paid_twice(&session, "parallel crash")
+        .await;
+}

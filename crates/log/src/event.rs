@@ -11,6 +11,17 @@ running this call died before its result was recorded. The workspace was restore
 snapshot taken just before the call, so the call had no effect. Run it again if it is \
 still needed.";
 
+/// What the model is told of a cut-off mutating call that ran beside others of its reply
+/// (tool calls run in parallel) whose results were recorded after it began: the
+/// workspace was put back to the last recorded result, which keeps those calls' work, so
+/// what this call changed before then may still be there. Starts as
+/// [`INTERRUPTED_ROLLED_BACK`] does, so whoever looks for a rolled-back call finds both.
+pub const INTERRUPTED_ROLLED_BACK_BESIDE: &str =
+    "[steadfast] interrupted, rolled back: the worker \
+running this call died before its result was recorded. The workspace was restored to where the \
+last recorded call left it: calls that ran beside this one finished first and their work is \
+kept, so changes this call made while they ran may remain. Look before running it again.";
+
 /// What the model is told when an external-effect call was cut off.
 pub const INTERRUPTED_OUTCOME_UNKNOWN: &str = "[steadfast] interrupted, outcome unknown: \
 this call reaches outside the workspace and the worker running it died before its result \

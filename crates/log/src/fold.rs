@@ -10,7 +10,8 @@ use serde_json::Value;
 
 use crate::event::{
     Breaker, EndState, Event, Limits, ModelSpec, ToolClass, ToolResolution, Usage, DENIED,
-    INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK, RESUME_SIGNAL,
+    INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK, INTERRUPTED_ROLLED_BACK_BESIDE,
+    RESUME_SIGNAL,
 };
 use crate::is_workspace_id;
 use crate::message::{Block, Message, Role, ToolUse};
@@ -140,6 +141,12 @@ pub struct WrappedTool {
     pub snapshot_after: Option<String>,
     /// Whether it ran to a recorded outcome (not resolved after a crash).
     pub done: bool,
+    /// When its result was recorded among the session's wrapped calls (1 for the first
+    /// result, 2 for the next, ...; 0 while it has none, and in states folded before
+    /// this was kept). Calls of one reply may run in parallel and finish in any order:
+    /// a replay moves the workspace on in this order, never back.
+    #[serde(default)]
+    pub result_order: u32,
 }
 
 impl WrappedTool {
@@ -378,6 +385,10 @@ pub struct SessionState {
     pub exchanges: Vec<Exchange>,
     /// A wrapped agent's tool calls, in order (superseded ones removed).
     pub wrapped_tools: Vec<WrappedTool>,
+    /// How many wrapped calls' results have been recorded (the last
+    /// [`WrappedTool::result_order`] given).
+    #[serde(default)]
+    pub wrapped_results: u32,
     /// Exchanges replaced or superseded (their late replies are ignored).
     pub superseded_exchanges: Vec<String>,
     /// The exchange from which a wrapped turn's model-call budget counts (a `resume`
@@ -508,6 +519,7 @@ impl SessionState {
             steps_from: 0,
             exchanges: Vec::new(),
             wrapped_tools: Vec::new(),
+            wrapped_results: 0,
             superseded_exchanges: Vec::new(),
             exchanges_from: 0,
             wrapped_reply: None,
@@ -548,6 +560,7 @@ impl SessionState {
                     result: None,
                     snapshot_after: None,
                     done: false,
+                    result_order: 0,
                 });
             }
             Event::ToolCallOutcome {
@@ -557,12 +570,14 @@ impl SessionState {
                 snapshot_after,
                 ..
             } => {
+                let order = self.next_result_order();
                 let t = self
                     .wrapped_tools
                     .iter_mut()
                     .find(|t| &t.call_id == call_id && t.result.is_none())
                     .ok_or("no such pending tool call")?;
                 t.result = Some((output.for_model(), *is_error));
+                t.result_order = order;
                 t.done = true;
                 t.snapshot_after = snapshot_after.clone().or_else(|| t.snapshot_before.clone());
                 let unchanged = match snapshot_after {
@@ -590,7 +605,16 @@ impl SessionState {
                         if snapshot.is_some() {
                             self.last_snapshot = snapshot.clone();
                         }
-                        Some((INTERRUPTED_ROLLED_BACK.to_string(), true))
+                        // Put back to a later point than its own start: siblings that
+                        // ran beside it were recorded after it began and are kept.
+                        let beside = snapshot.is_some()
+                            && *snapshot != self.wrapped_tools[at].snapshot_before;
+                        let text = if beside {
+                            INTERRUPTED_ROLLED_BACK_BESIDE
+                        } else {
+                            INTERRUPTED_ROLLED_BACK
+                        };
+                        Some((text.to_string(), true))
                     }
                     ToolResolution::OutcomeUnknown => {
                         Some((INTERRUPTED_OUTCOME_UNKNOWN.to_string(), true))
@@ -600,11 +624,19 @@ impl SessionState {
                         evidence,
                     } => Some((evidence.clone(), false)),
                 };
+                let left_at = match resolution {
+                    ToolResolution::RolledBack { snapshot } if snapshot.is_some() => {
+                        snapshot.clone()
+                    }
+                    _ => self.wrapped_tools[at].snapshot_before.clone(),
+                };
+                let order = self.next_result_order();
                 match result {
                     Some(r) => {
                         let t = &mut self.wrapped_tools[at];
                         t.result = Some(r);
-                        t.snapshot_after = t.snapshot_before.clone();
+                        t.snapshot_after = left_at;
+                        t.result_order = order;
                     }
                     None => {
                         self.wrapped_tools.remove(at);
@@ -614,6 +646,13 @@ impl SessionState {
             _ => return Ok(false),
         }
         Ok(true)
+    }
+
+    /// The order the next wrapped call's result is recorded in (see
+    /// [`WrappedTool::result_order`]).
+    fn next_result_order(&mut self) -> u32 {
+        self.wrapped_results += 1;
+        self.wrapped_results
     }
 
     /// Whether the session is over for good.

@@ -42,14 +42,32 @@ pub type MakeSandbox<S> = Arc<dyn Fn() -> steadfast_sandbox::Result<S> + Send + 
 
 /// What a recorded call answers with.
 enum Answer {
-    /// A call of the current record: its id, its result, and where it left the
-    /// workspace.
-    Recorded(String, (String, bool), Option<String>),
+    /// A call of the current record: its id, its result, where it left the
+    /// workspace, and its place in the record's order of results.
+    Recorded(String, (String, bool), Option<String>, ResultPlace),
     /// A superseded external effect asked for again: re-recorded, its result given.
     Fact(WrappedTool),
 }
 
+/// Where a recorded call's result stands among the session's: the order results were
+/// recorded in ([`WrappedTool::result_order`]), then the order of the calls.
+type ResultPlace = (u32, usize);
+
+/// Past every recorded call: the workspace is at the log's frontier.
+const FRONTIER: ResultPlace = (u32::MAX, usize::MAX);
+
 /// Runs and records a wrapped agent's tool calls.
+///
+/// **Parallel calls.** An agent may run the calls of one reply at once (Pi and OpenCode
+/// do). They share one workspace, so a snapshot is the workspace as all of them left it
+/// at that instant, and the record is kept in the order things happened: taking a
+/// snapshot and appending the event that names it is one step that parallel calls take
+/// in turn, so each snapshot in the log is at least as new as every one before it, and
+/// the last one is the workspace as every recorded call left it. A call cut off by a
+/// crash is rolled back to that last one, which never undoes a sibling whose result is
+/// recorded. A replay moves the workspace to a recorded call's after-snapshot only
+/// forwards in the order results were recorded, whatever order the restarted agent
+/// asks in.
 pub struct ToolJournal<W, S> {
     live: Arc<LiveSession<W>>,
     drive: Drive,
@@ -61,6 +79,11 @@ pub struct ToolJournal<W, S> {
     /// from, and the calls it made itself: never matched again.
     consumed: Mutex<HashSet<String>>,
     last_snapshot: Arc<StdMutex<Option<String>>>,
+    /// Held while a snapshot is taken and the event naming it appended, and while a
+    /// replay moves the workspace: one writer of the record and the workspace at a time.
+    recording: Mutex<()>,
+    /// The recorded call whose after-snapshot a replay last put the workspace at.
+    replayed_to: StdMutex<Option<ResultPlace>>,
     counters: StdMutex<(u64, u64)>,
     /// The most tool calls the turn may make; past it calls are refused and the
     /// session escalates (the runaway guard, whatever the agent does).
@@ -107,6 +130,8 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             consumed: Mutex::new(HashSet::new()),
             max_calls: usize::MAX,
             last_snapshot,
+            recording: Mutex::new(()),
+            replayed_to: StdMutex::new(None),
             counters: StdMutex::new((0, 0)),
             inflight: tokio::sync::watch::Sender::new(0),
             remote: None,
@@ -176,8 +201,8 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
     /// Runs (or replays) one call; the text and error flag the agent gets back.
     pub async fn call(&self, tool: &str, input: &Value) -> Result<(String, bool)> {
         match self.replayed(tool, input).await {
-            Some(Answer::Recorded(_, result, after)) => {
-                self.lockstep(after).await?;
+            Some(Answer::Recorded(_, result, after, place)) => {
+                self.lockstep(after, place).await?;
                 return Ok(result);
             }
             Some(Answer::Fact(fact)) => return self.answer_fact(fact).await,
@@ -205,13 +230,15 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             let end = (cursor + REPLAY_WINDOW).min(turn.len());
             let recorded = turn[cursor..end]
                 .iter()
-                .filter(open)
-                .find(|t| t.tool == tool && &t.input == input && t.result.is_some());
-            if let Some(t) = recorded {
+                .enumerate()
+                .filter(|(_, t)| open(t))
+                .find(|(_, t)| t.tool == tool && &t.input == input && t.result.is_some());
+            if let Some((at, t)) = recorded {
                 return Some(Answer::Recorded(
                     t.call_id.clone(),
                     t.result.clone()?,
                     t.snapshot_after.clone(),
+                    (t.result_order, from + cursor + at),
                 ));
             }
             // A completed external effect is a fact, superseded or not: the same call
@@ -231,25 +258,62 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
         Some(answer)
     }
 
-    /// Puts the workspace where a replayed call left it the first time.
-    async fn lockstep(&self, after: Option<String>) -> Result<()> {
+    /// Puts the workspace where a replayed call left it the first time, unless a call
+    /// recorded later already put it further on (parallel calls replayed in another
+    /// order than they finished).
+    async fn lockstep(&self, after: Option<String>, place: ResultPlace) -> Result<()> {
         let Some(after) = after else { return Ok(()) };
+        let _writer = self.recording.lock().await;
+        let mut replayed_to = *self.replayed_to.lock().unwrap_or_else(|e| e.into_inner());
+        if replayed_to.is_some_and(|at| at >= place) {
+            return Ok(());
+        }
+        replayed_to = Some(place);
         let current = self
             .last_snapshot
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        if current.as_deref() == Some(after.as_str()) {
+        if current.as_deref() != Some(after.as_str()) {
+            self.drive.restore_async(&self.workspace, &after).await?;
+            *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(after);
+        }
+        *self.replayed_to.lock().unwrap_or_else(|e| e.into_inner()) = replayed_to;
+        Ok(())
+    }
+
+    /// Before a call runs live: the workspace as the log last left it. A restarted
+    /// agent running a reply's calls in parallel may run a new call while calls it made
+    /// before the crash are still being answered from the record; the new one must run
+    /// on the workspace every recorded call left, not on a replay's earlier point. From
+    /// here on no replayed call moves the workspace. (Called with the writer held.)
+    async fn to_frontier(&self) -> Result<()> {
+        let already = self
+            .replayed_to
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(FRONTIER)
+            == Some(FRONTIER);
+        if already {
             return Ok(());
         }
-        self.drive.restore_async(&self.workspace, &after).await?;
-        *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(after);
+        let frontier = self.live.with(|s| s.last_snapshot.clone());
+        let current = self
+            .last_snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(frontier) = frontier.filter(|f| current.as_ref() != Some(f)) {
+            self.drive.restore_async(&self.workspace, &frontier).await?;
+            *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(frontier);
+        }
         Ok(())
     }
 
     /// Answers a superseded external effect from its record, and records it again in
     /// the new line of history (nothing runs; the workspace does not move).
     async fn answer_fact(&self, fact: WrappedTool) -> Result<(String, bool)> {
+        let _writer = self.recording.lock().await;
         let (text, is_error) = fact.result.clone().unwrap_or_default();
         let snapshot = self
             .last_snapshot
@@ -335,36 +399,46 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
         };
         // An MCP server's tool runs elsewhere: the workspace is not its to change.
         let touches = class.touches_workspace() && remote.is_none();
-        let snapshot_before = if touches {
-            Some(self.snapshot().await?)
-        } else {
-            None
-        };
         let call_id = format!("wt_{}", uuid::Uuid::now_v7().simple());
         // Made by this run: never an answer for a later call of it.
         self.consumed.lock().await.insert(call_id.clone());
-        self.live
-            .append(&[Event::ToolCallIntent {
-                call_id: call_id.clone(),
-                tool: tool.to_string(),
-                input: input.clone(),
-                class,
-                snapshot_before,
-            }])
-            .await?;
+        {
+            let _writer = self.recording.lock().await;
+            self.to_frontier().await?;
+            let snapshot_before = if touches {
+                Some(self.snapshot().await?)
+            } else {
+                None
+            };
+            self.live
+                .append(&[Event::ToolCallIntent {
+                    call_id: call_id.clone(),
+                    tool: tool.to_string(),
+                    input: input.clone(),
+                    class,
+                    snapshot_before,
+                }])
+                .await?;
+        }
         point(points::TOOL_INTENT);
-        let out = match (remote, pushing) {
-            (Some(remote), _) => remote.call(tool, input).await,
+        let executed = match (remote, pushing) {
+            (Some(remote), _) => Ok(remote.call(tool, input).await),
             (None, Some(git)) => {
                 git.push(input, |command| async move {
                     self.execute_in_sandbox("bash", &serde_json::json!({ "command": command }))
                         .await
                 })
-                .await?
+                .await
             }
-            (None, None) => self.execute_in_sandbox(tool, input).await?,
+            (None, None) => self.execute_in_sandbox(tool, input).await,
         };
+        // A call whose intent is recorded gets an outcome, even when it could not run:
+        // one left without would be rolled back by the next turn, as if cut off.
+        let out = executed.unwrap_or_else(|e| {
+            steadfast_sandbox::ToolOutput::error(format!("[steadfast] the call could not run: {e}"))
+        });
         point(points::TOOL_EFFECT);
+        let _writer = self.recording.lock().await;
         let snapshot_after = if touches {
             Some(self.snapshot().await?)
         } else {
@@ -398,6 +472,7 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
         if snapshot_after.is_some() {
             *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = snapshot_after;
         }
+        drop(_writer);
         point(points::TOOL_OUTCOME);
         self.counters.lock().unwrap_or_else(|e| e.into_inner()).1 += 1;
         Ok((shown, out.is_error))
@@ -418,7 +493,7 @@ pub async fn resolve_cut_off<W: World, S: Sandbox>(
     drive: &Drive,
     workspace: &std::path::Path,
     tools: &[WrappedTool],
-    mut last_snapshot: Option<String>,
+    last_snapshot: Option<String>,
     reconcilers: &[Arc<dyn Reconciler>],
     git: Option<&crate::git::GitPusher>,
     make_sandbox: &MakeSandbox<S>,
@@ -428,10 +503,12 @@ pub async fn resolve_cut_off<W: World, S: Sandbox>(
         async move { drive.restore_async(&ws, &snap).await.map_err(Error::from) }
     };
     let mut sandbox: Option<S> = None;
+    // Where the workspace goes back to: the last snapshot the log names, which is as
+    // new as every recorded result (see [`ToolJournal`]'s parallel calls). For a call
+    // cut off alone it is the one taken just before it; for calls of one reply cut off
+    // beside siblings recorded after they began, it keeps those siblings' work.
+    let rolled_back_to = last_snapshot.clone();
     for t in tools.iter().filter(|t| t.result.is_none()) {
-        if t.class == ToolClass::Mutate && t.snapshot_before.is_some() {
-            last_snapshot = t.snapshot_before.clone();
-        }
         let pushed = git.filter(|_| t.tool == crate::git::GIT_PUSH_TOOL);
         let probing = t.class == ToolClass::External
             && (pushed.is_some() || reconcilers.iter().any(|r| r.matches(&t.tool, &t.input)));
@@ -465,12 +542,16 @@ pub async fn resolve_cut_off<W: World, S: Sandbox>(
                 }
             },
             None => {
+                let rollback_to = match t.class {
+                    ToolClass::Mutate => rolled_back_to.clone().or(t.snapshot_before.clone()),
+                    _ => t.snapshot_before.clone(),
+                };
                 steadfast_sandbox::reconcile::resolve(
                     reconcilers,
                     t.class,
                     &t.tool,
                     &t.input,
-                    t.snapshot_before.clone(),
+                    rollback_to,
                     probe,
                 )
                 .await

@@ -549,3 +549,84 @@ fn a_move_must_start_where_the_session_is_and_at_its_last_snapshot() {
     log.push(moved("ws_0123", "s0"));
     assert!(matches!(fold(&log.0), Err(FoldError::Inconsistent { .. })));
 }
+
+fn intent(log: &mut Log, id: &str, before: &str) {
+    log.push(Event::ToolCallIntent {
+        call_id: id.into(),
+        tool: "bash".into(),
+        input: json!({"command": id}),
+        class: ToolClass::Mutate,
+        snapshot_before: Some(before.into()),
+    });
+}
+
+fn outcome(log: &mut Log, id: &str, after: &str) {
+    log.push(Event::ToolCallOutcome {
+        call_id: id.into(),
+        is_error: false,
+        exit_code: Some(0),
+        output: Output::Inline {
+            text: format!("{id} done"),
+        },
+        snapshot_after: Some(after.into()),
+    });
+}
+
+#[test]
+fn parallel_wrapped_calls_keep_the_order_their_results_came_in() {
+    let mut log = Log::new();
+    if let Event::SessionStarted { agent, .. } = &mut log.0[0].event {
+        *agent = "pi".into();
+    }
+    log.push(Event::UserMessage {
+        turn: 1,
+        text: "one".into(),
+        inbox_id: None,
+    });
+    log.push(exchange("a", 0));
+    log.push(reply("a"));
+    // Three calls of one reply run at once; they finish c, a, and b is cut off.
+    intent(&mut log, "a", "s0");
+    intent(&mut log, "b", "s0");
+    intent(&mut log, "c", "s0");
+    outcome(&mut log, "c", "s1");
+    outcome(&mut log, "a", "s2");
+    let state = fold(&log.0).unwrap();
+    let order: Vec<(&str, u32)> = state
+        .wrapped_tools
+        .iter()
+        .map(|t| (t.call_id.as_str(), t.result_order))
+        .collect();
+    assert_eq!(order, [("a", 2), ("b", 0), ("c", 1)]);
+    assert_eq!(state.last_snapshot.as_deref(), Some("s2"));
+
+    // b rolled back to the last recorded snapshot (a's and c's work kept) is told that
+    // what it changed while they ran may remain.
+    let mut beside = Log(log.0.clone());
+    beside.push(Event::ToolCallInterrupted {
+        call_id: "b".into(),
+        resolution: ToolResolution::RolledBack {
+            snapshot: Some("s2".into()),
+        },
+    });
+    let state = fold(&beside.0).unwrap();
+    let b = &state.wrapped_tools[1];
+    assert_eq!(b.result.as_ref().unwrap().0, INTERRUPTED_ROLLED_BACK_BESIDE);
+    assert_eq!(b.snapshot_after.as_deref(), Some("s2"));
+    assert_eq!(b.result_order, 3);
+    assert_eq!(state.last_snapshot.as_deref(), Some("s2"));
+
+    // Rolled back to its own start (nothing recorded beside it), the usual words.
+    let mut alone = Log(log.0.clone());
+    alone.push(Event::ToolCallInterrupted {
+        call_id: "b".into(),
+        resolution: ToolResolution::RolledBack {
+            snapshot: Some("s0".into()),
+        },
+    });
+    let state = fold(&alone.0).unwrap();
+    assert_eq!(
+        state.wrapped_tools[1].result.as_ref().unwrap().0,
+        INTERRUPTED_ROLLED_BACK
+    );
+}
