@@ -330,18 +330,49 @@ impl Config {
         let key_var = cfg
             .api_key_env
             .unwrap_or_else(|| format!("{upper}_API_KEY"));
+        if !matches!(provider, "anthropic" | "openai") {
+            return None;
+        }
         let api_key = std::env::var(&key_var).ok().filter(|k| !k.is_empty())?;
+        Some(Endpoint {
+            base_url: self.base_url(provider),
+            api_key,
+        })
+    }
+
+    /// The base URL calls to `provider` go to: `<PROVIDER>_BASE_URL`, else the file's
+    /// `base-url`, else the provider's own address (empty for a provider it does not
+    /// know).
+    fn base_url(&self, provider: &str) -> String {
+        let upper = provider.to_ascii_uppercase();
         let default = match provider {
             "anthropic" => "https://api.anthropic.com",
             "openai" => "https://api.openai.com/v1",
-            _ => return None,
+            _ => "",
         };
-        let base_url = std::env::var(format!("{upper}_BASE_URL"))
+        std::env::var(format!("{upper}_BASE_URL"))
             .ok()
             .filter(|u| !u.is_empty())
-            .or(cfg.base_url)
-            .unwrap_or_else(|| default.to_string());
-        Some(Endpoint { base_url, api_key })
+            .or_else(|| {
+                self.providers
+                    .get(provider)
+                    .and_then(|p| p.base_url.clone())
+            })
+            .unwrap_or_else(|| default.to_string())
+    }
+
+    /// Why [`Config::endpoint`] has none for `provider`, in words that say what to do:
+    /// a provider it does not know (whatever keys are set), or the key's variable unset.
+    pub fn why_no_endpoint(&self, provider: &str) -> String {
+        if !matches!(provider, "anthropic" | "openai") {
+            return format!("unknown provider `{provider}`: use anthropic or openai (a model is named PROVIDER/MODEL, e.g. anthropic/claude-sonnet-4-5)");
+        }
+        let key_var = self
+            .providers
+            .get(provider)
+            .and_then(|p| p.api_key_env.clone())
+            .unwrap_or_else(|| format!("{}_API_KEY", provider.to_ascii_uppercase()));
+        format!("no API key for provider `{provider}` (set {key_var})")
     }
 
     /// The model of a new session when none is named.
@@ -363,11 +394,7 @@ impl Config {
         let config = self.clone();
         let models: ModelResolver = Arc::new(move |spec| {
             let endpoint = config.endpoint(&spec.provider).ok_or_else(|| {
-                steadfast_model::Error::Config(format!(
-                    "no API key for provider `{}` (set {}_API_KEY)",
-                    spec.provider,
-                    spec.provider.to_ascii_uppercase()
-                ))
+                steadfast_model::Error::Config(config.why_no_endpoint(&spec.provider))
             })?;
             ModelClient::new(&spec.provider, endpoint, RetryPolicy::default())
         });
@@ -602,7 +629,7 @@ impl Config {
                 endpoint
                     .as_ref()
                     .map(|e| e.base_url.clone())
-                    .unwrap_or_else(|| "(no key set)".into()),
+                    .unwrap_or_else(|| self.base_url(provider)),
             );
             entry
                 .api_key_env

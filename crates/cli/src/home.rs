@@ -118,6 +118,23 @@ pub fn me() -> &'static str {
     INVOCATION.get().map(String::as_str).unwrap_or("steadfast")
 }
 
+/// The name of the user this process runs as: `USER`, `LOGNAME`, else the user
+/// database's name for its uid, else `uid <n>`.
+pub fn user_name() -> String {
+    ["USER", "LOGNAME"]
+        .iter()
+        .filter_map(|var| std::env::var(var).ok())
+        .find(|name| !name.is_empty())
+        .or_else(|| {
+            let uid = nix::unistd::getuid();
+            nix::unistd::User::from_uid(uid)
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+        })
+        .unwrap_or_else(|| format!("uid {}", nix::unistd::getuid()))
+}
+
 fn which(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)

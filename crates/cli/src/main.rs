@@ -124,6 +124,12 @@ enum Command {
     Openapi,
     /// Apply pending database migrations (PostgreSQL worlds).
     Migrate,
+    /// Print a completion script for `shell` (bash, zsh, fish, elvish, powershell),
+    /// e.g. `steadfast completions bash > ~/.local/share/bash-completion/completions/steadfast`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
     /// Reclaim workspace snapshot objects that no session's log references.
     Gc(commands::gc::GcArgs),
     /// Print the effective configuration (`--dump`).
@@ -254,6 +260,11 @@ fn main() -> ExitCode {
             Command::RekeyVault => commands::manage::rekey_vault(existing()?, &config).await,
             Command::Openapi => {
                 print!("{}", steadfast_server::openapi::document());
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::Completions { shell } => {
+                let mut command = <Cli as clap::CommandFactory>::command();
+                clap_complete::generate(shell, &mut command, "steadfast", &mut std::io::stdout());
                 Ok(ExitCode::SUCCESS)
             }
             Command::Gc(args) => commands::gc::run(path, &config, args).await,

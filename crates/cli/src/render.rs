@@ -24,6 +24,15 @@ pub fn time(ms: u64) -> String {
     )
 }
 
+/// `n` things, in the singular for one: "1 worker", "2 workers".
+pub fn count(n: u64, thing: &str) -> String {
+    if n == 1 {
+        format!("1 {thing}")
+    } else {
+        format!("{n} {thing}s")
+    }
+}
+
 fn short(s: &str, n: usize) -> String {
     let one_line = s.split_whitespace().collect::<Vec<_>>().join(" ");
     if one_line.chars().count() <= n {
@@ -96,7 +105,7 @@ pub fn timeline(record: &Record) -> Vec<String> {
                 if tools.is_empty() { String::new() } else { format!(" -> {}", tools.join(", ")) }
             )
         }
-        Event::ModelCallInterrupted { .. } => "model call interrupted by a crash; issued again (clients restart the reply)".into(),
+        Event::ModelCallInterrupted { .. } => "model call cut off when its process stopped (a crash, a kill, Ctrl-C); issued again (clients restart the reply)".into(),
         Event::Pruned { was, bytes } => format!("pruned: a {was} of {bytes} bytes, removed by retention"),
         Event::Checkpoint { blob, version } => format!("checkpoint: the state so far stored (blob {}, format {version})", &blob.hash[..12.min(blob.hash.len())]),
         Event::OutputsElided { before, tokens_before, tokens_after } => format!("context: long tool outputs before message {before} elided (~{tokens_before} -> ~{tokens_after} tokens; the log keeps them)"),
@@ -114,11 +123,11 @@ pub fn timeline(record: &Record) -> Vec<String> {
             output_summary(output)
         ),
         Event::ToolCallInterrupted { resolution, .. } => match resolution {
-            ToolResolution::Rerun => "tool call interrupted by a crash: read-only, will run again".into(),
-            ToolResolution::RolledBack { snapshot } => format!("tool call interrupted by a crash: rolled back to snapshot {}; model told", snap(snapshot)),
-            ToolResolution::OutcomeUnknown => "tool call interrupted by a crash: external effect, outcome unknown, NOT re-run; model told".into(),
-            ToolResolution::Reconciled { done: true, evidence } => format!("tool call interrupted by a crash: reconciled, the effect HAD happened; recorded as done ({})", short(evidence, 80)),
-            ToolResolution::Reconciled { done: false, evidence } => format!("tool call interrupted by a crash: reconciled, the effect had NOT happened; will run again ({})", short(evidence, 80)),
+            ToolResolution::Rerun => "tool call cut off when its process stopped: read-only, will run again".into(),
+            ToolResolution::RolledBack { snapshot } => format!("tool call cut off when its process stopped: rolled back to snapshot {}; model told", snap(snapshot)),
+            ToolResolution::OutcomeUnknown => "tool call cut off when its process stopped: external effect, outcome unknown, NOT re-run; model told".into(),
+            ToolResolution::Reconciled { done: true, evidence } => format!("tool call cut off when its process stopped: reconciled, the effect HAD happened; recorded as done ({})", short(evidence, 80)),
+            ToolResolution::Reconciled { done: false, evidence } => format!("tool call cut off when its process stopped: reconciled, the effect had NOT happened; will run again ({})", short(evidence, 80)),
         },
         Event::ExchangeIntent { index, api, fingerprint, stream, .. } => format!("gateway request #{index} ({api}{}, request {})", if *stream { ", streaming" } else { "" }, &fingerprint[..12.min(fingerprint.len())]),
         Event::ExchangeOutcome { status, body, .. } => format!("gateway reply: HTTP {status}, {} bytes recorded", body.len()),
@@ -173,4 +182,28 @@ pub fn progress(record: &Record) -> Option<String> {
         ),
         _ => timeline(record).join("\n"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cut_off_call_is_not_called_a_crash_whatever_stopped_it() {
+        // Ctrl-C, a kill and a crash leave the same record: the words fit all three.
+        let record = Record {
+            seq: 7,
+            epoch: 1,
+            at_ms: 0,
+            event: Event::ToolCallInterrupted {
+                call_id: "c".into(),
+                resolution: ToolResolution::RolledBack { snapshot: None },
+            },
+        };
+        let line = timeline(&record).join("\n");
+        assert!(line.contains("cut off when its process stopped"), "{line}");
+        assert!(!line.contains("crash"), "{line}");
+        assert_eq!(count(1, "worker"), "1 worker");
+        assert_eq!(count(2, "worker"), "2 workers");
+    }
 }

@@ -582,3 +582,107 @@ async fn gc_prunes_the_streamed_pieces_of_ended_turns_and_the_log_still_verifies
     let diff = person.steadfast("elsewhere", &["diff", &id]).await;
     assert!(diff.status.success(), "{}", text(&diff.stderr));
 }
+
+/// What a newcomer reads says what it means: shell completions exist, the configuration
+/// dump shows the address calls would go to, an unknown provider is named as such
+/// (not as a missing key that is in fact set), the server's banner counts its workers,
+/// and a command run where `USER` is unset still names who did it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_newcomer_reads_says_what_it_means() {
+    let person = Person::new();
+    for shell in ["bash", "zsh", "fish"] {
+        let out = person.steadfast("here", &["completions", shell]).await;
+        assert!(out.status.success(), "{shell}: {}", text(&out.stderr));
+        let script = text(&out.stdout);
+        assert!(
+            script.contains("steadfast") && script.contains("resume"),
+            "{shell}: {script}"
+        );
+    }
+
+    let dump = person.steadfast("here", &["config", "--dump"]).await;
+    let dump = text(&dump.stdout);
+    assert!(
+        dump.contains("base-url = \"https://api.anthropic.com\""),
+        "{dump}"
+    );
+    assert!(!dump.contains("(no key set)"), "{dump}");
+
+    let mut unknown = person.command(
+        "here",
+        &["run", "hello", "--workspace", ".", "--model", "foo/bar"],
+    );
+    unknown.env("FOO_API_KEY", "set-indeed");
+    let out = unknown.output().await.unwrap();
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("unknown provider `foo`"), "{said}");
+    assert!(!said.contains("set FOO_API_KEY"), "{said}");
+
+    let mut serve = person.command(
+        "here",
+        &["serve", "--listen", "127.0.0.1:0", "--workers", "1"],
+    );
+    serve.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut server = serve.spawn().unwrap();
+    let mut stderr = server.stderr.take().unwrap();
+    let mut banner = String::new();
+    let mut buf = [0u8; 1024];
+    while !banner.contains("API described") {
+        let n = tokio::time::timeout(Duration::from_secs(30), stderr.read(&mut buf))
+            .await
+            .expect("the banner")
+            .unwrap();
+        assert!(n > 0, "the server printed its banner: {banner}");
+        banner.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    server.kill().await.unwrap();
+    assert!(
+        banner.contains("(no authentication: development; 1 worker)"),
+        "{banner}"
+    );
+
+    // A running session closed by a user with no USER or LOGNAME.
+    let script = slow_script(person.dir.path());
+    let mut run = person.command("here", &["run", "wait for it", "--workspace", "."]);
+    run.env("STEADFAST_FAKE_SCRIPT", &script)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut running = run.spawn().unwrap();
+    let mut id = String::new();
+    for _ in 0..300 {
+        let out = person.steadfast("elsewhere", &["sessions", "--json"]).await;
+        if let Some(line) = text(&out.stdout).lines().next() {
+            let s: Value = serde_json::from_str(line).unwrap();
+            id = s["id"].as_str().unwrap().to_string();
+            let log = person.steadfast("elsewhere", &["log", &id, "--json"]).await;
+            if text(&log.stdout).contains("tool_call_intent") {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut close = person.command("elsewhere", &["close", &id]);
+    close.env_remove("USER").env_remove("LOGNAME");
+    let closed = close.output().await.unwrap();
+    assert!(closed.status.success(), "{}", text(&closed.stderr));
+    let _ = tokio::time::timeout(Duration::from_secs(20), running.wait()).await;
+    let log = person.steadfast("elsewhere", &["log", &id]).await;
+    let timeline = text(&log.stdout);
+    assert!(!timeline.contains("cli:unknown"), "{timeline}");
+    let me = nix_user_name();
+    assert!(
+        timeline.contains(&format!("closed by cli:{me}")),
+        "{timeline}"
+    );
+}
+
+/// This process's user name from the user database (what a command with no `USER`
+/// names).
+fn nix_user_name() -> String {
+    let out = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .unwrap();
+    text(&out.stdout).trim().to_string()
+}

@@ -51,9 +51,11 @@ impl ObjectStore {
 impl Drive {
     /// Writes snapshot `id` to `out` as a tar archive: directories, files (with their
     /// executable bit) and symbolic links under their workspace paths, and FIFOs;
-    /// sockets and devices, which no snapshot can recreate, are left out. Times are
-    /// fixed, so a snapshot's archive is the same bytes every time.
-    pub fn export_tar(&self, id: &str, out: impl Write) -> Result<()> {
+    /// sockets and devices, which no snapshot can recreate, are left out. Every entry is
+    /// dated `mtime` (seconds since the epoch; the caller passes when the snapshot was
+    /// recorded), so an archive of one snapshot at one time is the same bytes every
+    /// time, and its files do not look 56 years old.
+    pub fn export_tar(&self, id: &str, mtime: u64, out: impl Write) -> Result<()> {
         let manifest = self.manifest(id)?;
         let mut tar = tar::Builder::new(out);
         tar.mode(tar::HeaderMode::Deterministic);
@@ -65,7 +67,7 @@ impl Drive {
         };
         for (path, entry) in &manifest.entries {
             let mut header = tar::Header::new_gnu();
-            header.set_mtime(0);
+            header.set_mtime(mtime);
             match entry {
                 Entry::Dir => {
                     header.set_entry_type(tar::EntryType::Directory);

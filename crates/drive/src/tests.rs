@@ -242,9 +242,9 @@ fn a_snapshot_exports_as_a_tar_that_tar_unpacks_to_the_same_tree() {
     nix::unistd::mkfifo(&ws.join("pipe"), nix::sys::stat::Mode::S_IRWXU).unwrap();
     let id = drive.snapshot(&ws).unwrap();
     let mut archive = Vec::new();
-    drive.export_tar(&id, &mut archive).unwrap();
+    drive.export_tar(&id, 1_800_000_000, &mut archive).unwrap();
     let mut again = Vec::new();
-    drive.export_tar(&id, &mut again).unwrap();
+    drive.export_tar(&id, 1_800_000_000, &mut again).unwrap();
     assert_eq!(archive, again, "the same snapshot gives the same bytes");
 
     // The system's tar, as a person downloading it would use.
@@ -265,6 +265,10 @@ fn a_snapshot_exports_as_a_tar_that_tar_unpacks_to_the_same_tree() {
     fs::remove_file(ws.join("pipe")).unwrap();
     fs::remove_file(out.join("pipe")).unwrap();
     assert_eq!(tree(&out), tree(&ws));
+    // Entries carry the time the caller gave (when the snapshot was recorded).
+    use std::os::unix::fs::MetadataExt;
+    let dated = fs::symlink_metadata(out.join("src/lib.rs")).unwrap();
+    assert_eq!(dated.mtime(), 1_800_000_000);
 
     // A corrupt object cuts the archive short with an error, never wrong bytes.
     let Entry::File { hash, .. } = drive.manifest(&id).unwrap().entries["src/lib.rs"].clone()
@@ -273,7 +277,7 @@ fn a_snapshot_exports_as_a_tar_that_tar_unpacks_to_the_same_tree() {
     };
     let object = drive.objects_dir().join(&hash[..2]).join(&hash[2..]);
     fs::write(&object, b"fn b() {}\n").unwrap();
-    assert!(drive.export_tar(&id, std::io::sink()).is_err());
+    assert!(drive.export_tar(&id, 0, std::io::sink()).is_err());
 }
 
 fn object_count(drive: &Drive) -> usize {

@@ -51,7 +51,8 @@ impl WorkspaceDiff {
     pub fn to_text(&self) -> String {
         let mut out = String::new();
         for f in &self.files {
-            out.push_str(&format!("diff a/{0} b/{0} ({1:?})\n", f.path, f.change).to_lowercase());
+            let change = format!("{:?}", f.change).to_lowercase();
+            out.push_str(&format!("diff a/{0} b/{0} ({change})\n", f.path));
             match (&f.patch, &f.note) {
                 (Some(patch), _) => out.push_str(patch),
                 (None, Some(note)) => out.push_str(&format!("{note}\n")),
@@ -155,7 +156,13 @@ pub struct WorkspaceListing {
 
 impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// The snapshot in force at `at` (default: now), checked against the log's length.
-    async fn snapshot_at(&self, session: &str, at: Option<u64>) -> Result<(u64, Option<String>)> {
+    /// The log position `at` (default: the last), the workspace snapshot at it, and
+    /// when it was recorded (ms since the epoch; 0 before the first record).
+    async fn snapshot_at(
+        &self,
+        session: &str,
+        at: Option<u64>,
+    ) -> Result<(u64, Option<String>, u64)> {
         let records = self.world().read(session, 1).await?;
         let last = records.len() as u64;
         let at = at.unwrap_or(last);
@@ -164,13 +171,17 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 "at {at} is past the last log position ({last})"
             )));
         }
-        Ok((at, snapshot_at(&records, at)?))
+        let at_ms = at
+            .checked_sub(1)
+            .and_then(|i| records.get(i as usize))
+            .map_or(0, |r| r.at_ms);
+        Ok((at, snapshot_at(&records, at)?, at_ms))
     }
 
     /// Every path of `session`'s workspace as it was at log position `at` (default:
     /// now).
     pub async fn files(&self, session: &str, at: Option<u64>) -> Result<WorkspaceListing> {
-        let (at, snapshot) = self.snapshot_at(session, at).await?;
+        let (at, snapshot, _) = self.snapshot_at(session, at).await?;
         let entries = match &snapshot {
             Some(id) => self
                 .drive
@@ -191,7 +202,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// The bytes of the file at `path` in `session`'s workspace as it was at log
     /// position `at` (default: now). [`Error::NoFile`] if there was no such file.
     pub async fn file(&self, session: &str, path: &str, at: Option<u64>) -> Result<Vec<u8>> {
-        let (at, snapshot) = self.snapshot_at(session, at).await?;
+        let (at, snapshot, _) = self.snapshot_at(session, at).await?;
         let missing = || Error::NoFile(format!("no file {path:?} in the workspace at #{at}"));
         let snapshot = snapshot.ok_or_else(missing)?;
         let drive = self.drive.clone();
@@ -219,7 +230,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         at: Option<u64>,
         chunks: tokio::sync::mpsc::Sender<std::io::Result<Vec<u8>>>,
     ) -> Result<u64> {
-        let (at, snapshot) = self.snapshot_at(session, at).await?;
+        let (at, snapshot, at_ms) = self.snapshot_at(session, at).await?;
         let snapshot =
             snapshot.ok_or_else(|| Error::NoFile(format!("no workspace snapshot at #{at}")))?;
         let drive = self.drive.clone();
@@ -228,7 +239,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 chunks: chunks.clone(),
                 buf: Vec::with_capacity(ARCHIVE_CHUNK),
             };
-            if let Err(e) = drive.export_tar(&snapshot, &mut out) {
+            if let Err(e) = drive.export_tar(&snapshot, at_ms / 1000, &mut out) {
                 tracing::warn!(error = %e, "workspace archive cut short");
                 let _ = chunks.blocking_send(Err(std::io::Error::other(e.to_string())));
             }
@@ -337,4 +348,32 @@ fn describe(before: Option<&Entry>, after: Option<&Entry>) -> String {
         Some(Entry::Special { special }) => format!("a {special:?}").to_lowercase(),
     };
     format!("was {}, now {} (no text diff)", what(before), what(after))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_diff_header_keeps_the_path_as_it_is() {
+        let diff = WorkspaceDiff {
+            from_seq: 0,
+            to_seq: 1,
+            from_snapshot: None,
+            to_snapshot: None,
+            files: vec![FileDiff {
+                path: "docs/CHANGELOG.md".into(),
+                change: ChangeKind::Modified,
+                patch: Some("@@ -1 +1 @@\n-a\n+b\n".into()),
+                note: None,
+            }],
+        };
+        assert!(
+            diff.to_text()
+                .starts_with("diff a/docs/CHANGELOG.md b/docs/CHANGELOG.md (modified)\n"),
+            "{}",
+            diff.to_text()
+        );
+        assert_eq!(diff.summary(), ["modified docs/CHANGELOG.md"]);
+    }
 }

@@ -82,13 +82,13 @@ impl Auth {
         })
     }
 
-    /// The mode's name, for logs.
+    /// How requests are authenticated, in words for the server's banner and logs.
     pub fn mode_name(&self) -> &'static str {
         match self.mode {
-            AuthMode::Tokens(_) => "token",
-            AuthMode::Development => "development (no)",
-            AuthMode::Closed => "production, none configured: refusing all",
-            AuthMode::Public { .. } => "public (no)",
+            AuthMode::Tokens(_) => "token authentication",
+            AuthMode::Development => "no authentication: development",
+            AuthMode::Closed => "production with no tokens configured: refusing every request",
+            AuthMode::Public { .. } => "no authentication: public, anonymous sessions",
         }
     }
 

@@ -16,12 +16,11 @@ use crate::home::me;
 /// How long `stop` waits to see the turn stopped.
 const WAIT: Duration = Duration::from_secs(15);
 
-/// Who the log records as having stopped, closed or deleted a session.
+/// Who the log records as having stopped, closed or deleted a session: the login
+/// name (`USER`, `LOGNAME`, else the user database's name for this process's user,
+/// else its uid), so a service or container without `USER` still names someone.
 fn by() -> String {
-    format!(
-        "cli:{}",
-        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
-    )
+    format!("cli:{}", crate::home::user_name())
 }
 
 /// A harness over the world (no model is called), and the session's summary.

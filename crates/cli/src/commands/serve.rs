@@ -154,9 +154,9 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
         .with_context(|| format!("listening on {}", args.listen))?;
     let addr = listener.local_addr()?;
     eprintln!(
-        "steadfast: serving on http://{addr} ({} auth, {} workers); API described at /openapi.json",
+        "steadfast: serving on http://{addr} ({}; {}); API described at /openapi.json",
         auth.mode_name(),
-        args.workers
+        crate::render::count(args.workers as u64, "worker")
     );
     println!("http://{addr}");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -257,8 +257,8 @@ pub async fn worker(home: &Path, config: &Config, args: WorkerArgs) -> anyhow::R
     let grace = harness.stop_grace();
     let mut workers = spawn_workers(harness, args.workers.max(1), stop_rx);
     eprintln!(
-        "steadfast: {} workers taking turns (pid {})",
-        args.workers.max(1),
+        "steadfast: {} taking turns (pid {})",
+        crate::render::count(args.workers.max(1) as u64, "worker"),
         std::process::id()
     );
     tokio::select! {
