@@ -374,44 +374,55 @@ async fn a_diverged_replay_never_repeats_an_external_effect() {
     installed("claude-code").await;
     installed("pi").await;
     let expected = reference("claude-code", "anthropic/claude-sonnet-4-5", "").await;
-    let case = Case::new("").await;
-    let config = |adapter: &str| {
-        std::fs::write(
-            case.dir.path().join("steadfast.toml"),
-            format!("[[agents.named]]\nname = \"coder\"\nadapter = \"{adapter}\"\n"),
-        )
-        .unwrap()
-    };
-    config("claude-code");
-    let out = case
-        .run_command(
-            "coder",
-            "anthropic/claude-sonnet-4-5",
-            &[("STEADFAST_FAULT", "tool.outcome_committed:6".into())],
-        )
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(out.status.signal(), Some(6), "{}", stderr(&out));
-    assert_eq!(
-        case.service.hits(),
-        1,
-        "the effect happened before the crash"
-    );
-    config("pi");
-    let session = case.session().await;
-    resume(&case, &session, "diverged").await;
-    let log = case.log(&session).await;
-    assert!(
-        !events(&log, "replay_diverged").is_empty(),
-        "the upgraded agent's requests did not match the record"
-    );
-    assert_eq!(
-        case.service.hits(),
-        1,
-        "the external effect was not made again"
-    );
-    assert_eq!(case.files(), expected, "the crash-free workspace");
+    // Killed after the effect's outcome was recorded, and killed while it ran (its
+    // outcome unknown): either way it may have happened, so it is not made again.
+    for (point, recorded) in [("tool.outcome_committed:6", true), ("tool.effect:4", false)] {
+        let case = Case::new("").await;
+        let config = |adapter: &str| {
+            std::fs::write(
+                case.dir.path().join("steadfast.toml"),
+                format!("[[agents.named]]\nname = \"coder\"\nadapter = \"{adapter}\"\n"),
+            )
+            .unwrap()
+        };
+        config("claude-code");
+        let out = case
+            .run_command(
+                "coder",
+                "anthropic/claude-sonnet-4-5",
+                &[("STEADFAST_FAULT", point.into())],
+            )
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(out.status.signal(), Some(6), "{point}: {}", stderr(&out));
+        assert_eq!(
+            case.service.hits(),
+            1,
+            "{point}: the effect happened before the crash"
+        );
+        config("pi");
+        let session = case.session().await;
+        resume(&case, &session, point).await;
+        let log = case.log(&session).await;
+        assert!(
+            !events(&log, "replay_diverged").is_empty(),
+            "{point}: the upgraded agent's requests did not match the record"
+        );
+        assert_eq!(
+            case.service.hits(),
+            1,
+            "{point}: the external effect was not made again"
+        );
+        if recorded {
+            assert_eq!(case.files(), expected, "{point}: the crash-free workspace");
+        } else {
+            let unknown = events(&log, "tool_call_interrupted")
+                .iter()
+                .any(|e| e["resolution"]["kind"] == "outcome_unknown");
+            assert!(unknown, "{point}: the cut-off effect's outcome is unknown");
+        }
+    }
 }
 
 /// The newest version of `package` the npm registry serves.

@@ -150,10 +150,16 @@ pub struct WrappedTool {
 }
 
 impl WrappedTool {
-    /// Whether this call is a completed external effect: a fact about the world that
-    /// no replay, diverged or not, may bring about again.
+    /// Whether this call is an external effect that may have happened: completed, or
+    /// cut off with its outcome unknown. Either is a fact about the world that no
+    /// replay, diverged or not, may bring about again; the same call is answered from
+    /// this record instead (for an unknown one: that its outcome is unknown).
     pub fn is_external_fact(&self) -> bool {
-        self.class == ToolClass::External && self.done
+        let unknown = self
+            .result
+            .as_ref()
+            .is_some_and(|(text, _)| text == INTERRUPTED_OUTCOME_UNKNOWN);
+        self.class == ToolClass::External && (self.done || unknown)
     }
 }
 
