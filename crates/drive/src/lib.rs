@@ -1,6 +1,6 @@
 //! The drive: content-addressed, incremental snapshots of a workspace.
 //!
-//! A session's files must never drift from its log (DESIGN.md invariant 5). Every
+//! A session's files must never drift from its log (docs/ARCHITECTURE.md rule 5). Every
 //! mutating tool call records the snapshot before and after it; after a crash the
 //! workspace is restored to a recorded snapshot instead of re-running commands.
 //!

@@ -4,7 +4,7 @@
 //! the session's lease, folds its log, brings the workspace back to the last recorded
 //! snapshot and returns a [`Driver`] positioned at the frontier of uncommitted work.
 //! Every model and tool call is an intent appended (durably) before the call and an
-//! outcome after it; calls cut off by a crash are resolved by DESIGN.md invariant 4:
+//! outcome after it; calls cut off by a crash are resolved by docs/ARCHITECTURE.md rule 4:
 //! a model call is issued again, a read is run again, a workspace mutation is rolled
 //! back and reported, an external effect is reported as outcome-unknown, never re-run.
 //!

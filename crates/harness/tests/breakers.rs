@@ -1,4 +1,4 @@
-//! Breakers and budgets (DESIGN.md invariant 7): each bound stops a running session in
+//! Breakers and budgets (docs/ARCHITECTURE.md rule 7): each bound stops a running session in
 //! `escalated` with the reason and the diff, and a `resume` signal (raising the bound)
 //! lets it go on.
 

@@ -145,7 +145,7 @@ impl Output {
     }
 }
 
-/// How an interrupted tool call was resolved (DESIGN.md invariant 4).
+/// How an interrupted tool call was resolved (docs/ARCHITECTURE.md rule 4).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ToolResolution {
@@ -168,7 +168,7 @@ pub enum ToolResolution {
     },
 }
 
-/// The hard bounds of a session (DESIGN.md invariant 7). Each is checked as the log
+/// The hard bounds of a session (docs/ARCHITECTURE.md rule 7). Each is checked as the log
 /// grows; hitting one escalates the session until a `resume` signal raises it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Limits {

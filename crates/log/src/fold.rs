@@ -3,7 +3,7 @@
 //! Folding is pure: no I/O, no clock, no randomness. The state says what happened
 //! (conversation, spend, last workspace snapshot) and what comes next ([`SessionState::next`]),
 //! including calls whose intent is in the log without an outcome, which the harness must
-//! resolve by DESIGN.md invariant 4 before doing anything else.
+//! resolve by docs/ARCHITECTURE.md rule 4 before doing anything else.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -1,4 +1,4 @@
-//! Classifying tool calls: read, mutate or external (DESIGN.md invariant 4).
+//! Classifying tool calls: read, mutate or external (docs/ARCHITECTURE.md rule 4).
 //!
 //! The classification decides what happens when a call is cut off by a crash, so it
 //! errs towards caution: a command is `read` only if every part of it is a known

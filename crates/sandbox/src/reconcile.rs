@@ -1,7 +1,7 @@
 //! Reconcilers: deciding after a crash whether an external effect took place.
 //!
 //! An external-effect call cut off between its intent and its outcome is, by default,
-//! reported to the model as outcome-unknown and never re-run (DESIGN.md invariant 4).
+//! reported to the model as outcome-unknown and never re-run (docs/ARCHITECTURE.md rule 4).
 //! For effects whose result can be observed afterwards, a [`Reconciler`] does better:
 //! it runs read-only probe commands in the session's sandbox (the workspace restored
 //! to the snapshot taken just before the call) and decides *done* (the call is

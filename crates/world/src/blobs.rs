@@ -8,7 +8,7 @@ use steadfast_log::BlobRef;
 
 use crate::{Error, Result};
 
-/// Payloads larger than this go to the blob store (DESIGN.md invariant 7).
+/// Payloads larger than this go to the blob store (docs/ARCHITECTURE.md rule 7).
 pub const INLINE_LIMIT: usize = 64 * 1024;
 const EXCERPT: usize = 8 * 1024;
 

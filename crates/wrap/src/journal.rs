@@ -479,7 +479,7 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
     }
 }
 
-/// Resolves the wrapped tool calls a crash cut off (DESIGN.md invariant 4), through the
+/// Resolves the wrapped tool calls a crash cut off (docs/ARCHITECTURE.md rule 4), through the
 /// same [`resolve`](steadfast_sandbox::reconcile::resolve) as the native loop: a read
 /// runs again when the agent asks again; a mutation is rolled back to its snapshot and
 /// the agent, on replay, is told so; an external effect is asked of the reconcilers
