@@ -573,3 +573,146 @@ pub async fn resolve_cut_off<W: World, S: Sandbox>(
     }
     Ok(last_snapshot)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+    use steadfast_log::ModelSpec;
+    use steadfast_sandbox::{LocalSandbox, SandboxOptions};
+    use steadfast_world::{Holder, SqliteWorld};
+
+    use super::*;
+
+    struct Setup {
+        _dir: tempfile::TempDir,
+        ws: PathBuf,
+        world: SqliteWorld,
+        lease: Lease,
+        drive: Drive,
+        blobs: Blobs,
+        start: String,
+    }
+
+    /// A pi session with its first turn open, on a real SQLite world, drive and
+    /// local sandbox.
+    async fn setup() -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::write(ws.join("README.md"), "# project\n").unwrap();
+        let drive = Drive::open(dir.path().join("drive")).unwrap();
+        let blobs = Blobs::local(&dir.path().join("blobs")).unwrap();
+        let start = drive.snapshot(&ws).unwrap();
+        let world = SqliteWorld::open(dir.path().join("world.db")).unwrap();
+        world.create_session("ses_t", "me").await.unwrap();
+        let lease = world
+            .acquire_lease("ses_t", &Holder::new("test"), Duration::from_secs(60))
+            .await
+            .unwrap();
+        let opened = [
+            Event::SessionStarted {
+                agent: "pi".into(),
+                model: ModelSpec {
+                    provider: "fake".into(),
+                    model: "m".into(),
+                },
+                workspace: ws.display().to_string(),
+                host: None,
+                system: "sys".into(),
+                initial_snapshot: Some(start.clone()),
+                created_at_ms: 0,
+                budget_micro_usd: None,
+                approve_external: false,
+                limits: Default::default(),
+                network: None,
+                client_tools: Vec::new(),
+                egress_credentials: Vec::new(),
+                git: None,
+                mcp_servers: Vec::new(),
+            },
+            Event::UserMessage {
+                turn: 1,
+                text: "write".into(),
+                inbox_id: None,
+            },
+        ];
+        world.append(&lease, &opened).await.unwrap();
+        Setup {
+            _dir: dir,
+            ws,
+            world,
+            lease,
+            drive,
+            blobs,
+            start,
+        }
+    }
+
+    /// One run of the agent over the log as it stands, the workspace at `at`.
+    async fn journal(s: &Setup, at: &str) -> ToolJournal<SqliteWorld, LocalSandbox> {
+        s.drive.restore(&s.ws, at).unwrap();
+        let live = Arc::new(
+            LiveSession::open(s.world.clone(), s.lease.clone())
+                .await
+                .unwrap(),
+        );
+        let ws = s.ws.clone();
+        let make: MakeSandbox<LocalSandbox> =
+            Arc::new(move || LocalSandbox::new(&ws, SandboxOptions::default()));
+        ToolJournal::new(
+            live,
+            s.drive.clone(),
+            s.blobs.clone(),
+            s.ws.clone(),
+            make,
+            Arc::new(StdMutex::new(Some(at.to_string()))),
+        )
+    }
+
+    fn bash(command: &str) -> Value {
+        json!({ "command": command })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replay_only_moves_the_workspace_forward_and_new_calls_run_at_the_frontier() {
+        let s = setup().await;
+        let slow = bash("sleep 2; echo a > a.txt");
+        let quick = bash("echo b > b.txt");
+        // The first run: two calls at once; the quick one's result is recorded first.
+        {
+            let first = journal(&s, &s.start).await;
+            let (a, b) = tokio::join!(first.call("bash", &slow), first.call("bash", &quick));
+            assert!(!a.unwrap().1 && !b.unwrap().1);
+        }
+        let state = LiveSession::open(s.world.clone(), s.lease.clone())
+            .await
+            .unwrap()
+            .with(|s| s.wrapped_tools.clone());
+        let order: Vec<u32> = state.iter().map(|t| t.result_order).collect();
+        assert_eq!(order, [2, 1], "the quick call's result came first");
+
+        // The agent started again asks in the order it called, slow one first: the
+        // workspace goes to where the later result left it and stays there.
+        let again = journal(&s, &s.start).await;
+        assert!(!again.call("bash", &slow).await.unwrap().1);
+        assert!(!again.call("bash", &quick).await.unwrap().1);
+        assert_eq!(again.counters(), (2, 0), "both answered from the record");
+        assert!(
+            s.ws.join("a.txt").exists() && s.ws.join("b.txt").exists(),
+            "the replay never went back to the quick call's earlier snapshot"
+        );
+
+        // A third run asks for only the quick one again, then something new: the new
+        // call runs on the workspace every recorded call left, not the quick one's.
+        let third = journal(&s, &s.start).await;
+        assert!(!third.call("bash", &quick).await.unwrap().1);
+        let (listing, failed) = third.call("bash", &bash("ls")).await.unwrap();
+        assert!(!failed, "{listing}");
+        assert!(
+            listing.contains("a.txt") && listing.contains("b.txt"),
+            "the new call ran at the frontier: {listing}"
+        );
+    }
+}
