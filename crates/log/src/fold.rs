@@ -1208,7 +1208,12 @@ impl SessionState {
             }
             Event::SandboxLost { call_id, .. } => {
                 if let Some(id) = call_id {
-                    if self.pending_tool.as_ref().map(|p| &p.call_id) != Some(id) {
+                    let native = self.pending_tool.as_ref().map(|p| &p.call_id) == Some(id);
+                    let wrapped = self
+                        .wrapped_tools
+                        .iter()
+                        .any(|t| &t.call_id == id && t.result.is_none());
+                    if !native && !wrapped {
                         return Err(bad("the lost call is not in flight"));
                     }
                 }

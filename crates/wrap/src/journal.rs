@@ -29,7 +29,7 @@ use steadfast_log::{Event, Output, SessionState, ToolClass, WrappedTool};
 use steadfast_sandbox::reconcile::Reconciler;
 use steadfast_sandbox::{classify, Sandbox};
 use steadfast_world::{strip_ansi, Blobs, InboundKind, Lease, LiveSession, World, INLINE_LIMIT};
-use tokio::sync::{Mutex, OnceCell};
+use tokio::sync::Mutex;
 
 use crate::{Error, Result};
 
@@ -74,7 +74,9 @@ pub struct ToolJournal<W, S> {
     blobs: Blobs,
     workspace: PathBuf,
     make_sandbox: MakeSandbox<S>,
-    sandbox: OnceCell<S>,
+    /// The sandbox tools run in: made by the first call that needs one, and made again
+    /// after one dies.
+    sandbox: Mutex<Option<Arc<S>>>,
     /// The recorded calls (and superseded external facts) this run has been answered
     /// from, and the calls it made itself: never matched again.
     consumed: Mutex<HashSet<String>>,
@@ -125,7 +127,7 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             blobs,
             workspace,
             make_sandbox,
-            sandbox: OnceCell::new(),
+            sandbox: Mutex::new(None),
             calls: std::sync::atomic::AtomicUsize::new(recorded),
             consumed: Mutex::new(HashSet::new()),
             max_calls: usize::MAX,
@@ -169,7 +171,8 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
     /// Stops the command running in the tools' sandbox, if one is (an interrupt): the
     /// call then records its outcome, with the workspace as the command left it.
     pub async fn cancel(&self) {
-        if let Some(sandbox) = self.sandbox.get() {
+        let sandbox = self.sandbox.lock().await.clone();
+        if let Some(sandbox) = sandbox {
             sandbox.cancel().await;
         }
     }
@@ -373,17 +376,84 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
         tool: &str,
         input: &Value,
     ) -> Result<steadfast_sandbox::ToolOutput> {
-        let sandbox = self
-            .sandbox
-            .get_or_try_init(|| async {
-                let make = self.make_sandbox.clone();
-                tokio::task::spawn_blocking(move || make())
-                    .await
-                    .map_err(|e| Error::Task(e.to_string()))?
-                    .map_err(Error::from)
-            })
-            .await?;
+        let sandbox = {
+            let mut held = self.sandbox.lock().await;
+            match &*held {
+                Some(sandbox) => sandbox.clone(),
+                None => {
+                    let make = self.make_sandbox.clone();
+                    let made = Arc::new(
+                        tokio::task::spawn_blocking(move || make())
+                            .await
+                            .map_err(|e| Error::Task(e.to_string()))??,
+                    );
+                    *held = Some(made.clone());
+                    made
+                }
+            }
+        };
         Ok(sandbox.execute(tool, input).await?)
+    }
+
+    /// The sandbox died while `call_id` ran in it (killed, out of memory, evicted):
+    /// recorded, and the call resolved as a crash would resolve it (a mutation rolled
+    /// back to the newest recorded snapshot, an external effect's outcome unknown, a
+    /// read dropped to run again). The next call gets a new sandbox. Returns what the
+    /// agent is told.
+    async fn sandbox_died(
+        &self,
+        call_id: String,
+        class: ToolClass,
+        tool: &str,
+        input: &Value,
+        reason: String,
+    ) -> Result<(String, bool)> {
+        tracing::warn!(session = %self.live.lease().session, %reason, "sandbox died mid-call");
+        let _writer = self.recording.lock().await;
+        self.sandbox.lock().await.take();
+        let newest = self.live.with(|s| s.last_snapshot.clone());
+        let rollback_to = if class == ToolClass::Mutate {
+            newest
+        } else {
+            None
+        };
+        let resolution = steadfast_sandbox::reconcile::resolve(
+            &[],
+            class,
+            tool,
+            input,
+            rollback_to,
+            |_| async { Err("no probe".to_string()) },
+        )
+        .await;
+        if let steadfast_log::ToolResolution::RolledBack { snapshot: Some(to) } = &resolution {
+            self.drive.restore_async(&self.workspace, to).await?;
+            *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(to.clone());
+        }
+        self.live
+            .append(&[
+                Event::SandboxLost {
+                    call_id: Some(call_id.clone()),
+                    reason: reason.clone(),
+                },
+                Event::ToolCallInterrupted {
+                    call_id: call_id.clone(),
+                    resolution,
+                },
+            ])
+            .await?;
+        let told = self.live.with(|s| {
+            s.wrapped_tools
+                .iter()
+                .find(|t| t.call_id == call_id)
+                .and_then(|t| t.result.clone())
+        });
+        Ok(told.unwrap_or_else(|| {
+            (
+                format!("[steadfast] the sandbox died while this ran ({reason}); it had no effect that was kept. Run it again."),
+                true,
+            )
+        }))
     }
 
     async fn run(&self, tool: &str, input: &Value) -> Result<(String, bool)> {
@@ -432,6 +502,9 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             }
             (None, None) => self.execute_in_sandbox(tool, input).await,
         };
+        if let Err(Error::Sandbox(steadfast_sandbox::Error::Died(reason))) = executed {
+            return self.sandbox_died(call_id, class, tool, input, reason).await;
+        }
         // A call whose intent is recorded gets an outcome, even when it could not run:
         // one left without would be rolled back by the next turn, as if cut off.
         let out = executed.unwrap_or_else(|e| {
@@ -572,147 +645,4 @@ pub async fn resolve_cut_off<W: World, S: Sandbox>(
         restore(snap.clone()).await?;
     }
     Ok(last_snapshot)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use serde_json::json;
-    use steadfast_log::ModelSpec;
-    use steadfast_sandbox::{LocalSandbox, SandboxOptions};
-    use steadfast_world::{Holder, SqliteWorld};
-
-    use super::*;
-
-    struct Setup {
-        _dir: tempfile::TempDir,
-        ws: PathBuf,
-        world: SqliteWorld,
-        lease: Lease,
-        drive: Drive,
-        blobs: Blobs,
-        start: String,
-    }
-
-    /// A pi session with its first turn open, on a real SQLite world, drive and
-    /// local sandbox.
-    async fn setup() -> Setup {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = dir.path().join("ws");
-        std::fs::create_dir_all(&ws).unwrap();
-        std::fs::write(ws.join("README.md"), "# project\n").unwrap();
-        let drive = Drive::open(dir.path().join("drive")).unwrap();
-        let blobs = Blobs::local(&dir.path().join("blobs")).unwrap();
-        let start = drive.snapshot(&ws).unwrap();
-        let world = SqliteWorld::open(dir.path().join("world.db")).unwrap();
-        world.create_session("ses_t", "me").await.unwrap();
-        let lease = world
-            .acquire_lease("ses_t", &Holder::new("test"), Duration::from_secs(60))
-            .await
-            .unwrap();
-        let opened = [
-            Event::SessionStarted {
-                agent: "pi".into(),
-                model: ModelSpec {
-                    provider: "fake".into(),
-                    model: "m".into(),
-                },
-                workspace: ws.display().to_string(),
-                host: None,
-                system: "sys".into(),
-                initial_snapshot: Some(start.clone()),
-                created_at_ms: 0,
-                budget_micro_usd: None,
-                approve_external: false,
-                limits: Default::default(),
-                network: None,
-                client_tools: Vec::new(),
-                egress_credentials: Vec::new(),
-                git: None,
-                mcp_servers: Vec::new(),
-            },
-            Event::UserMessage {
-                turn: 1,
-                text: "write".into(),
-                inbox_id: None,
-            },
-        ];
-        world.append(&lease, &opened).await.unwrap();
-        Setup {
-            _dir: dir,
-            ws,
-            world,
-            lease,
-            drive,
-            blobs,
-            start,
-        }
-    }
-
-    /// One run of the agent over the log as it stands, the workspace at `at`.
-    async fn journal(s: &Setup, at: &str) -> ToolJournal<SqliteWorld, LocalSandbox> {
-        s.drive.restore(&s.ws, at).unwrap();
-        let live = Arc::new(
-            LiveSession::open(s.world.clone(), s.lease.clone())
-                .await
-                .unwrap(),
-        );
-        let ws = s.ws.clone();
-        let make: MakeSandbox<LocalSandbox> =
-            Arc::new(move || LocalSandbox::new(&ws, SandboxOptions::default()));
-        ToolJournal::new(
-            live,
-            s.drive.clone(),
-            s.blobs.clone(),
-            s.ws.clone(),
-            make,
-            Arc::new(StdMutex::new(Some(at.to_string()))),
-        )
-    }
-
-    fn bash(command: &str) -> Value {
-        json!({ "command": command })
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_replay_only_moves_the_workspace_forward_and_new_calls_run_at_the_frontier() {
-        let s = setup().await;
-        let slow = bash("sleep 2; echo a > a.txt");
-        let quick = bash("echo b > b.txt");
-        // The first run: two calls at once; the quick one's result is recorded first.
-        {
-            let first = journal(&s, &s.start).await;
-            let (a, b) = tokio::join!(first.call("bash", &slow), first.call("bash", &quick));
-            assert!(!a.unwrap().1 && !b.unwrap().1);
-        }
-        let state = LiveSession::open(s.world.clone(), s.lease.clone())
-            .await
-            .unwrap()
-            .with(|s| s.wrapped_tools.clone());
-        let order: Vec<u32> = state.iter().map(|t| t.result_order).collect();
-        assert_eq!(order, [2, 1], "the quick call's result came first");
-
-        // The agent started again asks in the order it called, slow one first: the
-        // workspace goes to where the later result left it and stays there.
-        let again = journal(&s, &s.start).await;
-        assert!(!again.call("bash", &slow).await.unwrap().1);
-        assert!(!again.call("bash", &quick).await.unwrap().1);
-        assert_eq!(again.counters(), (2, 0), "both answered from the record");
-        assert!(
-            s.ws.join("a.txt").exists() && s.ws.join("b.txt").exists(),
-            "the replay never went back to the quick call's earlier snapshot"
-        );
-
-        // A third run asks for only the quick one again, then something new: the new
-        // call runs on the workspace every recorded call left, not the quick one's.
-        let third = journal(&s, &s.start).await;
-        assert!(!third.call("bash", &quick).await.unwrap().1);
-        let (listing, failed) = third.call("bash", &bash("ls")).await.unwrap();
-        assert!(!failed, "{listing}");
-        assert!(
-            listing.contains("a.txt") && listing.contains("b.txt"),
-            "the new call ran at the frontier: {listing}"
-        );
-    }
 }

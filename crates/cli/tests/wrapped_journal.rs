@@ -1,0 +1,218 @@
+//! The wrapped agents' tool journal on its own, over a real SQLite world, drive and
+//! sandbox: parallel calls recorded out of order replay forward only, a new call runs
+//! at the log's frontier, and a sandbox killed mid-call is recorded, the call resolved
+//! and the sandbox replaced.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use steadfast_drive::Drive;
+use steadfast_log::{Event, ModelSpec};
+use steadfast_sandbox::{LocalSandbox, Sandbox, SandboxOptions};
+use steadfast_world::{Blobs, Holder, Lease, LiveSession, SqliteWorld, World};
+use steadfast_wrap::journal::{MakeSandbox, ToolJournal};
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    ws: PathBuf,
+    world: SqliteWorld,
+    lease: Lease,
+    drive: Drive,
+    blobs: Blobs,
+    start: String,
+}
+
+/// A pi session with its first turn open, on a real SQLite world, drive and
+/// local sandbox.
+async fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("README.md"), "# project\n").unwrap();
+    let drive = Drive::open(dir.path().join("drive")).unwrap();
+    let blobs = Blobs::local(&dir.path().join("blobs")).unwrap();
+    let start = drive.snapshot(&ws).unwrap();
+    let world = SqliteWorld::open(dir.path().join("world.db")).unwrap();
+    world.create_session("ses_t", "me").await.unwrap();
+    let lease = world
+        .acquire_lease("ses_t", &Holder::new("test"), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let opened = [
+        Event::SessionStarted {
+            agent: "pi".into(),
+            model: ModelSpec {
+                provider: "fake".into(),
+                model: "m".into(),
+            },
+            workspace: ws.display().to_string(),
+            host: None,
+            system: "sys".into(),
+            initial_snapshot: Some(start.clone()),
+            created_at_ms: 0,
+            budget_micro_usd: None,
+            approve_external: false,
+            limits: Default::default(),
+            network: None,
+            client_tools: Vec::new(),
+            egress_credentials: Vec::new(),
+            git: None,
+            mcp_servers: Vec::new(),
+        },
+        Event::UserMessage {
+            turn: 1,
+            text: "write".into(),
+            inbox_id: None,
+        },
+    ];
+    world.append(&lease, &opened).await.unwrap();
+    Setup {
+        _dir: dir,
+        ws,
+        world,
+        lease,
+        drive,
+        blobs,
+        start,
+    }
+}
+
+/// One run of the agent over the log as it stands, the workspace at `at`, its tools
+/// in local sandboxes.
+async fn journal(s: &Setup, at: &str) -> ToolJournal<SqliteWorld, LocalSandbox> {
+    let ws = s.ws.clone();
+    journal_with(
+        s,
+        at,
+        Arc::new(move || LocalSandbox::new(&ws, SandboxOptions::default())),
+    )
+    .await
+}
+
+/// One run of the agent over the log as it stands, the workspace at `at`, its tools
+/// in sandboxes `make` makes.
+async fn journal_with<S: Sandbox>(
+    s: &Setup,
+    at: &str,
+    make: MakeSandbox<S>,
+) -> ToolJournal<SqliteWorld, S> {
+    s.drive.restore(&s.ws, at).unwrap();
+    let live = Arc::new(
+        LiveSession::open(s.world.clone(), s.lease.clone())
+            .await
+            .unwrap(),
+    );
+    ToolJournal::new(
+        live,
+        s.drive.clone(),
+        s.blobs.clone(),
+        s.ws.clone(),
+        make,
+        Arc::new(StdMutex::new(Some(at.to_string()))),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_killed_mid_call_is_recorded_the_call_resolved_and_replaced() {
+    let s = setup().await;
+    let pids = Arc::new(StdMutex::new(Vec::new()));
+    let (ws, seen) = (s.ws.clone(), pids.clone());
+    let options = SandboxOptions {
+        agent: vec![
+            env!("CARGO_BIN_EXE_steadfast").into(),
+            "sandbox-agent".into(),
+        ],
+        ..SandboxOptions::default()
+    };
+    let make: MakeSandbox<steadfast_sandbox::BwrapSandbox> = Arc::new(move || {
+        let sandbox = steadfast_sandbox::BwrapSandbox::new(&ws, &options)?;
+        seen.lock().unwrap().push(sandbox.pid());
+        Ok(sandbox)
+    });
+    let journal = journal_with(&s, &s.start, make).await;
+    let log_file = s.ws.join("log.txt");
+    let killer = async {
+        for _ in 0..3000 {
+            if log_file.exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(log_file.exists(), "the command ran");
+        let pid = pids.lock().unwrap()[0];
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+    };
+    let slow = bash("echo one >> log.txt; sleep 5");
+    let (told, ()) = tokio::join!(journal.call("bash", &slow), killer);
+    let (text, is_error) = told.unwrap();
+    eprintln!("told: {text}");
+    assert!(is_error);
+    assert_eq!(text, steadfast_log::INTERRUPTED_ROLLED_BACK);
+    assert!(!log_file.exists(), "the cut-off append was rolled back");
+    // The next call runs in a new sandbox.
+    let (text, is_error) = journal
+        .call("bash", &bash("echo two >> log.txt"))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    assert_eq!(std::fs::read_to_string(&log_file).unwrap(), "two\n");
+    assert_eq!(pids.lock().unwrap().len(), 2, "a new sandbox was made");
+    let log = s.world.read("ses_t", 1).await.unwrap();
+    let kinds: Vec<&str> = log.iter().map(|r| r.event.kind()).collect();
+    let lost = kinds
+        .iter()
+        .position(|k| *k == "sandbox_lost")
+        .expect("recorded");
+    assert_eq!(kinds[lost + 1], "tool_call_interrupted");
+}
+
+fn bash(command: &str) -> Value {
+    json!({ "command": command })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_only_moves_the_workspace_forward_and_new_calls_run_at_the_frontier() {
+    let s = setup().await;
+    let slow = bash("sleep 2; echo a > a.txt");
+    let quick = bash("echo b > b.txt");
+    // The first run: two calls at once; the quick one's result is recorded first.
+    {
+        let first = journal(&s, &s.start).await;
+        let (a, b) = tokio::join!(first.call("bash", &slow), first.call("bash", &quick));
+        assert!(!a.unwrap().1 && !b.unwrap().1);
+    }
+    let state = LiveSession::open(s.world.clone(), s.lease.clone())
+        .await
+        .unwrap()
+        .with(|s| s.wrapped_tools.clone());
+    let order: Vec<u32> = state.iter().map(|t| t.result_order).collect();
+    assert_eq!(order, [2, 1], "the quick call's result came first");
+
+    // The agent started again asks in the order it called, slow one first: the
+    // workspace goes to where the later result left it and stays there.
+    let again = journal(&s, &s.start).await;
+    assert!(!again.call("bash", &slow).await.unwrap().1);
+    assert!(!again.call("bash", &quick).await.unwrap().1);
+    assert_eq!(again.counters(), (2, 0), "both answered from the record");
+    assert!(
+        s.ws.join("a.txt").exists() && s.ws.join("b.txt").exists(),
+        "the replay never went back to the quick call's earlier snapshot"
+    );
+
+    // A third run asks for only the quick one again, then something new: the new
+    // call runs on the workspace every recorded call left, not the quick one's.
+    let third = journal(&s, &s.start).await;
+    assert!(!third.call("bash", &quick).await.unwrap().1);
+    let (listing, failed) = third.call("bash", &bash("ls")).await.unwrap();
+    assert!(!failed, "{listing}");
+    assert!(
+        listing.contains("a.txt") && listing.contains("b.txt"),
+        "the new call ran at the frontier: {listing}"
+    );
+}
