@@ -83,12 +83,15 @@ pub async fn installed(agent: &str) {
 }
 
 /// A PostgreSQL database of a test's own on the real server (`STEADFAST_TEST_POSTGRES`,
-/// default the local trust-auth server), made empty; dropped by [`TestDatabase::drop_now`].
+/// default the local trust-auth server), made empty; dropped by [`TestDatabase::drop_now`],
+/// or when it goes out of scope (a failing test leaves no database behind).
 pub struct TestDatabase {
     /// The world URL of the database.
     pub url: String,
     name: String,
     admin: tokio_postgres::Client,
+    admin_url: String,
+    dropped: bool,
 }
 
 impl TestDatabase {
@@ -112,11 +115,13 @@ impl TestDatabase {
             url,
             name: name.to_string(),
             admin,
+            admin_url,
+            dropped: false,
         }
     }
 
     /// Drops the database, whoever is still connected.
-    pub async fn drop_now(self) {
+    pub async fn drop_now(mut self) {
         let _ = self
             .admin
             .batch_execute(&format!(
@@ -124,6 +129,34 @@ impl TestDatabase {
                 self.name
             ))
             .await;
+        self.dropped = true;
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        if self.dropped {
+            return;
+        }
+        // Not dropped yet (the test panicked): on a thread of its own, which may block.
+        let (url, sql) = (
+            self.admin_url.clone(),
+            format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+        );
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(async {
+                let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                    .await
+                    .ok()?;
+                tokio::spawn(conn);
+                client.batch_execute(&sql).await.ok()
+            })
+        })
+        .join();
     }
 }
 
