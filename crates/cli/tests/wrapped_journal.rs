@@ -216,3 +216,19 @@ async fn a_replay_only_moves_the_workspace_forward_and_new_calls_run_at_the_fron
         "the new call ran at the frontier: {listing}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_snapshot_takes_too_long_never_runs() {
+    let s = setup().await;
+    let journal = journal(&s, &s.start)
+        .await
+        .with_snapshot_timeout(Duration::ZERO);
+    let refused = journal.call("bash", &bash("echo ran > ran.txt")).await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert!(!s.ws.join("ran.txt").exists(), "nothing ran");
+    let log = s.world.read("ses_t", 1).await.unwrap();
+    assert!(
+        log.iter().all(|r| r.event.kind() != "tool_call_intent"),
+        "no intent was recorded for a call that never started"
+    );
+}

@@ -245,6 +245,35 @@ impl Drive {
         Ok(root)
     }
 
+    /// [`Drive::snapshot`] for async callers, on a blocking thread, abandoned after
+    /// `limit`: a snapshot that takes longer (a workspace on a dead network mount, a
+    /// runaway tree) fails with a timed-out [`Error::Io`] instead of holding its caller
+    /// (and the session's lease) for ever. The abandoned pass still runs to its end,
+    /// holding the workspace's turn ([`Drive::with_index`]) until then.
+    pub async fn snapshot_within(
+        &self,
+        workspace: &Path,
+        limit: std::time::Duration,
+    ) -> Result<String> {
+        let (drive, ws) = (self.clone(), workspace.to_path_buf());
+        match tokio::time::timeout(
+            limit,
+            tokio::task::spawn_blocking(move || drive.snapshot(&ws)),
+        )
+        .await
+        {
+            Ok(done) => done.map_err(|e| Error::Task(e.to_string()))?,
+            Err(_) => Err(Error::Io {
+                op: "snapshot",
+                path: workspace.to_path_buf(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("took longer than {} s and was abandoned", limit.as_secs()),
+                ),
+            }),
+        }
+    }
+
     /// [`Drive::restore`] for async callers, on a blocking thread: restoring a big
     /// tree must not stall the runtime the session's other work runs on.
     pub async fn restore_async(&self, workspace: &Path, id: &str) -> Result<()> {

@@ -728,3 +728,27 @@ fn drives_opened_twice_on_one_directory_snapshot_one_workspace_at_once() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_past_its_deadline_is_abandoned_with_a_timeout() {
+    let (_dir, drive, ws) = setup();
+    two_states(&drive, &ws);
+    // A fresh drive over the same store has no index: a full pass, never done at once.
+    let fresh = Drive::open(_dir.path().join("drive")).unwrap();
+    match fresh.snapshot_within(&ws, std::time::Duration::ZERO).await {
+        Err(Error::Io {
+            op: "snapshot",
+            source,
+            ..
+        }) => {
+            assert_eq!(source.kind(), std::io::ErrorKind::TimedOut)
+        }
+        other => panic!("{other:?}"),
+    }
+    // Given time, the same snapshot is taken.
+    let id = fresh
+        .snapshot_within(&ws, std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(id, drive.snapshot(&ws).unwrap());
+}

@@ -765,27 +765,10 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     }
 
     async fn snapshot_timed(&self, workspace: &Path) -> Result<String> {
-        let drive = self.drive.clone();
-        let ws = workspace.to_path_buf();
-        let limit = self.options.snapshot_timeout;
-        match tokio::time::timeout(
-            limit,
-            tokio::task::spawn_blocking(move || drive.snapshot(&ws)),
-        )
-        .await
-        {
-            Ok(done) => {
-                Ok(done.map_err(|e| Error::Invalid(format!("snapshot task failed: {e}")))??)
-            }
-            Err(_) => Err(Error::Drive(steadfast_drive::Error::Io {
-                op: "snapshot",
-                path: workspace.to_path_buf(),
-                source: std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("took longer than {} s and was abandoned", limit.as_secs()),
-                ),
-            })),
-        }
+        Ok(self
+            .drive
+            .snapshot_within(workspace, self.options.snapshot_timeout)
+            .await?)
     }
 }
 

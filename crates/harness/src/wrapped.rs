@@ -243,6 +243,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             prices: self.options.prices.clone(),
             max_tool_calls_per_turn: (self.options.max_steps_per_turn as usize)
                 .saturating_mul(TOOL_CALLS_PER_STEP),
+            snapshot_timeout: self.options.snapshot_timeout,
             reconcilers: self.options.reconcilers.clone(),
             http: self.http.clone(),
             hosted: {

@@ -90,6 +90,8 @@ pub struct ToolJournal<W, S> {
     /// The most tool calls the turn may make; past it calls are refused and the
     /// session escalates (the runaway guard, whatever the agent does).
     max_calls: usize,
+    /// The longest a snapshot may take (see [`Drive::snapshot_within`]).
+    snapshot_timeout: std::time::Duration,
     /// Tool calls this turn has made so far (recorded ones included).
     calls: std::sync::atomic::AtomicUsize,
     /// Calls running now (they run to their end even if the agent that asked died).
@@ -131,6 +133,7 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             calls: std::sync::atomic::AtomicUsize::new(recorded),
             consumed: Mutex::new(HashSet::new()),
             max_calls: usize::MAX,
+            snapshot_timeout: std::time::Duration::from_secs(600),
             last_snapshot,
             recording: Mutex::new(()),
             replayed_to: StdMutex::new(None),
@@ -175,6 +178,12 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
         if let Some(sandbox) = sandbox {
             sandbox.cancel().await;
         }
+    }
+
+    /// The same journal with snapshots abandoned after `limit`.
+    pub fn with_snapshot_timeout(mut self, limit: std::time::Duration) -> Self {
+        self.snapshot_timeout = limit;
+        self
     }
 
     /// The same journal with at most `max` tool calls a turn.
@@ -363,11 +372,10 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
     }
 
     async fn snapshot(&self) -> Result<String> {
-        let (drive, ws) = (self.drive.clone(), self.workspace.clone());
-        tokio::task::spawn_blocking(move || drive.snapshot(&ws))
-            .await
-            .map_err(|e| Error::Task(e.to_string()))?
-            .map_err(Error::from)
+        Ok(self
+            .drive
+            .snapshot_within(&self.workspace, self.snapshot_timeout)
+            .await?)
     }
 
     /// Runs a call in the session's sandbox, made when the first call needs it.

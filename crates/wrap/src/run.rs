@@ -47,6 +47,9 @@ pub struct WrappedOptions {
     /// The most tool calls a turn may make; past it the session escalates (the
     /// runaway guard).
     pub max_tool_calls_per_turn: usize,
+    /// The longest a workspace snapshot of a tool call may take (see
+    /// [`Drive::snapshot_within`]).
+    pub snapshot_timeout: Duration,
     /// Probes that decide, after a crash, whether an external effect took place.
     pub reconcilers: Vec<Arc<dyn steadfast_sandbox::reconcile::Reconciler>>,
     /// The tools the harness runs for the session outside its sandbox, which the
@@ -276,6 +279,7 @@ pub async fn drive_turn<W: World + Clone>(
                 last_snapshot.clone(),
             )
             .with_max_calls(options.max_tool_calls_per_turn)
+            .with_snapshot_timeout(options.snapshot_timeout)
             .with_hosted(options.hosted.clone()),
         );
         let token = token();
