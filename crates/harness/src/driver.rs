@@ -3,7 +3,7 @@
 use steadfast_fault::{point, points};
 use steadfast_log::fold::Next;
 use steadfast_log::{
-    EndState, Event, Output, PendingTool, Record, SessionState, ToolClass, ToolResolution, ToolUse,
+    EndState, Event, Output, PendingTool, Record, SessionState, ToolClass, ToolUse,
 };
 use steadfast_model::{
     pricing, Delta, ModelClient, ModelRequest, ModelResponse, Prepared, RequestBuilder,
@@ -1300,13 +1300,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 this.execute("bash", &serde_json::json!({ "command": command }))
                     .await
             };
-            let resolution = match git.reconcile(&pending.input, probe).await {
-                Ok(verdict) => steadfast_sandbox::reconcile::resolution(verdict),
-                Err(why) => {
-                    tracing::warn!(session = %self.lease.session, %why, "could not reconcile a push");
-                    ToolResolution::OutcomeUnknown
-                }
-            };
+            let resolution = git.resolve(&pending.input, probe).await;
             return self
                 .append(vec![Event::ToolCallInterrupted {
                     call_id: pending.call_id,

@@ -117,6 +117,27 @@ impl GitPusher {
         )
     }
 
+    /// The invariant-4 resolution of a `git_push` a crash cut off, for every agent:
+    /// [`GitPusher::reconcile`]'s verdict, or outcome unknown when it cannot tell.
+    pub async fn resolve<F, Fut, E>(
+        &self,
+        input: &serde_json::Value,
+        in_sandbox: F,
+    ) -> steadfast_log::ToolResolution
+    where
+        F: FnOnce(String) -> Fut,
+        Fut: std::future::Future<Output = Result<ToolOutput, E>>,
+        E: std::fmt::Display,
+    {
+        match self.reconcile(input, in_sandbox).await {
+            Ok(verdict) => steadfast_sandbox::reconcile::resolution(verdict),
+            Err(why) => {
+                tracing::warn!(%why, "could not reconcile a push");
+                steadfast_log::ToolResolution::OutcomeUnknown
+            }
+        }
+    }
+
     /// Whether a `git_push` a crash cut off took place: done if the remote branch is at
     /// the commit the workspace (restored to before the call) would push; otherwise not
     /// done, and it runs once more.

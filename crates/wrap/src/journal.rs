@@ -615,13 +615,7 @@ pub async fn resolve_cut_off<W: World, S: Sandbox>(
                 .map_err(|e| e.to_string())
         };
         let resolution = match pushed {
-            Some(git) => match git.reconcile(&t.input, probe).await {
-                Ok(verdict) => steadfast_sandbox::reconcile::resolution(verdict),
-                Err(why) => {
-                    tracing::warn!(%why, "could not reconcile a push");
-                    steadfast_log::ToolResolution::OutcomeUnknown
-                }
-            },
+            Some(git) => git.resolve(&t.input, probe).await,
             None => {
                 let rollback_to = match t.class {
                     ToolClass::Mutate => rolled_back_to.clone().or(t.snapshot_before.clone()),
