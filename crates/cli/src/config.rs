@@ -361,6 +361,48 @@ impl Config {
             .unwrap_or_else(|| default.to_string())
     }
 
+    /// Sets every unset setting the harness options carry to the value in force.
+    fn fill_defaults(&mut self, options: &HarnessOptions) {
+        let h = &mut self.harness;
+        h.max_steps_per_turn
+            .get_or_insert(options.max_steps_per_turn);
+        h.max_tokens.get_or_insert(options.max_tokens);
+        h.lease_ttl_secs.get_or_insert(options.lease_ttl.as_secs());
+        h.stop_grace_secs
+            .get_or_insert(options.stop_grace.as_secs());
+        h.compact_at.get_or_insert(options.compaction.at_share);
+        h.compaction.get_or_insert(!options.compaction.off);
+        h.checkpoint_every.get_or_insert(options.checkpoint_every);
+        h.drive_cache_mb
+            .get_or_insert(options.drive_cache_bytes >> 20);
+        let s = &mut self.sandbox;
+        let sandbox = &options.sandbox;
+        s.default_timeout_secs
+            .get_or_insert(sandbox.default_timeout.as_secs());
+        s.max_timeout_secs
+            .get_or_insert(sandbox.max_timeout.as_secs());
+        s.backend.get_or_insert_with(|| {
+            match sandbox.backend {
+                steadfast_sandbox::Backend::Auto => "auto",
+                steadfast_sandbox::Backend::Local => "local",
+                steadfast_sandbox::Backend::Bwrap => "bwrap",
+            }
+            .to_string()
+        });
+        let limits = &sandbox.limits;
+        s.memory_mb = s.memory_mb.or(limits.memory_mb);
+        s.processes = s.processes.or(limits.processes);
+        s.cpu_secs = s.cpu_secs.or(limits.cpu_secs);
+        s.file_mb = s.file_mb.or(limits.file_mb);
+        s.resident_mb = s.resident_mb.or(limits.resident_mb);
+        s.workspace_mb = s.workspace_mb.or(limits.workspace_mb);
+        s.tmp_mb = s.tmp_mb.or(limits.tmp_mb);
+        let a = &mut self.agents;
+        a.max_restarts.get_or_insert(options.agents.max_restarts);
+        a.turn_timeout_secs
+            .get_or_insert(options.agents.turn_timeout.as_secs());
+    }
+
     /// Why [`Config::endpoint`] has none for `provider`, in words that say what to do:
     /// a provider it does not know (whatever keys are set), or the key's variable unset.
     pub fn why_no_endpoint(&self, provider: &str) -> String {
@@ -619,9 +661,11 @@ impl Config {
     }
 
     /// The effective configuration as TOML, keys shown as set or unset, never their value.
+    /// Settings left unset show the value in force (the built-in default).
     pub fn dump(&self) -> String {
         let mut effective = self.clone();
         effective.model = Some(self.default_model());
+        effective.fill_defaults(&self.harness_options());
         for provider in ["anthropic", "openai"] {
             let entry = effective.providers.entry(provider.to_string()).or_default();
             let endpoint = self.endpoint(provider);

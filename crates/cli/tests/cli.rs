@@ -607,6 +607,16 @@ async fn what_a_newcomer_reads_says_what_it_means() {
         "{dump}"
     );
     assert!(!dump.contains("(no key set)"), "{dump}");
+    // Settings left unset show the value in force.
+    for setting in [
+        "max-steps-per-turn = ",
+        "lease-ttl-secs = ",
+        "backend = \"auto\"",
+        "default-timeout-secs = ",
+        "max-restarts = ",
+    ] {
+        assert!(dump.contains(setting), "{setting}: {dump}");
+    }
 
     let mut unknown = person.command(
         "here",
