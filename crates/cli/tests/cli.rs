@@ -357,6 +357,25 @@ fn slow_script(dir: &Path) -> PathBuf {
     path
 }
 
+/// The id of the person's session, once it has started a tool call (seen from
+/// another directory).
+async fn running_a_tool(person: &Person) -> String {
+    let mut id = String::new();
+    for _ in 0..300 {
+        let out = person.steadfast("elsewhere", &["sessions", "--json"]).await;
+        if let Some(line) = text(&out.stdout).lines().next() {
+            let s: Value = serde_json::from_str(line).unwrap();
+            id = s["id"].as_str().unwrap().to_string();
+            let log = person.steadfast("elsewhere", &["log", &id, "--json"]).await;
+            if text(&log.stdout).contains("tool_call_intent") {
+                return id;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the session {id:?} never started a tool call")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_process_follows_stops_closes_and_deletes_a_running_session() {
     let person = Person::new();
@@ -367,20 +386,7 @@ async fn another_process_follows_stops_closes_and_deletes_a_running_session() {
         .stderr(Stdio::piped());
     let mut running = run.spawn().unwrap();
     // Wait for the long command to be running.
-    let mut id = String::new();
-    for _ in 0..300 {
-        let out = person.steadfast("elsewhere", &["sessions", "--json"]).await;
-        if let Some(line) = text(&out.stdout).lines().next() {
-            let s: Value = serde_json::from_str(line).unwrap();
-            id = s["id"].as_str().unwrap().to_string();
-            let log = person.steadfast("elsewhere", &["log", &id, "--json"]).await;
-            if text(&log.stdout).contains("tool_call_intent") {
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(!id.is_empty(), "the session started");
+    let id = running_a_tool(&person).await;
 
     // A follower from another directory, until the session ends.
     let follower = person
@@ -659,19 +665,7 @@ async fn what_a_newcomer_reads_says_what_it_means() {
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     let mut running = run.spawn().unwrap();
-    let mut id = String::new();
-    for _ in 0..300 {
-        let out = person.steadfast("elsewhere", &["sessions", "--json"]).await;
-        if let Some(line) = text(&out.stdout).lines().next() {
-            let s: Value = serde_json::from_str(line).unwrap();
-            id = s["id"].as_str().unwrap().to_string();
-            let log = person.steadfast("elsewhere", &["log", &id, "--json"]).await;
-            if text(&log.stdout).contains("tool_call_intent") {
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let id = running_a_tool(&person).await;
     let mut close = person.command("elsewhere", &["close", &id]);
     close.env_remove("USER").env_remove("LOGNAME");
     let closed = close.output().await.unwrap();

@@ -62,10 +62,20 @@ impl Case {
     }
 
     async fn run(&self, agent: &str, model: &str, env: &[(&str, String)]) -> Output {
+        self.run_task(demo::TASK, agent, model, env).await
+    }
+
+    async fn run_task(
+        &self,
+        task: &str,
+        agent: &str,
+        model: &str,
+        env: &[(&str, String)],
+    ) -> Output {
         let ws = self.workspace().display().to_string();
         let args = [
             "run",
-            demo::TASK,
+            task,
             "--agent",
             agent,
             "--workspace",
@@ -733,29 +743,8 @@ async fn opencode_s_parallel_calls_each_get_one_outcome_and_a_crash_keeps_the_fi
 
 async fn parallel_calls(agent: &str) {
     let model = "anthropic/claude-sonnet-4-5";
-    let run = |case: &Case, env: Vec<(&'static str, String)>| {
-        let ws = case.workspace().display().to_string();
-        let args = [
-            "run",
-            "write",
-            "--agent",
-            agent,
-            "--workspace",
-            &ws,
-            "--model",
-            model,
-            "--json",
-        ]
-        .map(String::from);
-        let cmd = case.command(&args.iter().map(String::as_str).collect::<Vec<_>>(), &env);
-        async move {
-            let mut cmd = cmd;
-            cmd.output().await.unwrap()
-        }
-    };
-
     let clean = Case::with_script(parallel_script()).await;
-    let out = run(&clean, vec![]).await;
+    let out = clean.run_task("write", agent, model, &[]).await;
     assert!(out.status.success(), "{}", stderr(&out));
     let session = clean.session().await;
     let log = clean.log(&session).await;
@@ -771,8 +760,8 @@ async fn parallel_calls(agent: &str) {
 
     // Killed once five results are recorded, three calls still running.
     let case = Case::with_script(parallel_script()).await;
-    let crash = vec![("STEADFAST_FAULT", "tool.outcome_committed:5".to_string())];
-    let out = run(&case, crash).await;
+    let crash = [("STEADFAST_FAULT", "tool.outcome_committed:5".to_string())];
+    let out = case.run_task("write", agent, model, &crash).await;
     assert_eq!(out.status.signal(), Some(6), "{}", stderr(&out));
     let session = case.session().await;
     let resumed = case.steadfast(&["resume", &session, "--json"], &[]).await;

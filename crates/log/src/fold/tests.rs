@@ -374,32 +374,12 @@ fn a_divergence_supersedes_later_exchanges_and_their_tool_calls() {
     assert_eq!(state.last_snapshot.as_deref(), Some("s1"));
 }
 
-fn wrapped_tool(log: &mut Log, id: &str, class: ToolClass, before: &str, after: &str) {
-    log.push(Event::ToolCallIntent {
-        call_id: id.into(),
-        tool: "bash".into(),
-        input: json!({"command": id}),
-        class,
-        snapshot_before: Some(before.into()),
-    });
-    log.push(Event::ToolCallOutcome {
-        call_id: id.into(),
-        is_error: false,
-        exit_code: Some(0),
-        output: Output::Inline {
-            text: format!("{id} done"),
-        },
-        snapshot_after: Some(after.into()),
-    });
-}
-
-#[test]
-fn a_wrapped_turn_knows_where_it_began_and_keeps_its_external_facts() {
+/// A session of the wrapped `agent` whose first turn has one exchange recorded.
+fn wrapped_turn(agent: &str) -> Log {
     let mut log = Log::new();
-    if let Event::SessionStarted { agent, .. } = &mut log.0[0].event {
-        *agent = "claude-code".into();
+    if let Event::SessionStarted { agent: a, .. } = &mut log.0[0].event {
+        *a = agent.into();
     }
-    // Turn 1: one exchange and one edit, then the turn ends.
     log.push(Event::UserMessage {
         turn: 1,
         text: "one".into(),
@@ -407,6 +387,18 @@ fn a_wrapped_turn_knows_where_it_began_and_keeps_its_external_facts() {
     });
     log.push(exchange("a", 0));
     log.push(reply("a"));
+    log
+}
+
+fn wrapped_tool(log: &mut Log, id: &str, class: ToolClass, before: &str, after: &str) {
+    intent(log, id, class, before);
+    outcome(log, id, after);
+}
+
+#[test]
+fn a_wrapped_turn_knows_where_it_began_and_keeps_its_external_facts() {
+    // Turn 1: one exchange and one edit, then the turn ends.
+    let mut log = wrapped_turn("claude-code");
     wrapped_tool(&mut log, "edit", ToolClass::Mutate, "s0", "s1");
     log.push(Event::TurnEnded {
         turn: 1,
@@ -550,12 +542,12 @@ fn a_move_must_start_where_the_session_is_and_at_its_last_snapshot() {
     assert!(matches!(fold(&log.0), Err(FoldError::Inconsistent { .. })));
 }
 
-fn intent(log: &mut Log, id: &str, before: &str) {
+fn intent(log: &mut Log, id: &str, class: ToolClass, before: &str) {
     log.push(Event::ToolCallIntent {
         call_id: id.into(),
         tool: "bash".into(),
         input: json!({"command": id}),
-        class: ToolClass::Mutate,
+        class,
         snapshot_before: Some(before.into()),
     });
 }
@@ -574,21 +566,11 @@ fn outcome(log: &mut Log, id: &str, after: &str) {
 
 #[test]
 fn parallel_wrapped_calls_keep_the_order_their_results_came_in() {
-    let mut log = Log::new();
-    if let Event::SessionStarted { agent, .. } = &mut log.0[0].event {
-        *agent = "pi".into();
-    }
-    log.push(Event::UserMessage {
-        turn: 1,
-        text: "one".into(),
-        inbox_id: None,
-    });
-    log.push(exchange("a", 0));
-    log.push(reply("a"));
+    let mut log = wrapped_turn("pi");
     // Three calls of one reply run at once; they finish c, a, and b is cut off.
-    intent(&mut log, "a", "s0");
-    intent(&mut log, "b", "s0");
-    intent(&mut log, "c", "s0");
+    intent(&mut log, "a", ToolClass::Mutate, "s0");
+    intent(&mut log, "b", ToolClass::Mutate, "s0");
+    intent(&mut log, "c", ToolClass::Mutate, "s0");
     outcome(&mut log, "c", "s1");
     outcome(&mut log, "a", "s2");
     let state = fold(&log.0).unwrap();
