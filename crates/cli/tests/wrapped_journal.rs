@@ -220,9 +220,31 @@ async fn a_replay_only_moves_the_workspace_forward_and_new_calls_run_at_the_fron
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_whose_snapshot_takes_too_long_never_runs() {
     let s = setup().await;
-    let journal = journal(&s, &s.start)
-        .await
-        .with_snapshot_timeout(Duration::ZERO);
+    // A workspace of many files, and a drive on this host that has not seen it yet:
+    // its first snapshot reads every file, which no deadline of zero allows.
+    for d in 0..20 {
+        let dir = s.ws.join(format!("d{d}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in 0..100 {
+            std::fs::write(dir.join(format!("f{f}")), format!("{d} {f}\n")).unwrap();
+        }
+    }
+    let cold = Drive::open(s._dir.path().join("drive")).unwrap();
+    let live = Arc::new(
+        LiveSession::open(s.world.clone(), s.lease.clone())
+            .await
+            .unwrap(),
+    );
+    let ws = s.ws.clone();
+    let journal = ToolJournal::new(
+        live,
+        cold,
+        s.blobs.clone(),
+        s.ws.clone(),
+        Arc::new(move || LocalSandbox::new(&ws, SandboxOptions::default())),
+        Arc::new(StdMutex::new(Some(s.start.clone()))),
+    )
+    .with_snapshot_timeout(Duration::ZERO);
     let refused = journal.call("bash", &bash("echo ran > ran.txt")).await;
     assert!(refused.is_err(), "{refused:?}");
     assert!(!s.ws.join("ran.txt").exists(), "nothing ran");

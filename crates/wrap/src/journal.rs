@@ -400,7 +400,15 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
                 }
             }
         };
-        Ok(sandbox.execute(tool, input).await?)
+        let executed = sandbox.execute(tool, input).await;
+        if let Err(steadfast_sandbox::Error::Died(_)) = &executed {
+            // The next call gets a new one (unless a sibling already made it).
+            let mut held = self.sandbox.lock().await;
+            if held.as_ref().is_some_and(|h| Arc::ptr_eq(h, &sandbox)) {
+                held.take();
+            }
+        }
+        Ok(executed?)
     }
 
     /// The sandbox died while `call_id` ran in it (killed, out of memory, evicted):
@@ -418,7 +426,6 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
     ) -> Result<(String, bool)> {
         tracing::warn!(session = %self.live.lease().session, %reason, "sandbox died mid-call");
         let _writer = self.recording.lock().await;
-        self.sandbox.lock().await.take();
         let newest = self.live.with(|s| s.last_snapshot.clone());
         let rollback_to = if class == ToolClass::Mutate {
             newest
