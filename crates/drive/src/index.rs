@@ -176,19 +176,19 @@ impl Index {
         Changes::Only(touched)
     }
 
-    /// What changed since the last pass, for a restore's probe: the changes are
-    /// owed to the next pass as well (the restore changes files, and the index
-    /// still describes what the last snapshot saw). `None` when the watcher cannot
-    /// vouch for anything.
+    /// What changed since the last store pass, for a restore's probe: the index
+    /// still describes what that pass saw, so the probe must look again at every
+    /// directory changed since then — by commands, and by earlier restores whose own
+    /// probes already took their changes from the watcher — not only at those changed
+    /// since the last probe. The changes stay owed to the next store pass. `None` when
+    /// the watcher cannot vouch for anything.
     pub(crate) fn probe_changes(&mut self) -> Option<std::collections::HashSet<String>> {
         let watcher = self.watcher.as_mut()?;
         match watcher.changes() {
             Changes::Only(touched) => {
-                if let Some(owed) = &mut self.pending {
-                    owed.extend(touched.iter().cloned());
-                }
-                self.pending.as_ref()?;
-                Some(touched)
+                let owed = self.pending.as_mut()?;
+                owed.extend(touched);
+                Some(owed.clone())
             }
             Changes::Everything => {
                 self.pending = None;

@@ -752,3 +752,35 @@ async fn a_snapshot_past_its_deadline_is_abandoned_with_a_timeout() {
         .unwrap();
     assert_eq!(id, drive.snapshot(&ws).unwrap());
 }
+
+/// Restores one after another with no snapshot between them, then a snapshot, in a
+/// random order: each restore brings the workspace to its target, and each snapshot
+/// records it. (A restore once trusted the index for directories an earlier restore
+/// had already changed, and left the workspace where that one put it.)
+#[test]
+fn restores_in_a_row_each_reach_their_target() {
+    let (_dir, drive, ws) = setup();
+    let (a, b) = two_states(&drive, &ws);
+    let mut x: u64 = 12345; // xorshift: the same order every run
+    let mut ops = Vec::new();
+    let mut at = b.clone();
+    for round in 0..150 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        match x % 4 {
+            0 | 1 => {
+                let to = if x % 4 == 0 { &a } else { &b };
+                drive.restore(&ws, to).unwrap();
+                at = to.clone();
+                ops.push(if x % 4 == 0 { "restore a" } else { "restore b" });
+            }
+            _ => {
+                ops.push("snapshot");
+                let got = drive.snapshot(&ws).unwrap();
+                let recent = &ops[ops.len().saturating_sub(8)..];
+                assert_eq!(got, at, "round {round}, after {recent:?}");
+            }
+        }
+    }
+}
