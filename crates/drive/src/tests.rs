@@ -768,14 +768,18 @@ fn restores_in_a_row_each_reach_their_target() {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        match x % 4 {
-            0 | 1 => {
-                let to = if x % 4 == 0 { &a } else { &b };
+        let target = match x % 4 {
+            0 => Some((&a, "restore a")),
+            1 => Some((&b, "restore b")),
+            _ => None,
+        };
+        match target {
+            Some((to, op)) => {
                 drive.restore(&ws, to).unwrap();
                 at = to.clone();
-                ops.push(if x % 4 == 0 { "restore a" } else { "restore b" });
+                ops.push(op);
             }
-            _ => {
+            None => {
                 ops.push("snapshot");
                 let got = drive.snapshot(&ws).unwrap();
                 let recent = &ops[ops.len().saturating_sub(8)..];
