@@ -143,6 +143,8 @@ pub fn timeline(record: &Record) -> Vec<String> {
             short(reason, 160)
         ),
         Event::DriveFailed { reason, .. } => format!("ERROR (not retryable): {}", short(reason, 160)),
+        Event::Egress { destination, admitted: true, .. } => format!("egress: connected to {destination} (an external effect)"),
+        Event::Egress { destination, .. } => format!("egress: held back from {destination} (awaits approval)"),
         Event::SandboxLost { reason, .. } => format!("sandbox lost: {}; a new one is provisioned on demand", short(reason, 100)),
         Event::Escalated { breaker, reason, diff } => {
             let mut lines = vec![format!("{head}  session escalated by the {breaker} breaker: {reason}; send signal `resume` (raising the limit) to go on")];

@@ -254,3 +254,124 @@ async fn a_call_whose_snapshot_takes_too_long_never_runs() {
         "no intent was recorded for a call that never started"
     );
 }
+
+/// A loopback HTTP server that counts the requests it gets.
+fn counter() -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = hits.clone();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+            );
+        }
+    });
+    (port, hits)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrapped_call_cut_off_after_it_sent_a_request_is_outcome_unknown() {
+    use steadfast_sandbox::egress::{EgressDesk, RecordEgress};
+    let s = setup().await;
+    let (port, hits) = counter();
+    // Python's urllib: the classifier takes it for a mutation.
+    let command = format!(
+        "python3 -c \"import urllib.request as u; u.urlopen(u.Request('http://localhost:{port}/deploy', data=b'go'))\" && sleep 60"
+    );
+    assert_eq!(
+        steadfast_sandbox::classify("bash", &bash(&command)),
+        steadfast_log::ToolClass::Mutate
+    );
+    let live = Arc::new(
+        LiveSession::open(s.world.clone(), s.lease.clone())
+            .await
+            .unwrap(),
+    );
+    let desk = EgressDesk::new();
+    let record: RecordEgress = {
+        let live = live.clone();
+        Arc::new(move |event| {
+            let live = live.clone();
+            Box::pin(async move { live.append(&[event]).await.is_ok() })
+        })
+    };
+    let options = SandboxOptions {
+        agent: vec![
+            env!("CARGO_BIN_EXE_steadfast").into(),
+            "sandbox-agent".into(),
+        ],
+        network: steadfast_sandbox::NetworkPolicy::parse(&format!("allow:localhost:{port}"))
+            .unwrap(),
+        internal_hosts: vec![
+            steadfast_sandbox::HostRule::parse(&format!("localhost:{port}")).unwrap(),
+        ],
+        egress_watch: Some(desk.watch(record)),
+        ..SandboxOptions::default()
+    };
+    let ws = s.ws.clone();
+    let make: MakeSandbox<steadfast_sandbox::BwrapSandbox> =
+        Arc::new(move || steadfast_sandbox::BwrapSandbox::new(&ws, &options));
+    let journal = ToolJournal::new(
+        live,
+        s.drive.clone(),
+        s.blobs.clone(),
+        s.ws.clone(),
+        make.clone(),
+        Arc::new(StdMutex::new(Some(s.start.clone()))),
+    )
+    .with_egress(desk);
+    // The agent's process dies while the command runs, its request already made: the
+    // call is cut off with no outcome, and its sandbox goes with it.
+    let call = tokio::spawn(async move { journal.call("bash", &bash(&command)).await });
+    for _ in 0..600 {
+        if hits.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        hits.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the request was sent"
+    );
+    call.abort();
+    let _ = call.await;
+
+    let state = LiveSession::open(s.world.clone(), s.lease.clone())
+        .await
+        .unwrap()
+        .state();
+    let cut_off = &state.wrapped_tools[0];
+    assert!(cut_off.result.is_none(), "no outcome was recorded");
+    assert_eq!(cut_off.egress, [format!("localhost:{port}")]);
+    steadfast_wrap::journal::resolve_cut_off(
+        &s.world,
+        &s.lease,
+        &s.drive,
+        &s.ws,
+        &state.wrapped_tools,
+        state.last_snapshot.clone(),
+        &[],
+        None,
+        &make,
+    )
+    .await
+    .unwrap();
+    let log = s.world.read("ses_t", 1).await.unwrap();
+    let resolution = log
+        .iter()
+        .find_map(|r| match &r.event {
+            Event::ToolCallInterrupted { resolution, .. } => Some(resolution.clone()),
+            _ => None,
+        })
+        .expect("resolved");
+    assert_eq!(resolution, steadfast_log::ToolResolution::OutcomeUnknown);
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

@@ -113,10 +113,13 @@ pub struct Driver<'h, W, S> {
     /// this driver appends nothing more (waking the session again carries on).
     out_of_step: bool,
     observer: Observer,
+    /// What the egress proxy sees the sandbox open, recorded against the call running.
+    egress: crate::egress::NativeEgress,
     _heartbeat: Heartbeat,
 }
 
 impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
+    #[allow(clippy::too_many_arguments)] // each part is made apart by `Harness::wake`
     pub(crate) fn new(
         harness: &'h Harness<W, S>,
         lease: Lease,
@@ -125,6 +128,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         model: ModelClient,
         hosted: crate::harness::HostedTools,
         heartbeat: Heartbeat,
+        egress: crate::egress::NativeEgress,
     ) -> Self {
         Driver {
             harness,
@@ -140,6 +144,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             staged: Vec::new(),
             out_of_step: false,
             observer: Box::new(|_| {}),
+            egress,
             _heartbeat: heartbeat,
         }
     }
@@ -1166,16 +1171,98 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             self.sandbox.get().await?;
         }
         let started = std::time::Instant::now();
-        let stop = interrupt::arrives_after_append(self.harness.world.clone(), &self.lease);
-        let executed = tokio::select! {
-            out = self.execute_call(&call.name, &call.input) => Ok(out),
-            item = stop => Err(item),
+        let in_sandbox = !remote && !self.pushes(&call.name);
+        let executed = if in_sandbox {
+            self.execute_watched(&call).await
+        } else {
+            let stop = interrupt::arrives_after_append(self.harness.world.clone(), &self.lease);
+            tokio::select! {
+                out = self.execute_call(&call.name, &call.input) => Ok(out),
+                item = stop => Err(item),
+            }
         };
         let executed = match executed {
             Ok(executed) => executed,
             Err(item) => return self.interrupt_tool(call, class, item, started).await,
         };
         self.record_executed(call, class, executed, started).await
+    }
+
+    /// Whether `tool` is `git_push`, run by the harness.
+    fn pushes(&self, tool: &str) -> bool {
+        self.git.is_some() && tool == crate::git::GIT_PUSH_TOOL
+    }
+
+    /// Runs a call in the sandbox while recording what it opens through the egress
+    /// proxy (each connection in the log before its first byte leaves; under an
+    /// approval policy, refused until the call is approved). `Err`: an interrupt came.
+    async fn execute_watched(
+        &mut self,
+        call: &ToolUse,
+    ) -> std::result::Result<Result<steadfast_sandbox::ToolOutput>, steadfast_world::Inbound> {
+        let held = self.state.approve_external && !self.state.approved.contains(&call.id);
+        let _running = self.egress.desk.running(&call.id, held);
+        let Some(mut records) = self.egress.records.take() else {
+            return Ok(Err(Error::Invalid("the egress records are taken".into())));
+        };
+        let lease = self.lease.clone();
+        let stop = interrupt::arrives_after_append(self.harness.world.clone(), &lease);
+        let run = run_in(
+            self.sandbox.handle(),
+            self.state.last_snapshot.clone(),
+            call.name.clone(),
+            call.input.clone(),
+        );
+        tokio::pin!(stop, run);
+        let mut held_back = Vec::new();
+        let executed = loop {
+            tokio::select! {
+                out = &mut run => break Ok(out),
+                item = &mut stop => break Err(item),
+                Some((event, ack)) = records.recv() => {
+                    let recorded = self.record_egress(&call.id, event, &mut held_back).await;
+                    let _ = ack.send(recorded);
+                }
+            }
+        };
+        self.egress.records = Some(records);
+        Ok(match executed? {
+            Ok(mut out) if !held_back.is_empty() => {
+                out.text.push_str(&format!(
+                    "\n[steadfast] this command tried to reach {}: {}",
+                    held_back.join(", "),
+                    steadfast_sandbox::egress::HELD_BACK
+                ));
+                Ok(out)
+            }
+            other => other,
+        })
+    }
+
+    /// Appends a connection the egress desk saw while `call_id` ran; whether it did.
+    async fn record_egress(
+        &mut self,
+        call_id: &str,
+        event: Event,
+        held_back: &mut Vec<String>,
+    ) -> bool {
+        let Event::Egress {
+            call_ids,
+            destination,
+            admitted,
+        } = &event
+        else {
+            return false;
+        };
+        // Only the call running now: a question left over from an earlier call is
+        // not this one's to answer.
+        if call_ids.as_slice() != [call_id] {
+            return false;
+        }
+        if !admitted {
+            held_back.push(destination.clone());
+        }
+        self.append(vec![event]).await.is_ok()
     }
 
     /// Records what a tool call that ran `started` ago gave: its outcome (staged, for
@@ -1276,7 +1363,10 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     /// restored to the last recorded snapshot by `wake`, which for a pending call is
     /// the snapshot taken just before it.
     async fn resolve_tool(&mut self, pending: PendingTool) -> Result<()> {
-        if pending.class == ToolClass::Mutate {
+        // A call seen sending out of the sandbox is an external effect, whatever it
+        // was classed as when it began: never rolled back and run again.
+        let class = pending.effective_class();
+        if class == ToolClass::Mutate {
             if let Some(snapshot) = &pending.snapshot_before {
                 // A sandbox first: starting one reaps what the dead driver's left
                 // running (a local sandbox's orphans), which would otherwise go on
@@ -1312,7 +1402,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         let this = &*self;
         let resolution = steadfast_sandbox::reconcile::resolve(
             &reconcilers,
-            pending.class,
+            class,
             &pending.tool,
             &pending.input,
             pending.snapshot_before.clone(),
@@ -1334,6 +1424,9 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     /// sandbox classifies them.
     fn class_of(&self, tool: &str, input: &serde_json::Value) -> ToolClass {
         if tool == crate::git::GIT_PUSH_TOOL && self.state.git.is_some() {
+            ToolClass::External
+        } else if self.state.seen_reaching_out(tool, input) {
+            // Observed before: an external effect, whatever the text suggests.
             ToolClass::External
         } else if let Some(remote) = self.remote_tool(tool) {
             remote.class

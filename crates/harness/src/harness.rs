@@ -576,7 +576,9 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         lease: steadfast_world::Lease,
         state: SessionState,
     ) -> Result<Driver<'_, W, S>> {
-        let sandbox_options = self.sandbox_options(&lease.session, &state).await?;
+        let mut sandbox_options = self.sandbox_options(&lease.session, &state).await?;
+        let (egress, watch) = crate::egress::NativeEgress::new();
+        sandbox_options.egress_watch = Some(watch);
         // The native loop's workspace is always the log's: brought to the last
         // snapshot on every wake, whoever drove it last.
         let workspace = self.materialize(&state, true).await?;
@@ -591,7 +593,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         let hosted = self.hosted_tools(&lease.session, &state).await?;
         let heartbeat = Heartbeat::start(self.world.clone(), lease.clone(), self.options.lease_ttl);
         Ok(Driver::new(
-            self, lease, state, sandbox, model, hosted, heartbeat,
+            self, lease, state, sandbox, model, hosted, heartbeat, egress,
         ))
     }
 

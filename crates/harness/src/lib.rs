@@ -53,6 +53,7 @@ pub mod compaction;
 mod control;
 mod diff;
 mod driver;
+mod egress;
 mod harness;
 mod prompt;
 mod slot;

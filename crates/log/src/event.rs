@@ -752,6 +752,21 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         retry_at_ms: Option<u64>,
     },
+    /// A connection out of the sandbox, seen at the egress proxy while tool calls ran:
+    /// recorded before the proxy lets its first byte through (or instead, when the
+    /// session's approval policy held it back). A call that opened one had an external
+    /// effect whatever its command text says: cut off, its outcome is unknown and it is
+    /// never run again, and the same call is classed external from then on.
+    Egress {
+        /// The calls running when it was opened (calls of one reply may run at once and
+        /// share the sandbox: each may have opened it).
+        call_ids: Vec<String>,
+        /// Where to: `host:port`.
+        destination: String,
+        /// Whether the proxy let it through; `false`: held back by the approval policy,
+        /// nothing was sent.
+        admitted: bool,
+    },
     /// The sandbox died (killed, out of memory, evicted). If a call was running in it,
     /// the call is resolved next by invariant 4 and a new sandbox is provisioned.
     SandboxLost {
@@ -896,6 +911,7 @@ impl Event {
             Event::TurnEnded { .. } => "turn_ended",
             Event::TurnInterrupted { .. } => "turn_interrupted",
             Event::Escalated { .. } => "escalated",
+            Event::Egress { .. } => "egress",
             Event::SandboxLost { .. } => "sandbox_lost",
             Event::DriveFailed { .. } => "drive_failed",
             Event::ExchangeIntent { .. } => "exchange_intent",

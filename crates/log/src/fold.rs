@@ -71,6 +71,27 @@ pub struct PendingTool {
     pub class: ToolClass,
     /// The snapshot taken before it ran.
     pub snapshot_before: Option<String>,
+    /// Where it connected out of the sandbox so far (see [`Event::Egress`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<String>,
+}
+
+impl PendingTool {
+    /// How it may have affected the world: as classed when it began, or external once
+    /// it was seen sending out of the sandbox.
+    pub fn effective_class(&self) -> ToolClass {
+        effective_class(self.class, &self.egress)
+    }
+}
+
+/// A call's class, made more careful by what it was seen doing: one that connected out
+/// of the sandbox is external, whatever its command text let the classifier guess.
+fn effective_class(class: ToolClass, egress: &[String]) -> ToolClass {
+    if egress.is_empty() {
+        class
+    } else {
+        ToolClass::External
+    }
 }
 
 /// A pause until a named signal arrives.
@@ -147,6 +168,9 @@ pub struct WrappedTool {
     /// a replay moves the workspace on in this order, never back.
     #[serde(default)]
     pub result_order: u32,
+    /// Where it connected out of the sandbox (see [`Event::Egress`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<String>,
 }
 
 impl WrappedTool {
@@ -159,7 +183,13 @@ impl WrappedTool {
             .result
             .as_ref()
             .is_some_and(|(text, _)| text == INTERRUPTED_OUTCOME_UNKNOWN);
-        self.class == ToolClass::External && (self.done || unknown)
+        self.effective_class() == ToolClass::External && (self.done || unknown)
+    }
+
+    /// How it may have affected the world: as classed when it began, or external once
+    /// it was seen sending out of the sandbox.
+    pub fn effective_class(&self) -> ToolClass {
+        effective_class(self.class, &self.egress)
     }
 }
 
@@ -347,6 +377,11 @@ pub struct SessionState {
     pub failures_in_row: u32,
     /// Tool calls a human approved (approval policy).
     pub approved: Vec<String>,
+    /// Calls (tool and input) seen connecting out of the sandbox, or trying to: the
+    /// same call is an external effect whenever it is made again (see
+    /// [`SessionState::seen_reaching_out`]).
+    #[serde(default)]
+    pub reaches_network: Vec<(String, Value)>,
     /// The last inbox entry taken into the log.
     pub inbox_consumed: u64,
     /// While a compaction call is pending: the position it summarises up to.
@@ -502,6 +537,7 @@ impl SessionState {
             retry: None,
             failures_in_row: 0,
             approved: Vec::new(),
+            reaches_network: Vec::new(),
             inbox_consumed: 0,
             compacting: None,
             compacted_turns: 0,
@@ -567,6 +603,7 @@ impl SessionState {
                     snapshot_after: None,
                     done: false,
                     result_order: 0,
+                    egress: Vec::new(),
                 });
             }
             Event::ToolCallOutcome {
@@ -1146,6 +1183,7 @@ impl SessionState {
                     input: input.clone(),
                     class: *class,
                     snapshot_before: snapshot_before.clone(),
+                    egress: Vec::new(),
                 });
             }
             Event::ToolCallOutcome {
@@ -1205,6 +1243,37 @@ impl SessionState {
                     call_id: None,
                     before_call: None,
                 });
+            }
+            Event::Egress {
+                call_ids,
+                destination,
+                admitted,
+            } => {
+                for id in call_ids {
+                    let call =
+                        if let Some(p) = self.pending_tool.as_mut().filter(|p| &p.call_id == id) {
+                            if *admitted && !p.egress.contains(destination) {
+                                p.egress.push(destination.clone());
+                            }
+                            (p.tool.clone(), p.input.clone())
+                        } else if let Some(t) = self
+                            .wrapped_tools
+                            .iter_mut()
+                            .find(|t| &t.call_id == id && t.result.is_none())
+                        {
+                            if *admitted && !t.egress.contains(destination) {
+                                t.egress.push(destination.clone());
+                            }
+                            (t.tool.clone(), t.input.clone())
+                        } else {
+                            // Its outcome was recorded a moment before (the connection
+                            // came as it ended): nothing is left to resolve.
+                            continue;
+                        };
+                    if !self.reaches_network.contains(&call) {
+                        self.reaches_network.push(call);
+                    }
+                }
             }
             Event::SandboxLost { call_id, .. } => {
                 if let Some(id) = call_id {
@@ -1403,6 +1472,15 @@ impl SessionState {
             (true, false) => 1,
         };
         self.last_tool_call = Some((tool.to_string(), input.clone()));
+    }
+
+    /// Whether the call `tool` with `input` was seen connecting out of the sandbox
+    /// before (or trying to): observation makes the classifier's guess more careful,
+    /// never less.
+    pub fn seen_reaching_out(&self, tool: &str, input: &Value) -> bool {
+        self.reaches_network
+            .iter()
+            .any(|(t, i)| t == tool && i == input)
     }
 
     /// The loop breaker's verdict: the same call three times running with no change.

@@ -251,6 +251,7 @@ impl BwrapSandbox {
                         allow: rules.clone(),
                         internal: options.internal_hosts.clone(),
                         inject: options.inject.clone(),
+                        watch: options.egress_watch.clone(),
                     },
                 )
                 .map_err(|e| Error::Unavailable(format!("egress proxy: {e}")))?,

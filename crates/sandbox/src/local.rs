@@ -36,6 +36,9 @@ pub struct SandboxOptions {
     /// Headers the egress proxy adds to plain-HTTP requests to some destinations of an
     /// allow-list (credentials the sandbox never holds).
     pub inject: Vec<crate::Injection>,
+    /// Who the egress proxy asks before each connection it would open (see
+    /// [`crate::proxy::EgressRules::watch`]).
+    pub egress_watch: Option<crate::proxy::EgressWatch>,
     /// Resource limits of an isolating backend's commands.
     pub limits: crate::ResourceLimits,
     /// Host directories an isolating backend shows read-only besides the system
@@ -70,6 +73,7 @@ impl Default for SandboxOptions {
             network: crate::NetworkPolicy::default(),
             internal_hosts: Vec::new(),
             inject: Vec::new(),
+            egress_watch: None,
             limits: crate::ResourceLimits::default(),
             read_only_paths: Vec::new(),
             forwards: Vec::new(),

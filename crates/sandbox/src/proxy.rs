@@ -34,6 +34,38 @@ pub struct EgressRules {
     pub internal: Vec<HostRule>,
     /// Headers added to plain-HTTP requests to some destinations.
     pub inject: Vec<Injection>,
+    /// Who is asked before a connection the rules allow is opened (the harness, which
+    /// records it against the calls running): none, and the rules alone decide.
+    pub watch: Option<EgressWatch>,
+}
+
+/// A connection the sandbox is about to open, put to whoever watches the proxy: it
+/// opens only once the answer is `Ok` (the harness has recorded it), and is refused
+/// with the reason given otherwise, or if no answer ever comes.
+#[derive(Debug)]
+pub struct EgressAttempt {
+    /// Where to: `host:port`.
+    pub destination: String,
+    /// The answer.
+    pub reply: tokio::sync::oneshot::Sender<Result<(), String>>,
+}
+
+/// Where the proxy puts each [`EgressAttempt`] (see [`EgressRules::watch`]).
+pub type EgressWatch = tokio::sync::mpsc::Sender<EgressAttempt>;
+
+/// Asks the watch, if there is one, whether `host:port` may be opened now.
+async fn ask(watch: Option<&EgressWatch>, host: &str, port: u16) -> Result<(), String> {
+    let Some(watch) = watch else { return Ok(()) };
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let destination = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    let attempt = EgressAttempt { destination, reply };
+    let unwatched = || "the harness is not watching this sandbox's egress now".to_string();
+    watch.send(attempt).await.map_err(|_| unwatched())?;
+    answer.await.map_err(|_| unwatched())?
 }
 
 /// A header the proxy adds to every plain-HTTP request to one destination, replacing
@@ -149,6 +181,11 @@ async fn handle(req: Request<Incoming>, rules: &EgressRules) -> Response<Body> {
             return refusal(StatusCode::FORBIDDEN, &why);
         }
     };
+    // Recorded (or refused) before anything leaves: the first byte is the effect.
+    if let Err(why) = ask(rules.watch.as_ref(), &host, port).await {
+        tracing::info!(%host, port, %why, "egress held back");
+        return refusal(StatusCode::FORBIDDEN, &why);
+    }
     let upstream = match TcpStream::connect(&addrs[..]).await {
         Ok(s) => s,
         Err(e) => {
@@ -308,6 +345,7 @@ mod tests {
                 .map(|r| HostRule::parse(r).unwrap())
                 .collect(),
             inject: Vec::new(),
+            watch: None,
         }
     }
 

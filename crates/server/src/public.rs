@@ -244,6 +244,16 @@ pub enum EventBody {
         #[schema(required = true)]
         retry_at_ms: Option<u64>,
     },
+    /// A connection out of the sandbox, seen at the egress proxy while tool calls ran
+    /// (recorded before its first byte went out), or held back by the approval policy.
+    Egress {
+        /// The calls running when it was opened.
+        call_ids: Vec<String>,
+        /// Where to: `host:port`.
+        destination: String,
+        /// Whether it was let through (false: held back, nothing sent).
+        admitted: bool,
+    },
     /// The sandbox died (killed, out of memory) and was replaced.
     SandboxLost {
         /// The call it was running, if any.
@@ -686,6 +696,15 @@ fn body(event: &Event) -> EventBody {
             reason: s(reason),
             attempt: *attempt,
             retry_at_ms: *retry_at_ms,
+        },
+        Event::Egress {
+            call_ids,
+            destination,
+            admitted,
+        } => EventBody::Egress {
+            call_ids: call_ids.clone(),
+            destination: s(destination),
+            admitted: *admitted,
         },
         Event::SandboxLost { call_id, reason } => EventBody::SandboxLost {
             call_id: call_id.clone(),

@@ -26,6 +26,7 @@ use serde_json::Value;
 use steadfast_drive::Drive;
 use steadfast_fault::{point, points};
 use steadfast_log::{Event, Output, SessionState, ToolClass, WrappedTool};
+use steadfast_sandbox::egress::EgressDesk;
 use steadfast_sandbox::reconcile::Reconciler;
 use steadfast_sandbox::{classify, Sandbox};
 use steadfast_world::{strip_ansi, Blobs, InboundKind, Lease, LiveSession, World, INLINE_LIMIT};
@@ -100,6 +101,8 @@ pub struct ToolJournal<W, S> {
     remote: Option<Arc<crate::remote::RemoteTools>>,
     /// `git_push`, run by the harness with the session's credential.
     git: Option<Arc<crate::git::GitPusher>>,
+    /// Which calls run in the tools' sandbox, for its egress proxy's records.
+    egress: Option<Arc<EgressDesk>>,
 }
 
 /// Counts a running call as finished when dropped (however it ends).
@@ -141,7 +144,16 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             inflight: tokio::sync::watch::Sender::new(0),
             remote: None,
             git: None,
+            egress: None,
         }
+    }
+
+    /// Counts each call as running at `desk` while it runs in the sandbox, so what its
+    /// egress proxy sees it open is recorded against it (see
+    /// `steadfast_sandbox::egress`).
+    pub fn with_egress(mut self, desk: Arc<EgressDesk>) -> Self {
+        self.egress = Some(desk);
+        self
     }
 
     /// Offers (and runs) the tools the harness runs outside the sandbox too: the
@@ -480,6 +492,8 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
         let class = match remote.and_then(|r| r.find(tool)) {
             Some(t) => t.class,
             None if pushing.is_some() => ToolClass::External,
+            // Seen sending out of the sandbox before: external, whatever the text says.
+            None if self.live.with(|s| s.seen_reaching_out(tool, input)) => ToolClass::External,
             None => classify(tool, input),
         };
         // An MCP server's tool runs elsewhere: the workspace is not its to change.
@@ -506,6 +520,11 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
                 .await?;
         }
         point(points::TOOL_INTENT);
+        let _running = self
+            .egress
+            .as_ref()
+            .filter(|_| remote.is_none() && pushing.is_none())
+            .map(|desk| desk.running(&call_id, false));
         let executed = match (remote, pushing) {
             (Some(remote), _) => Ok(remote.call(tool, input).await),
             (None, Some(git)) => {
@@ -518,6 +537,13 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
             (None, None) => self.execute_in_sandbox(tool, input).await,
         };
         if let Err(Error::Sandbox(steadfast_sandbox::Error::Died(reason))) = executed {
+            // What it was seen doing counts: one that sent out is an external effect.
+            let class = self.live.with(|s| {
+                s.wrapped_tools
+                    .iter()
+                    .find(|t| t.call_id == call_id)
+                    .map_or(class, WrappedTool::effective_class)
+            });
             return self.sandbox_died(call_id, class, tool, input, reason).await;
         }
         // A call whose intent is recorded gets an outcome, even when it could not run:
@@ -597,8 +623,11 @@ pub async fn resolve_cut_off<W: World, S: Sandbox>(
     // beside siblings recorded after they began, it keeps those siblings' work.
     let rolled_back_to = last_snapshot.clone();
     for t in tools.iter().filter(|t| t.result.is_none()) {
+        // A call seen sending out of the sandbox is an external effect, whatever it
+        // was classed as when it began: never rolled back and run again.
+        let class = t.effective_class();
         let pushed = git.filter(|_| t.tool == crate::git::GIT_PUSH_TOOL);
-        let probing = t.class == ToolClass::External
+        let probing = class == ToolClass::External
             && (pushed.is_some() || reconcilers.iter().any(|r| r.matches(&t.tool, &t.input)));
         if probing {
             if let Some(snap) = &t.snapshot_before {
@@ -624,13 +653,13 @@ pub async fn resolve_cut_off<W: World, S: Sandbox>(
         let resolution = match pushed {
             Some(git) => git.resolve(&t.input, probe).await,
             None => {
-                let rollback_to = match t.class {
+                let rollback_to = match class {
                     ToolClass::Mutate => rolled_back_to.clone().or(t.snapshot_before.clone()),
                     _ => t.snapshot_before.clone(),
                 };
                 steadfast_sandbox::reconcile::resolve(
                     reconcilers,
-                    t.class,
+                    class,
                     &t.tool,
                     &t.input,
                     rollback_to,

@@ -8,6 +8,7 @@ use serde_json::json;
 use steadfast_drive::Drive;
 use steadfast_gateway::{Counters, Gateway, GatewayConfig, Upstreams};
 use steadfast_log::{fold, EndState, Event, Role, SessionState, Status};
+use steadfast_sandbox::egress::{EgressDesk, RecordEgress};
 use steadfast_sandbox::{isolates, AnySandbox, NetworkPolicy, Sandbox, SandboxOptions};
 use steadfast_world::{load_state, Blobs, Heartbeat, Lease, LiveSession, World};
 
@@ -227,8 +228,25 @@ pub async fn drive_turn<W: World + Clone>(
         let workspace = options.workspace.clone();
         let model = state.model.model.clone();
         let provider = state.model.provider.clone();
+        // What the tools' sandbox opens through its egress proxy is recorded against
+        // the calls running, in the live log this run appends to (made below).
+        let desk = EgressDesk::new();
+        let live_slot: Arc<std::sync::OnceLock<Arc<LiveSession<W>>>> = Arc::default();
+        let record: RecordEgress = {
+            let live_slot = live_slot.clone();
+            Arc::new(move |event| {
+                let live = live_slot.get().cloned();
+                Box::pin(async move {
+                    match live {
+                        Some(live) => live.append(&[event]).await.is_ok(),
+                        None => false,
+                    }
+                })
+            })
+        };
         let tool_options = SandboxOptions {
             forwards: Vec::new(),
+            egress_watch: Some(desk.watch(record)),
             ..options.sandbox.clone()
         };
         let tool_ws = workspace.clone();
@@ -269,6 +287,7 @@ pub async fn drive_turn<W: World + Clone>(
             lease.clone(),
             state.clone(),
         ));
+        let _ = live_slot.set(live.clone());
         let journal = Arc::new(
             ToolJournal::new(
                 live.clone(),
@@ -280,7 +299,8 @@ pub async fn drive_turn<W: World + Clone>(
             )
             .with_max_calls(options.max_tool_calls_per_turn)
             .with_snapshot_timeout(options.snapshot_timeout)
-            .with_hosted(options.hosted.clone()),
+            .with_hosted(options.hosted.clone())
+            .with_egress(desk),
         );
         let token = token();
         let gateway = Gateway::open(GatewayConfig {

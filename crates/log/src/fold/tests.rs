@@ -612,3 +612,49 @@ fn parallel_wrapped_calls_keep_the_order_their_results_came_in() {
         INTERRUPTED_ROLLED_BACK
     );
 }
+
+#[test]
+fn a_connection_seen_at_the_proxy_makes_its_calls_external_from_then_on() {
+    let mut log = wrapped_turn("pi");
+    intent(&mut log, "a", ToolClass::Mutate, "s0");
+    intent(&mut log, "b", ToolClass::Read, "s0");
+    outcome(&mut log, "b", "s0");
+    // b's outcome came a moment before: only a, still running, is charged with it.
+    log.push(Event::Egress {
+        call_ids: vec!["a".into(), "b".into()],
+        destination: "example.com:443".into(),
+        admitted: true,
+    });
+    let state = fold(&log.0).unwrap();
+    let (a, b) = (&state.wrapped_tools[0], &state.wrapped_tools[1]);
+    assert_eq!(a.egress, ["example.com:443"]);
+    assert_eq!(a.effective_class(), ToolClass::External);
+    assert!(b.egress.is_empty());
+    assert_eq!(b.effective_class(), ToolClass::Read);
+    assert!(state.seen_reaching_out("bash", &json!({"command": "a"})));
+    assert!(!state.seen_reaching_out("bash", &json!({"command": "b"})));
+    // Its outcome recorded, it is a fact no replay may bring about again.
+    outcome(&mut log, "a", "s1");
+    assert!(fold(&log.0).unwrap().wrapped_tools[0].is_external_fact());
+
+    // Held back by the approval policy: nothing went out, but the same call is
+    // external the next time it is made.
+    let mut native = Log::new();
+    native.push(Event::UserMessage {
+        turn: 1,
+        text: "one".into(),
+        inbox_id: None,
+    });
+    native.model("m1", 1, &["c"]);
+    native.tool_intent("c", ToolClass::Mutate);
+    native.push(Event::Egress {
+        call_ids: vec!["c".into()],
+        destination: "hooks.example.com:443".into(),
+        admitted: false,
+    });
+    let state = fold(&native.0).unwrap();
+    let pending = state.pending_tool.as_ref().unwrap();
+    assert!(pending.egress.is_empty());
+    assert_eq!(pending.effective_class(), ToolClass::Mutate);
+    assert!(state.seen_reaching_out("bash", &json!({"command": "true"})));
+}

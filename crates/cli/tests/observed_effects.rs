@@ -1,0 +1,194 @@
+//! Effects observed, not guessed, through a real `steadfast serve` with bwrap sandboxes
+//! and their egress proxy. The command in these tests posts to a server with Python's
+//! `urllib`, which the command-text classifier takes for a mere mutation; what the
+//! proxy sees decides instead:
+//! - killed while the command still runs (its request already sent), the server taken
+//!   down with `SIGKILL`: the next worker resolves the call as *outcome unknown*, never
+//!   rolled back to be run again, and the request reached its server once;
+//! - under an approval policy the request never leaves until a person approves: held
+//!   at the proxy and recorded, and the same call made again waits for approval, then
+//!   runs once.
+
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use steadfast_testkit::{FakeProvider, Script};
+
+mod common;
+
+use common::{call, event_page, wait_for, VaultSite};
+
+/// A loopback HTTP server that counts the requests it gets.
+fn counter() -> (u16, Arc<AtomicUsize>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let seen = hits.clone();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+            seen.fetch_add(1, Ordering::SeqCst);
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+            );
+        }
+    });
+    (port, hits)
+}
+
+/// A POST the classifier cannot see for what it is.
+fn post(port: u16) -> String {
+    format!(
+        "python3 -c \"import urllib.request as u; u.urlopen(u.Request('http://localhost:{port}/deploy', data=b'go'))\""
+    )
+}
+
+fn script(steps: Value) -> Script {
+    serde_json::from_value(json!({ "steps": steps })).unwrap()
+}
+
+fn site(dir: &std::path::Path, port: u16) -> VaultSite {
+    VaultSite::new(
+        dir,
+        &format!("[sandbox]\nbackend = \"bwrap\"\ninternal-hosts = [\"localhost:{port}\"]\n"),
+    )
+}
+
+async fn status(url: &str, id: &str) -> String {
+    let (_, body) = call(
+        reqwest::Method::GET,
+        &format!("{url}/v1/sessions/{id}"),
+        None,
+    )
+    .await;
+    body["status"].as_str().unwrap_or_default().to_string()
+}
+
+fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["type"] == kind).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_cut_off_after_it_sent_a_request_is_outcome_unknown_and_never_run_again() {
+    let (port, hits) = counter();
+    assert_eq!(
+        steadfast_sandbox::classify("bash", &json!({ "command": post(port) })),
+        steadfast_log::ToolClass::Mutate,
+        "the classifier alone would roll this back and have it run again"
+    );
+    let command = format!("{} && echo sent > sent.txt && sleep 60", post(port));
+    let fake = FakeProvider::start(script(json!([
+        {"text": "deploying", "tool_calls": [{"name": "bash", "input": {"command": command}}]},
+        {"text": "done"}
+    ])))
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let site = site(dir.path(), port);
+    let (mut api, url) = site.serve(&fake, "1").await;
+    let (code, created) = call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions"),
+        Some(json!({"task": "deploy", "network": format!("allow:localhost:{port}")})),
+    )
+    .await;
+    assert_eq!(code, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    wait_for("the request to reach its server", async || {
+        hits.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    // The worker dies while the command still runs, its request already made. (Told
+    // "rolled back", the fake model would ask for the same call again, as a real one
+    // does: the request would reach its server twice.)
+    api.start_kill().unwrap();
+    api.wait().await.unwrap();
+
+    let (_api, url) = site.serve(&fake, "1").await;
+    wait_for("the turn to end on the next worker", async || {
+        status(&url, &id).await == "idle"
+    })
+    .await;
+    let events = event_page(&format!("{url}/v1/sessions/{id}/events")).await;
+    let intent = of_type(&events, "tool_call_intent")[0];
+    assert_eq!(intent["class"], "mutate", "{intent}");
+    let egress = of_type(&events, "egress");
+    assert_eq!(egress.len(), 1, "{events:?}");
+    assert_eq!(egress[0]["call_ids"], json!([intent["call_id"]]));
+    assert_eq!(egress[0]["destination"], format!("localhost:{port}"));
+    assert_eq!(egress[0]["admitted"], true);
+    let cut_off = of_type(&events, "tool_call_interrupted");
+    assert_eq!(cut_off.len(), 1, "{events:?}");
+    assert_eq!(
+        cut_off[0]["resolution"]["kind"], "outcome_unknown",
+        "{}",
+        cut_off[0]
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 1, "the request was made once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_an_approval_policy_nothing_leaves_until_a_person_approves() {
+    let (port, hits) = counter();
+    let command = post(port);
+    let fake = FakeProvider::start(script(json!([
+        {"text": "deploying", "tool_calls": [{"name": "bash", "input": {"command": command}}]},
+        {"text": "again", "tool_calls": [{"name": "bash", "input": {"command": command}}]},
+        {"text": "done"}
+    ])))
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let site = site(dir.path(), port);
+    let (_api, url) = site.serve(&fake, "1").await;
+    let (code, created) = call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions"),
+        Some(json!({"task": "deploy", "approve_external": true,
+                    "network": format!("allow:localhost:{port}")})),
+    )
+    .await;
+    assert_eq!(code, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    wait_for("the second call to wait for approval", async || {
+        status(&url, &id).await == "waiting"
+    })
+    .await;
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "nothing left the sandbox");
+    let events = event_page(&format!("{url}/v1/sessions/{id}/events")).await;
+    let egress = of_type(&events, "egress");
+    assert_eq!(egress.len(), 1, "{events:?}");
+    assert_eq!(egress[0]["admitted"], false);
+    let first = of_type(&events, "tool_call_outcome")[0];
+    assert!(
+        first["output"]["excerpt"]
+            .as_str()
+            .unwrap()
+            .contains("held back"),
+        "the model is told why: {first}"
+    );
+    let wait = of_type(&events, "wait_started");
+    assert_eq!(wait.len(), 1, "{events:?}");
+    assert_eq!(wait[0]["signal"], "approval");
+
+    let (code, body) = call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions/{id}/signals/approval"),
+        Some(json!({"approved": true})),
+    )
+    .await;
+    assert_eq!(code, 202, "{body}");
+    wait_for("the approved call to run and the turn to end", async || {
+        status(&url, &id).await == "idle"
+    })
+    .await;
+    assert_eq!(hits.load(Ordering::SeqCst), 1, "sent once, once approved");
+    let events = event_page(&format!("{url}/v1/sessions/{id}/events")).await;
+    let intents = of_type(&events, "tool_call_intent");
+    assert_eq!(intents.len(), 2, "{events:?}");
+    assert_eq!(intents[1]["class"], "external", "{}", intents[1]);
+}
