@@ -1,6 +1,6 @@
 //! Effects observed, not guessed (docs/ARCHITECTURE.md rule 11): what the egress proxy
-//! sees a sandbox's commands open,
-//! recorded against the tool calls running before the first byte leaves.
+//! sees a sandbox's commands open, recorded against the tool calls running before the
+//! first byte leaves.
 //!
 //! The proxy is the only way out of an isolating sandbox under an allow-list, and the
 //! harness runs it. So whether a call had an external effect need not be guessed from
