@@ -193,6 +193,10 @@ pub struct SandboxConfig {
     /// Host directories shown read-only inside the sandbox (toolchains under /root...).
     #[serde(default)]
     pub read_only_paths: Vec<PathBuf>,
+    /// Commands must run isolated: start only where an isolating backend works, and
+    /// never fall back to `local`. Always so in production, in public mode and with
+    /// tokens (`serve` sets it); `run` on a developer's machine may fall back, loudly.
+    pub require_isolation: Option<bool>,
 }
 
 /// The longest `[harness] stop-grace-secs` may be: a stop that waits longer is no
@@ -389,6 +393,7 @@ impl Config {
             }
             .to_string()
         });
+        s.require_isolation.get_or_insert(sandbox.require_isolation);
         let limits = &sandbox.limits;
         s.memory_mb = s.memory_mb.or(limits.memory_mb);
         s.processes = s.processes.or(limits.processes);
@@ -498,7 +503,7 @@ impl Config {
         if let Ok(exe) = std::env::current_exe() {
             options.sandbox.agent = vec![exe.display().to_string(), "sandbox-agent".into()];
         }
-        options.sandbox.require_isolation = self.is_production();
+        options.sandbox.require_isolation = self.requires_isolation();
         let limits = &mut options.sandbox.limits;
         limits.memory_mb = s.memory_mb.or(limits.memory_mb);
         limits.processes = s.processes.or(limits.processes);
@@ -565,6 +570,13 @@ impl Config {
     }
 
     /// Whether this is a production deployment (`[server] production`, or
+    /// Whether commands must run in an isolating sandbox, never falling back to
+    /// `local`: in production, or when the configuration (or `serve`, for a public or
+    /// token-authenticated server) says so.
+    pub fn requires_isolation(&self) -> bool {
+        self.is_production() || self.sandbox.require_isolation == Some(true)
+    }
+
     /// `STEADFAST_ENV=production`): no development fallbacks.
     pub fn is_production(&self) -> bool {
         self.server.production || std::env::var("STEADFAST_ENV").is_ok_and(|v| v == "production")

@@ -88,39 +88,120 @@ async fn a_workspace_that_holds_the_home_is_refused_before_anything_runs() {
     );
 }
 
+/// Production, a public server and a server with tokens run other people's commands:
+/// where no isolating sandbox works (a `bwrap` that fails, none at all, or `local`
+/// asked for by name) each refuses to start, rather than run them as plain processes
+/// of this machine. A developer's own server (no tokens) starts, and says it does not
+/// isolate.
 #[tokio::test]
-async fn production_refuses_to_start_without_an_isolating_sandbox() {
+async fn a_server_others_use_refuses_to_start_without_an_isolating_sandbox() {
+    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
-    let serve = |sandbox: Option<&'static str>, path: &'static str| {
+    // A `bwrap` that cannot make namespaces here, first on PATH.
+    let broken = dir.path().join("broken-bin");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(
+        broken.join("bwrap"),
+        "#!/bin/sh\necho 'no namespaces' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(broken.join("bwrap"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        "[server]\ntokens = [{ owner = \"alice\", token-hash = \"0000000000000000000000000000000000000000000000000000000000000000\" }]\n",
+    )
+    .unwrap();
+    let host_path = std::env::var("PATH").unwrap();
+    let broken_path = format!("{}:{host_path}", broken.display());
+    let serve = |extra: &[&str], sandbox: Option<&str>, path: &str, config: Option<&Path>| {
         let mut cmd = tokio::process::Command::new(BIN);
-        cmd.args(["serve", "--production", "--listen", "127.0.0.1:0"])
+        cmd.args(["serve", "--listen", "127.0.0.1:0"])
+            .args(extra)
             .current_dir(dir.path())
             .env("STEADFAST_HOME", dir.path().join("home"))
             .env("PATH", path)
             .env_remove("STEADFAST_SANDBOX")
+            .env_remove("STEADFAST_CONFIG")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
         if let Some(backend) = sandbox {
             cmd.env("STEADFAST_SANDBOX", backend);
         }
-        async move {
-            tokio::time::timeout(std::time::Duration::from_secs(20), cmd.output())
-                .await
-                .expect("it stops at once instead of serving")
-                .unwrap()
+        if let Some(config) = config {
+            cmd.env("STEADFAST_CONFIG", config);
         }
+        cmd
     };
-    let host_path = std::env::var("PATH").unwrap();
-    let host_path: &'static str = Box::leak(host_path.into_boxed_str());
-    // Asked for `local` by name, and `auto` on a host without bubblewrap.
-    for (sandbox, path) in [(Some("local"), host_path), (None, "/nonexistent")] {
-        let out = serve(sandbox, path).await;
-        assert!(!out.status.success(), "{}", text(&out));
+    let public: &[&str] = &["--public", "--session-spend-cap-usd", "0.01"];
+    let cases: Vec<(&str, &[&str], Option<&str>, &str, Option<&Path>)> = vec![
+        (
+            "production, local by name",
+            &["--production"],
+            Some("local"),
+            &host_path,
+            None,
+        ),
+        (
+            "production, no bwrap",
+            &["--production"],
+            None,
+            "/nonexistent",
+            None,
+        ),
+        (
+            "public, a bwrap that fails",
+            public,
+            None,
+            &broken_path,
+            None,
+        ),
+        (
+            "public, local by name",
+            public,
+            Some("local"),
+            &host_path,
+            None,
+        ),
+        (
+            "tokens, a bwrap that fails",
+            &[],
+            None,
+            &broken_path,
+            Some(&tokens),
+        ),
+    ];
+    for (case, extra, sandbox, path, config) in cases {
+        let out = tokio::time::timeout(
+            std::time::Duration::from_secs(20),
+            serve(extra, sandbox, path, config).output(),
+        )
+        .await
+        .expect("it stops at once instead of serving")
+        .unwrap();
+        assert!(!out.status.success(), "{case}: {}", text(&out));
         assert!(
             text(&out).contains("refuses to start without an isolating sandbox"),
-            "{}",
+            "{case}: {}",
             text(&out)
         );
     }
+    // A developer's own server starts, and says what it runs commands in.
+    let mut dev = serve(&[], None, &broken_path, None).spawn().unwrap();
+    let url = {
+        use tokio::io::AsyncBufReadExt;
+        let stdout = dev.stdout.take().unwrap();
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        tokio::time::timeout(std::time::Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("a development server starts")
+            .unwrap()
+            .unwrap()
+    };
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    dev.kill().await.unwrap();
 }
 
 #[tokio::test]

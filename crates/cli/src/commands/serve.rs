@@ -85,18 +85,33 @@ pub struct WorkerArgs {
     metrics: MetricsArgs,
 }
 
-/// In production, commands must run isolated: a host where no isolating sandbox
-/// backend works is a startup error, never a silent fallback.
-fn check_isolation(config: &Config) -> anyhow::Result<()> {
-    if config.is_production() {
+/// Where commands must run isolated (production, a public server, a server with
+/// tokens, or `[sandbox] require-isolation`), a host where no isolating sandbox backend
+/// works is a startup error, never a silent fallback: other people's commands never
+/// run as plain processes of this machine.
+fn check_isolation(config: &Config, mode: &str) -> anyhow::Result<()> {
+    if config.requires_isolation() {
         steadfast_sandbox::isolation(&config.harness_options().sandbox).map_err(|why| {
             anyhow::anyhow!(
-                "production mode refuses to start without an isolating sandbox: {why} \
+                "{mode} refuses to start without an isolating sandbox: {why} \
                  (install bubblewrap, or use a host where it can create namespaces)"
             )
         })?;
     }
     Ok(())
+}
+
+/// What a server that must isolate commands is, in words (for [`check_isolation`]).
+fn isolation_mode(config: &Config, public: bool) -> &'static str {
+    if config.is_production() {
+        "production mode"
+    } else if public {
+        "public mode"
+    } else if !config.server.tokens.is_empty() {
+        "a server with tokens"
+    } else {
+        "a configuration that requires isolation"
+    }
 }
 
 async fn shutdown_signal() {
@@ -110,8 +125,13 @@ async fn shutdown_signal() {
 pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut config = config.clone();
     config.server.production |= args.production;
+    // Anyone who can reach a public server, or holds a token, runs commands here:
+    // never as plain processes of this machine.
+    if args.public || !config.server.tokens.is_empty() {
+        config.sandbox.require_isolation = Some(true);
+    }
     let config = &config;
-    check_isolation(config)?;
+    check_isolation(config, isolation_mode(config, args.public))?;
     let tokens: Vec<TokenEntry> = config
         .server
         .tokens
@@ -249,7 +269,7 @@ async fn stop_workers(
 }
 
 pub async fn worker(home: &Path, config: &Config, args: WorkerArgs) -> anyhow::Result<ExitCode> {
-    check_isolation(config)?;
+    check_isolation(config, isolation_mode(config, false))?;
     let world = setup::world(home, config, false).await?;
     let (harness, fake) = setup::shared_harness(home, config, world).await?;
     let metrics = args.metrics.start(harness.world().clone()).await?;
