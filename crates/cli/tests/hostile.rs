@@ -136,7 +136,16 @@ async fn a_server_others_use_refuses_to_start_without_an_isolating_sandbox() {
         cmd
     };
     let public: &[&str] = &["--public", "--session-spend-cap-usd", "0.01"];
-    let cases: Vec<(&str, &[&str], Option<&str>, &str, Option<&Path>)> = vec![
+    /// What the case is, `serve`'s extra arguments, `STEADFAST_SANDBOX`, `PATH`, and
+    /// the configuration file.
+    type Case<'a> = (
+        &'a str,
+        &'a [&'a str],
+        Option<&'a str>,
+        &'a str,
+        Option<&'a Path>,
+    );
+    let cases: Vec<Case> = vec![
         (
             "production, local by name",
             &["--production"],
