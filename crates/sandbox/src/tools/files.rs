@@ -4,7 +4,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::{opt_u64, str_arg};
+use super::{open, opt_u64, str_arg};
 use crate::confine;
 
 const DEFAULT_LIMIT: usize = 2000;
@@ -26,9 +26,9 @@ pub(crate) fn read(root: &Path, input: &Value) -> Result<String, String> {
             "{raw} is a directory; use glob or bash ls to list it"
         ));
     }
-    let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {raw}: {e}"))?;
+    let (bytes, len) = open::read_bounded(&path, raw, open::MAX_READ)?;
     if bytes.contains(&0) {
-        return Err(format!("{raw} is a binary file ({} bytes)", bytes.len()));
+        return Err(format!("{raw} is a binary file ({len} bytes)"));
     }
     let text = String::from_utf8_lossy(&bytes);
     if text.is_empty() {
@@ -58,15 +58,13 @@ pub(crate) fn read(root: &Path, input: &Value) -> Result<String, String> {
             end + 1
         ));
     }
-    Ok(out)
-}
-
-fn write_file(path: &Path, content: &str) -> Result<(), String> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    if len > bytes.len() as u64 {
+        out.push_str(&format!(
+            "[{raw} is {len} bytes; only its first {} were read: use bash (tail, sed -n) for the rest]\n",
+            bytes.len()
+        ));
     }
-    std::fs::write(path, content).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    Ok(out)
 }
 
 pub(crate) fn write(root: &Path, input: &Value) -> Result<String, String> {
@@ -76,7 +74,7 @@ pub(crate) fn write(root: &Path, input: &Value) -> Result<String, String> {
     if path.is_dir() {
         return Err(format!("{raw} is a directory"));
     }
-    write_file(&path, content)?;
+    open::write_regular(&path, raw, content.as_bytes())?;
     Ok(format!(
         "Wrote {} bytes to {}",
         content.len(),
@@ -102,10 +100,17 @@ pub(crate) fn edit(root: &Path, input: &Value) -> Result<String, String> {
                 "{raw} already exists; an empty old_string only creates new files"
             ));
         }
-        write_file(&path, new)?;
+        open::write_regular(&path, raw, new.as_bytes())?;
         return Ok(format!("Created {}", display(root, &path)));
     }
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {raw}: {e}"))?;
+    let (bytes, len) = open::read_bounded(&path, raw, open::MAX_READ)?;
+    if len > bytes.len() as u64 {
+        return Err(format!(
+            "{raw} is {len} bytes, more than this tool edits ({} bytes): edit it with bash",
+            open::MAX_READ
+        ));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| format!("{raw} is not UTF-8 text"))?;
     let count = text.matches(old).count();
     let replaced = match (count, replace_all) {
         (0, _) => return Err(format!("old_string was not found in {raw}")),
@@ -116,7 +121,7 @@ pub(crate) fn edit(root: &Path, input: &Value) -> Result<String, String> {
             ))
         }
     };
-    write_file(&path, &replaced)?;
+    open::write_regular(&path, raw, replaced.as_bytes())?;
     Ok(format!(
         "Edited {}: replaced {count} occurrence{}",
         display(root, &path),

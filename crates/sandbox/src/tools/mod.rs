@@ -2,6 +2,7 @@
 
 mod bash;
 mod files;
+mod open;
 mod search;
 
 use std::path::Path;
@@ -110,22 +111,36 @@ pub(crate) async fn run(ctx: &Context<'_>, tool: &str, input: &Value) -> ToolOut
     if !input.is_object() {
         return ToolOutput::error(format!("{tool}: input must be a JSON object"));
     }
-    let result = match tool {
+    let file_tool: fn(&Path, &Value) -> Result<String, String> = match tool {
         "bash" => return bash::run(ctx, input).await,
-        "read" => files::read(ctx.root, input),
-        "write" => files::write(ctx.root, input),
-        "edit" => files::edit(ctx.root, input),
-        "glob" => search::glob(ctx.root, input),
-        "grep" => search::grep(ctx.root, input),
-        other => Err(format!(
-            "unknown tool `{other}`; available: bash, read, write, edit, glob, grep"
-        )),
+        "read" => files::read,
+        "write" => files::write,
+        "edit" => files::edit,
+        "glob" => search::glob,
+        "grep" => search::grep,
+        other => {
+            return ToolOutput::error(format!(
+                "unknown tool `{other}`; available: bash, read, write, edit, glob, grep"
+            ))
+        }
     };
-    match result {
-        Ok(text) => ToolOutput::ok(text),
-        Err(e) => ToolOutput::error(e),
+    // File system calls go to the blocking pool, never the async runtime's threads,
+    // and are given up after a deadline (a disk that hangs, a tree too big to walk).
+    let (root, input) = (ctx.root.to_path_buf(), input.clone());
+    let running = tokio::task::spawn_blocking(move || file_tool(&root, &input));
+    match tokio::time::timeout(FILE_TOOL_DEADLINE, running).await {
+        Ok(Ok(Ok(text))) => ToolOutput::ok(text),
+        Ok(Ok(Err(e))) => ToolOutput::error(e),
+        Ok(Err(e)) => ToolOutput::error(format!("{tool} failed: {e}")),
+        Err(_) => ToolOutput::error(format!(
+            "{tool} took longer than {} s and was given up",
+            FILE_TOOL_DEADLINE.as_secs()
+        )),
     }
 }
+
+/// The longest a file tool (`read`, `write`, `edit`, `glob`, `grep`) may take.
+const FILE_TOOL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
 #[cfg(test)]
 mod tests;

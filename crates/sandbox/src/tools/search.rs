@@ -111,12 +111,13 @@ pub(crate) fn grep(root: &Path, input: &Value) -> Result<String, String> {
                 continue;
             }
         }
-        if path.metadata().map(|m| m.len() > MAX_FILE).unwrap_or(true) {
-            continue;
-        }
-        let Ok(bytes) = std::fs::read(&path) else {
+        // Never blocks: a file swapped for a FIFO since the walk is refused.
+        let Ok((bytes, len)) = super::open::read_bounded(&path, &rel, MAX_FILE) else {
             continue;
         };
+        if len > MAX_FILE {
+            continue;
+        }
         if bytes.contains(&0) {
             continue;
         }

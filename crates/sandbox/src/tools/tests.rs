@@ -289,3 +289,102 @@ async fn a_local_home_has_the_same_path_every_run_and_abandoned_ones_are_reaped(
     let _sandbox = LocalSandbox::new(dir.path(), SandboxOptions::default()).unwrap();
     assert!(!stale.exists(), "the abandoned home was reaped");
 }
+
+/// A FIFO, a socket, a device (where this process may make one) and a 1 GiB sparse
+/// file in the workspace: every file tool answers at once, names what it found, reads
+/// a bounded part at most, and leaves each as it was. A FIFO nobody writes would block
+/// an open for reading for ever, and one nobody reads an open for writing.
+#[test]
+fn special_and_huge_files_never_block_a_file_tool() {
+    let (dir, sb) = sandbox();
+    let sb = std::sync::Arc::new(sb);
+    let root = &dir.path().join("ws");
+    nix::unistd::mkfifo(&root.join("pipe"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let _socket = std::os::unix::net::UnixListener::bind(root.join("sock")).unwrap();
+    let device = nix::sys::stat::mknod(
+        &root.join("null"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::S_IRWXU,
+        nix::sys::stat::makedev(1, 3),
+    )
+    .is_ok();
+    let huge = std::fs::File::create(root.join("huge.log")).unwrap();
+    huge.set_len(1 << 30).unwrap();
+    drop(huge);
+
+    let mut specials = vec![("pipe", "a FIFO"), ("sock", "a socket")];
+    if device {
+        specials.push(("null", "a device"));
+    }
+    for (name, what) in &specials {
+        let calls = [
+            ("read", json!({"file_path": name})),
+            ("write", json!({"file_path": name, "content": "x"})),
+            (
+                "edit",
+                json!({"file_path": name, "old_string": "a", "new_string": "b"}),
+            ),
+        ];
+        for (tool, input) in calls {
+            let out =
+                within_10s(&sb, tool, input).unwrap_or_else(|| panic!("{tool} of {name} blocked"));
+            assert!(out.is_error, "{tool} {name}: {}", out.text);
+            assert!(out.text.contains(what), "{tool} {name}: {}", out.text);
+        }
+    }
+    // grep walks past them all (and reads no more of the huge file than its limit).
+    let out = within_10s(&sb, "grep", json!({"pattern": "x"})).expect("grep blocked");
+    assert!(!out.is_error, "{}", out.text);
+    // The sparse gigabyte is read up to the bound only: zeros, so binary.
+    let out = within_10s(&sb, "read", json!({"file_path": "huge.log"})).expect("read blocked");
+    assert!(out.is_error && out.text.contains("binary"), "{}", out.text);
+    let meta = std::fs::symlink_metadata(root.join("pipe")).unwrap();
+    use std::os::unix::fs::FileTypeExt;
+    assert!(meta.file_type().is_fifo(), "the FIFO is left as it was");
+}
+
+/// A tool call made on a thread of its own, or `None` if it has not answered within
+/// 10 s (a call blocked in the kernel cannot be cancelled; its thread is left behind).
+fn within_10s(
+    sb: &std::sync::Arc<LocalSandbox>,
+    tool: &str,
+    input: serde_json::Value,
+) -> Option<ToolOutput> {
+    let (sb, tool) = (sb.clone(), tool.to_string());
+    let (done, answer) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let _ = done.send(runtime.block_on(call(&sb, &tool, input)));
+    });
+    answer.recv_timeout(Duration::from_secs(10)).ok()
+}
+
+#[tokio::test]
+async fn a_file_larger_than_a_read_shows_its_start_and_says_how_to_see_the_rest() {
+    let (dir, sb) = sandbox();
+    let line = "a line of text that is not short\n";
+    let big = line.repeat((20 * 1024 * 1024) / line.len());
+    std::fs::write(dir.path().join("ws/big.txt"), &big).unwrap();
+    let out = call(&sb, "read", json!({"file_path": "big.txt", "limit": 3})).await;
+    assert!(!out.is_error, "{}", out.text);
+    assert!(
+        out.text.contains("only its first 16777216 were read"),
+        "{}",
+        out.text
+    );
+    let out = call(
+        &sb,
+        "edit",
+        json!({"file_path": "big.txt", "old_string": "not short", "new_string": "short"}),
+    )
+    .await;
+    assert!(
+        out.is_error && out.text.contains("edit it with bash"),
+        "{}",
+        out.text
+    );
+}
