@@ -15,7 +15,27 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        // The bytes once (within the body limit), then the JSON from them.
+        let (parts, body) = req.into_parts();
+        let bytes =
+            match axum::body::Bytes::from_request(Request::from_parts(parts.clone(), body), state)
+                .await
+            {
+                Ok(bytes) => bytes,
+                Err(rejection) => {
+                    return Err(too_large_or(rejection.status(), rejection.body_text()))
+                }
+            };
+        let object = bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+        let req = Request::from_parts(parts, axum::body::Body::from(bytes));
         match axum::Json::<T>::from_request(req, state).await {
+            // Every body is an object: an array would fill a struct's fields by
+            // position (`[null, null]` made a session).
+            Ok(_) if !object => Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_body",
+                "the body must be a JSON object",
+            )),
             Ok(axum::Json(v)) => Ok(Body(v)),
             Err(rejection) => Err(match &rejection {
                 JsonRejection::JsonDataError(_) => ApiError::new(
@@ -33,13 +53,21 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
                     "unsupported_media_type",
                     "send the body as JSON with content-type: application/json",
                 ),
-                _ if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "body_too_large",
-                    format!("the body is larger than {} bytes", crate::MAX_BODY),
-                ),
-                _ => ApiError::new(rejection.status(), "bad_body", rejection.body_text()),
+                _ => too_large_or(rejection.status(), rejection.body_text()),
             }),
         }
+    }
+}
+
+/// A rejection with `status`: "too large" in words when it is a 413.
+fn too_large_or(status: StatusCode, text: String) -> ApiError {
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the body is larger than {} bytes", crate::MAX_BODY),
+        )
+    } else {
+        ApiError::new(status, "bad_body", text)
     }
 }

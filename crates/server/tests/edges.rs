@@ -159,4 +159,44 @@ async fn every_error_is_json_and_a_refused_create_leaves_nothing_behind() {
     assert_eq!(resp.status(), 413);
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["code"], "body_too_large", "{body}");
+
+    // A body that is not an object fills no struct by position.
+    let sessions_before = call(reqwest::Method::GET, &sessions, None, None).await.1;
+    for body in [json!([null, null]), json!([]), json!("x"), json!(7)] {
+        let got = call(reqwest::Method::POST, &sessions, None, Some(body.clone())).await;
+        assert_error(&got, 422, "invalid_body");
+    }
+    let got = call(
+        reqwest::Method::POST,
+        &format!("{sessions}/{id}/messages"),
+        None,
+        Some(json!(["hello"])),
+    )
+    .await;
+    assert_error(&got, 422, "invalid_body");
+    assert_eq!(
+        call(reqwest::Method::GET, &sessions, None, None).await.1,
+        sessions_before,
+        "no session was made"
+    );
+
+    // A position past what the stores can hold is a bad query, not an outage.
+    for query in ["after=18446744073709551615", "cursor=9223372036854775808"] {
+        let resp = client
+            .get(format!("{sessions}/{id}/events?{query}"))
+            .header("accept", "application/json")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400, "{query}");
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "invalid_query", "{query}: {body}");
+    }
+    let resp = client
+        .get(format!("{sessions}/{id}/events"))
+        .header("last-event-id", "9223372036854775808")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
 }

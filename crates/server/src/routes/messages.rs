@@ -187,6 +187,17 @@ pub(crate) async fn events<W: World + Clone>(
         None => None,
     };
     let cursor = query.cursor.or(query.after).or(from_header).unwrap_or(0);
+    // Log positions are signed 64-bit in the stores: one past them names no position.
+    if cursor > i64::MAX as u64 {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            format!(
+                "cursor, after, Last-Event-ID: a log position, at most {}",
+                i64::MAX
+            ),
+        ));
+    }
     // `Accept: application/json` pages through the same events as JSON.
     let wants_json = headers
         .get(axum::http::header::ACCEPT)
