@@ -8,6 +8,8 @@ use std::process::Output;
 use serde_json::{json, Value};
 use steadfast_testkit::{FakeProvider, Script};
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
 
 async fn steadfast(home: &Path, cwd: &Path, fake: &FakeProvider, args: &[&str]) -> Output {
@@ -199,16 +201,7 @@ async fn a_server_others_use_refuses_to_start_without_an_isolating_sandbox() {
     }
     // A developer's own server starts, and says what it runs commands in.
     let mut dev = serve(&[], None, &broken_path, None).spawn().unwrap();
-    let url = {
-        use tokio::io::AsyncBufReadExt;
-        let stdout = dev.stdout.take().unwrap();
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        tokio::time::timeout(std::time::Duration::from_secs(30), lines.next_line())
-            .await
-            .expect("a development server starts")
-            .unwrap()
-            .unwrap()
-    };
+    let url = common::printed_url(&mut dev).await;
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
     dev.kill().await.unwrap();
 }

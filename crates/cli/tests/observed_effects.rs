@@ -9,36 +9,14 @@
 //!   at the proxy and recorded, and the same call made again waits for approval, then
 //!   runs once.
 
-use std::io::{Read, Write};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use serde_json::{json, Value};
 use steadfast_testkit::{FakeProvider, Script};
 
 mod common;
 
-use common::{call, event_page, wait_for, VaultSite};
-
-/// A loopback HTTP server that counts the requests it gets.
-fn counter() -> (u16, Arc<AtomicUsize>) {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let hits = Arc::new(AtomicUsize::new(0));
-    let seen = hits.clone();
-    std::thread::spawn(move || {
-        for mut stream in listener.incoming().flatten() {
-            let mut buf = [0u8; 4096];
-            let _ = stream.read(&mut buf);
-            seen.fetch_add(1, Ordering::SeqCst);
-            let _ = write!(
-                stream,
-                "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
-            );
-        }
-    });
-    (port, hits)
-}
+use common::{call, counter, event_page, wait_for, VaultSite};
 
 /// A POST the classifier cannot see for what it is.
 fn post(port: u16) -> String {

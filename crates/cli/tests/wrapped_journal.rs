@@ -14,6 +14,10 @@ use steadfast_sandbox::{LocalSandbox, Sandbox, SandboxOptions};
 use steadfast_world::{Blobs, Holder, Lease, LiveSession, SqliteWorld, World};
 use steadfast_wrap::journal::{MakeSandbox, ToolJournal};
 
+mod common;
+
+use common::counter;
+
 struct Setup {
     _dir: tempfile::TempDir,
     ws: PathBuf,
@@ -253,27 +257,6 @@ async fn a_call_whose_snapshot_takes_too_long_never_runs() {
         log.iter().all(|r| r.event.kind() != "tool_call_intent"),
         "no intent was recorded for a call that never started"
     );
-}
-
-/// A loopback HTTP server that counts the requests it gets.
-fn counter() -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let seen = hits.clone();
-    std::thread::spawn(move || {
-        for mut stream in listener.incoming().flatten() {
-            let mut buf = [0u8; 4096];
-            let _ = stream.read(&mut buf);
-            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let _ = write!(
-                stream,
-                "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
-            );
-        }
-    });
-    (port, hits)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

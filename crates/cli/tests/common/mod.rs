@@ -393,3 +393,25 @@ impl Drop for Moto {
         let _ = self.child.wait();
     }
 }
+
+/// A loopback HTTP server that counts the requests it gets (an external effect whose
+/// every occurrence can be counted), and its port.
+pub fn counter() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = hits.clone();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+            );
+        }
+    });
+    (port, hits)
+}
