@@ -234,6 +234,7 @@ async fn a_call_whose_snapshot_takes_too_long_never_runs() {
         }
     }
     let cold = Drive::open(s._dir.path().join("drive")).unwrap();
+    let same_drive = cold.clone();
     let live = Arc::new(
         LiveSession::open(s.world.clone(), s.lease.clone())
             .await
@@ -257,6 +258,13 @@ async fn a_call_whose_snapshot_takes_too_long_never_runs() {
         log.iter().all(|r| r.event.kind() != "tool_call_intent"),
         "no intent was recorded for a call that never started"
     );
+    // The abandoned snapshot goes on in the background, holding the workspace: one
+    // more waits for it, so the test's directory is not removed under it.
+    let ws = s.ws.clone();
+    tokio::task::spawn_blocking(move || same_drive.snapshot(&ws))
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
