@@ -124,23 +124,14 @@ pub(crate) async fn run(ctx: &Context<'_>, tool: &str, input: &Value) -> ToolOut
             ))
         }
     };
-    // File system calls go to the blocking pool, never the async runtime's threads,
-    // and are given up after a deadline (a disk that hangs, a tree too big to walk).
-    let (root, input) = (ctx.root.to_path_buf(), input.clone());
-    let running = tokio::task::spawn_blocking(move || file_tool(&root, &input));
-    match tokio::time::timeout(FILE_TOOL_DEADLINE, running).await {
-        Ok(Ok(Ok(text))) => ToolOutput::ok(text),
-        Ok(Ok(Err(e))) => ToolOutput::error(e),
-        Ok(Err(e)) => ToolOutput::error(format!("{tool} failed: {e}")),
-        Err(_) => ToolOutput::error(format!(
-            "{tool} took longer than {} s and was given up",
-            FILE_TOOL_DEADLINE.as_secs()
-        )),
+    // Inline, never on a pool thread: a tool call whose future is dropped (an
+    // interrupt, a stop) must not go on writing after its outcome's snapshot. Nothing
+    // here waits: opens are non-blocking and reads bounded (see `open`).
+    match file_tool(ctx.root, input) {
+        Ok(text) => ToolOutput::ok(text),
+        Err(e) => ToolOutput::error(e),
     }
 }
-
-/// The longest a file tool (`read`, `write`, `edit`, `glob`, `grep`) may take.
-const FILE_TOOL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
 #[cfg(test)]
 mod tests;
