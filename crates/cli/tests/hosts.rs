@@ -68,7 +68,9 @@ impl Fleet {
             .env_remove("STEADFAST_WORKSPACE_ROOT")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(steadfast_testkit::service_log::stderr(env!(
+                "CARGO_TARGET_TMPDIR"
+            )))
             .kill_on_drop(true);
         cmd
     }
@@ -368,7 +370,22 @@ async fn sessions_finish_on_any_host_with_only_the_database_and_the_bucket_share
             .collect();
         assert!(
             differ.is_empty(),
-            "{id}: the workspace differs from the crash-free run's in {differ:?}"
+            "{id}: the workspace differs from the crash-free run's in {differ:?}\n{}\nits log:\n{}\nthe services' log: {}",
+            differ
+                .iter()
+                .map(|k| format!(
+                    "{k}: got {:?}\nwant {:?}",
+                    tree.get(*k).map(|(b, _)| String::from_utf8_lossy(b)),
+                    want.get(*k).map(|(b, _)| String::from_utf8_lossy(b))
+                ))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            records
+                .iter()
+                .map(Value::to_string)
+                .collect::<Vec<_>>()
+                .join("\n"),
+            steadfast_testkit::service_log::path(env!("CARGO_TARGET_TMPDIR")).display()
         );
         // Each host that drove it has its own copy; the last one is the log's.
         let ws = s["workspace"].as_str().unwrap();
