@@ -676,6 +676,7 @@ impl Config {
     /// Settings left unset show the value in force (the built-in default).
     pub fn dump(&self) -> String {
         let mut effective = self.clone();
+        effective.world = self.world.as_deref().map(steadfast_world::redacted);
         effective.model = Some(self.default_model());
         effective.fill_defaults(&self.harness_options());
         for provider in ["anthropic", "openai"] {

@@ -148,8 +148,38 @@ pub async fn world(home: &Path, config: &Config, migrate: bool) -> anyhow::Resul
     let spec = config.world.as_deref();
     let world = AnyWorld::open(spec, home, migrate || config.migrate_on_open)
         .await
-        .with_context(|| format!("opening the world {}", spec.unwrap_or("(embedded SQLite)")))?;
+        .with_context(|| {
+            format!(
+                "opening the world {}",
+                spec.map_or("(embedded SQLite)".into(), steadfast_world::redacted)
+            )
+        })?;
     Ok(world.with_spill(blobs(home, config)?))
+}
+
+/// What a server or worker checks before it takes any work: the world answers and the
+/// blob store can be written and read back. A store it cannot use is named now, with
+/// its cause, not found by the first session that needs it.
+pub async fn check_stores(home: &Path, config: &Config, world: &AnyWorld) -> anyhow::Result<()> {
+    use steadfast_world::World;
+    world.ping().await.with_context(|| {
+        format!(
+            "the world {} does not answer",
+            config
+                .world
+                .as_deref()
+                .map_or("(embedded SQLite)".into(), steadfast_world::redacted)
+        )
+    })?;
+    let where_ = config
+        .blobs
+        .clone()
+        .unwrap_or_else(|| home.join("blobs").display().to_string());
+    blobs(home, config)?
+        .check_writable()
+        .await
+        .with_context(|| format!("the blob store {where_} cannot be written and read back"))?;
+    Ok(())
 }
 
 /// A harness for a server or worker process: sessions of the `fake` provider use a

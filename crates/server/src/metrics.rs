@@ -19,17 +19,34 @@ use steadfast_world::World;
 
 use crate::error::ApiError;
 
-/// A router serving `/metrics` (and `/healthz`) for `world`, for a listener of the
-/// operator's own.
-pub fn metrics_router<W: World + Clone>(world: W) -> Router {
+/// A router serving `/metrics` (and `/healthz`, `/livez`, `/readyz`) for `world` and
+/// `blobs`, for a listener of the operator's own: a worker, which serves no API, is
+/// probed there.
+pub fn metrics_router<W: World + Clone>(world: W, blobs: steadfast_world::Blobs) -> Router {
     Router::new()
         .route("/metrics", get(scrape::<W>))
         .route("/healthz", get(|| async { "ok" }))
-        .with_state(world)
+        .route("/livez", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(
+                |State((world, blobs)): State<(W, steadfast_world::Blobs)>| async move {
+                    crate::routes::readiness(&world, &blobs).await
+                },
+            ),
+        )
+        .with_state((world, blobs))
 }
 
 /// The exposition, with the census as of now.
-pub(crate) async fn scrape<W: World>(State(world): State<W>) -> Result<Response, ApiError> {
+async fn scrape<W: World>(
+    State((world, _)): State<(W, steadfast_world::Blobs)>,
+) -> Result<Response, ApiError> {
+    exposition(&world).await
+}
+
+/// The exposition of `world`'s process, with its census as of now.
+pub(crate) async fn exposition<W: World>(world: &W) -> Result<Response, ApiError> {
     let census = world.census().await?;
     let metrics = steadfast_metrics::metrics();
     metrics.census(&census.by_status, census.queued);

@@ -45,6 +45,8 @@ events (schema 1): `PublicEvent`, one type per kind of log record.";
         routes::vaults::delete,
         routes::openapi,
         routes::healthz,
+        routes::livez,
+        routes::readyz,
         routes::metrics,
     ),
     components(schemas(crate::public::PublicEvent, crate::wire::SessionStatus)),

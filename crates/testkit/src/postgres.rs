@@ -16,6 +16,16 @@ pub struct PrivatePostgres {
     port: u16,
 }
 
+/// What a private server speaks TLS with.
+pub struct Tls {
+    /// The server's certificate (PEM).
+    pub cert_pem: String,
+    /// Its private key (PEM).
+    pub key_pem: String,
+    /// Whether connections over TCP must be encrypted (`hostssl` only).
+    pub required: bool,
+}
+
 /// Why a private server could not be started: which step failed and what it printed.
 #[derive(Debug)]
 pub struct StartError(pub String);
@@ -74,6 +84,15 @@ fn free_port() -> Result<u16, StartError> {
 impl PrivatePostgres {
     /// Creates a cluster in a new temporary directory and starts it.
     pub fn start() -> Result<Self, StartError> {
+        Self::start_with(None)
+    }
+
+    /// Creates a cluster that speaks TLS with `tls` and starts it.
+    pub fn start_with_tls(tls: &Tls) -> Result<Self, StartError> {
+        Self::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<&Tls>) -> Result<Self, StartError> {
         let bin = server_bin()?;
         let dir = tempfile::Builder::new()
             .prefix("steadfast-test-pg-")
@@ -90,6 +109,9 @@ impl PrivatePostgres {
             .as_owner(&server.bin.join("initdb"))
             .args(["--auth=trust", "--username=postgres", "--no-sync", "-D"])
             .arg(&data))?;
+        if let Some(tls) = tls {
+            server.configure_tls(tls)?;
+        }
         // A port taken between asking and binding is tried again with another.
         let mut attempts = 0;
         loop {
@@ -102,6 +124,53 @@ impl PrivatePostgres {
                 Err(_) => attempts += 1,
             }
         }
+    }
+
+    /// Puts the certificate and key in the data directory, turns TLS on and, if asked,
+    /// refuses every TCP connection that is not encrypted (the socket stays open, for
+    /// [`Self::socket_url`]).
+    fn configure_tls(&self, tls: &Tls) -> Result<(), StartError> {
+        let data = self.data();
+        let write = |name: &str, text: &str| {
+            std::fs::write(data.join(name), text)
+                .map_err(|e| StartError(format!("writing {name}: {e}")))
+        };
+        write("server.crt", &tls.cert_pem)?;
+        write("server.key", &tls.key_pem)?;
+        let mut conf = std::fs::read_to_string(data.join("postgresql.conf")).unwrap_or_default();
+        conf.push_str("\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n");
+        write("postgresql.conf", &conf)?;
+        if tls.required {
+            write(
+                "pg_hba.conf",
+                "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostnossl all all 127.0.0.1/32 reject\n",
+            )?;
+        }
+        for name in ["server.crt", "server.key", "postgresql.conf", "pg_hba.conf"] {
+            if is_root() {
+                run(Command::new("chown")
+                    .arg("postgres:postgres")
+                    .arg(data.join(name)))?;
+            }
+        }
+        run(Command::new("chmod")
+            .arg("600")
+            .arg(data.join("server.key")))
+    }
+
+    /// The URL of database `db` over the server's Unix socket (never encrypted, always
+    /// allowed): for a test's own look at the server.
+    pub fn socket_url(&self, db: &str) -> String {
+        format!(
+            "host={} port={} user=postgres dbname={db}",
+            self.dir.path().display(),
+            self.port
+        )
+    }
+
+    /// The port the server listens on at 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     fn data(&self) -> PathBuf {

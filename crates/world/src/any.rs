@@ -18,13 +18,14 @@ pub enum AnyWorld {
 }
 
 impl AnyWorld {
-    /// Opens the world `spec` names: `postgres://...` (or `postgresql://...`), a
-    /// `sqlite:PATH`, or nothing for `home/world.db`. With `migrate`, pending
+    /// Opens the world `spec` names: `postgres://...` (or `postgresql://...`, or
+    /// libpq's `host=... dbname=...` pairs), a `sqlite:PATH`, or nothing for
+    /// `home/world.db`. With `migrate`, pending
     /// PostgreSQL migrations are applied first.
     pub async fn open(spec: Option<&str>, home: &Path, migrate: bool) -> Result<Self> {
         match spec.filter(|s| !s.is_empty()) {
             None => Ok(AnyWorld::Sqlite(SqliteWorld::open(home.join("world.db"))?)),
-            Some(s) if s.starts_with("postgres://") || s.starts_with("postgresql://") => {
+            Some(s) if is_postgres(s) => {
                 #[cfg(feature = "postgres")]
                 {
                     let world = if migrate {
@@ -43,7 +44,8 @@ impl AnyWorld {
             Some(s) => match s.strip_prefix("sqlite:") {
                 Some(path) => Ok(AnyWorld::Sqlite(SqliteWorld::open(path)?)),
                 None => Err(Error::Backend(format!(
-                    "unknown world `{s}`: use postgres://..., sqlite:PATH, or leave it unset for the embedded default"
+                    "unknown world `{}`: use postgres://..., sqlite:PATH, or leave it unset for the embedded default",
+                    redacted(s)
                 ))),
             },
         }
@@ -67,6 +69,59 @@ impl AnyWorld {
             AnyWorld::Postgres(w) => w.migrate().await,
         }
     }
+}
+
+/// Whether `spec` names a PostgreSQL database: a URL, or key=value pairs naming a
+/// host or a database.
+fn is_postgres(spec: &str) -> bool {
+    if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
+        return true;
+    }
+    let pairs: Vec<(&str, &str)> = spec
+        .split_whitespace()
+        .filter_map(|p| p.split_once('='))
+        .collect();
+    pairs.len() == spec.split_whitespace().count()
+        && pairs
+            .iter()
+            .any(|(k, _)| matches!(*k, "host" | "hostaddr" | "dbname"))
+}
+
+/// A world's connection string as it may be shown (in an error, a log line, a dump of
+/// the configuration): any password replaced by `***`, in a URL's user part, in its
+/// query (`?password=`) or in key=value form (`password=`).
+pub fn redacted(spec: &str) -> String {
+    let hide_pairs = |text: &str, sep: char| -> String {
+        text.split(sep)
+            .map(|pair| match pair.split_once('=') {
+                Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
+                _ => pair.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(&sep.to_string())
+    };
+    let Some((scheme, rest)) = spec.split_once("://") else {
+        return hide_pairs(spec, ' ');
+    };
+    let (before_query, query) = match rest.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (rest, None),
+    };
+    let authority_end = before_query.find('/').unwrap_or(before_query.len());
+    let (authority, path) = before_query.split_at(authority_end);
+    let authority = match authority.rsplit_once('@') {
+        Some((user, host)) => match user.split_once(':') {
+            Some((name, _)) => format!("{name}:***@{host}"),
+            None => authority.to_string(),
+        },
+        None => authority.to_string(),
+    };
+    let mut shown = format!("{scheme}://{authority}{path}");
+    if let Some(query) = query {
+        shown.push('?');
+        shown.push_str(&hide_pairs(query, '&'));
+    }
+    shown
 }
 
 impl AnyWorld {
@@ -214,6 +269,45 @@ impl World for AnyWorld {
             AnyWorld::Sqlite(w) => w.inbox_seen_empty(lease),
             #[cfg(feature = "postgres")]
             AnyWorld::Postgres(w) => w.inbox_seen_empty(lease),
+        }
+    }
+
+    async fn ping(&self) -> Result<()> {
+        match self {
+            AnyWorld::Sqlite(w) => w.ping().await,
+            #[cfg(feature = "postgres")]
+            AnyWorld::Postgres(w) => w.ping().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redacted;
+
+    #[test]
+    fn a_password_is_never_shown_in_any_form_of_connection_string() {
+        for (spec, shown) in [
+            (
+                "postgres://app:s3cr%40t@db.example.com:5432/steadfast?sslmode=require",
+                "postgres://app:***@db.example.com:5432/steadfast?sslmode=require",
+            ),
+            (
+                "postgresql://app@db/steadfast?password=s3cret&sslmode=verify-full",
+                "postgresql://app@db/steadfast?password=***&sslmode=verify-full",
+            ),
+            (
+                "host=db user=app password=s3cret dbname=steadfast",
+                "host=db user=app password=*** dbname=steadfast",
+            ),
+            (
+                "postgres://app:p@ss:w@rd@db/steadfast",
+                "postgres://app:***@db/steadfast",
+            ),
+            ("postgres://app@db/steadfast", "postgres://app@db/steadfast"),
+            ("sqlite:/var/lib/world.db", "sqlite:/var/lib/world.db"),
+        ] {
+            assert_eq!(redacted(spec), shown, "{spec}");
         }
     }
 }

@@ -12,6 +12,11 @@ use crate::{Error, Result};
 pub const INLINE_LIMIT: usize = 64 * 1024;
 const EXCERPT: usize = 8 * 1024;
 
+/// What [`Blobs::check_writable`] writes.
+const PROBE: &[u8] = b"steadfast: this store can be written and read\n";
+/// A prefix nothing is stored under, listed by [`Blobs::ping`].
+const PROBE_PREFIX: &str = "steadfast-ping";
+
 /// A content-addressed blob store over any `object_store` backend.
 #[derive(Debug, Clone)]
 pub struct Blobs {
@@ -158,6 +163,26 @@ impl Blobs {
             }
         }
         Ok(doomed.len())
+    }
+
+    /// Reads the store once, a listing that names nothing (one request, whatever the
+    /// store holds): a readiness check. A missing bucket, refused credentials or an
+    /// endpoint that cannot be reached fail it.
+    pub async fn ping(&self) -> Result<()> {
+        self.store
+            .list_with_delimiter(Some(&ObjectPath::from(PROBE_PREFIX)))
+            .await
+            .map(|_| ())
+            .map_err(|e| Error::Blob(e.to_string()))
+    }
+
+    /// Writes a small blob and reads it back: what a server or worker checks before
+    /// it takes any work, so a store it cannot use is named at start rather than by
+    /// the first session that needs it. (The blob is content-addressed: every check
+    /// writes the same one.)
+    pub async fn check_writable(&self) -> Result<()> {
+        let hash = self.put_raw(PROBE).await?;
+        self.get(&hash).await.map(|_| ())
     }
 
     /// Removes a blob (a missing one is not an error).

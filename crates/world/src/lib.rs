@@ -33,7 +33,7 @@ use steadfast_log::record;
 use steadfast_log::{Event, Record};
 
 pub mod interrupt;
-pub use any::AnyWorld;
+pub use any::{redacted, AnyWorld};
 pub use checkpoint::load_state;
 pub use heartbeat::Heartbeat;
 pub use live::LiveSession;
@@ -388,6 +388,10 @@ pub trait World: Send + Sync + 'static {
     /// step later (or within an interrupt watch's poll). Each append answers it in
     /// its own transaction, saving a round trip to the store per look.
     fn inbox_seen_empty(&self, lease: &Lease) -> bool;
+
+    /// Reads from the store once: `Ok` if it can be reached and its schema is there
+    /// (a readiness check, and the first thing a server or worker does).
+    fn ping(&self) -> impl Future<Output = Result<()>> + Send;
 }
 
 /// Counts a successful append in the process's metrics (its latency, and what its

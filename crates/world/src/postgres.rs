@@ -6,13 +6,13 @@
 //! machines with skewed clocks agree on when a lease lapses. Connections are pooled;
 //! a connection broken by a database restart is replaced on next use.
 
-use std::str::FromStr;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use steadfast_log::record::{self, EncodedRecord};
 use steadfast_log::{Event, Record, MODEL_DELTA_KIND, PRUNED_KIND};
-use tokio_postgres::{NoTls, Row, Transaction};
+use tokio_postgres::{Row, Transaction};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::{
     now_ms, summarize, Error, Holder, Inbound, InboundKind, Lease, LeaseRow, RawRecord, Result,
@@ -21,6 +21,7 @@ use crate::{
 
 mod group;
 mod listen;
+mod tls;
 
 use listen::{listen, AbortOnDrop, Liveness, CHANNEL, HOLDER_GONE};
 
@@ -145,6 +146,22 @@ impl std::fmt::Debug for PostgresWorld {
     }
 }
 
+/// `e` and each error under it: "error performing TLS handshake: invalid peer
+/// certificate: UnknownIssuer".
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.ends_with(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
+}
+
 fn backend(e: impl std::fmt::Display) -> Error {
     Error::Backend(e.to_string())
 }
@@ -160,7 +177,8 @@ fn db(e: tokio_postgres::Error) -> Error {
     match e.as_db_error() {
         // "db error" alone says nothing; the server's message says what went wrong.
         Some(d) => Error::Backend(format!("{e}: {}", d.message())),
-        None => backend(e),
+        // Nor does "error performing TLS handshake": its causes do.
+        None => Error::Backend(with_causes(&e)),
     }
 }
 
@@ -222,19 +240,23 @@ impl PostgresWorld {
         self
     }
 
-    fn with_listener(mut self, config: tokio_postgres::Config) -> Self {
-        let task = tokio::spawn(listen(config, self.changes.clone(), self.liveness.clone()));
+    fn with_listener(mut self, config: tokio_postgres::Config, tls: MakeRustlsConnect) -> Self {
+        let task = tokio::spawn(listen(
+            config,
+            tls,
+            self.changes.clone(),
+            self.liveness.clone(),
+        ));
         self._listener = Some(std::sync::Arc::new(AbortOnDrop(task)));
         self
     }
 
     fn connect_unchecked(url: &str) -> Result<Self> {
-        let config = tokio_postgres::Config::from_str(url)
-            .map_err(|e| Error::Backend(format!("bad PostgreSQL URL: {e}")))?;
+        let (config, tls) = tls::configure(url)?;
         let listen_config = config.clone();
         let manager = Manager::from_config(
             config,
-            NoTls,
+            tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -255,11 +277,19 @@ impl PostgresWorld {
             spill: None,
             group: Default::default(),
         };
-        Ok(world.with_listener(listen_config))
+        Ok(world.with_listener(listen_config, tls))
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
-        self.pool.get().await.map_err(backend)
+        self.pool.get().await.map_err(|e| match e {
+            // Why a new connection failed, not only that it did.
+            deadpool_postgres::PoolError::Backend(e) => db(e),
+            deadpool_postgres::PoolError::Timeout(_) => Error::Backend(
+                "timed out waiting for a connection to PostgreSQL (is the server reachable?)"
+                    .into(),
+            ),
+            other => backend(other),
+        })
     }
 
     /// A connection from the world's own pool, for tools and benchmarks that must
@@ -1219,6 +1249,15 @@ impl World for PostgresWorld {
         positions
             .get(&lease.session)
             .is_some_and(|p| p.epoch == lease.epoch && p.inbox_empty)
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.client()
+            .await?
+            .query_one("SELECT 1 FROM steadfast_schema LIMIT 1", &[])
+            .await
+            .map_err(db)?;
+        Ok(())
     }
 }
 

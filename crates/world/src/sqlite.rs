@@ -1052,6 +1052,14 @@ impl World for SqliteWorld {
             .get(&lease.session)
             == Some(&lease.epoch)
     }
+
+    async fn ping(&self) -> Result<()> {
+        self.with(|conn| {
+            conn.query_row("SELECT count(*) FROM sessions WHERE 0", [], |_| Ok(()))
+                .map_err(backend)
+        })
+        .await
+    }
 }
 
 /// Sessions with work due: a turn left running, a queued message for an idle one, the

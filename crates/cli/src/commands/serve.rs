@@ -49,6 +49,7 @@ impl MetricsArgs {
     async fn start(
         &self,
         world: steadfast_world::AnyWorld,
+        blobs: steadfast_world::Blobs,
     ) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
         let Some(addr) = &self.metrics_listen else {
             return Ok(None);
@@ -60,7 +61,7 @@ impl MetricsArgs {
             "steadfast: metrics at http://{}/metrics",
             listener.local_addr()?
         );
-        let router = steadfast_server::metrics_router(world);
+        let router = steadfast_server::metrics_router(world, blobs);
         Ok(Some(tokio::spawn(async move {
             let options = steadfast_server::ServeOptions::default();
             if let Err(e) =
@@ -149,8 +150,12 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
     let auth =
         Auth::new(&tokens, config.is_production(), public_cap).map_err(anyhow::Error::msg)?;
     let world = setup::world(home, config, false).await?;
+    setup::check_stores(home, config, &world).await?;
     let (harness, fake) = setup::shared_harness(home, config, world).await?;
-    let metrics = args.metrics.start(harness.world().clone()).await?;
+    let metrics = args
+        .metrics
+        .start(harness.world().clone(), harness.blobs().clone())
+        .await?;
     let webhook = config.server.webhook.options()?;
     let workspaces = harness.workspace_root()?;
     std::fs::create_dir_all(&workspaces)?;
@@ -271,8 +276,12 @@ async fn stop_workers(
 pub async fn worker(home: &Path, config: &Config, args: WorkerArgs) -> anyhow::Result<ExitCode> {
     check_isolation(config, isolation_mode(config, false))?;
     let world = setup::world(home, config, false).await?;
+    setup::check_stores(home, config, &world).await?;
     let (harness, fake) = setup::shared_harness(home, config, world).await?;
-    let metrics = args.metrics.start(harness.world().clone()).await?;
+    let metrics = args
+        .metrics
+        .start(harness.world().clone(), harness.blobs().clone())
+        .await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let grace = harness.stop_grace();
     let mut workers = spawn_workers(harness, args.workers.max(1), stop_rx);

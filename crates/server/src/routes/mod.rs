@@ -65,6 +65,8 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
         )
         .route("/openapi.json", get(openapi))
         .route("/healthz", get(healthz))
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz::<W>))
         .route("/metrics", get(metrics::<W>))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -175,6 +177,9 @@ pub(crate) async fn openapi() -> impl IntoResponse {
 }
 
 /// Liveness
+///
+/// The process serves HTTP. `/livez` answers the same; neither looks at the stores
+/// (see `/readyz`), so a database outage never gets a healthy server restarted.
 #[utoipa::path(
     get,
     path = "/healthz",
@@ -183,6 +188,90 @@ pub(crate) async fn openapi() -> impl IntoResponse {
 )]
 pub(crate) async fn healthz() -> &'static str {
     "ok"
+}
+
+/// Liveness (the same as `/healthz`)
+#[utoipa::path(
+    get,
+    path = "/livez",
+    security(()),
+    responses((status = 200, description = "The process serves", body = String, example = "ok"))
+)]
+pub(crate) async fn livez() -> &'static str {
+    "ok"
+}
+
+/// Readiness
+///
+/// Whether this server can do its work now: the world (the database) answers a read
+/// and the blob store a listing, each within 5 s. A 503 `not_ready` while either does
+/// not, naming which; the cause goes to the server's log, not to the caller (the route
+/// needs no token).
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    security(()),
+    responses(
+        (status = 200, description = "Ready", body = Readiness),
+        (status = 503, description = "A store does not answer (`not_ready`, naming which)", body = crate::wire::Error)
+    )
+)]
+pub(crate) async fn readyz<W: World + Clone>(
+    axum::extract::State(state): axum::extract::State<Shared<W>>,
+) -> impl IntoResponse {
+    readiness(state.harness.world(), state.harness.blobs()).await
+}
+
+/// `/readyz` for `world` and `blobs` (the API's listener and the metrics listener of a
+/// worker answer it alike).
+pub(crate) async fn readiness<W: World>(
+    world: &W,
+    blobs: &steadfast_world::Blobs,
+) -> Result<axum::Json<Readiness>, ApiError> {
+    const WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+    let answered =
+        |name: &'static str, checked: Result<steadfast_world::Result<()>, _>| match checked {
+            Ok(Ok(())) => "ok",
+            Ok(Err(e)) => {
+                tracing::warn!(store = name, error = %e, "not ready");
+                "unavailable"
+            }
+            Err(tokio::time::error::Elapsed { .. }) => {
+                tracing::warn!(store = name, "not ready: no answer within 5 s");
+                "unavailable"
+            }
+        };
+    let (world, blobs) = tokio::join!(
+        tokio::time::timeout(WITHIN, world.ping()),
+        tokio::time::timeout(WITHIN, blobs.ping()),
+    );
+    let readiness = Readiness {
+        world: answered("world", world),
+        blobs: answered("blobs", blobs),
+    };
+    let down: Vec<&str> = [("world", readiness.world), ("blobs", readiness.blobs)]
+        .into_iter()
+        .filter(|(_, state)| *state != "ok")
+        .map(|(name, _)| name)
+        .collect();
+    if down.is_empty() {
+        Ok(axum::Json(readiness))
+    } else {
+        Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            format!("not ready: {} unavailable", down.join(" and ")),
+        ))
+    }
+}
+
+/// What `/readyz` found of each store.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct Readiness {
+    /// `ok` or `unavailable`.
+    world: &'static str,
+    /// `ok` or `unavailable`.
+    blobs: &'static str,
 }
 
 /// Prometheus metrics (on this listener in development only)
@@ -211,7 +300,7 @@ pub(crate) async fn metrics<W: World + Clone>(
             "metrics are not served on the API's listener outside development; the operator serves them with --metrics-listen",
         ));
     }
-    crate::metrics::scrape(axum::extract::State(state.harness.world().clone())).await
+    crate::metrics::exposition(state.harness.world()).await
 }
 
 async fn not_found() -> ApiError {

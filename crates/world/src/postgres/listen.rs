@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_postgres::NoTls;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// Stops the `LISTEN` task when the last handle of the world goes.
 pub(super) struct AbortOnDrop(pub(super) tokio::task::JoinHandle<()>);
@@ -36,12 +36,13 @@ pub(super) const HOLDER_GONE: &str = "(s.lease_liveness IS NOT NULL AND NOT EXIS
 
 pub(super) async fn listen(
     config: tokio_postgres::Config,
+    tls: MakeRustlsConnect,
     changes: Arc<tokio::sync::watch::Sender<u64>>,
     liveness: Liveness,
 ) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        match config.connect(NoTls).await {
+        match config.connect(tls.clone()).await {
             Ok((client, mut connection)) => {
                 let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
                 let driver = tokio::spawn(async move {
