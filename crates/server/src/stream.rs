@@ -21,11 +21,19 @@ use steadfast_world::{InboundKind, World};
 
 use crate::public::{self, ErrorCode, EventBody, PublicEvent, StreamError};
 
-/// When a stream ends (with an `end` event).
+/// When a stream ends (with an `end` event). A wait for a signal (an approval, a
+/// client tool's result, a named signal) is part of its turn: the stream stays open
+/// through it, so a client sees the answer and what follows, unless it asked to stop
+/// there ([`Until::Quiet`] with `at_wait`). An escalation, which stops the turn for a
+/// human, ends it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Until {
-    /// When no turn is running and nothing is queued to start one.
-    Quiet,
+    /// When no turn is running and nothing is queued to start one; with `at_wait`,
+    /// also when the turn waits for a signal.
+    Quiet {
+        /// End at a wait too.
+        at_wait: bool,
+    },
     /// When the turn that took this inbox entry is over.
     Taken(u64),
 }
@@ -59,7 +67,8 @@ impl Tracker {
                 self.status = "running";
                 self.seen_inbox.push(*inbox_id);
             }
-            Event::WaitStarted { .. } | Event::Escalated { .. } => self.status = "waiting",
+            Event::WaitStarted { .. } => self.status = "waiting",
+            Event::Escalated { .. } => self.status = "escalated",
             Event::TurnInterrupted { stopped: true, .. } => self.status = "idle",
             Event::SessionEnded { .. } => self.status = "ended",
             Event::ExchangeIntent { index, call_id, .. } => {
@@ -264,12 +273,13 @@ impl<W: World + Clone> State<W> {
         if t.status == "ended" {
             return true;
         }
-        if t.status == "running" {
+        let ends_at_wait = matches!(self.until, Until::Quiet { at_wait: true });
+        if t.status == "running" || (t.status == "waiting" && !ends_at_wait) {
             return false;
         }
         match self.until {
             Until::Taken(id) => t.seen_inbox.contains(&id),
-            Until::Quiet => match self.world.inbox(&self.session).await {
+            Until::Quiet { .. } => match self.world.inbox(&self.session).await {
                 Ok(inbox) => !inbox.iter().any(|i| i.kind != InboundKind::Signal),
                 Err(_) => true,
             },

@@ -970,3 +970,74 @@ async fn a_steer_sent_during_a_long_tool_call_is_taken_at_the_next_step() {
     );
     assert_eq!(kinds.last().map(String::as_str), Some("turn_ended"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_stays_open_through_a_wait_unless_asked_to_end_there() {
+    let srv = server(
+        json!([
+            {"tool_calls": [{"name": "request_approval", "input": {"reason": "may I?"}}]},
+            {"text": "approved, done"}
+        ]),
+        dev(),
+        1,
+        |_| {},
+    )
+    .await;
+    let (_, created) = call(
+        reqwest::Method::POST,
+        &format!("{}/v1/sessions", srv.url),
+        None,
+        Some(json!({"task": "go"})),
+    )
+    .await;
+    let id = created["id"].as_str().unwrap();
+    wait_status(&srv.url, id, None, "waiting").await;
+    let events = format!("{}/v1/sessions/{id}/events", srv.url);
+
+    // Asked to end at a wait, it does: the wait is its last frame.
+    let (frames, ended) = read_frames(&format!("{events}?until=wait"), None, 1000).await;
+    assert!(ended, "{frames:?}");
+    assert_eq!(frames.last().unwrap().event, "wait_started", "{frames:?}");
+
+    // By default it stays open: the answer and the rest of the turn come on the same
+    // connection, which ends only when the turn is over.
+    let resp = reqwest::get(&events).await.unwrap();
+    let mut stream = resp.bytes_stream().eventsource();
+    let mut after_wait = Vec::new();
+    let mut waited = false;
+    while let Some(ev) = stream.next().await {
+        let ev = ev.unwrap();
+        if ev.event == "end" {
+            break;
+        }
+        let kind = steadfast_testkit::frame_kind(&ev.event, &ev.data);
+        if waited {
+            after_wait.push(kind);
+        } else if kind == "wait_started" {
+            waited = true;
+            let (status, _) = call(
+                reqwest::Method::POST,
+                &format!("{}/v1/sessions/{id}/signals/approval", srv.url),
+                None,
+                Some(json!({"approved": true})),
+            )
+            .await;
+            assert_eq!(status, 202);
+        }
+    }
+    assert!(waited);
+    assert!(
+        after_wait.first().map(String::as_str) == Some("signal_received")
+            && after_wait.last().map(String::as_str) == Some("turn_ended"),
+        "{after_wait:?}"
+    );
+    // `until` takes only what it names.
+    let bad = call(
+        reqwest::Method::GET,
+        &format!("{events}?until=never"),
+        None,
+        None,
+    )
+    .await;
+    assert_error(&bad, 400, "invalid_query");
+}

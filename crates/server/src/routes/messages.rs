@@ -126,6 +126,22 @@ pub(crate) struct Cursor {
     #[serde(default)]
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
+    /// When a stream ends: `idle` (the default) when nothing runs or is queued, staying
+    /// open while the session waits for a signal (an approval, a client tool's result);
+    /// `wait` also when it starts waiting.
+    #[serde(default)]
+    #[param(inline)]
+    until: Option<StreamUntil>,
+}
+
+/// When an event stream ends (see [`Cursor::until`]).
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum StreamUntil {
+    /// Nothing runs or is queued; a wait keeps it open.
+    Idle,
+    /// As `idle`, and also when the session starts waiting for a signal.
+    Wait,
 }
 
 /// The most events one JSON page holds.
@@ -135,7 +151,8 @@ const MAX_PAGE: usize = 1000;
 ///
 /// Server-sent events: one default (`message`) frame per log record, `id` = its log
 /// position, `data` = its public event (schema 1); the stream ends with the named
-/// event `end` when nothing runs. Reconnect with `?cursor=N` or `Last-Event-ID: N` to
+/// event `end` when nothing runs (`until`: a wait for a signal keeps it open unless
+/// `until=wait`). Reconnect with `?cursor=N` or `Last-Event-ID: N` to
 /// continue with nothing lost or repeated. With `Accept: application/json`, one page of
 /// the same events as JSON.
 #[utoipa::path(
@@ -168,7 +185,7 @@ pub(crate) async fn events<W: World + Clone>(
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_query",
-            format!("cursor, after, limit: {}", e.body_text()),
+            format!("cursor, after, limit, until: {}", e.body_text()),
         )
     })?;
     let from_header = match headers.get("last-event-id") {
@@ -223,7 +240,13 @@ pub(crate) async fn events<W: World + Clone>(
         })
         .into_response());
     }
-    Ok(sse(state.harness.world().clone(), id, cursor, Until::Quiet))
+    let at_wait = matches!(query.until, Some(StreamUntil::Wait));
+    Ok(sse(
+        state.harness.world().clone(),
+        id,
+        cursor,
+        Until::Quiet { at_wait },
+    ))
 }
 
 /// Which wait a signal answers.
