@@ -11,6 +11,7 @@
 //! labels, and names that come from configuration or clients (models, providers) are
 //! kept to the first [`MAX_LABEL_VALUES`] seen, the rest counted as `other`.
 
+mod process;
 mod timings;
 pub mod trace;
 
@@ -40,6 +41,11 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 pub fn metrics() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();
     METRICS.get_or_init(Metrics::new)
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabel {
+    version: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -160,7 +166,7 @@ pub struct Metrics {
 impl Metrics {
     fn new() -> Self {
         let m = Metrics {
-            registry: Registry::with_prefix("steadfast"),
+            registry: Registry::default(),
             sessions: Family::default(),
             queue_depth: Gauge::default(),
             turns_started: Counter::default(),
@@ -191,7 +197,22 @@ impl Metrics {
     }
 
     fn register(mut self) -> Self {
-        let r = &mut self.registry;
+        // The process's own series under their usual names; Steadfast's under its
+        // prefix.
+        self.registry
+            .register_collector(Box::new(process::ProcessCollector));
+        let r = self.registry.sub_registry_with_prefix("steadfast");
+        let build = Family::<VersionLabel, Gauge>::default();
+        build
+            .get_or_create(&VersionLabel {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        r.register(
+            "build_info",
+            "Always 1; its label names the version of this build",
+            build,
+        );
         r.register(
             "sessions",
             "Sessions by status (as of the scrape)",
@@ -600,6 +621,38 @@ mod tests {
         text.lines()
             .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
             .and_then(|v| v.parse().ok())
+    }
+
+    #[test]
+    fn the_process_and_the_build_are_exposed_under_their_usual_names() {
+        // Some CPU time to count (a test process may not have used a clock tick yet).
+        let busy = std::time::Instant::now();
+        let mut spin = 0u64;
+        while busy.elapsed() < Duration::from_millis(100) {
+            spin = spin.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        assert_ne!(spin, 1);
+        let m = Metrics::new();
+        let text = m.encode();
+        let series = |name: &str| value(&text, name).unwrap_or_else(|| panic!("{name}: {text}"));
+        assert!(series("process_resident_memory_bytes") > 1e6);
+        assert!(series("process_cpu_seconds_total") > 0.0);
+        assert!(series("process_open_fds") >= 3.0);
+        assert!(series("process_max_fds") >= series("process_open_fds"));
+        assert!(series("process_threads") >= 1.0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as f64;
+        let started = series("process_start_time_seconds");
+        assert!(started <= now && started > now - 3600.0, "{started}");
+        let build = format!(
+            "steadfast_build_info{{version=\"{}\"}}",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert_eq!(value(&text, &build), Some(1.0), "{text}");
+        // Steadfast's own series keep their prefix.
+        assert!(text.contains("# TYPE steadfast_queue_depth gauge"), "{text}");
     }
 
     #[test]
