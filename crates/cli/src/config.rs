@@ -595,6 +595,21 @@ impl Config {
             );
         }
         steadfast_world::VaultKeys::from_env()?;
+        let over = self.limits.bounds().over(&self.server.ceilings.bounds());
+        anyhow::ensure!(
+            over.is_empty(),
+            "[limits] {}: a default bound over its ceiling in [server.ceilings]",
+            over.iter()
+                .map(|(field, default, ceiling)| {
+                    let key = match *field {
+                        "max_duration_s" => "max-duration-secs".to_string(),
+                        other => other.replace('_', "-"),
+                    };
+                    format!("{key} {default} is over {ceiling}")
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
         if let Some(url) = &self.server.webhook.url {
             anyhow::ensure!(
                 (url.starts_with("https://") || url.starts_with("http://"))
@@ -708,6 +723,23 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_default_bound_over_its_ceiling_is_refused_naming_both() {
+        let mut cfg = Config::default();
+        cfg.limits.max_cost_usd = Some(10.0);
+        cfg.limits.max_duration_secs = Some(7200);
+        cfg.server.ceilings.max_cost_usd = Some(20.0);
+        cfg.server.ceilings.max_duration_secs = Some(3600);
+        let err = cfg.check().unwrap_err().to_string();
+        assert!(
+            err.contains("[limits] max-duration-secs 7200 is over 3600"),
+            "{err}"
+        );
+        assert!(!err.contains("max-cost-usd"), "{err}");
+        cfg.server.ceilings.max_duration_secs = None;
+        cfg.check().unwrap();
+    }
 
     #[test]
     fn a_cors_origin_that_is_not_an_origin_is_refused_naming_it() {

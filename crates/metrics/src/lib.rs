@@ -652,7 +652,10 @@ mod tests {
         );
         assert_eq!(value(&text, &build), Some(1.0), "{text}");
         // Steadfast's own series keep their prefix.
-        assert!(text.contains("# TYPE steadfast_queue_depth gauge"), "{text}");
+        assert!(
+            text.contains("# TYPE steadfast_queue_depth gauge"),
+            "{text}"
+        );
     }
 
     #[test]

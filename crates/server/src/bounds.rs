@@ -31,6 +31,26 @@ pub(crate) fn refuse_over(asked: &Limits, ceilings: &Limits, prefix: &str) -> Op
     ))
 }
 
+/// A new session's bounds: each one `asked` names, else the operator's default kept
+/// within its ceiling, else the ceiling.
+pub(crate) fn for_new_session(asked: &Limits, defaults: &Limits, ceilings: &Limits) -> Limits {
+    let within = |default: Option<u64>, ceiling: Option<u64>| match (default, ceiling) {
+        (Some(d), Some(c)) => Some(d.min(c)),
+        (d, c) => d.or(c),
+    };
+    let defaults = Limits {
+        max_cost_micro_usd: within(defaults.max_cost_micro_usd, ceilings.max_cost_micro_usd),
+        max_tokens: within(defaults.max_tokens, ceilings.max_tokens),
+        max_turns: within(
+            defaults.max_turns.map(u64::from),
+            ceilings.max_turns.map(u64::from),
+        )
+        .map(|t| t as u32),
+        max_duration_ms: within(defaults.max_duration_ms, ceilings.max_duration_ms),
+    };
+    defaults.raised(asked)
+}
+
 /// Checks a `resume` signal's payload: each bound it sets must be a number within the
 /// ceilings.
 pub(crate) fn check_resume(payload: &Value, ceilings: &Limits) -> Result<(), ApiError> {

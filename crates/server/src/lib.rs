@@ -58,6 +58,9 @@ pub struct ServerState<W> {
     /// The operator's ceilings on every session's bounds: a session is created within
     /// them (taking them where it names none) and no signal raises a bound past them.
     pub ceilings: steadfast_log::Limits,
+    /// The operator's default bounds of a session that names none (`[limits]`); each
+    /// is kept within its ceiling.
+    pub defaults: steadfast_log::Limits,
     /// Web origins whose pages may call the API (CORS); `*` for any. Empty: no
     /// cross-origin access.
     pub cors_origins: Vec<String>,
@@ -84,6 +87,7 @@ impl<W> ServerState<W> {
             default_model,
             messages_per_minute: 60,
             ceilings: steadfast_log::Limits::default(),
+            defaults: steadfast_log::Limits::default(),
             cors_origins: Vec::new(),
             vault: None,
             max_upload: DEFAULT_MAX_UPLOAD,

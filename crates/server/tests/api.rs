@@ -1041,3 +1041,53 @@ async fn a_stream_stays_open_through_a_wait_unless_asked_to_end_there() {
     .await;
     assert_error(&bad, 400, "invalid_query");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_names_no_bound_gets_the_operators_defaults_within_the_ceilings() {
+    let srv = server(json!([{"text": "hi"}]), dev(), 0, |state| {
+        state.defaults = steadfast_log::Limits {
+            max_cost_micro_usd: Some(1_000_000),
+            max_turns: Some(4),
+            max_tokens: Some(900_000),
+            max_duration_ms: None,
+        };
+        state.ceilings = steadfast_log::Limits {
+            max_cost_micro_usd: Some(2_000_000),
+            max_tokens: Some(500_000),
+            ..Default::default()
+        };
+    })
+    .await;
+    let limits_of = async |body: Value| {
+        let (status, created) = call(
+            reqwest::Method::POST,
+            &format!("{}/v1/sessions", srv.url),
+            None,
+            Some(body),
+        )
+        .await;
+        assert_eq!(status, 201, "{created}");
+        let (_, shown) = call(
+            reqwest::Method::GET,
+            &format!(
+                "{}/v1/sessions/{}",
+                srv.url,
+                created["id"].as_str().unwrap()
+            ),
+            None,
+            None,
+        )
+        .await;
+        shown["limits"].clone()
+    };
+    // Nothing named: the defaults, a default over its ceiling kept to the ceiling.
+    assert_eq!(
+        limits_of(json!({})).await,
+        json!({"max_cost_micro_usd": 1_000_000, "max_turns": 4, "max_tokens": 500_000})
+    );
+    // What a session names wins, within the ceilings.
+    assert_eq!(
+        limits_of(json!({"budget": {"max_cost_usd": 1.5, "max_turns": 9}})).await,
+        json!({"max_cost_micro_usd": 1_500_000, "max_turns": 9, "max_tokens": 500_000})
+    );
+}

@@ -166,6 +166,7 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
         config.default_model(),
     );
     state.ceilings = config.server.ceilings.bounds();
+    state.defaults = config.limits.bounds();
     state.cors_origins = config.server.cors_origins.clone();
     state.vault = harness.options().vault.clone();
     if let Some(n) = config.server.messages_per_minute {

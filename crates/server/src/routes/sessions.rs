@@ -151,8 +151,9 @@ struct Budget {
 /// Start a session
 ///
 /// A budget over the operator's ceilings (`[server.ceilings]`, and in public mode the
-/// spend cap) is refused with 403 `over_ceiling` naming the field; bounds a session
-/// does not name are the ceilings. A seeded file that cannot be written (a NUL or
+/// spend cap) is refused with 403 `over_ceiling` naming the field; a bound a session
+/// does not name is the operator's default (`[limits]`, kept within its ceiling), or
+/// else the ceiling. A seeded file that cannot be written (a NUL or
 /// over-long name, a file inside a file) is 422 and leaves nothing behind.
 #[utoipa::path(
     post,
@@ -203,7 +204,7 @@ pub(crate) async fn create<W: World + Clone>(
     if let Some(refusal) = crate::bounds::refuse_over(&asked, &ceilings, "budget.") {
         return Err(refusal);
     }
-    let limits = asked.or_ceilings(&ceilings);
+    let limits = crate::bounds::for_new_session(&asked, &state.defaults, &ceilings);
     if let Some(policy) = &req.network {
         let parsed = steadfast_sandbox::NetworkPolicy::parse(policy)
             .map_err(|e| invalid(format!("network: {e}")))?;
