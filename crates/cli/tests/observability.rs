@@ -450,6 +450,19 @@ fn attribute(item: &Value, key: &str) -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// An attribute's OTLP value type (`stringValue`, `intValue`, ...) and value.
+fn typed(item: &Value, key: &str) -> (String, Value) {
+    item["attributes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|a| a["key"] == key)
+        .and_then(|a| a["value"].as_object())
+        .and_then(|v| v.iter().next())
+        .map(|(kind, value)| (kind.clone(), value.clone()))
+        .unwrap_or_default()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_is_one_trace_across_a_worker_kill_with_genai_model_spans() {
     let long = "A reply that streams for a while, one careful piece at a time.";
@@ -524,11 +537,17 @@ async fn a_turn_is_one_trace_across_a_worker_kill_with_genai_model_spans() {
         assert_eq!(attribute(span, "gen_ai.operation.name"), "chat");
         assert_eq!(span["kind"], 3, "a client span: {span}");
     }
+    // Counts are integers, as the GenAI conventions type them (not strings).
     assert!(
-        models
+        models.iter().any(|s| {
+            [
+                "gen_ai.usage.input_tokens",
+                "gen_ai.usage.output_tokens",
+                "steadfast.turn",
+            ]
             .iter()
-            .any(|s| attribute(s, "gen_ai.usage.input_tokens") != Value::Null
-                && attribute(s, "gen_ai.usage.output_tokens") != Value::Null),
+            .all(|key| typed(s, key).0 == "intValue")
+        }),
         "{models:#?}"
     );
     assert!(

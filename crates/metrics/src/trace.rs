@@ -58,7 +58,7 @@ pub fn model_call_span(session: &str, turn: u32, provider: &str, model: &str) ->
         gen_ai.usage.output_tokens = tracing::field::Empty,
         gen_ai.response.finish_reasons = tracing::field::Empty,
         steadfast.session = %session,
-        steadfast.turn = turn,
+        steadfast.turn = i64::from(turn),
     );
     // Fails only when no exporter is set up (the span is then not exported at all).
     let _ = span.set_parent(turn_context(session, turn));
@@ -68,8 +68,11 @@ pub fn model_call_span(session: &str, turn: u32, provider: &str, model: &str) ->
 /// Adds a model reply's usage (and why it stopped, when known) to its span.
 pub fn record_model_reply(span: &tracing::Span, usage: Option<&Usage>, finish: Option<&str>) {
     if let Some(usage) = usage {
-        span.record("gen_ai.usage.input_tokens", usage.input_tokens);
-        span.record("gen_ai.usage.output_tokens", usage.output_tokens);
+        // As signed integers: the OpenTelemetry layer has no unsigned type and would
+        // send a u64 as a string.
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        span.record("gen_ai.usage.input_tokens", count(usage.input_tokens));
+        span.record("gen_ai.usage.output_tokens", count(usage.output_tokens));
     }
     if let Some(finish) = finish {
         span.record("gen_ai.response.finish_reasons", finish);
@@ -85,7 +88,7 @@ pub fn tool_call_span(session: &str, turn: u32, tool: &str, call_id: &str) -> tr
         gen_ai.tool.name = %tool,
         gen_ai.tool.call.id = %call_id,
         steadfast.session = %session,
-        steadfast.turn = turn,
+        steadfast.turn = i64::from(turn),
     );
     let _ = span.set_parent(turn_context(session, turn));
     span
