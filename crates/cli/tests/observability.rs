@@ -518,6 +518,20 @@ async fn a_turn_is_one_trace_across_a_worker_kill_with_genai_model_spans() {
         .iter()
         .filter(|s| attribute(s, "steadfast.session") == id.as_str())
         .collect();
+    // Provisioning a sandbox (on the blocking pool) is part of the turn's trace, not a
+    // trace of its own.
+    let provisions: Vec<&Value> = spans.iter().filter(|s| s["name"] == "provision").collect();
+    assert!(
+        !provisions.is_empty(),
+        "a sandbox was provisioned: {spans:#?}"
+    );
+    for p in &provisions {
+        assert!(
+            p["parentSpanId"].as_str().is_some_and(|id| !id.is_empty())
+                && ours.iter().any(|s| s["traceId"] == p["traceId"]),
+            "{p:#}"
+        );
+    }
     let traces: std::collections::BTreeSet<&str> = ours
         .iter()
         .map(|s| s["traceId"].as_str().unwrap())

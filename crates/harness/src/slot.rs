@@ -125,9 +125,13 @@ impl<S: Sandbox> SandboxSlot<S> {
             self.workspace.clone(),
             self.options.clone(),
         );
-        let sandbox = tokio::task::spawn_blocking(move || provision(&ws, &options))
-            .await
-            .map_err(|e| Error::Invalid(format!("provisioning task failed: {e}")))??;
+        // On the blocking pool, inside the caller's span: provisioning belongs to the
+        // turn's trace, not to one of its own.
+        let parent = tracing::Span::current();
+        let sandbox =
+            tokio::task::spawn_blocking(move || parent.in_scope(|| provision(&ws, &options)))
+                .await
+                .map_err(|e| Error::Invalid(format!("provisioning task failed: {e}")))??;
         // Hydrated once the new sandbox has reaped what an earlier one left running
         // (a killed driver's orphan may write until then), and before any call runs
         // in it: this also undoes what such a process wrote after the wake's restore.

@@ -403,9 +403,12 @@ impl<W: World + Clone, S: Sandbox> ToolJournal<W, S> {
                 None => {
                     let make = self.make_sandbox.clone();
                     let made = Arc::new(
-                        tokio::task::spawn_blocking(move || make())
-                            .await
-                            .map_err(|e| Error::Task(e.to_string()))??,
+                        tokio::task::spawn_blocking({
+                            let parent = tracing::Span::current();
+                            move || parent.in_scope(|| make())
+                        })
+                        .await
+                        .map_err(|e| Error::Task(e.to_string()))??,
                     );
                     *held = Some(made.clone());
                     made
@@ -636,9 +639,12 @@ pub async fn resolve_cut_off<W: World, S: Sandbox>(
             if sandbox.is_none() {
                 let make = make_sandbox.clone();
                 sandbox = Some(
-                    tokio::task::spawn_blocking(move || make())
-                        .await
-                        .map_err(|e| Error::Task(e.to_string()))??,
+                    tokio::task::spawn_blocking({
+                        let parent = tracing::Span::current();
+                        move || parent.in_scope(|| make())
+                    })
+                    .await
+                    .map_err(|e| Error::Task(e.to_string()))??,
                 );
             }
         }
