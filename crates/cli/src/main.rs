@@ -80,6 +80,9 @@ enum Command {
     Serve(commands::serve::ServeArgs),
     /// Run workers only: take turns from the world's queue and drive them.
     Worker(commands::serve::WorkerArgs),
+    /// Queue a message for a session's next turn (or `--steer` its running one), for
+    /// whichever process drives it.
+    Send(commands::manage::SendArgs),
     /// Deliver a named signal to a session (e.g. `approval '{"approved": true}'`).
     Signal(commands::manage::SignalArgs),
     /// Stop a session's running turn at once, whichever process drives it: the model
@@ -239,6 +242,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => commands::serve::serve(path, &config, args).await,
             Command::Worker(args) => commands::serve::worker(path, &config, args).await,
             Command::Signal(args) => commands::manage::signal(existing()?, &config, args).await,
+            Command::Send(args) => commands::manage::send(existing()?, &config, args).await,
             Command::Stop { session } => {
                 commands::manage::stop(existing()?, &config, &session).await
             }

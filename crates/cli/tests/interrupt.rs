@@ -415,6 +415,7 @@ async fn stop_a_running_command(command_line: &str) {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
     let stop = command(&home, None, &fake, &["stop", &id])
+        .stderr(Stdio::piped())
         .output()
         .await
         .unwrap();
@@ -460,6 +461,53 @@ async fn stop_a_running_command(command_line: &str) {
     );
     let outcome = &records[at("tool_call_outcome")]["event"]["tool_call_outcome"];
     assert_eq!(outcome["is_error"], true, "{outcome}");
+
+    // The line a stop prints is one that works: resume with what to do next. And a
+    // message sent (for whichever process drives the session) is taken by a resume.
+    let said = String::from_utf8_lossy(&stop.stderr);
+    assert!(
+        said.contains(&format!("resume {id} \"<what next>\"")),
+        "{said}"
+    );
+    let carry_on = |args: &[&str]| {
+        let mut cmd = command(&home, None, &fake, args);
+        cmd.stderr(Stdio::piped());
+        cmd
+    };
+    let sent = carry_on(&["send", &id, "carry on"]).output().await.unwrap();
+    assert!(
+        sent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    let resumed = carry_on(&["resume", &id, "and once more", "--json"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    let records = log(&home, None, &fake, &id).await;
+    let messages: Vec<&str> = records
+        .iter()
+        .filter_map(|r| r["event"]["user_message"]["text"].as_str())
+        .collect();
+    assert_eq!(messages[1..], ["carry on", "and once more"], "{messages:?}");
+    let ended = records
+        .iter()
+        .filter(|r| common::kind(r) == "turn_ended")
+        .count();
+    assert!(ended >= 2, "both turns ran to their end: {records:?}");
+    // A session `run` drove to its end takes no more.
+    let late = carry_on(&["send", &id, "too late"]).output().await.unwrap();
+    assert!(!late.status.success());
+    assert!(String::from_utf8_lossy(&late.stderr).contains("has ended"));
+    // An empty message is refused, naming it.
+    let empty = carry_on(&["send", &id, " "]).output().await.unwrap();
+    assert!(!empty.status.success());
+    assert!(String::from_utf8_lossy(&empty.stderr).contains("empty"));
 }
 
 /// A steer sent through the API of one process while a worker in another runs a

@@ -59,7 +59,7 @@ pub async fn stop(home: &Path, config: &Config, session: &str) -> anyhow::Result
         let now = harness.world().session(session).await?;
         if !matches!(now.status.as_str(), "running" | "waiting" | "retrying") {
             eprintln!(
-                "steadfast: session {session} stopped ({}, #{}) in {} ms; carry on with: {} resume {session}",
+                "steadfast: session {session} stopped ({}, #{}) in {} ms; carry on with: {} resume {session} \"<what next>\"",
                 now.status,
                 now.last_seq,
                 started.elapsed().as_millis(),
@@ -164,6 +164,55 @@ pub async fn signal(home: &Path, config: &Config, args: SignalArgs) -> anyhow::R
     eprintln!(
         "steadfast: signal {} for {} (#{id}) {what}; `{} resume {}` or a worker carries on",
         args.name,
+        args.session,
+        me(),
+        args.session
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Arguments of `steadfast send`.
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// The session.
+    session: String,
+    /// What to say.
+    text: String,
+    /// Steer the running turn (the agent gets it with its next tool result) instead of
+    /// queueing a message for the next turn.
+    #[arg(long)]
+    steer: bool,
+}
+
+/// `steadfast send`: a message for the session's next turn (or a steer for the running
+/// one), queued in its inbox for whichever process drives it.
+pub async fn send(home: &Path, config: &Config, args: SendArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(!args.text.trim().is_empty(), "the text is empty");
+    let (harness, summary) = open(home, config, &args.session).await?;
+    anyhow::ensure!(
+        summary.status != "ended",
+        "session {} has ended; it takes no more messages",
+        args.session
+    );
+    let kind = match args.steer {
+        true => steadfast_world::InboundKind::Steer,
+        false => steadfast_world::InboundKind::Message,
+    };
+    let id = harness
+        .world()
+        .post(
+            &args.session,
+            kind,
+            "",
+            &serde_json::Value::String(args.text),
+        )
+        .await?;
+    let what = match args.steer {
+        true => "steer",
+        false => "message",
+    };
+    eprintln!(
+        "steadfast: {what} #{id} queued for {}; a worker takes it, or `{} resume {}` here",
         args.session,
         me(),
         args.session

@@ -62,6 +62,9 @@ pub struct RunArgs {
 pub struct ResumeArgs {
     /// The session to carry on.
     session: String,
+    /// A message for its next turn, queued before it is driven (after a turn left
+    /// running is finished): how an idle or stopped session is carried on.
+    message: Option<String>,
     /// Print the final result as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -221,6 +224,23 @@ pub async fn resume(home: &Path, config: &Config, args: ResumeArgs) -> anyhow::R
                 moved.display()
             ),
         }
+    }
+    if let Some(text) = args.message.as_deref() {
+        anyhow::ensure!(!text.trim().is_empty(), "the message is empty");
+        anyhow::ensure!(
+            !state.is_ended(),
+            "session {} has ended; it takes no more messages",
+            args.session
+        );
+        harness
+            .world()
+            .post(
+                &args.session,
+                steadfast_world::InboundKind::Message,
+                "",
+                &serde_json::Value::String(text.to_string()),
+            )
+            .await?;
     }
     let mut awake = harness.wake(&args.session).await?;
     let session = args.session.clone();
