@@ -317,6 +317,22 @@ async fn interrupt_everything(world: Option<&str>) {
             "{:?}",
             started.elapsed()
         );
+        if path == "/close" {
+            // Closed half done is recorded as closed, not as completed.
+            assert_eq!(body["status"], "closed", "{body}");
+            let records = log(home, world, fake, &other).await;
+            let ended = &records.last().unwrap()["event"]["session_ended"];
+            assert_eq!(ended["state"], "closed", "{ended}");
+            assert_eq!(status(url, &other).await["status"], "closed");
+            // Closing it again changes nothing and says how it ended.
+            let (code, again) = request(
+                reqwest::Method::POST,
+                &format!("{url}/v1/sessions/{other}/close"),
+                None,
+            )
+            .await;
+            assert_eq!((code, &again["status"]), (200, &json!("closed")), "{again}");
+        }
     }
 
     // Nothing runs now: an interrupt is refused, saying so.

@@ -136,18 +136,24 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         }
     }
 
-    /// Ends the session as completed ("closed by `by`"), interrupting a running turn
-    /// first. Closing an ended session changes nothing.
-    pub async fn close_session(&self, session: &str, by: &str) -> Result<()> {
+    /// Ends the session as closed ("closed by `by`": a person ended it, whether or not
+    /// its work was done), interrupting a running turn first. Closing an ended session
+    /// changes nothing. Returns how it ended.
+    pub async fn close_session(&self, session: &str, by: &str) -> Result<steadfast_log::Status> {
         let lease = self
             .lease_stopping(session, by, Duration::from_secs(10))
             .await?;
         let state = self.state(session).await?;
+        let status = if state.is_ended() {
+            state.status
+        } else {
+            steadfast_log::Status::Closed
+        };
         let ended = if state.is_ended() {
             Ok(Vec::new())
         } else {
             let closed = Event::SessionEnded {
-                state: EndState::Completed,
+                state: EndState::Closed,
                 reason: format!("closed by {by}"),
                 diff: Vec::new(),
             };
@@ -155,7 +161,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         };
         self.world().release_lease(&lease).await?;
         ended?;
-        Ok(())
+        Ok(status)
     }
 
     /// Removes the session, interrupting a running turn first: its log, inbox and

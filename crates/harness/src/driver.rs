@@ -406,6 +406,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             Next::Ended(status) => Ok(Some(Stop::Ended(match status {
                 steadfast_log::Status::Failed => EndState::Failed,
                 steadfast_log::Status::Escalated => EndState::Escalated,
+                steadfast_log::Status::Closed => EndState::Closed,
                 _ => EndState::Completed,
             }))),
             Next::WaitForMessage => {

@@ -464,6 +464,7 @@ fn end_state(status: Status) -> EndState {
     match status {
         Status::Failed => EndState::Failed,
         Status::Escalated => EndState::Escalated,
+        Status::Closed => EndState::Closed,
         _ => EndState::Completed,
     }
 }

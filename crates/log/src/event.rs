@@ -443,6 +443,8 @@ pub enum EndState {
     Failed,
     /// A bound (budget, loop breaker) stopped it for a human to look at.
     Escalated,
+    /// A person ended it (`close`), whether or not its work was done.
+    Closed,
 }
 
 impl std::fmt::Display for EndState {
@@ -451,6 +453,7 @@ impl std::fmt::Display for EndState {
             EndState::Completed => "completed",
             EndState::Failed => "failed",
             EndState::Escalated => "escalated",
+            EndState::Closed => "closed",
         })
     }
 }

@@ -34,6 +34,8 @@ pub enum Status {
     Escalated,
     /// Paused until a named signal arrives.
     Waiting,
+    /// Ended: closed by a person.
+    Closed,
 }
 
 impl std::fmt::Display for Status {
@@ -45,6 +47,7 @@ impl std::fmt::Display for Status {
             Status::Failed => "failed",
             Status::Escalated => "escalated",
             Status::Waiting => "waiting",
+            Status::Closed => "closed",
         })
     }
 }
@@ -1423,6 +1426,7 @@ impl SessionState {
                     EndState::Completed => Status::Completed,
                     EndState::Failed => Status::Failed,
                     EndState::Escalated => Status::Escalated,
+                    EndState::Closed => Status::Closed,
                 };
                 self.end_reason = Some(reason.clone());
                 self.ended = true;

@@ -396,7 +396,7 @@ impl Metrics {
                 Event::SessionEnded { state, .. } => match state {
                     EndState::Failed => self.turn_ended(&mut timings, session, "failed", at),
                     EndState::Escalated => self.turn_ended(&mut timings, session, "escalated", at),
-                    EndState::Completed => timings.forget(session),
+                    EndState::Completed | EndState::Closed => timings.forget(session),
                 },
                 _ => {}
             }

@@ -109,6 +109,10 @@ fn kind_of(event: &Event) -> &'static str {
             state: EndState::Escalated,
             ..
         } => "session.escalated",
+        Event::SessionEnded {
+            state: EndState::Closed,
+            ..
+        } => "session.closed",
         _ => "session.changed",
     }
 }

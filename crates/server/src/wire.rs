@@ -46,6 +46,8 @@ pub enum SessionStatus {
     Failed,
     /// Stopped by a bound until a `resume` signal.
     Escalated,
+    /// Over: a person closed it.
+    Closed,
 }
 
 /// A workspace archive just uploaded.
@@ -223,11 +225,12 @@ pub struct Interrupting {
 
 /// A session ended for good.
 #[derive(Debug, Serialize, ToSchema)]
-#[schema(example = json!({"id": "ses_01931f7c", "status": "completed"}))]
+#[schema(example = json!({"id": "ses_01931f7c", "status": "closed"}))]
 pub struct Closed {
     /// The session.
     pub id: String,
-    /// Always `completed`.
+    /// How it ended: `closed`, or how it had ended already (`completed`, `failed`,
+    /// `escalated`).
     #[schema(value_type = SessionStatus)]
     pub status: String,
 }

@@ -591,7 +591,7 @@ async fn a_whole_session_answers_only_what_the_document_describes() {
             None,
         )
         .await;
-    assert_eq!((status, &closed["status"]), (200, &json!("completed")));
+    assert_eq!((status, &closed["status"]), (200, &json!("closed")));
     let (status, _) = c
         .call(
             M::POST,

@@ -10,7 +10,7 @@ const PROGRAM: &str = r#"
 import type { components, paths } from "./api";
 
 type Session = components["schemas"]["Session"];
-type Status = "new" | "idle" | "running" | "waiting" | "retrying" | "completed" | "failed" | "escalated";
+type Status = "new" | "idle" | "running" | "waiting" | "retrying" | "completed" | "failed" | "escalated" | "closed";
 type Page = paths["/v1/sessions/{id}/events"]["get"]["responses"][200]["content"]["application/json"];
 type Created = paths["/v1/sessions"]["post"]["responses"][201]["content"]["application/json"];
 type Listing = paths["/v1/sessions"]["get"]["responses"][200]["content"]["application/json"];

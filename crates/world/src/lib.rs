@@ -533,6 +533,7 @@ pub(crate) fn summarize(events: &[Event]) -> Summary {
                     steadfast_log::EndState::Completed => "completed",
                     steadfast_log::EndState::Failed => "failed",
                     steadfast_log::EndState::Escalated => "escalated",
+                    steadfast_log::EndState::Closed => "closed",
                 })
             }
             _ => {}

@@ -886,7 +886,9 @@ impl World for PostgresWorld {
             .map(|r| r.get(0));
         match status.as_deref() {
             None => return Err(Error::NotFound(session.to_string())),
-            Some("completed" | "failed") => return Err(Error::Ended(session.to_string())),
+            Some("completed" | "failed" | "closed") => {
+                return Err(Error::Ended(session.to_string()))
+            }
             _ => {}
         }
         let id: i64 = tx

@@ -692,7 +692,7 @@ impl World for SqliteWorld {
                     .map_err(backend)?;
                 match status.as_deref() {
                     None => return Err(Error::NotFound(session)),
-                    Some("completed" | "failed") => return Err(Error::Ended(session)),
+                    Some("completed" | "failed" | "closed") => return Err(Error::Ended(session)),
                     _ => {}
                 }
                 tx.execute(

@@ -73,7 +73,9 @@ async fn follow(
             matches!(
                 r.event,
                 steadfast_log::Event::SessionEnded {
-                    state: steadfast_log::EndState::Completed | steadfast_log::EndState::Failed,
+                    state: steadfast_log::EndState::Completed
+                        | steadfast_log::EndState::Failed
+                        | steadfast_log::EndState::Closed,
                     ..
                 }
             )

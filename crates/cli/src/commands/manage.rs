@@ -77,9 +77,13 @@ pub async fn stop(home: &Path, config: &Config, session: &str) -> anyhow::Result
 
 pub async fn close(home: &Path, config: &Config, session: &str) -> anyhow::Result<ExitCode> {
     let (harness, _) = open(home, config, session).await?;
-    harness.close_session(session, &by()).await?;
+    let status = harness.close_session(session, &by()).await?;
+    let how = match status {
+        steadfast_log::Status::Closed => "closed".to_string(),
+        other => format!("had already ended ({other})"),
+    };
     eprintln!(
-        "steadfast: session {session} closed (completed); its log stays: {} log {session}",
+        "steadfast: session {session} {how}; its log stays: {} log {session}",
         me()
     );
     Ok(ExitCode::SUCCESS)
@@ -188,12 +192,8 @@ pub struct SendArgs {
 /// one), queued in its inbox for whichever process drives it.
 pub async fn send(home: &Path, config: &Config, args: SendArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(!args.text.trim().is_empty(), "the text is empty");
-    let (harness, summary) = open(home, config, &args.session).await?;
-    anyhow::ensure!(
-        summary.status != "ended",
-        "session {} has ended; it takes no more messages",
-        args.session
-    );
+    // An ended session's inbox refuses it, saying so.
+    let (harness, _) = open(home, config, &args.session).await?;
     let kind = match args.steer {
         true => steadfast_world::InboundKind::Steer,
         false => steadfast_world::InboundKind::Message,

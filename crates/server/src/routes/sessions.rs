@@ -552,6 +552,7 @@ pub(crate) async fn show<W: World + Clone>(
         (None, Status::Completed) => wire::SessionStatus::Completed,
         (None, Status::Failed) => wire::SessionStatus::Failed,
         (None, Status::Escalated) => wire::SessionStatus::Escalated,
+        (None, Status::Closed) => wire::SessionStatus::Closed,
     };
     Ok(Json(wire::Session {
         id,
@@ -660,10 +661,10 @@ pub(crate) async fn close<W: World + Clone>(
 ) -> Result<Json<wire::Closed>, ApiError> {
     let owner = state.auth.owner(&headers)?;
     owned(&state, &id, &owner).await?;
-    state.harness.close_session(&id, &owner).await?;
+    let ended = state.harness.close_session(&id, &owner).await?;
     Ok(Json(wire::Closed {
         id,
-        status: "completed".into(),
+        status: ended.to_string(),
     }))
 }
 
