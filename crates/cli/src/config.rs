@@ -367,45 +367,121 @@ impl Config {
 
     /// Sets every unset setting the harness options carry to the value in force.
     fn fill_defaults(&mut self, options: &HarnessOptions) {
+        self.bind(&mut options.clone(), Way::Show);
+    }
+
+    /// The one mapping between the file's settings and the harness options they set
+    /// (see [`Binding`]): `Apply` sets each option the file sets; `Show` fills each
+    /// setting the file leaves unset with the option's value, for `config --dump`.
+    fn bind(&mut self, options: &mut HarnessOptions, way: Way) {
+        let secs = |s: u64| Duration::from_secs(s);
+        let as_secs = |d: &Duration| d.as_secs();
         let h = &mut self.harness;
-        h.max_steps_per_turn
-            .get_or_insert(options.max_steps_per_turn);
-        h.max_tokens.get_or_insert(options.max_tokens);
-        h.lease_ttl_secs.get_or_insert(options.lease_ttl.as_secs());
-        h.stop_grace_secs
-            .get_or_insert(options.stop_grace.as_secs());
-        h.compact_at.get_or_insert(options.compaction.at_share);
-        h.compaction.get_or_insert(!options.compaction.off);
-        h.checkpoint_every.get_or_insert(options.checkpoint_every);
-        h.drive_cache_mb
-            .get_or_insert(options.drive_cache_bytes >> 20);
+        Binding::new(way).each(
+            &mut h.max_steps_per_turn,
+            &mut options.max_steps_per_turn,
+            std::convert::identity,
+            |o| *o,
+        );
+        Binding::new(way).each(
+            &mut h.max_tokens,
+            &mut options.max_tokens,
+            std::convert::identity,
+            |o| *o,
+        );
+        Binding::new(way).each(
+            &mut h.lease_ttl_secs,
+            &mut options.lease_ttl,
+            |s| secs(s.max(3)),
+            as_secs,
+        );
+        Binding::new(way).each(
+            &mut h.stop_grace_secs,
+            &mut options.stop_grace,
+            secs,
+            as_secs,
+        );
+        Binding::new(way).each(
+            &mut h.compact_at,
+            &mut options.compaction.at_share,
+            std::convert::identity,
+            |o| *o,
+        );
+        Binding::new(way).each(
+            &mut h.compaction,
+            &mut options.compaction.off,
+            |on: bool| !on,
+            |off| !*off,
+        );
+        Binding::new(way).each(
+            &mut h.checkpoint_every,
+            &mut options.checkpoint_every,
+            |n: u64| n.max(1),
+            |o| *o,
+        );
+        Binding::new(way).each(
+            &mut h.drive_cache_mb,
+            &mut options.drive_cache_bytes,
+            |mb: u64| mb.max(1) << 20,
+            |b| *b >> 20,
+        );
         let s = &mut self.sandbox;
-        let sandbox = &options.sandbox;
-        s.default_timeout_secs
-            .get_or_insert(sandbox.default_timeout.as_secs());
-        s.max_timeout_secs
-            .get_or_insert(sandbox.max_timeout.as_secs());
-        s.backend.get_or_insert_with(|| {
-            match sandbox.backend {
-                steadfast_sandbox::Backend::Auto => "auto",
-                steadfast_sandbox::Backend::Local => "local",
-                steadfast_sandbox::Backend::Bwrap => "bwrap",
-            }
-            .to_string()
-        });
-        s.require_isolation.get_or_insert(sandbox.require_isolation);
-        let limits = &sandbox.limits;
-        s.memory_mb = s.memory_mb.or(limits.memory_mb);
-        s.processes = s.processes.or(limits.processes);
-        s.cpu_secs = s.cpu_secs.or(limits.cpu_secs);
-        s.file_mb = s.file_mb.or(limits.file_mb);
-        s.resident_mb = s.resident_mb.or(limits.resident_mb);
-        s.workspace_mb = s.workspace_mb.or(limits.workspace_mb);
-        s.tmp_mb = s.tmp_mb.or(limits.tmp_mb);
+        let sandbox = &mut options.sandbox;
+        Binding::new(way).each(
+            &mut s.default_timeout_secs,
+            &mut sandbox.default_timeout,
+            secs,
+            as_secs,
+        );
+        Binding::new(way).each(
+            &mut s.max_timeout_secs,
+            &mut sandbox.max_timeout,
+            secs,
+            as_secs,
+        );
+        Binding::new(way).each(
+            &mut s.require_isolation,
+            &mut sandbox.require_isolation,
+            std::convert::identity,
+            |o| *o,
+        );
+        let limits = &mut sandbox.limits;
+        for (set, option) in [
+            (&mut s.memory_mb, &mut limits.memory_mb),
+            (&mut s.cpu_secs, &mut limits.cpu_secs),
+            (&mut s.file_mb, &mut limits.file_mb),
+            (&mut s.resident_mb, &mut limits.resident_mb),
+            (&mut s.workspace_mb, &mut limits.workspace_mb),
+            (&mut s.tmp_mb, &mut limits.tmp_mb),
+        ] {
+            Binding::new(way).either(set, option);
+        }
+        Binding::new(way).either(&mut s.processes, &mut limits.processes);
         let a = &mut self.agents;
-        a.max_restarts.get_or_insert(options.agents.max_restarts);
-        a.turn_timeout_secs
-            .get_or_insert(options.agents.turn_timeout.as_secs());
+        let agents = &mut options.agents;
+        Binding::new(way).each(
+            &mut a.max_restarts,
+            &mut agents.max_restarts,
+            std::convert::identity,
+            |o| *o,
+        );
+        Binding::new(way).each(
+            &mut a.turn_timeout_secs,
+            &mut agents.turn_timeout,
+            secs,
+            as_secs,
+        );
+        // The backend is named in the file and parsed into the options.
+        match way {
+            Way::Apply => {
+                if let Some(Ok(b)) = s.backend.as_deref().map(str::parse) {
+                    sandbox.backend = b;
+                }
+            }
+            Way::Show => {
+                s.backend.get_or_insert_with(|| sandbox.backend.to_string());
+            }
+        }
     }
 
     /// Why [`Config::endpoint`] has none for `provider`, in words that say what to do:
@@ -450,30 +526,15 @@ impl Config {
 
     /// Applies the file's harness and sandbox settings to `options`.
     pub fn apply(&self, mut options: HarnessOptions) -> HarnessOptions {
+        // Whether isolation is required follows from more than its own setting.
+        let mut settings = self.clone();
+        settings.sandbox.require_isolation = Some(self.requires_isolation());
+        settings.bind(&mut options, Way::Apply);
         let h = &self.harness;
-        if let Some(n) = h.max_steps_per_turn {
-            options.max_steps_per_turn = n;
-        }
-        if let Some(n) = h.max_tokens {
-            options.max_tokens = n;
-        }
-        if let Some(s) = h.lease_ttl_secs {
-            options.lease_ttl = Duration::from_secs(s.max(3));
-        }
-        if let Some(s) = h.stop_grace_secs {
-            options.stop_grace = Duration::from_secs(s);
-        }
         options.compaction.window = h.context_window;
-        if let Some(share) = h.compact_at {
-            options.compaction.at_share = share;
+        if h.compact_at.is_some() {
+            let share = options.compaction.at_share;
             options.compaction.keep_share = options.compaction.keep_share.min(share / 2.0);
-        }
-        options.compaction.off = h.compaction == Some(false);
-        if let Some(n) = h.checkpoint_every {
-            options.checkpoint_every = n.max(1);
-        }
-        if let Some(mb) = h.drive_cache_mb {
-            options.drive_cache_bytes = mb.max(1) << 20;
         }
         options.workspace_root = self.workspace_root.clone();
         for (model, price) in &self.prices {
@@ -483,15 +544,6 @@ impl Config {
         }
         let s = &self.sandbox;
         options.sandbox.env.extend(s.env.clone());
-        if let Some(t) = s.default_timeout_secs {
-            options.sandbox.default_timeout = Duration::from_secs(t);
-        }
-        if let Some(t) = s.max_timeout_secs {
-            options.sandbox.max_timeout = Duration::from_secs(t);
-        }
-        if let Some(Ok(b)) = s.backend.as_deref().map(str::parse) {
-            options.sandbox.backend = b;
-        }
         if let Some(Ok(n)) = s
             .network
             .as_deref()
@@ -503,15 +555,6 @@ impl Config {
         if let Ok(exe) = std::env::current_exe() {
             options.sandbox.agent = vec![exe.display().to_string(), "sandbox-agent".into()];
         }
-        options.sandbox.require_isolation = self.requires_isolation();
-        let limits = &mut options.sandbox.limits;
-        limits.memory_mb = s.memory_mb.or(limits.memory_mb);
-        limits.processes = s.processes.or(limits.processes);
-        limits.cpu_secs = s.cpu_secs.or(limits.cpu_secs);
-        limits.file_mb = s.file_mb.or(limits.file_mb);
-        limits.resident_mb = s.resident_mb.or(limits.resident_mb);
-        limits.workspace_mb = s.workspace_mb.or(limits.workspace_mb);
-        limits.tmp_mb = s.tmp_mb.or(limits.tmp_mb);
         // A key that does not parse is refused by `check`, before any command runs.
         options.vault = steadfast_world::VaultKeys::from_env()
             .ok()
@@ -533,8 +576,8 @@ impl Config {
         options
     }
 
-    /// Wrapped agents: install directory, named agents, restarts, turn timeout, and
-    /// the providers their gateway calls (with the keys this configuration names).
+    /// Wrapped agents: install directory, named agents, and the providers their
+    /// gateway calls (with the keys this configuration names).
     fn apply_agents(&self, agents: &mut steadfast_harness::AgentOptions) {
         let a = &self.agents;
         agents.install_dir = std::env::var_os("STEADFAST_AGENTS_DIR")
@@ -551,12 +594,6 @@ impl Config {
                 mcp_servers: n.mcp_servers.clone(),
             })
             .collect();
-        if let Some(n) = a.max_restarts {
-            agents.max_restarts = n;
-        }
-        if let Some(t) = a.turn_timeout_secs {
-            agents.turn_timeout = Duration::from_secs(t);
-        }
         let upstream = |p: &str| {
             self.endpoint(p).map(|e| steadfast_gateway::Upstream {
                 base_url: e.base_url,
@@ -720,9 +757,100 @@ impl Config {
     }
 }
 
+/// Which way [`Config::bind`] goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    /// The file's settings into the options.
+    Apply,
+    /// The options' values into the settings the file leaves unset.
+    Show,
+}
+
+/// One setting of the file and the option it sets, taken one way or the other: the
+/// conversions of a pair are written once, side by side, so applying a setting and
+/// showing its value in force cannot drift apart.
+struct Binding(Way);
+
+impl Binding {
+    fn new(way: Way) -> Self {
+        Binding(way)
+    }
+
+    /// A setting whose value `to` turns into the option's, and `from` back.
+    fn each<T: Copy, O>(
+        self,
+        setting: &mut Option<T>,
+        option: &mut O,
+        to: impl Fn(T) -> O,
+        from: impl Fn(&O) -> T,
+    ) {
+        match self.0 {
+            Way::Apply => {
+                if let Some(v) = *setting {
+                    *option = to(v);
+                }
+            }
+            Way::Show => {
+                setting.get_or_insert_with(|| from(option));
+            }
+        }
+    }
+
+    /// A setting and an option that are both optional and alike: whichever is set.
+    fn either<T: Copy>(self, setting: &mut Option<T>, option: &mut Option<T>) {
+        match self.0 {
+            Way::Apply => *option = setting.or(*option),
+            Way::Show => *setting = setting.or(*option),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_setting_applied_is_shown_back_as_the_value_in_force() {
+        let set: Config = toml::from_str(
+            r#"
+            [harness]
+            max-steps-per-turn = 77
+            max-tokens = 1234
+            lease-ttl-secs = 9
+            stop-grace-secs = 42
+            compact-at = 0.6
+            compaction = false
+            checkpoint-every = 99
+            drive-cache-mb = 321
+            [sandbox]
+            default-timeout-secs = 11
+            max-timeout-secs = 222
+            backend = "bwrap"
+            require-isolation = true
+            memory-mb = 512
+            processes = 64
+            cpu-secs = 30
+            file-mb = 10
+            resident-mb = 256
+            workspace-mb = 1000
+            tmp-mb = 100
+            [agents]
+            max-restarts = 5
+            turn-timeout-secs = 600
+            "#,
+        )
+        .unwrap();
+        let mut shown = Config::default();
+        shown.fill_defaults(&set.harness_options());
+        let section = |c: &Config| {
+            (
+                toml::to_string(&c.harness).unwrap(),
+                toml::to_string(&c.sandbox).unwrap(),
+                toml::to_string(&c.agents).unwrap(),
+            )
+        };
+        assert_eq!(section(&shown), section(&set));
+    }
 
     #[test]
     fn a_default_bound_over_its_ceiling_is_refused_naming_both() {

@@ -37,6 +37,16 @@ impl std::str::FromStr for Backend {
     }
 }
 
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Auto => "auto",
+            Backend::Local => "local",
+            Backend::Bwrap => "bwrap",
+        })
+    }
+}
+
 /// Whether sandboxes made with `options` isolate their commands (bwrap), rather than
 /// run them as plain local processes.
 pub fn isolates(options: &SandboxOptions) -> bool {
