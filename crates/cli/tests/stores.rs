@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 use steadfast_testkit::postgres::{PrivatePostgres, Tls};
 use steadfast_testkit::{FakeProvider, Script};
 
@@ -142,6 +142,31 @@ async fn connections(pg: &PrivatePostgres, db: &str) -> (i64, i64) {
     (row.get(0), row.get(1))
 }
 
+/// `/readyz` of the server at `url`: ready with both stores, or a 503 naming `down`.
+async fn assert_readiness(url: &str, down: Option<&str>) {
+    let (status, ready) = common::call(reqwest::Method::GET, &format!("{url}/readyz"), None).await;
+    match down {
+        None => assert_eq!(
+            (status, ready.clone()),
+            (200, json!({"world": "ok", "blobs": "ok"})),
+            "{ready}"
+        ),
+        Some(store) => assert_eq!(
+            (
+                status,
+                &ready["error"]["code"],
+                ready["error"]["message"].as_str()
+            ),
+            (
+                503,
+                &json!("not_ready"),
+                Some(format!("not ready: {store} unavailable").as_str())
+            ),
+            "{ready}"
+        ),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgresql_over_tls_as_sslmode_says() {
     let dir = tempfile::tempdir().unwrap();
@@ -261,29 +286,11 @@ async fn postgresql_over_tls_as_sslmode_says() {
         encrypted >= 2,
         "the pool and the LISTEN connection: {encrypted}"
     );
-    let (status, ready) = common::call(reqwest::Method::GET, &format!("{url}/readyz"), None).await;
-    assert_eq!(
-        (status, ready.clone()),
-        (200, json!({"world": "ok", "blobs": "ok"})),
-        "{ready}"
-    );
+    assert_readiness(&url, None).await;
 
     // The database goes: not ready, naming the world, but alive.
     drop(pg);
-    let (status, ready) = common::call(reqwest::Method::GET, &format!("{url}/readyz"), None).await;
-    assert_eq!(
-        (
-            status,
-            &ready["error"]["code"],
-            ready["error"]["message"].as_str()
-        ),
-        (
-            503,
-            &json!("not_ready"),
-            Some("not ready: world unavailable")
-        ),
-        "{ready}"
-    );
+    assert_readiness(&url, Some("world")).await;
     let live = reqwest::get(format!("{url}/livez")).await.unwrap();
     assert_eq!(live.status(), 200);
     let _ = serve.kill().await;
@@ -351,27 +358,8 @@ async fn a_blob_store_that_cannot_be_used_is_named_at_start_and_by_readyz() {
     .spawn()
     .unwrap();
     let url = common::printed_url(&mut serve).await;
-    let (status, ready) = common::call(reqwest::Method::GET, &format!("{url}/readyz"), None).await;
-    assert_eq!(
-        (status, ready.clone()),
-        (200, json!({"world": "ok", "blobs": "ok"})),
-        "{ready}"
-    );
+    assert_readiness(&url, None).await;
     drop(moto);
-    let (status, ready): (u16, Value) =
-        common::call(reqwest::Method::GET, &format!("{url}/readyz"), None).await;
-    assert_eq!(
-        (
-            status,
-            &ready["error"]["code"],
-            ready["error"]["message"].as_str()
-        ),
-        (
-            503,
-            &json!("not_ready"),
-            Some("not ready: blobs unavailable")
-        ),
-        "{ready}"
-    );
+    assert_readiness(&url, Some("blobs")).await;
     let _ = serve.kill().await;
 }

@@ -134,13 +134,7 @@ async fn posting_a_message_streams_its_turn() {
         |_| {},
     )
     .await;
-    let (_, created) = call(
-        reqwest::Method::POST,
-        &format!("{}/v1/sessions", srv.url),
-        None,
-        Some(json!({})),
-    )
-    .await;
+    let created = srv.create(json!({})).await;
     let id = created["id"].as_str().unwrap();
     let resp = reqwest::Client::new()
         .post(format!("{}/v1/sessions/{id}/messages", srv.url))
@@ -184,13 +178,7 @@ async fn the_api_names_each_record_whose_blob_was_lost() {
         |_| {},
     )
     .await;
-    let (_, created) = call(
-        reqwest::Method::POST,
-        &format!("{}/v1/sessions", srv.url),
-        None,
-        Some(json!({"task": "print"})),
-    )
-    .await;
+    let created = srv.create(json!({"task": "print"})).await;
     let id = created["id"].as_str().unwrap();
     wait_status(&srv.url, id, None, "idle").await;
     let integrity = format!("{}/v1/sessions/{id}/integrity", srv.url);
@@ -567,13 +555,7 @@ async fn a_stale_approval_is_refused_and_never_pre_approves() {
         |_| {},
     )
     .await;
-    let (_, created) = call(
-        reqwest::Method::POST,
-        &format!("{}/v1/sessions", srv.url),
-        None,
-        Some(json!({"task": "hello"})),
-    )
-    .await;
+    let created = srv.create(json!({"task": "hello"})).await;
     let id = created["id"].as_str().unwrap();
     wait_status(&srv.url, id, None, "idle").await;
     let approval = format!("{}/v1/sessions/{id}/signals/approval", srv.url);
@@ -914,13 +896,7 @@ async fn a_steer_sent_during_a_long_tool_call_is_taken_at_the_next_step() {
         |_| {},
     )
     .await;
-    let (_, created) = call(
-        reqwest::Method::POST,
-        &format!("{}/v1/sessions", srv.url),
-        None,
-        Some(json!({"task": "go"})),
-    )
-    .await;
+    let created = srv.create(json!({"task": "go"})).await;
     let id = created["id"].as_str().unwrap();
     let events = format!("{}/v1/sessions/{id}/events", srv.url);
     // Follow the stream until the slow command is running, then steer.
@@ -983,13 +959,7 @@ async fn a_stream_stays_open_through_a_wait_unless_asked_to_end_there() {
         |_| {},
     )
     .await;
-    let (_, created) = call(
-        reqwest::Method::POST,
-        &format!("{}/v1/sessions", srv.url),
-        None,
-        Some(json!({"task": "go"})),
-    )
-    .await;
+    let created = srv.create(json!({"task": "go"})).await;
     let id = created["id"].as_str().unwrap();
     wait_status(&srv.url, id, None, "waiting").await;
     let events = format!("{}/v1/sessions/{id}/events", srv.url);
@@ -1059,26 +1029,8 @@ async fn a_session_that_names_no_bound_gets_the_operators_defaults_within_the_ce
     })
     .await;
     let limits_of = async |body: Value| {
-        let (status, created) = call(
-            reqwest::Method::POST,
-            &format!("{}/v1/sessions", srv.url),
-            None,
-            Some(body),
-        )
-        .await;
-        assert_eq!(status, 201, "{created}");
-        let (_, shown) = call(
-            reqwest::Method::GET,
-            &format!(
-                "{}/v1/sessions/{}",
-                srv.url,
-                created["id"].as_str().unwrap()
-            ),
-            None,
-            None,
-        )
-        .await;
-        shown["limits"].clone()
+        let created = srv.create(body).await;
+        srv.show(created["id"].as_str().unwrap()).await["limits"].clone()
     };
     // Nothing named: the defaults, a default over its ceiling kept to the ceiling.
     assert_eq!(

@@ -28,6 +28,33 @@ impl Server {
     }
 }
 
+impl Server {
+    /// Creates a session as the development caller; its `201` answer.
+    pub async fn create(&self, body: Value) -> Value {
+        let (status, created) = call(
+            reqwest::Method::POST,
+            &format!("{}/v1/sessions", self.url),
+            None,
+            Some(body),
+        )
+        .await;
+        assert_eq!(status, 201, "{created}");
+        created
+    }
+
+    /// The session `id` as `GET /v1/sessions/{id}` shows it to the development caller.
+    pub async fn show(&self, id: &str) -> Value {
+        call(
+            reqwest::Method::GET,
+            &format!("{}/v1/sessions/{id}", self.url),
+            None,
+            None,
+        )
+        .await
+        .1
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         for t in &self.tasks {

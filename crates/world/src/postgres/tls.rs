@@ -67,20 +67,22 @@ pub(crate) fn configure(spec: &str) -> Result<(tokio_postgres::Config, MakeRustl
     }
     config.ssl_mode(ssl_mode);
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier: Arc<dyn ServerCertVerifier> = match check {
-        Check::Nothing => Arc::new(Unchecked(provider.clone())),
+    let authorities = match check {
+        Check::Nothing => None,
         Check::Authority | Check::Full => {
             let roots = Arc::new(trusted(root.as_deref())?);
-            let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
-                .build()
-                .map_err(|e| Error::Backend(format!("TLS to PostgreSQL: {e}")))?;
-            if check == Check::Full {
-                webpki
-            } else {
-                Arc::new(AnyHost(webpki))
-            }
+            Some(
+                WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+                    .build()
+                    .map_err(|e| Error::Backend(format!("TLS to PostgreSQL: {e}")))?,
+            )
         }
     };
+    let verifier = Arc::new(Verifier {
+        authorities,
+        any_host: check != Check::Full,
+        provider: provider.clone(),
+    });
     let tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| Error::Backend(format!("TLS to PostgreSQL: {e}")))?
@@ -156,62 +158,19 @@ fn trusted(root: Option<&str>) -> Result<RootCertStore> {
     Ok(store)
 }
 
-/// Checks nothing of the server's certificate (`prefer`, `require`), but still that
-/// the handshake was signed by the key it presented.
+/// Checks the server's certificate as far as the mode asks: nothing (`prefer`,
+/// `require`), its authority (`verify-ca`), or its authority and host
+/// (`verify-full`). The handshake's signature by the presented key is checked always.
 #[derive(Debug)]
-struct Unchecked(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for Unchecked {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+struct Verifier {
+    /// The trusted authorities' check; `None`: the certificate is not checked.
+    authorities: Option<Arc<WebPkiServerVerifier>>,
+    /// Whether a certificate for another host than the one connected to is taken.
+    any_host: bool,
+    provider: Arc<CryptoProvider>,
 }
 
-/// `verify-ca`: the certificate must chain to a trusted authority, whatever host it
-/// names.
-#[derive(Debug)]
-struct AnyHost(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for AnyHost {
+impl ServerCertVerifier for Verifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -220,13 +179,13 @@ impl ServerCertVerifier for AnyHost {
         ocsp: &[u8],
         now: UnixTime,
     ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
-        {
+        let Some(authorities) = &self.authorities else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match authorities.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
+            )) if self.any_host => Ok(ServerCertVerified::assertion()),
             other => other,
         }
     }
@@ -237,7 +196,8 @@ impl ServerCertVerifier for AnyHost {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        verify_tls12_signature(message, cert, dss, algorithms)
     }
 
     fn verify_tls13_signature(
@@ -246,11 +206,14 @@ impl ServerCertVerifier for AnyHost {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        verify_tls13_signature(message, cert, dss, algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
