@@ -422,7 +422,7 @@ async fn another_process_follows_stops_closes_and_deletes_a_running_session() {
 
     let listed = person.steadfast("elsewhere", &["sessions", "--json"]).await;
     let s: Value = serde_json::from_str(text(&listed.stdout).lines().next().unwrap()).unwrap();
-    assert_eq!(s["status"], "completed");
+    assert_eq!(s["status"], "closed", "closed half done, not completed");
     let deleted = person.steadfast("elsewhere", &["delete", &id]).await;
     assert!(deleted.status.success(), "{}", text(&deleted.stderr));
     let listed = person.steadfast("elsewhere", &["sessions", "--json"]).await;
