@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use steadfast_drive::Drive;
+use steadfast_journal::{Journal, MakeSandbox, SandboxSlot};
 use steadfast_log::{Event, ModelSpec};
 use steadfast_sandbox::{LocalSandbox, Sandbox, SandboxOptions};
 use steadfast_world::{Blobs, Holder, Lease, LiveSession, SqliteWorld, World};
-use steadfast_wrap::journal::{MakeSandbox, ToolJournal};
 
 mod common;
 
@@ -85,7 +85,7 @@ async fn setup() -> Setup {
 
 /// One run of the agent over the log as it stands, the workspace at `at`, its tools
 /// in local sandboxes.
-async fn journal(s: &Setup, at: &str) -> ToolJournal<SqliteWorld, LocalSandbox> {
+async fn journal(s: &Setup, at: &str) -> Journal<SqliteWorld, LocalSandbox> {
     let ws = s.ws.clone();
     journal_with(
         s,
@@ -101,19 +101,18 @@ async fn journal_with<S: Sandbox>(
     s: &Setup,
     at: &str,
     make: MakeSandbox<S>,
-) -> ToolJournal<SqliteWorld, S> {
+) -> Journal<SqliteWorld, S> {
     s.drive.restore(&s.ws, at).unwrap();
     let live = Arc::new(
         LiveSession::open(s.world.clone(), s.lease.clone())
             .await
             .unwrap(),
     );
-    ToolJournal::new(
+    Journal::new(
         live,
         s.drive.clone(),
         s.blobs.clone(),
-        s.ws.clone(),
-        make,
+        SandboxSlot::new(s.ws.clone(), make, s.drive.clone(), None),
         Arc::new(StdMutex::new(Some(at.to_string()))),
     )
 }
@@ -241,12 +240,16 @@ async fn a_call_whose_snapshot_takes_too_long_never_runs() {
             .unwrap(),
     );
     let ws = s.ws.clone();
-    let journal = ToolJournal::new(
+    let journal = Journal::new(
         live,
-        cold,
+        cold.clone(),
         s.blobs.clone(),
-        s.ws.clone(),
-        Arc::new(move || LocalSandbox::new(&ws, SandboxOptions::default())),
+        SandboxSlot::new(
+            s.ws.clone(),
+            Arc::new(move || LocalSandbox::new(&ws, SandboxOptions::default())),
+            cold.clone(),
+            None,
+        ),
         Arc::new(StdMutex::new(Some(s.start.clone()))),
     )
     .with_snapshot_timeout(Duration::ZERO);
@@ -309,12 +312,11 @@ async fn a_wrapped_call_cut_off_after_it_sent_a_request_is_outcome_unknown() {
     let ws = s.ws.clone();
     let make: MakeSandbox<steadfast_sandbox::BwrapSandbox> =
         Arc::new(move || steadfast_sandbox::BwrapSandbox::new(&ws, &options));
-    let journal = ToolJournal::new(
+    let journal = Journal::new(
         live,
         s.drive.clone(),
         s.blobs.clone(),
-        s.ws.clone(),
-        make.clone(),
+        SandboxSlot::new(s.ws.clone(), make.clone(), s.drive.clone(), None),
         Arc::new(StdMutex::new(Some(s.start.clone()))),
     )
     .with_egress(desk);
@@ -342,16 +344,15 @@ async fn a_wrapped_call_cut_off_after_it_sent_a_request_is_outcome_unknown() {
     let cut_off = &state.wrapped_tools[0];
     assert!(cut_off.result.is_none(), "no outcome was recorded");
     assert_eq!(cut_off.egress, [format!("localhost:{port}")]);
-    steadfast_wrap::journal::resolve_cut_off(
+    steadfast_journal::resolve_cut_off(
         &s.world,
         &s.lease,
         &s.drive,
-        &s.ws,
         &state.wrapped_tools,
         state.last_snapshot.clone(),
         &[],
         None,
-        &make,
+        &SandboxSlot::new(s.ws.clone(), make, s.drive.clone(), None),
     )
     .await
     .unwrap();

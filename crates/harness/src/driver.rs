@@ -1,6 +1,8 @@
 //! The driver: one harness driving one session, a step at a time.
 
 use steadfast_fault::{point, points};
+use steadfast_journal::calls::{Call, CutOff};
+use steadfast_journal::{Journal, Ran};
 use steadfast_log::fold::Next;
 use steadfast_log::{
     EndState, Event, Output, PendingTool, Record, SessionState, ToolClass, ToolUse,
@@ -9,8 +11,8 @@ use steadfast_model::{
     pricing, Delta, ModelClient, ModelRequest, ModelResponse, Prepared, RequestBuilder,
     RequestHead, ToolDef,
 };
-use steadfast_sandbox::{classify, tool_specs, Sandbox};
-use steadfast_world::{now_ms, strip_ansi, InboundKind, Lease, World, INLINE_LIMIT};
+use steadfast_sandbox::{tool_specs, Sandbox};
+use steadfast_world::{now_ms, InboundKind, Lease, LiveSession, World};
 
 use crate::harness::Harness;
 use steadfast_world::interrupt;
@@ -28,7 +30,7 @@ const DELTA_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100
 /// loses only the outcome, and such a call is run again on wake (never rolled back,
 /// never costing a model call); a steer sent while it ran waits at most this long
 /// more. Longer calls, and every call that may change anything, commit alone.
-const STAGE_WITHIN: std::time::Duration = std::time::Duration::from_millis(50);
+pub(crate) const STAGE_WITHIN: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// A read-only tool call that a reply announces runs at once, before the reply is
 /// committed; the reply waits this long for it, then commits while it goes on. A
@@ -61,7 +63,6 @@ pub(crate) fn body_text(body: &serde_json::Value) -> String {
         other => other.to_string(),
     }
 }
-use crate::slot::SandboxSlot;
 use crate::{Error, Result};
 use steadfast_world::Heartbeat;
 
@@ -94,71 +95,61 @@ type Observer = Box<dyn FnMut(Progress<'_>) + Send + Sync>;
 pub struct Driver<'h, W, S> {
     harness: &'h Harness<W, S>,
     lease: Lease,
-    state: SessionState,
-    sandbox: SandboxSlot<S>,
-    workspace: std::path::PathBuf,
+    /// The session's log and state: every append of this driver (and of the tool
+    /// journal) goes through it, and the fold keeps the state.
+    live: std::sync::Arc<LiveSession<W>>,
+    /// Runs and records the session's tool calls, in its sandbox (or, for the tools
+    /// the harness runs itself, outside it).
+    journal: std::sync::Arc<Journal<W, S>>,
     model: ModelClient,
-    /// The session's own MCP servers' tools, if it has any.
-    remote: Option<std::sync::Arc<steadfast_wrap::remote::RemoteTools>>,
-    /// What `git_push` pushes with, if the workspace came from git.
-    git: Option<std::sync::Arc<crate::git::GitPusher>>,
     /// A `compact` signal in the inbox, seen at the last read of it.
     compact_signal: Option<u64>,
     /// The conversation's requests, built a message at a time.
     requests: RequestBuilder,
-    /// Events folded into `state` but not yet in the log (see [`STAGE_WITHIN`]):
-    /// the next append commits them first.
-    staged: Vec<Event>,
-    /// An append with staged events failed: the state may be ahead of the log, so
-    /// this driver appends nothing more (waking the session again carries on).
-    out_of_step: bool,
-    observer: Observer,
-    /// What the egress proxy sees the sandbox open, recorded against the call running.
-    egress: crate::egress::NativeEgress,
+    observer: std::sync::Arc<std::sync::Mutex<Observer>>,
     _heartbeat: Heartbeat,
 }
 
 impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
-    #[allow(clippy::too_many_arguments)] // each part is made apart by `Harness::wake`
     pub(crate) fn new(
         harness: &'h Harness<W, S>,
-        lease: Lease,
-        state: SessionState,
-        sandbox: SandboxSlot<S>,
+        journal: Journal<W, S>,
         model: ModelClient,
-        hosted: crate::harness::HostedTools,
         heartbeat: Heartbeat,
-        egress: crate::egress::NativeEgress,
     ) -> Self {
+        let journal = std::sync::Arc::new(journal);
         Driver {
             harness,
-            lease,
-            workspace: sandbox.workspace().to_path_buf(),
-            state,
-            sandbox,
+            live: journal.live().clone(),
+            lease: journal.live().lease().clone(),
+            journal,
             model,
-            remote: hosted.remote,
-            git: hosted.git,
             compact_signal: None,
             requests: RequestBuilder::default(),
-            staged: Vec::new(),
-            out_of_step: false,
-            observer: Box::new(|_| {}),
-            egress,
+            observer: std::sync::Arc::new(std::sync::Mutex::new(Box::new(|_| {}))),
             _heartbeat: heartbeat,
         }
     }
 
     /// Reports progress to `observer` from now on.
     pub fn observe(&mut self, observer: impl FnMut(Progress<'_>) + Send + Sync + 'static) {
-        self.observer = Box::new(observer);
+        *self.observer.lock().unwrap_or_else(|e| e.into_inner()) = Box::new(observer);
+        let to = self.observer.clone();
+        self.live.observe(Box::new(move |record| {
+            (to.lock().unwrap_or_else(|e| e.into_inner()))(Progress::Appended(record))
+        }));
+    }
+
+    /// Tells the observer of `progress`.
+    fn report(&self, progress: Progress<'_>) {
+        (self.observer.lock().unwrap_or_else(|e| e.into_inner()))(progress)
     }
 
     /// The session's state as this driver holds it: the log's, plus a short read's
     /// step (the reply that asked for it, possibly) not yet committed (see
     /// [`Self::step`]).
-    pub fn state(&self) -> &SessionState {
-        &self.state
+    pub fn state(&self) -> std::sync::MutexGuard<'_, SessionState> {
+        self.live.lock()
     }
 
     /// The session id.
@@ -169,23 +160,23 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     /// Appends events (after any staged ones, in the same commit) and folds them into
     /// the state. Durable when it returns.
     async fn append(&mut self, events: Vec<Event>) -> Result<()> {
-        if self.out_of_step {
-            return Err(Error::Invalid(format!(
-                "session {}: an earlier append failed; wake the session again",
-                self.lease.session
-            )));
+        // Messages rewritten by an elision or a compaction: the requests build them again.
+        for event in &events {
+            match event {
+                Event::OutputsElided { before, .. } => {
+                    let elided: Vec<usize> = self.live.with(|s| {
+                        steadfast_log::fold::elided_messages(&s.conversation, *before).collect()
+                    });
+                    for i in elided {
+                        self.requests.forget(i);
+                    }
+                }
+                Event::Compacted { .. } => self.requests.forget_from(0),
+                _ => {}
+            }
         }
-        let held = self.staged.len();
-        let events = if held == 0 {
-            events
-        } else {
-            std::mem::take(&mut self.staged)
-                .into_iter()
-                .chain(events)
-                .collect()
-        };
-        let appended = self.harness.world.append(&self.lease, &events).await;
-        self.took(events.len(), held, appended)
+        self.live.append(&events).await?;
+        Ok(())
     }
 
     /// Sends `request` while `intent` commits, all but its last byte, which follows
@@ -224,99 +215,23 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         Ok(ended)
     }
 
-    /// Takes what the log answered to an append of `sent` events, the first `held` of
-    /// them staged (already folded): folds the rest, reports them all, and passes the
-    /// fault points of the staged ones, which are only now committed.
-    fn took(
-        &mut self,
-        sent: usize,
-        held: usize,
-        appended: steadfast_world::Result<Vec<Record>>,
-    ) -> Result<()> {
-        let records = match appended {
-            Ok(records) => records,
-            Err(e) => {
-                self.out_of_step = held > 0;
-                return Err(e.into());
-            }
-        };
-        // The staged records were folded at the positions after the log's last.
-        let first = self.state.last_seq + 1 - held as u64;
-        if records.len() != sent || records.first().is_some_and(|r| r.seq != first) {
-            self.out_of_step = true;
-            return Err(Error::Invalid(format!(
-                "session {}: the log took staged records at other positions",
-                self.lease.session
-            )));
-        }
-        let (committed, new) = records.split_at(held);
-        for record in committed {
-            (self.observer)(Progress::Appended(record));
-        }
-        for record in committed {
-            match record.event {
-                Event::ModelCallOutcome { .. } => point(points::MODEL_OUTCOME),
-                Event::ToolCallIntent { .. } => point(points::TOOL_INTENT),
-                Event::ToolCallOutcome { .. } => point(points::TOOL_OUTCOME),
-                _ => {}
-            }
-        }
-        for record in new {
-            self.fold(record)?;
-            (self.observer)(Progress::Appended(record));
-        }
-        Ok(())
-    }
-
-    /// Folds `event` into the state now and commits it with the next append.
-    fn stage(&mut self, event: Event) -> Result<()> {
-        let record = Record {
-            seq: self.state.last_seq + 1,
-            epoch: self.lease.epoch,
-            at_ms: now_ms(),
-            event,
-        };
-        self.fold(&record)?;
-        self.staged.push(record.event);
-        Ok(())
-    }
-
     /// Commits what is staged, if anything is. Also for a graceful stop after
     /// [`Self::run`] or [`Self::step`] was dropped mid-way: what a short read's step
     /// holds for its next commit (the reply itself, possibly) goes into the log
     /// rather than being asked for again.
     pub async fn commit_staged(&mut self) -> Result<()> {
-        if self.staged.is_empty() {
-            return Ok(());
-        }
-        self.append(Vec::new()).await
-    }
-
-    /// Folds one record into the state (and the request builder).
-    fn fold(&mut self, record: &Record) -> Result<()> {
-        // Messages before the last rewritten: the requests build them again.
-        match &record.event {
-            Event::OutputsElided { before, .. } => {
-                for i in steadfast_log::fold::elided_messages(&self.state.conversation, *before) {
-                    self.requests.forget(i);
-                }
-            }
-            Event::Compacted { .. } => self.requests.forget_from(0),
-            _ => {}
-        }
-        self.state.apply(record)?;
-        Ok(())
+        Ok(self.live.commit_staged().await?)
     }
 
     /// Sends a user message, opening a turn.
     pub async fn send(&mut self, text: &str) -> Result<()> {
-        if self.state.next() != Next::WaitForMessage {
+        let (next, status, turn) = self.live.with(|s| (s.next(), s.status, s.turn + 1));
+        if next != Next::WaitForMessage {
             return Err(Error::Invalid(format!(
-                "session {} is {}; a message can only start a turn when it is idle",
-                self.lease.session, self.state.status
+                "session {} is {status}; a message can only start a turn when it is idle",
+                self.lease.session
             )));
         }
-        let turn = self.state.turn + 1;
         self.append(vec![Event::UserMessage {
             turn,
             text: text.to_string(),
@@ -327,7 +242,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
 
     /// Ends the session.
     pub async fn end(&mut self, state: EndState, reason: &str) -> Result<()> {
-        let diff = self.harness.changes_since_start(&self.state);
+        let diff = self.live.with(|s| self.harness.changes_since_start(s));
         self.append(vec![Event::SessionEnded {
             state,
             reason: reason.to_string(),
@@ -364,7 +279,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             if let Some(stop) = self.step().await? {
                 if stop != Stop::Idle {
                     // Waiting on a human (or ended): hold no sandbox meanwhile.
-                    self.sandbox.discard().await;
+                    self.journal.sandbox().discard().await;
                 }
                 return Ok(Some(stop));
             }
@@ -380,7 +295,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     /// read ran: waking runs it again, and asks for a held reply again.
     pub async fn step(&mut self) -> Result<Option<Stop>> {
         let stepped = self.step_staged().await;
-        if !matches!(stepped, Ok(None)) && !self.out_of_step {
+        if !matches!(stepped, Ok(None)) && !self.live.is_out_of_step() {
             // Stopping (or failing): what is staged goes into the log first.
             let flushed = self.commit_staged().await;
             if stepped.is_ok() {
@@ -392,8 +307,9 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
 
     async fn step_staged(&mut self) -> Result<Option<Stop>> {
         let max_steps = self.harness.options.max_steps_per_turn;
-        if let Some((breaker, reason)) = self.state.breaker(now_ms(), max_steps) {
-            let diff = self.harness.changes_since_start(&self.state);
+        let breaker = self.live.with(|s| s.breaker(now_ms(), max_steps));
+        if let Some((breaker, reason)) = breaker {
+            let diff = self.live.with(|s| self.harness.changes_since_start(s));
             self.append(vec![Event::Escalated {
                 breaker,
                 reason,
@@ -402,7 +318,8 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             .await?;
             return Ok(None);
         }
-        match self.state.next() {
+        let next = self.live.with(SessionState::next);
+        match next {
             Next::Ended(status) => Ok(Some(Stop::Ended(match status {
                 steadfast_log::Status::Failed => EndState::Failed,
                 steadfast_log::Status::Escalated => EndState::Escalated,
@@ -415,7 +332,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 // An interrupt that came after its turn ended stops nothing; it is
                 // recorded (and so taken) rather than left to stop a later turn.
                 if let Some(late) = inbox.iter().find(|i| interrupt::is_interrupt(i)) {
-                    let turn = self.state.turn;
+                    let turn = self.state().turn;
                     return self
                         .interrupted(late, turn, None, false)
                         .await
@@ -423,7 +340,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 }
                 match inbox.into_iter().find(|i| i.kind != InboundKind::Signal) {
                     Some(item) => {
-                        let turn = self.state.turn + 1;
+                        let turn = self.state().turn + 1;
                         self.append(vec![Event::UserMessage {
                             turn,
                             text: body_text(&item.body),
@@ -439,15 +356,16 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 let inbox = self.harness.world.inbox(&self.lease.session).await?;
                 if let Some(item) = inbox.iter().find(|i| interrupt::is_interrupt(i)) {
                     // An escalated session runs nothing: the interrupt stops nothing.
-                    if self.state.status != steadfast_log::Status::Waiting {
-                        let turn = self.state.turn;
+                    let status = self.state().status;
+                    if status != steadfast_log::Status::Waiting {
+                        let turn = self.state().turn;
                         return self
                             .interrupted(item, turn, None, false)
                             .await
                             .map(|()| None);
                     }
                     // Abandoning the wait: a call waiting for approval is answered first.
-                    let pending = self.state.pending_tool.clone();
+                    let pending = self.state().pending_tool.clone();
                     if let Some(call) = &pending {
                         let by = interrupt::sender(item);
                         self.append(vec![Event::ToolCallOutcome {
@@ -464,7 +382,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                         }])
                         .await?;
                     }
-                    let turn = self.state.turn;
+                    let turn = self.state().turn;
                     let call = pending.map(|p| p.call_id);
                     return self
                         .interrupted(item, turn, call, true)
@@ -510,25 +428,27 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             }
             Next::CallModel { step } => {
                 let tools = self.tools();
-                let head = RequestHead {
-                    model: &self.state.model.model,
-                    system: &self.state.system,
-                    tools: &tools,
-                    max_tokens: self.harness.options.max_tokens,
+                let prepared = {
+                    let state = self.live.lock();
+                    let head = RequestHead {
+                        model: &state.model.model,
+                        system: &state.system,
+                        tools: &tools,
+                        max_tokens: self.harness.options.max_tokens,
+                    };
+                    self.requests
+                        .prepare(&self.model, head, &state.conversation)
                 };
-                let prepared = self
-                    .requests
-                    .prepare(&self.model, head, &self.state.conversation);
                 if !self.make_room(prepared.canonical_bytes).await? {
                     if let Some((call, class)) = self.call_model(step, prepared).await? {
-                        self.run_tool_span(call, |d, call| d.execute_announced(call, class))
+                        self.run_tool_span(call, |d, call| d.run_journaled(call, class, true))
                             .await?;
                     }
                 }
                 Ok(None)
             }
             Next::EndTurn => {
-                let turn = self.state.turn;
+                let turn = self.state().turn;
                 self.append(vec![Event::TurnEnded { turn, reply: None }])
                     .await?;
                 self.checkpoint_if_due().await?;
@@ -545,7 +465,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         // again: a steer sent since is taken before the next call. (Before the turn
         // ends it is read, so a steer sent just now joins this turn.)
         if matches!(next, Next::CallModel { .. })
-            && !self.state.compact_asked
+            && !self.state().compact_asked
             && self.harness.world.inbox_seen_empty(&self.lease)
         {
             self.compact_signal = None;
@@ -570,17 +490,20 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     /// The next request, owning its parts (for compaction; calls are built with
     /// `self.requests`).
     fn request(&self) -> ModelRequest {
+        let tools = self.tools();
+        let state = self.state();
         ModelRequest {
-            model: self.state.model.model.clone(),
-            system: self.state.system.clone(),
-            messages: self.state.conversation.clone(),
-            tools: self.tools(),
+            model: state.model.model.clone(),
+            system: state.system.clone(),
+            messages: state.conversation.clone(),
+            tools,
             max_tokens: self.harness.options.max_tokens,
         }
     }
 
     /// The tools the model is offered.
     fn tools(&self) -> Vec<ToolDef> {
+        let state = self.state();
         tool_specs()
             .into_iter()
             .map(|t| ToolDef {
@@ -589,13 +512,13 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 input_schema: t.input_schema,
             })
             .chain(std::iter::once(approval_tool()))
-            .chain(self.state.git.is_some().then(crate::git::push_tool))
-            .chain(self.remote.iter().flat_map(|r| r.tools()).map(|t| ToolDef {
+            .chain(state.git.is_some().then(crate::git::push_tool))
+            .chain(self.journal.remote_tools().iter().map(|t| ToolDef {
                 name: t.name.clone(),
                 description: t.description.clone(),
                 input_schema: t.input_schema.clone(),
             }))
-            .chain(self.state.client_tools.iter().map(|t| ToolDef {
+            .chain(state.client_tools.iter().map(|t| ToolDef {
                 name: t.name.clone(),
                 description: t.description.clone(),
                 input_schema: t.input_schema.clone(),
@@ -612,12 +535,15 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         request: Prepared,
     ) -> Result<Option<(ToolUse, ToolClass)>> {
         use tracing::Instrument;
-        let span = steadfast_metrics::trace::model_call_span(
-            &self.lease.session,
-            self.state.turn,
-            &self.state.model.provider,
-            &self.state.model.model,
-        );
+        let span = {
+            let state = self.state();
+            steadfast_metrics::trace::model_call_span(
+                &self.lease.session,
+                state.turn,
+                &state.model.provider,
+                &state.model.model,
+            )
+        };
         self.call_model_in(step, request, span.clone())
             .instrument(span)
             .await
@@ -630,8 +556,9 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         span: tracing::Span,
     ) -> Result<Option<(ToolUse, ToolClass)>> {
         if self.harness.options.prewarm_sandbox {
-            self.sandbox.hydrate_to(self.state.last_snapshot.clone());
-            self.sandbox.prewarm();
+            let sandbox = self.journal.sandbox();
+            sandbox.hydrate_to(self.state().last_snapshot.clone());
+            sandbox.prewarm();
         }
         let call_id = format!("mc_{}", uuid::Uuid::now_v7().simple());
         let fingerprint = request.fingerprint.clone();
@@ -664,11 +591,11 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 biased;
                 item = &mut stop => {
                     // The stream is dropped here; its partial reply is not kept.
-                    let turn = self.state.turn;
+                    let turn = self.state().turn;
                     return self.interrupted(&item, turn, Some(call_id), true).await.map(|()| None);
                 }
                 Some(delta) = rx.recv() => {
-                    (self.observer)(Progress::Delta(&delta));
+                    self.report(Progress::Delta(&delta));
                     let restart = match delta {
                         Delta::Text(text) => { pending.push_str(&text); false }
                         Delta::Restart => { pending.clear(); true }
@@ -686,7 +613,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             }
         };
         while let Ok(delta) = rx.try_recv() {
-            (self.observer)(Progress::Delta(&delta));
+            self.report(Progress::Delta(&delta));
             if let Delta::Text(text) = delta {
                 pending.push_str(&text);
             }
@@ -710,7 +637,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         point(points::MODEL_EFFECT);
         let cost = pricing::cost_with(
             &self.harness.options.prices,
-            &self.state.model.model,
+            &self.state().model.model,
             &response.usage,
         );
         self.count_model_call(true, Some(&response.usage), cost, started.elapsed());
@@ -743,7 +670,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             .collect();
         match announced {
             Some((call, ToolClass::Read))
-                if !self.names_mcp_server(&call.name) && self.sandbox.ready() =>
+                if !self.journal.names_mcp_server(&call.name) && self.journal.sandbox().ready() =>
             {
                 self.read_with_reply(reply, call).await?;
                 Ok(None)
@@ -767,41 +694,32 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     /// log.
     async fn read_with_reply(&mut self, reply: Vec<Event>, call: ToolUse) -> Result<()> {
         for event in reply {
-            self.stage(event)?;
+            self.live.stage(event).await?;
         }
-        let started = std::time::Instant::now();
+        let call_id = call.id.clone();
         // Owned, so the reply can commit (and the driver be stopped gracefully, its
         // staged records committed) while the read goes on.
-        let read = run_in(
-            self.sandbox.handle(),
-            self.state.last_snapshot.clone(),
-            call.name.clone(),
-            call.input.clone(),
-        );
-        tokio::pin!(read);
-        let executed = match tokio::time::timeout(READ_WITH_REPLY_WITHIN, &mut read).await {
-            Ok(executed) => executed,
-            Err(_) => {
-                let executed = self.append_polling(Vec::new(), read.as_mut()).await?;
-                match executed {
-                    Some(executed) => executed,
-                    None => {
-                        let stop = interrupt::arrives_after_append(
-                            self.harness.world.clone(),
-                            &self.lease,
-                        );
-                        tokio::select! {
-                            executed = &mut read => executed,
-                            item = stop => {
-                                return self.interrupt_tool(call, ToolClass::Read, item, started).await;
-                            }
-                        }
-                    }
-                }
-            }
+        let journal = self.journal.clone();
+        let stop = interrupt::arrives_after_append(self.harness.world.clone(), &self.lease);
+        let read = async move {
+            let call = Call {
+                id: call.id,
+                tool: call.name,
+                input: call.input,
+                class: ToolClass::Read,
+                announced: true,
+            };
+            journal.run(call, stop).await
         };
-        self.record_executed(call, ToolClass::Read, executed, started)
-            .await
+        tokio::pin!(read);
+        let ran = match tokio::time::timeout(READ_WITH_REPLY_WITHIN, &mut read).await {
+            Ok(ran) => ran,
+            Err(_) => match self.append_polling(Vec::new(), read.as_mut()).await? {
+                Some(ran) => ran,
+                None => read.await,
+            },
+        };
+        self.ran(call_id, ran?).await
     }
 
     /// Makes room in the conversation before the next model call when the request
@@ -811,11 +729,11 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     async fn make_room(&mut self, bytes: usize) -> Result<bool> {
         use crate::compaction::{estimate_tokens, over_share, plan, plan_asked, Plan};
         let policy = &self.harness.options.compaction;
-        let window = policy.window_for(&self.state.model.model);
+        let window = policy.window_for(&self.state().model.model);
         // A `compact` signal (or one taken whose compaction a crash cut off) asks for
         // a summary now, whatever the size.
         let signal = self.compact_signal.take();
-        let asked = signal.is_some() || self.state.compact_asked;
+        let asked = signal.is_some() || self.state().compact_asked;
         if !asked && !over_share(policy, window, bytes) {
             return Ok(false);
         }
@@ -905,7 +823,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             .join("\n");
         let cost = pricing::cost_with(
             &self.harness.options.prices,
-            &self.state.model.model,
+            &self.state().model.model,
             &response.usage,
         );
         self.count_model_call(true, Some(&response.usage), cost, started.elapsed());
@@ -934,7 +852,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     /// The estimated size of `request` once `event` (an elision or a compaction) is
     /// folded into the conversation: what the record says it comes to.
     fn tokens_after(&self, request: &ModelRequest, event: Event) -> Result<u64> {
-        let mut after = self.state.clone();
+        let mut after = self.live.state();
         after.apply(&Record {
             seq: after.last_seq + 1,
             epoch: 0,
@@ -950,7 +868,13 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     /// Stores the state as a checkpoint when one is due (see
     /// [`Harness::checkpoint_if_due`]).
     async fn checkpoint_if_due(&mut self) -> Result<()> {
-        if let Some(checkpoint) = self.harness.checkpoint_if_due(&self.state).await? {
+        let due = self
+            .live
+            .with(|s| self.harness.checkpoint_due(s).then(|| s.clone()));
+        let Some(state) = due else {
+            return Ok(());
+        };
+        if let Some(checkpoint) = self.harness.checkpoint_if_due(&state).await? {
             self.append(vec![checkpoint]).await?;
         }
         Ok(())
@@ -987,9 +911,10 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         cost_micro_usd: u64,
         took: std::time::Duration,
     ) {
+        let state = self.state();
         steadfast_metrics::metrics().model_call(steadfast_metrics::ModelCall {
-            provider: &self.state.model.provider,
-            model: &self.state.model.model,
+            provider: &state.model.provider,
+            model: &state.model.model,
             ok,
             usage,
             cost_micro_usd,
@@ -1037,7 +962,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         use tracing::Instrument;
         let span = steadfast_metrics::trace::tool_call_span(
             &self.lease.session,
-            self.state.turn,
+            self.state().turn,
             &call.name,
             &call.id,
         );
@@ -1071,7 +996,9 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 ])
                 .await;
         }
-        if let Some(tool) = crate::client_tools::find(&self.state.client_tools, &call.name) {
+        let client_tool =
+            crate::client_tools::find(&self.state().client_tools, &call.name).cloned();
+        if let Some(tool) = client_tool {
             // The client runs it: the intent and the wait for its result go in
             // together, and the session sleeps holding nothing until the result comes.
             let reason = format!("waiting for the client to run `{}`", tool.name);
@@ -1093,7 +1020,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 ])
                 .await;
         }
-        let class = self.class_of(&call.name, &call.input);
+        let class = self.journal.class_of(&call.name, &call.input);
         if self.awaits_approval(&call, class) {
             let command = call
                 .input
@@ -1109,37 +1036,13 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 }])
                 .await;
         }
-        // A sandbox first (hydrated to the last recorded snapshot if it is new), so the
-        // snapshot below is taken of the workspace the call will really run on. An MCP
-        // server's tool runs elsewhere and leaves the workspace alone: neither.
-        let remote = self.names_mcp_server(&call.name);
-        if !remote {
-            self.sandbox.hydrate_to(self.state.last_snapshot.clone());
-            self.sandbox.get().await?;
-        }
-        let workspace = self.workspace.clone();
-        let snapshot_before = if class.touches_workspace() && !remote {
-            Some(self.harness.snapshot(&workspace).await?)
-        } else {
-            None
-        };
-        self.append(vec![Event::ToolCallIntent {
-            call_id: call.id.clone(),
-            tool: call.name.clone(),
-            input: call.input.clone(),
-            class,
-            snapshot_before,
-        }])
-        .await?;
-        point(points::TOOL_INTENT);
-        self.execute_announced(call, class).await
+        self.run_journaled(call, class, false).await
     }
 
     /// Whether `call` (of `class`) must wait for a human's approval before it runs.
     fn awaits_approval(&self, call: &ToolUse, class: ToolClass) -> bool {
-        class.is_external_effect()
-            && self.state.approve_external
-            && !self.state.approved.contains(&call.id)
+        let state = self.state();
+        class.is_external_effect() && state.approve_external && !state.approved.contains(&call.id)
     }
 
     /// The first tool call of a reply with `content`, with its class, when its intent
@@ -1150,213 +1053,60 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         &self,
         content: &[steadfast_log::Block],
     ) -> Option<(ToolUse, ToolClass)> {
-        let call = self.state.tool_after_reply(content, now_ms())?;
-        if call.name == APPROVAL_TOOL
-            || crate::client_tools::find(&self.state.client_tools, &call.name).is_some()
-        {
+        let (call, client) = self.live.with(|s| {
+            let call = s.tool_after_reply(content, now_ms())?;
+            let client = crate::client_tools::find(&s.client_tools, &call.name).is_some();
+            Some((call, client))
+        })?;
+        if call.name == APPROVAL_TOOL || client {
             return None;
         }
-        let class = self.class_of(&call.name, &call.input);
-        let remote = self.names_mcp_server(&call.name);
+        let class = self.journal.class_of(&call.name, &call.input);
+        let remote = self.journal.names_mcp_server(&call.name);
         if self.awaits_approval(&call, class) || (class.touches_workspace() && !remote) {
             return None;
         }
         Some((call, class))
     }
 
-    /// Runs a tool call whose intent is in the log, and records its outcome.
-    async fn execute_announced(&mut self, call: ToolUse, class: ToolClass) -> Result<()> {
-        let remote = self.names_mcp_server(&call.name);
-        if !remote {
-            self.sandbox.hydrate_to(self.state.last_snapshot.clone());
-            self.sandbox.get().await?;
-        }
-        let started = std::time::Instant::now();
-        let in_sandbox = !remote && !self.pushes(&call.name);
-        let executed = if in_sandbox {
-            self.execute_watched(&call).await
-        } else {
-            let stop = interrupt::arrives_after_append(self.harness.world.clone(), &self.lease);
-            tokio::select! {
-                out = self.execute_call(&call.name, &call.input) => Ok(out),
-                item = stop => Err(item),
-            }
-        };
-        let executed = match executed {
-            Ok(executed) => executed,
-            Err(item) => return self.interrupt_tool(call, class, item, started).await,
-        };
-        self.record_executed(call, class, executed, started).await
-    }
-
-    /// Whether `tool` is `git_push`, run by the harness.
-    fn pushes(&self, tool: &str) -> bool {
-        self.git.is_some() && tool == crate::git::GIT_PUSH_TOOL
-    }
-
-    /// Runs a call in the sandbox while recording what it opens through the egress
-    /// proxy (each connection in the log before its first byte leaves; under an
-    /// approval policy, refused until the call is approved). `Err`: an interrupt came.
-    async fn execute_watched(
-        &mut self,
-        call: &ToolUse,
-    ) -> std::result::Result<Result<steadfast_sandbox::ToolOutput>, steadfast_world::Inbound> {
-        let held = self.state.approve_external && !self.state.approved.contains(&call.id);
-        let _running = self.egress.desk.running(&call.id, held);
-        let Some(mut records) = self.egress.records.take() else {
-            return Ok(Err(Error::Invalid("the egress records are taken".into())));
-        };
-        let lease = self.lease.clone();
-        let stop = interrupt::arrives_after_append(self.harness.world.clone(), &lease);
-        let run = run_in(
-            self.sandbox.handle(),
-            self.state.last_snapshot.clone(),
-            call.name.clone(),
-            call.input.clone(),
-        );
-        tokio::pin!(stop, run);
-        let mut held_back = Vec::new();
-        let executed = loop {
-            tokio::select! {
-                out = &mut run => break Ok(out),
-                item = &mut stop => break Err(item),
-                Some((event, ack)) = records.recv() => {
-                    let recorded = self.record_egress(&call.id, event, &mut held_back).await;
-                    let _ = ack.send(recorded);
-                }
-            }
-        };
-        self.egress.records = Some(records);
-        Ok(match executed? {
-            Ok(mut out) if !held_back.is_empty() => {
-                out.text.push_str(&format!(
-                    "\n[steadfast] this command tried to reach {}: {}",
-                    held_back.join(", "),
-                    steadfast_sandbox::egress::HELD_BACK
-                ));
-                Ok(out)
-            }
-            other => other,
-        })
-    }
-
-    /// Appends a connection the egress desk saw while `call_id` ran; whether it did.
-    async fn record_egress(
-        &mut self,
-        call_id: &str,
-        event: Event,
-        held_back: &mut Vec<String>,
-    ) -> bool {
-        let Event::Egress {
-            call_ids,
-            destination,
-            admitted,
-        } = &event
-        else {
-            return false;
-        };
-        // Only the call running now: a question left over from an earlier call is
-        // not this one's to answer.
-        if call_ids.as_slice() != [call_id] {
-            return false;
-        }
-        if !admitted {
-            held_back.push(destination.clone());
-        }
-        self.append(vec![event]).await.is_ok()
-    }
-
-    /// Records what a tool call that ran `started` ago gave: its outcome (staged, for
-    /// a short read; see [`STAGE_WITHIN`]), or the sandbox's death, resolved.
-    async fn record_executed(
+    /// Runs a tool call through the journal (see `steadfast_journal`), its intent
+    /// `announced` with the reply that asked for it or not. A sandbox first, hydrated
+    /// to the last recorded snapshot if it is new, so the snapshot before the call is
+    /// of the workspace it will really run on. (An MCP server's tool runs elsewhere and
+    /// leaves the workspace alone: no sandbox.)
+    async fn run_journaled(
         &mut self,
         call: ToolUse,
         class: ToolClass,
-        executed: Result<steadfast_sandbox::ToolOutput>,
-        started: std::time::Instant,
+        announced: bool,
     ) -> Result<()> {
-        let touches_workspace = class.touches_workspace() && !self.names_mcp_server(&call.name);
-        let workspace = self.workspace.clone();
-        let out = match executed {
-            Ok(out) => out,
-            Err(Error::Sandbox(steadfast_sandbox::Error::Died(reason))) => {
-                // Recorded, then resolved like a crash (invariant 4); the next call
-                // gets a new sandbox, hydrated to the last recorded snapshot.
-                tracing::warn!(session = %self.lease.session, %reason, "sandbox died mid-call");
-                self.sandbox.discard().await;
-                self.append(vec![Event::SandboxLost {
-                    call_id: Some(call.id.clone()),
-                    reason,
-                }])
-                .await?;
-                if let Some(pending) = self.state.pending_tool.clone() {
-                    self.resolve_tool(pending).await?;
-                }
-                return Ok(());
-            }
-            Err(e) => return Err(e),
-        };
-        point(points::TOOL_EFFECT);
-
-        let snapshot_after = if touches_workspace {
-            Some(self.harness.snapshot(&workspace).await?)
-        } else {
-            None
-        };
-        let text = strip_ansi(&out.text);
-        let output = if text.len() > INLINE_LIMIT {
-            Output::Blob(self.harness.blobs.put(text.as_bytes()).await?)
-        } else {
-            Output::Inline { text }
-        };
-        let outcome = Event::ToolCallOutcome {
-            call_id: call.id,
-            is_error: out.is_error,
-            exit_code: out.exit_code,
-            output,
-            snapshot_after,
-        };
-        if class == ToolClass::Read && started.elapsed() < STAGE_WITHIN {
-            return self.stage(outcome);
+        if !self.journal.names_mcp_server(&call.name) {
+            let sandbox = self.journal.sandbox();
+            sandbox.hydrate_to(self.state().last_snapshot.clone());
+            sandbox.get().await?;
         }
-        self.append(vec![outcome]).await?;
-        point(points::TOOL_OUTCOME);
-        Ok(())
+        let call_id = call.id.clone();
+        let stop = interrupt::arrives_after_append(self.harness.world.clone(), &self.lease);
+        let call = Call {
+            id: call.id,
+            tool: call.name,
+            input: call.input,
+            class,
+            announced,
+        };
+        let ran = self.journal.run(call, stop).await?;
+        self.ran(call_id, ran).await
     }
 
-    /// A command stopped by an interrupt: killed, its outcome recorded with the
-    /// workspace as the kill left it, then the turn ends.
-    async fn interrupt_tool(
-        &mut self,
-        call: ToolUse,
-        class: ToolClass,
-        item: steadfast_world::Inbound,
-        started: std::time::Instant,
-    ) -> Result<()> {
-        if let Ok(sandbox) = self.sandbox.get().await {
-            sandbox.cancel().await;
+    /// What follows a journaled call: after an interrupt, the turn's end.
+    async fn ran(&mut self, call_id: String, ran: Ran) -> Result<()> {
+        match ran {
+            Ran::Done { .. } | Ran::SandboxDied { .. } => Ok(()),
+            Ran::Interrupted(item) => {
+                let turn = self.state().turn;
+                self.interrupted(&item, turn, Some(call_id), true).await
+            }
         }
-        let by = interrupt::sender(&item);
-        let snapshot_after = if class.touches_workspace() && !self.names_mcp_server(&call.name) {
-            Some(self.harness.snapshot(&self.workspace.clone()).await?)
-        } else {
-            None
-        };
-        self.append(vec![Event::ToolCallOutcome {
-            call_id: call.id.clone(),
-            is_error: true,
-            exit_code: None,
-            output: Output::Inline {
-                text: format!(
-                    "[steadfast] interrupted by {by} after {} ms; the command was stopped",
-                    started.elapsed().as_millis()
-                ),
-            },
-            snapshot_after,
-        }])
-        .await?;
-        let turn = self.state.turn;
-        self.interrupted(&item, turn, Some(call.id), true).await
     }
 
     /// Invariant 4 for a tool call cut off by a crash (one resolution for every agent:
@@ -1367,136 +1117,40 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         // A call seen sending out of the sandbox is an external effect, whatever it
         // was classed as when it began: never rolled back and run again.
         let class = pending.effective_class();
+        let sandbox = self.journal.sandbox();
         if class == ToolClass::Mutate {
             if let Some(snapshot) = &pending.snapshot_before {
                 // A sandbox first: starting one reaps what the dead driver's left
                 // running (a local sandbox's orphans), which would otherwise go on
                 // writing into the workspace rolled back here.
-                self.sandbox.hydrate_to(Some(snapshot.clone()));
-                self.sandbox.get().await?;
+                sandbox.hydrate_to(Some(snapshot.clone()));
+                sandbox.get().await?;
                 self.harness
                     .drive
-                    .restore_async(&self.workspace, snapshot)
+                    .restore_async(sandbox.workspace(), snapshot)
                     .await?;
-                (self.observer)(Progress::Restored(snapshot));
+                self.report(Progress::Restored(snapshot));
             }
         }
-        if let Some(git) = self
-            .git
-            .clone()
-            .filter(|_| pending.tool == crate::git::GIT_PUSH_TOOL)
-        {
-            let this = &*self;
-            let probe = |command: String| async move {
-                this.execute("bash", &serde_json::json!({ "command": command }))
-                    .await
-            };
-            let resolution = git.resolve(&pending.input, probe).await;
-            return self
-                .append(vec![Event::ToolCallInterrupted {
-                    call_id: pending.call_id,
-                    resolution,
-                }])
-                .await;
-        }
-        let reconcilers = self.harness.options.reconcilers.clone();
-        let this = &*self;
-        let resolution = steadfast_sandbox::reconcile::resolve(
-            &reconcilers,
+        // Probes (a reconciler's, `git_push`'s) run on the last recorded workspace.
+        sandbox.hydrate_to(self.state().last_snapshot.clone());
+        let cut = CutOff {
+            call_id: pending.call_id.clone(),
+            tool: pending.tool.clone(),
+            input: pending.input.clone(),
             class,
-            &pending.tool,
-            &pending.input,
-            pending.snapshot_before.clone(),
-            |command| async move {
-                this.execute("bash", &serde_json::json!({ "command": command }))
-                    .await
-                    .map_err(|e| e.to_string())
-            },
-        )
-        .await;
-        self.append(vec![Event::ToolCallInterrupted {
-            call_id: pending.call_id,
-            resolution,
-        }])
-        .await
-    }
-
-    /// A call's class: the harness's own tools by what they do, the rest as the
-    /// sandbox classifies them.
-    fn class_of(&self, tool: &str, input: &serde_json::Value) -> ToolClass {
-        if tool == crate::git::GIT_PUSH_TOOL && self.state.git.is_some() {
-            ToolClass::External
-        } else if self.state.seen_reaching_out(tool, input) {
-            // Observed before: an external effect, whatever the text suggests.
-            ToolClass::External
-        } else if let Some(remote) = self.remote_tool(tool) {
-            remote.class
-        } else if self.names_mcp_server(tool) {
-            ToolClass::External
-        } else {
-            classify(tool, input)
-        }
-    }
-
-    /// Whether `tool` is namespaced by one of the session's MCP servers (connected now
-    /// or not).
-    fn names_mcp_server(&self, tool: &str) -> bool {
-        self.state.mcp_servers.iter().any(|s| {
-            tool.strip_prefix(s.name.as_str())
-                .is_some_and(|rest| rest.starts_with(steadfast_wrap::remote::SEPARATOR))
-        })
-    }
-
-    /// The MCP server tool the model calls `tool`, if it is one.
-    fn remote_tool(&self, tool: &str) -> Option<&steadfast_wrap::remote::RemoteTool> {
-        self.remote.as_ref()?.find(tool)
-    }
-
-    /// Runs a tool call: `git_push` by the harness (see [`crate::git`]), every other
-    /// tool in the sandbox.
-    async fn execute_call(
-        &self,
-        tool: &str,
-        input: &serde_json::Value,
-    ) -> Result<steadfast_sandbox::ToolOutput> {
-        if self.names_mcp_server(tool) {
-            return Ok(match &self.remote {
-                Some(remote) => remote.call(tool, input).await,
-                None => steadfast_sandbox::ToolOutput::error(format!(
-                    "[steadfast] `{tool}`: its MCP server is not connected now"
-                )),
-            });
-        }
-        match &self.git {
-            Some(git) if tool == crate::git::GIT_PUSH_TOOL => {
-                git.push(input, |command| async move {
-                    self.execute("bash", &serde_json::json!({ "command": command }))
-                        .await
-                })
-                .await
-            }
-            _ => self.execute(tool, input).await,
-        }
-    }
-
-    /// Runs a tool call in the session's sandbox, provisioning one if none runs.
-    async fn execute(
-        &self,
-        tool: &str,
-        input: &serde_json::Value,
-    ) -> Result<steadfast_sandbox::ToolOutput> {
-        run_in(
-            self.sandbox.handle(),
-            self.state.last_snapshot.clone(),
-            tool.to_string(),
-            input.clone(),
-        )
-        .await
+            snapshot_before: pending.snapshot_before.clone(),
+        };
+        let reconcilers = self.harness.options.reconcilers.clone();
+        self.journal
+            .resolve(&cut, pending.snapshot_before, &reconcilers)
+            .await?;
+        Ok(())
     }
 
     /// Whether a sandbox is running for this session now.
     pub async fn has_sandbox(&self) -> bool {
-        self.sandbox.is_running().await
+        self.journal.sandbox().is_running().await
     }
 }
 
@@ -1504,19 +1158,3 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
 type ModelCall = std::pin::Pin<
     Box<dyn std::future::Future<Output = steadfast_model::Result<ModelResponse>> + Send>,
 >;
-
-/// Runs a tool call in a session's sandbox (`slot`), provisioning one hydrated to
-/// `snapshot` if none runs.
-async fn run_in<S: Sandbox>(
-    slot: SandboxSlot<S>,
-    snapshot: Option<String>,
-    tool: String,
-    input: serde_json::Value,
-) -> Result<steadfast_sandbox::ToolOutput> {
-    slot.hydrate_to(snapshot);
-    let sandbox = slot.get().await?;
-    let out = sandbox.execute(&tool, &input).await;
-    drop(sandbox);
-    slot.touch().await;
-    Ok(out?)
-}

@@ -7,13 +7,14 @@ use std::time::Duration;
 use steadfast_drive::Drive;
 use steadfast_log::{Event, ModelSpec, Record, SessionState};
 use steadfast_model::{Endpoint, ModelClient, RetryPolicy};
+use steadfast_sandbox::egress::EgressDesk;
 use steadfast_sandbox::{AnySandbox, Sandbox, SandboxOptions};
-use steadfast_world::{now_ms, Blobs, Holder, SqliteWorld, World};
+use steadfast_world::{now_ms, Blobs, Holder, LiveSession, SqliteWorld, World};
 
 use crate::driver::{Driver, Stop};
-use crate::slot::SandboxSlot;
 use crate::wrapped::WrappedDriver;
 use crate::{prompt, Error, Result};
+use steadfast_journal::{Journal, MakeSandbox, SandboxSlot};
 use steadfast_world::Heartbeat;
 
 /// Turns a session's model spec into a client (this is where credentials live).
@@ -404,7 +405,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 new.agent
             )));
         }
-        steadfast_wrap::remote::check_servers(&new.mcp_servers).map_err(Error::Invalid)?;
+        crate::remote::check_servers(&new.mcp_servers).map_err(Error::Invalid)?;
         std::fs::create_dir_all(&new.workspace)
             .map_err(|e| Error::Invalid(format!("workspace {}: {e}", new.workspace.display())))?;
         let workspace = new
@@ -484,7 +485,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         &self,
         state: &SessionState,
     ) -> Result<Option<steadfast_log::Event>> {
-        if state.last_seq < state.last_checkpoint + self.options.checkpoint_every.max(1) {
+        if !self.checkpoint_due(state) {
             return Ok(None);
         }
         let checkpoint = steadfast_log::fold::Checkpoint {
@@ -498,6 +499,11 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             blob,
             version: steadfast_log::fold::CHECKPOINT_VERSION,
         }))
+    }
+
+    /// Whether enough has been appended since `state`'s last checkpoint for another.
+    pub(crate) fn checkpoint_due(&self, state: &SessionState) -> bool {
+        state.last_seq >= state.last_checkpoint + self.options.checkpoint_every.max(1)
     }
 
     /// Takes over a session and returns the driver its agent needs: the native loop,
@@ -547,9 +553,13 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             steadfast_metrics::metrics().takeover(std::time::Duration::from_millis(behind));
         }
         if state.is_wrapped() {
-            Ok(Awake::Wrapped(self.wrapped_driver(lease, state).await?))
+            Ok(Awake::Wrapped(Box::new(
+                self.wrapped_driver(lease, state).await?,
+            )))
         } else {
-            Ok(Awake::Native(self.native_driver(lease, state).await?))
+            Ok(Awake::Native(Box::new(
+                self.native_driver(lease, state).await?,
+            )))
         }
     }
 
@@ -560,7 +570,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// never drives one.
     pub async fn wake_native(&self, session: &str) -> Result<Driver<'_, W, S>> {
         match self.wake(session).await? {
-            Awake::Native(driver) => Ok(driver),
+            Awake::Native(driver) => Ok(*driver),
             Awake::Wrapped(driver) => {
                 let agent = driver.state().agent.clone();
                 let _ = driver.release().await;
@@ -577,24 +587,50 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         state: SessionState,
     ) -> Result<Driver<'_, W, S>> {
         let mut sandbox_options = self.sandbox_options(&lease.session, &state).await?;
-        let (egress, watch) = crate::egress::NativeEgress::new();
-        sandbox_options.egress_watch = Some(watch);
         // The native loop's workspace is always the log's: brought to the last
         // snapshot on every wake, whoever drove it last.
         let workspace = self.materialize(&state, true).await?;
+        let model = (self.options.models)(&state.model)?.with_http(self.http.clone());
+        let hosted = self.hosted_tools(&lease.session, &state).await?;
+        let last_snapshot = Arc::new(std::sync::Mutex::new(state.last_snapshot.clone()));
+        let live = Arc::new(LiveSession::with_state(
+            self.world.clone(),
+            lease.clone(),
+            state,
+        ));
+        // What the sandbox opens through its egress proxy is recorded against the call
+        // running, in the live log.
+        let desk = EgressDesk::new();
+        let held_back = Arc::default();
+        let record = Journal::<W, S>::egress_recorder(
+            Arc::new(std::sync::OnceLock::from(live.clone())),
+            Arc::clone(&held_back),
+        );
+        sandbox_options.egress_watch = Some(desk.watch(record));
+        let make: MakeSandbox<S> = {
+            let (provision, ws) = (self.provision.clone(), workspace.clone());
+            Arc::new(move || provision(&ws, &sandbox_options))
+        };
         let sandbox = SandboxSlot::new(
             workspace,
-            self.provision.clone(),
-            sandbox_options,
+            make,
             self.drive.clone(),
             self.options.sandbox_idle_stop,
         );
-        let model = (self.options.models)(&state.model)?.with_http(self.http.clone());
-        let hosted = self.hosted_tools(&lease.session, &state).await?;
-        let heartbeat = Heartbeat::start(self.world.clone(), lease.clone(), self.options.lease_ttl);
-        Ok(Driver::new(
-            self, lease, state, sandbox, model, hosted, heartbeat, egress,
-        ))
+        let journal = Journal::new(
+            live,
+            self.drive.clone(),
+            self.blobs.clone(),
+            sandbox,
+            last_snapshot,
+        )
+        .for_native_loop(crate::driver::STAGE_WITHIN)
+        .with_snapshot_timeout(self.options.snapshot_timeout)
+        .with_hosted(hosted)
+        .with_held_back(held_back)
+        .with_egress(desk);
+        let heartbeat = Heartbeat::start(self.world.clone(), lease, self.options.lease_ttl);
+        Ok(Driver::new(self, journal, model, heartbeat))
     }
 
     /// The sandbox settings of a session: the harness's, with the network policy the
@@ -651,7 +687,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         &self,
         session: &str,
         state: &SessionState,
-    ) -> Result<HostedTools> {
+    ) -> Result<steadfast_journal::Hosted> {
         let git = match &state.git {
             None => None,
             Some(source) => {
@@ -669,7 +705,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 )))
             }
         };
-        Ok(HostedTools {
+        Ok(steadfast_journal::Hosted {
             remote: self.remote_tools(session, state).await?,
             git,
         })
@@ -682,7 +718,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         &self,
         session: &str,
         state: &SessionState,
-    ) -> Result<Option<Arc<steadfast_wrap::remote::RemoteTools>>> {
+    ) -> Result<Option<Arc<crate::remote::RemoteTools>>> {
         if state.mcp_servers.is_empty() {
             return Ok(None);
         }
@@ -694,7 +730,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             }
         }
         let (remote, failures) =
-            steadfast_wrap::remote::RemoteTools::connect(&state.mcp_servers, &secrets).await;
+            crate::remote::RemoteTools::connect(&state.mcp_servers, &secrets).await;
         for failure in failures {
             tracing::warn!(%session, %failure, "MCP server left out");
         }
@@ -774,12 +810,32 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     }
 }
 
+/// A driver's view of its session's state: the native loop's live one (held until
+/// dropped; never across an await) or the wrapped driver's.
+pub enum StateView<'a> {
+    /// The native loop's live state.
+    Live(std::sync::MutexGuard<'a, SessionState>),
+    /// The wrapped driver's state as of its last look at the log.
+    Held(&'a SessionState),
+}
+
+impl std::ops::Deref for StateView<'_> {
+    type Target = SessionState;
+
+    fn deref(&self) -> &SessionState {
+        match self {
+            StateView::Live(state) => state,
+            StateView::Held(state) => state,
+        }
+    }
+}
+
 /// A woken session: the driver its agent needs.
 pub enum Awake<'h, W, S> {
     /// The native agent loop.
-    Native(Driver<'h, W, S>),
+    Native(Box<Driver<'h, W, S>>),
     /// A wrapped CLI through the gateway and the journaled tools.
-    Wrapped(WrappedDriver<'h, W, S>),
+    Wrapped(Box<WrappedDriver<'h, W, S>>),
 }
 
 impl<W: World + Clone, S: Sandbox> Awake<'_, W, S> {
@@ -823,10 +879,10 @@ impl<W: World + Clone, S: Sandbox> Awake<'_, W, S> {
     }
 
     /// The session's state as of the driver's last look at its log.
-    pub fn state(&self) -> &SessionState {
+    pub fn state(&self) -> StateView<'_> {
         match self {
-            Awake::Native(d) => d.state(),
-            Awake::Wrapped(d) => d.state(),
+            Awake::Native(d) => StateView::Live(d.state()),
+            Awake::Wrapped(d) => StateView::Held(d.state()),
         }
     }
 
@@ -858,11 +914,3 @@ impl<W: World + Clone, S: Sandbox> Awake<'_, W, S> {
 
 /// Records appended between checkpoints (at the end of a turn or a compaction).
 const CHECKPOINT_EVERY: u64 = 256;
-
-/// The tools the harness runs for a session outside its sandbox.
-pub(crate) struct HostedTools {
-    /// The session's own MCP servers' tools.
-    pub remote: Option<Arc<steadfast_wrap::remote::RemoteTools>>,
-    /// `git_push`, when the workspace came from git.
-    pub git: Option<Arc<crate::git::GitPusher>>,
-}

@@ -53,10 +53,8 @@ pub mod compaction;
 mod control;
 mod diff;
 mod driver;
-mod egress;
 mod harness;
 mod prompt;
-mod slot;
 mod worker;
 mod workspace;
 mod wrapped;
@@ -67,10 +65,10 @@ pub use diff::{FileDiff, WorkspaceDiff, WorkspaceEntry, WorkspaceListing};
 pub use driver::{Driver, Progress, Stop, APPROVAL_SIGNAL, APPROVAL_TOOL};
 pub use harness::{
     open_drive, parse_model, Awake, Harness, HarnessOptions, ModelResolver, NewSession,
-    Provisioner, DRIVE_CACHE_BYTES, STOP_GRACE,
+    Provisioner, StateView, DRIVE_CACHE_BYTES, STOP_GRACE,
 };
+pub use steadfast_journal::{git, remote};
 pub use steadfast_sandbox::reconcile;
-pub use steadfast_wrap::{git, remote};
 pub use workspace::{new_workspace_id, workspace_root};
 pub use wrapped::{AgentInfo, AgentOptions, NamedAgent, WrappedDriver};
 
@@ -95,6 +93,10 @@ pub enum Error {
     /// A wrapped agent's run failed.
     #[error(transparent)]
     Wrapped(#[from] steadfast_wrap::Error),
+    /// A journaled tool call's task failed (the journal's other failures are the
+    /// world's, the drive's or the sandbox's, and reported as theirs).
+    #[error(transparent)]
+    Journal(steadfast_journal::Error),
     /// The request does not fit the session's state.
     #[error("{0}")]
     Invalid(String),
@@ -108,6 +110,26 @@ pub enum Error {
     /// though another may: the session is left as it is.
     #[error("{0}")]
     NotHere(String),
+}
+
+impl From<steadfast_journal::Error> for Error {
+    fn from(e: steadfast_journal::Error) -> Self {
+        match e {
+            steadfast_journal::Error::World(e) => Error::World(e),
+            steadfast_journal::Error::Drive(e) => Error::Drive(e),
+            steadfast_journal::Error::Sandbox(e) => Error::Sandbox(e),
+            other => Error::Journal(other),
+        }
+    }
+}
+
+/// Whether a journaled call's failure may pass if the session is woken again later.
+fn journal_retryable(e: &steadfast_journal::Error) -> bool {
+    match e {
+        steadfast_journal::Error::World(e) => e.is_retryable(),
+        steadfast_journal::Error::Sandbox(_) | steadfast_journal::Error::Task(_) => true,
+        steadfast_journal::Error::Drive(e) => matches!(e, steadfast_drive::Error::Io { .. }),
+    }
 }
 
 impl Error {
@@ -125,6 +147,7 @@ impl Error {
                 steadfast_wrap::Error::Sandbox(_) | steadfast_wrap::Error::Task(_) => true,
                 _ => false,
             },
+            Error::Journal(e) => journal_retryable(e),
             _ => false,
         }
     }

@@ -246,13 +246,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             snapshot_timeout: self.options.snapshot_timeout,
             reconcilers: self.options.reconcilers.clone(),
             http: self.http.clone(),
-            hosted: {
-                let hosted = self.hosted_tools(&lease.session, &state).await?;
-                steadfast_wrap::run::Hosted {
-                    remote: hosted.remote,
-                    git: hosted.git,
-                }
-            },
+            hosted: self.hosted_tools(&lease.session, &state).await?,
         };
         Ok(WrappedDriver {
             harness: self,

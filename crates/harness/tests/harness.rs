@@ -106,7 +106,10 @@ async fn a_staged_step_lost_with_the_lease_is_taken_again_by_the_new_holder() ->
         "{err}"
     );
     let err = a.step().await.unwrap_err();
-    assert!(matches!(err, Error::Invalid(_)), "{err}");
+    assert!(
+        matches!(err, Error::World(steadfast_world::Error::OutOfStep(_))),
+        "{err}"
+    );
 
     let log = one.world().read(&id, 1).await?;
     steadfast_log::fold::fold(&log)?;

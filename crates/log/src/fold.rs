@@ -1478,6 +1478,19 @@ impl SessionState {
         self.last_tool_call = Some((tool.to_string(), input.clone()));
     }
 
+    /// How the call `call_id` (the native loop's pending one, or a wrapped agent's)
+    /// may have affected the world: its class, or external once it was seen sending
+    /// out of the sandbox.
+    pub fn effective_class_of(&self, call_id: &str) -> Option<ToolClass> {
+        if let Some(p) = self.pending_tool.as_ref().filter(|p| p.call_id == call_id) {
+            return Some(p.effective_class());
+        }
+        self.wrapped_tools
+            .iter()
+            .find(|t| t.call_id == call_id)
+            .map(WrappedTool::effective_class)
+    }
+
     /// Whether the call `tool` with `input` was seen connecting out of the sandbox
     /// before (or trying to): observation makes the classifier's guess more careful,
     /// never less.

@@ -81,6 +81,11 @@ pub enum Error {
         /// How long until it lapses unless renewed.
         expires_in_ms: u64,
     },
+    /// An append failed after records were folded into the live state ahead of the
+    /// log ([`LiveSession::stage`]): the state may say what the log does not, so the
+    /// driver appends nothing more; waking the session again carries on from the log.
+    #[error("session {0}: an earlier append failed with records staged; wake the session again")]
+    OutOfStep(String),
     /// A stored record failed verification.
     #[error("corrupt log record in session {session} at position {seq}: {detail}")]
     Corrupt {

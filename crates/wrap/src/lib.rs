@@ -3,17 +3,14 @@
 //!
 //! The CLI runs in a sandbox of its own whose only ways out are two loopback ports: the
 //! [gateway](steadfast_gateway) (its model calls, recorded and replayed) and an MCP
-//! server ([`mcp`]) offering the sandbox tools through the [`journal`]. After a crash
+//! server ([`mcp`]) offering the sandbox tools through the journal ([`steadfast_journal`]). After a crash
 //! the CLI is started again from the beginning of its turn: the gateway answers every
 //! recorded request from the log and the journal every recorded tool call, so it
 //! walks back to where it was without a model call paid twice or a command run twice,
 //! and carries on from there.
 
 pub mod adapters;
-pub mod git;
-pub mod journal;
 pub mod mcp;
-pub mod remote;
 pub mod run;
 
 pub use adapters::Adapter;
@@ -43,6 +40,17 @@ pub enum Error {
     /// Bad configuration or request.
     #[error("{0}")]
     Invalid(String),
+}
+
+impl From<steadfast_journal::Error> for Error {
+    fn from(e: steadfast_journal::Error) -> Self {
+        match e {
+            steadfast_journal::Error::World(e) => Error::World(e),
+            steadfast_journal::Error::Drive(e) => Error::Drive(e),
+            steadfast_journal::Error::Sandbox(e) => Error::Sandbox(e),
+            steadfast_journal::Error::Task(e) => Error::Task(e.to_string()),
+        }
+    }
 }
 
 /// The crate's result type.

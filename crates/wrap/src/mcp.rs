@@ -1,6 +1,6 @@
 //! The MCP server a wrapped agent gets its tools from: the sandbox's `bash`, `read`,
 //! `write`, `edit`, `glob` and `grep`, and the tools of the session's own MCP servers
-//! (`<server>__<tool>`, see [`crate::remote`]), each call going through the [`ToolJournal`]
+//! (`<server>__<tool>`, see [`steadfast_journal::remote`]), each call going through the [`Journal`]
 //! (intent before, outcome after, replayed after a crash, never run twice). Served
 //! over MCP's streamable HTTP transport (rmcp), stateless, at `/mcp`.
 
@@ -17,7 +17,7 @@ use rmcp::{ErrorData as McpError, ServerHandler};
 use steadfast_sandbox::{tool_specs, Sandbox};
 use steadfast_world::World;
 
-use crate::journal::ToolJournal;
+use steadfast_journal::Journal;
 
 /// The name agents see the server under (Claude Code shows its tools as
 /// `mcp__steadfast__bash`, ...).
@@ -25,7 +25,7 @@ pub const SERVER_NAME: &str = "steadfast";
 
 /// One MCP session's handler over a shared journal.
 pub struct JournalServer<W, S> {
-    journal: Arc<ToolJournal<W, S>>,
+    journal: Arc<Journal<W, S>>,
 }
 
 impl<W, S> Clone for JournalServer<W, S> {
@@ -82,7 +82,7 @@ impl<W: World + Clone, S: Sandbox> ServerHandler for JournalServer<W, S> {
             Tool::new(t.name.clone(), t.description.clone(), Arc::new(schema))
         });
         let push = self.journal.pushes().then(|| {
-            let def = crate::git::push_tool();
+            let def = steadfast_journal::git::push_tool();
             let schema = match def.input_schema {
                 serde_json::Value::Object(map) => map,
                 _ => serde_json::Map::new(),
@@ -110,7 +110,7 @@ impl<W: World + Clone, S: Sandbox> ServerHandler for JournalServer<W, S> {
 }
 
 /// The MCP routes (`/mcp`) over `journal`.
-pub fn router<W: World + Clone, S: Sandbox>(journal: Arc<ToolJournal<W, S>>) -> axum::Router {
+pub fn router<W: World + Clone, S: Sandbox>(journal: Arc<Journal<W, S>>) -> axum::Router {
     let server = JournalServer { journal };
     let service = StreamableHttpService::new(
         move || Ok(server.clone()),

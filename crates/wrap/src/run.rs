@@ -7,13 +7,13 @@ use std::time::Duration;
 use serde_json::json;
 use steadfast_drive::Drive;
 use steadfast_gateway::{Counters, Gateway, GatewayConfig, Upstreams};
+use steadfast_journal::{resolve_cut_off, Journal, MakeSandbox, SandboxSlot};
 use steadfast_log::{fold, EndState, Event, Role, SessionState, Status};
-use steadfast_sandbox::egress::{EgressDesk, RecordEgress};
+use steadfast_sandbox::egress::EgressDesk;
 use steadfast_sandbox::{isolates, AnySandbox, NetworkPolicy, Sandbox, SandboxOptions};
 use steadfast_world::{load_state, Blobs, Heartbeat, Lease, LiveSession, World};
 
 use crate::adapters::{Adapter, Launch};
-use crate::journal::{resolve_cut_off, MakeSandbox, ToolJournal};
 use crate::{mcp, Error, Result};
 
 /// The loopback ports inside the CLI's sandbox that lead to the gateway and the MCP
@@ -60,15 +60,7 @@ pub struct WrappedOptions {
     pub http: reqwest::Client,
 }
 
-/// The tools the harness runs for a session outside its sandbox: its own MCP servers'
-/// and, when its workspace came from git, `git_push`.
-#[derive(Debug, Clone, Default)]
-pub struct Hosted {
-    /// The session's own MCP servers' tools.
-    pub remote: Option<Arc<crate::remote::RemoteTools>>,
-    /// `git_push`.
-    pub git: Option<Arc<crate::git::GitPusher>>,
-}
+pub use steadfast_journal::Hosted;
 
 /// How a turn went.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -232,18 +224,9 @@ pub async fn drive_turn<W: World + Clone>(
         // the calls running, in the live log this run appends to (made below).
         let desk = EgressDesk::new();
         let live_slot: Arc<std::sync::OnceLock<Arc<LiveSession<W>>>> = Arc::default();
-        let record: RecordEgress = {
-            let live_slot = live_slot.clone();
-            Arc::new(move |event| {
-                let live = live_slot.get().cloned();
-                Box::pin(async move {
-                    match live {
-                        Some(live) => live.append(&[event]).await.is_ok(),
-                        None => false,
-                    }
-                })
-            })
-        };
+        let held_back = Arc::default();
+        let record =
+            Journal::<W, AnySandbox>::egress_recorder(live_slot.clone(), Arc::clone(&held_back));
         let tool_options = SandboxOptions {
             forwards: Vec::new(),
             egress_watch: Some(desk.watch(record)),
@@ -252,17 +235,17 @@ pub async fn drive_turn<W: World + Clone>(
         let tool_ws = workspace.clone();
         let make: MakeSandbox<AnySandbox> =
             Arc::new(move || AnySandbox::provision(&tool_ws, &tool_options));
+        let slot = SandboxSlot::new(workspace.clone(), make, drive.clone(), None);
         // Invariant 4 for tool calls a crash cut off, and the workspace back in step.
         let last = resolve_cut_off(
             world,
             lease,
             drive,
-            &workspace,
             &state.wrapped_tools,
             state.last_snapshot.clone(),
             &options.reconcilers,
             options.hosted.git.as_deref(),
-            &make,
+            &slot,
         )
         .await?;
         let (state, _) = load_state(world, blobs, &lease.session).await?;
@@ -289,14 +272,14 @@ pub async fn drive_turn<W: World + Clone>(
         ));
         let _ = live_slot.set(live.clone());
         let journal = Arc::new(
-            ToolJournal::new(
+            Journal::new(
                 live.clone(),
                 drive.clone(),
                 blobs.clone(),
-                workspace.clone(),
-                make,
+                slot,
                 last_snapshot.clone(),
             )
+            .with_held_back(held_back)
             .with_max_calls(options.max_tool_calls_per_turn)
             .with_snapshot_timeout(options.snapshot_timeout)
             .with_hosted(options.hosted.clone())

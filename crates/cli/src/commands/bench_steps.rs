@@ -137,7 +137,8 @@ impl<'h> Timed<'h> {
             None => {}
         }
         if step != before && pair(step) {
-            let (model, tool) = direct.after(self.driver.state()).await?;
+            let state = self.driver.state().clone();
+            let (model, tool) = direct.after(&state).await?;
             self.direct.push((step + 1, model, tool));
         }
         Ok(false)

@@ -7,11 +7,14 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use steadfast_drive::Drive;
-use steadfast_sandbox::{Sandbox, SandboxOptions};
+use steadfast_sandbox::Sandbox;
 use tokio::sync::Mutex;
 
-use crate::harness::Provisioner;
-use crate::{Error, Result};
+use crate::Result;
+
+/// Makes the sandbox tools run in, for a session's workspace. Called on a blocking
+/// thread, when a call first needs one (and again after an idle stop or a death).
+pub type MakeSandbox<S> = Arc<dyn Fn() -> steadfast_sandbox::Result<S> + Send + Sync>;
 
 /// The running sandbox, if any, and when it was last used.
 struct Live<S> {
@@ -19,11 +22,11 @@ struct Live<S> {
     last_used: Instant,
 }
 
-/// Holds at most one sandbox for a driver.
-pub(crate) struct SandboxSlot<S> {
+/// Holds at most one sandbox for a session's driver: the native loop's and a wrapped
+/// CLI's tools share this one holder.
+pub struct SandboxSlot<S> {
     workspace: PathBuf,
-    provision: Provisioner<S>,
-    options: SandboxOptions,
+    make: MakeSandbox<S>,
     drive: Drive,
     live: Arc<Mutex<Option<Live<S>>>>,
     /// The snapshot a new sandbox is hydrated to (the log's last recorded one).
@@ -40,10 +43,11 @@ impl<S> Drop for SandboxSlot<S> {
 }
 
 impl<S: Sandbox> SandboxSlot<S> {
-    pub(crate) fn new(
+    /// A slot for `workspace` whose sandboxes `make` makes; one idle for `idle_stop`
+    /// is stopped (made again, hydrated from `drive`, when next needed).
+    pub fn new(
         workspace: PathBuf,
-        provision: Provisioner<S>,
-        options: SandboxOptions,
+        make: MakeSandbox<S>,
         drive: Drive,
         idle_stop: Option<Duration>,
     ) -> Self {
@@ -70,8 +74,7 @@ impl<S: Sandbox> SandboxSlot<S> {
         });
         SandboxSlot {
             workspace,
-            provision,
-            options,
+            make,
             drive,
             live,
             hydrate_to: Arc::new(StdMutex::new(None)),
@@ -80,18 +83,18 @@ impl<S: Sandbox> SandboxSlot<S> {
     }
 
     /// The workspace directory the slot's sandboxes mount.
-    pub(crate) fn workspace(&self) -> &std::path::Path {
+    pub fn workspace(&self) -> &std::path::Path {
         &self.workspace
     }
 
     /// Sets the snapshot the next sandbox is hydrated to.
-    pub(crate) fn hydrate_to(&self, snapshot: Option<String>) {
+    pub fn hydrate_to(&self, snapshot: Option<String>) {
         *self.hydrate_to.lock().unwrap_or_else(|e| e.into_inner()) = snapshot;
     }
 
     /// Starts provisioning in the background if no sandbox is running, so a tool call
     /// later finds one ready; the caller goes on at once.
-    pub(crate) fn prewarm(&self) {
+    pub fn prewarm(&self) {
         let Ok(guard) = self.live.try_lock() else {
             return; // already provisioning or in use
         };
@@ -108,7 +111,7 @@ impl<S: Sandbox> SandboxSlot<S> {
     }
 
     /// The running sandbox, provisioning (and hydrating) one if there is none.
-    pub(crate) async fn get(&self) -> Result<Arc<S>> {
+    pub async fn get(&self) -> Result<Arc<S>> {
         let mut guard = self.live.lock().await;
         if let Some(live) = guard.as_mut() {
             live.last_used = Instant::now();
@@ -120,18 +123,11 @@ impl<S: Sandbox> SandboxSlot<S> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let (provision, ws, options) = (
-            self.provision.clone(),
-            self.workspace.clone(),
-            self.options.clone(),
-        );
+        let make = self.make.clone();
         // On the blocking pool, inside the caller's span: provisioning belongs to the
         // turn's trace, not to one of its own.
         let parent = tracing::Span::current();
-        let sandbox =
-            tokio::task::spawn_blocking(move || parent.in_scope(|| provision(&ws, &options)))
-                .await
-                .map_err(|e| Error::Invalid(format!("provisioning task failed: {e}")))??;
+        let sandbox = tokio::task::spawn_blocking(move || parent.in_scope(|| make())).await??;
         // Hydrated once the new sandbox has reaped what an earlier one left running
         // (a killed driver's orphan may write until then), and before any call runs
         // in it: this also undoes what such a process wrote after the wake's restore.
@@ -151,35 +147,48 @@ impl<S: Sandbox> SandboxSlot<S> {
     }
 
     /// Marks the running sandbox used now (after a call, so idleness counts from its end).
-    pub(crate) async fn touch(&self) {
+    pub async fn touch(&self) {
         if let Some(live) = self.live.lock().await.as_mut() {
             live.last_used = Instant::now();
         }
     }
 
+    /// Forgets `dead`, a sandbox that died, if it is still the one in use (a sibling
+    /// call may have made the next already); the next call provisions a new one.
+    pub async fn discard_if(&self, dead: &Arc<S>) {
+        let mut live = self.live.lock().await;
+        if live.as_ref().is_some_and(|l| Arc::ptr_eq(&l.sandbox, dead)) {
+            live.take();
+        }
+    }
+
+    /// The running sandbox, if there is one (none is made).
+    pub async fn running(&self) -> Option<Arc<S>> {
+        self.live.lock().await.as_ref().map(|l| l.sandbox.clone())
+    }
+
     /// Forgets a sandbox that died; the next call provisions a new one.
-    pub(crate) async fn discard(&self) {
+    pub async fn discard(&self) {
         self.live.lock().await.take();
     }
 
     /// Whether a sandbox is running now.
-    pub(crate) async fn is_running(&self) -> bool {
+    pub async fn is_running(&self) -> bool {
         self.live.lock().await.is_some()
     }
 
     /// Whether a sandbox is running and free this instant (never waits: a slot busy
     /// provisioning or running a call is not ready).
-    pub(crate) fn ready(&self) -> bool {
+    pub fn ready(&self) -> bool {
         self.live.try_lock().is_ok_and(|live| live.is_some())
     }
 
     /// A second handle on the same slot, for background provisioning and for calls
     /// that run while the driver goes on.
-    pub(crate) fn handle(&self) -> Self {
+    pub fn handle(&self) -> Self {
         SandboxSlot {
             workspace: self.workspace.clone(),
-            provision: self.provision.clone(),
-            options: self.options.clone(),
+            make: self.make.clone(),
             drive: self.drive.clone(),
             live: self.live.clone(),
             hydrate_to: self.hydrate_to.clone(),

@@ -1,0 +1,968 @@
+//! Journaled tool calls, for every agent: snapshot before, intent, effect, snapshot
+//! after, outcome. The native loop runs its model's calls through [`Journal::run`];
+//! a wrapped CLI's MCP server through [`Journal::call`], which adds replay: a
+//! restarted agent that makes a recorded call again gets the recorded result and
+//! nothing runs.
+//!
+//! **Lockstep.** A replayed call also puts the workspace where that call left it the
+//! first time (its recorded after-snapshot), so everything the agent folds into its
+//! next request — `git status`, file listings, what it reads itself — is what it saw
+//! the first time, and its requests match the record without masking anything. The
+//! turn's driver starts the agent on the turn's starting snapshot; once the replay
+//! reaches the frontier the workspace is the live one again.
+//!
+//! **Facts.** A completed external effect (a `curl -X POST`, a push) is never run
+//! again: if a divergence superseded its record and the agent asks for the very same
+//! call, it is answered from that record (and recorded again, as answered).
+//!
+//! **Steering.** A `steer` message waiting in the inbox reaches the agent with the
+//! next tool result it gets (appended to the result's text, in the same append that
+//! records the result, so a replay shows it again at the same point).
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use steadfast_drive::Drive;
+use steadfast_fault::{point, points};
+use steadfast_log::{Event, Output, SessionState, ToolClass, ToolResolution, WrappedTool};
+use steadfast_sandbox::egress::EgressDesk;
+use steadfast_sandbox::reconcile::Reconciler;
+use steadfast_sandbox::{classify, Sandbox, ToolOutput};
+use steadfast_world::{
+    strip_ansi, Blobs, Inbound, InboundKind, Lease, LiveSession, World, INLINE_LIMIT,
+};
+use tokio::sync::Mutex;
+
+use crate::git::{GitPusher, GIT_PUSH_TOOL};
+use crate::remote::{RemoteTools, SEPARATOR};
+use crate::slot::SandboxSlot;
+use crate::{Error, Result};
+
+/// The tools the harness runs for a session outside its sandbox: its own MCP servers'
+/// and, when its workspace came from git, `git_push`.
+#[derive(Debug, Clone, Default)]
+pub struct Hosted {
+    /// The session's own MCP servers' tools.
+    pub remote: Option<Arc<RemoteTools>>,
+    /// `git_push`.
+    pub git: Option<Arc<GitPusher>>,
+}
+
+/// A tool call to run live.
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// Its id: the model's, for the native loop.
+    pub id: String,
+    /// The tool.
+    pub tool: String,
+    /// Its input.
+    pub input: Value,
+    /// What it may do (see [`Journal::class_of`]).
+    pub class: ToolClass,
+    /// Whether its intent is in the log already (it went in with the reply that
+    /// asked for it): then no snapshot is taken before it, and no intent appended.
+    pub announced: bool,
+}
+
+/// How a live call ended.
+#[derive(Debug)]
+pub enum Ran {
+    /// It ran (or could not: its error is its outcome) and its outcome is recorded:
+    /// what the agent is told.
+    Done {
+        /// The result's text as the model sees it.
+        text: String,
+        /// Whether it failed.
+        is_error: bool,
+    },
+    /// An interrupt stopped it: the command was killed and its outcome recorded with
+    /// the workspace as the kill left it. The interrupt is the caller's to record.
+    Interrupted(Inbound),
+    /// Its sandbox died under it: recorded, and the call resolved as a crash would
+    /// resolve it (see [`Journal::run`]).
+    SandboxDied {
+        /// What the agent is told.
+        text: String,
+    },
+}
+
+/// How many recorded calls past the cursor a call may match (agents run read-only
+/// tools in parallel, in any order).
+const REPLAY_WINDOW: usize = 8;
+
+/// What a recorded call answers with.
+enum Answer {
+    /// A call of the current record: its id, its result, where it left the
+    /// workspace, and its place in the record's order of results.
+    Recorded(String, (String, bool), Option<String>, ResultPlace),
+    /// A superseded external effect asked for again: re-recorded, its result given.
+    Fact(WrappedTool),
+}
+
+/// Where a recorded call's result stands among the session's: the order results were
+/// recorded in ([`WrappedTool::result_order`]), then the order of the calls.
+type ResultPlace = (u32, usize);
+
+/// Past every recorded call: the workspace is at the log's frontier.
+const FRONTIER: ResultPlace = (u32::MAX, usize::MAX);
+
+/// Runs and records a wrapped agent's tool calls.
+///
+/// **Parallel calls.** An agent may run the calls of one reply at once (Pi and OpenCode
+/// do). They share one workspace, so a snapshot is the workspace as all of them left it
+/// at that instant, and the record is kept in the order things happened: taking a
+/// snapshot and appending the event that names it is one step that parallel calls take
+/// in turn, so each snapshot in the log is at least as new as every one before it, and
+/// the last one is the workspace as every recorded call left it. A call cut off by a
+/// crash is rolled back to that last one, which never undoes a sibling whose result is
+/// recorded. A replay moves the workspace to a recorded call's after-snapshot only
+/// forwards in the order results were recorded, whatever order the restarted agent
+/// asks in.
+pub struct Journal<W, S> {
+    live: Arc<LiveSession<W>>,
+    drive: Drive,
+    blobs: Blobs,
+    workspace: PathBuf,
+    /// The sandbox tools run in: made by the first call that needs one, and made again
+    /// after one dies.
+    sandbox: SandboxSlot<S>,
+    /// The recorded calls (and superseded external facts) this run has been answered
+    /// from, and the calls it made itself: never matched again.
+    consumed: Mutex<HashSet<String>>,
+    last_snapshot: Arc<StdMutex<Option<String>>>,
+    /// Held while a snapshot is taken and the event naming it appended, and while a
+    /// replay moves the workspace: one writer of the record and the workspace at a time.
+    recording: Mutex<()>,
+    /// The recorded call whose after-snapshot a replay last put the workspace at.
+    replayed_to: StdMutex<Option<ResultPlace>>,
+    counters: StdMutex<(u64, u64)>,
+    /// The most tool calls the turn may make; past it calls are refused and the
+    /// session escalates (the runaway guard, whatever the agent does).
+    max_calls: usize,
+    /// The longest a snapshot may take (see [`Drive::snapshot_within`]).
+    snapshot_timeout: Duration,
+    /// A read that finished within this long has its outcome staged (see
+    /// [`LiveSession::stage`]), not committed alone; none: every outcome commits.
+    stage_reads_within: Option<Duration>,
+    /// Whether the agent replays the turn's recorded calls after a restart (a wrapped
+    /// CLI does; the native loop's conversation is the log itself).
+    replays: bool,
+    /// Whether a steer waiting in the inbox goes to the agent with the next tool
+    /// result (a wrapped CLI's only way to hear it mid-turn) rather than between calls.
+    steers_with_results: bool,
+    /// Destinations a call's connections were refused at the egress proxy (under an
+    /// approval policy), by call: the agent is told with the call's result.
+    held_back: Arc<StdMutex<HashMap<String, Vec<String>>>>,
+    /// Tool calls this turn has made so far (recorded ones included).
+    calls: std::sync::atomic::AtomicUsize,
+    /// Calls running now (they run to their end even if the agent that asked died).
+    inflight: tokio::sync::watch::Sender<usize>,
+    /// The session's own MCP servers' tools, run by the harness (not in the sandbox).
+    remote: Option<Arc<RemoteTools>>,
+    /// `git_push`, run by the harness with the session's credential.
+    git: Option<Arc<GitPusher>>,
+    /// Which calls run in the tools' sandbox, for its egress proxy's records.
+    egress: Option<Arc<EgressDesk>>,
+}
+
+/// Counts a running call as finished when dropped (however it ends).
+struct Running<'a>(&'a tokio::sync::watch::Sender<usize>);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+impl<W: World + Clone, S: Sandbox> Journal<W, S> {
+    /// A journal for one run of the agent over the session's log (its cut-off calls
+    /// resolved), its calls running in `sandbox`'s sandboxes; a wrapped agent's
+    /// replays the open turn's recorded calls. `last_snapshot`: the snapshot the
+    /// workspace is at, shared with whatever else moves it (the gateway's replay).
+    pub fn new(
+        live: Arc<LiveSession<W>>,
+        drive: Drive,
+        blobs: Blobs,
+        sandbox: SandboxSlot<S>,
+        last_snapshot: Arc<StdMutex<Option<String>>>,
+    ) -> Self {
+        let recorded = live.with(|s| s.wrapped_tools.len().saturating_sub(s.turn_start.tools));
+        Journal {
+            live,
+            drive,
+            blobs,
+            workspace: sandbox.workspace().to_path_buf(),
+            sandbox,
+            calls: std::sync::atomic::AtomicUsize::new(recorded),
+            consumed: Mutex::new(HashSet::new()),
+            max_calls: usize::MAX,
+            snapshot_timeout: Duration::from_secs(600),
+            stage_reads_within: None,
+            steers_with_results: true,
+            replays: true,
+            held_back: Arc::default(),
+            last_snapshot,
+            recording: Mutex::new(()),
+            replayed_to: StdMutex::new(None),
+            counters: StdMutex::new((0, 0)),
+            inflight: tokio::sync::watch::Sender::new(0),
+            remote: None,
+            git: None,
+            egress: None,
+        }
+    }
+
+    /// Counts each call as running at `desk` while it runs in the sandbox, so what its
+    /// egress proxy sees it open is recorded against it (see
+    /// `steadfast_sandbox::egress`).
+    pub fn with_egress(mut self, desk: Arc<EgressDesk>) -> Self {
+        self.egress = Some(desk);
+        self
+    }
+
+    /// What the egress proxy's records are appended with: through the live log, noting
+    /// each connection refused for the call it was refused for. For the
+    /// [`EgressDesk::watch`] of the sandbox options this journal's sandboxes are made
+    /// with (made before the journal, so it reads the live log from `live`).
+    pub fn egress_recorder(
+        live: Arc<std::sync::OnceLock<Arc<LiveSession<W>>>>,
+        held_back: Arc<StdMutex<HashMap<String, Vec<String>>>>,
+    ) -> steadfast_sandbox::egress::RecordEgress
+    where
+        W: 'static,
+    {
+        Arc::new(move |event| {
+            let live = live.get().cloned();
+            let held_back = held_back.clone();
+            Box::pin(async move {
+                let Some(live) = live else { return false };
+                if let Event::Egress {
+                    call_ids,
+                    destination,
+                    admitted: false,
+                } = &event
+                {
+                    let mut held = held_back.lock().unwrap_or_else(|e| e.into_inner());
+                    for id in call_ids {
+                        held.entry(id.clone())
+                            .or_default()
+                            .push(destination.clone());
+                    }
+                }
+                live.append(&[event]).await.is_ok()
+            })
+        })
+    }
+
+    /// The same journal noting refused connections in `held_back` (the map its
+    /// [`Self::egress_recorder`] fills).
+    pub fn with_held_back(
+        mut self,
+        held_back: Arc<StdMutex<HashMap<String, Vec<String>>>>,
+    ) -> Self {
+        self.held_back = held_back;
+        self
+    }
+
+    /// The same journal staging the outcome of a read that took less than `within`
+    /// (the native loop: one commit fewer per step), and giving steers to the agent
+    /// between calls rather than with results.
+    pub fn for_native_loop(mut self, within: Duration) -> Self {
+        self.stage_reads_within = Some(within);
+        self.steers_with_results = false;
+        self.replays = false;
+        self
+    }
+
+    /// The sandboxes calls run in.
+    pub fn sandbox(&self) -> &SandboxSlot<S> {
+        &self.sandbox
+    }
+
+    /// The session's log and state.
+    pub fn live(&self) -> &Arc<LiveSession<W>> {
+        &self.live
+    }
+
+    /// Offers (and runs) the tools the harness runs outside the sandbox too: the
+    /// session's own MCP servers' and `git_push`.
+    pub fn with_hosted(mut self, hosted: Hosted) -> Self {
+        self.remote = hosted.remote;
+        self.git = hosted.git;
+        self
+    }
+
+    /// Whether this journal runs `git_push`.
+    pub fn pushes(&self) -> bool {
+        self.git.is_some()
+    }
+
+    /// The tools of the session's own MCP servers this journal runs.
+    pub fn remote_tools(&self) -> &[crate::remote::RemoteTool] {
+        self.remote.as_deref().map_or(&[], |r| r.tools())
+    }
+
+    /// Waits (at most `limit`) until every call this journal started has recorded its
+    /// outcome: a command still running when its agent died finishes and is recorded
+    /// before the agent is started again (it is answered from the record then, never
+    /// run twice).
+    pub async fn settle(&self, limit: std::time::Duration) {
+        let mut rx = self.inflight.subscribe();
+        let _ = tokio::time::timeout(limit, rx.wait_for(|n| *n == 0)).await;
+    }
+
+    /// Stops the command running in the tools' sandbox, if one is (an interrupt): the
+    /// call then records its outcome, with the workspace as the command left it.
+    pub async fn cancel(&self) {
+        if let Some(sandbox) = self.sandbox.running().await {
+            sandbox.cancel().await;
+        }
+    }
+
+    /// The same journal with snapshots abandoned after `limit`.
+    pub fn with_snapshot_timeout(mut self, limit: Duration) -> Self {
+        self.snapshot_timeout = limit;
+        self
+    }
+
+    /// The same journal with at most `max` tool calls a turn.
+    pub fn with_max_calls(mut self, max: usize) -> Self {
+        self.max_calls = max;
+        self
+    }
+
+    /// The loop breaker's verdict over the calls so far, or the runaway guard's (for
+    /// the gateway to refuse the next model call and the session to escalate).
+    pub fn loop_hit(&self) -> Option<(steadfast_log::Breaker, String)> {
+        let calls = self.calls.load(std::sync::atomic::Ordering::SeqCst);
+        if calls >= self.max_calls {
+            return Some((
+                steadfast_log::Breaker::Steps,
+                format!("step budget exhausted: {calls} tool calls in this turn"),
+            ));
+        }
+        self.live.with(SessionState::loop_hit)
+    }
+
+    /// Calls answered from the record, and calls run.
+    pub fn counters(&self) -> (u64, u64) {
+        *self.counters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs (or replays) one call; the text and error flag the agent gets back.
+    pub async fn call(&self, tool: &str, input: &Value) -> Result<(String, bool)> {
+        match self.replayed(tool, input).await {
+            Some(Answer::Recorded(_, result, after, place)) => {
+                self.lockstep(after, place).await?;
+                return Ok(result);
+            }
+            Some(Answer::Fact(fact)) => return self.answer_fact(fact).await,
+            None => {}
+        }
+        let calls = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if calls > self.max_calls {
+            return Ok((
+                format!("[steadfast] refused: this turn has made {} tool calls, its limit; the session is escalated to a human", self.max_calls),
+                true,
+            ));
+        }
+        self.inflight.send_modify(|n| *n += 1);
+        let _running = Running(&self.inflight);
+        let call = Call {
+            id: format!("wt_{}", uuid::Uuid::now_v7().simple()),
+            tool: tool.to_string(),
+            input: input.clone(),
+            class: self.class_of(tool, input),
+            announced: false,
+        };
+        // Made by this run: never an answer for a later call of it.
+        self.consumed.lock().await.insert(call.id.clone());
+        match self.run(call, std::future::pending()).await? {
+            Ran::Done { text, is_error } => Ok((text, is_error)),
+            Ran::SandboxDied { text } => Ok((text, true)),
+            // Never: a wrapped call is stopped by `cancel`, not by an interrupt it awaits.
+            Ran::Interrupted(_) => Ok(("[steadfast] interrupted".to_string(), true)),
+        }
+    }
+
+    async fn replayed(&self, tool: &str, input: &Value) -> Option<Answer> {
+        let mut consumed = self.consumed.lock().await;
+        let answer = self.live.with(|s| {
+            let from = s.turn_start.tools.min(s.wrapped_tools.len());
+            let open = |t: &&WrappedTool| !consumed.contains(&t.call_id);
+            let turn = &s.wrapped_tools[from..];
+            let cursor = turn.iter().position(|t| open(&t)).unwrap_or(turn.len());
+            let end = (cursor + REPLAY_WINDOW).min(turn.len());
+            let recorded = turn[cursor..end]
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| open(t))
+                .find(|(_, t)| t.tool == tool && &t.input == input && t.result.is_some());
+            if let Some((at, t)) = recorded {
+                return Some(Answer::Recorded(
+                    t.call_id.clone(),
+                    t.result.clone()?,
+                    t.snapshot_after.clone(),
+                    (t.result_order, from + cursor + at),
+                ));
+            }
+            // A completed external effect is a fact, superseded or not: the same call
+            // is answered from its record, wherever it stood.
+            s.external_facts
+                .iter()
+                .filter(open)
+                .find(|t| t.is_external_fact() && t.tool == tool && &t.input == input)
+                .map(|t| Answer::Fact(t.clone()))
+        })?;
+        let id = match &answer {
+            Answer::Recorded(id, ..) => id.clone(),
+            Answer::Fact(t) => t.call_id.clone(),
+        };
+        consumed.insert(id);
+        self.counters.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
+        Some(answer)
+    }
+
+    /// Puts the workspace where a replayed call left it the first time, unless a call
+    /// recorded later already put it further on (parallel calls replayed in another
+    /// order than they finished).
+    async fn lockstep(&self, after: Option<String>, place: ResultPlace) -> Result<()> {
+        let Some(after) = after else { return Ok(()) };
+        let _writer = self.recording.lock().await;
+        let mut replayed_to = *self.replayed_to.lock().unwrap_or_else(|e| e.into_inner());
+        if replayed_to.is_some_and(|at| at >= place) {
+            return Ok(());
+        }
+        replayed_to = Some(place);
+        let current = self
+            .last_snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if current.as_deref() != Some(after.as_str()) {
+            self.drive.restore_async(&self.workspace, &after).await?;
+            *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(after);
+        }
+        *self.replayed_to.lock().unwrap_or_else(|e| e.into_inner()) = replayed_to;
+        Ok(())
+    }
+
+    /// Before a call runs live: the workspace as the log last left it. A restarted
+    /// agent running a reply's calls in parallel may run a new call while calls it made
+    /// before the crash are still being answered from the record; the new one must run
+    /// on the workspace every recorded call left, not on a replay's earlier point. From
+    /// here on no replayed call moves the workspace. (Called with the writer held.)
+    async fn to_frontier(&self) -> Result<()> {
+        if !self.replays {
+            return Ok(());
+        }
+        let already = self
+            .replayed_to
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(FRONTIER)
+            == Some(FRONTIER);
+        if already {
+            return Ok(());
+        }
+        let frontier = self.live.with(|s| s.last_snapshot.clone());
+        let current = self
+            .last_snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(frontier) = frontier.filter(|f| current.as_ref() != Some(f)) {
+            self.drive.restore_async(&self.workspace, &frontier).await?;
+            *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(frontier);
+        }
+        Ok(())
+    }
+
+    /// Answers a superseded external effect from its record, and records it again in
+    /// the new line of history (nothing runs; the workspace does not move).
+    async fn answer_fact(&self, fact: WrappedTool) -> Result<(String, bool)> {
+        let _writer = self.recording.lock().await;
+        let (text, is_error) = fact.result.clone().unwrap_or_default();
+        let snapshot = self
+            .last_snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let call_id = format!("wt_{}", uuid::Uuid::now_v7().simple());
+        tracing::info!(tool = %fact.tool, original = %fact.call_id, "an external effect already done is answered from its record, not run again");
+        self.consumed.lock().await.insert(call_id.clone());
+        self.live
+            .append(&[
+                Event::ToolCallIntent {
+                    call_id: call_id.clone(),
+                    tool: fact.tool.clone(),
+                    input: fact.input.clone(),
+                    class: ToolClass::External,
+                    snapshot_before: snapshot.clone(),
+                },
+                Event::ToolCallOutcome {
+                    call_id,
+                    is_error,
+                    exit_code: None,
+                    output: Output::Inline { text: text.clone() },
+                    snapshot_after: snapshot,
+                },
+            ])
+            .await?;
+        Ok((text, is_error))
+    }
+
+    /// A steer waiting in the inbox, taken with the result it is appended to.
+    async fn steer(&self) -> Result<Option<(String, u64)>> {
+        let inbox = self.live.world().inbox(&self.live.lease().session).await?;
+        Ok(inbox
+            .into_iter()
+            .find(|i| i.kind == InboundKind::Steer)
+            .map(|i| {
+                let text = match i.body {
+                    Value::String(s) => s,
+                    other => other.to_string(),
+                };
+                (text, i.id)
+            }))
+    }
+
+    async fn snapshot(&self) -> Result<String> {
+        use tracing::Instrument;
+        Ok(self
+            .drive
+            .snapshot_within(&self.workspace, self.snapshot_timeout)
+            .instrument(steadfast_metrics::trace::snapshot_span())
+            .await?)
+    }
+
+    /// A call's class: the harness's own tools by what they do, a call seen sending
+    /// out of the sandbox before as an external effect whatever its text suggests, the
+    /// rest as the sandbox classifies them.
+    pub fn class_of(&self, tool: &str, input: &Value) -> ToolClass {
+        if self.runs_git_push(tool) || self.live.with(|s| s.seen_reaching_out(tool, input)) {
+            ToolClass::External
+        } else if let Some(remote) = self.remote.as_ref().and_then(|r| r.find(tool)) {
+            remote.class
+        } else if self.names_mcp_server(tool) {
+            ToolClass::External
+        } else {
+            classify(tool, input)
+        }
+    }
+
+    /// Whether `tool` is `git_push`, run by the harness.
+    fn runs_git_push(&self, tool: &str) -> bool {
+        self.git.is_some() && tool == GIT_PUSH_TOOL
+    }
+
+    /// Whether `tool` is namespaced by one of the session's MCP servers (connected now
+    /// or not): it runs elsewhere, and the workspace is not its to change.
+    pub fn names_mcp_server(&self, tool: &str) -> bool {
+        self.live.with(|s| {
+            s.mcp_servers.iter().any(|server| {
+                tool.strip_prefix(server.name.as_str())
+                    .is_some_and(|rest| rest.starts_with(SEPARATOR))
+            })
+        })
+    }
+
+    /// Runs a call where it runs: an MCP server's tool at its server, `git_push` by the
+    /// harness (its git commands in the sandbox), every other tool in the sandbox.
+    async fn execute(&self, tool: &str, input: &Value) -> Result<ToolOutput> {
+        if self.names_mcp_server(tool) {
+            return Ok(match &self.remote {
+                Some(remote) if remote.find(tool).is_some() => remote.call(tool, input).await,
+                _ => ToolOutput::error(format!(
+                    "[steadfast] `{tool}`: its MCP server is not connected now"
+                )),
+            });
+        }
+        match &self.git {
+            Some(git) if tool == GIT_PUSH_TOOL => {
+                git.push(input, |command| async move {
+                    self.execute_in_sandbox("bash", &serde_json::json!({ "command": command }))
+                        .await
+                })
+                .await
+            }
+            _ => self.execute_in_sandbox(tool, input).await,
+        }
+    }
+
+    /// Runs a call in the session's sandbox, made when the first call needs it.
+    async fn execute_in_sandbox(&self, tool: &str, input: &Value) -> Result<ToolOutput> {
+        let sandbox = self.sandbox.get().await?;
+        let executed = sandbox.execute(tool, input).await;
+        match &executed {
+            // The next call gets a new one (unless a sibling already made it).
+            Err(steadfast_sandbox::Error::Died(_)) => self.sandbox.discard_if(&sandbox).await,
+            _ => self.sandbox.touch().await,
+        }
+        Ok(executed?)
+    }
+
+    /// The sandbox died while `call_id` ran in it (killed, out of memory, evicted):
+    /// recorded, and the call resolved as a crash would resolve it (a mutation rolled
+    /// back to the newest recorded snapshot, an external effect's outcome unknown, a
+    /// read dropped to run again). The next call gets a new sandbox. Returns what the
+    /// agent is told.
+    async fn sandbox_died(&self, call: &Call, reason: String) -> Result<String> {
+        tracing::warn!(session = %self.live.lease().session, %reason, "sandbox died mid-call");
+        let _writer = self.recording.lock().await;
+        // What it was seen doing counts: one that sent out is an external effect.
+        let class = self
+            .live
+            .with(|s| s.effective_class_of(&call.id))
+            .unwrap_or(call.class);
+        let rollback_to = match class {
+            ToolClass::Mutate => self.live.with(|s| s.last_snapshot.clone()),
+            _ => None,
+        };
+        let resolution = steadfast_sandbox::reconcile::resolve(
+            &[],
+            class,
+            &call.tool,
+            &call.input,
+            rollback_to,
+            |_| async { Err("no probe".to_string()) },
+        )
+        .await;
+        if let ToolResolution::RolledBack { snapshot: Some(to) } = &resolution {
+            self.drive.restore_async(&self.workspace, to).await?;
+            *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(to.clone());
+        }
+        self.live
+            .append(&[
+                Event::SandboxLost {
+                    call_id: Some(call.id.clone()),
+                    reason: reason.clone(),
+                },
+                Event::ToolCallInterrupted {
+                    call_id: call.id.clone(),
+                    resolution,
+                },
+            ])
+            .await?;
+        let told = self.live.with(|s| {
+            s.wrapped_tools
+                .iter()
+                .find(|t| t.call_id == call.id)
+                .and_then(|t| t.result.clone())
+        });
+        Ok(told.map_or_else(
+            || format!("[steadfast] the sandbox died while this ran ({reason}); it had no effect that was kept. Run it again."),
+            |(text, _)| text,
+        ))
+    }
+
+    /// Runs one call live and records it: a snapshot before (if it may change the
+    /// workspace) and its intent, unless they are in the log already; the effect, with
+    /// what the egress proxy sees it open recorded against it; a snapshot after; its
+    /// outcome, with a steer that arrived meanwhile for an agent that hears steers with
+    /// results. A call whose intent is recorded always gets an outcome (its error, if it
+    /// could not run), a resolution (its sandbox died), or an interrupted outcome (`stop`
+    /// resolved first: the command is killed).
+    pub async fn run(&self, call: Call, stop: impl Future<Output = Inbound>) -> Result<Ran> {
+        // An MCP server's tool runs elsewhere: the workspace is not its to change.
+        let remote = self.names_mcp_server(&call.tool);
+        let touches = call.class.touches_workspace() && !remote;
+        if !call.announced {
+            let _writer = self.recording.lock().await;
+            self.to_frontier().await?;
+            let snapshot_before = if touches {
+                Some(self.snapshot().await?)
+            } else {
+                None
+            };
+            self.live
+                .append(&[Event::ToolCallIntent {
+                    call_id: call.id.clone(),
+                    tool: call.tool.clone(),
+                    input: call.input.clone(),
+                    class: call.class,
+                    snapshot_before,
+                }])
+                .await?;
+            point(points::TOOL_INTENT);
+        }
+        let started = Instant::now();
+        let in_sandbox = !remote && !self.runs_git_push(&call.tool);
+        // Under an approval policy nothing leaves for a call not yet approved.
+        let held = self
+            .live
+            .with(|s| s.approve_external && !s.approved.contains(&call.id));
+        let _running = self
+            .egress
+            .as_ref()
+            .filter(|_| in_sandbox)
+            .map(|desk| desk.running(&call.id, held));
+        let executed = tokio::select! {
+            executed = self.execute(&call.tool, &call.input) => executed,
+            item = stop => {
+                self.cancel().await;
+                return self.record_interrupted(&call, touches, item, started).await;
+            }
+        };
+        drop(_running);
+        let mut out = match executed {
+            Err(Error::Sandbox(steadfast_sandbox::Error::Died(reason))) => {
+                let text = self.sandbox_died(&call, reason).await?;
+                return Ok(Ran::SandboxDied { text });
+            }
+            // A call whose intent is recorded gets an outcome, even when it could not
+            // run: one left without would be rolled back later, as if cut off.
+            Err(e) => ToolOutput::error(format!("[steadfast] the call could not run: {e}")),
+            Ok(out) => out,
+        };
+        point(points::TOOL_EFFECT);
+        let refused = self
+            .held_back
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&call.id);
+        if let Some(refused) = refused {
+            out.text.push_str(&format!(
+                "\n[steadfast] this command tried to reach {}: {}",
+                refused.join(", "),
+                steadfast_sandbox::egress::HELD_BACK
+            ));
+        }
+        let _writer = self.recording.lock().await;
+        let snapshot_after = if touches {
+            Some(self.snapshot().await?)
+        } else {
+            None
+        };
+        let mut text = strip_ansi(&out.text);
+        let steer = if self.steers_with_results {
+            self.steer().await?
+        } else {
+            None
+        };
+        if let Some((words, _)) = &steer {
+            text.push_str(&format!(
+                "\n\n[steadfast] a message from the user arrived while this ran: {words}"
+            ));
+        }
+        let output = if text.len() > INLINE_LIMIT {
+            Output::Blob(self.blobs.put(text.as_bytes()).await?)
+        } else {
+            Output::Inline { text }
+        };
+        let shown = output.for_model();
+        let outcome = Event::ToolCallOutcome {
+            call_id: call.id,
+            is_error: out.is_error,
+            exit_code: out.exit_code,
+            output,
+            snapshot_after: snapshot_after.clone(),
+        };
+        let staged = call.class == ToolClass::Read
+            && self
+                .stage_reads_within
+                .is_some_and(|within| started.elapsed() < within);
+        if staged {
+            // Its fault point is passed when the stage commits.
+            self.live.stage(outcome).await?;
+        } else {
+            let mut events = vec![outcome];
+            if let Some((text, inbox_id)) = steer {
+                events.push(Event::Steered { text, inbox_id });
+            }
+            // The fold counts the call towards the loop breaker as the outcome is applied.
+            self.live.append(&events).await?;
+        }
+        if snapshot_after.is_some() {
+            *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = snapshot_after;
+        }
+        drop(_writer);
+        if !staged {
+            point(points::TOOL_OUTCOME);
+        }
+        self.counters.lock().unwrap_or_else(|e| e.into_inner()).1 += 1;
+        Ok(Ran::Done {
+            text: shown,
+            is_error: out.is_error,
+        })
+    }
+
+    /// A command stopped by an interrupt: killed, its outcome recorded with the
+    /// workspace as the kill left it.
+    async fn record_interrupted(
+        &self,
+        call: &Call,
+        touches: bool,
+        item: Inbound,
+        started: Instant,
+    ) -> Result<Ran> {
+        let by = steadfast_world::interrupt::sender(&item);
+        let _writer = self.recording.lock().await;
+        let snapshot_after = if touches {
+            Some(self.snapshot().await?)
+        } else {
+            None
+        };
+        self.live
+            .append(&[Event::ToolCallOutcome {
+                call_id: call.id.clone(),
+                is_error: true,
+                exit_code: None,
+                output: Output::Inline {
+                    text: format!(
+                        "[steadfast] interrupted by {by} after {} ms; the command was stopped",
+                        started.elapsed().as_millis()
+                    ),
+                },
+                snapshot_after: snapshot_after.clone(),
+            }])
+            .await?;
+        if snapshot_after.is_some() {
+            *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = snapshot_after;
+        }
+        Ok(Ran::Interrupted(item))
+    }
+
+    /// Resolves a call a crash cut off (docs/ARCHITECTURE.md rule 4) — the native
+    /// loop's pending call, or a wrapped agent's — through the one resolution every
+    /// agent shares ([`resolve_call`]), its probes run in this journal's sandbox.
+    /// `rollback_to`: where a mutation goes back to (the caller has put the workspace
+    /// there already).
+    pub async fn resolve(
+        &self,
+        cut: &CutOff,
+        rollback_to: Option<String>,
+        reconcilers: &[Arc<dyn Reconciler>],
+    ) -> Result<ToolResolution> {
+        let resolution = resolve_call(
+            cut,
+            rollback_to,
+            reconcilers,
+            self.git.as_deref(),
+            &self.sandbox,
+        )
+        .await;
+        self.live
+            .append(&[Event::ToolCallInterrupted {
+                call_id: cut.call_id.clone(),
+                resolution: resolution.clone(),
+            }])
+            .await?;
+        Ok(resolution)
+    }
+}
+
+/// A tool call a crash cut off: what it was, and what it was seen doing.
+#[derive(Debug, Clone)]
+pub struct CutOff {
+    /// Its id.
+    pub call_id: String,
+    /// The tool.
+    pub tool: String,
+    /// Its input.
+    pub input: Value,
+    /// Its class, made more careful by what it was seen doing (one seen sending out
+    /// of the sandbox is an external effect, whatever it was classed as when it began).
+    pub class: ToolClass,
+    /// The snapshot taken just before it, if it may have changed the workspace.
+    pub snapshot_before: Option<String>,
+}
+
+/// The one resolution of a cut-off call (invariant 4): `git_push` by its own check of
+/// the remote, every other call by [`steadfast_sandbox::reconcile::resolve`] (a read
+/// runs again when asked again, a mutation is rolled back to `rollback_to`, an
+/// external effect is asked of the reconcilers, else its outcome is unknown). Probes
+/// run in `slot`'s sandbox, on the workspace as the caller left it.
+pub async fn resolve_call<S: Sandbox>(
+    cut: &CutOff,
+    rollback_to: Option<String>,
+    reconcilers: &[Arc<dyn Reconciler>],
+    git: Option<&GitPusher>,
+    slot: &SandboxSlot<S>,
+) -> ToolResolution {
+    let probe = |command: String| async move {
+        let sandbox = slot.get().await.map_err(|e| e.to_string())?;
+        sandbox
+            .execute("bash", &serde_json::json!({ "command": command }))
+            .await
+            .map_err(|e| e.to_string())
+    };
+    match git.filter(|_| cut.tool == GIT_PUSH_TOOL) {
+        Some(git) => git.resolve(&cut.input, probe).await,
+        None => {
+            steadfast_sandbox::reconcile::resolve(
+                reconcilers,
+                cut.class,
+                &cut.tool,
+                &cut.input,
+                rollback_to,
+                probe,
+            )
+            .await
+        }
+    }
+}
+
+/// Resolves the wrapped tool calls a crash cut off (docs/ARCHITECTURE.md rule 4), each
+/// through the one [`resolve_call`]: a read runs again when the agent asks again; a
+/// mutation is rolled back and the agent, on replay, is told so; an external effect
+/// is asked of the reconcilers (their probes run in `slot`'s sandbox, on the workspace
+/// as it was just before the call) and otherwise reported outcome-unknown. Returns the
+/// snapshot the workspace must be at.
+#[allow(clippy::too_many_arguments)]
+pub async fn resolve_cut_off<W: World, S: Sandbox>(
+    world: &W,
+    lease: &Lease,
+    drive: &Drive,
+    tools: &[WrappedTool],
+    last_snapshot: Option<String>,
+    reconcilers: &[Arc<dyn Reconciler>],
+    git: Option<&GitPusher>,
+    slot: &SandboxSlot<S>,
+) -> Result<Option<String>> {
+    let workspace = slot.workspace();
+    // Where the workspace goes back to: the last snapshot the log names, which is as
+    // new as every recorded result (see [`Journal`]'s parallel calls). For a call
+    // cut off alone it is the one taken just before it; for calls of one reply cut off
+    // beside siblings recorded after they began, it keeps those siblings' work.
+    for t in tools.iter().filter(|t| t.result.is_none()) {
+        let cut = CutOff {
+            call_id: t.call_id.clone(),
+            tool: t.tool.clone(),
+            input: t.input.clone(),
+            class: t.effective_class(),
+            snapshot_before: t.snapshot_before.clone(),
+        };
+        let probing = cut.class == ToolClass::External
+            && ((git.is_some() && t.tool == GIT_PUSH_TOOL)
+                || reconcilers.iter().any(|r| r.matches(&t.tool, &t.input)));
+        if probing {
+            if let Some(snap) = &t.snapshot_before {
+                drive.restore_async(workspace, snap).await?;
+            }
+        }
+        let rollback_to = match cut.class {
+            ToolClass::Mutate => last_snapshot.clone().or(t.snapshot_before.clone()),
+            _ => t.snapshot_before.clone(),
+        };
+        let resolution = resolve_call(&cut, rollback_to, reconcilers, git, slot).await;
+        tracing::info!(call = %t.call_id, tool = %t.tool, ?resolution, "resolving a cut-off tool call");
+        world
+            .append(
+                lease,
+                &[Event::ToolCallInterrupted {
+                    call_id: t.call_id.clone(),
+                    resolution,
+                }],
+            )
+            .await?;
+    }
+    if let Some(snap) = &last_snapshot {
+        drive.restore_async(workspace, snap).await?;
+    }
+    Ok(last_snapshot)
+}
