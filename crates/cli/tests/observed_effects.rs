@@ -111,6 +111,25 @@ async fn a_command_cut_off_after_it_sent_a_request_is_outcome_unknown_and_never_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_an_approval_policy_nothing_leaves_until_a_person_approves() {
+    approval_holds("native", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrapped_cli_under_an_approval_policy_waits_and_runs_once_approved() {
+    common::installed("claude-code").await;
+    approval_holds("claude-code", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrapped_cli_is_told_a_refusal_and_nothing_leaves() {
+    common::installed("pi").await;
+    approval_holds("pi", false).await;
+}
+
+/// A session of `agent` under `approve_external` makes a POST its command text hides
+/// twice: the first is held at the proxy (recorded, the model told), the second waits
+/// for approval; a person then approves (`approve`) or refuses it.
+async fn approval_holds(agent: &str, approve: bool) {
     let (port, hits) = counter();
     let command = post(port);
     let fake = FakeProvider::start(script(json!([
@@ -126,20 +145,26 @@ async fn under_an_approval_policy_nothing_leaves_until_a_person_approves() {
     let (code, created) = call(
         reqwest::Method::POST,
         &format!("{url}/v1/sessions"),
-        Some(json!({"task": "deploy", "approve_external": true,
-                    "network": format!("allow:localhost:{port}")})),
+        Some(
+            json!({"task": "deploy", "agent": agent, "approve_external": true,
+                    "network": format!("allow:localhost:{port}")}),
+        ),
     )
     .await;
-    assert_eq!(code, 201, "{created}");
+    assert_eq!(code, 201, "{agent}: {created}");
     let id = created["id"].as_str().unwrap().to_string();
     wait_for("the second call to wait for approval", async || {
         status(&url, &id).await == "waiting"
     })
     .await;
-    assert_eq!(hits.load(Ordering::SeqCst), 0, "nothing left the sandbox");
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        0,
+        "{agent}: nothing left the sandbox"
+    );
     let events = event_page(&format!("{url}/v1/sessions/{id}/events")).await;
     let egress = of_type(&events, "egress");
-    assert_eq!(egress.len(), 1, "{events:?}");
+    assert_eq!(egress.len(), 1, "{agent}: {events:?}");
     assert_eq!(egress[0]["admitted"], false);
     let first = of_type(&events, "tool_call_outcome")[0];
     assert!(
@@ -147,26 +172,52 @@ async fn under_an_approval_policy_nothing_leaves_until_a_person_approves() {
             .as_str()
             .unwrap()
             .contains("held back"),
-        "the model is told why: {first}"
+        "{agent}: the model is told why: {first}"
     );
     let wait = of_type(&events, "wait_started");
-    assert_eq!(wait.len(), 1, "{events:?}");
+    assert_eq!(wait.len(), 1, "{agent}: {events:?}");
     assert_eq!(wait[0]["signal"], "approval");
+    assert!(
+        wait[0]["reason"].as_str().unwrap().contains("urllib"),
+        "{agent}: the wait names the command: {}",
+        wait[0]
+    );
 
+    let answer = if approve {
+        json!({"approved": true})
+    } else {
+        json!({"approved": false, "message": "not today"})
+    };
     let (code, body) = call(
         reqwest::Method::POST,
         &format!("{url}/v1/sessions/{id}/signals/approval"),
-        Some(json!({"approved": true})),
+        Some(answer),
     )
     .await;
     assert_eq!(code, 202, "{body}");
-    wait_for("the approved call to run and the turn to end", async || {
+    wait_for("the answered call and the turn to end", async || {
         status(&url, &id).await == "idle"
     })
     .await;
-    assert_eq!(hits.load(Ordering::SeqCst), 1, "sent once, once approved");
     let events = event_page(&format!("{url}/v1/sessions/{id}/events")).await;
     let intents = of_type(&events, "tool_call_intent");
-    assert_eq!(intents.len(), 2, "{events:?}");
+    assert_eq!(intents.len(), 2, "{agent}: {events:?}");
     assert_eq!(intents[1]["class"], "external", "{}", intents[1]);
+    let outcomes = of_type(&events, "tool_call_outcome");
+    if approve {
+        assert_eq!(
+            hits.load(Ordering::SeqCst),
+            1,
+            "{agent}: sent once, once approved"
+        );
+        assert_eq!(outcomes[1]["is_error"], false, "{agent}: {}", outcomes[1]);
+    } else {
+        assert_eq!(
+            hits.load(Ordering::SeqCst),
+            0,
+            "{agent}: refused, never sent"
+        );
+        let told = outcomes[1]["output"]["excerpt"].as_str().unwrap();
+        assert!(told.contains("not today"), "{agent}: told why: {told}");
+    }
 }

@@ -43,8 +43,7 @@ const READ_WITH_REPLY_WITHIN: std::time::Duration = std::time::Duration::from_mi
 
 /// The tool the model calls to ask a human for approval.
 pub const APPROVAL_TOOL: &str = "request_approval";
-/// The signal that answers an approval wait.
-pub const APPROVAL_SIGNAL: &str = "approval";
+pub use steadfast_log::APPROVAL_SIGNAL;
 
 fn approval_tool() -> ToolDef {
     ToolDef {
@@ -1041,8 +1040,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
 
     /// Whether `call` (of `class`) must wait for a human's approval before it runs.
     fn awaits_approval(&self, call: &ToolUse, class: ToolClass) -> bool {
-        let state = self.state();
-        class.is_external_effect() && state.approve_external && !state.approved.contains(&call.id)
+        self.journal.awaits_approval(&call.id, class)
     }
 
     /// The first tool call of a reply with `content`, with its class, when its intent

@@ -394,17 +394,6 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             steadfast_sandbox::NetworkPolicy::parse(policy).map_err(Error::Invalid)?;
         }
         crate::client_tools::check(&new.agent, &new.client_tools).map_err(Error::Invalid)?;
-        if new.approve_external && new.agent != "native" {
-            // Accepted and then ignored, it would let a wrapped CLI's `curl -X POST` run
-            // unasked while the session says approval is on: refused until the approval
-            // is enforced for every agent (at the egress proxy).
-            return Err(Error::Invalid(format!(
-                "approve_external: approval of external calls is enforced for the native \
-                 agent only, not yet for `{}`; limit what it can reach with `network` \
-                 (deny-all, or an allow-list) instead",
-                new.agent
-            )));
-        }
         crate::remote::check_servers(&new.mcp_servers).map_err(Error::Invalid)?;
         std::fs::create_dir_all(&new.workspace)
             .map_err(|e| Error::Invalid(format!("workspace {}: {e}", new.workspace.display())))?;

@@ -161,6 +161,9 @@ pub struct Journal<W, S> {
     calls: std::sync::atomic::AtomicUsize,
     /// Calls running now (they run to their end even if the agent that asked died).
     inflight: tokio::sync::watch::Sender<usize>,
+    /// Set when a call of a wrapped agent has started a wait for a person's approval:
+    /// the agent is stopped, to be started again once the answer comes.
+    paused: tokio::sync::watch::Sender<bool>,
     /// The session's own MCP servers' tools, run by the harness (not in the sandbox).
     remote: Option<Arc<RemoteTools>>,
     /// `git_push`, run by the harness with the session's credential.
@@ -210,6 +213,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             replayed_to: StdMutex::new(None),
             counters: StdMutex::new((0, 0)),
             inflight: tokio::sync::watch::Sender::new(0),
+            paused: tokio::sync::watch::Sender::new(false),
             remote: None,
             git: None,
             egress: None,
@@ -353,6 +357,25 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
         *self.counters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether a call of `class` must wait for a person's approval before it runs (the
+    /// approval policy): an external effect, under `approve_external`, that nobody has
+    /// approved under `approval_id` (the native loop's call id, or a wrapped agent's
+    /// [`approval_key`](steadfast_log::approval_key)).
+    pub fn awaits_approval(&self, approval_id: &str, class: ToolClass) -> bool {
+        class.is_external_effect()
+            && self
+                .live
+                .with(|s| s.approve_external && !s.approved.iter().any(|a| a == approval_id))
+    }
+
+    /// Resolves once a call has started a wait for approval: the agent is to be
+    /// stopped (the call itself never answers; the agent asks again when started again
+    /// after the wait).
+    pub async fn paused(&self) {
+        let mut rx = self.paused.subscribe();
+        let _ = rx.wait_for(|paused| *paused).await;
+    }
+
     /// Runs (or replays) one call; the text and error flag the agent gets back.
     pub async fn call(&self, tool: &str, input: &Value) -> Result<(String, bool)> {
         match self.replayed(tool, input).await {
@@ -362,6 +385,20 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             }
             Some(Answer::Fact(fact)) => return self.answer_fact(fact).await,
             None => {}
+        }
+        let class = self.class_of(tool, input);
+        let key = steadfast_log::approval_key(tool, input);
+        let refused = self.live.with(|s| {
+            s.refused
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, told)| told.clone())
+        });
+        if let Some(told) = refused {
+            return self.answer_refused(tool, input, class, told).await;
+        }
+        if self.awaits_approval(&key, class) {
+            return self.wait_for_approval(tool, input, key).await;
         }
         let calls = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         if calls > self.max_calls {
@@ -376,7 +413,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             id: format!("wt_{}", uuid::Uuid::now_v7().simple()),
             tool: tool.to_string(),
             input: input.clone(),
-            class: self.class_of(tool, input),
+            class,
             announced: false,
         };
         // Made by this run: never an answer for a later call of it.
@@ -480,6 +517,74 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(frontier);
         }
         Ok(())
+    }
+
+    /// Starts a wait for a person's approval of a wrapped agent's call, naming the
+    /// command, and stops the agent (see [`Self::paused`]); the call never answers.
+    /// When the answer comes the agent is started again over the turn, replays up to
+    /// this call and asks for it again: approved, it runs; refused, it is told so.
+    async fn wait_for_approval(
+        &self,
+        tool: &str,
+        input: &Value,
+        key: String,
+    ) -> Result<(String, bool)> {
+        {
+            let _writer = self.recording.lock().await;
+            // A sibling asked first: the agent is stopping anyway, and asks again.
+            if self.live.with(|s| s.waiting.is_none()) {
+                let command = input.get("command").and_then(Value::as_str).unwrap_or(tool);
+                tracing::info!(session = %self.live.lease().session, %command, "an external effect waits for approval");
+                self.live
+                    .append(&[Event::WaitStarted {
+                        name: steadfast_log::APPROVAL_SIGNAL.into(),
+                        reason: format!("about to run an external effect: {command}"),
+                        call_id: None,
+                        before_call: Some(key),
+                    }])
+                    .await?;
+            }
+        }
+        self.paused.send_replace(true);
+        std::future::pending().await
+    }
+
+    /// Records a call a person refused (intent and outcome, so a replay answers it the
+    /// same way) and tells the agent so; nothing runs.
+    async fn answer_refused(
+        &self,
+        tool: &str,
+        input: &Value,
+        class: ToolClass,
+        told: String,
+    ) -> Result<(String, bool)> {
+        let _writer = self.recording.lock().await;
+        let call_id = format!("wt_{}", uuid::Uuid::now_v7().simple());
+        self.consumed.lock().await.insert(call_id.clone());
+        let snapshot = self
+            .last_snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        self.live
+            .append(&[
+                Event::ToolCallIntent {
+                    call_id: call_id.clone(),
+                    tool: tool.to_string(),
+                    input: input.clone(),
+                    class,
+                    snapshot_before: snapshot.clone(),
+                },
+                Event::ToolCallOutcome {
+                    call_id,
+                    is_error: true,
+                    exit_code: None,
+                    output: Output::Inline { text: told.clone() },
+                    snapshot_after: snapshot,
+                },
+            ])
+            .await?;
+        Ok((told, true))
     }
 
     /// Answers a superseded external effect from its record, and records it again in
@@ -692,10 +797,12 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
         }
         let started = Instant::now();
         let in_sandbox = !remote && !self.runs_git_push(&call.tool);
-        // Under an approval policy nothing leaves for a call not yet approved.
+        // Under an approval policy nothing leaves for a call not yet approved (by its
+        // id, or for a wrapped agent's, by what it asks for).
+        let key = steadfast_log::approval_key(&call.tool, &call.input);
         let held = self
             .live
-            .with(|s| s.approve_external && !s.approved.contains(&call.id));
+            .with(|s| s.approve_external && !s.approved.iter().any(|a| *a == call.id || *a == key));
         let _running = self
             .egress
             .as_ref()

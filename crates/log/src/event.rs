@@ -415,6 +415,11 @@ fn default_prefix() -> String {
 /// next model call, whatever its size. Always queued: it answers no wait.
 pub const COMPACT_SIGNAL: &str = "compact";
 
+/// The signal that answers a wait for a person's approval (of an external effect
+/// under the approval policy, or of the native agent's `request_approval`): its
+/// payload's `approved: false` refuses, with an optional `message` for the agent.
+pub const APPROVAL_SIGNAL: &str = "approval";
+
 /// The kind of [`Event::Pruned`] records.
 pub const PRUNED_KIND: &str = "pruned";
 

@@ -321,6 +321,21 @@ pub fn compacted_turns(text: &str) -> Option<u32> {
     rest.split(' ').next()?.parse().ok()
 }
 
+/// The name a wrapped agent's tool call is approved or refused by: the call itself
+/// (tool and input), since a CLI started again after the wait asks for it again under a
+/// new id.
+pub fn approval_key(tool: &str, input: &Value) -> String {
+    let call = serde_json::json!([tool, input]).to_string();
+    format!(
+        "ask_{}",
+        blake3::hash(call.as_bytes())
+            .to_hex()
+            .as_str()
+            .get(..32)
+            .unwrap_or("")
+    )
+}
+
 /// Everything the log says about a session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionState {
@@ -380,6 +395,11 @@ pub struct SessionState {
     pub failures_in_row: u32,
     /// Tool calls a human approved (approval policy).
     pub approved: Vec<String>,
+    /// Tool calls a human refused (approval policy), with what the agent is told. A
+    /// wrapped agent's call is named by what it asks for ([`approval_key`]), since
+    /// the CLI asks for it again when it is started again after the wait.
+    #[serde(default)]
+    pub refused: Vec<(String, String)>,
     /// Calls (tool and input) seen connecting out of the sandbox, or trying to: the
     /// same call is an external effect whenever it is made again (see
     /// [`SessionState::seen_reaching_out`]).
@@ -540,6 +560,7 @@ impl SessionState {
             retry: None,
             failures_in_row: 0,
             approved: Vec::new(),
+            refused: Vec::new(),
             reaches_network: Vec::new(),
             inbox_consumed: 0,
             compacting: None,
@@ -1049,7 +1070,10 @@ impl SessionState {
                                 Some(m) => format!("{DENIED} They said: {m}"),
                                 None => DENIED.to_string(),
                             };
-                        self.push_result(call_id, message, true);
+                        if !self.is_wrapped() {
+                            self.push_result(call_id, message.clone(), true);
+                        }
+                        self.refused.push((call_id.clone(), message));
                     } else {
                         self.approved.push(call_id.clone());
                     }

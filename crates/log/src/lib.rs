@@ -14,13 +14,13 @@ pub mod record;
 pub use event::{
     is_workspace_id, tool_result_signal, BlobRef, Breaker, ClientTool, EgressCredential, EndState,
     Event, GitSource, Limits, McpServer, ModelSpec, Output, ToolClass, ToolResolution, Usage,
-    CHECKPOINT_KIND, COMPACT_SIGNAL, DENIED, INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK,
-    INTERRUPTED_ROLLED_BACK_BESIDE, INTERRUPT_SIGNAL, MODEL_DELTA_KIND, PRUNED_KIND, RESUME_SIGNAL,
-    TOOL_RESULT_SIGNAL, WORKSPACE_MOUNT,
+    APPROVAL_SIGNAL, CHECKPOINT_KIND, COMPACT_SIGNAL, DENIED, INTERRUPTED_OUTCOME_UNKNOWN,
+    INTERRUPTED_ROLLED_BACK, INTERRUPTED_ROLLED_BACK_BESIDE, INTERRUPT_SIGNAL, MODEL_DELTA_KIND,
+    PRUNED_KIND, RESUME_SIGNAL, TOOL_RESULT_SIGNAL, WORKSPACE_MOUNT,
 };
 pub use fold::{
-    fold, Exchange, FoldError, Next, PendingModel, PendingTool, Retry, SessionState, Status,
-    TurnStart, Wait, WrappedTool,
+    approval_key, fold, Exchange, FoldError, Next, PendingModel, PendingTool, Retry, SessionState,
+    Status, TurnStart, Wait, WrappedTool,
 };
 pub use message::{Block, Message, Role, ToolUse};
 pub use record::{CodecError, EncodedRecord, Record, SCHEMA_VERSION};

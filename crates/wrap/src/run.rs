@@ -88,6 +88,9 @@ enum RunEnd {
     Interrupted(steadfast_world::Inbound),
     /// The driver is stopping (its worker was told to).
     Stopped,
+    /// A call waits for a person's approval: the turn goes on, from the log, once the
+    /// answer comes.
+    Waiting,
 }
 
 /// Resolves once `stopping` turns true; never, if its sender is gone first.
@@ -348,9 +351,10 @@ pub async fn drive_turn<W: World + Clone>(
             () = gateway.escalated() => RunEnd::Ran(Ok(steadfast_sandbox::ToolOutput::error("stopped: a bound was crossed"))),
             item = steadfast_world::interrupt::arrives(world.clone(), lease.session.clone()) => RunEnd::Interrupted(item),
             () = stop_requested(stopping.clone()) => RunEnd::Stopped,
+            () = journal.paused() => RunEnd::Waiting,
         };
         let interrupted = matches!(ended, RunEnd::Interrupted(_));
-        if interrupted || matches!(ended, RunEnd::Stopped) {
+        if interrupted || matches!(ended, RunEnd::Stopped | RunEnd::Waiting) {
             cli.cancel().await;
         }
         if interrupted {
@@ -387,6 +391,11 @@ pub async fn drive_turn<W: World + Clone>(
             RunEnd::Stopped => {
                 tracing::info!(session = %lease.session, "wrapped turn stopped; it goes on from the log");
                 report.stopped = true;
+                return Ok(report);
+            }
+            RunEnd::Waiting => {
+                tracing::info!(session = %lease.session, "wrapped turn waits for approval; it goes on from the log");
+                report.reply = "waiting for approval".to_string();
                 return Ok(report);
             }
             RunEnd::Interrupted(item) => {
