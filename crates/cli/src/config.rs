@@ -275,29 +275,7 @@ pub struct AgentsConfig {
     pub turn_timeout_secs: Option<u64>,
     /// Named agents: `[[agents.named]] name = "reviewer", adapter = "claude-code"`.
     #[serde(default)]
-    pub named: Vec<NamedAgent>,
-}
-
-/// A named agent: a name sessions use, for one of the adapters.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-pub struct NamedAgent {
-    /// The name (`--agent <name>`).
-    pub name: String,
-    /// The adapter: `claude-code`, ...
-    pub adapter: String,
-    /// The model of its sessions when none is given (`provider/model`).
-    #[serde(default)]
-    pub model: Option<String>,
-    /// The CLI version (default: the adapter's pinned one); install it with
-    /// `steadfast install-agent <name>`.
-    #[serde(default)]
-    pub version: Option<String>,
-    /// MCP servers its sessions get: `mcp-servers = [{name = "tracker", url =
-    /// "https://...", credential = "tracker"}]` (credentials from the session owner's
-    /// vault).
-    #[serde(default)]
-    pub mcp_servers: Vec<steadfast_log::McpServer>,
+    pub named: Vec<steadfast_harness::NamedAgent>,
 }
 
 /// A model's price, USD per million tokens.
@@ -583,17 +561,7 @@ impl Config {
         agents.install_dir = std::env::var_os("STEADFAST_AGENTS_DIR")
             .map(PathBuf::from)
             .or_else(|| a.install_dir.clone());
-        agents.named = a
-            .named
-            .iter()
-            .map(|n| steadfast_harness::NamedAgent {
-                name: n.name.clone(),
-                adapter: n.adapter.clone(),
-                model: n.model.clone(),
-                version: n.version.clone(),
-                mcp_servers: n.mcp_servers.clone(),
-            })
-            .collect();
+        agents.named = a.named.clone();
         let upstream = |p: &str| {
             self.endpoint(p).map(|e| steadfast_gateway::Upstream {
                 base_url: e.base_url,

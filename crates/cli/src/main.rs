@@ -206,7 +206,8 @@ fn main() -> ExitCode {
         if cli.workspace_root.is_some() {
             config.workspace_root = cli.workspace_root.clone();
         }
-        config.migrate_on_open = cli.migrate;
+        // The flag can only ask for migrations; without it the file's setting stands.
+        config.migrate_on_open |= cli.migrate;
         if cli.sandbox.is_some() {
             config.sandbox.backend = cli.sandbox.clone();
         }

@@ -624,6 +624,20 @@ async fn what_a_newcomer_reads_says_what_it_means() {
         assert!(dump.contains(setting), "{setting}: {dump}");
     }
 
+    // A setting in the file stands unless a flag says otherwise, and a named agent is
+    // read as the harness takes it.
+    std::fs::write(
+        person.path("here").join("steadfast.toml"),
+        "migrate-on-open = true\n[[agents.named]]\nname = \"reviewer\"\nadapter = \"claude-code\"\n",
+    )
+    .unwrap();
+    let dump = person.steadfast("here", &["config", "--dump"]).await;
+    let shown = text(&dump.stdout);
+    assert!(dump.status.success(), "{}", text(&dump.stderr));
+    assert!(shown.contains("migrate-on-open = true"), "{shown}");
+    assert!(shown.contains("name = \"reviewer\""), "{shown}");
+    std::fs::remove_file(person.path("here").join("steadfast.toml")).unwrap();
+
     let mut unknown = person.command(
         "here",
         &["run", "hello", "--workspace", ".", "--model", "foo/bar"],

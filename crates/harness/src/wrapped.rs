@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use steadfast_gateway::Upstreams;
 use steadfast_log::{EndState, Event, SessionState, Status};
 use steadfast_sandbox::Sandbox;
@@ -52,19 +52,25 @@ impl Default for AgentOptions {
 }
 
 /// An agent configured by name: one of the adapters, at a version, with a default
-/// model.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// model. Read as is from the configuration file (`[[agents.named]]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct NamedAgent {
-    /// The name sessions use (`"agent": "reviewer"`).
+    /// The name sessions use (`"agent": "reviewer"`, `--agent reviewer`).
     pub name: String,
-    /// The adapter (`claude-code`, `codex`, `pi`).
+    /// The adapter (`claude-code`, `codex`, `pi`, `opencode`).
     pub adapter: String,
     /// The model of its sessions when none is given (`provider/model`).
+    #[serde(default)]
     pub model: Option<String>,
-    /// The CLI version (`None`: the adapter's pinned one).
+    /// The CLI version (`None`: the adapter's pinned one); install it with
+    /// `steadfast install-agent <name>`.
+    #[serde(default)]
     pub version: Option<String>,
-    /// MCP servers every session of this agent gets (their credentials are looked up
+    /// MCP servers every session of this agent gets: `mcp-servers = [{name = "tracker",
+    /// url = "https://...", credential = "tracker"}]` (their credentials are looked up
     /// in the session owner's vault).
+    #[serde(default)]
     pub mcp_servers: Vec<steadfast_log::McpServer>,
 }
 
