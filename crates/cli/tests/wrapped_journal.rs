@@ -345,8 +345,9 @@ async fn a_wrapped_call_cut_off_after_it_sent_a_request_is_outcome_unknown() {
     assert!(cut_off.result.is_none(), "no outcome was recorded");
     assert_eq!(cut_off.egress, [format!("localhost:{port}")]);
     steadfast_journal::resolve_cut_off(
-        &s.world,
-        &s.lease,
+        &LiveSession::open(s.world.clone(), s.lease.clone())
+            .await
+            .unwrap(),
         &s.drive,
         &state.wrapped_tools,
         state.last_snapshot.clone(),

@@ -799,26 +799,6 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     }
 }
 
-/// A driver's view of its session's state: the native loop's live one (held until
-/// dropped; never across an await) or the wrapped driver's.
-pub enum StateView<'a> {
-    /// The native loop's live state.
-    Live(std::sync::MutexGuard<'a, SessionState>),
-    /// The wrapped driver's state as of its last look at the log.
-    Held(&'a SessionState),
-}
-
-impl std::ops::Deref for StateView<'_> {
-    type Target = SessionState;
-
-    fn deref(&self) -> &SessionState {
-        match self {
-            StateView::Live(state) => state,
-            StateView::Held(state) => state,
-        }
-    }
-}
-
 /// A woken session: the driver its agent needs.
 pub enum Awake<'h, W, S> {
     /// The native agent loop.
@@ -868,10 +848,10 @@ impl<W: World + Clone, S: Sandbox> Awake<'_, W, S> {
     }
 
     /// The session's state as of the driver's last look at its log.
-    pub fn state(&self) -> StateView<'_> {
+    pub fn state(&self) -> std::sync::MutexGuard<'_, SessionState> {
         match self {
-            Awake::Native(d) => StateView::Live(d.state()),
-            Awake::Wrapped(d) => StateView::Held(d.state()),
+            Awake::Native(d) => d.state(),
+            Awake::Wrapped(d) => d.state(),
         }
     }
 

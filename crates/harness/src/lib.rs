@@ -65,7 +65,7 @@ pub use diff::{FileDiff, WorkspaceDiff, WorkspaceEntry, WorkspaceListing};
 pub use driver::{Driver, Progress, Stop, APPROVAL_SIGNAL, APPROVAL_TOOL};
 pub use harness::{
     open_drive, parse_model, Awake, Harness, HarnessOptions, ModelResolver, NewSession,
-    Provisioner, StateView, DRIVE_CACHE_BYTES, STOP_GRACE,
+    Provisioner, DRIVE_CACHE_BYTES, STOP_GRACE,
 };
 pub use steadfast_journal::{git, remote};
 pub use steadfast_sandbox::reconcile;

@@ -13,7 +13,7 @@ use steadfast_gateway::Upstreams;
 use steadfast_log::{EndState, Event, SessionState, Status};
 use steadfast_sandbox::Sandbox;
 use steadfast_world::interrupt;
-use steadfast_world::{InboundKind, Lease, World};
+use steadfast_world::{InboundKind, Lease, LiveSession, World};
 use steadfast_wrap::{drive_turn, Adapter, TurnReport, WrappedOptions};
 
 use crate::driver::{body_text, Stop};
@@ -256,8 +256,12 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         };
         Ok(WrappedDriver {
             harness: self,
+            live: std::sync::Arc::new(LiveSession::with_state(
+                self.world.clone(),
+                lease.clone(),
+                state,
+            )),
             lease,
-            state,
             options,
             report: TurnReport::default(),
         })
@@ -270,15 +274,18 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
 pub struct WrappedDriver<'h, W, S> {
     harness: &'h Harness<W, S>,
     lease: Lease,
-    state: SessionState,
+    /// The session's log and state: the driver's appends, the gateway's and the
+    /// journal's all go through it, and the fold keeps the state.
+    live: std::sync::Arc<LiveSession<W>>,
     options: WrappedOptions,
     report: TurnReport,
 }
 
 impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
-    /// The session's state as of the last look at its log.
-    pub fn state(&self) -> &SessionState {
-        &self.state
+    /// The session's state as of its last record (held until the guard is dropped;
+    /// never across an await).
+    pub fn state(&self) -> std::sync::MutexGuard<'_, SessionState> {
+        self.live.lock()
     }
 
     /// The session id.
@@ -291,14 +298,9 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
         &self.report
     }
 
-    async fn refresh(&mut self) -> Result<()> {
-        self.state = self.harness.load(&self.lease.session).await?.0;
-        Ok(())
-    }
-
     async fn append(&mut self, events: &[Event]) -> Result<()> {
-        self.harness.world.append(&self.lease, events).await?;
-        self.refresh().await
+        self.live.append(events).await?;
+        Ok(())
     }
 
     /// Works until the turn is done (and no message is queued), the session waits
@@ -324,28 +326,30 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
             if *stopping.borrow() {
                 return Ok(None);
             }
-            self.refresh().await?;
-            if self.state.ended {
-                return Ok(Some(Stop::Ended(end_state(self.state.status))));
+            let (ended, status, turn, waiting) = self
+                .live
+                .with(|s| (s.ended, s.status, s.turn, s.waiting.clone()));
+            if ended {
+                return Ok(Some(Stop::Ended(end_state(status))));
             }
             let inbox = self.harness.world.inbox(&self.lease.session).await?;
             // An interrupt with no turn running (it came after the turn ended, or
             // while escalated) stops nothing: it is recorded, and so taken, rather
             // than left to stop a later turn; one for a waiting turn abandons the wait.
-            if self.state.status != Status::Running {
+            if status != Status::Running {
                 if let Some(item) = inbox.iter().find(|i| interrupt::is_interrupt(i)) {
                     self.append(&[Event::TurnInterrupted {
-                        turn: self.state.turn,
+                        turn,
                         by: interrupt::sender(item),
                         inbox_id: item.id,
                         call_id: None,
-                        stopped: self.state.status == Status::Waiting,
+                        stopped: status == Status::Waiting,
                     }])
                     .await?;
                     continue;
                 }
             }
-            if let Some(wait) = self.state.waiting.clone() {
+            if let Some(wait) = waiting {
                 let Some(signal) = inbox
                     .into_iter()
                     .find(|i| i.kind == InboundKind::Signal && i.name == wait.name)
@@ -360,11 +364,10 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
                 .await?;
                 continue;
             }
-            match self.state.status {
+            match status {
                 Status::Running => {
                     let turn = drive_turn(
-                        &self.harness.world,
-                        &self.lease,
+                        &self.live,
                         &self.harness.blobs,
                         &self.harness.drive,
                         &self.options,
@@ -380,18 +383,22 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
                             self.add(report);
                             // The turn is over: a checkpoint, when one is due, lets the
                             // next wake skip what came before.
-                            self.refresh().await?;
-                            if let Some(checkpoint) =
-                                self.harness.checkpoint_if_due(&self.state).await?
-                            {
-                                self.append(&[checkpoint]).await?;
+                            let due = self
+                                .live
+                                .with(|s| self.harness.checkpoint_due(s).then(|| s.clone()));
+                            if let Some(state) = due {
+                                if let Some(checkpoint) =
+                                    self.harness.checkpoint_if_due(&state).await?
+                                {
+                                    self.append(&[checkpoint]).await?;
+                                }
                             }
                         }
                         Err(e) => {
                             // A CLI that failed past its restarts has ended the session.
-                            self.refresh().await?;
-                            if self.state.ended {
-                                return Ok(Some(Stop::Ended(end_state(self.state.status))));
+                            let (ended, status) = self.live.with(|s| (s.ended, s.status));
+                            if ended {
+                                return Ok(Some(Stop::Ended(end_state(status))));
                             }
                             return Err(e.into());
                         }
@@ -402,7 +409,7 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
                     else {
                         return Ok(Some(Stop::Idle));
                     };
-                    let turn = self.state.turn + 1;
+                    let turn = turn + 1;
                     self.append(&[Event::UserMessage {
                         turn,
                         text: body_text(&item.body),
@@ -427,13 +434,13 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
 
     /// Sends a user message, opening a turn.
     pub async fn send(&mut self, text: &str) -> Result<()> {
-        if self.state.status != Status::Idle || self.state.ended {
+        let (status, ended, turn) = self.live.with(|s| (s.status, s.ended, s.turn + 1));
+        if status != Status::Idle || ended {
             return Err(Error::Invalid(format!(
-                "session {} is {}; a message can only start a turn when it is idle",
-                self.lease.session, self.state.status
+                "session {} is {status}; a message can only start a turn when it is idle",
+                self.lease.session
             )));
         }
-        let turn = self.state.turn + 1;
         self.append(&[Event::UserMessage {
             turn,
             text: text.to_string(),
@@ -444,7 +451,7 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
 
     /// Ends the session.
     pub async fn end(&mut self, state: EndState, reason: &str) -> Result<()> {
-        let diff = self.harness.changes_since_start(&self.state);
+        let diff = self.live.with(|s| self.harness.changes_since_start(s));
         self.append(&[Event::SessionEnded {
             state,
             reason: reason.to_string(),

@@ -32,9 +32,7 @@ use steadfast_log::{Event, Output, SessionState, ToolClass, ToolResolution, Wrap
 use steadfast_sandbox::egress::EgressDesk;
 use steadfast_sandbox::reconcile::Reconciler;
 use steadfast_sandbox::{classify, Sandbox, ToolOutput};
-use steadfast_world::{
-    strip_ansi, Blobs, Inbound, InboundKind, Lease, LiveSession, World, INLINE_LIMIT,
-};
+use steadfast_world::{strip_ansi, Blobs, Inbound, InboundKind, LiveSession, World, INLINE_LIMIT};
 use tokio::sync::Mutex;
 
 use crate::git::{GitPusher, GIT_PUSH_TOOL};
@@ -1020,10 +1018,8 @@ pub async fn resolve_call<S: Sandbox>(
 /// is asked of the reconcilers (their probes run in `slot`'s sandbox, on the workspace
 /// as it was just before the call) and otherwise reported outcome-unknown. Returns the
 /// snapshot the workspace must be at.
-#[allow(clippy::too_many_arguments)]
 pub async fn resolve_cut_off<W: World, S: Sandbox>(
-    world: &W,
-    lease: &Lease,
+    live: &LiveSession<W>,
     drive: &Drive,
     tools: &[WrappedTool],
     last_snapshot: Option<String>,
@@ -1058,15 +1054,11 @@ pub async fn resolve_cut_off<W: World, S: Sandbox>(
         };
         let resolution = resolve_call(&cut, rollback_to, reconcilers, git, slot).await;
         tracing::info!(call = %t.call_id, tool = %t.tool, ?resolution, "resolving a cut-off tool call");
-        world
-            .append(
-                lease,
-                &[Event::ToolCallInterrupted {
-                    call_id: t.call_id.clone(),
-                    resolution,
-                }],
-            )
-            .await?;
+        live.append(&[Event::ToolCallInterrupted {
+            call_id: t.call_id.clone(),
+            resolution,
+        }])
+        .await?;
     }
     if let Some(snap) = &last_snapshot {
         drive.restore_async(workspace, snap).await?;

@@ -2,8 +2,9 @@
 //! state folded from the log and kept current by every append made through it.
 //!
 //! Everything that appends while a session runs — the native loop (model calls,
-//! turns), the tool journal (tool calls, steers, what the egress proxy saw), the
-//! gateway of a wrapped agent (exchanges, their streamed text, divergences) — appends
+//! turns), the tool journal (tool calls, steers, what the egress proxy saw), a wrapped
+//! agent's driver (turns, waits, crash resolutions) and gateway (exchanges, their
+//! streamed text, divergences) — appends
 //! here, and the records the world returns are applied to the state by the fold, the
 //! only thing that changes session state. So what the bounds, the loop breaker and
 //! the replay look at is exactly what the log says, with no copy kept "in sync" by

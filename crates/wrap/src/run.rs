@@ -11,7 +11,7 @@ use steadfast_journal::{resolve_cut_off, Journal, MakeSandbox, SandboxSlot};
 use steadfast_log::{fold, EndState, Event, Role, SessionState, Status};
 use steadfast_sandbox::egress::EgressDesk;
 use steadfast_sandbox::{isolates, AnySandbox, NetworkPolicy, Sandbox, SandboxOptions};
-use steadfast_world::{load_state, Blobs, Heartbeat, Lease, LiveSession, World};
+use steadfast_world::{Blobs, Heartbeat, LiveSession, World};
 
 use crate::adapters::{Adapter, Launch};
 use crate::{mcp, Error, Result};
@@ -201,18 +201,18 @@ fn token() -> String {
 
 /// Drives the open turn of a wrapped session to its end: the CLI runs (again, after a
 /// crash, replaying the log) until it finishes, and the turn's end is recorded.
-pub async fn drive_turn<W: World + Clone>(
-    world: &W,
-    lease: &Lease,
+pub async fn drive_turn<W: World + Clone + 'static>(
+    live: &Arc<LiveSession<W>>,
     blobs: &Blobs,
     drive: &Drive,
     options: &WrappedOptions,
     stopping: tokio::sync::watch::Receiver<bool>,
 ) -> Result<TurnReport> {
     let mut report = TurnReport::default();
+    let (world, lease) = (live.world(), live.lease());
     let _heartbeat = Heartbeat::start(world.clone(), lease.clone(), options.lease_ttl);
     loop {
-        let (state, _) = load_state(world, blobs, &lease.session).await?;
+        let state = live.state();
         if state.status != Status::Running {
             return Err(Error::Invalid(format!(
                 "session {} is {}: no turn to drive",
@@ -226,10 +226,11 @@ pub async fn drive_turn<W: World + Clone>(
         // What the tools' sandbox opens through its egress proxy is recorded against
         // the calls running, in the live log this run appends to (made below).
         let desk = EgressDesk::new();
-        let live_slot: Arc<std::sync::OnceLock<Arc<LiveSession<W>>>> = Arc::default();
         let held_back = Arc::default();
-        let record =
-            Journal::<W, AnySandbox>::egress_recorder(live_slot.clone(), Arc::clone(&held_back));
+        let record = Journal::<W, AnySandbox>::egress_recorder(
+            Arc::new(std::sync::OnceLock::from(live.clone())),
+            Arc::clone(&held_back),
+        );
         let tool_options = SandboxOptions {
             forwards: Vec::new(),
             egress_watch: Some(desk.watch(record)),
@@ -241,8 +242,7 @@ pub async fn drive_turn<W: World + Clone>(
         let slot = SandboxSlot::new(workspace.clone(), make, drive.clone(), None);
         // Invariant 4 for tool calls a crash cut off, and the workspace back in step.
         let last = resolve_cut_off(
-            world,
-            lease,
+            live,
             drive,
             &state.wrapped_tools,
             state.last_snapshot.clone(),
@@ -251,7 +251,7 @@ pub async fn drive_turn<W: World + Clone>(
             &slot,
         )
         .await?;
-        let (state, _) = load_state(world, blobs, &lease.session).await?;
+        let state = live.state();
         // Lockstep: a CLI started again over a turn with a record sees the workspace
         // as the turn began; each call answered from the record moves it on to where
         // that call left it, until the replay reaches the frontier.
@@ -266,14 +266,6 @@ pub async fn drive_turn<W: World + Clone>(
         };
         let last_snapshot = Arc::new(StdMutex::new(start));
 
-        // From here on every append of this run goes through one live view of the log,
-        // whose state the fold alone changes.
-        let live = Arc::new(LiveSession::with_state(
-            world.clone(),
-            lease.clone(),
-            state.clone(),
-        ));
-        let _ = live_slot.set(live.clone());
         let journal = Arc::new(
             Journal::new(
                 live.clone(),
@@ -401,18 +393,14 @@ pub async fn drive_turn<W: World + Clone>(
             RunEnd::Interrupted(item) => {
                 let by = steadfast_world::interrupt::sender(&item);
                 tracing::info!(session = %lease.session, %by, "wrapped turn interrupted");
-                world
-                    .append(
-                        lease,
-                        &[Event::TurnInterrupted {
-                            turn: state.turn,
-                            by: by.clone(),
-                            inbox_id: item.id,
-                            call_id: None,
-                            stopped: true,
-                        }],
-                    )
-                    .await?;
+                live.append(&[Event::TurnInterrupted {
+                    turn: state.turn,
+                    by: by.clone(),
+                    inbox_id: item.id,
+                    call_id: None,
+                    stopped: true,
+                }])
+                .await?;
                 report.reply = format!("interrupted by {by}");
                 report.interrupted_by = Some(by);
                 return Ok(report);
@@ -420,31 +408,23 @@ pub async fn drive_turn<W: World + Clone>(
         };
         if let Some((breaker, reason)) = gateway.escalation() {
             let diff = diff_since_start(drive, &world.read(&lease.session, 1).await?)?;
-            world
-                .append(
-                    lease,
-                    &[Event::Escalated {
-                        breaker,
-                        reason: reason.clone(),
-                        diff,
-                    }],
-                )
-                .await?;
+            live.append(&[Event::Escalated {
+                breaker,
+                reason: reason.clone(),
+                diff,
+            }])
+            .await?;
             report.reply = reason;
             return Ok(report);
         }
         let why = match result {
             Ok(out) if !out.is_error => {
                 let reply = out.text.trim().to_string();
-                world
-                    .append(
-                        lease,
-                        &[Event::TurnEnded {
-                            turn: state.turn,
-                            reply: Some(reply.clone()),
-                        }],
-                    )
-                    .await?;
+                live.append(&[Event::TurnEnded {
+                    turn: state.turn,
+                    reply: Some(reply.clone()),
+                }])
+                .await?;
                 report.reply = reply;
                 return Ok(report);
             }
@@ -458,16 +438,12 @@ pub async fn drive_turn<W: World + Clone>(
                 options.adapter.name,
                 report.restarts + 1
             );
-            world
-                .append(
-                    lease,
-                    &[Event::SessionEnded {
-                        state: EndState::Failed,
-                        reason: reason.clone(),
-                        diff: Vec::new(),
-                    }],
-                )
-                .await?;
+            live.append(&[Event::SessionEnded {
+                state: EndState::Failed,
+                reason: reason.clone(),
+                diff: Vec::new(),
+            }])
+            .await?;
             return Err(Error::Invalid(reason));
         }
         tracing::warn!(agent = %options.adapter.name, %why, "the wrapped CLI died mid-turn; starting it again");
