@@ -25,6 +25,11 @@ fn post(port: u16) -> String {
     )
 }
 
+/// The same POST with `curl` hidden in a shell function.
+fn post_in_function(port: u16) -> String {
+    format!("ship() {{ curl -sf -d go http://localhost:$1/deploy; }}; ship {port}")
+}
+
 fn script(steps: Value) -> Script {
     serde_json::from_value(json!({ "steps": steps })).unwrap()
 }
@@ -111,34 +116,90 @@ async fn a_command_cut_off_after_it_sent_a_request_is_outcome_unknown_and_never_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_an_approval_policy_nothing_leaves_until_a_person_approves() {
-    approval_holds("native", true).await;
+    approval_holds("native", true, post).await;
+    approval_holds("native", true, post_in_function).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrapped_cli_under_an_approval_policy_waits_and_runs_once_approved() {
     common::installed("claude-code").await;
-    approval_holds("claude-code", true).await;
+    approval_holds("claude-code", true, post).await;
+    approval_holds("claude-code", true, post_in_function).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrapped_cli_is_told_a_refusal_and_nothing_leaves() {
     common::installed("pi").await;
-    approval_holds("pi", false).await;
+    approval_holds("pi", false, post).await;
 }
 
-/// A session of `agent` under `approve_external` makes a POST its command text hides
-/// twice: the first is held at the proxy (recorded, the model told), the second waits
-/// for approval; a person then approves (`approve`) or refuses it.
-async fn approval_holds(agent: &str, approve: bool) {
+/// With no way out of the sandbox nothing can be an external effect: nothing is
+/// asked, the command fails to connect, and nothing reaches the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_deny_all_networking_nothing_is_asked_about() {
+    common::installed("claude-code").await;
+    for agent in ["native", "claude-code"] {
+        let (port, hits) = counter();
+        let command = post(port);
+        let fake = FakeProvider::start(script(json!([
+            {"text": "deploying", "tool_calls": [{"name": "bash", "input": {"command": command}}]},
+            {"text": "done"}
+        ])))
+        .await
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let site = site(dir.path(), port);
+        let (_api, url) = site.serve(&fake, "1").await;
+        let (code, created) = call(
+            reqwest::Method::POST,
+            &format!("{url}/v1/sessions"),
+            Some(
+                json!({"task": "deploy", "agent": agent, "approve_external": true,
+                        "network": "deny-all"}),
+            ),
+        )
+        .await;
+        assert_eq!(code, 201, "{agent}: {created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        wait_for("the turn to end", async || {
+            status(&url, &id).await == "idle"
+        })
+        .await;
+        let events = event_page(&format!("{url}/v1/sessions/{id}/events")).await;
+        assert!(
+            of_type(&events, "wait_started").is_empty(),
+            "{agent}: {events:?}"
+        );
+        assert!(of_type(&events, "egress").is_empty(), "{agent}: {events:?}");
+        let outcome = of_type(&events, "tool_call_outcome")[0];
+        assert_eq!(
+            outcome["is_error"], true,
+            "{agent}: it could not connect: {outcome}"
+        );
+        assert_eq!(hits.load(Ordering::SeqCst), 0, "{agent}");
+    }
+}
+
+/// A session of `agent` under `approve_external` makes a POST. One its command text
+/// hides from the classifier is made twice: the first is held at the proxy (recorded,
+/// the model told), the second waits for approval. One the classifier sees waits at
+/// once. A person then approves (`approve`) or refuses it.
+async fn approval_holds(agent: &str, approve: bool, command: fn(u16) -> String) {
     let (port, hits) = counter();
-    let command = post(port);
-    let fake = FakeProvider::start(script(json!([
-        {"text": "deploying", "tool_calls": [{"name": "bash", "input": {"command": command}}]},
-        {"text": "again", "tool_calls": [{"name": "bash", "input": {"command": command}}]},
-        {"text": "done"}
-    ])))
-    .await
-    .unwrap();
+    let command = command(port);
+    let hidden = steadfast_sandbox::classify("bash", &json!({ "command": command }))
+        != steadfast_log::ToolClass::External;
+    let bash = json!([{"name": "bash", "input": {"command": command}}]);
+    let steps = if hidden {
+        json!([
+            {"text": "deploying", "tool_calls": bash},
+            {"text": "again", "tool_calls": bash},
+            {"text": "done"}
+        ])
+    } else {
+        json!([{"text": "deploying", "tool_calls": bash}, {"text": "done"}])
+    };
+    let fake = FakeProvider::start(script(steps)).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let site = site(dir.path(), port);
     let (_api, url) = site.serve(&fake, "1").await;
@@ -153,7 +214,7 @@ async fn approval_holds(agent: &str, approve: bool) {
     .await;
     assert_eq!(code, 201, "{agent}: {created}");
     let id = created["id"].as_str().unwrap().to_string();
-    wait_for("the second call to wait for approval", async || {
+    wait_for("the call to wait for approval", async || {
         status(&url, &id).await == "waiting"
     })
     .await;
@@ -164,21 +225,32 @@ async fn approval_holds(agent: &str, approve: bool) {
     );
     let events = event_page(&format!("{url}/v1/sessions/{id}/events")).await;
     let egress = of_type(&events, "egress");
-    assert_eq!(egress.len(), 1, "{agent}: {events:?}");
-    assert_eq!(egress[0]["admitted"], false);
-    let first = of_type(&events, "tool_call_outcome")[0];
-    assert!(
-        first["output"]["excerpt"]
-            .as_str()
-            .unwrap()
-            .contains("held back"),
-        "{agent}: the model is told why: {first}"
-    );
+    if hidden {
+        assert_eq!(egress.len(), 1, "{agent}: {events:?}");
+        assert_eq!(egress[0]["admitted"], false);
+        let first = of_type(&events, "tool_call_outcome")[0];
+        assert!(
+            first["output"]["excerpt"]
+                .as_str()
+                .unwrap()
+                .contains("held back"),
+            "{agent}: the model is told why: {first}"
+        );
+    } else {
+        assert!(
+            egress.is_empty(),
+            "{agent}: asked before it ran: {events:?}"
+        );
+        assert!(
+            of_type(&events, "tool_call_intent").is_empty(),
+            "{agent}: {events:?}"
+        );
+    }
     let wait = of_type(&events, "wait_started");
     assert_eq!(wait.len(), 1, "{agent}: {events:?}");
     assert_eq!(wait[0]["signal"], "approval");
     assert!(
-        wait[0]["reason"].as_str().unwrap().contains("urllib"),
+        wait[0]["reason"].as_str().unwrap().contains(&command),
         "{agent}: the wait names the command: {}",
         wait[0]
     );
@@ -201,23 +273,25 @@ async fn approval_holds(agent: &str, approve: bool) {
     .await;
     let events = event_page(&format!("{url}/v1/sessions/{id}/events")).await;
     let intents = of_type(&events, "tool_call_intent");
-    assert_eq!(intents.len(), 2, "{agent}: {events:?}");
-    assert_eq!(intents[1]["class"], "external", "{}", intents[1]);
+    assert_eq!(intents.len(), 1 + hidden as usize, "{agent}: {events:?}");
+    let last = intents.last().unwrap();
+    assert_eq!(last["class"], "external", "{last}");
     let outcomes = of_type(&events, "tool_call_outcome");
+    let answered = outcomes.last().unwrap();
     if approve {
         assert_eq!(
             hits.load(Ordering::SeqCst),
             1,
             "{agent}: sent once, once approved"
         );
-        assert_eq!(outcomes[1]["is_error"], false, "{agent}: {}", outcomes[1]);
+        assert_eq!(answered["is_error"], false, "{agent}: {answered}");
     } else {
         assert_eq!(
             hits.load(Ordering::SeqCst),
             0,
             "{agent}: refused, never sent"
         );
-        let told = outcomes[1]["output"]["excerpt"].as_str().unwrap();
+        let told = answered["output"]["excerpt"].as_str().unwrap();
         assert!(told.contains("not today"), "{agent}: told why: {told}");
     }
 }
