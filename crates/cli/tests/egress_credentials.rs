@@ -47,6 +47,8 @@ async fn a_bound_credential_is_added_at_the_proxy_and_never_seen_inside() {
     // The command looks for the secret everywhere it can, without ever naming it.
     let command = format!(
         "curl -sS -m 5 -H 'Authorization: Bearer forged' http://{host}/issues/7 > fetched.txt; \
+         curl -sS -m 5 -H 'Host: evil.test' http://{host}/issues/8 > hosted.txt; \
+         curl -sS -m 5 -X TRACE http://{host}/trace > traced.txt; \
          env > env.txt; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' > environ.txt; \
          a=tracker-token; b=5f0c2a91; \
          grep -rsl \"$a-$b\" / --exclude-dir=proc --exclude-dir=sys --exclude-dir=usr > found.txt; true"
@@ -115,7 +117,18 @@ async fn a_bound_credential_is_added_at_the_proxy_and_never_seen_inside() {
         "issue 7"
     );
     let heads = heads.lock().unwrap().clone();
-    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert_eq!(heads.len(), 2, "TRACE never left the proxy: {heads:?}");
+    let traced = std::fs::read_to_string(workspace.join("traced.txt")).unwrap();
+    assert!(
+        traced.contains("TRACE is not forwarded") && !traced.contains(SECRET),
+        "{traced}"
+    );
+    let hosted = heads[1].to_ascii_lowercase();
+    assert!(
+        hosted.contains(&format!("host: {host}")) && !hosted.contains("evil.test"),
+        "the request goes to the host it names: {}",
+        heads[1]
+    );
     let lower = heads[0].to_ascii_lowercase();
     assert!(
         lower.contains(&format!("authorization: bearer {SECRET}")),

@@ -174,6 +174,13 @@ async fn handle(req: Request<Incoming>, rules: &EgressRules) -> Response<Body> {
         Ok(d) => d,
         Err(why) => return refusal(StatusCode::BAD_REQUEST, &why),
     };
+    // TRACE echoes the request back, a credential added here included.
+    if req.method() == Method::TRACE || req.method().as_str() == "TRACK" {
+        return refusal(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "TRACE is not forwarded: it would echo the request back into the sandbox",
+        );
+    }
     let addrs = match admit(rules, &host, port).await {
         Ok(a) => a,
         Err(why) => {
@@ -235,6 +242,15 @@ async fn forward(
         .uri()
         .path_and_query()
         .map_or("/".to_string(), |p| p.to_string());
+    // The request goes to the host its URI names, whatever `Host:` the sandbox wrote
+    // (a credential added for that host must not reach another one it serves).
+    let authority = req.uri().authority().map(|a| a.as_str().to_string());
+    match authority.and_then(|a| hyper::header::HeaderValue::from_str(&a).ok()) {
+        Some(value) => {
+            req.headers_mut().insert(hyper::header::HOST, value);
+        }
+        None => return refusal(StatusCode::BAD_REQUEST, "the request names no host"),
+    }
     *req.uri_mut() = match path.parse() {
         Ok(uri) => uri,
         Err(_) => return refusal(StatusCode::BAD_REQUEST, "bad request path"),
