@@ -33,12 +33,26 @@ pub const SEPARATOR: &str = "__";
 const MAX_SERVER_NAME: usize = 24;
 /// The longest tool name a model API takes.
 const MAX_TOOL_NAME: usize = 64;
-/// How long connecting to a server and listing its tools may take.
+/// How long connecting to a server and listing its tools may take (servers connect
+/// at once, so this is also the longest a session's first step waits for them all).
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+/// The most MCP servers a session may name.
+pub const MAX_SERVERS: usize = 16;
+/// How long one tool call may take before it is answered with an error (a server
+/// that never answers would hold the session's worker otherwise).
+const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+/// The most of a tool's result kept (as for the sandbox's tools' output).
+const MAX_RESULT_BYTES: usize = 8 * 1024 * 1024;
 
 /// Checks a session's MCP servers before anything is made: names that namespace tools
 /// (unique, short, letters, digits and `-`), `http(s)` URLs, headers that are headers.
 pub fn check_servers(servers: &[McpServer]) -> Result<(), String> {
+    if servers.len() > MAX_SERVERS {
+        return Err(format!(
+            "mcp_servers: {} servers; a session may name at most {MAX_SERVERS}",
+            servers.len()
+        ));
+    }
     let mut seen = std::collections::BTreeSet::new();
     for server in servers {
         let name = &server.name;
@@ -96,7 +110,9 @@ fn class_of(
         return *class;
     }
     let hints = tool.annotations.as_ref();
-    if hints.and_then(|a| a.read_only_hint) == Some(true) {
+    // A tool that says it both only reads and destroys is taken at its worse word.
+    let destructive = hints.and_then(|a| a.destructive_hint) == Some(true);
+    if hints.and_then(|a| a.read_only_hint) == Some(true) && !destructive {
         ToolClass::Read
     } else if hints.and_then(|a| a.idempotent_hint) == Some(true) {
         ToolClass::Idempotent
@@ -129,15 +145,19 @@ impl RemoteTools {
         secrets: &HashMap<String, String>,
     ) -> (Self, Vec<String>) {
         let mut clients = Vec::new();
-        let mut tools = Vec::new();
+        let mut tools: Vec<RemoteTool> = Vec::new();
         let mut failures = Vec::new();
-        for server in servers {
-            let connected = tokio::time::timeout(
+        // All at once: a slow server delays the session by its timeout, not the sum.
+        let connecting = servers.iter().map(|server| async move {
+            tokio::time::timeout(
                 CONNECT_TIMEOUT,
                 connect_one(server, secrets.get(&server.name).map(String::as_str)),
             )
             .await
-            .unwrap_or_else(|_| Err(format!("no answer within {} s", CONNECT_TIMEOUT.as_secs())));
+            .unwrap_or_else(|_| Err(format!("no answer within {} s", CONNECT_TIMEOUT.as_secs())))
+        });
+        let connected_all = futures_util::future::join_all(connecting).await;
+        for (server, connected) in servers.iter().zip(connected_all) {
             let (client, listed) = match connected {
                 Ok(connected) => connected,
                 Err(e) => {
@@ -155,6 +175,14 @@ impl RemoteTools {
                 if !valid {
                     failures.push(format!(
                         "MCP server `{}`: tool `{}` left out: its name is not one model APIs take",
+                        server.name,
+                        tool.name.escape_debug()
+                    ));
+                    continue;
+                }
+                if tools.iter().any(|t| t.name == name) {
+                    failures.push(format!(
+                        "MCP server `{}`: tool `{}` listed twice; offered once",
                         server.name,
                         tool.name.escape_debug()
                     ));
@@ -204,7 +232,14 @@ impl RemoteTools {
             arguments,
             task: None,
         };
-        match client.call_tool(params).await {
+        let called = tokio::time::timeout(CALL_TIMEOUT, client.call_tool(params)).await;
+        let Ok(called) = called else {
+            return ToolOutput::error(format!(
+                "MCP server `{server}`: no answer within {} s",
+                CALL_TIMEOUT.as_secs()
+            ));
+        };
+        match called {
             Ok(result) => {
                 let text = result
                     .content
@@ -215,10 +250,21 @@ impl RemoteTools {
                     })
                     .collect::<Vec<_>>()
                     .join("\n");
-                let text = match (&result.structured_content, text.is_empty()) {
+                let mut text = match (&result.structured_content, text.is_empty()) {
                     (Some(structured), true) => structured.to_string(),
                     _ => text,
                 };
+                if text.len() > MAX_RESULT_BYTES {
+                    let whole = text.len();
+                    let mut cut = MAX_RESULT_BYTES;
+                    while !text.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    text.truncate(cut);
+                    text.push_str(&format!(
+                        "\n[steadfast] the result was {whole} bytes; only the first {cut} are kept"
+                    ));
+                }
                 ToolOutput {
                     text,
                     is_error: result.is_error == Some(true),
@@ -415,6 +461,31 @@ mod tests {
     }
 
     #[test]
+    fn a_tool_is_classed_by_its_most_careful_hint() {
+        let tool = |read_only: Option<bool>, destructive: Option<bool>| {
+            let mut t = rmcp::model::Tool::new("t", "a tool", Arc::new(serde_json::Map::new()));
+            t.annotations = Some(rmcp::model::ToolAnnotations {
+                read_only_hint: read_only,
+                destructive_hint: destructive,
+                ..Default::default()
+            });
+            t
+        };
+        let none = Default::default();
+        assert_eq!(class_of(&tool(Some(true), None), &none), ToolClass::Read);
+        assert_eq!(
+            class_of(&tool(Some(true), Some(false)), &none),
+            ToolClass::Read
+        );
+        assert_eq!(
+            class_of(&tool(Some(true), Some(true)), &none),
+            ToolClass::External,
+            "read-only and destructive at once is not read-only"
+        );
+        assert_eq!(class_of(&tool(None, None), &none), ToolClass::External);
+    }
+
+    #[test]
     fn servers_are_checked() {
         assert!(check_servers(&[server("tracker", "https://mcp.example.com/mcp")]).is_ok());
         for (servers, says) in [
@@ -428,6 +499,12 @@ mod tests {
             (
                 vec![server("a", "https://x/mcp"), server("a", "https://y/mcp")],
                 "two servers",
+            ),
+            (
+                (0..=MAX_SERVERS)
+                    .map(|i| server(&format!("s{i}"), "https://x/mcp"))
+                    .collect(),
+                "at most",
             ),
         ] {
             let err = check_servers(&servers).unwrap_err();
