@@ -510,6 +510,25 @@ async fn an_interrupt_stops_a_running_wrapped_turn_at_once() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(!running(), "the command was killed");
+    // Nothing of the turn is left running: not the CLI's sandbox, not the tools'
+    // (both name the session's workspace, under the test's directory, in their
+    // command lines; the API and the worker do not).
+    let left = || {
+        let out = std::process::Command::new("pgrep")
+            .args(["-a", "-f", &_dir.path().display().to_string()])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !left().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "processes of the interrupted turn are left: {}",
+            left()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let log = site.log(&id).await;
     let kinds: Vec<String> = log.iter().map(kind).collect();
     let stopped = log

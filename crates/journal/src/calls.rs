@@ -162,6 +162,8 @@ pub struct Journal<W, S> {
     /// Set when a call of a wrapped agent has started a wait for a person's approval:
     /// the agent is stopped, to be started again once the answer comes.
     paused: tokio::sync::watch::Sender<bool>,
+    /// Set when the run this journal serves is over (see [`Self::close`]).
+    closed: tokio::sync::watch::Sender<bool>,
     /// The session's own MCP servers' tools, run by the harness (not in the sandbox).
     remote: Option<Arc<RemoteTools>>,
     /// `git_push`, run by the harness with the session's credential.
@@ -212,6 +214,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             counters: StdMutex::new((0, 0)),
             inflight: tokio::sync::watch::Sender::new(0),
             paused: tokio::sync::watch::Sender::new(false),
+            closed: tokio::sync::watch::Sender::new(false),
             remote: None,
             git: None,
             egress: None,
@@ -544,7 +547,26 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             }
         }
         self.paused.send_replace(true);
-        std::future::pending().await
+        // The agent is stopped now; the call ends with the run (its server's
+        // connection must not outlive it).
+        let mut closed = self.closed.subscribe();
+        let _ = closed.wait_for(|closed| *closed).await;
+        Ok((
+            "[steadfast] this call waits for a person's approval; the turn goes on once they answer".to_string(),
+            true,
+        ))
+    }
+
+    /// Ends the run this journal serves: its sandbox is stopped (a command the agent
+    /// left running is killed; the next run makes one again) and a call waiting for
+    /// approval returns. Whatever still holds the journal (a connection of the dead
+    /// agent's) holds no sandbox.
+    pub async fn close(&self) {
+        self.closed.send_replace(true);
+        if let Some(sandbox) = self.sandbox.running().await {
+            sandbox.cancel().await;
+        }
+        self.sandbox.discard().await;
     }
 
     /// Records a call a person refused (intent and outcome, so a replay answers it the
@@ -1060,6 +1082,10 @@ pub async fn resolve_cut_off<W: World, S: Sandbox>(
         }])
         .await?;
     }
+    // A sandbox made for probes goes before the agent's is made: the agent's must be
+    // the one it had before the crash (a local sandbox's home is the first free one),
+    // or its first request differs from the record.
+    slot.discard().await;
     if let Some(snap) = &last_snapshot {
         drive.restore_async(workspace, snap).await?;
     }

@@ -107,6 +107,16 @@ const INTERRUPT_SETTLE: Duration = Duration::from_secs(5);
 /// Serves `router` until dropped.
 struct Served(tokio::task::JoinHandle<()>);
 
+/// Closes a run's journal when the run ends, however it ends (see [`Journal::close`]).
+struct Closing<W: World + Clone + 'static>(Arc<Journal<W, AnySandbox>>);
+
+impl<W: World + Clone + 'static> Drop for Closing<W> {
+    fn drop(&mut self) {
+        let journal = self.0.clone();
+        tokio::spawn(async move { journal.close().await });
+    }
+}
+
 impl Drop for Served {
     fn drop(&mut self) {
         self.0.abort();
@@ -280,6 +290,8 @@ pub async fn drive_turn<W: World + Clone + 'static>(
             .with_hosted(options.hosted.clone())
             .with_egress(desk),
         );
+        // However this run ends, its tools' sandbox goes with it.
+        let _closing = Closing(journal.clone());
         let token = token();
         let gateway = Gateway::open(GatewayConfig {
             http: options.http.clone(),
