@@ -426,8 +426,14 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             .world
             .acquire_lease(&id, &self.holder, self.options.lease_ttl)
             .await?;
+        // A wrapped agent's CLI version is the session's from now on.
+        let agent_version = match new.agent.as_str() {
+            "native" => None,
+            agent => Some(self.adapter(agent)?.version),
+        };
         let mut events = vec![Event::SessionStarted {
             agent: new.agent,
+            agent_version,
             model,
             system: prompt::system(host.is_some().then_some(recorded.as_str())),
             workspace: recorded,

@@ -217,6 +217,33 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         Ok(())
     }
 
+    /// The adapter a wrapped session runs: its agent's, at the CLI version the session
+    /// began with. A host without that version installed leaves the session to one
+    /// that has it ([`Error::NotHere`]): another version would re-pay the turn's model
+    /// calls and diverge from the record.
+    pub fn session_adapter(&self, state: &SessionState) -> Result<Adapter> {
+        let agent = &state.agent;
+        let adapter = self
+            .adapter(agent)?
+            .at_version(state.agent_version.as_deref())
+            .map_err(Error::Invalid)?;
+        let dir = self.install_dir();
+        if !adapter.is_installed(&dir) {
+            let found = adapter
+                .installed_version(&dir)
+                .map_or_else(|| "is not installed".to_string(), |v| format!("is at {v}"));
+            return Err(Error::NotHere(format!(
+                "agent `{agent}`: the session runs {}@{}, which {found} in {}; it is left to a host that has it (or run: steadfast install-agent {}@{})",
+                adapter.package,
+                adapter.version,
+                dir.display(),
+                adapter.name,
+                adapter.version
+            )));
+        }
+        Ok(adapter)
+    }
+
     /// Every agent sessions can name: the native loop, the built-in adapters and the
     /// configured agents.
     pub fn agents(&self) -> Vec<AgentInfo> {
@@ -229,8 +256,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         lease: Lease,
         state: SessionState,
     ) -> Result<WrappedDriver<'_, W, S>> {
-        let adapter = self.adapter(&state.agent)?;
-        self.check_agent(&state.agent)?;
+        let adapter = self.session_adapter(&state)?;
         let sandbox = self.sandbox_options(&lease.session, &state).await?;
         // A wrapped CLI's directory is left as its user had it; a logical workspace
         // is brought to the log's last snapshot, whichever host drove it last.

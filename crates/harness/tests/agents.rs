@@ -98,3 +98,74 @@ async fn an_agent_that_cannot_run_is_refused_before_a_session_exists() -> anyhow
     assert!(listed.iter().skip(1).all(|a| !a.installed));
     Ok(())
 }
+
+/// Puts a stand-in for `adapter`'s CLI (its package manifest and executable) where a
+/// host looks for that version under `dir`.
+fn install_stand_in(adapter: &steadfast_wrap::Adapter, dir: &std::path::Path) {
+    let manifest = adapter
+        .prefix(dir)
+        .join("node_modules")
+        .join(adapter.package)
+        .join("package.json");
+    std::fs::create_dir_all(manifest.parent().unwrap()).unwrap();
+    std::fs::write(&manifest, json!({"version": adapter.version}).to_string()).unwrap();
+    let bin = adapter.executable(dir);
+    std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+    std::fs::write(bin, "#!/bin/sh\n").unwrap();
+}
+
+/// A wrapped session runs the CLI version it began with, whatever version the host
+/// that takes it up is configured for: another version would ask the model again
+/// for what is recorded and diverge from the record. A host without that version
+/// leaves the session as it is; one that has it (beside others) runs it.
+#[tokio::test]
+async fn a_wrapped_session_keeps_the_cli_version_it_began_with() -> anyhow::Result<()> {
+    let setup = Setup::new(json!([{"text": "ok"}])).await;
+    let named = |version: &str| steadfast_harness::NamedAgent {
+        name: "reviewer".into(),
+        adapter: "claude-code".into(),
+        model: None,
+        version: Some(version.into()),
+        mcp_servers: Vec::new(),
+    };
+    let host = |dir: &str, version: &str| {
+        let install = setup.dir.path().join(dir);
+        setup.harness_with(|o| {
+            o.agents.install_dir = Some(install);
+            o.agents.named = vec![named(version)];
+        })
+    };
+    // Host A runs the reviewer at 2.1.197; the session begins there.
+    let a = host("agents-a", "2.1.197");
+    let old = a.adapter("reviewer")?;
+    install_stand_in(&old, &a.install_dir());
+    let mut new =
+        NewSession::native("anthropic/claude-sonnet-4-5", &setup.workspace()).with_task("review");
+    new.agent = "reviewer".into();
+    let id = a.start_session(new).await?;
+    let state = a.state(&id).await?;
+    assert_eq!(state.agent_version.as_deref(), Some("2.1.197"));
+    assert_eq!(a.session_adapter(&state)?.version, "2.1.197");
+
+    // Host B is configured for 2.1.332 and has only that: it leaves the session.
+    let b = host("agents-b", "2.1.332");
+    install_stand_in(&b.adapter("reviewer")?, &b.install_dir());
+    let before = b.world().read(&id, 1).await?.len();
+    match b.wake(&id).await {
+        Err(Error::NotHere(why)) => assert!(why.contains("2.1.197"), "{why}"),
+        Ok(_) => panic!("a host without the session's version took it"),
+        Err(other) => panic!("{other}"),
+    }
+    assert_eq!(
+        b.world().read(&id, 1).await?.len(),
+        before,
+        "not one record"
+    );
+
+    // Host C is configured for 2.1.332 but has 2.1.197 too: it runs the session's.
+    let c = host("agents-c", "2.1.332");
+    install_stand_in(&c.adapter("reviewer")?, &c.install_dir());
+    install_stand_in(&old, &c.install_dir());
+    assert_eq!(c.session_adapter(&state)?.version, "2.1.197");
+    Ok(())
+}

@@ -480,6 +480,10 @@ pub fn is_workspace_id(workspace: &str) -> bool {
 }
 
 /// One entry of a session log.
+// `SessionStarted`, a session's first record and the only large one, is allowed its
+// size: boxing its fields would cost every reader of it, for a few hundred bytes per
+// event held.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Event {
@@ -487,6 +491,11 @@ pub enum Event {
     SessionStarted {
         /// The agent's name.
         agent: String,
+        /// The version of a wrapped agent's CLI the session runs: a session is only
+        /// taken up by a host that has this version (another would re-pay the turn
+        /// and diverge from its record). None for the native agent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        agent_version: Option<String>,
         /// The model spoken to.
         model: ModelSpec,
         /// The workspace: a logical id (`ws_...`, see [`is_workspace_id`]) that each
@@ -878,6 +887,7 @@ impl Event {
     pub fn bare_start(agent: &str, model: ModelSpec, workspace: &str) -> Event {
         Event::SessionStarted {
             agent: agent.into(),
+            agent_version: None,
             model,
             workspace: workspace.into(),
             host: None,

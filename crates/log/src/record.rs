@@ -294,6 +294,7 @@ mod tests {
             at_ms: 5,
             event: Event::SessionStarted {
                 agent: "native".into(),
+                agent_version: None,
                 model: ModelSpec {
                     provider: "fake".into(),
                     model: "m".into(),
