@@ -47,7 +47,7 @@ async fn setup() -> Setup {
     let opened = [
         Event::SessionStarted {
             agent: "pi".into(),
-            agent_version: None,
+            agent_cli: None,
             model: ModelSpec {
                 provider: "fake".into(),
                 model: "m".into(),

@@ -427,13 +427,16 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             .acquire_lease(&id, &self.holder, self.options.lease_ttl)
             .await?;
         // A wrapped agent's CLI version is the session's from now on.
-        let agent_version = match new.agent.as_str() {
+        let agent_cli = match new.agent.as_str() {
             "native" => None,
-            agent => Some(self.adapter(agent)?.version),
+            agent => {
+                let adapter = self.adapter(agent)?;
+                Some(format!("{}@{}", adapter.package, adapter.version))
+            }
         };
         let mut events = vec![Event::SessionStarted {
             agent: new.agent,
-            agent_version,
+            agent_cli,
             model,
             system: prompt::system(host.is_some().then_some(recorded.as_str())),
             workspace: recorded,

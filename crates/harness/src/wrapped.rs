@@ -223,10 +223,14 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// calls and diverge from the record.
     pub fn session_adapter(&self, state: &SessionState) -> Result<Adapter> {
         let agent = &state.agent;
-        let adapter = self
-            .adapter(agent)?
-            .at_version(state.agent_version.as_deref())
-            .map_err(Error::Invalid)?;
+        let configured = self.adapter(agent)?;
+        // The version the session began with, if the agent still stands for the same
+        // CLI (an operator who points a named agent at another CLI gets that one).
+        let began = state.agent_cli.as_deref().and_then(|cli| {
+            cli.strip_prefix(configured.package)
+                .and_then(|rest| rest.strip_prefix('@'))
+        });
+        let adapter = configured.at_version(began).map_err(Error::Invalid)?;
         let dir = self.install_dir();
         if !adapter.is_installed(&dir) {
             let found = adapter

@@ -144,7 +144,10 @@ async fn a_wrapped_session_keeps_the_cli_version_it_began_with() -> anyhow::Resu
     new.agent = "reviewer".into();
     let id = a.start_session(new).await?;
     let state = a.state(&id).await?;
-    assert_eq!(state.agent_version.as_deref(), Some("2.1.197"));
+    assert_eq!(
+        state.agent_cli.as_deref(),
+        Some("@anthropic-ai/claude-code@2.1.197")
+    );
     assert_eq!(a.session_adapter(&state)?.version, "2.1.197");
 
     // Host B is configured for 2.1.332 and has only that: it leaves the session.

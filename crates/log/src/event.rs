@@ -491,11 +491,11 @@ pub enum Event {
     SessionStarted {
         /// The agent's name.
         agent: String,
-        /// The version of a wrapped agent's CLI the session runs: a session is only
-        /// taken up by a host that has this version (another would re-pay the turn
-        /// and diverge from its record). None for the native agent.
+        /// The wrapped agent's CLI the session runs, as `package@version`: a session
+        /// is only taken up by a host that has this version (another would re-pay the
+        /// turn and diverge from its record). None for the native agent.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        agent_version: Option<String>,
+        agent_cli: Option<String>,
         /// The model spoken to.
         model: ModelSpec,
         /// The workspace: a logical id (`ws_...`, see [`is_workspace_id`]) that each
@@ -887,7 +887,7 @@ impl Event {
     pub fn bare_start(agent: &str, model: ModelSpec, workspace: &str) -> Event {
         Event::SessionStarted {
             agent: agent.into(),
-            agent_version: None,
+            agent_cli: None,
             model,
             workspace: workspace.into(),
             host: None,

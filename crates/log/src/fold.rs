@@ -341,10 +341,10 @@ pub fn approval_key(tool: &str, input: &Value) -> String {
 pub struct SessionState {
     /// The agent's name.
     pub agent: String,
-    /// The version of a wrapped agent's CLI the session runs (see
+    /// The wrapped agent's CLI the session runs, `package@version` (see
     /// [`Event::SessionStarted`]).
     #[serde(default)]
-    pub agent_version: Option<String>,
+    pub agent_cli: Option<String>,
     /// The model.
     pub model: ModelSpec,
     /// The workspace: a logical id or a directory on [`Self::workspace_host`].
@@ -518,7 +518,7 @@ impl SessionState {
         }
         let Event::SessionStarted {
             agent,
-            agent_version,
+            agent_cli,
             model,
             workspace,
             host,
@@ -539,7 +539,7 @@ impl SessionState {
         };
         Ok(SessionState {
             agent: agent.clone(),
-            agent_version: agent_version.clone(),
+            agent_cli: agent_cli.clone(),
             model: model.clone(),
             workspace: workspace.clone(),
             workspace_host: host.clone(),

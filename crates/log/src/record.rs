@@ -294,7 +294,7 @@ mod tests {
             at_ms: 5,
             event: Event::SessionStarted {
                 agent: "native".into(),
-                agent_version: None,
+                agent_cli: None,
                 model: ModelSpec {
                     provider: "fake".into(),
                     model: "m".into(),

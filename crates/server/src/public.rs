@@ -44,10 +44,10 @@ pub enum EventBody {
     SessionStarted {
         /// `native` or the wrapped agent.
         agent: String,
-        /// The version of the wrapped agent's CLI the session runs (hosts without it
-        /// leave the session to one that has it).
+        /// The wrapped agent's CLI the session runs, `package@version` (hosts without
+        /// that version leave the session to one that has it).
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        agent_version: Option<String>,
+        agent_cli: Option<String>,
         /// `provider/model`.
         model: String,
         /// Whether external-effect calls wait for the `approval` signal.
@@ -511,7 +511,7 @@ fn body(event: &Event) -> EventBody {
     match event {
         Event::SessionStarted {
             agent,
-            agent_version,
+            agent_cli,
             model,
             approve_external,
             limits,
@@ -521,7 +521,7 @@ fn body(event: &Event) -> EventBody {
             ..
         } => EventBody::SessionStarted {
             agent: s(agent),
-            agent_version: agent_version.clone(),
+            agent_cli: agent_cli.clone(),
             model: format!("{}/{}", model.provider, model.model),
             approve_external: *approve_external,
             limits: *limits,

@@ -11,7 +11,7 @@ impl Log {
         let mut log = Log(Vec::new());
         log.push(Event::SessionStarted {
             agent: "native".into(),
-            agent_version: None,
+            agent_cli: None,
             model: ModelSpec {
                 provider: "fake".into(),
                 model: "m".into(),
