@@ -543,6 +543,51 @@ async fn an_interrupt_stops_a_running_wrapped_turn_at_once() {
     assert!(!kinds.contains(&"turn_ended".to_string()), "{kinds:?}");
 }
 
+/// An interrupt while a wrapped CLI's reply streams cuts the reply off: it is not
+/// read to its end (paid for) and recorded, since no later start of the CLI asks for
+/// it; the exchange stays unanswered and the turn ends interrupted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_cuts_off_a_streaming_reply_of_a_wrapped_cli() {
+    installed("claude-code").await;
+    let mut script = demo::script();
+    // About three seconds of streaming: longer than an interrupt takes to land, and
+    // short enough that a driver waiting for the reply to be recorded would record it.
+    script.steps[4].chunk_delay_ms = 150;
+    let fake = FakeProvider::start(script).await.unwrap();
+    let (_dir, site, _processes, url, id) = demo_on_a_worker(&fake).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while fake.state().calls_per_step().get(4).is_none_or(|n| *n == 0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the turn never got going"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let http = reqwest::Client::new();
+    let resp = http
+        .post(format!("{url}/v1/sessions/{id}/interrupt"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    let asked = std::time::Instant::now();
+    while shown(&http, &url, &id).await["status"] != "idle" {
+        assert!(
+            asked.elapsed() < Duration::from_secs(60),
+            "the turn never stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = site.log(&id).await;
+    let kinds: Vec<String> = log.iter().map(kind).collect();
+    assert!(kinds.contains(&"turn_interrupted".to_string()), "{kinds:?}");
+    let last_intent = kinds.iter().rposition(|k| k == "exchange_intent").unwrap();
+    assert!(
+        !kinds[last_intent..].contains(&"exchange_outcome".to_string()),
+        "the reply streaming when the interrupt came was cut off, not recorded: {kinds:?}"
+    );
+}
+
 /// A worker stopped (SIGTERM) while the wrapped CLI it drives receives a reply stops
 /// the CLI at once, but records the reply before it exits: the next worker's CLI gets
 /// it from the log, and the provider is never asked (nor paid) for it twice.

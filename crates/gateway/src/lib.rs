@@ -160,6 +160,9 @@ pub(crate) struct Shared<W> {
     escalated: tokio::sync::watch::Sender<bool>,
     /// Replies still streaming from the provider (and being recorded).
     pub(crate) inflight: tokio::sync::watch::Sender<usize>,
+    /// Set when the turn was interrupted: replies still streaming are cut off, not
+    /// recorded (nobody will ask for them again).
+    pub(crate) abandoned: tokio::sync::watch::Sender<bool>,
     replay: Mutex<Replay>,
     pub(crate) http: reqwest::Client,
     /// Exchanges this gateway answered from the log / sent to the provider.
@@ -254,6 +257,7 @@ impl<W: World + Clone> Gateway<W> {
                 escalation: StdMutex::new(None),
                 escalated: tokio::sync::watch::Sender::new(false),
                 inflight: tokio::sync::watch::Sender::new(0),
+                abandoned: tokio::sync::watch::Sender::new(false),
                 replay: Mutex::new(Replay::default()),
                 http,
                 counters: StdMutex::default(),
@@ -283,6 +287,14 @@ impl<W: World + Clone> Gateway<W> {
     pub async fn settle(&self, limit: std::time::Duration) {
         let mut rx = self.shared.inflight.subscribe();
         let _ = tokio::time::timeout(limit, rx.wait_for(|n| *n == 0)).await;
+    }
+
+    /// Cuts off every reply still streaming from the provider, unrecorded (an
+    /// interrupted turn: its CLI is gone and no later start asks for the reply, so
+    /// reading it to its end would only pay for it). The exchange stays unanswered,
+    /// as a reply lost with a crash does.
+    pub fn abandon(&self) {
+        self.shared.abandoned.send_replace(true);
     }
 
     /// What this gateway has done so far.

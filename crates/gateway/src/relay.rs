@@ -265,7 +265,18 @@ impl<W: World + Clone> Recording<W> {
     /// records nothing: the intent stays unanswered and the client asks again.
     async fn next_chunk(&mut self) -> Option<Result<Bytes, std::io::Error>> {
         let chunks = self.chunks.as_mut()?;
-        match chunks.next().await {
+        let mut abandoned = self.shared.abandoned.subscribe();
+        let next = tokio::select! {
+            next = chunks.next() => next,
+            _ = abandoned.wait_for(|a| *a) => {
+                tracing::info!("the turn was interrupted: the reply is cut off unrecorded");
+                self.chunks = None;
+                self.writer = None;
+                self.inflight = None;
+                return Some(Err(std::io::Error::other("the turn was interrupted")));
+            }
+        };
+        match next {
             Some(Ok(bytes)) => {
                 self.recorded.extend_from_slice(&bytes);
                 if let Some(writer) = &self.writer {

@@ -363,6 +363,7 @@ pub async fn drive_turn<W: World + Clone + 'static>(
         }
         if interrupted {
             journal.cancel().await;
+            gateway.abandon();
         }
         drop(cli);
         // A reply the dead CLI was receiving is still being recorded: let it finish, so
