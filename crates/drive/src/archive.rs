@@ -113,11 +113,19 @@ pub struct Unpacked {
     pub bytes: u64,
 }
 
+/// What an entry costs against an unpacking's bound beyond its content: a directory
+/// takes a block of the filesystem, every entry an inode and its header. So an archive
+/// of a million empty directories or files is refused as a bomb, as one that expands
+/// to gigabytes of content is.
+const DIRECTORY_COST: u64 = 4096;
+const ENTRY_COST: u64 = 512;
+
 /// Unpacks a tar archive (gzip-compressed or not) into `dst`: directories, files with
 /// their permission bits, symbolic and hard links, FIFOs. An entry whose path leaves
 /// `dst` (absolute, `..`, or through a link the archive made), a device node, or
-/// content past `max_bytes` in all (a small archive that expands without bound) is
-/// refused, naming the entry; the caller removes `dst` then.
+/// more than `max_bytes` in all (content, and [`DIRECTORY_COST`] or [`ENTRY_COST`] for
+/// each entry: a small archive that expands without bound) is refused, naming the
+/// entry; the caller removes `dst` then.
 pub fn unpack_tar(archive: &[u8], dst: &Path, max_bytes: u64) -> Result<Unpacked> {
     let refused = |m: String| Error::Archive(m);
     let reader: Box<dyn Read + '_> = if archive.starts_with(&[0x1f, 0x8b]) {
@@ -133,6 +141,7 @@ pub fn unpack_tar(archive: &[u8], dst: &Path, max_bytes: u64) -> Result<Unpacked
         entries: 0,
         bytes: 0,
     };
+    let mut charged: u64 = 0;
     let entries = tar
         .entries()
         .map_err(|e| refused(format!("not a tar archive: {e}")))?;
@@ -146,6 +155,20 @@ pub fn unpack_tar(archive: &[u8], dst: &Path, max_bytes: u64) -> Result<Unpacked
             tar::EntryType::XGlobalHeader | tar::EntryType::XHeader => continue,
             _ => {}
         }
+        // An absolute name is not taken as relative to the workspace: refused.
+        if entry.path_bytes().starts_with(b"/") {
+            return Err(refused(format!("`{name}` is outside the workspace")));
+        }
+        let cost = match entry.header().entry_type() {
+            tar::EntryType::Directory => DIRECTORY_COST,
+            _ => ENTRY_COST,
+        };
+        charged = charged.saturating_add(cost).saturating_add(entry.size());
+        if charged > max_bytes {
+            return Err(refused(format!(
+                "it unpacks to more than {max_bytes} bytes (counting {ENTRY_COST} for each entry, {DIRECTORY_COST} for each directory)"
+            )));
+        }
         if entry.header().entry_type() == tar::EntryType::Fifo {
             let path = entry
                 .path()
@@ -155,11 +178,6 @@ pub fn unpack_tar(archive: &[u8], dst: &Path, max_bytes: u64) -> Result<Unpacked
             continue;
         }
         done.bytes = done.bytes.saturating_add(entry.size());
-        if done.bytes > max_bytes {
-            return Err(refused(format!(
-                "it unpacks to more than {max_bytes} bytes"
-            )));
-        }
         let inside = entry
             .unpack_in(dst)
             .map_err(|e| refused(format!("`{name}`: {e}")))?;
@@ -306,13 +324,39 @@ mod unpack_tests {
                 "more than",
             ),
             (
+                archive(|t| {
+                    for i in 0..3 {
+                        raw(t, &format!("empty{i}"), tar::EntryType::Directory, "", b"");
+                    }
+                }),
+                "each directory",
+            ),
+            (
+                archive(|t| {
+                    for i in 0..5 {
+                        raw(
+                            t,
+                            &format!("empty{i}.txt"),
+                            tar::EntryType::Regular,
+                            "",
+                            b"",
+                        );
+                    }
+                }),
+                "each entry",
+            ),
+            (
+                archive(|t| raw(t, "/etc/planted.txt", tar::EntryType::Regular, "", b"x")),
+                "outside",
+            ),
+            (
                 b"this is not an archive at all, not even close to one............".repeat(16),
                 "tar",
             ),
         ];
         for (bytes, says) in cases {
             let dir = tempfile::tempdir().unwrap();
-            let err = unpack_tar(&bytes, dir.path(), 1024)
+            let err = unpack_tar(&bytes, dir.path(), 2048)
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(says), "{says}: {err}");
