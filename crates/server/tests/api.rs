@@ -840,6 +840,17 @@ async fn bad_input_gets_clear_json_errors() {
         429,
         "rate_limited",
     );
+    // Signals are bounded the same way, apart from messages.
+    let signal = messages.replace("/messages", "/signals/nudge?queue=true");
+    for _ in 0..2 {
+        let (status, body) = call(reqwest::Method::POST, &signal, None, Some(json!({}))).await;
+        assert_eq!(status, 202, "{body}");
+    }
+    assert_error(
+        &call(reqwest::Method::POST, &signal, None, Some(json!({}))).await,
+        429,
+        "rate_limited",
+    );
     // The OpenAPI document is served and names every route.
     let (status, doc) = call(
         reqwest::Method::GET,

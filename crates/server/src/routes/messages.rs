@@ -289,6 +289,7 @@ pub(crate) struct SignalQuery {
         (status = 409, description = "No wait for this signal (`not_waiting`), or the session has ended", body = wire::Error),
         (status = 413, description = "The body is larger than the limit", body = wire::Error),
         (status = 422, description = "A name or bound that is refused (the message names it)", body = wire::Error),
+        (status = 429, description = "More signals a minute to this session than the server takes (`rate_limited`)", body = wire::Error),
     )
 )]
 pub(crate) async fn signal<W: World + Clone>(
@@ -317,6 +318,20 @@ pub(crate) async fn signal<W: World + Clone>(
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid_signal",
             "name: letters, digits, - _ . only, at most 128",
+        ));
+    }
+    // Each signal is an inbox entry the session's driver reads: as bounded as messages.
+    if !state
+        .limiter
+        .allow(&format!("signals/{id}"), state.messages_per_minute)
+    {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!(
+                "more than {} signals a minute to this session; slow down",
+                state.messages_per_minute
+            ),
         ));
     }
     let payload = if body.iter().all(u8::is_ascii_whitespace) {
