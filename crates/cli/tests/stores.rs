@@ -363,3 +363,30 @@ async fn a_blob_store_that_cannot_be_used_is_named_at_start_and_by_readyz() {
     assert_readiness(&url, Some("blobs")).await;
     let _ = serve.kill().await;
 }
+
+/// A home whose `world.db` was deleted while its drive and workspaces remain is not
+/// taken for a new home: the command fails and names the missing file, and nothing is
+/// made over it. A new home still gets its world.
+#[test]
+fn a_deleted_world_file_is_reported_not_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(home.join("drive").join("objects")).unwrap();
+    std::fs::write(home.join("drive").join("objects").join("ab"), b"x").unwrap();
+    let out = steadfast(&home, "", &["sessions"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("world.db is missing"), "{said}");
+    assert!(
+        !home.join("world.db").exists(),
+        "no empty world was made over it"
+    );
+
+    let fresh = dir.path().join("fresh");
+    let out = steadfast(&fresh, "", &["sessions"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

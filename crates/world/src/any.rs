@@ -17,6 +17,27 @@ pub enum AnyWorld {
     Postgres(crate::PostgresWorld),
 }
 
+/// A home whose world file is gone while it holds what a world's sessions left (the
+/// drive's snapshots, session workspaces) lost its world: refused, rather than a new,
+/// empty world made over it that says there are no sessions.
+fn refuse_lost_world(home: &Path, file: &Path) -> Result<()> {
+    if file.exists() {
+        return Ok(());
+    }
+    let holds = |dir: &str| {
+        std::fs::read_dir(home.join(dir)).is_ok_and(|mut entries| entries.next().is_some())
+    };
+    match ["drive", "workspaces"].into_iter().find(|dir| holds(dir)) {
+        None => Ok(()),
+        Some(dir) => Err(Error::CorruptStore(format!(
+            "{} is missing, but {} holds a world's {dir}: restore the file (or name the \
+             world with --world / STEADFAST_WORLD); a new, empty world is not made over it",
+            file.display(),
+            home.display()
+        ))),
+    }
+}
+
 impl AnyWorld {
     /// Opens the world `spec` names: `postgres://...` (or `postgresql://...`, or
     /// libpq's `host=... dbname=...` pairs), a `sqlite:PATH`, or nothing for
@@ -24,7 +45,11 @@ impl AnyWorld {
     /// PostgreSQL migrations are applied first.
     pub async fn open(spec: Option<&str>, home: &Path, migrate: bool) -> Result<Self> {
         match spec.filter(|s| !s.is_empty()) {
-            None => Ok(AnyWorld::Sqlite(SqliteWorld::open(home.join("world.db"))?)),
+            None => {
+                let file = home.join("world.db");
+                refuse_lost_world(home, &file)?;
+                Ok(AnyWorld::Sqlite(SqliteWorld::open(file)?))
+            }
             Some(s) if is_postgres(s) => {
                 #[cfg(feature = "postgres")]
                 {
