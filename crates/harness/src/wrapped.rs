@@ -199,22 +199,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         if agent == "native" {
             return Ok(());
         }
-        let adapter = self.adapter(agent)?;
-        let dir = self.install_dir();
-        if !adapter.is_installed(&dir) {
-            let found = adapter
-                .installed_version(&dir)
-                .map_or_else(|| "is not installed".to_string(), |v| format!("is at {v}"));
-            return Err(Error::NotHere(format!(
-                "agent `{agent}` needs {}@{}, which {found} in {}; run: steadfast install-agent {}@{}",
-                adapter.package,
-                adapter.version,
-                dir.display(),
-                adapter.name,
-                adapter.version
-            )));
-        }
-        Ok(())
+        self.installed(self.adapter(agent)?, "needs").map(drop)
     }
 
     /// The adapter a wrapped session runs: its agent's, at the CLI version the session
@@ -222,8 +207,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// that has it ([`Error::NotHere`]): another version would re-pay the turn's model
     /// calls and diverge from the record.
     pub fn session_adapter(&self, state: &SessionState) -> Result<Adapter> {
-        let agent = &state.agent;
-        let configured = self.adapter(agent)?;
+        let configured = self.adapter(&state.agent)?;
         // The version the session began with, if the agent still stands for the same
         // CLI (an operator who points a named agent at another CLI gets that one).
         let began = state.agent_cli.as_deref().and_then(|cli| {
@@ -231,21 +215,28 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 .and_then(|rest| rest.strip_prefix('@'))
         });
         let adapter = configured.at_version(began).map_err(Error::Invalid)?;
+        self.installed(adapter, "runs, for this session,")
+    }
+
+    /// `adapter`, if its CLI is installed here at its version; else why not and what to
+    /// run ([`Error::NotHere`]: another host may have it). `wants` says who wants it.
+    fn installed(&self, adapter: Adapter, wants: &str) -> Result<Adapter> {
         let dir = self.install_dir();
-        if !adapter.is_installed(&dir) {
-            let found = adapter
-                .installed_version(&dir)
-                .map_or_else(|| "is not installed".to_string(), |v| format!("is at {v}"));
-            return Err(Error::NotHere(format!(
-                "agent `{agent}`: the session runs {}@{}, which {found} in {}; it is left to a host that has it (or run: steadfast install-agent {}@{})",
-                adapter.package,
-                adapter.version,
-                dir.display(),
-                adapter.name,
-                adapter.version
-            )));
+        if adapter.is_installed(&dir) {
+            return Ok(adapter);
         }
-        Ok(adapter)
+        let found = adapter
+            .installed_version(&dir)
+            .map_or_else(|| "is not installed".to_string(), |v| format!("is at {v}"));
+        Err(Error::NotHere(format!(
+            "agent `{}` {wants} {}@{}, which {found} in {}; run: steadfast install-agent {}@{}",
+            adapter.name,
+            adapter.package,
+            adapter.version,
+            dir.display(),
+            adapter.name,
+            adapter.version
+        )))
     }
 
     /// Every agent sessions can name: the native loop, the built-in adapters and the
