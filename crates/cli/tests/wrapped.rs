@@ -811,3 +811,28 @@ async fn parallel_calls(agent: &str) {
     case.assert_nothing_paid_twice(&session, "parallel crash")
         .await;
 }
+
+/// A long `TMPDIR` (a deep CI workspace, a per-user temporary directory) does not
+/// break a wrapped session: its sockets (the sandbox agent's, the gateway's, the MCP
+/// server's) are made where their paths fit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_tmpdir_does_not_break_a_wrapped_session() {
+    installed("claude-code").await;
+    let case = Case::new().await;
+    let long = case
+        .dir
+        .path()
+        .join("a-temporary-directory-whose-path-is-far-too-long-for-a-unix-socket");
+    std::fs::create_dir_all(&long).unwrap();
+    assert!(long.as_os_str().len() > 80);
+    let out = case
+        .run(
+            "claude-code",
+            "anthropic/claude-sonnet-4-5",
+            &[("TMPDIR", long.display().to_string())],
+        )
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["status"], "completed");
+}

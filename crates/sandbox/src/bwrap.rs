@@ -160,7 +160,7 @@ fn reap_abandoned() {
         owner == std::process::id() as i32
             || nix::sys::signal::kill(nix::unistd::Pid::from_raw(owner), None).is_ok()
     }
-    let Ok(dir) = std::fs::read_dir(std::env::temp_dir()) else {
+    let Ok(dir) = std::fs::read_dir(crate::paths::socket_root()) else {
         return;
     };
     for entry in dir.filter_map(Result::ok) {
@@ -236,7 +236,7 @@ impl BwrapSandbox {
         static REAPED: std::sync::Once = std::sync::Once::new();
         REAPED.call_once(reap_abandoned);
         static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let run = RunDir(std::env::temp_dir().join(format!(
+        let run = RunDir(crate::paths::socket_root().join(format!(
             "steadfast-sbx-{}-{}",
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)

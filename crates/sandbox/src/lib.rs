@@ -17,7 +17,7 @@ pub mod egress;
 mod env;
 mod local;
 mod orphans;
-mod paths;
+pub mod paths;
 mod policy;
 pub mod proxy;
 pub mod reconcile;

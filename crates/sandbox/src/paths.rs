@@ -1,6 +1,23 @@
-//! Confining file-tool paths to the workspace.
+//! Confining file-tool paths to the workspace; where sockets live.
 
 use std::path::{Component, Path, PathBuf};
+
+/// The longest directory run directories holding Unix sockets are made under: a
+/// socket's path must fit in `sun_path` (108 bytes) with the run directory's name
+/// (about 50) and the socket's (about 15) after it.
+const SOCKET_ROOT_MAX: usize = 40;
+
+/// Where run directories holding Unix sockets are made (the sandbox agent's, a wrapped
+/// CLI's gateway and MCP server): the temporary directory, unless its path is too long
+/// for a socket path under it, then `/tmp`.
+pub fn socket_root() -> PathBuf {
+    let tmp = std::env::temp_dir();
+    if tmp.as_os_str().len() <= SOCKET_ROOT_MAX {
+        tmp
+    } else {
+        PathBuf::from("/tmp")
+    }
+}
 
 /// Resolves a path given by the model against the workspace `root` (canonical), and
 /// refuses any that lead outside it: `..` past the root, absolute paths elsewhere, and

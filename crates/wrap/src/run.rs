@@ -498,8 +498,9 @@ impl Drop for TempDir {
 const TEMP_PREFIX: &str = "steadfast-wrap-";
 
 fn tempfile_dir() -> Result<TempDir> {
-    reap_temp_dirs(&std::env::temp_dir());
-    let dir = std::env::temp_dir().join(format!(
+    let root = steadfast_sandbox::paths::socket_root();
+    reap_temp_dirs(&root);
+    let dir = root.join(format!(
         "{TEMP_PREFIX}{}-{}",
         std::process::id(),
         uuid::Uuid::now_v7().simple()
