@@ -148,6 +148,11 @@ async fn reference(
     // Every tool call went through the journal (no built-in tool of the CLI's ran).
     let log = case.log(&session).await;
     assert_eq!(
+        result["model_calls"].as_u64(),
+        Some(events(&log, "exchange_outcome").len() as u64),
+        "every answered model call of the CLI is counted"
+    );
+    assert_eq!(
         events(&log, "tool_call_outcome").len(),
         7,
         "the demo's seven tool calls were journaled"

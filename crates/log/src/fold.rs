@@ -1420,6 +1420,7 @@ impl SessionState {
                     self.usage.add(u);
                 }
                 self.cost_micro_usd += cost_micro_usd;
+                self.model_calls += 1;
                 match self
                     .exchanges
                     .iter_mut()
