@@ -51,6 +51,11 @@ pub struct Config {
     /// API server settings.
     #[serde(default)]
     pub server: ServerConfig,
+    /// The operator's approval policy, the first layer of every session's (no
+    /// session can loosen it): `[approval] external = "ask"` and
+    /// `[[approval.rules]] verdict = "deny", host = "*.internal.example"`.
+    #[serde(default)]
+    pub approval: steadfast_log::ApprovalPolicy,
     /// Apply pending migrations when opening the world (`--migrate`).
     #[serde(default)]
     pub migrate_on_open: bool,
@@ -551,6 +556,7 @@ impl Config {
             options.sandbox_idle_stop = (secs > 0).then(|| Duration::from_secs(secs));
         }
         self.apply_agents(&mut options.agents);
+        options.approval = self.approval.clone();
         options
     }
 
@@ -671,7 +677,15 @@ impl Config {
                 steadfast_harness::parse_model(model)
                     .map_err(|e| anyhow::anyhow!("[[agents.named]] {}: model: {e}", agent.name))?;
             }
+            if let Some(policy) = &agent.approval {
+                policy.check().map_err(|e| {
+                    anyhow::anyhow!("[[agents.named]] {}: approval.{e}", agent.name)
+                })?;
+            }
         }
+        self.approval
+            .check()
+            .map_err(|e| anyhow::anyhow!("[approval] {e}"))?;
         if let Some(b) = &self.sandbox.backend {
             b.parse::<steadfast_sandbox::Backend>()
                 .map_err(|e| anyhow::anyhow!("[sandbox] backend: {e}"))?;
@@ -909,6 +923,45 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("stop-grace-secs"), "{err}");
+    }
+
+    #[test]
+    fn the_operators_approval_policy_is_every_sessions_first_layer() {
+        let text = r#"
+            [approval]
+            external = "ask"
+            [[approval.rules]]
+            verdict = "deny"
+            host = "*.internal.example"
+            [[approval.rules]]
+            verdict = "allow"
+            mcp-server = "tracker"
+            [[agents.named]]
+            name = "reviewer"
+            adapter = "claude-code"
+            approval = { rules = [{ verdict = "ask", tool = "git_push" }] }
+        "#;
+        let cfg: Config = toml::from_str(text).unwrap();
+        cfg.check().unwrap();
+        let options = cfg.harness_options();
+        assert_eq!(options.approval.external, steadfast_log::Verdict::Ask);
+        assert_eq!(options.approval.rules.len(), 2);
+        assert_eq!(
+            options.approval.rules[1].mcp_server.as_deref(),
+            Some("tracker")
+        );
+        let agent = options.agents.approval_for("reviewer").unwrap();
+        assert_eq!(agent.rules[0].tool.as_deref(), Some("git_push"));
+        assert!(options.agents.approval_for("native").is_none());
+
+        let bad = "[[approval.rules]]\nverdict = \"deny\"\nhost = \"not a host\"\n";
+        let err = toml::from_str::<Config>(bad).unwrap().check().unwrap_err();
+        assert!(
+            err.to_string().starts_with("[approval] rules[0].host"),
+            "{err}"
+        );
+        let unknown = "[approval]\nexternal = \"maybe\"\n";
+        assert!(toml::from_str::<Config>(unknown).is_err());
     }
 
     #[test]

@@ -144,6 +144,7 @@ pub fn timeline(record: &Record) -> Vec<String> {
         ),
         Event::DriveFailed { reason, .. } => format!("ERROR (not retryable): {}", short(reason, 160)),
         Event::Egress { destination, admitted: true, .. } => format!("egress: connected to {destination} (an external effect)"),
+        Event::Egress { destination, denied: true, .. } => format!("egress: denied {destination} (approval policy)"),
         Event::Egress { destination, .. } => format!("egress: held back from {destination} (awaits approval)"),
         Event::SandboxLost { reason, .. } => format!("sandbox lost: {}; a new one is provisioned on demand", short(reason, 100)),
         Event::Escalated { breaker, reason, diff } => {

@@ -295,3 +295,205 @@ async fn approval_holds(agent: &str, approve: bool, command: fn(u16) -> String) 
         assert!(told.contains("not today"), "{agent}: told why: {told}");
     }
 }
+
+/// A policy by destination, judged at the proxy connection by connection: the
+/// operator denies one host (and no session can allow it), the session allows another
+/// and asks for everything else. The allowed host is reached without asking (a `curl`
+/// the classifier takes for an external effect included), the denied one is refused
+/// and no one is asked, the third is held back, then waits for approval naming where
+/// it goes, and runs once approved.
+async fn policy_by_destination(agent: &str) {
+    let (allowed, allowed_hits) = counter();
+    let (denied, denied_hits) = counter();
+    let (asked, asked_hits) = counter();
+    let curl = format!("curl -sf -d go http://localhost:{allowed}/deploy");
+    let steps = json!([
+        {"text": "one", "tool_calls": [{"name": "bash", "input": {"command": post(allowed)}}]},
+        {"text": "two", "tool_calls": [{"name": "bash", "input": {"command": curl}}]},
+        {"text": "three", "tool_calls": [{"name": "bash", "input": {"command": post(denied)}}]},
+        {"text": "four", "tool_calls": [{"name": "bash", "input": {"command": post(asked)}}]},
+        {"text": "five", "tool_calls": [{"name": "bash", "input": {"command": post(asked)}}]},
+        {"text": "six", "tool_calls": [{"name": "write", "input": {"path": "notes.txt", "content": "x"}}]},
+        {"text": "done"}
+    ]);
+    let fake = FakeProvider::start(script(steps)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let site = VaultSite::new(
+        dir.path(),
+        &format!(
+            "[sandbox]\nbackend = \"bwrap\"\n\
+             internal-hosts = [\"localhost:{allowed}\", \"localhost:{denied}\", \"localhost:{asked}\"]\n\
+             [[approval.rules]]\nverdict = \"deny\"\nhost = \"localhost:{denied}\"\n"
+        ),
+    );
+    let (_api, url) = site.serve(&fake, "1").await;
+    let network = format!("allow:localhost:{allowed},localhost:{denied},localhost:{asked}");
+    let (code, created) = call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions"),
+        Some(json!({
+            "task": "deploy", "agent": agent, "network": network,
+            "approval": {"external": "ask", "rules": [
+                {"verdict": "allow", "host": format!("localhost:{allowed}")},
+                {"verdict": "allow", "host": format!("localhost:{denied}")},
+                {"verdict": "deny", "tool": "wr*e"}
+            ]}
+        })),
+    )
+    .await;
+    assert_eq!(code, 201, "{agent}: {created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    wait_for("the held call to wait for approval", async || {
+        status(&url, &id).await == "waiting"
+    })
+    .await;
+    let events = event_page(&format!("{url}/v1/sessions/{id}/events")).await;
+    assert_eq!(
+        allowed_hits.load(Ordering::SeqCst),
+        2,
+        "{agent}: the allowed host is reached without asking: {events:?}"
+    );
+    assert_eq!(denied_hits.load(Ordering::SeqCst), 0, "{agent}");
+    assert_eq!(asked_hits.load(Ordering::SeqCst), 0, "{agent}");
+    let started = of_type(&events, "session_started")[0];
+    assert_eq!(
+        started["approval"].as_array().map(Vec::len),
+        Some(2),
+        "{agent}: the operator's layer and the session's: {started}"
+    );
+    let refused: Vec<_> = of_type(&events, "egress")
+        .into_iter()
+        .filter(|e| e["admitted"] == false)
+        .collect();
+    assert_eq!(refused.len(), 2, "{agent}: {events:?}");
+    assert_eq!(refused[0]["destination"], format!("localhost:{denied}"));
+    assert_eq!(refused[0]["denied"], true);
+    assert_eq!(refused[1]["destination"], format!("localhost:{asked}"));
+    assert_eq!(refused[1]["denied"], false);
+    let told: Vec<String> = of_type(&events, "tool_call_outcome")
+        .iter()
+        .map(|o| {
+            o["output"]["excerpt"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    assert!(
+        told.iter()
+            .any(|t| t.contains("denied: this session's approval policy")),
+        "{agent}: the model is told the denial: {told:?}"
+    );
+    let wait = of_type(&events, "wait_started");
+    assert_eq!(
+        wait.len(),
+        1,
+        "{agent}: only the asked host waits: {events:?}"
+    );
+    assert!(
+        wait[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("about to reach localhost:{asked}")),
+        "{agent}: the wait names the destination: {}",
+        wait[0]
+    );
+
+    let (code, body) = call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions/{id}/signals/approval"),
+        Some(json!({"approved": true})),
+    )
+    .await;
+    assert_eq!(code, 202, "{body}");
+    wait_for("the approved call and the turn to end", async || {
+        status(&url, &id).await == "idle"
+    })
+    .await;
+    assert_eq!(
+        asked_hits.load(Ordering::SeqCst),
+        1,
+        "{agent}: sent once approved"
+    );
+    let events = event_page(&format!("{url}/v1/sessions/{id}/events")).await;
+    let write = of_type(&events, "tool_call_intent")
+        .into_iter()
+        .find(|i| i["tool"] == "write")
+        .unwrap_or_else(|| panic!("{agent}: {events:?}"));
+    let refused = of_type(&events, "tool_call_outcome")
+        .into_iter()
+        .find(|o| o["call_id"] == write["call_id"])
+        .unwrap();
+    assert_eq!(refused["is_error"], true, "{refused}");
+    assert!(
+        refused["output"]["excerpt"]
+            .as_str()
+            .unwrap()
+            .contains("does not let `write` run"),
+        "{agent}: refused by its tool's rule, no one asked: {refused}"
+    );
+    assert_eq!(of_type(&events, "wait_started").len(), 1, "{agent}");
+    let (code, file) = call(
+        reqwest::Method::GET,
+        &format!("{url}/v1/sessions/{id}/files/notes.txt"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 404, "{agent}: nothing written: {file}");
+    assert_eq!(
+        allowed_hits.load(Ordering::SeqCst),
+        2,
+        "{agent}: nothing ran twice"
+    );
+    assert_eq!(denied_hits.load(Ordering::SeqCst), 0, "{agent}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_by_destination_allows_denies_and_asks_per_connection() {
+    policy_by_destination("native").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrapped_cli_follows_a_policy_by_destination() {
+    common::installed("claude-code").await;
+    policy_by_destination("claude-code").await;
+}
+
+/// A bad policy is refused naming the part that is wrong, and no session is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_approval_policy_is_refused_naming_the_field() {
+    let fake = FakeProvider::start(script(json!([{"text": "done"}])))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let site = VaultSite::new(dir.path(), "[sandbox]\nbackend = \"bwrap\"\n");
+    let (_api, url) = site.serve(&fake, "1").await;
+    for (policy, field) in [
+        (
+            json!({"rules": [{"verdict": "allow"}, {"verdict": "deny", "host": "no such host!"}]}),
+            "approval.rules[1].host",
+        ),
+        (json!({"external": "maybe"}), "approval.external"),
+        (
+            json!({"rules": [{"verdict": "ask", "colour": "red"}]}),
+            "approval.rules",
+        ),
+    ] {
+        let (code, body) = call(
+            reqwest::Method::POST,
+            &format!("{url}/v1/sessions"),
+            Some(json!({"task": "x", "approval": policy})),
+        )
+        .await;
+        assert_eq!(code, 422, "{policy}: {body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(field),
+            "{policy}: names {field}: {body}"
+        );
+    }
+    let (_, list) = call(reqwest::Method::GET, &format!("{url}/v1/sessions"), None).await;
+    assert_eq!(list["sessions"].as_array().map(Vec::len), Some(0), "{list}");
+}

@@ -59,6 +59,7 @@ async fn setup() -> Setup {
             created_at_ms: 0,
             budget_micro_usd: None,
             approve_external: false,
+            approval: Vec::new(),
             limits: Default::default(),
             network: None,
             client_tools: Vec::new(),

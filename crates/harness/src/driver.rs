@@ -5,7 +5,7 @@ use steadfast_journal::calls::{Call, CutOff};
 use steadfast_journal::{Journal, Ran};
 use steadfast_log::fold::Next;
 use steadfast_log::{
-    EndState, Event, Output, PendingTool, Record, SessionState, ToolClass, ToolUse,
+    EndState, Event, Output, PendingTool, Record, SessionState, ToolClass, ToolUse, Verdict,
 };
 use steadfast_model::{
     pricing, Delta, ModelClient, ModelRequest, ModelResponse, Prepared, RequestBuilder,
@@ -1020,27 +1020,32 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 .await;
         }
         let class = self.journal.class_of(&call.name, &call.input);
-        if self.awaits_approval(&call, class) {
-            let command = call
-                .input
-                .get("command")
-                .and_then(|c| c.as_str())
-                .unwrap_or(&call.name);
-            return self
-                .append(vec![Event::WaitStarted {
+        match self.admission(&call, class) {
+            Verdict::Allow => self.run_journaled(call, class, false).await,
+            Verdict::Ask => {
+                let reason = self.journal.approval_reason(&call.name, &call.input);
+                self.append(vec![Event::WaitStarted {
                     name: APPROVAL_SIGNAL.into(),
-                    reason: format!("about to run an external effect: {command}"),
+                    reason,
                     call_id: None,
                     before_call: Some(call.id),
                 }])
-                .await;
+                .await
+            }
+            Verdict::Deny => {
+                let told = steadfast_journal::denied_by_policy(&call.name);
+                self.journal
+                    .refuse(call.id, &call.name, &call.input, class, told)
+                    .await?;
+                Ok(())
+            }
         }
-        self.run_journaled(call, class, false).await
     }
 
-    /// Whether `call` (of `class`) must wait for a human's approval before it runs.
-    fn awaits_approval(&self, call: &ToolUse, class: ToolClass) -> bool {
-        self.journal.awaits_approval(&call.id, class)
+    /// What the approval policy says of `call` (of `class`) before it runs.
+    fn admission(&self, call: &ToolUse, class: ToolClass) -> Verdict {
+        self.journal
+            .admission(&call.id, &call.name, &call.input, class)
     }
 
     /// The first tool call of a reply with `content`, with its class, when its intent
@@ -1061,7 +1066,8 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         }
         let class = self.journal.class_of(&call.name, &call.input);
         let remote = self.journal.names_mcp_server(&call.name);
-        if self.awaits_approval(&call, class) || (class.touches_workspace() && !remote) {
+        if self.admission(&call, class) != Verdict::Allow || (class.touches_workspace() && !remote)
+        {
             return None;
         }
         Some((call, class))

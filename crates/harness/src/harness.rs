@@ -79,6 +79,9 @@ pub struct HarnessOptions {
     /// session back. What is cut off is redone by the next holder: its model call paid
     /// for twice, its command rolled back and run again.
     pub stop_grace: Duration,
+    /// The operator's approval policy: the first layer of every session's, which no
+    /// session's own can loosen (see [`steadfast_log::approval`]).
+    pub approval: steadfast_log::ApprovalPolicy,
 }
 
 /// The default [`HarnessOptions::stop_grace`]: most model replies finish within it,
@@ -142,6 +145,7 @@ impl HarnessOptions {
             workspace_root: None,
             drive_cache_bytes: DRIVE_CACHE_BYTES,
             stop_grace: STOP_GRACE,
+            approval: Default::default(),
         }
     }
 }
@@ -167,8 +171,13 @@ pub struct NewSession {
     pub task: Option<String>,
     /// The most the session may spend on model calls, millionths of a dollar.
     pub budget_micro_usd: Option<u64>,
-    /// Pause for a human's approval before every external-effect tool call.
+    /// Pause for a human's approval before every external-effect tool call (the
+    /// shorthand for an `approval` of `{"external": "ask"}`).
     pub approve_external: bool,
+    /// The session's own approval policy: per tool, MCP server, destination host
+    /// and effect class. It can only be stricter than the operator's and the named
+    /// agent's (see [`steadfast_log::approval`]).
+    pub approval: Option<steadfast_log::ApprovalPolicy>,
     /// Bounds on tokens, turns and wall-clock time.
     pub limits: steadfast_log::Limits,
     /// The sandbox's network policy for this session (`deny-all`, `open`,
@@ -198,6 +207,7 @@ impl NewSession {
             task: None,
             budget_micro_usd: None,
             approve_external: false,
+            approval: None,
             limits: Default::default(),
             network: None,
             client_tools: Vec::new(),
@@ -434,6 +444,19 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 Some(format!("{}@{}", adapter.package, adapter.version))
             }
         };
+        // The operator's layer, the named agent's, the session's own: each is judged,
+        // and the strictest verdict stands.
+        let approval: Vec<steadfast_log::ApprovalPolicy> =
+            std::iter::once(self.options.approval.clone())
+                .chain(self.options.agents.approval_for(&new.agent))
+                .chain(new.approval)
+                .filter(|layer| !layer.is_open())
+                .collect();
+        for layer in &approval {
+            layer
+                .check()
+                .map_err(|e| Error::Invalid(format!("approval: {e}")))?;
+        }
         let mut events = vec![Event::SessionStarted {
             agent: new.agent,
             agent_cli,
@@ -445,6 +468,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             created_at_ms: now_ms(),
             budget_micro_usd: new.budget_micro_usd,
             approve_external: new.approve_external,
+            approval,
             limits: new.limits,
             network: new.network,
             client_tools: new.client_tools,
@@ -599,7 +623,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         // What the sandbox opens through its egress proxy is recorded against the call
         // running, in the live log.
         let desk = EgressDesk::new();
-        let held_back = Arc::default();
+        let held_back: steadfast_journal::HeldBack = Arc::default();
         let record = Journal::<W, S>::egress_recorder(
             Arc::new(std::sync::OnceLock::from(live.clone())),
             Arc::clone(&held_back),

@@ -72,6 +72,11 @@ pub struct NamedAgent {
     /// in the session owner's vault).
     #[serde(default)]
     pub mcp_servers: Vec<steadfast_log::McpServer>,
+    /// The approval policy every session of this agent gets, beneath the operator's:
+    /// `approval = { external = "ask", rules = [{ verdict = "allow", host = "pypi.org" }] }`.
+    /// A session's own policy can only be stricter.
+    #[serde(default)]
+    pub approval: Option<steadfast_log::ApprovalPolicy>,
 }
 
 /// An agent a session can run, as `GET /v1/agents` lists it.
@@ -124,6 +129,11 @@ impl AgentOptions {
             .unwrap_or_default();
         servers.extend(requested);
         servers
+    }
+
+    /// The approval policy of a named agent's sessions, if it has one.
+    pub fn approval_for(&self, agent: &str) -> Option<steadfast_log::ApprovalPolicy> {
+        self.named_agent(agent).and_then(|a| a.approval.clone())
     }
 
     /// The adapter a session's agent stands for (a configured agent's, or a built-in

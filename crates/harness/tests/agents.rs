@@ -127,6 +127,7 @@ async fn a_wrapped_session_keeps_the_cli_version_it_began_with() -> anyhow::Resu
         model: None,
         version: Some(version.into()),
         mcp_servers: Vec::new(),
+        approval: None,
     };
     let host = |dir: &str, version: &str| {
         let install = setup.dir.path().join(dir);

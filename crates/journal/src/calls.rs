@@ -28,8 +28,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use steadfast_drive::Drive;
 use steadfast_fault::{point, points};
-use steadfast_log::{Event, Output, SessionState, ToolClass, ToolResolution, WrappedTool};
-use steadfast_sandbox::egress::EgressDesk;
+use steadfast_log::approval::{self, Subject};
+use steadfast_log::{Event, Output, SessionState, ToolClass, ToolResolution, Verdict, WrappedTool};
+use steadfast_sandbox::egress::{EgressDesk, Judge};
 use steadfast_sandbox::reconcile::Reconciler;
 use steadfast_sandbox::{classify, Sandbox, ToolOutput};
 use steadfast_world::{strip_ansi, Blobs, Inbound, InboundKind, LiveSession, World, INLINE_LIMIT};
@@ -86,6 +87,15 @@ pub enum Ran {
         /// What the agent is told.
         text: String,
     },
+}
+
+/// Connections refused at the egress proxy, by call: where to, and whether the policy
+/// denied it outright (else it was held back for a person).
+pub type HeldBack = Arc<StdMutex<HashMap<String, Vec<(String, bool)>>>>;
+
+/// What the agent is told of a call the approval policy refuses before it runs.
+pub fn denied_by_policy(tool: &str) -> String {
+    format!("[steadfast] denied: this session's approval policy does not let `{tool}` run here; nothing ran, and no one will approve it")
 }
 
 /// How many recorded calls past the cursor a call may match (agents run read-only
@@ -152,9 +162,9 @@ pub struct Journal<W, S> {
     /// Whether a steer waiting in the inbox goes to the agent with the next tool
     /// result (a wrapped CLI's only way to hear it mid-turn) rather than between calls.
     steers_with_results: bool,
-    /// Destinations a call's connections were refused at the egress proxy (under an
-    /// approval policy), by call: the agent is told with the call's result.
-    held_back: Arc<StdMutex<HashMap<String, Vec<String>>>>,
+    /// Connections refused at the egress proxy (under an approval policy), by call:
+    /// the agent is told with the call's result.
+    held_back: HeldBack,
     /// Tool calls this turn has made so far (recorded ones included).
     calls: std::sync::atomic::AtomicUsize,
     /// Calls running now (they run to their end even if the agent that asked died).
@@ -235,7 +245,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
     /// with (made before the journal, so it reads the live log from `live`).
     pub fn egress_recorder(
         live: Arc<std::sync::OnceLock<Arc<LiveSession<W>>>>,
-        held_back: Arc<StdMutex<HashMap<String, Vec<String>>>>,
+        held_back: HeldBack,
     ) -> steadfast_sandbox::egress::RecordEgress
     where
         W: 'static,
@@ -249,13 +259,14 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
                     call_ids,
                     destination,
                     admitted: false,
+                    denied,
                 } = &event
                 {
                     let mut held = held_back.lock().unwrap_or_else(|e| e.into_inner());
                     for id in call_ids {
                         held.entry(id.clone())
                             .or_default()
-                            .push(destination.clone());
+                            .push((destination.clone(), *denied));
                     }
                 }
                 live.append(&[event]).await.is_ok()
@@ -265,10 +276,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
 
     /// The same journal noting refused connections in `held_back` (the map its
     /// [`Self::egress_recorder`] fills).
-    pub fn with_held_back(
-        mut self,
-        held_back: Arc<StdMutex<HashMap<String, Vec<String>>>>,
-    ) -> Self {
+    pub fn with_held_back(mut self, held_back: HeldBack) -> Self {
         self.held_back = held_back;
         self
     }
@@ -358,15 +366,68 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
         *self.counters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether a call of `class` must wait for a person's approval before it runs (the
-    /// approval policy): an external effect, under `approve_external`, that nobody has
-    /// approved under `approval_id` (the native loop's call id, or a wrapped agent's
-    /// [`approval_key`](steadfast_log::approval_key)).
-    pub fn awaits_approval(&self, approval_id: &str, class: ToolClass) -> bool {
-        class.is_external_effect()
-            && self
-                .live
-                .with(|s| s.approve_external && !s.approved.iter().any(|a| a == approval_id))
+    /// What the session's approval policy says of a call about to start (see
+    /// [`steadfast_log::approval`]): run it, wait for a person first, or refuse it. A
+    /// call approved under `approval_id` (the native loop's call id, or a wrapped
+    /// agent's [`approval_key`](steadfast_log::approval_key)) runs; one whose connection
+    /// was held back for a person before waits for one now.
+    pub fn admission(
+        &self,
+        approval_id: &str,
+        tool: &str,
+        input: &Value,
+        class: ToolClass,
+    ) -> Verdict {
+        let server = self.mcp_server_of(tool);
+        let in_sandbox = server.is_none() && !self.runs_git_push(tool);
+        self.live.with(|s| {
+            if s.approval.is_empty() || s.approved.iter().any(|a| a == approval_id) {
+                return Verdict::Allow;
+            }
+            let subject = Subject {
+                tool,
+                mcp_server: server.as_deref(),
+                class,
+                in_sandbox,
+            };
+            match approval::judge_call(&s.approval, &subject) {
+                Verdict::Allow if s.held_for_approval(tool, input).is_some() => Verdict::Ask,
+                verdict => verdict,
+            }
+        })
+    }
+
+    /// What a person is asked before `tool` with `input` runs: the command, and where
+    /// it tried to connect when it was held back.
+    pub fn approval_reason(&self, tool: &str, input: &Value) -> String {
+        let command = input.get("command").and_then(Value::as_str).unwrap_or(tool);
+        match self
+            .live
+            .with(|s| s.held_for_approval(tool, input).map(str::to_string))
+        {
+            Some(destination) => format!("about to reach {destination}: {command}"),
+            None => format!("about to run an external effect: {command}"),
+        }
+    }
+
+    /// How the egress proxy judges the connections of a running call (`None`: under
+    /// no policy, or approved, all are let through).
+    fn judge_for(&self, call: &Call, key: &str) -> Option<Judge> {
+        let layers = self.live.with(|s| {
+            let approved = s.approved.iter().any(|a| *a == call.id || a == key);
+            (!approved && s.approval.iter().any(|l| !l.is_open())).then(|| s.approval.clone())
+        })?;
+        let tool = call.tool.clone();
+        let class = call.class;
+        Some(Arc::new(move |destination: &str| {
+            let subject = Subject {
+                tool: &tool,
+                mcp_server: None,
+                class,
+                in_sandbox: true,
+            };
+            approval::judge_connection(&layers, &subject, destination)
+        }))
     }
 
     /// Resolves once a call has started a wait for approval: the agent is to be
@@ -398,8 +459,13 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
         if let Some(told) = refused {
             return self.answer_refused(tool, input, class, told).await;
         }
-        if self.awaits_approval(&key, class) {
-            return self.wait_for_approval(tool, input, key).await;
+        match self.admission(&key, tool, input, class) {
+            Verdict::Allow => {}
+            Verdict::Ask => return self.wait_for_approval(tool, input, key).await,
+            Verdict::Deny => {
+                let told = denied_by_policy(tool);
+                return self.answer_refused(tool, input, class, told).await;
+            }
         }
         let calls = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         if calls > self.max_calls {
@@ -534,12 +600,12 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             let _writer = self.recording.lock().await;
             // A sibling asked first: the agent is stopping anyway, and asks again.
             if self.live.with(|s| s.waiting.is_none()) {
-                let command = input.get("command").and_then(Value::as_str).unwrap_or(tool);
-                tracing::info!(session = %self.live.lease().session, %command, "an external effect waits for approval");
+                let reason = self.approval_reason(tool, input);
+                tracing::info!(session = %self.live.lease().session, %reason, "an external effect waits for approval");
                 self.live
                     .append(&[Event::WaitStarted {
                         name: steadfast_log::APPROVAL_SIGNAL.into(),
-                        reason: format!("about to run an external effect: {command}"),
+                        reason,
                         call_id: None,
                         before_call: Some(key),
                     }])
@@ -578,9 +644,23 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
         class: ToolClass,
         told: String,
     ) -> Result<(String, bool)> {
-        let _writer = self.recording.lock().await;
         let call_id = format!("wt_{}", uuid::Uuid::now_v7().simple());
         self.consumed.lock().await.insert(call_id.clone());
+        self.refuse(call_id, tool, input, class, told).await
+    }
+
+    /// Records a call refused before it ran (by a person, or by the approval policy)
+    /// under `call_id`, its outcome what the agent is told; nothing runs and the
+    /// workspace does not move.
+    pub async fn refuse(
+        &self,
+        call_id: String,
+        tool: &str,
+        input: &Value,
+        class: ToolClass,
+        told: String,
+    ) -> Result<(String, bool)> {
+        let _writer = self.recording.lock().await;
         let snapshot = self
             .last_snapshot
             .lock()
@@ -688,11 +768,19 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
     /// Whether `tool` is namespaced by one of the session's MCP servers (connected now
     /// or not): it runs elsewhere, and the workspace is not its to change.
     pub fn names_mcp_server(&self, tool: &str) -> bool {
+        self.mcp_server_of(tool).is_some()
+    }
+
+    /// The session's MCP server whose namespace `tool` is in, by name.
+    fn mcp_server_of(&self, tool: &str) -> Option<String> {
         self.live.with(|s| {
-            s.mcp_servers.iter().any(|server| {
-                tool.strip_prefix(server.name.as_str())
-                    .is_some_and(|rest| rest.starts_with(SEPARATOR))
-            })
+            s.mcp_servers
+                .iter()
+                .find(|server| {
+                    tool.strip_prefix(server.name.as_str())
+                        .is_some_and(|rest| rest.starts_with(SEPARATOR))
+                })
+                .map(|server| server.name.clone())
         })
     }
 
@@ -817,17 +905,15 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
         }
         let started = Instant::now();
         let in_sandbox = !remote && !self.runs_git_push(&call.tool);
-        // Under an approval policy nothing leaves for a call not yet approved (by its
-        // id, or for a wrapped agent's, by what it asks for).
+        // Under an approval policy each connection of a call not yet approved (by its
+        // id, or for a wrapped agent's, by what it asks for) is judged where it goes.
         let key = steadfast_log::approval_key(&call.tool, &call.input);
-        let held = self
-            .live
-            .with(|s| s.approve_external && !s.approved.iter().any(|a| *a == call.id || *a == key));
+        let judge = self.judge_for(&call, &key);
         let _running = self
             .egress
             .as_ref()
             .filter(|_| in_sandbox)
-            .map(|desk| desk.running(&call.id, held));
+            .map(|desk| desk.running(&call.id, judge));
         let executed = tokio::select! {
             executed = self.execute(&call.tool, &call.input) => executed,
             item = stop => {
@@ -852,11 +938,14 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&call.id);
-        if let Some(refused) = refused {
-            out.text.push_str(&format!(
-                "\n[steadfast] this command tried to reach {}: {}",
-                refused.join(", "),
+        for (destination, denied) in refused.into_iter().flatten() {
+            let why = if denied {
+                steadfast_sandbox::egress::DENIED_BY_POLICY
+            } else {
                 steadfast_sandbox::egress::HELD_BACK
+            };
+            out.text.push_str(&format!(
+                "\n[steadfast] this command tried to reach {destination}: {why}"
             ));
         }
         let _writer = self.recording.lock().await;

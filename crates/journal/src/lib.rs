@@ -16,7 +16,7 @@ pub mod git;
 pub mod remote;
 pub mod slot;
 
-pub use calls::{resolve_cut_off, Hosted, Journal, Ran};
+pub use calls::{denied_by_policy, resolve_cut_off, HeldBack, Hosted, Journal, Ran};
 pub use slot::{MakeSandbox, SandboxSlot};
 
 /// Failures of a journaled call (what the call itself failed with is its outcome, not

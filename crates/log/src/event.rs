@@ -518,6 +518,10 @@ pub enum Event {
         /// Pause for a human's approval before every external-effect tool call.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         approve_external: bool,
+        /// The approval policy's layers: the operator's, the named agent's, the
+        /// session's own; the strictest verdict of all stands (see [`crate::approval`]).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        approval: Vec<crate::ApprovalPolicy>,
         /// Bounds beyond the spend limit (tokens, turns, wall clock).
         #[serde(default, skip_serializing_if = "Limits::is_unbounded")]
         limits: Limits,
@@ -783,6 +787,10 @@ pub enum Event {
         /// Whether the proxy let it through; `false`: held back by the approval policy,
         /// nothing was sent.
         admitted: bool,
+        /// Held back because the approval policy denies it outright (no one is asked);
+        /// otherwise a held-back connection waits for a person when made again.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        denied: bool,
     },
     /// The sandbox died (killed, out of memory, evicted). If a call was running in it,
     /// the call is resolved next by invariant 4 and a new sandbox is provisioned.
@@ -896,6 +904,7 @@ impl Event {
             created_at_ms: 0,
             budget_micro_usd: None,
             approve_external: false,
+            approval: Vec::new(),
             limits: Limits::default(),
             network: None,
             client_tools: Vec::new(),

@@ -79,6 +79,17 @@ pub struct PendingTool {
     pub egress: Vec<String>,
 }
 
+/// A connection the approval policy held back for a person, and the call that tried.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeldConnection {
+    /// The call's tool.
+    pub tool: String,
+    /// The call's input.
+    pub input: Value,
+    /// Where it tried to connect (`host:port`).
+    pub destination: String,
+}
+
 impl PendingTool {
     /// How it may have affected the world: as classed when it began, or external once
     /// it was seen sending out of the sandbox.
@@ -409,6 +420,10 @@ pub struct SessionState {
     /// [`SessionState::seen_reaching_out`]).
     #[serde(default)]
     pub reaches_network: Vec<(String, Value)>,
+    /// Connections the approval policy held back for a person: made again, the same
+    /// call waits for approval before it runs.
+    #[serde(default)]
+    pub held_for_approval: Vec<HeldConnection>,
     /// The last inbox entry taken into the log.
     pub inbox_consumed: u64,
     /// While a compaction call is pending: the position it summarises up to.
@@ -424,8 +439,9 @@ pub struct SessionState {
     pub compact_asked: bool,
     /// The session's bounds, as raised by `resume` signals.
     pub limits: Limits,
-    /// Whether external-effect calls wait for approval.
-    pub approve_external: bool,
+    /// The approval policy's layers (`approve_external` is one asking for every
+    /// external effect); see [`crate::approval`].
+    pub approval: Vec<crate::ApprovalPolicy>,
     /// The tools the session's client runs.
     pub client_tools: Vec<crate::ClientTool>,
     /// The credentials the egress proxy adds to the session's requests.
@@ -527,6 +543,7 @@ impl SessionState {
             created_at_ms,
             budget_micro_usd,
             approve_external,
+            approval,
             limits,
             network,
             client_tools,
@@ -568,6 +585,7 @@ impl SessionState {
             approved: Vec::new(),
             refused: Vec::new(),
             reaches_network: Vec::new(),
+            held_for_approval: Vec::new(),
             inbox_consumed: 0,
             compacting: None,
             compacted_turns: 0,
@@ -578,7 +596,11 @@ impl SessionState {
                 max_cost_micro_usd: limits.max_cost_micro_usd.or(*budget_micro_usd),
                 ..*limits
             },
-            approve_external: *approve_external,
+            approval: approval
+                .iter()
+                .cloned()
+                .chain(approve_external.then(crate::ApprovalPolicy::ask_external))
+                .collect(),
             client_tools: client_tools.clone(),
             egress_credentials: egress_credentials.clone(),
             git: git.as_deref().cloned(),
@@ -1281,6 +1303,7 @@ impl SessionState {
                 call_ids,
                 destination,
                 admitted,
+                denied,
             } => {
                 for id in call_ids {
                     let call =
@@ -1303,6 +1326,16 @@ impl SessionState {
                             // came as it ended): nothing is left to resolve.
                             continue;
                         };
+                    if !admitted && !denied {
+                        let held = HeldConnection {
+                            tool: call.0.clone(),
+                            input: call.1.clone(),
+                            destination: destination.clone(),
+                        };
+                        if !self.held_for_approval.contains(&held) {
+                            self.held_for_approval.push(held);
+                        }
+                    }
                     if !self.reaches_network.contains(&call) {
                         self.reaches_network.push(call);
                     }
@@ -1520,6 +1553,15 @@ impl SessionState {
             .iter()
             .find(|t| t.call_id == call_id)
             .map(WrappedTool::effective_class)
+    }
+
+    /// Where the call `tool` with `input` tried to connect when the approval policy
+    /// held it back for a person, if it did: made again, it waits for approval first.
+    pub fn held_for_approval(&self, tool: &str, input: &Value) -> Option<&str> {
+        self.held_for_approval
+            .iter()
+            .find(|h| h.tool == tool && &h.input == input)
+            .map(|h| h.destination.as_str())
     }
 
     /// Whether the call `tool` with `input` was seen connecting out of the sandbox

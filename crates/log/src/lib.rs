@@ -6,11 +6,13 @@
 //! a schema version and a checksum ([`record`]), so a torn or corrupt record is
 //! reported, never skipped, and old logs keep replaying under new code.
 
+pub mod approval;
 pub mod event;
 pub mod fold;
 pub mod message;
 pub mod record;
 
+pub use approval::{ApprovalPolicy, ApprovalRule, Verdict};
 pub use event::{
     is_workspace_id, tool_result_signal, BlobRef, Breaker, ClientTool, EgressCredential, EndState,
     Event, GitSource, Limits, McpServer, ModelSpec, Output, ToolClass, ToolResolution, Usage,
@@ -19,8 +21,8 @@ pub use event::{
     PRUNED_KIND, RESUME_SIGNAL, TOOL_RESULT_SIGNAL, WORKSPACE_MOUNT,
 };
 pub use fold::{
-    approval_key, fold, Exchange, FoldError, Next, PendingModel, PendingTool, Retry, SessionState,
-    Status, TurnStart, Wait, WrappedTool,
+    approval_key, fold, Exchange, FoldError, HeldConnection, Next, PendingModel, PendingTool,
+    Retry, SessionState, Status, TurnStart, Wait, WrappedTool,
 };
 pub use message::{Block, Message, Role, ToolUse};
 pub use record::{CodecError, EncodedRecord, Record, SCHEMA_VERSION};

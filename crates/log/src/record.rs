@@ -306,6 +306,7 @@ mod tests {
                 created_at_ms: 5,
                 budget_micro_usd: None,
                 approve_external: false,
+                approval: Vec::new(),
                 limits: Default::default(),
                 network: None,
                 client_tools: Vec::new(),

@@ -1,6 +1,6 @@
 //! Effects observed, not guessed (docs/ARCHITECTURE.md rule 11): what the egress proxy
 //! sees a sandbox's commands open, recorded against the tool calls running before the
-//! first byte leaves.
+//! first byte leaves, and judged by the session's approval policy.
 //!
 //! The proxy is the only way out of an isolating sandbox under an allow-list, and the
 //! harness runs it. So whether a call had an external effect need not be guessed from
@@ -10,9 +10,10 @@
 //! calls of one reply may run at once in one sandbox) and only then lets it through.
 //! From that record on, a call cut off by a crash is *outcome unknown* rather than
 //! rolled back and run again, and the same call is classed external when it is made
-//! again. Under an approval policy a call not yet approved gets nothing through: its
-//! connection is refused (the record says so), and when the call is made again it
-//! waits for a person first, like any external effect.
+//! again. Under an approval policy each connection of a call not yet approved is
+//! judged by where it goes ([`Judge`]): let through, held back for a person (refused
+//! now, the record says so, and when the call is made again it waits for approval
+//! first), or denied outright (refused, and no one is asked).
 //!
 //! A connection opened while no call runs (a server a command left running in the
 //! background) is let through unrecorded: there is no call to charge it to, and the
@@ -22,7 +23,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use steadfast_log::Event;
+use steadfast_log::{Event, Verdict};
 
 use crate::proxy::{EgressAttempt, EgressWatch};
 
@@ -30,10 +31,18 @@ use crate::proxy::{EgressAttempt, EgressWatch};
 pub type RecordEgress =
     Arc<dyn Fn(Event) -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
 
+/// The approval policy's verdict on one connection of one call, by its destination
+/// (`host:port`).
+pub type Judge = Arc<dyn Fn(&str) -> Verdict + Send + Sync>;
+
 /// What a call under an approval policy is told when its connection is held back.
 pub const HELD_BACK: &str = "held back: under this session's approval policy a person approves \
 an external effect before anything leaves the sandbox, and nothing was sent; made again, this \
 call waits for that approval first";
+
+/// What a call is told when the approval policy denies its connection.
+pub const DENIED_BY_POLICY: &str = "denied: this session's approval policy does not let \
+commands reach this destination, and nothing was sent";
 
 /// The tool calls running in one session's sandbox, and the one place a connection
 /// the egress proxy would open is decided on and recorded.
@@ -44,8 +53,8 @@ pub struct EgressDesk {
 
 struct RunningCall {
     id: String,
-    /// Its connections are held back (an approval policy, the call not approved).
-    held: bool,
+    /// How its connections are judged (`None`: all let through).
+    judge: Option<Judge>,
     /// Destinations already recorded for it.
     seen: Vec<String>,
 }
@@ -88,12 +97,12 @@ impl EgressDesk {
         watch
     }
 
-    /// Counts the call `id` as running in the sandbox until the guard drops. `held`:
-    /// every connection opened meanwhile is refused (see [`HELD_BACK`]).
-    pub fn running(self: &Arc<Self>, id: &str, held: bool) -> Running {
+    /// Counts the call `id` as running in the sandbox until the guard drops; `judge`
+    /// decides on each connection opened meanwhile (`None`: all let through).
+    pub fn running(self: &Arc<Self>, id: &str, judge: Option<Judge>) -> Running {
         self.lock().push(RunningCall {
             id: id.to_string(),
-            held,
+            judge,
             seen: Vec::new(),
         });
         Running {
@@ -104,13 +113,18 @@ impl EgressDesk {
 
     /// Decides on one connection to `destination`, recording it first.
     async fn decide(&self, record: &RecordEgress, destination: &str) -> Result<(), String> {
-        let (call_ids, held) = {
+        let (call_ids, verdict) = {
             let mut calls = self.lock();
             if calls.is_empty() {
                 return Ok(());
             }
-            let held = calls.iter().any(|c| c.held);
-            if !held
+            // Every running call may have opened it: the strictest verdict stands.
+            let verdict = calls
+                .iter()
+                .filter_map(|c| c.judge.as_ref().map(|judge| judge(destination)))
+                .max()
+                .unwrap_or(Verdict::Allow);
+            if verdict == Verdict::Allow
                 && calls
                     .iter()
                     .all(|c| c.seen.iter().any(|d| d == destination))
@@ -120,12 +134,13 @@ impl EgressDesk {
             for call in calls.iter_mut() {
                 call.seen.push(destination.to_string());
             }
-            (calls.iter().map(|c| c.id.clone()).collect(), held)
+            (calls.iter().map(|c| c.id.clone()).collect(), verdict)
         };
         let recorded = record(Event::Egress {
             call_ids,
             destination: destination.to_string(),
-            admitted: !held,
+            admitted: verdict == Verdict::Allow,
+            denied: verdict == Verdict::Deny,
         })
         .await;
         if !recorded {
@@ -134,10 +149,11 @@ impl EgressDesk {
                     .into(),
             );
         }
-        if held {
-            return Err(HELD_BACK.into());
+        match verdict {
+            Verdict::Allow => Ok(()),
+            Verdict::Ask => Err(HELD_BACK.into()),
+            Verdict::Deny => Err(DENIED_BY_POLICY.into()),
         }
-        Ok(())
     }
 }
 
@@ -177,8 +193,8 @@ mod tests {
         ask(&watch, "example.com:443").await.unwrap();
         assert!(log.lock().unwrap().is_empty());
 
-        let a = desk.running("a", false);
-        let b = desk.running("b", false);
+        let a = desk.running("a", None);
+        let b = desk.running("b", None);
         ask(&watch, "example.com:443").await.unwrap();
         ask(&watch, "example.com:443").await.unwrap();
         drop(b);
@@ -188,7 +204,7 @@ mod tests {
         let log = log.lock().unwrap();
         assert_eq!(log.len(), 2, "{log:?}");
         assert!(
-            matches!(&log[0], Event::Egress { call_ids, destination, admitted: true }
+            matches!(&log[0], Event::Egress { call_ids, destination, admitted: true, .. }
             if call_ids == &["a", "b"] && destination == "example.com:443")
         );
         assert!(
@@ -201,16 +217,44 @@ mod tests {
         let desk = EgressDesk::new();
         let (record, log) = recorder();
         let watch = desk.watch(record);
-        let _held = desk.running("a", true);
+        let judge: Judge = Arc::new(|destination| match destination {
+            "pypi.org:443" => Verdict::Allow,
+            "evil.test:443" => Verdict::Deny,
+            _ => Verdict::Ask,
+        });
+        let _held = desk.running("a", Some(judge));
+        let _free = desk.running("b", None);
         let why = ask(&watch, "hooks.example.com:443").await.unwrap_err();
         assert_eq!(why, HELD_BACK);
-        assert!(matches!(
-            &log.lock().unwrap()[0],
-            Event::Egress {
-                admitted: false,
-                ..
-            }
-        ));
+        assert_eq!(
+            ask(&watch, "evil.test:443").await.unwrap_err(),
+            DENIED_BY_POLICY
+        );
+        ask(&watch, "pypi.org:443").await.unwrap();
+        let log = log.lock().unwrap();
+        assert!(
+            matches!(
+                &log[..],
+                [
+                    Event::Egress {
+                        admitted: false,
+                        denied: false,
+                        ..
+                    },
+                    Event::Egress {
+                        admitted: false,
+                        denied: true,
+                        ..
+                    },
+                    Event::Egress {
+                        admitted: true,
+                        denied: false,
+                        ..
+                    },
+                ]
+            ),
+            "{log:?}"
+        );
     }
 
     #[tokio::test]
@@ -218,7 +262,7 @@ mod tests {
         let desk = EgressDesk::new();
         let record: RecordEgress = Arc::new(|_| Box::pin(async { false }));
         let watch = desk.watch(record);
-        let _a = desk.running("a", false);
+        let _a = desk.running("a", None);
         assert!(ask(&watch, "example.com:443").await.is_err());
     }
 }

@@ -43,53 +43,8 @@ impl NetworkPolicy {
     }
 }
 
-/// One allowed destination: a host name (`api.example.com`), a domain and its
-/// subdomains (`*.example.com`), optionally with a port (`localhost:8080`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HostRule {
-    /// The host, lowercase; a leading `*.` matches any subdomain.
-    pub host: String,
-    /// The port, if only one is allowed.
-    pub port: Option<u16>,
-}
-
-impl HostRule {
-    /// Parses `host`, `host:port`, `*.domain` or `*.domain:port`.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let (host, port) = match text.rsplit_once(':') {
-            Some((h, p)) => (
-                h,
-                Some(
-                    p.parse::<u16>()
-                        .map_err(|_| format!("`{text}`: the port must be a number"))?,
-                ),
-            ),
-            None => (text, None),
-        };
-        let bare = host.strip_prefix("*.").unwrap_or(host);
-        if bare.is_empty()
-            || !bare
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
-        {
-            return Err(format!("`{text}` is not a host name"));
-        }
-        Ok(HostRule {
-            host: host.to_ascii_lowercase(),
-            port,
-        })
-    }
-
-    /// Whether a connection to `host:port` is allowed by this rule.
-    pub fn allows(&self, host: &str, port: u16) -> bool {
-        let host = host.to_ascii_lowercase();
-        let host_ok = match self.host.strip_prefix("*.") {
-            Some(domain) => host.ends_with(&format!(".{domain}")),
-            None => host == self.host,
-        };
-        host_ok && self.port.is_none_or(|p| p == port)
-    }
-}
+/// One allowed destination (see [`steadfast_log::approval::HostRule`]).
+pub use steadfast_log::approval::HostRule;
 
 /// Resource limits of a sandbox's commands. A command that hits one is killed (or
 /// fails) and the tool result says which limit it was.

@@ -52,6 +52,10 @@ pub enum EventBody {
         model: String,
         /// Whether external-effect calls wait for the `approval` signal.
         approve_external: bool,
+        /// The approval policy's layers (the operator's, the named agent's, the
+        /// session's own); the strictest verdict of all stands.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        approval: Vec<steadfast_log::ApprovalPolicy>,
         /// The session's bounds.
         limits: Limits,
         /// Its network policy, if it has its own.
@@ -257,6 +261,8 @@ pub enum EventBody {
         destination: String,
         /// Whether it was let through (false: held back, nothing sent).
         admitted: bool,
+        /// Held back because the approval policy denies it (no one is asked).
+        denied: bool,
     },
     /// The sandbox died (killed, out of memory) and was replaced.
     SandboxLost {
@@ -514,6 +520,7 @@ fn body(event: &Event) -> EventBody {
             agent_cli,
             model,
             approve_external,
+            approval,
             limits,
             network,
             git,
@@ -524,6 +531,7 @@ fn body(event: &Event) -> EventBody {
             agent_cli: agent_cli.clone(),
             model: format!("{}/{}", model.provider, model.model),
             approve_external: *approve_external,
+            approval: approval.clone(),
             limits: *limits,
             network: network.clone(),
             git: git.as_deref().cloned(),
@@ -707,10 +715,12 @@ fn body(event: &Event) -> EventBody {
             call_ids,
             destination,
             admitted,
+            denied,
         } => EventBody::Egress {
             call_ids: call_ids.clone(),
             destination: s(destination),
             admitted: *admitted,
+            denied: *denied,
         },
         Event::SandboxLost { call_id, reason } => EventBody::SandboxLost {
             call_id: call_id.clone(),

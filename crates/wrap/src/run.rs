@@ -236,7 +236,7 @@ pub async fn drive_turn<W: World + Clone + 'static>(
         // What the tools' sandbox opens through its egress proxy is recorded against
         // the calls running, in the live log this run appends to (made below).
         let desk = EgressDesk::new();
-        let held_back = Arc::default();
+        let held_back: steadfast_journal::HeldBack = Arc::default();
         let record = Journal::<W, AnySandbox>::egress_recorder(
             Arc::new(std::sync::OnceLock::from(live.clone())),
             Arc::clone(&held_back),

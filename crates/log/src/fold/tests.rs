@@ -23,6 +23,7 @@ impl Log {
             created_at_ms: 0,
             budget_micro_usd: None,
             approve_external: false,
+            approval: Vec::new(),
             limits: Default::default(),
             network: None,
             client_tools: Vec::new(),
@@ -625,6 +626,7 @@ fn a_connection_seen_at_the_proxy_makes_its_calls_external_from_then_on() {
         call_ids: vec!["a".into(), "b".into()],
         destination: "example.com:443".into(),
         admitted: true,
+        denied: false,
     });
     let state = fold(&log.0).unwrap();
     let (a, b) = (&state.wrapped_tools[0], &state.wrapped_tools[1]);
@@ -652,10 +654,33 @@ fn a_connection_seen_at_the_proxy_makes_its_calls_external_from_then_on() {
         call_ids: vec!["c".into()],
         destination: "hooks.example.com:443".into(),
         admitted: false,
+        denied: false,
     });
     let state = fold(&native.0).unwrap();
     let pending = state.pending_tool.as_ref().unwrap();
     assert!(pending.egress.is_empty());
     assert_eq!(pending.effective_class(), ToolClass::Mutate);
     assert!(state.seen_reaching_out("bash", &json!({"command": "true"})));
+    assert_eq!(
+        state.held_for_approval("bash", &json!({"command": "true"})),
+        Some("hooks.example.com:443")
+    );
+    // Denied outright: external from then on, but nothing to ask a person about.
+    let mut denied = Log::new();
+    denied.push(Event::UserMessage {
+        turn: 1,
+        text: "one".into(),
+        inbox_id: None,
+    });
+    denied.model("m1", 1, &["c"]);
+    denied.tool_intent("c", ToolClass::Mutate);
+    denied.push(Event::Egress {
+        call_ids: vec!["c".into()],
+        destination: "evil.example.com:443".into(),
+        admitted: false,
+        denied: true,
+    });
+    let state = fold(&denied.0).unwrap();
+    assert!(state.seen_reaching_out("bash", &json!({"command": "true"})));
+    assert!(state.held_for_approval.is_empty());
 }

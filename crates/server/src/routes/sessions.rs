@@ -38,9 +38,19 @@ pub(crate) struct CreateSession {
     /// payload may raise the same fields) arrives.
     #[serde(default)]
     budget: Option<Budget>,
-    /// Pause for the `approval` signal before every external-effect tool call.
+    /// Pause for the `approval` signal before every external-effect tool call (the
+    /// shorthand for `"approval": {"external": "ask"}`).
     #[serde(default)]
     approve_external: bool,
+    /// The session's approval policy: `external` (what an external effect no rule
+    /// names gets: `allow`, `ask` or `deny`) and `rules`, each a `verdict` for the
+    /// calls matching every condition it names (`tool`, with `*`; `mcp_server`;
+    /// `host`, judged at the egress proxy for each connection; `class`). The strictest
+    /// matching rule stands. It is added beneath the operator's and the named agent's
+    /// policies and can only make them stricter.
+    #[serde(default)]
+    #[schema(example = json!({"external": "ask", "rules": [{"verdict": "allow", "host": "*.pypi.org"}, {"verdict": "deny", "mcp_server": "billing"}]}))]
+    approval: Option<steadfast_log::ApprovalPolicy>,
     /// The sandbox's network policy: `deny-all` (default), `allow:host[:port],*.domain,...`
     /// (through an egress proxy), or `open` (refused with 403 on public servers).
     #[serde(default)]
@@ -205,6 +215,11 @@ pub(crate) async fn create<W: World + Clone>(
         return Err(refusal);
     }
     let limits = crate::bounds::for_new_session(&asked, &state.defaults, &ceilings);
+    if let Some(policy) = &req.approval {
+        policy
+            .check()
+            .map_err(|e| invalid(format!("approval.{e}")))?;
+    }
     if let Some(policy) = &req.network {
         let parsed = steadfast_sandbox::NetworkPolicy::parse(policy)
             .map_err(|e| invalid(format!("network: {e}")))?;
@@ -345,6 +360,7 @@ pub(crate) async fn create<W: World + Clone>(
     new.budget_micro_usd = limits.max_cost_micro_usd;
     new.limits = limits;
     new.approve_external = req.approve_external;
+    new.approval = req.approval;
     new.network = req.network;
     new.client_tools = req.tools;
     new.egress_credentials = req.egress_credentials;
