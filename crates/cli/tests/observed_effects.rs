@@ -313,7 +313,7 @@ async fn policy_by_destination(agent: &str) {
         {"text": "three", "tool_calls": [{"name": "bash", "input": {"command": post(denied)}}]},
         {"text": "four", "tool_calls": [{"name": "bash", "input": {"command": post(asked)}}]},
         {"text": "five", "tool_calls": [{"name": "bash", "input": {"command": post(asked)}}]},
-        {"text": "six", "tool_calls": [{"name": "write", "input": {"path": "notes.txt", "content": "x"}}]},
+        {"text": "six", "tool_calls": [{"name": "write", "input": {"file_path": "notes.txt", "content": "x"}}]},
         {"text": "done"}
     ]);
     let fake = FakeProvider::start(script(steps)).await.unwrap();
@@ -326,13 +326,24 @@ async fn policy_by_destination(agent: &str) {
              [[approval.rules]]\nverdict = \"deny\"\nhost = \"localhost:{denied}\"\n"
         ),
     );
-    let (_api, url) = site.serve(&fake, "1").await;
+    // Codex speaks only OpenAI's API: the fake serves it too.
+    let mut api = site
+        .command(
+            &fake,
+            &["serve", "--listen", "127.0.0.1:0", "--workers", "1"],
+        )
+        .env("OPENAI_API_KEY", "test-key")
+        .env("OPENAI_BASE_URL", format!("{}/v1", fake.base_url()))
+        .spawn()
+        .unwrap();
+    let url = common::printed_url(&mut api).await;
     let network = format!("allow:localhost:{allowed},localhost:{denied},localhost:{asked}");
     let (code, created) = call(
         reqwest::Method::POST,
         &format!("{url}/v1/sessions"),
         Some(json!({
             "task": "deploy", "agent": agent, "network": network,
+            "model": if agent == "codex" { "openai/gpt-5" } else { "anthropic/claude-sonnet-4-5" },
             "approval": {"external": "ask", "rules": [
                 {"verdict": "allow", "host": format!("localhost:{allowed}")},
                 {"verdict": "allow", "host": format!("localhost:{denied}")},
@@ -454,9 +465,11 @@ async fn a_policy_by_destination_allows_denies_and_asks_per_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wrapped_cli_follows_a_policy_by_destination() {
-    common::installed("claude-code").await;
-    policy_by_destination("claude-code").await;
+async fn every_wrapped_cli_follows_a_policy_by_destination() {
+    for agent in ["claude-code", "codex", "pi", "opencode"] {
+        common::installed(agent).await;
+        policy_by_destination(agent).await;
+    }
 }
 
 /// A bad policy is refused naming the part that is wrong, and no session is made.

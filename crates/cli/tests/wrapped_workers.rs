@@ -655,3 +655,79 @@ async fn a_stopped_worker_records_the_reply_its_wrapped_cli_was_receiving() {
         "no reply was asked for twice: {per_step:?}"
     );
 }
+
+/// A wrapped CLI given a model whose API it does not speak, or whose provider this
+/// server has no key for, is refused at creation (422 naming `model`) rather than
+/// made into a session that sits idle for ever; nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_a_wrapped_cli_cannot_call_is_refused_at_creation() {
+    let fake =
+        FakeProvider::start(serde_json::from_value(json!({"steps": [{"text": "ok"}]})).unwrap())
+            .await
+            .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let site = Site {
+        home: dir.path().join("home"),
+        world: None,
+        fake_url: fake.base_url(),
+    };
+    let create = async |url: &str, agent: &str, model: &str| {
+        let response = reqwest::Client::new()
+            .post(format!("{url}/v1/sessions"))
+            .json(&json!({"agent": agent, "model": model}))
+            .send()
+            .await
+            .unwrap();
+        let code = response.status().as_u16();
+        (code, response.json::<Value>().await.unwrap())
+    };
+    let sessions = async |url: &str| {
+        let list: Value = reqwest::get(format!("{url}/v1/sessions"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        list["sessions"].as_array().map_or(0, Vec::len)
+    };
+    let (_api, url) = site.api().await;
+    for (agent, model) in [
+        ("codex", "anthropic/claude-sonnet-4-5"),
+        ("claude-code", "openai/gpt-5"),
+    ] {
+        let (code, body) = create(&url, agent, model).await;
+        assert_eq!(code, 422, "{agent} with {model}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("model: ") && message.contains("speaks only"),
+            "{message}"
+        );
+    }
+    let (code, body) = create(&url, "pi", "openai/gpt-5").await;
+    assert_eq!(code, 201, "pi speaks both: {body}");
+    assert_eq!(sessions(&url).await, 1);
+
+    // A server with no OpenAI key cannot give Codex its model.
+    let mut api = site
+        .command(&["serve", "--listen", "127.0.0.1:0", "--workers", "0"])
+        .env_remove("OPENAI_API_KEY")
+        .spawn()
+        .unwrap();
+    let stdout = api.stdout.take().unwrap();
+    let url = tokio::io::BufReader::new(stdout)
+        .lines()
+        .next_line()
+        .await
+        .unwrap()
+        .unwrap();
+    let (code, body) = create(&url, "codex", "openai/gpt-5").await;
+    assert_eq!(code, 422, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no key for `openai`"),
+        "{body}"
+    );
+    assert_eq!(sessions(&url).await, 1, "nothing made");
+}

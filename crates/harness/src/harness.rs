@@ -372,6 +372,33 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         self.home.as_deref()
     }
 
+    /// Checks that sessions of `agent` with `model` (`provider/model`) can call it from
+    /// here: a native session's provider is known and has a key; a wrapped CLI speaks
+    /// the provider's API and the gateway has an upstream for it. The error says what
+    /// is missing.
+    pub fn check_agent_model(&self, agent: &str, model: &str) -> Result<()> {
+        if agent == "native" {
+            return self.check_model(model);
+        }
+        let spec = parse_model(model)?;
+        self.adapter(agent)?
+            .speaks(&spec.provider)
+            .map_err(Error::Invalid)?;
+        let upstreams = &self.options.agents.upstreams;
+        let upstream = match spec.provider.as_str() {
+            "anthropic" => upstreams.anthropic.is_some(),
+            "openai" => upstreams.openai.is_some(),
+            _ => false,
+        };
+        if !upstream {
+            return Err(Error::Invalid(format!(
+                "model {model}: this server has no key for `{}`, so {agent} could not call it",
+                spec.provider
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks that sessions of `model` (`provider/model`) can call it from here: the
     /// provider is known and has a key. The error says what is missing.
     pub fn check_model(&self, model: &str) -> Result<()> {
@@ -399,6 +426,28 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                  the session by tokens instead",
                 new.model, model.model
             )));
+        }
+        // A wrapped agent's CLI version is the session's from now on.
+        let agent_cli = match new.agent.as_str() {
+            "native" => None,
+            agent => {
+                let adapter = self.adapter(agent)?;
+                adapter.speaks(&model.provider).map_err(Error::Invalid)?;
+                Some(format!("{}@{}", adapter.package, adapter.version))
+            }
+        };
+        // The operator's layer, the named agent's, the session's own: each is judged,
+        // and the strictest verdict stands.
+        let approval: Vec<steadfast_log::ApprovalPolicy> =
+            std::iter::once(self.options.approval.clone())
+                .chain(self.options.agents.approval_for(&new.agent))
+                .chain(new.approval)
+                .filter(|layer| !layer.is_open())
+                .collect();
+        for layer in &approval {
+            layer
+                .check()
+                .map_err(|e| Error::Invalid(format!("approval: {e}")))?;
         }
         if let Some(policy) = &new.network {
             steadfast_sandbox::NetworkPolicy::parse(policy).map_err(Error::Invalid)?;
@@ -436,27 +485,6 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             .world
             .acquire_lease(&id, &self.holder, self.options.lease_ttl)
             .await?;
-        // A wrapped agent's CLI version is the session's from now on.
-        let agent_cli = match new.agent.as_str() {
-            "native" => None,
-            agent => {
-                let adapter = self.adapter(agent)?;
-                Some(format!("{}@{}", adapter.package, adapter.version))
-            }
-        };
-        // The operator's layer, the named agent's, the session's own: each is judged,
-        // and the strictest verdict stands.
-        let approval: Vec<steadfast_log::ApprovalPolicy> =
-            std::iter::once(self.options.approval.clone())
-                .chain(self.options.agents.approval_for(&new.agent))
-                .chain(new.approval)
-                .filter(|layer| !layer.is_open())
-                .collect();
-        for layer in &approval {
-            layer
-                .check()
-                .map_err(|e| Error::Invalid(format!("approval: {e}")))?;
-        }
         let mut events = vec![Event::SessionStarted {
             agent: new.agent,
             agent_cli,

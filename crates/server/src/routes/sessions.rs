@@ -263,14 +263,12 @@ pub(crate) async fn create<W: World + Clone>(
         .or(named_model)
         .unwrap_or_else(|| state.default_model.clone());
     steadfast_harness::parse_model(&model).map_err(|e| invalid(format!("model: {e}")))?;
-    // A native session calls its model from the harness: one it cannot call (unknown
-    // provider, no key) is refused now rather than failing on every wake.
-    if agent == "native" {
-        state
-            .harness
-            .check_model(&model)
-            .map_err(|e| invalid(format!("model: {e}")))?;
-    }
+    // A model the agent cannot call from here (unknown provider, no key, an API its
+    // CLI does not speak) is refused now rather than failing on every wake.
+    state
+        .harness
+        .check_agent_model(&agent, &model)
+        .map_err(|e| invalid(format!("model: {e}")))?;
 
     let source = req.workspace.unwrap_or(WorkspaceSource::Empty {
         files: BTreeMap::new(),

@@ -28,6 +28,10 @@ impl Cli for ClaudeCode {
         "node_modules/.bin/claude"
     }
 
+    fn providers(&self) -> &'static [&'static str] {
+        &["anthropic"]
+    }
+
     fn command(&self, bin: &str, launch: &Launch<'_>) -> String {
         let mcp = serde_json::json!({"mcpServers": {crate::mcp::SERVER_NAME: {"type": "http", "url": launch.mcp}}});
         format!(

@@ -56,6 +56,10 @@ impl Cli for Codex {
         "node_modules/.bin/codex"
     }
 
+    fn providers(&self) -> &'static [&'static str] {
+        &["openai"]
+    }
+
     fn command(&self, bin: &str, launch: &Launch<'_>) -> String {
         let config = CODEX_CONFIG
             .replace("{model}", launch.model)

@@ -54,6 +54,9 @@ pub trait Cli: Send + Sync + 'static {
     fn tested(&self) -> &'static str;
     /// Its executable, relative to the install prefix.
     fn bin(&self) -> &'static str;
+    /// The model providers whose APIs it speaks (`anthropic`, `openai`): a session
+    /// of it with a model of another is refused.
+    fn providers(&self) -> &'static [&'static str];
     /// The shell command (run with `bash -c` in the CLI's sandbox) for one turn;
     /// `bin` is the executable, shell-quoted.
     fn command(&self, bin: &str, launch: &Launch<'_>) -> String;
@@ -147,6 +150,20 @@ impl Adapter {
     /// The adapter's own name (a named agent's adapter).
     pub fn cli_name(&self) -> &'static str {
         self.cli.name()
+    }
+
+    /// Whether its CLI speaks the API of the model provider `provider`.
+    pub fn speaks(&self, provider: &str) -> Result<(), String> {
+        let speaks = self.cli.providers();
+        if speaks.contains(&provider) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} speaks only {}'s API; `{provider}` models cannot run in it",
+                self.cli.name(),
+                speaks.join(" and ")
+            ))
+        }
     }
 
     /// The same adapter at `version` (`None`: the pinned one). A version must look

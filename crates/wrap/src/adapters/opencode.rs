@@ -68,6 +68,10 @@ impl Cli for OpenCode {
         "node_modules/.bin/opencode"
     }
 
+    fn providers(&self) -> &'static [&'static str] {
+        &["anthropic", "openai"]
+    }
+
     fn command(&self, bin: &str, launch: &Launch<'_>) -> String {
         let provider = match launch.provider {
             "openai" => "openai",

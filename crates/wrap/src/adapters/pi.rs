@@ -31,6 +31,10 @@ impl Cli for Pi {
         "node_modules/.bin/pi"
     }
 
+    fn providers(&self) -> &'static [&'static str] {
+        &["anthropic", "openai"]
+    }
+
     fn command(&self, bin: &str, launch: &Launch<'_>) -> String {
         let (api, base) = match launch.provider {
             "openai" => ("openai-completions", format!("{}/v1", launch.gateway)),
