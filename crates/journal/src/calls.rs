@@ -121,15 +121,18 @@ const FRONTIER: ResultPlace = (u32::MAX, usize::MAX);
 /// Runs and records a wrapped agent's tool calls.
 ///
 /// **Parallel calls.** An agent may run the calls of one reply at once (Pi and OpenCode
-/// do). They share one workspace, so a snapshot is the workspace as all of them left it
-/// at that instant, and the record is kept in the order things happened: taking a
-/// snapshot and appending the event that names it is one step that parallel calls take
-/// in turn, so each snapshot in the log is at least as new as every one before it, and
-/// the last one is the workspace as every recorded call left it. A call cut off by a
-/// crash is rolled back to that last one, which never undoes a sibling whose result is
-/// recorded. A replay moves the workspace to a recorded call's after-snapshot only
-/// forwards in the order results were recorded, whatever order the restarted agent
-/// asks in.
+/// do). They share one workspace. Reads run at once; calls that may change it (or reach
+/// outside) take turns, each from its snapshot before to its outcome, so the two
+/// snapshots bracket that call's effect and nobody else's. Two calls changing one
+/// workspace at once could not be told apart: a sibling's snapshot would hold half of a
+/// call still running, and after a crash that call, rolled back to it and run again,
+/// would do its half twice (an append appended twice). So the last snapshot in the log
+/// is the workspace as every recorded call left it, and a call cut off by a crash is
+/// rolled back to exactly where it began, which undoes no recorded sibling and leaves
+/// nothing of itself. The record is kept in the order things happened: taking a
+/// snapshot and appending the event that names it is one step. A replay moves the
+/// workspace to a recorded call's after-snapshot only forwards in the order results
+/// were recorded, whatever order the restarted agent asks in.
 pub struct Journal<W, S> {
     live: Arc<LiveSession<W>>,
     drive: Drive,
@@ -145,6 +148,9 @@ pub struct Journal<W, S> {
     /// Held while a snapshot is taken and the event naming it appended, and while a
     /// replay moves the workspace: one writer of the record and the workspace at a time.
     recording: Mutex<()>,
+    /// Held by a call that may change the workspace from its snapshot before to its
+    /// outcome: such calls of one reply take turns (see **Parallel calls**).
+    one_writer: Mutex<()>,
     /// The recorded call whose after-snapshot a replay last put the workspace at.
     replayed_to: StdMutex<Option<ResultPlace>>,
     counters: StdMutex<(u64, u64)>,
@@ -220,6 +226,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             held_back: Arc::default(),
             last_snapshot,
             recording: Mutex::new(()),
+            one_writer: Mutex::new(()),
             replayed_to: StdMutex::new(None),
             counters: StdMutex::new((0, 0)),
             inflight: tokio::sync::watch::Sender::new(0),
@@ -884,6 +891,14 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
         // An MCP server's tool runs elsewhere: the workspace is not its to change.
         let remote = self.names_mcp_server(&call.tool);
         let touches = call.class.touches_workspace() && !remote;
+        // Calls that may change the workspace take turns, from the snapshot before to
+        // the outcome, so each one's snapshots bracket its effect alone (reads run
+        // beside them).
+        let _one_writer = if touches {
+            Some(self.one_writer.lock().await)
+        } else {
+            None
+        };
         if !call.announced {
             let _writer = self.recording.lock().await;
             self.to_frontier().await?;

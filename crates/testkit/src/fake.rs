@@ -308,7 +308,10 @@ async fn responses(
     };
     let index = crate::responses::step_index(input);
     let step = match count_call(&state, index, &body) {
-        Ok(step) => resolve_tool_names(step, &request),
+        Ok(step) => crate::redo::only_rolled_back(
+            resolve_tool_names(step, &request),
+            crate::redo::in_responses_input(input),
+        ),
         Err(status) => return error(status, "scripted_error", "scripted failure"),
     };
     let model = request
@@ -399,7 +402,10 @@ async fn serve(state: &FakeState, format: Format, body: &str) -> Response {
     }
     let index = wire::step_index(format, messages);
     let step = match count_call(state, index, body) {
-        Ok(step) => resolve_tool_names(step, &request),
+        Ok(step) => crate::redo::only_rolled_back(
+            resolve_tool_names(step, &request),
+            crate::redo::in_messages(format, messages),
+        ),
         Err(status) => return error(status, "scripted_error", "scripted failure"),
     };
     let model = request

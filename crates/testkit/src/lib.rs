@@ -10,6 +10,7 @@ mod fake;
 pub mod git_server;
 pub mod mcp_server;
 pub mod postgres;
+mod redo;
 mod responses;
 pub mod service_log;
 mod wire;

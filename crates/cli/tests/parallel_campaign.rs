@@ -1,0 +1,317 @@
+//! Parallel tool calls under SIGKILL at random points, through the API and worker
+//! processes, with one worker and with two.
+//!
+//! Pi and OpenCode run a reply's tool calls at once. Each run here gives one reply of
+//! eight parallel calls — a slow command, two appends to one file, four writes and a
+//! `curl -X POST` to a counter — and kills a worker (`SIGKILL`) at a random moment
+//! while the turn runs; another worker (a new one, or the second) carries the session
+//! on. Whatever the moment: every call whose intent is recorded has exactly one outcome
+//! or resolution, the counter saw the POST once, the workspace is the crash-free run's,
+//! and a second message rolls nothing back.
+//!
+//! `STEADFAST_CAMPAIGN_RUNS` sets the runs per agent and worker count (default 2; the
+//! issue's campaign is 20).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use steadfast_testkit::{FakeProvider, Script};
+use tokio::io::AsyncBufReadExt;
+
+mod common;
+
+use common::{agents_dir, call, counter, event_page, installed, tree};
+
+const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
+
+fn runs() -> usize {
+    std::env::var("STEADFAST_CAMPAIGN_RUNS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(2)
+}
+
+/// One reply of eight parallel calls, its closing reply, and the second turn's.
+fn script(port: u16) -> Script {
+    let bash = |command: String| json!({"name": "bash", "input": {"command": command}});
+    let mut calls = vec![
+        bash("sleep 2; echo late > late.txt".into()),
+        bash("echo x >> appended.txt".into()),
+        bash("echo x >> appended.txt".into()),
+        bash(format!(
+            "curl -sf -X POST -d go http://localhost:{port}/count"
+        )),
+    ];
+    calls.extend((0..4).map(|i| bash(format!("echo {i} > f{i}.txt"))));
+    serde_json::from_value(json!({"steps": [
+        {"text": "All at once.", "tool_calls": calls},
+        {"text": "Written."}
+    ]}))
+    .unwrap()
+}
+
+/// A home, its configuration, and the processes serving it.
+struct Site {
+    home: PathBuf,
+    config: PathBuf,
+    fake_url: String,
+}
+
+impl Site {
+    fn new(dir: &Path, port: u16, fake: &FakeProvider) -> Self {
+        let config = dir.join("steadfast.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[sandbox]\nbackend = \"bwrap\"\ninternal-hosts = [\"localhost:{port}\"]\n\
+                 [harness]\nlease-ttl-secs = 3\n"
+            ),
+        )
+        .unwrap();
+        Site {
+            home: dir.join("home"),
+            config,
+            fake_url: fake.base_url(),
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(BIN);
+        cmd.args(args)
+            .env("STEADFAST_HOME", &self.home)
+            .env("STEADFAST_CONFIG", &self.config)
+            .env("STEADFAST_AGENTS_DIR", agents_dir())
+            .env("ANTHROPIC_API_KEY", "test-key")
+            .env("ANTHROPIC_BASE_URL", &self.fake_url)
+            .env("STEADFAST_MODEL", "anthropic/claude-sonnet-4-5")
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("STEADFAST_FAULT")
+            .env_remove("STEADFAST_WORLD")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(steadfast_testkit::service_log::stderr(env!(
+                "CARGO_TARGET_TMPDIR"
+            )))
+            .kill_on_drop(true);
+        cmd
+    }
+
+    async fn api(&self) -> (tokio::process::Child, String) {
+        let mut child = self
+            .command(&["serve", "--listen", "127.0.0.1:0", "--workers", "0"])
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let url = tokio::io::BufReader::new(stdout)
+            .lines()
+            .next_line()
+            .await
+            .unwrap()
+            .unwrap();
+        (child, url)
+    }
+
+    fn worker(&self) -> tokio::process::Child {
+        self.command(&["worker", "--workers", "1"]).spawn().unwrap()
+    }
+}
+
+/// Queues a message; its turn's stream is not read (the turn runs on a worker).
+async fn message(url: &str, id: &str, text: &str) {
+    let response = reqwest::Client::new()
+        .post(format!("{url}/v1/sessions/{id}/messages"))
+        .json(&json!({ "text": text }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200, "{text}");
+}
+
+async fn status(url: &str, id: &str) -> String {
+    let (_, body) = call(
+        reqwest::Method::GET,
+        &format!("{url}/v1/sessions/{id}"),
+        None,
+    )
+    .await;
+    body["status"].as_str().unwrap_or_default().to_string()
+}
+
+/// Waits until `turns` turns have ended and the session is idle.
+async fn until_turns(url: &str, id: &str, turns: usize, what: &str) {
+    for _ in 0..1800 {
+        let events = event_page(&format!("{url}/v1/sessions/{id}/events")).await;
+        let ended = events.iter().filter(|e| e["type"] == "turn_ended").count();
+        if ended >= turns && status(url, id).await == "idle" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let events = event_page(&format!("{url}/v1/sessions/{id}/events")).await;
+    panic!("{what}: the session never went idle: {events:?}");
+}
+
+/// A pseudo-random number in `0..n` (the kill's moment; printed, so a failing run
+/// can be told apart).
+fn random(n: u64) -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    (nanos ^ (nanos >> 7)).wrapping_mul(2654435761) % n
+}
+
+/// What a run ended with: the workspace, and how often the POST reached its server.
+struct Ran {
+    tree: BTreeMap<String, (Vec<u8>, bool)>,
+    hits: usize,
+}
+
+/// One session of `agent`: a turn of parallel calls (with the driving worker killed
+/// after `kill_after`, if given, among `workers` worker processes), then a second
+/// message. Checks every run's invariants and returns what it ended with.
+async fn run(agent: &str, workers: usize, kill_after: Option<Duration>) -> Ran {
+    let (port, hits) = counter();
+    let fake = FakeProvider::start(script(port)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut site = Site::new(dir.path(), port, &fake);
+    let (_api, url) = site.api().await;
+    let mut running: Vec<tokio::process::Child> = (0..workers).map(|_| site.worker()).collect();
+    let (code, created) = call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions"),
+        Some(json!({"agent": agent, "network": format!("allow:localhost:{port}")})),
+    )
+    .await;
+    assert_eq!(code, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let workspace = common::workspace_in(&site.home, &created);
+    let label = format!("{agent}, {workers} worker(s), kill after {kill_after:?}");
+    message(&url, &id, "write them all").await;
+    if let Some(after) = kill_after {
+        tokio::time::sleep(after).await;
+        // Any worker may hold it; killing each one in turn until a new one starts is
+        // what a rolling crash does. Here: one at random, then a fresh one in its place.
+        let victim = random(running.len() as u64) as usize;
+        running[victim].start_kill().unwrap();
+        let _ = running[victim].wait().await;
+        running[victim] = site.worker();
+    }
+    until_turns(&url, &id, 1, &label).await;
+    let events = event_page(&format!("{url}/v1/sessions/{id}/events")).await;
+    one_ending_per_call(&events, &label);
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        1,
+        "{label}: the POST reached its server once: {events:?}"
+    );
+    let first = tree(&workspace);
+
+    // A second message rolls nothing back. (A wrapped CLI starts each turn as a new
+    // conversation, which a scripted provider cannot tell from the first: the workers
+    // are replaced by ones whose provider answers the second turn.)
+    for mut worker in running.drain(..) {
+        let _ = worker.start_kill();
+        let _ = worker.wait().await;
+    }
+    let second_fake = FakeProvider::start(
+        serde_json::from_value(json!({"steps": [{"text": "Nothing more to do."}]})).unwrap(),
+    )
+    .await
+    .unwrap();
+    site.fake_url = second_fake.base_url();
+    running.push(site.worker());
+    message(&url, &id, "anything else?").await;
+    until_turns(&url, &id, 2, &label).await;
+    let events = event_page(&format!("{url}/v1/sessions/{id}/events")).await;
+    let turns = events.iter().filter(|e| e["type"] == "turn_ended").count();
+    assert_eq!(turns, 2, "{label}: {events:?}");
+    let second = events
+        .iter()
+        .rposition(|e| e["type"] == "user_message")
+        .unwrap();
+    assert!(
+        !events[second..]
+            .iter()
+            .any(|e| e["type"] == "tool_call_interrupted" || e["type"] == "replay_diverged"),
+        "{label}: the second turn rolled nothing back: {:?}",
+        &events[second..]
+    );
+    let after = tree(&workspace);
+    assert_eq!(after, first, "{label}: the second message changed nothing");
+    for mut worker in running {
+        let _ = worker.start_kill();
+        let _ = worker.wait().await;
+    }
+    Ran {
+        tree: after,
+        hits: hits.load(Ordering::SeqCst),
+    }
+}
+
+/// Every call whose intent is recorded has exactly one outcome or resolution.
+fn one_ending_per_call(events: &[Value], label: &str) {
+    let mut endings: BTreeMap<String, usize> = BTreeMap::new();
+    for event in events {
+        let id = event["call_id"].as_str().unwrap_or_default().to_string();
+        match event["type"].as_str() {
+            Some("tool_call_intent") => {
+                assert!(
+                    endings.insert(id.clone(), 0).is_none(),
+                    "{label}: {id} announced twice"
+                );
+            }
+            Some("tool_call_outcome") | Some("tool_call_interrupted") => {
+                *endings
+                    .get_mut(&id)
+                    .unwrap_or_else(|| panic!("{label}: an ending of no call: {event}")) += 1;
+            }
+            _ => {}
+        }
+    }
+    assert!(!endings.is_empty(), "{label}: no calls ran: {events:?}");
+    for (id, n) in &endings {
+        assert_eq!(*n, 1, "{label}: {id} has {n} endings: {events:?}");
+    }
+}
+
+async fn campaign(agent: &str) {
+    installed(agent).await;
+    let clean = run(agent, 1, None).await;
+    assert_eq!(clean.hits, 1);
+    assert!(
+        clean.tree.contains_key("late.txt"),
+        "{:?}",
+        clean.tree.keys()
+    );
+    assert_eq!(
+        clean.tree["appended.txt"].0, b"x\nx\n",
+        "both appends, once each"
+    );
+    for workers in [1, 2] {
+        for _ in 0..runs() {
+            // From before the CLI's first reply to after the slow call's end.
+            let after = Duration::from_millis(300 + random(4200));
+            eprintln!("{agent}: {workers} worker(s), kill after {after:?}");
+            let crashed = run(agent, workers, Some(after)).await;
+            assert_eq!(
+                crashed.tree, clean.tree,
+                "{agent}, {workers} worker(s), kill after {after:?}: the crash-free workspace"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pi_s_parallel_calls_hold_under_random_kills() {
+    campaign("pi").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_s_parallel_calls_hold_under_random_kills() {
+    campaign("opencode").await;
+}
