@@ -186,21 +186,30 @@ async fn a_replay_only_moves_the_workspace_forward_and_new_calls_run_at_the_fron
     let s = setup().await;
     let slow = bash("sleep 2; echo a > a.txt");
     let quick = bash("echo b > b.txt");
-    // The first run: two calls at once; the quick one's result is recorded first.
+    // The first run: two calls at once, the slow one asked a moment later (calls that
+    // change the workspace take turns: the quick one runs, and is recorded, first).
     {
         let first = journal(&s, &s.start).await;
-        let (a, b) = tokio::join!(first.call("bash", &slow), first.call("bash", &quick));
+        let later = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            first.call("bash", &slow).await
+        };
+        let (a, b) = tokio::join!(later, first.call("bash", &quick));
         assert!(!a.unwrap().1 && !b.unwrap().1);
     }
     let state = LiveSession::open(s.world.clone(), s.lease.clone())
         .await
         .unwrap()
         .with(|s| s.wrapped_tools.clone());
-    let order: Vec<u32> = state.iter().map(|t| t.result_order).collect();
-    assert_eq!(order, [2, 1], "the quick call's result came first");
+    let recorded: Vec<(&Value, u32)> = state.iter().map(|t| (&t.input, t.result_order)).collect();
+    assert_eq!(
+        recorded,
+        [(&quick, 1), (&slow, 2)],
+        "the quick call's result came first"
+    );
 
-    // The agent started again asks in the order it called, slow one first: the
-    // workspace goes to where the later result left it and stays there.
+    // The agent started again asks in another order, slow one first: the workspace
+    // goes to where the later result left it and stays there.
     let again = journal(&s, &s.start).await;
     assert!(!again.call("bash", &slow).await.unwrap().1);
     assert!(!again.call("bash", &quick).await.unwrap().1);
