@@ -26,6 +26,9 @@ struct Site {
     home: PathBuf,
     world: Option<String>,
     fake_url: String,
+    /// Where the second worker finds the CLIs, when not where the first does (another
+    /// host, with its own home, installs them at its own path).
+    second_agents: Option<PathBuf>,
 }
 
 impl Site {
@@ -70,6 +73,15 @@ impl Site {
         self.command(&["worker", "--workers", "1"]).spawn().unwrap()
     }
 
+    /// A worker as on a second host: the CLIs installed at another path.
+    fn second_worker(&self) -> tokio::process::Child {
+        let mut cmd = self.command(&["worker", "--workers", "1"]);
+        if let Some(dir) = &self.second_agents {
+            cmd.env("STEADFAST_AGENTS_DIR", dir);
+        }
+        cmd.spawn().unwrap()
+    }
+
     async fn log(&self, id: &str) -> Vec<Value> {
         let out = self.command(&["log", id, "--json"]).output().await.unwrap();
         assert!(out.status.success());
@@ -78,6 +90,21 @@ impl Site {
             .map(|l| serde_json::from_str(l).unwrap())
             .collect()
     }
+}
+
+/// The installed CLIs at another path (hard links: no download, no copy of the bytes),
+/// as a second host with a home of its own has them.
+fn agents_elsewhere() -> tempfile::TempDir {
+    let installed = agents_dir();
+    let dir = tempfile::tempdir_in(installed.parent().unwrap()).unwrap();
+    let status = std::process::Command::new("cp")
+        .arg("-al")
+        .arg(&installed)
+        .arg(dir.path().join("agents"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    dir
 }
 
 /// The parent of process `pid`.
@@ -134,7 +161,7 @@ async fn takeover(
     (agent, model, needle): (&str, &str, &str),
 ) -> usize {
     let (_api, url) = site.api().await;
-    let mut workers = [site.worker(), site.worker()];
+    let mut workers = [site.worker(), site.second_worker()];
     let pids: Vec<i32> = workers.iter().map(|w| w.id().unwrap() as i32).collect();
     let http = reqwest::Client::new();
 
@@ -354,6 +381,7 @@ async fn demo_on_a_worker(
         home: dir.path().join("home"),
         world: None,
         fake_url: fake.base_url(),
+        second_agents: None,
     };
     let (api, url) = site.api().await;
     let worker = site.worker();
@@ -388,6 +416,7 @@ async fn wrapped_sessions_move_to_another_worker_on_sqlite() {
             home: dir.path().join("home"),
             world: None,
             fake_url: fake.base_url(),
+            second_agents: None,
         };
         cut_off += takeover(site, &fake, *cli).await;
     }
@@ -398,6 +427,13 @@ async fn wrapped_sessions_move_to_another_worker_on_sqlite() {
 async fn wrapped_sessions_move_to_another_worker_on_postgres() {
     for cli in CLIS {
         installed(cli.0).await;
+    }
+    // As on two hosts with homes of their own: each has the CLIs at its own path.
+    let elsewhere = agents_elsewhere();
+    for cli in CLIS
+        .iter()
+        .filter(|c| std::env::var("ONLY").map_or(true, |o| o == c.0))
+    {
         let name = format!(
             "steadfast_wrapped_{}_{}",
             std::process::id(),
@@ -410,6 +446,7 @@ async fn wrapped_sessions_move_to_another_worker_on_postgres() {
             home: dir.path().join("home"),
             world: Some(db.url.clone()),
             fake_url: fake.base_url(),
+            second_agents: Some(elsewhere.path().join("agents")),
         };
         let migrated = site.command(&["migrate"]).output().await.unwrap();
         assert!(migrated.status.success());
@@ -670,6 +707,7 @@ async fn a_model_a_wrapped_cli_cannot_call_is_refused_at_creation() {
         home: dir.path().join("home"),
         world: None,
         fake_url: fake.base_url(),
+        second_agents: None,
     };
     let create = async |url: &str, agent: &str, model: &str| {
         let response = reqwest::Client::new()

@@ -501,6 +501,13 @@ fn bwrap_args(
         let p = extra.to_string_lossy();
         push(&["--ro-bind-try", &p, &p]);
     }
+    for (host, inside) in &options.read_only_mounts {
+        push(&[
+            "--ro-bind",
+            &host.to_string_lossy(),
+            &inside.to_string_lossy(),
+        ]);
+    }
     let (run, agent, root) = (
         run.to_string_lossy(),
         agent.to_string_lossy(),

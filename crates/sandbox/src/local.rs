@@ -44,6 +44,10 @@ pub struct SandboxOptions {
     /// Host directories an isolating backend shows read-only besides the system
     /// (a language toolchain under /root, say).
     pub read_only_paths: Vec<std::path::PathBuf>,
+    /// Host directories an isolating backend shows read-only at a fixed path of its
+    /// own, `(host, inside)`: what a program there sees is the same on every host
+    /// (a wrapped CLI's install directory, whose path some CLIs put in their prompts).
+    pub read_only_mounts: Vec<(std::path::PathBuf, std::path::PathBuf)>,
     /// Loopback ports inside an isolating sandbox that lead to Unix sockets of the
     /// host (a wrapped agent's gateway and tool server): `(port, socket path)`.
     pub forwards: Vec<(u16, std::path::PathBuf)>,
@@ -76,6 +80,7 @@ impl Default for SandboxOptions {
             egress_watch: None,
             limits: crate::ResourceLimits::default(),
             read_only_paths: Vec::new(),
+            read_only_mounts: Vec::new(),
             forwards: Vec::new(),
             agent: Vec::new(),
             mount_at: None,

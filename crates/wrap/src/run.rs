@@ -21,6 +21,9 @@ use crate::{mcp, Error, Result};
 const GATEWAY_PORT: u16 = 4180;
 const MCP_PORT: u16 = 4181;
 
+/// Where an isolated CLI sees its install directory, on every host.
+const AGENTS_MOUNT: &str = "/run/steadfast-agents";
+
 /// How a wrapped CLI is run.
 #[derive(Debug, Clone)]
 pub struct WrappedOptions {
@@ -326,9 +329,17 @@ pub async fn drive_turn<W: World + Clone + 'static>(
             max_timeout: options.turn_timeout,
             ..options.sandbox.clone()
         };
-        cli_options
-            .read_only_paths
-            .push(options.install_dir.clone());
+        // An isolated CLI sees its install directory at one fixed path on every host
+        // (Pi names it in its system prompt: a host with another path would diverge).
+        let install_dir = if isolated {
+            let inside = PathBuf::from(AGENTS_MOUNT);
+            cli_options
+                .read_only_mounts
+                .push((options.install_dir.clone(), inside.clone()));
+            inside
+        } else {
+            options.install_dir.clone()
+        };
         // The CLIs are Node programs: V8 reserves address space far beyond what it uses.
         cli_options.limits.memory_mb = None;
         let launch = Launch {
@@ -338,7 +349,7 @@ pub async fn drive_turn<W: World + Clone + 'static>(
             task: &task,
             provider: &provider,
             model: &model,
-            install_dir: &options.install_dir,
+            install_dir: &install_dir,
         };
         let command = options.adapter.command(&launch);
         let cli_ws = workspace.clone();
