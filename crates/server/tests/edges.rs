@@ -200,3 +200,42 @@ async fn every_error_is_json_and_a_refused_create_leaves_nothing_behind() {
         .unwrap();
     assert_eq!(resp.status(), 400);
 }
+
+/// Sends `head` and a few bytes of a body it declares far larger, holding the
+/// connection open, and returns the status line the server answers with (within 10 s:
+/// a server waiting for the rest of the body never answers).
+fn answer_before_the_body(url: &str, head: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(url.trim_start_matches("http://")).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(b"\r\nustar").unwrap();
+    let mut buf = [0u8; 512];
+    let n = stream
+        .read(&mut buf)
+        .expect("the server answers without waiting for the body");
+    String::from_utf8_lossy(&buf[..n])
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// An upload's body is not read before its caller is known: an anonymous request
+/// declaring 50 MB (under the upload limit) is refused at once, with nothing of it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_is_refused_before_its_body_is_read() {
+    let srv = server(json!([]), common::tokens(), 0, |_| {}).await;
+    let url = srv.url.clone();
+    let head = |auth: &str, length: u64| {
+        format!(
+            "POST /v1/uploads HTTP/1.1\r\nHost: test\r\nContent-Type: application/x-tar\r\n{auth}Content-Length: {length}\r\n"
+        )
+    };
+    let anonymous = head("", 50 << 20);
+    let line = tokio::task::spawn_blocking(move || answer_before_the_body(&url, &anonymous))
+        .await
+        .unwrap();
+    assert!(line.contains(" 401 "), "{line}");
+}

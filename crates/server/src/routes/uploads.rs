@@ -2,7 +2,7 @@
 //! operator's limit), stored in the blob store for a session to start from
 //! (`{"workspace": {"kind": "upload", "upload": "upl_..."}}`).
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
@@ -39,8 +39,10 @@ pub(crate) const UPLOAD_PREFIX: &str = "upl_";
 pub(crate) async fn create<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<(StatusCode, Json<wire::Upload>), ApiError> {
+    // Nothing of the body is read before the caller is known and the request is one
+    // this route takes: an anonymous caller cannot make the server hold uploads.
     state.auth.owner(&headers)?;
     let content_type = headers
         .get(axum::http::header::CONTENT_TYPE)
@@ -64,6 +66,28 @@ pub(crate) async fn create<W: World + Clone>(
             format!("the body must be one of {}", accepted.join(", ")),
         ));
     }
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!(
+                "the body is larger than the upload limit ({} bytes)",
+                state.max_upload
+            ),
+        )
+    };
+    // Read up to the limit (a client still sending past it would see its connection
+    // cut, not the 413).
+    let body = axum::body::to_bytes(body, state.max_upload)
+        .await
+        .map_err(|e| {
+            let cause = e.into_inner();
+            if cause.is::<http_body_util::LengthLimitError>() {
+                too_large()
+            } else {
+                ApiError::new(StatusCode::BAD_REQUEST, "bad_body", cause.to_string())
+            }
+        })?;
     if body.is_empty() {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
