@@ -43,6 +43,33 @@ pub const MAX_SERVERS: usize = 16;
 const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 /// The most of a tool's result kept (as for the sandbox's tools' output).
 const MAX_RESULT_BYTES: usize = 8 * 1024 * 1024;
+/// The most of one answer from an MCP server that is read (a result's text escaped in
+/// JSON, with room to spare): past it the answer is cut off and the call fails, rather
+/// than a server's 200 MB reply being held in memory whole before the cap applies.
+const MAX_ANSWER_BYTES: usize = 4 * MAX_RESULT_BYTES;
+
+/// The bytes of one answer, ending with an error once past [`MAX_ANSWER_BYTES`]
+/// (nothing more is read from the server).
+fn capped(
+    stream: impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Send + 'static,
+) -> impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Send + 'static {
+    let start = (Some(Box::pin(stream)), 0usize);
+    futures_util::stream::unfold(start, |(stream, read)| async move {
+        let mut stream = stream?;
+        let item = match stream.next().await? {
+            Err(e) => Err(std::io::Error::other(e)),
+            Ok(chunk) => Ok(chunk),
+        };
+        let read = read + item.as_ref().map_or(0, bytes::Bytes::len);
+        if read > MAX_ANSWER_BYTES {
+            let cut = std::io::Error::other(format!(
+                "the MCP server's answer is larger than {MAX_ANSWER_BYTES} bytes; it was cut off"
+            ));
+            return Some((Err(cut), (None, read)));
+        }
+        Some((item, (Some(stream), read)))
+    })
+}
 
 /// Checks a session's MCP servers before anything is made: names that namespace tools
 /// (unique, short, letters, digits and `-`), `http(s)` URLs, headers that are headers.
@@ -383,12 +410,16 @@ impl StreamableHttpClient for McpHttp {
             .map(str::to_string);
         match content_type(&response) {
             Some(ct) if ct.starts_with(EVENT_STREAM) => Ok(StreamableHttpPostResponse::Sse(
-                SseStream::from_bytes_stream(response.bytes_stream()).boxed(),
+                SseStream::from_bytes_stream(capped(response.bytes_stream())).boxed(),
                 session,
             )),
             Some(ct) if ct.starts_with(JSON) => {
-                let message: ServerJsonRpcMessage =
-                    response.json().await.map_err(StreamableHttpError::Client)?;
+                let mut body = Vec::new();
+                let mut chunks = std::pin::pin!(capped(response.bytes_stream()));
+                while let Some(chunk) = chunks.next().await {
+                    body.extend_from_slice(&chunk?);
+                }
+                let message: ServerJsonRpcMessage = serde_json::from_slice(&body)?;
                 Ok(StreamableHttpPostResponse::Json(message, session))
             }
             other => Err(StreamableHttpError::UnexpectedContentType(other)),
@@ -438,7 +469,7 @@ impl StreamableHttpClient for McpHttp {
             .map_err(StreamableHttpError::Client)?;
         match content_type(&response) {
             Some(ct) if ct.starts_with(EVENT_STREAM) || ct.starts_with(JSON) => {
-                Ok(SseStream::from_bytes_stream(response.bytes_stream()).boxed())
+                Ok(SseStream::from_bytes_stream(capped(response.bytes_stream())).boxed())
             }
             other => Err(StreamableHttpError::UnexpectedContentType(other)),
         }
@@ -483,6 +514,35 @@ mod tests {
             "read-only and destructive at once is not read-only"
         );
         assert_eq!(class_of(&tool(None, None), &none), ToolClass::External);
+    }
+
+    #[tokio::test]
+    async fn an_answer_past_the_cap_is_cut_off_not_read_whole() {
+        // An endless answer, 1 MiB at a time, counting what is pulled from it.
+        let pulled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = pulled.clone();
+        let endless = futures_util::stream::repeat_with(move || {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok::<_, reqwest::Error>(bytes::Bytes::from(vec![b'x'; 1 << 20]))
+        });
+        let items: Vec<_> = capped(endless).collect().await;
+        let (kept, cut): (Vec<_>, Vec<_>) = items.into_iter().partition(Result::is_ok);
+        assert_eq!(
+            kept.len(),
+            MAX_ANSWER_BYTES >> 20,
+            "every chunk up to the cap"
+        );
+        assert_eq!(cut.len(), 1, "then one error, and the end");
+        assert!(cut[0]
+            .as_ref()
+            .unwrap_err()
+            .to_string()
+            .contains("larger than"));
+        assert_eq!(
+            pulled.load(std::sync::atomic::Ordering::SeqCst),
+            (MAX_ANSWER_BYTES >> 20) + 1,
+            "nothing read past the cap"
+        );
     }
 
     #[test]
