@@ -114,8 +114,11 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// no worker takes the session before then.
     #[tracing::instrument(level = "debug", skip_all, fields(session = %lease.session))]
     async fn after_failure(&self, lease: &steadfast_world::Lease, e: &crate::Error) {
-        if matches!(e, crate::Error::NotHere(_)) {
-            // Another host may have the CLI: hold this host's workers back only.
+        if let crate::Error::NotHere(why) = e {
+            // Another host may have the CLI: hold this host's workers back only, and
+            // say once, in the log, why this host leaves it (else the session looks
+            // idle with nothing to tell a person that no worker can run it).
+            self.say_not_here(lease, why).await;
             return self.cool_down(lease).await;
         }
         let attempt = match self.state(&lease.session).await {
@@ -161,6 +164,26 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 tracing::error!(session = %lease.session, error = %append, "could not record the failure");
                 self.cool_down(lease).await;
             }
+        }
+    }
+
+    /// Records why this host leaves the session (a `drive_failed` any host may retry at
+    /// once), unless the log says so already.
+    async fn say_not_here(&self, lease: &steadfast_world::Lease, why: &str) {
+        let reason = format!("this host cannot drive the session: {why}");
+        let Ok(state) = self.state(&lease.session).await else {
+            return;
+        };
+        if state.retry.as_ref().is_some_and(|r| r.reason == reason) {
+            return;
+        }
+        let event = steadfast_log::Event::DriveFailed {
+            reason,
+            attempt: state.failures_in_row + 1,
+            retry_at_ms: Some(steadfast_world::now_ms()),
+        };
+        if let Err(e) = self.world.append(lease, &[event]).await {
+            tracing::debug!(session = %lease.session, error = %e, "could not record why this host leaves the session");
         }
     }
 

@@ -1,7 +1,7 @@
 //! One wake for every agent: a session is driven by the agent it was started with and
 //! never by another. A wrapped session a worker cannot run (its CLI is not installed
-//! on this host) is left as it is — no native model call, no tool call, not one
-//! record — and the native loop refuses a wrapped session outright.
+//! on this host) is left as it is — no native model call, no tool call, one record
+//! saying why — and the native loop refuses a wrapped session outright.
 
 use serde_json::json;
 use steadfast_harness::{Awake, Error, NewSession};
@@ -60,12 +60,24 @@ async fn a_worker_never_drives_a_wrapped_session_with_the_native_loop() -> anyho
         harness.state(&native).await?.status,
         steadfast_log::Status::Idle
     );
+    // One record says why (a person sees a session no worker can run, not an idle
+    // one), however often it was claimed; no model call, no tool call.
     let records = harness.world().read(&wrapped, 1).await?;
-    assert_eq!(
-        records.len(),
-        before,
-        "nothing was appended to the wrapped session"
-    );
+    assert_eq!(records.len(), before + 1, "{records:?}");
+    match &records[before].event {
+        steadfast_log::Event::DriveFailed {
+            reason,
+            retry_at_ms: Some(_),
+            ..
+        } => assert!(
+            reason.contains("@anthropic-ai/claude-code@") && reason.contains("install-agent"),
+            "{reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let state = harness.state(&wrapped).await?;
+    assert!(state.retry.is_some(), "shown as waiting to be retried");
+    assert!(state.pending_tool.is_none() && state.model_calls == 0);
     assert_eq!(
         setup.fake.calls(),
         1 + 1,
