@@ -381,19 +381,18 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             return self.check_model(model);
         }
         let spec = parse_model(model)?;
-        self.adapter(agent)?
-            .speaks(&spec.provider)
+        let api = self
+            .adapter(agent)?
+            .api_for(&spec.provider)
             .map_err(Error::Invalid)?;
         let upstreams = &self.options.agents.upstreams;
-        let upstream = match spec.provider.as_str() {
+        let upstream = match api {
             "anthropic" => upstreams.anthropic.is_some(),
-            "openai" => upstreams.openai.is_some(),
-            _ => false,
+            _ => upstreams.openai.is_some(),
         };
         if !upstream {
             return Err(Error::Invalid(format!(
-                "model {model}: this server has no key for `{}`, so {agent} could not call it",
-                spec.provider
+                "model {model}: this server has no key for `{api}`, so {agent} could not call it"
             )));
         }
         Ok(())
@@ -432,7 +431,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             "native" => None,
             agent => {
                 let adapter = self.adapter(agent)?;
-                adapter.speaks(&model.provider).map_err(Error::Invalid)?;
+                adapter.api_for(&model.provider).map_err(Error::Invalid)?;
                 Some(format!("{}@{}", adapter.package, adapter.version))
             }
         };

@@ -152,11 +152,16 @@ impl Adapter {
         self.cli.name()
     }
 
-    /// Whether its CLI speaks the API of the model provider `provider`.
-    pub fn speaks(&self, provider: &str) -> Result<(), String> {
+    /// Which provider's API its CLI calls for models of `provider` (`anthropic` or
+    /// `openai`), or why it cannot run them. The bundled fake provider speaks every
+    /// API: a CLI calls it with its own.
+    pub fn api_for(&self, provider: &str) -> Result<&'static str, String> {
         let speaks = self.cli.providers();
-        if speaks.contains(&provider) {
-            Ok(())
+        if provider == "fake" {
+            return Ok(speaks[0]);
+        }
+        if let Some(api) = speaks.iter().find(|p| **p == provider) {
+            Ok(api)
         } else {
             Err(format!(
                 "{} speaks only {}'s API; `{provider}` models cannot run in it",
