@@ -169,6 +169,8 @@ fn random(n: u64) -> u64 {
 struct Ran {
     tree: BTreeMap<String, (Vec<u8>, bool)>,
     hits: usize,
+    /// Calls the kill cut off (resolved after it), by resolution.
+    cut_off: Vec<String>,
 }
 
 /// One session of `agent`: a turn of parallel calls (with the driving worker killed
@@ -204,6 +206,16 @@ async fn run(agent: &str, workers: usize, kill_after: Option<Duration>) -> Ran {
     until_turns(&url, &id, 1, &label).await;
     let events = event_page(&format!("{url}/v1/sessions/{id}/events")).await;
     one_ending_per_call(&events, &label);
+    let cut_off = events
+        .iter()
+        .filter(|e| e["type"] == "tool_call_interrupted")
+        .map(|e| {
+            e["resolution"]["kind"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
     assert_eq!(
         hits.load(Ordering::SeqCst),
         1,
@@ -250,6 +262,7 @@ async fn run(agent: &str, workers: usize, kill_after: Option<Duration>) -> Ran {
     Ran {
         tree: after,
         hits: hits.load(Ordering::SeqCst),
+        cut_off,
     }
 }
 
@@ -298,6 +311,7 @@ async fn campaign(agent: &str) {
             let after = Duration::from_millis(300 + random(4200));
             eprintln!("{agent}: {workers} worker(s), kill after {after:?}");
             let crashed = run(agent, workers, Some(after)).await;
+            eprintln!("  calls cut off: {:?}", crashed.cut_off);
             assert_eq!(
                 crashed.tree, clean.tree,
                 "{agent}, {workers} worker(s), kill after {after:?}: the crash-free workspace"
