@@ -49,6 +49,9 @@ struct Tracker {
     exchanges: std::collections::BTreeMap<u32, bool>,
     /// Each exchange attempt's index, and the text it has streamed so far.
     exchange_calls: std::collections::HashMap<String, (u32, String)>,
+    /// The text of each answered exchange of the open turn, by index (what a diverged
+    /// replay keeps of the turn's text: the exchanges before the divergence).
+    answered: std::collections::BTreeMap<u32, String>,
 }
 
 impl Tracker {
@@ -59,6 +62,7 @@ impl Tracker {
                 self.turn_text.clear();
                 self.exchanges.clear();
                 self.exchange_calls.clear();
+                self.answered.clear();
                 self.status = "running";
                 self.seen_inbox.extend(inbox_id);
             }
@@ -88,6 +92,7 @@ impl Tracker {
             Event::ExchangeOutcome { call_id, .. } => {
                 if let Some((index, streamed)) = self.exchange_calls.remove(call_id) {
                     self.exchanges.insert(index, true);
+                    self.answered.insert(index, streamed.clone());
                     if !streamed.is_empty() {
                         if !self.turn_text.is_empty() {
                             self.turn_text.push('\n');
@@ -95,6 +100,13 @@ impl Tracker {
                         self.turn_text.push_str(&streamed);
                     }
                 }
+            }
+            Event::ReplayDiverged { index, .. } => {
+                // The exchanges from `index` on are superseded: asked again, they
+                // stream again, and the turn's text is what came before.
+                self.exchanges.retain(|i, _| i < index);
+                self.answered.retain(|i, _| i < index);
+                self.turn_text = self.text_before(*index);
             }
             Event::ModelCallOutcome { content, .. } => {
                 for block in content {
@@ -110,6 +122,17 @@ impl Tracker {
         }
     }
 
+    /// The open turn's answered exchanges' text before exchange `index`.
+    fn text_before(&self, index: u32) -> String {
+        let kept: Vec<&str> = self
+            .answered
+            .range(..index)
+            .map(|(_, text)| text.as_str())
+            .filter(|text| !text.is_empty())
+            .collect();
+        kept.join("\n")
+    }
+
     fn frame(&self, record: &Record) -> SseEvent {
         let data = serde_json::to_string(&self.data(record)).expect("events serialize");
         SseEvent::default().id(record.seq.to_string()).data(data)
@@ -122,7 +145,16 @@ impl Tracker {
             Event::ModelCallInterrupted { .. } | Event::ModelDelta { restart: true, .. }
         ) || matches!(&record.event, Event::ExchangeIntent { index, .. }
                 if self.exchanges.get(index) == Some(&false));
-        if restart {
+        if let Event::ReplayDiverged { index, .. } = &record.event {
+            // A client drops what it showed of the superseded exchanges.
+            PublicEvent {
+                seq: record.seq,
+                at_ms: record.at_ms,
+                body: EventBody::Restart {
+                    text: self.text_before(*index),
+                },
+            }
+        } else if restart {
             PublicEvent {
                 seq: record.seq,
                 at_ms: record.at_ms,
@@ -284,5 +316,92 @@ impl<W: World + Clone> State<W> {
                 Err(_) => true,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(seq: u64, event: Event) -> Record {
+        Record {
+            seq,
+            epoch: 1,
+            at_ms: seq,
+            event,
+        }
+    }
+
+    fn exchange(seq: u64, index: u32, text: &str) -> Vec<Record> {
+        let call_id = format!("gx_{seq}");
+        vec![
+            record(
+                seq,
+                Event::ExchangeIntent {
+                    call_id: call_id.clone(),
+                    index,
+                    api: "anthropic.messages".into(),
+                    fingerprint: String::new(),
+                    stream: true,
+                    snapshot: None,
+                },
+            ),
+            record(
+                seq + 1,
+                Event::ModelDelta {
+                    call_id: call_id.clone(),
+                    text: text.into(),
+                    restart: false,
+                },
+            ),
+            record(
+                seq + 2,
+                Event::ExchangeOutcome {
+                    call_id,
+                    status: 200,
+                    content_type: "text/event-stream".into(),
+                    body: String::new(),
+                    usage: None,
+                    cost_micro_usd: 0,
+                },
+            ),
+        ]
+    }
+
+    /// After a diverged replay the stream says to show only the text from before the
+    /// divergence, so the superseded replies, streamed again, are not shown twice.
+    #[test]
+    fn a_diverged_replay_restarts_the_text_from_before_it() {
+        let mut log = vec![record(
+            1,
+            Event::UserMessage {
+                turn: 1,
+                text: "go".into(),
+                inbox_id: None,
+            },
+        )];
+        log.extend(exchange(2, 0, "first"));
+        log.extend(exchange(5, 1, "second"));
+        log.push(record(
+            8,
+            Event::ReplayDiverged {
+                index: 1,
+                snapshot: None,
+            },
+        ));
+        log.extend(exchange(9, 1, "second, again"));
+        log.extend(exchange(12, 2, "third"));
+        let mut tracker = Tracker::default();
+        let mut frames = Vec::new();
+        for r in &log {
+            frames.push(serde_json::to_value(tracker.data(r)).unwrap());
+            tracker.observe(r);
+        }
+        let restarts: Vec<&serde_json::Value> =
+            frames.iter().filter(|f| f["type"] == "restart").collect();
+        assert_eq!(restarts.len(), 1, "{frames:?}");
+        assert_eq!(restarts[0]["seq"], 8);
+        assert_eq!(restarts[0]["text"], "first");
+        assert_eq!(tracker.turn_text, "first\nsecond, again\nthird");
     }
 }
