@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use steadfast_testkit::{FakeProvider, Script};
-use tokio::io::AsyncBufReadExt;
 
 mod common;
 
@@ -105,13 +104,7 @@ impl Site {
             .command(&["serve", "--listen", "127.0.0.1:0", "--workers", "0"])
             .spawn()
             .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let url = tokio::io::BufReader::new(stdout)
-            .lines()
-            .next_line()
-            .await
-            .unwrap()
-            .unwrap();
+        let url = common::printed_url(&mut child).await;
         (child, url)
     }
 
@@ -173,10 +166,23 @@ struct Ran {
     cut_off: Vec<String>,
 }
 
-/// One session of `agent`: a turn of parallel calls (with the driving worker killed
-/// after `kill_after`, if given, among `workers` worker processes), then a second
-/// message. Checks every run's invariants and returns what it ended with.
-async fn run(agent: &str, workers: usize, kill_after: Option<Duration>) -> Ran {
+/// When a kill comes: this long after the message, or after the first tool call began.
+#[derive(Debug, Clone, Copy)]
+enum Kill {
+    AfterMessage(Duration),
+    AfterFirstCall(Duration),
+}
+
+/// Whether process `pid` has children (a worker driving a session runs its sandboxes).
+fn has_children(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .is_ok_and(|c| !c.trim().is_empty())
+}
+
+/// One session of `agent`: a turn of parallel calls (with the worker driving it killed
+/// at `kill`, if given, among `workers` worker processes), then a second message.
+/// Checks every run's invariants and returns what it ended with.
+async fn run(agent: &str, workers: usize, kill: Option<Kill>) -> Ran {
     let (port, hits) = counter();
     let fake = FakeProvider::start(script(port)).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -192,13 +198,29 @@ async fn run(agent: &str, workers: usize, kill_after: Option<Duration>) -> Ran {
     assert_eq!(code, 201, "{created}");
     let id = created["id"].as_str().unwrap().to_string();
     let workspace = common::workspace_in(&site.home, &created);
-    let label = format!("{agent}, {workers} worker(s), kill after {kill_after:?}");
+    let label = format!("{agent}, {workers} worker(s), kill {kill:?}");
     message(&url, &id, "write them all").await;
-    if let Some(after) = kill_after {
+    if let Some(kill) = kill {
+        let after = match kill {
+            Kill::AfterMessage(after) => after,
+            Kill::AfterFirstCall(after) => {
+                for _ in 0..600 {
+                    let events = event_page(&format!("{url}/v1/sessions/{id}/events")).await;
+                    if events.iter().any(|e| e["type"] == "tool_call_intent") {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                after
+            }
+        };
         tokio::time::sleep(after).await;
-        // Any worker may hold it; killing each one in turn until a new one starts is
-        // what a rolling crash does. Here: one at random, then a fresh one in its place.
-        let victim = random(running.len() as u64) as usize;
+        // The worker driving it (the one running sandboxes), else one at random; a
+        // fresh one takes its place.
+        let victim = running
+            .iter()
+            .position(|w| w.id().is_some_and(has_children))
+            .unwrap_or_else(|| random(running.len() as u64) as usize);
         running[victim].start_kill().unwrap();
         let _ = running[victim].wait().await;
         running[victim] = site.worker();
@@ -306,15 +328,20 @@ async fn campaign(agent: &str) {
         "both appends, once each"
     );
     for workers in [1, 2] {
-        for _ in 0..runs() {
-            // From before the CLI's first reply to after the slow call's end.
-            let after = Duration::from_millis(300 + random(4200));
-            eprintln!("{agent}: {workers} worker(s), kill after {after:?}");
-            let crashed = run(agent, workers, Some(after)).await;
+        for i in 0..runs() {
+            // Anywhere in the turn, or while its calls run (the slow one, with the
+            // writers waiting behind it, takes about two and a half seconds).
+            let kill = if i % 2 == 0 {
+                Kill::AfterMessage(Duration::from_millis(300 + random(5000)))
+            } else {
+                Kill::AfterFirstCall(Duration::from_millis(random(2600)))
+            };
+            eprintln!("{agent}: {workers} worker(s), kill {kill:?}");
+            let crashed = run(agent, workers, Some(kill)).await;
             eprintln!("  calls cut off: {:?}", crashed.cut_off);
             assert_eq!(
                 crashed.tree, clean.tree,
-                "{agent}, {workers} worker(s), kill after {after:?}: the crash-free workspace"
+                "{agent}, {workers} worker(s), kill {kill:?}: the crash-free workspace"
             );
         }
     }

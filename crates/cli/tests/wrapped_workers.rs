@@ -751,13 +751,7 @@ async fn a_model_a_wrapped_cli_cannot_call_is_refused_at_creation() {
         .env_remove("OPENAI_API_KEY")
         .spawn()
         .unwrap();
-    let stdout = api.stdout.take().unwrap();
-    let url = tokio::io::BufReader::new(stdout)
-        .lines()
-        .next_line()
-        .await
-        .unwrap()
-        .unwrap();
+    let url = common::printed_url(&mut api).await;
     let (code, body) = create(&url, "codex", "openai/gpt-5").await;
     assert_eq!(code, 422, "{body}");
     assert!(
