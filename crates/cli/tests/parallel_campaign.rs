@@ -173,10 +173,15 @@ enum Kill {
     AfterFirstCall(Duration),
 }
 
-/// Whether process `pid` has children (a worker driving a session runs its sandboxes).
+/// Whether process `pid` has children (a worker driving a session runs its sandboxes),
+/// made by any of its threads.
 fn has_children(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .is_ok_and(|c| !c.trim().is_empty())
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.filter_map(Result::ok).any(|task| {
+        std::fs::read_to_string(task.path().join("children")).is_ok_and(|c| !c.trim().is_empty())
+    })
 }
 
 /// One session of `agent`: a turn of parallel calls (with the worker driving it killed
