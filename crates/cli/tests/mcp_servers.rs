@@ -171,3 +171,95 @@ async fn rounds(agent: &str) {
     assert_eq!(tracker.refused(), 0, "every request carried the token");
     assert_eq!(holding(&home, TOKEN), Vec::<PathBuf>::new());
 }
+
+/// An approval policy names MCP servers and tools: the read-only tool runs, the tool a
+/// rule denies never reaches its server (no one is asked), and the server's external
+/// tool waits for a person, naming it, then runs once.
+async fn policy(agent: &str) {
+    let tracker = McpTracker::start(TOKEN).await.unwrap();
+    let fake = FakeProvider::start(script()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let site = VaultSite::new(dir.path(), "[sandbox]\nbackend = \"bwrap\"\n");
+    let (_api, url) = site.serve(&fake, "1").await;
+    put_credential(&url, "tracker", TOKEN).await;
+    let server = json!({"name": "tracker", "url": tracker.url(), "credential": "tracker"});
+    let (status, created) = call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions"),
+        Some(
+            json!({"task": "handle issue 7", "agent": agent, "mcp_servers": [server],
+            "approval": {"rules": [
+                {"verdict": "ask", "mcp_server": "tracker", "class": "external"},
+                {"verdict": "deny", "tool": "tracker__set_*"}
+            ]}}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let shown = async || {
+        reqwest::get(format!("{url}/v1/sessions/{id}"))
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    };
+    wait_for("the external tool to wait", async || {
+        shown().await["status"] == "waiting"
+    })
+    .await;
+    assert_eq!(
+        counts(&tracker),
+        [1, 0, 0],
+        "{agent}: looked up, not labelled, not closed"
+    );
+    let events = event_page(&format!("{url}/v1/sessions/{id}/events")).await;
+    let wait: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "wait_started")
+        .collect();
+    assert_eq!(wait.len(), 1, "{agent}: {events:?}");
+    assert!(
+        wait[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("tracker__close_issue"),
+        "{agent}: {}",
+        wait[0]
+    );
+    let denied = events
+        .iter()
+        .find(|e| e["type"] == "tool_call_outcome" && e["is_error"] == true)
+        .unwrap_or_else(|| panic!("{agent}: {events:?}"));
+    assert!(
+        denied["output"]["excerpt"]
+            .as_str()
+            .unwrap()
+            .contains("does not let `tracker__set_label` run"),
+        "{agent}: {denied}"
+    );
+    let (code, body) = call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions/{id}/signals/approval"),
+        Some(json!({"approved": true})),
+    )
+    .await;
+    assert_eq!(code, 202, "{body}");
+    wait_for("the turn to end", async || {
+        shown().await["status"] == "idle"
+    })
+    .await;
+    assert_eq!(
+        counts(&tracker),
+        [1, 0, 1],
+        "{agent}: closed once, approved"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_policy_names_mcp_servers_and_tools() {
+    policy("native").await;
+    common::installed("claude-code").await;
+    policy("claude-code").await;
+}
