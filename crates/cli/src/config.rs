@@ -73,6 +73,8 @@ pub struct ServerConfig {
     pub production: bool,
     /// Message posts allowed per session per minute.
     pub messages_per_minute: Option<u32>,
+    /// Sessions and uploads one caller may create per minute; default 300.
+    pub creations_per_minute: Option<u32>,
     /// The largest workspace archive `POST /v1/uploads` takes, MiB; default 64.
     pub max_upload_mb: Option<usize>,
     /// Seconds a connection may take to send a request's head (and may idle between

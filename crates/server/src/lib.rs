@@ -55,6 +55,9 @@ pub struct ServerState<W> {
     pub default_model: String,
     /// Message posts allowed per session per minute.
     pub messages_per_minute: u32,
+    /// Sessions and uploads one caller may create per minute (they make workspaces,
+    /// snapshots and stored blobs).
+    pub creations_per_minute: u32,
     /// The operator's ceilings on every session's bounds: a session is created within
     /// them (taking them where it names none) and no signal raises a bound past them.
     pub ceilings: steadfast_log::Limits,
@@ -86,6 +89,7 @@ impl<W> ServerState<W> {
             workspaces,
             default_model,
             messages_per_minute: 60,
+            creations_per_minute: 300,
             ceilings: steadfast_log::Limits::default(),
             defaults: steadfast_log::Limits::default(),
             cors_origins: Vec::new(),
@@ -97,6 +101,24 @@ impl<W> ServerState<W> {
 }
 
 impl<W> ServerState<W> {
+    /// Takes one of `owner`'s creations this minute, or says to slow down (429).
+    pub(crate) fn creation_allowed(&self, owner: &str) -> Result<(), error::ApiError> {
+        if self
+            .limiter
+            .allow(&format!("create/{owner}"), self.creations_per_minute)
+        {
+            return Ok(());
+        }
+        Err(error::ApiError::new(
+            axum::http::StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!(
+                "more than {} sessions and uploads a minute from one caller; slow down",
+                self.creations_per_minute
+            ),
+        ))
+    }
+
     /// The ceilings in force: the configured ones, and in public mode the spend cap.
     pub(crate) fn ceilings(&self) -> steadfast_log::Limits {
         let mut ceilings = self.ceilings;

@@ -239,3 +239,59 @@ async fn an_upload_is_refused_before_its_body_is_read() {
         .unwrap();
     assert!(line.contains(" 401 "), "{line}");
 }
+
+/// Sessions and uploads are limited per caller and minute: past the limit a caller
+/// gets 429 naming it, and nothing is made; another caller is not held back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creations_are_limited_per_caller() {
+    let srv = server(json!([]), common::tokens(), 0, |state| {
+        state.creations_per_minute = 2
+    })
+    .await;
+    let create = async |token: &str| {
+        let response = reqwest::Client::new()
+            .post(format!("{}/v1/sessions", srv.url))
+            .bearer_auth(token)
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json::<Value>().await.unwrap_or_default())
+    };
+    assert_eq!(create("alice-secret").await.0, 201);
+    let upload = reqwest::Client::new()
+        .post(format!("{}/v1/uploads", srv.url))
+        .bearer_auth("alice-secret")
+        .header("content-type", "application/x-tar")
+        .body(vec![0u8; 1024])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(upload.status().as_u16(), 201);
+    let refused = create("alice-secret").await;
+    assert_error(&refused, 429, "rate_limited");
+    assert!(
+        refused.1["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("sessions and uploads a minute"),
+        "{}",
+        refused.1
+    );
+    assert_eq!(create("bob-secret").await.0, 201, "another caller");
+    let listed: Value = reqwest::Client::new()
+        .get(format!("{}/v1/sessions", srv.url))
+        .bearer_auth("alice-secret")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        listed["sessions"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+}

@@ -172,6 +172,9 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
     if let Some(n) = config.server.messages_per_minute {
         state.messages_per_minute = n;
     }
+    if let Some(n) = config.server.creations_per_minute {
+        state.creations_per_minute = n;
+    }
     if let Some(mb) = config.server.max_upload_mb {
         state.max_upload = mb.saturating_mul(1 << 20);
     }

@@ -177,6 +177,7 @@ struct Budget {
         (status = 413, description = "The body is larger than the limit", body = wire::Error),
         (status = 415, description = "The body is not `application/json`", body = wire::Error),
         (status = 422, description = "A field's value is refused (the message names it)", body = wire::Error),
+        (status = 429, description = "More sessions and uploads a minute from this caller than the server takes (`rate_limited`)", body = wire::Error),
     )
 )]
 pub(crate) async fn create<W: World + Clone>(
@@ -185,6 +186,7 @@ pub(crate) async fn create<W: World + Clone>(
     Body(req): Body<CreateSession>,
 ) -> Result<(StatusCode, Json<wire::Created>), ApiError> {
     let owner = state.auth.owner(&headers)?;
+    state.creation_allowed(&owner)?;
     let invalid = |m: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", m);
     let agent = req.agent.unwrap_or_else(|| "native".into());
     // Checked before anything is made: an agent that cannot run here leaves nothing.

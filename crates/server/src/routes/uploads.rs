@@ -34,6 +34,7 @@ pub(crate) const UPLOAD_PREFIX: &str = "upl_";
         (status = 413, description = "The body is larger than the upload limit", body = wire::Error),
         (status = 415, description = "The body is not `application/x-tar`, `application/gzip` or `application/octet-stream`", body = wire::Error),
         (status = 422, description = "An empty body", body = wire::Error),
+        (status = 429, description = "More sessions and uploads a minute from this caller than the server takes (`rate_limited`)", body = wire::Error),
     )
 )]
 pub(crate) async fn create<W: World + Clone>(
@@ -43,7 +44,8 @@ pub(crate) async fn create<W: World + Clone>(
 ) -> Result<(StatusCode, Json<wire::Upload>), ApiError> {
     // Nothing of the body is read before the caller is known and the request is one
     // this route takes: an anonymous caller cannot make the server hold uploads.
-    state.auth.owner(&headers)?;
+    let owner = state.auth.owner(&headers)?;
+    state.creation_allowed(&owner)?;
     let content_type = headers
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
