@@ -442,36 +442,53 @@ async fn the_provider_key_never_reaches_a_wrapped_cli_or_its_tools() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrapped_cli_is_bounded_and_a_raised_bound_resumes_it() {
-    installed("claude-code").await;
-    let expected = reference("claude-code", "anthropic/claude-sonnet-4-5").await;
+    for (agent, model) in AGENTS {
+        installed(agent).await;
+        bounded(agent, model).await;
+    }
+}
+
+async fn bounded(agent: &str, model: &str) {
+    let expected = reference(agent, model).await;
     let case = Case::new().await;
     let ws = case.workspace().display().to_string();
     let args = [
         "run",
         demo::TASK,
         "--agent",
-        "claude-code",
+        agent,
         "--workspace",
         &ws,
         "--model",
-        "anthropic/claude-sonnet-4-5",
+        model,
         "--max-tokens",
         "8000",
         "--json",
     ];
     let out = case.steadfast(&args, &[]).await;
-    assert_eq!(out.status.code(), Some(2), "escalated: {}", stderr(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{agent} escalated: {}",
+        stderr(&out)
+    );
     let session = case.session().await;
     let calls = case.fake.calls();
-    assert!((1..8).contains(&calls), "stopped part way: {calls} calls");
+    assert!(
+        (1..8).contains(&calls),
+        "{agent} stopped part way: {calls} calls"
+    );
     let text =
         String::from_utf8_lossy(&case.steadfast(&["log", &session], &[]).await.stdout).into_owned();
-    assert!(text.contains("escalated by the tokens breaker"), "{text}");
+    assert!(
+        text.contains("escalated by the tokens breaker"),
+        "{agent}: {text}"
+    );
 
     // Without a raise nothing moves; with one, the turn finishes where it would have.
     let again = case.steadfast(&["resume", &session], &[]).await;
     assert_eq!(again.status.code(), Some(2), "{}", stderr(&again));
-    assert_eq!(case.fake.calls(), calls);
+    assert_eq!(case.fake.calls(), calls, "{agent}");
     let signal = case
         .steadfast(
             &["signal", &session, "resume", r#"{"max_tokens": 100000000}"#],
@@ -480,14 +497,28 @@ async fn a_wrapped_cli_is_bounded_and_a_raised_bound_resumes_it() {
         .await;
     assert!(signal.status.success(), "{}", stderr(&signal));
     let resumed = case.steadfast(&["resume", &session, "--json"], &[]).await;
-    assert!(resumed.status.success(), "{}", stderr(&resumed));
-    assert_eq!(tree(&case.workspace()), expected);
+    assert!(resumed.status.success(), "{agent}: {}", stderr(&resumed));
+    assert_eq!(tree(&case.workspace()), expected, "{agent}");
     case.assert_nothing_paid_twice(&session, "bounded").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrapped_cli_going_in_circles_trips_the_loop_breaker() {
-    installed("claude-code").await;
+    for (agent, model) in AGENTS {
+        installed(agent).await;
+        going_in_circles(agent, model).await;
+    }
+}
+
+/// Every wrapped CLI and the model it is tested with.
+const AGENTS: [(&str, &str); 4] = [
+    ("claude-code", "anthropic/claude-sonnet-4-5"),
+    ("codex", "openai/gpt-5"),
+    ("pi", "anthropic/claude-sonnet-4-5"),
+    ("opencode", "anthropic/claude-sonnet-4-5"),
+];
+
+async fn going_in_circles(agent: &str, model: &str) {
     let look = serde_json::json!({"text": "Looking again.", "tool_calls": [{"name": "bash", "input": {"command": "cat stats.py"}}]});
     let script: steadfast_testkit::Script = serde_json::from_value(serde_json::json!({
         "steps": [look.clone(), look.clone(), look, {"text": "Done looking."}]
@@ -499,19 +530,26 @@ async fn a_wrapped_cli_going_in_circles_trips_the_loop_breaker() {
         "run",
         "look",
         "--agent",
-        "claude-code",
+        agent,
         "--workspace",
         &ws,
         "--model",
-        "anthropic/claude-sonnet-4-5",
+        model,
     ];
     let out = case.steadfast(&args, &[]).await;
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert_eq!(case.fake.calls(), 3, "the fourth model call was refused");
+    assert_eq!(out.status.code(), Some(2), "{agent}: {}", stderr(&out));
+    assert_eq!(
+        case.fake.calls(),
+        3,
+        "{agent}: the fourth model call was refused"
+    );
     let session = case.session().await;
     let text =
         String::from_utf8_lossy(&case.steadfast(&["log", &session], &[]).await.stdout).into_owned();
-    assert!(text.contains("escalated by the loop breaker"), "{text}");
+    assert!(
+        text.contains("escalated by the loop breaker"),
+        "{agent}: {text}"
+    );
 
     // A human looked: resuming starts the count over, and the turn ends.
     let signal = case
@@ -519,8 +557,8 @@ async fn a_wrapped_cli_going_in_circles_trips_the_loop_breaker() {
         .await;
     assert!(signal.status.success(), "{}", stderr(&signal));
     let resumed = case.steadfast(&["resume", &session], &[]).await;
-    assert!(resumed.status.success(), "{}", stderr(&resumed));
-    assert_eq!(case.fake.calls(), 4);
+    assert!(resumed.status.success(), "{agent}: {}", stderr(&resumed));
+    assert_eq!(case.fake.calls(), 4, "{agent}");
 }
 
 /// The runaway guard: however a wrapped CLI misbehaves, a turn makes at most four tool
@@ -528,7 +566,13 @@ async fn a_wrapped_cli_going_in_circles_trips_the_loop_breaker() {
 /// call too, and the session escalates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrapped_cli_cannot_run_away_with_tool_calls() {
-    installed("claude-code").await;
+    for (agent, model) in AGENTS {
+        installed(agent).await;
+        running_away(agent, model).await;
+    }
+}
+
+async fn running_away(agent: &str, model: &str) {
     let calls: Vec<serde_json::Value> = (0..15)
         .map(|i| serde_json::json!({"name": "bash", "input": {"command": format!("echo {i} >> runaway.txt")}}))
         .collect();
@@ -547,26 +591,31 @@ async fn a_wrapped_cli_cannot_run_away_with_tool_calls() {
         "run",
         "go",
         "--agent",
-        "claude-code",
+        agent,
         "--workspace",
         &ws,
         "--model",
-        "anthropic/claude-sonnet-4-5",
+        model,
     ];
     let out = case.steadfast(&args, &[]).await;
-    assert_eq!(out.status.code(), Some(2), "escalated: {}", stderr(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{agent} escalated: {}",
+        stderr(&out)
+    );
     let session = case.session().await;
     let log = case.log(&session).await;
     assert_eq!(
         events(&log, "tool_call_intent").len(),
         12,
-        "twelve calls ran (3 model calls x 4), the rest were refused"
+        "{agent}: twelve calls ran (3 model calls x 4), the rest were refused"
     );
     let text =
         String::from_utf8_lossy(&case.steadfast(&["log", &session], &[]).await.stdout).into_owned();
-    assert!(text.contains("tool calls in this turn"), "{text}");
+    assert!(text.contains("tool calls in this turn"), "{agent}: {text}");
     let lines = std::fs::read_to_string(case.workspace().join("runaway.txt")).unwrap();
-    assert_eq!(lines.lines().count(), 12);
+    assert_eq!(lines.lines().count(), 12, "{agent}");
 }
 
 /// A wrapped session checkpoints at its turn's end as a native one does, and the
