@@ -49,8 +49,8 @@ impl ObjectStore {
 }
 
 impl Drive {
-    /// Writes snapshot `id` to `out` as a tar archive: directories, files (with their
-    /// executable bit) and symbolic links under their workspace paths, and FIFOs;
+    /// Writes snapshot `id` to `out` as a tar archive: directories and files (with their
+    /// permission bits) and symbolic links under their workspace paths, and FIFOs;
     /// sockets and devices, which no snapshot can recreate, are left out. Every entry is
     /// dated `mtime` (seconds since the epoch; the caller passes when the snapshot was
     /// recorded), so an archive of one snapshot at one time is the same bytes every
@@ -69,15 +69,20 @@ impl Drive {
             let mut header = tar::Header::new_gnu();
             header.set_mtime(mtime);
             match entry {
-                Entry::Dir => {
+                Entry::Dir { mode } => {
                     header.set_entry_type(tar::EntryType::Directory);
-                    header.set_mode(0o755);
+                    header.set_mode(mode.unwrap_or(0o755));
                     header.set_size(0);
                     tar.append_data(&mut header, format!("{path}/"), std::io::empty())
                 }
-                Entry::File { hash, size, exec } => {
+                Entry::File {
+                    hash,
+                    size,
+                    exec,
+                    mode,
+                } => {
                     header.set_entry_type(tar::EntryType::Regular);
-                    header.set_mode(if *exec { 0o755 } else { 0o644 });
+                    header.set_mode(crate::manifest::file_bits(*exec, *mode));
                     header.set_size(*size);
                     let object = self.objects.open_verified(hash)?;
                     tar.append_data(&mut header, path, object)

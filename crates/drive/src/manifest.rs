@@ -20,6 +20,10 @@ pub enum Entry {
         size: u64,
         /// Whether it is executable.
         exec: bool,
+        /// Its permission bits (`0o600`), when not the usual ones for `exec`
+        /// (`0o755` or `0o644`); see [`file_mode`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mode: Option<u32>,
     },
     /// A symbolic link.
     Symlink {
@@ -27,7 +31,11 @@ pub enum Entry {
         target: String,
     },
     /// A directory (listed so empty directories survive).
-    Dir,
+    Dir {
+        /// Its permission bits (`0o700`), when not the usual `0o755`; see [`dir_mode`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mode: Option<u32>,
+    },
     /// A FIFO, socket or device: recorded by kind, never read (reading a FIFO would
     /// block the snapshot until something writes to it). A restore recreates a FIFO;
     /// sockets and devices cannot be recreated from a snapshot and are left absent.
@@ -35,6 +43,31 @@ pub enum Entry {
         /// `fifo`, `socket`, `char_device` or `block_device`.
         special: SpecialKind,
     },
+}
+
+/// The permission bits kept of a file or directory: read, write and execute for owner,
+/// group and others. Set-user-id, set-group-id and sticky bits are not kept (a restore
+/// by the harness must never make a set-user-id program of what a sandbox wrote).
+const KEPT_BITS: u32 = 0o777;
+
+/// A file's permission bits as a snapshot records them: `None` when they are the usual
+/// ones for its executable bit (`0o755`, `0o644`), so most files' entries stay as they
+/// were before modes were kept.
+pub fn file_mode(st_mode: u32) -> Option<u32> {
+    let bits = st_mode & KEPT_BITS;
+    let usual = if bits & 0o111 != 0 { 0o755 } else { 0o644 };
+    (bits != usual).then_some(bits)
+}
+
+/// A directory's permission bits as a snapshot records them (`None`: `0o755`).
+pub fn dir_mode(st_mode: u32) -> Option<u32> {
+    let bits = st_mode & KEPT_BITS;
+    (bits != 0o755).then_some(bits)
+}
+
+/// The permission bits a file gets on restore.
+pub fn file_bits(exec: bool, mode: Option<u32>) -> u32 {
+    mode.unwrap_or(if exec { 0o755 } else { 0o644 })
 }
 
 /// The kind of a special file.

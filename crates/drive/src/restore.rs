@@ -78,22 +78,39 @@ pub(crate) fn apply(
         // What is there now, unless the loop above removed it.
         let had = have.get(name).filter(|h| same_kind(h, node));
         match node {
-            Node::Dir { tree } => {
+            Node::Dir { tree, mode } => {
                 let fresh = !matches!(had, Some(Node::Dir { .. }));
                 if fresh {
                     std::fs::create_dir(&path).map_err(io("create", &path))?;
                 }
+                // Writable while it is filled; its own bits once it is.
+                let bits = mode.unwrap_or(0o755);
+                if bits & 0o700 != 0o700 {
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))
+                        .map_err(io("chmod", &path))?;
+                }
                 apply(objects, current, &path, &join(rel, name), tree, fresh)?;
+                let had_bits = match had {
+                    Some(Node::Dir { mode, .. }) => mode.unwrap_or(0o755),
+                    _ => 0o755,
+                };
+                if fresh || had_bits != bits || bits & 0o700 != 0o700 {
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(bits))
+                        .map_err(io("chmod", &path))?;
+                }
             }
-            Node::File { hash, exec, .. } => {
-                let mode = if *exec { 0o755 } else { 0o644 };
+            Node::File {
+                hash, exec, mode, ..
+            } => {
+                let mode = crate::manifest::file_bits(*exec, *mode);
                 match had {
                     Some(Node::File {
                         hash: had_hash,
                         exec: had_exec,
+                        mode: had_mode,
                         ..
                     }) if had_hash == hash => {
-                        if had_exec != exec {
+                        if crate::manifest::file_bits(*had_exec, *had_mode) != mode {
                             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
                                 .map_err(io("chmod", &path))?;
                         }

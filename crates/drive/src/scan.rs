@@ -156,10 +156,21 @@ impl<'a> Scanner<'a> {
             let node = match kind {
                 Type::Directory => {
                     let rel_child = join(rel, &name);
+                    // Its permission bits (one stat per directory listed, however its
+                    // contents are found).
+                    let st_mode = match &stat {
+                        Some(s) => s.st_mode,
+                        None => match fstatat(&fd, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+                            Ok(s) => s.st_mode,
+                            Err(e) if vanished(e) => continue,
+                            Err(e) => return Err(errno("stat", &abs.join(&name))(e)),
+                        },
+                    };
+                    let mode = crate::manifest::dir_mode(st_mode);
                     let child_trusted = trusted && self.index.trusts(&rel_child);
                     if child_trusted {
                         if let Some(tree) = self.unchanged_dir(&rel_child) {
-                            nodes.insert(name, Node::Dir { tree });
+                            nodes.insert(name, Node::Dir { tree, mode });
                             continue;
                         }
                     }
@@ -173,7 +184,7 @@ impl<'a> Scanner<'a> {
                             Err(e) => return Err(errno("read", &abs.join(&name))(e)),
                         };
                     let tree = self.dir(child, &abs.join(&name), &rel_child, child_trusted)?;
-                    Node::Dir { tree }
+                    Node::Dir { tree, mode }
                 }
                 Type::Symlink => match nix::fcntl::readlinkat(&fd, name.as_str()) {
                     Ok(target) => Node::Symlink {
@@ -310,6 +321,7 @@ impl<'a> Scanner<'a> {
             hash,
             size,
             exec: stat.st_mode & 0o111 != 0,
+            mode: crate::manifest::file_mode(stat.st_mode),
         }))
     }
 }

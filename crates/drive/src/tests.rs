@@ -398,7 +398,7 @@ fn changes_in_big_directories_store_about_what_changed_and_read_back_whole() {
     // A delta builds on a whole tree that only an older snapshot names: gc keeping
     // the newest alone keeps it, and the newest reads back whole.
     let sub = match tree::lookup(&drive.objects, &last, "pkg3/sub").unwrap() {
-        Some(tree::Node::Dir { tree }) => tree,
+        Some(tree::Node::Dir { tree, .. }) => tree,
         other => panic!("pkg3/sub is {other:?}"),
     };
     let Ok(tree::Stored::Tree {
@@ -787,4 +787,87 @@ fn restores_in_a_row_each_reach_their_target() {
             }
         }
     }
+}
+
+/// Permission bits come back as they were, on another host's directory and in the
+/// archive: a 600 file, a 700 directory, a read-only directory with files in it, an
+/// executable; a change of mode alone is a change of snapshot; set-user-id is not kept.
+#[test]
+fn file_and_directory_modes_survive_restore_and_archive() {
+    let (dir, drive, ws) = setup();
+    let mode = |p: &Path| fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+    let set = |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m)).unwrap();
+    fs::write(ws.join("secret.txt"), "key").unwrap();
+    set(&ws.join("secret.txt"), 0o600);
+    fs::write(ws.join("suid"), "#!/bin/sh\n").unwrap();
+    set(&ws.join("suid"), 0o4755);
+    fs::create_dir_all(ws.join("private")).unwrap();
+    set(&ws.join("private"), 0o700);
+    fs::create_dir_all(ws.join("frozen/inner")).unwrap();
+    fs::write(ws.join("frozen/inner/f"), "x").unwrap();
+    set(&ws.join("frozen/inner"), 0o555);
+    set(&ws.join("frozen"), 0o555);
+    let id = drive.snapshot(&ws).unwrap();
+
+    // Another host's directory, from nothing.
+    let other = dir.path().join("elsewhere");
+    drive.restore(&other, &id).unwrap();
+    let expected = [
+        ("secret.txt", 0o600),
+        ("suid", 0o755),
+        ("run.sh", 0o755),
+        ("src/lib.rs", 0o644),
+        ("private", 0o700),
+        ("frozen", 0o555),
+        ("frozen/inner", 0o555),
+        ("src", 0o755),
+    ];
+    for (path, want) in expected {
+        assert_eq!(mode(&other.join(path)), want, "{path} restored");
+    }
+    assert_eq!(
+        fs::read_to_string(other.join("frozen/inner/f")).unwrap(),
+        "x"
+    );
+
+    // A mode changed alone is a new snapshot; restoring the old one puts it back.
+    set(&ws.join("secret.txt"), 0o640);
+    set(&ws.join("private"), 0o750);
+    let changed = drive.snapshot(&ws).unwrap();
+    assert_ne!(changed, id);
+    let kinds: Vec<String> = drive
+        .diff(&id, &changed)
+        .unwrap()
+        .iter()
+        .map(|c| c.path.clone())
+        .collect();
+    assert_eq!(kinds, ["private", "secret.txt"]);
+    drive.restore(&ws, &id).unwrap();
+    assert_eq!(mode(&ws.join("secret.txt")), 0o600);
+    assert_eq!(mode(&ws.join("private")), 0o700);
+
+    // The archive says the same.
+    let mut bytes = Vec::new();
+    drive.export_tar(&id, 0, &mut bytes).unwrap();
+    let mut archive = tar::Archive::new(&bytes[..]);
+    let modes: std::collections::BTreeMap<String, u32> = archive
+        .entries()
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let path = e.path().unwrap().display().to_string();
+            (
+                path.trim_end_matches('/').to_string(),
+                e.header().mode().unwrap(),
+            )
+        })
+        .collect();
+    for (path, want) in expected {
+        assert_eq!(modes[path], want, "{path} in the archive");
+    }
+    // Left writable by its owner, so the test's directory can be removed.
+    set(&other.join("frozen/inner"), 0o755);
+    set(&other.join("frozen"), 0o755);
+    set(&ws.join("frozen/inner"), 0o755);
+    set(&ws.join("frozen"), 0o755);
 }

@@ -26,11 +26,21 @@ use crate::{Error, Result};
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub(crate) enum Node {
     /// A regular file, by content.
-    File { hash: String, size: u64, exec: bool },
+    File {
+        hash: String,
+        size: u64,
+        exec: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mode: Option<u32>,
+    },
     /// A symbolic link.
     Symlink { target: String },
     /// A directory, by its tree's id.
-    Dir { tree: String },
+    Dir {
+        tree: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mode: Option<u32>,
+    },
     /// A FIFO, socket or device, by kind.
     Special { special: SpecialKind },
 }
@@ -39,15 +49,21 @@ impl Node {
     /// The manifest entry this node stands for (a directory loses its tree id).
     pub(crate) fn entry(&self) -> Entry {
         match self {
-            Node::File { hash, size, exec } => Entry::File {
+            Node::File {
+                hash,
+                size,
+                exec,
+                mode,
+            } => Entry::File {
                 hash: hash.clone(),
                 size: *size,
                 exec: *exec,
+                mode: *mode,
             },
             Node::Symlink { target } => Entry::Symlink {
                 target: target.clone(),
             },
-            Node::Dir { .. } => Entry::Dir,
+            Node::Dir { mode, .. } => Entry::Dir { mode: *mode },
             Node::Special { special } => Entry::Special { special: *special },
         }
     }
@@ -302,23 +318,29 @@ fn store_flat(objects: &ObjectStore, batch: &mut Batch, manifest: &Manifest) -> 
     let mut dirs: BTreeMap<String, Tree> = BTreeMap::new();
     dirs.insert(String::new(), Tree::default());
     for (path, entry) in &manifest.entries {
-        if matches!(entry, Entry::Dir) {
+        if matches!(entry, Entry::Dir { .. }) {
             dirs.entry(path.clone()).or_default();
         }
     }
     for (path, entry) in &manifest.entries {
         let (parent, name) = split(path);
         let node = match entry {
-            Entry::File { hash, size, exec } => Node::File {
+            Entry::File {
+                hash,
+                size,
+                exec,
+                mode,
+            } => Node::File {
                 hash: hash.clone(),
                 size: *size,
                 exec: *exec,
+                mode: *mode,
             },
             Entry::Symlink { target } => Node::Symlink {
                 target: target.clone(),
             },
             Entry::Special { special } => Node::Special { special: *special },
-            Entry::Dir => continue,
+            Entry::Dir { .. } => continue,
         };
         dirs.entry(parent.to_string())
             .or_default()
@@ -337,10 +359,16 @@ fn store_flat(objects: &ObjectStore, batch: &mut Batch, manifest: &Manifest) -> 
             root = id;
         } else {
             let (parent, name) = split(&path);
-            dirs.entry(parent.to_string())
-                .or_default()
-                .tree
-                .insert(name.to_string(), Node::Dir { tree: id });
+            dirs.entry(parent.to_string()).or_default().tree.insert(
+                name.to_string(),
+                Node::Dir {
+                    tree: id,
+                    mode: match manifest.entries.get(&path) {
+                        Some(Entry::Dir { mode }) => *mode,
+                        _ => None,
+                    },
+                },
+            );
         }
     }
     Ok(root)
@@ -378,7 +406,7 @@ pub(crate) fn flatten(
     for (name, node) in load_tree(objects, id)?.tree {
         let path = join(prefix, &name);
         out.insert(path.clone(), node.entry());
-        if let Node::Dir { tree } = &node {
+        if let Node::Dir { tree, .. } = &node {
             flatten(objects, tree, &path, out)?;
         }
     }
@@ -394,7 +422,7 @@ fn flatten_node(
     let mut out = BTreeMap::new();
     if let Some(node) = node {
         out.insert(path.to_string(), node.entry());
-        if let Node::Dir { tree } = node {
+        if let Node::Dir { tree, .. } = node {
             flatten(objects, tree, path, &mut out)?;
         }
     }
@@ -417,7 +445,22 @@ pub(crate) fn diff(
     for name in names {
         let path = join(prefix, name);
         match (ta.tree.get(name), tb.tree.get(name)) {
-            (Some(Node::Dir { tree: x }), Some(Node::Dir { tree: y })) => {
+            (
+                Some(Node::Dir {
+                    tree: x,
+                    mode: mode_x,
+                }),
+                Some(Node::Dir {
+                    tree: y,
+                    mode: mode_y,
+                }),
+            ) => {
+                if mode_x != mode_y {
+                    out.push(crate::Change {
+                        path: path.clone(),
+                        kind: crate::ChangeKind::Modified,
+                    });
+                }
                 diff(objects, x, y, &path, out)?
             }
             (x, y) if x == y => {}
@@ -447,7 +490,7 @@ pub(crate) fn lookup(objects: &ObjectStore, root: &str, path: &str) -> Result<Op
             return Ok(Some(node));
         }
         match node {
-            Node::Dir { tree: id } => tree = load_tree(objects, &id)?,
+            Node::Dir { tree: id, .. } => tree = load_tree(objects, &id)?,
             _ => return Ok(None),
         }
     }
@@ -483,7 +526,7 @@ pub(crate) fn mark(objects: &ObjectStore, id: &str, seen: &mut HashSet<String>) 
                     Node::File { hash, .. } => {
                         seen.insert(hash.clone());
                     }
-                    Node::Dir { tree } => mark(objects, tree, seen)?,
+                    Node::Dir { tree, .. } => mark(objects, tree, seen)?,
                     _ => {}
                 }
             }

@@ -344,7 +344,7 @@ fn describe(before: Option<&Entry>, after: Option<&Entry>) -> String {
             )
         }
         Some(Entry::Symlink { target }) => format!("a symlink to {target}"),
-        Some(Entry::Dir) => "a directory".into(),
+        Some(Entry::Dir { .. }) => "a directory".into(),
         Some(Entry::Special { special }) => format!("a {special:?}").to_lowercase(),
     };
     format!("was {}, now {} (no text diff)", what(before), what(after))
