@@ -858,7 +858,12 @@ async fn parallel_calls(agent: &str) {
     assert_eq!(outcomes, 2, "{records:?}");
     // Each rollback went to the newest snapshot the log named before the crash, which
     // holds every recorded sibling's work, never to an older one that would undo it.
-    let newest = &records[cut - 1].1;
+    let newest = records[..cut]
+        .iter()
+        .rev()
+        .map(|(_, snap)| snap)
+        .find(|snap| !snap.is_empty())
+        .expect("a snapshot before the crash");
     for (kind, snap) in records[cut..]
         .iter()
         .take_while(|(k, _)| k == "rolled_back")
