@@ -16,7 +16,7 @@ use steadfast_testkit::{FakeProvider, Script};
 
 mod common;
 
-use common::{call, event_page, holding, put_credential, wait_for, VaultSite};
+use common::{answer_approval, call, event_page, holding, put_credential, wait_for, VaultSite};
 
 const TOKEN: &str = "mcp-token-2b7f04c1";
 const TOOLS: [&str; 3] = ["lookup_issue", "set_label", "close_issue"];
@@ -239,13 +239,7 @@ async fn policy(agent: &str) {
             .contains("does not let `tracker__set_label` run"),
         "{agent}: {denied}"
     );
-    let (code, body) = call(
-        reqwest::Method::POST,
-        &format!("{url}/v1/sessions/{id}/signals/approval"),
-        Some(json!({"approved": true})),
-    )
-    .await;
-    assert_eq!(code, 202, "{body}");
+    answer_approval(&url, &id, json!({"approved": true})).await;
     wait_for("the turn to end", async || {
         shown().await["status"] == "idle"
     })

@@ -16,7 +16,7 @@ use steadfast_testkit::{FakeProvider, Script};
 
 mod common;
 
-use common::{call, counter, event_page, wait_for, VaultSite};
+use common::{answer_approval, call, counter, event_page, status, wait_for, VaultSite};
 
 /// A POST the classifier cannot see for what it is.
 fn post(port: u16) -> String {
@@ -39,16 +39,6 @@ fn site(dir: &std::path::Path, port: u16) -> VaultSite {
         dir,
         &format!("[sandbox]\nbackend = \"bwrap\"\ninternal-hosts = [\"localhost:{port}\"]\n"),
     )
-}
-
-async fn status(url: &str, id: &str) -> String {
-    let (_, body) = call(
-        reqwest::Method::GET,
-        &format!("{url}/v1/sessions/{id}"),
-        None,
-    )
-    .await;
-    body["status"].as_str().unwrap_or_default().to_string()
 }
 
 fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
@@ -260,13 +250,7 @@ async fn approval_holds(agent: &str, approve: bool, command: fn(u16) -> String) 
     } else {
         json!({"approved": false, "message": "not today"})
     };
-    let (code, body) = call(
-        reqwest::Method::POST,
-        &format!("{url}/v1/sessions/{id}/signals/approval"),
-        Some(answer),
-    )
-    .await;
-    assert_eq!(code, 202, "{body}");
+    answer_approval(&url, &id, answer).await;
     wait_for("the answered call and the turn to end", async || {
         status(&url, &id).await == "idle"
     })
@@ -410,13 +394,7 @@ async fn policy_by_destination(agent: &str) {
         wait[0]
     );
 
-    let (code, body) = call(
-        reqwest::Method::POST,
-        &format!("{url}/v1/sessions/{id}/signals/approval"),
-        Some(json!({"approved": true})),
-    )
-    .await;
-    assert_eq!(code, 202, "{body}");
+    answer_approval(&url, &id, json!({"approved": true})).await;
     wait_for("the approved call and the turn to end", async || {
         status(&url, &id).await == "idle"
     })

@@ -23,7 +23,7 @@ use steadfast_testkit::{FakeProvider, Script};
 
 mod common;
 
-use common::{agents_dir, call, counter, event_page, installed, tree};
+use common::{agents_dir, call, counter, event_page, installed, status, tree};
 
 const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
 
@@ -122,16 +122,6 @@ async fn message(url: &str, id: &str, text: &str) {
         .await
         .unwrap();
     assert_eq!(response.status(), 200, "{text}");
-}
-
-async fn status(url: &str, id: &str) -> String {
-    let (_, body) = call(
-        reqwest::Method::GET,
-        &format!("{url}/v1/sessions/{id}"),
-        None,
-    )
-    .await;
-    body["status"].as_str().unwrap_or_default().to_string()
 }
 
 /// Waits until `turns` turns have ended and the session is idle.

@@ -257,6 +257,28 @@ pub async fn call(
     (status, resp.json().await.unwrap_or(serde_json::Value::Null))
 }
 
+/// A session's status as `GET /v1/sessions/{id}` shows it.
+pub async fn status(url: &str, id: &str) -> String {
+    let (_, body) = call(
+        reqwest::Method::GET,
+        &format!("{url}/v1/sessions/{id}"),
+        None,
+    )
+    .await;
+    body["status"].as_str().unwrap_or_default().to_string()
+}
+
+/// Answers a session's wait for approval with `answer` (accepted: 202).
+pub async fn answer_approval(url: &str, id: &str, answer: serde_json::Value) {
+    let (code, body) = call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions/{id}/signals/approval"),
+        Some(answer),
+    )
+    .await;
+    assert_eq!(code, 202, "{body}");
+}
+
 /// A session's events as one JSON page (`GET .../events` with `Accept: application/json`).
 pub async fn event_page(url: &str) -> Vec<serde_json::Value> {
     let page: serde_json::Value = reqwest::Client::new()
