@@ -423,6 +423,32 @@ async fn another_process_follows_stops_closes_and_deletes_a_running_session() {
     let listed = person.steadfast("elsewhere", &["sessions", "--json"]).await;
     let s: Value = serde_json::from_str(text(&listed.stdout).lines().next().unwrap()).unwrap();
     assert_eq!(s["status"], "closed", "closed half done, not completed");
+    assert_eq!(s["agent"], "native");
+    let filtered = person
+        .steadfast(
+            "elsewhere",
+            &["sessions", "--json", "--status", "idle,running"],
+        )
+        .await;
+    assert_eq!(text(&filtered.stdout).trim(), "", "no open session");
+    let filtered = person
+        .steadfast(
+            "elsewhere",
+            &[
+                "sessions", "--json", "--status", "closed", "--agent", "native",
+            ],
+        )
+        .await;
+    assert_eq!(text(&filtered.stdout).lines().count(), 1);
+    let refused = person
+        .steadfast("elsewhere", &["sessions", "--status", "shut"])
+        .await;
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused.stderr).contains("--status: `shut`"),
+        "{}",
+        text(&refused.stderr)
+    );
     let deleted = person.steadfast("elsewhere", &["delete", &id]).await;
     assert!(deleted.status.success(), "{}", text(&deleted.stderr));
     let listed = person.steadfast("elsewhere", &["sessions", "--json"]).await;

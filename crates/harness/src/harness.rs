@@ -193,6 +193,9 @@ pub struct NewSession {
     pub git: Option<steadfast_log::GitSource>,
     /// The user's MCP servers whose tools the agent is offered.
     pub mcp_servers: Vec<steadfast_log::McpServer>,
+    /// A title, labels and metadata to list and find it by (the first message titles
+    /// a session given none).
+    pub described: steadfast_world::SessionPatch,
 }
 
 impl NewSession {
@@ -214,6 +217,7 @@ impl NewSession {
             egress_credentials: Vec::new(),
             git: None,
             mcp_servers: Vec::new(),
+            described: Default::default(),
         }
     }
 
@@ -453,6 +457,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         }
         crate::client_tools::check(&new.agent, &new.client_tools).map_err(Error::Invalid)?;
         crate::remote::check_servers(&new.mcp_servers).map_err(Error::Invalid)?;
+        new.described.check().map_err(Error::Invalid)?;
         std::fs::create_dir_all(&new.workspace)
             .map_err(|e| Error::Invalid(format!("workspace {}: {e}", new.workspace.display())))?;
         let workspace = new
@@ -480,6 +485,9 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         let snapshot = self.snapshot(&workspace).await?;
         let id = format!("ses_{}", uuid::Uuid::now_v7().simple());
         self.world.create_session(&id, &new.owner).await?;
+        if !new.described.is_empty() {
+            self.world.update_session(&id, &new.described).await?;
+        }
         let lease = self
             .world
             .acquire_lease(&id, &self.holder, self.options.lease_ttl)

@@ -64,6 +64,7 @@ impl From<steadfast_world::Error> for ApiError {
         use steadfast_world::Error as E;
         match e {
             E::NotFound(id) => ApiError::no_session(&id),
+            E::Invalid(m) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", m),
             E::Ended(id) => ApiError::new(
                 StatusCode::CONFLICT,
                 "session_ended",

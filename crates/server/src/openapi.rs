@@ -26,6 +26,7 @@ events (schema 1): `PublicEvent`, one type per kind of log record.";
         sessions::create,
         sessions::list,
         sessions::show,
+        sessions::update,
         sessions::delete,
         sessions::close,
         sessions::interrupt,

@@ -2,6 +2,8 @@
 //! ad-hoc JSON value), and the OpenAPI document ([`crate::openapi`]) is generated from
 //! the same types, so the document cannot drift from the replies.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 use steadfast_log::{Breaker, Limits, Usage};
 use utoipa::ToSchema;
@@ -87,7 +89,8 @@ pub struct Created {
     "usage": {"input_tokens": 18250, "output_tokens": 1930, "cache_read_tokens": 12000, "cache_write_tokens": 0},
     "cost_usd": 0.084, "priced": true, "budget_usd": 5.0, "limits": {"max_cost_micro_usd": 5000000},
     "escalated_by": null, "network": "deny-all", "reply": null,
-    "created_at_ms": 1764640000000_u64, "updated_at_ms": 1764640093000_u64
+    "created_at_ms": 1764640000000_u64, "updated_at_ms": 1764640093000_u64,
+    "agent": "native", "labels": {"team": "infra"}, "metadata": {"ticket": "PROJ-12"}
 }))]
 pub struct Session {
     /// The session's id.
@@ -97,7 +100,7 @@ pub struct Session {
     /// After a failure retrying may fix: the attempt, why, and when the next begins.
     #[schema(required = true)]
     pub retry: Option<Retry>,
-    /// The first user message, shortened.
+    /// The title its owner gave it, or else the first user message, shortened.
     pub title: String,
     /// `provider/model`.
     #[schema(example = "anthropic/claude-sonnet-4-5")]
@@ -145,6 +148,12 @@ pub struct Session {
     pub created_at_ms: u64,
     /// Last appended to, ms since the Unix epoch.
     pub updated_at_ms: u64,
+    /// The agent it runs.
+    pub agent: String,
+    /// Labels, which `GET /v1/sessions?label=` filters on.
+    pub labels: BTreeMap<String, String>,
+    /// The owner's own notes on it.
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// A tool call a session waits on.
@@ -179,7 +188,7 @@ pub struct SessionSummary {
     /// Where it stands.
     #[schema(value_type = SessionStatus)]
     pub status: String,
-    /// The first user message, shortened.
+    /// The title its owner gave it, or else the first user message, shortened.
     pub title: String,
     /// The last log position.
     pub last_seq: u64,
@@ -187,6 +196,14 @@ pub struct SessionSummary {
     pub created_at_ms: u64,
     /// Last appended to, ms since the Unix epoch.
     pub updated_at_ms: u64,
+    /// The agent it runs (`native`, `claude-code`, a named agent, ...).
+    pub agent: String,
+    /// Labels, which `GET /v1/sessions?label=` filters on.
+    #[schema(example = json!({"team": "infra"}))]
+    pub labels: BTreeMap<String, String>,
+    /// The owner's own notes on it.
+    #[schema(example = json!({"ticket": "https://tracker.example.com/PROJ-12"}))]
+    pub metadata: BTreeMap<String, String>,
 }
 
 impl From<steadfast_world::SessionSummary> for SessionSummary {
@@ -199,16 +216,22 @@ impl From<steadfast_world::SessionSummary> for SessionSummary {
             last_seq: s.last_seq,
             created_at_ms: s.created_at_ms,
             updated_at_ms: s.updated_at_ms,
+            agent: s.agent,
+            labels: s.labels,
+            metadata: s.metadata,
         }
     }
 }
 
 /// The caller's sessions.
 #[derive(Debug, Serialize, ToSchema)]
-#[schema(example = json!({"sessions": [{"id": "ses_01931f7c", "owner": "alice", "status": "idle", "title": "fix the failing test", "last_seq": 57, "created_at_ms": 1764640000000_u64, "updated_at_ms": 1764640123000_u64}]}))]
+#[schema(example = json!({"sessions": [{"id": "ses_01931f7c", "owner": "alice", "status": "idle", "title": "fix the failing test", "last_seq": 57, "created_at_ms": 1764640000000_u64, "updated_at_ms": 1764640123000_u64, "agent": "claude-code", "labels": {"team": "infra"}, "metadata": {}}], "next_cursor": "1764640000000.ses_01931f7c"}))]
 pub struct SessionList {
     /// Newest first.
     pub sessions: Vec<SessionSummary>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
 }
 
 /// An interrupt on its way to whichever worker drives the session.

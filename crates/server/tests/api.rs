@@ -1054,3 +1054,183 @@ async fn a_session_that_names_no_bound_gets_the_operators_defaults_within_the_ce
         json!({"max_cost_micro_usd": 1_500_000, "max_turns": 9, "max_tokens": 500_000})
     );
 }
+
+/// Sessions are listed a page at a time, newest first and only the caller's, found by
+/// label, title and status, and renamed, relabelled and annotated; every bad parameter
+/// is a 400 (or a 422 for a body) naming it, and a refused creation leaves nothing.
+#[tokio::test]
+async fn sessions_are_listed_a_page_at_a_time_and_found_by_label() {
+    let srv = server(json!([]), tokens(), 0, |_| {}).await;
+    let sessions = format!("{}/v1/sessions", srv.url);
+    let alice = Some("alice-secret");
+    let post = |body: Value, token: Option<&'static str>| {
+        let url = sessions.clone();
+        async move { call(reqwest::Method::POST, &url, token, Some(body)).await }
+    };
+    let mut made = Vec::new();
+    for i in 0..5 {
+        let team = if i % 2 == 0 { "infra" } else { "web" };
+        let (status, created) = post(
+            json!({
+                "labels": {"team": team, "n": format!("n{i}")},
+                "metadata": {"ticket": format!("PROJ-{i}")},
+                "title": (i == 3).then_some("Nightly flake hunt"),
+                "task": (i == 3).then_some("find the flaky test"),
+            }),
+            alice,
+        )
+        .await;
+        assert_eq!(status, 201, "{created}");
+        made.push(created["id"].as_str().unwrap().to_string());
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    assert_eq!(
+        post(json!({"labels": {"team": "infra"}}), Some("bob-secret"))
+            .await
+            .0,
+        201
+    );
+    let newest_first: Vec<String> = made.iter().rev().cloned().collect();
+    let list = |query: String, token: Option<&'static str>| {
+        let url = format!("{sessions}?{query}");
+        async move { call(reqwest::Method::GET, &url, token, None).await }
+    };
+    fn ids(page: &Value) -> Vec<&str> {
+        page["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap())
+            .collect()
+    }
+
+    // Pages of two, followed by their cursors: each of Alice's once, newest first.
+    let mut seen = Vec::new();
+    let mut query = "limit=2".to_string();
+    let mut pages = 0;
+    loop {
+        let (status, page) = list(query.clone(), alice).await;
+        assert_eq!(status, 200, "{page}");
+        pages += 1;
+        seen.extend(ids(&page).into_iter().map(String::from));
+        match page["next_cursor"].as_str() {
+            Some(cursor) => query = format!("limit=2&cursor={cursor}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, newest_first);
+    assert_eq!(pages, 3);
+
+    // Filters.
+    let (_, infra) = list("label=team=infra".into(), alice).await;
+    assert_eq!(
+        ids(&infra),
+        [made[4].as_str(), made[2].as_str(), made[0].as_str()]
+    );
+    let (_, one) = list("label=team=infra,n=n2".into(), alice).await;
+    assert_eq!(ids(&one), [made[2].as_str()]);
+    let (_, titled) = list("title=FLAKE".into(), alice).await;
+    assert_eq!(ids(&titled), [made[3].as_str()]);
+    assert_eq!(titled["sessions"][0]["title"], "Nightly flake hunt");
+    assert_eq!(titled["sessions"][0]["metadata"]["ticket"], "PROJ-3");
+    assert_eq!(titled["sessions"][0]["agent"], "native");
+    let (_, running) = list("status=running,waiting".into(), alice).await;
+    assert_eq!(
+        ids(&running),
+        [made[3].as_str()],
+        "the one with a task (no worker here)"
+    );
+    let (_, native) = list("agent=native&limit=1".into(), alice).await;
+    assert_eq!(ids(&native), [made[4].as_str()]);
+    let (_, none) = list("agent=codex".into(), alice).await;
+    assert_eq!(ids(&none), Vec::<&str>::new());
+    assert!(none.get("next_cursor").is_none(), "{none}");
+
+    // Renamed, relabelled and annotated; another owner cannot.
+    let one_url = format!("{sessions}/{}", made[1]);
+    let (status, changed) = call(
+        reqwest::Method::PATCH,
+        &one_url,
+        alice,
+        Some(json!({"title": "Renamed", "labels": {"team": "infra", "n": null}, "metadata": {"ticket": null, "owner": "ops"}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{changed}");
+    assert_eq!(changed["title"], "Renamed");
+    assert_eq!(changed["labels"], json!({"team": "infra"}));
+    assert_eq!(changed["metadata"], json!({"owner": "ops"}));
+    let (_, infra) = list("label=team=infra".into(), alice).await;
+    assert_eq!(
+        ids(&infra),
+        [
+            made[4].as_str(),
+            made[2].as_str(),
+            made[1].as_str(),
+            made[0].as_str()
+        ]
+    );
+    assert_error(
+        &call(
+            reqwest::Method::PATCH,
+            &one_url,
+            Some("bob-secret"),
+            Some(json!({"title": "mine"})),
+        )
+        .await,
+        404,
+        "session_not_found",
+    );
+    let too_many: serde_json::Map<String, Value> =
+        (0..32).map(|i| (format!("k{i}"), json!("v"))).collect();
+    assert_error(
+        &call(
+            reqwest::Method::PATCH,
+            &one_url,
+            alice,
+            Some(json!({"labels": too_many})),
+        )
+        .await,
+        422,
+        "invalid_body",
+    );
+    let (_, kept) = call(reqwest::Method::GET, &one_url, alice, None).await;
+    assert_eq!(
+        kept["labels"],
+        json!({"team": "infra"}),
+        "a refused patch changes nothing"
+    );
+
+    // Bad parameters name themselves.
+    for (query, field) in [
+        ("status=bogus", "status"),
+        ("limit=0", "limit"),
+        ("limit=1001", "limit"),
+        ("cursor=garbage", "cursor"),
+        ("label=team", "label"),
+        ("label=team=a%20b", "label"),
+        ("created_after=yesterday", "created_after"),
+        ("colour=red", "colour"),
+    ] {
+        let got = list(query.into(), alice).await;
+        assert_error(&got, 400, "invalid_query");
+        let message = got.1["error"]["message"].as_str().unwrap();
+        assert!(message.contains(field), "{query}: {message}");
+    }
+    for (body, field) in [
+        (json!({"labels": {"bad key": "x"}}), "labels"),
+        (json!({"labels": {"team": "a,b"}}), "labels.team"),
+        (json!({"title": "   "}), "title"),
+        (json!({"metadata": {"k": "x".repeat(513)}}), "metadata.k"),
+    ] {
+        let got = post(body, alice).await;
+        assert_error(&got, 422, "invalid_body");
+        let message = got.1["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with(field), "{field}: {message}");
+    }
+    let (_, all) = list("limit=1000".into(), alice).await;
+    assert_eq!(ids(&all).len(), 5, "refused creations left no session");
+    let workspaces = std::fs::read_dir(srv._dir.path().join("home/workspaces"))
+        .unwrap()
+        .count();
+    assert_eq!(workspaces, 6, "nor a workspace");
+}

@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use steadfast_log::{Event, Record};
 
-use crate::{Error, Holder, Lease, Result, SessionSummary, SqliteWorld, World};
+use crate::{
+    Error, Holder, Lease, Result, SessionPage, SessionPatch, SessionQuery, SessionSummary,
+    SqliteWorld, World,
+};
 
 /// Any of the world backends, selected by [`AnyWorld::open`].
 #[derive(Clone)]
@@ -251,8 +254,12 @@ impl World for AnyWorld {
         delegate!(self, w => w.vault_delete(owner, name))
     }
 
-    async fn list_sessions(&self) -> Result<Vec<SessionSummary>> {
-        delegate!(self, w => w.list_sessions())
+    async fn list_sessions(&self, query: &SessionQuery) -> Result<SessionPage> {
+        delegate!(self, w => w.list_sessions(query))
+    }
+
+    async fn update_session(&self, session: &str, patch: &SessionPatch) -> Result<()> {
+        delegate!(self, w => w.update_session(session, patch))
     }
 
     async fn session(&self, session: &str) -> Result<SessionSummary> {

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use steadfast_log::Event;
 
-use crate::{Error, Holder, World};
+use std::collections::BTreeMap;
+
+use crate::{Cursor, Error, Holder, SessionPatch, SessionQuery, World};
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -269,7 +271,11 @@ pub async fn summaries_follow_the_log<W: World>(world: &W) {
         .append(&lease, &[message(1, "fix the tests")])
         .await
         .unwrap();
-    let list = world.list_sessions().await.unwrap();
+    let list = world
+        .list_sessions(&SessionQuery::default())
+        .await
+        .unwrap()
+        .sessions;
     assert_eq!(list.len(), 1);
     assert_eq!(list[0].status, "running");
     assert_eq!(list[0].title, "fix the tests");
@@ -287,7 +293,15 @@ pub async fn summaries_follow_the_log<W: World>(world: &W) {
     assert_eq!(summary.last_seq, 6);
     assert_eq!(summary.status, "running");
     assert!(summary.updated_at_ms > first_change, "{summary:?}");
-    assert_eq!(world.list_sessions().await.unwrap()[0].last_seq, 6);
+    assert_eq!(
+        world
+            .list_sessions(&SessionQuery::default())
+            .await
+            .unwrap()
+            .sessions[0]
+            .last_seq,
+        6
+    );
 
     // A retry time is cleared by whatever is recorded next, even a plain record.
     let failed = Event::DriveFailed {
@@ -319,6 +333,239 @@ fn delta(text: &str) -> Event {
         text: text.into(),
         restart: false,
     }
+}
+
+/// Listings: one owner's sessions a page at a time, newest first, with a cursor that
+/// holds while sessions come and go; filters by status, agent, labels, time and title;
+/// titles, labels and metadata set and changed, a set title kept over the first
+/// message's.
+pub async fn listings_page_and_filter<W: World>(world: &W) {
+    let holder = Holder::new("h");
+    let labels = |pairs: &[(&str, Option<&str>)]| -> BTreeMap<String, Option<String>> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
+            .collect()
+    };
+    // Bob's 7 sessions and one of Alice's, interleaved; every other of Bob's labelled.
+    for i in 0..8 {
+        let (id, owner) = match i {
+            3 => ("alice-1".to_string(), "alice"),
+            _ => (format!("bob-{i}"), "bob"),
+        };
+        world.create_session(&id, owner).await.unwrap();
+        if i % 2 == 0 {
+            let patch = SessionPatch {
+                labels: labels(&[("team", Some("infra")), ("ticket", Some(&format!("t{i}")))]),
+                ..Default::default()
+            };
+            world.update_session(&id, &patch).await.unwrap();
+        }
+        if i < 6 {
+            let lease = world.acquire_lease(&id, &holder, TTL).await.unwrap();
+            let start = match i {
+                5 => Event::bare_start(
+                    "claude-code",
+                    steadfast_log::ModelSpec {
+                        provider: "fake".into(),
+                        model: "m".into(),
+                    },
+                    "/w",
+                ),
+                _ => started(),
+            };
+            let events = match i {
+                0 => vec![start, message(1, "Fix the FLAKY test")],
+                _ => vec![start],
+            };
+            world.append(&lease, &events).await.unwrap();
+            world.release_lease(&lease).await.unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let ids = |page: &crate::SessionPage| -> Vec<String> {
+        page.sessions.iter().map(|s| s.id.clone()).collect()
+    };
+    let bob = SessionQuery {
+        owner: Some("bob".into()),
+        limit: Some(3),
+        ..Default::default()
+    };
+
+    // Pages of three, newest first, none of Alice's; a session created meanwhile
+    // neither repeats nor shifts what follows.
+    let first = world.list_sessions(&bob).await.unwrap();
+    assert_eq!(ids(&first), ["bob-7", "bob-6", "bob-5"]);
+    world.create_session("bob-8", "bob").await.unwrap();
+    let second = world
+        .list_sessions(&SessionQuery {
+            after: first.next.clone(),
+            ..bob.clone()
+        })
+        .await
+        .unwrap();
+    assert_eq!(ids(&second), ["bob-4", "bob-2", "bob-1"]);
+    let third = world
+        .list_sessions(&SessionQuery {
+            after: second.next.clone(),
+            ..bob.clone()
+        })
+        .await
+        .unwrap();
+    assert_eq!(ids(&third), ["bob-0"]);
+    assert_eq!(third.next, None, "the last page says so");
+    let cursor: Cursor = first.next.unwrap().to_string().parse().unwrap();
+    assert_eq!(cursor.id, "bob-5");
+
+    // Filters, alone and together.
+    let find = |q: SessionQuery| async move {
+        let page = world
+            .list_sessions(&SessionQuery {
+                owner: Some("bob".into()),
+                ..q
+            })
+            .await
+            .unwrap();
+        ids(&page)
+    };
+    assert_eq!(
+        find(SessionQuery {
+            statuses: vec!["new".into()],
+            ..Default::default()
+        })
+        .await,
+        ["bob-8", "bob-7", "bob-6"]
+    );
+    assert_eq!(
+        find(SessionQuery {
+            statuses: vec!["running".into(), "idle".into()],
+            ..Default::default()
+        })
+        .await,
+        ["bob-5", "bob-4", "bob-2", "bob-1", "bob-0"]
+    );
+    assert_eq!(
+        find(SessionQuery {
+            agent: Some("claude-code".into()),
+            ..Default::default()
+        })
+        .await,
+        ["bob-5"]
+    );
+    let infra = BTreeMap::from([("team".to_string(), "infra".to_string())]);
+    assert_eq!(
+        find(SessionQuery {
+            labels: infra.clone(),
+            ..Default::default()
+        })
+        .await,
+        ["bob-6", "bob-4", "bob-2", "bob-0"]
+    );
+    let mut infra_t4 = infra.clone();
+    infra_t4.insert("ticket".into(), "t4".into());
+    assert_eq!(
+        find(SessionQuery {
+            labels: infra_t4,
+            ..Default::default()
+        })
+        .await,
+        ["bob-4"]
+    );
+    assert_eq!(
+        find(SessionQuery {
+            title: Some("flaky".into()),
+            ..Default::default()
+        })
+        .await,
+        ["bob-0"]
+    );
+    let all = world
+        .list_sessions(&SessionQuery {
+            owner: Some("bob".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let at = |id: &str| {
+        all.sessions
+            .iter()
+            .find(|s| s.id == id)
+            .map(|s| s.created_at_ms)
+            .unwrap()
+    };
+    assert_eq!(
+        find(SessionQuery {
+            created_after: Some(at("bob-2")),
+            created_before: Some(at("bob-5")),
+            ..Default::default()
+        })
+        .await,
+        ["bob-4", "bob-2"]
+    );
+    let before_change = crate::now_ms();
+    std::thread::sleep(Duration::from_millis(5));
+    let lease = world.acquire_lease("bob-1", &holder, TTL).await.unwrap();
+    world.append(&lease, &[message(1, "later")]).await.unwrap();
+    world.release_lease(&lease).await.unwrap();
+    assert_eq!(
+        find(SessionQuery {
+            updated_after: Some(before_change),
+            ..Default::default()
+        })
+        .await,
+        ["bob-1"]
+    );
+    assert_eq!(
+        find(SessionQuery {
+            updated_before: Some(before_change),
+            statuses: vec!["idle".into()],
+            ..Default::default()
+        })
+        .await,
+        ["bob-5", "bob-4", "bob-2"]
+    );
+
+    // A title set by the owner is kept over the first message's; labels merge key by
+    // key (a `None` removes one); metadata comes back as set.
+    let patch = SessionPatch {
+        title: Some("Nightly flake hunt".into()),
+        labels: labels(&[("ticket", None), ("env", Some("prod"))]),
+        metadata: labels(&[("requested-by", Some("Bob <bob@example.com>"))]),
+    };
+    world.update_session("bob-2", &patch).await.unwrap();
+    let lease = world.acquire_lease("bob-2", &holder, TTL).await.unwrap();
+    world.append(&lease, &[message(1, "do it")]).await.unwrap();
+    let s = world.session("bob-2").await.unwrap();
+    assert_eq!(s.title, "Nightly flake hunt");
+    assert_eq!(
+        s.labels,
+        BTreeMap::from([
+            ("env".to_string(), "prod".to_string()),
+            ("team".to_string(), "infra".to_string())
+        ])
+    );
+    assert_eq!(s.metadata["requested-by"], "Bob <bob@example.com>");
+    assert_eq!(s.agent, "native");
+    assert_eq!(world.session("bob-1").await.unwrap().title, "later");
+    assert!(matches!(
+        world.update_session("nobody", &patch).await,
+        Err(Error::NotFound(_))
+    ));
+    let too_many = SessionPatch {
+        labels: (0..=crate::listing::MAX_LABELS)
+            .map(|i| (format!("k{i}"), Some("v".to_string())))
+            .collect(),
+        ..Default::default()
+    };
+    assert!(matches!(
+        world.update_session("bob-2", &too_many).await,
+        Err(Error::Invalid(_))
+    ));
+    assert_eq!(
+        world.session("bob-2").await.unwrap().labels.len(),
+        2,
+        "refused whole"
+    );
 }
 
 /// A session's first event, for tests of a world that need one.

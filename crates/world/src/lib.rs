@@ -18,6 +18,7 @@ pub mod blobs;
 mod checkpoint;
 pub mod conformance;
 mod heartbeat;
+pub mod listing;
 mod live;
 pub mod outbox;
 #[cfg(feature = "postgres")]
@@ -36,6 +37,7 @@ pub mod interrupt;
 pub use any::{redacted, AnyWorld};
 pub use checkpoint::load_state;
 pub use heartbeat::Heartbeat;
+pub use listing::{Cursor, SessionPage, SessionPatch, SessionQuery};
 pub use live::LiveSession;
 pub use outbox::{OutboxItem, Settled, OUTBOX_KINDS};
 pub use vault::{Sealed, VaultEntry, VaultError, VaultKeys};
@@ -106,6 +108,10 @@ pub enum Error {
     /// The blob store failed.
     #[error("blob store: {0}")]
     Blob(String),
+    /// A change the caller asked for breaks a bound (too many labels, say); the
+    /// message names the field.
+    #[error("{0}")]
+    Invalid(String),
     /// The database failed (I/O, locking); may succeed if retried.
     #[error("world backend: {0}")]
     Backend(String),
@@ -194,6 +200,12 @@ pub struct SessionSummary {
     pub created_at_ms: u64,
     /// Last appended to, ms since the Unix epoch.
     pub updated_at_ms: u64,
+    /// The agent it runs (as `session_started` names it; empty before that).
+    pub agent: String,
+    /// Labels: what listings filter on.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// The owner's own notes on it.
+    pub metadata: std::collections::BTreeMap<String, String>,
 }
 
 /// The world's sessions counted, as of one moment.
@@ -301,8 +313,20 @@ pub trait World: Send + Sync + 'static {
     /// live in the blob store), for garbage collection.
     fn spilled(&self, session: &str) -> impl Future<Output = Result<Vec<String>>> + Send;
 
-    /// Sessions, newest first.
-    fn list_sessions(&self) -> impl Future<Output = Result<Vec<SessionSummary>>> + Send;
+    /// One page of the sessions `query` selects, newest first (see [`listing`]).
+    fn list_sessions(
+        &self,
+        query: &SessionQuery,
+    ) -> impl Future<Output = Result<SessionPage>> + Send;
+
+    /// Renames, labels or annotates a session ([`SessionPatch`], checked by the
+    /// caller); [`Error::Invalid`] if the result would carry too many labels or
+    /// metadata entries. A title set here is kept over the one the first message gives.
+    fn update_session(
+        &self,
+        session: &str,
+        patch: &SessionPatch,
+    ) -> impl Future<Output = Result<()>> + Send;
 
     /// One session's summary.
     fn session(&self, session: &str) -> impl Future<Output = Result<SessionSummary>> + Send;
@@ -478,6 +502,8 @@ fn process_is_gone(pid: u32) -> bool {
 pub(crate) struct Summary {
     pub status: Option<&'static str>,
     pub title: Option<String>,
+    /// The agent `session_started` names.
+    pub agent: Option<String>,
     /// `Some(None)` clears the awaited signal.
     pub waiting_for: Option<Option<String>>,
     /// Inbox entries these events took.
@@ -496,7 +522,11 @@ pub(crate) fn summarize(events: &[Event]) -> Summary {
             _ => 0,
         };
         match e {
-            Event::SessionStarted { .. } | Event::TurnEnded { .. } => s.status = Some("idle"),
+            Event::SessionStarted { agent, .. } => {
+                s.status = Some("idle");
+                s.agent = Some(agent.clone());
+            }
+            Event::TurnEnded { .. } => s.status = Some("idle"),
             Event::UserMessage {
                 turn,
                 text,

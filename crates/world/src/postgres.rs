@@ -14,9 +14,10 @@ use steadfast_log::{Event, Record, MODEL_DELTA_KIND, PRUNED_KIND};
 use tokio_postgres::{Row, Transaction};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use crate::listing::Param;
 use crate::{
     now_ms, summarize, Error, Holder, Inbound, InboundKind, Lease, LeaseRow, RawRecord, Result,
-    SessionSummary, World,
+    SessionPage, SessionPatch, SessionQuery, SessionSummary, World,
 };
 
 mod group;
@@ -41,6 +42,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     ),
     (10, include_str!("postgres/010_outbox.sql")),
     (11, include_str!("postgres/011_vault.sql")),
+    (12, include_str!("postgres/012_listing.sql")),
 ];
 const UNIQUE_VIOLATION: &str = "23505";
 const STALE_FENCE: &str = "SF001";
@@ -84,9 +86,10 @@ const ROW_APPEND: &str = "
 WITH s AS (
     UPDATE steadfast_sessions
        SET last_seq = $4::bigint + $5::bigint, updated_at_ms = $6,
-           status = coalesce($7, status), title = coalesce($8, title),
+           status = coalesce($7, status),
+           title = CASE WHEN title_set THEN title ELSE coalesce($8, title) END,
            waiting_for = CASE WHEN $9 THEN $10 ELSE waiting_for END,
-           retry_at_ms = $19
+           retry_at_ms = $19, agent = coalesce($20, agent)
      WHERE id = $1 AND lease_epoch = $2 AND lease_holder = $3
  RETURNING id),
 ins AS (
@@ -421,6 +424,9 @@ fn summary(r: &Row) -> SessionSummary {
         last_seq: to_u64(r.get(4)),
         created_at_ms: to_u64(r.get(5)),
         updated_at_ms: to_u64(r.get(6)),
+        agent: r.get(7),
+        labels: crate::listing::parse_map(r.get(8)),
+        metadata: crate::listing::parse_map(r.get(9)),
     }
 }
 
@@ -430,10 +436,19 @@ fn summary(r: &Row) -> SessionSummary {
 const SUMMARY_COLUMNS: &str =
     "id, owner, CASE WHEN retry_at_ms > 0 THEN 'retrying' ELSE status END, \
      title, greatest(last_seq, coalesce(tail.seq, 0)), created_at_ms, \
-     greatest(updated_at_ms, coalesce(tail.at_ms, 0)) \
+     greatest(updated_at_ms, coalesce(tail.at_ms, 0)), agent, labels::text, metadata::text \
      FROM steadfast_sessions s LEFT JOIN LATERAL (\
        SELECT e.seq, e.at_ms FROM steadfast_events e WHERE e.session_id = s.id \
        ORDER BY e.seq DESC LIMIT 1) tail ON true";
+
+/// How PostgreSQL spells a listing's filters.
+const DIALECT: crate::listing::Dialect = crate::listing::Dialect {
+    status: "CASE WHEN retry_at_ms > 0 THEN 'retrying' ELSE status END",
+    updated: "greatest(updated_at_ms, coalesce(tail.at_ms, 0))",
+    placeholder: |n| format!("${n}"),
+    label: |k, v| format!("labels @> jsonb_build_object({k}::text, {v}::text)"),
+    title: |t| format!("strpos(lower(title), lower({t}::text)) > 0"),
+};
 
 impl PostgresWorld {
     /// The one-statement append from a position this process knows. `None` if the
@@ -468,6 +483,7 @@ impl PostgresWorld {
         let summary = summarize(events);
         let lean = summary.status.is_none()
             && summary.title.is_none()
+            && summary.agent.is_none()
             && summary.waiting_for.is_none()
             && summary.taken.is_empty()
             && summary.retry_at_ms == 0
@@ -520,6 +536,7 @@ impl PostgresWorld {
                         &notify,
                         &spilled,
                         &(summary.retry_at_ms as i64),
+                        &summary.agent,
                     ],
                 )
                 .await
@@ -625,7 +642,9 @@ impl PostgresWorld {
         }
         let summary = summarize(events);
         tx.execute(
-            "UPDATE steadfast_sessions SET last_seq = $2, updated_at_ms = $3, status = coalesce($4, status), title = coalesce($5, title), retry_at_ms = $6 WHERE id = $1",
+            "UPDATE steadfast_sessions SET last_seq = $2, updated_at_ms = $3, status = coalesce($4, status), \
+             title = CASE WHEN title_set THEN title ELSE coalesce($5, title) END, retry_at_ms = $6, \
+             agent = coalesce($7, agent) WHERE id = $1",
             &[
                 &lease.session,
                 &((last + records.len() as u64) as i64),
@@ -633,6 +652,7 @@ impl PostgresWorld {
                 &summary.status,
                 &summary.title,
                 &(summary.retry_at_ms as i64),
+                &summary.agent,
             ],
         )
         .await
@@ -842,16 +862,50 @@ impl World for PostgresWorld {
     async fn read(&self, session: &str, from: u64) -> Result<Vec<Record>> {
         self.read_verified(session, from).await
     }
-    async fn list_sessions(&self) -> Result<Vec<SessionSummary>> {
+    async fn list_sessions(&self, query: &SessionQuery) -> Result<SessionPage> {
+        let (filter, params) = query.sql(&DIALECT);
+        let values: Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>> = params
+            .into_iter()
+            .map(|p| -> Box<dyn tokio_postgres::types::ToSql + Sync + Send> {
+                match p {
+                    Param::Text(t) => Box::new(t),
+                    Param::Int(i) => Box::new(i),
+                }
+            })
+            .collect();
+        let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = values
+            .iter()
+            .map(|v| v.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
+            .collect();
         let client = self.client().await?;
-        let rows = client
-            .query(
-                &format!("SELECT {SUMMARY_COLUMNS} ORDER BY created_at_ms DESC, id DESC"),
-                &[],
-            )
+        let statement = client
+            .prepare_cached(&format!("SELECT {SUMMARY_COLUMNS}{filter}"))
             .await
             .map_err(db)?;
-        Ok(rows.iter().map(summary).collect())
+        let rows = client.query(&statement, &refs).await.map_err(db)?;
+        Ok(query.page(rows.iter().map(summary).collect()))
+    }
+
+    async fn update_session(&self, session: &str, patch: &SessionPatch) -> Result<()> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db)?;
+        let row = tx
+            .query_opt(
+                "SELECT labels::text, metadata::text FROM steadfast_sessions WHERE id = $1 FOR UPDATE",
+                &[&session],
+            )
+            .await
+            .map_err(db)?
+            .ok_or_else(|| Error::NotFound(session.to_string()))?;
+        let (labels, metadata) = patch.merged(row.get(0), row.get(1))?;
+        tx.execute(
+            "UPDATE steadfast_sessions SET labels = $2::text::jsonb, metadata = $3::text::jsonb, \
+             title = coalesce($4::text, title), title_set = title_set OR $4::text IS NOT NULL WHERE id = $1",
+            &[&session, &labels, &metadata, &patch.title],
+        )
+        .await
+        .map_err(db)?;
+        tx.commit().await.map_err(db)
     }
 
     async fn session(&self, session: &str) -> Result<SessionSummary> {

@@ -9,15 +9,30 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use steadfast_log::record::{self, EncodedRecord};
 use steadfast_log::{Event, Record, MODEL_DELTA_KIND, PRUNED_KIND};
 
+use crate::listing::Param;
 use crate::{
     now_ms, summarize, Error, Holder, Inbound, InboundKind, Lease, LeaseRow, RawRecord, Result,
-    SessionSummary, World,
+    SessionPage, SessionPatch, SessionQuery, SessionSummary, World,
 };
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records the last.
 const MIGRATIONS: &[&str] = &[
-    SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6,
+    SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7,
 ];
+
+/// Sessions listed by owner a page at a time ([`crate::listing`]): what they run,
+/// their labels and metadata, a title the owner set, and the index a page reads.
+const SCHEMA_V7: &str = r#"
+ALTER TABLE sessions ADD COLUMN agent TEXT NOT NULL DEFAULT '';
+ALTER TABLE sessions ADD COLUMN labels TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE sessions ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE sessions ADD COLUMN title_set INTEGER NOT NULL DEFAULT 0;
+UPDATE sessions SET agent = coalesce((SELECT json_extract(CAST(e.body AS TEXT), '$.session_started.agent') FROM events e
+    WHERE e.session_id = sessions.id AND e.seq = 1 AND e.kind = 'session_started'
+      AND json_valid(CAST(e.body AS TEXT))), '');
+CREATE INDEX sessions_by_owner ON sessions (owner, created_at_ms DESC, id DESC);
+CREATE INDEX sessions_by_time ON sessions (created_at_ms DESC, id DESC);
+"#;
 
 /// Vaults ([`crate::vault`]): each owner's credentials, sealed.
 const SCHEMA_V6: &str = r#"
@@ -402,13 +417,29 @@ fn summary(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionSummary> {
         last_seq: r.get(4)?,
         created_at_ms: r.get(5)?,
         updated_at_ms: r.get(6)?,
+        agent: r.get(7)?,
+        labels: crate::listing::parse_map(&r.get::<_, String>(8)?),
+        metadata: crate::listing::parse_map(&r.get::<_, String>(9)?),
     })
 }
 
 /// A session with a retry scheduled shows as `retrying`.
+const STATUS: &str = "CASE WHEN retry_at_ms > 0 THEN 'retrying' ELSE status END";
+
 const SUMMARY_COLUMNS: &str =
     "id, owner, CASE WHEN retry_at_ms > 0 THEN 'retrying' ELSE status END, \
-     title, last_seq, created_at_ms, updated_at_ms FROM sessions";
+     title, last_seq, created_at_ms, updated_at_ms, agent, labels, metadata FROM sessions";
+
+/// How SQLite spells a listing's filters.
+const DIALECT: crate::listing::Dialect = crate::listing::Dialect {
+    status: STATUS,
+    updated: "updated_at_ms",
+    placeholder: |n| format!("?{n}"),
+    label: |k, v| {
+        format!("EXISTS (SELECT 1 FROM json_each(labels) WHERE key = {k} AND value = {v})")
+    },
+    title: |t| format!("instr(lower(title), lower({t})) > 0"),
+};
 
 impl World for SqliteWorld {
     async fn create_session(&self, session: &str, owner: &str) -> Result<()> {
@@ -548,10 +579,10 @@ impl World for SqliteWorld {
             let events: Vec<Event> = records.iter().map(|r| r.event.clone()).collect();
             let summary = summarize(&events);
             tx.prepare_cached(
-                "UPDATE sessions SET last_seq = ?2, updated_at_ms = ?3, status = COALESCE(?4, status), title = COALESCE(?5, title), retry_at_ms = ?6 WHERE id = ?1",
+                "UPDATE sessions SET last_seq = ?2, updated_at_ms = ?3, status = COALESCE(?4, status), title = CASE WHEN title_set THEN title ELSE COALESCE(?5, title) END, retry_at_ms = ?6, agent = COALESCE(?7, agent) WHERE id = ?1",
             )
             .map_err(backend)?
-            .execute(params![lease.session, last + records.len() as u64, at_ms, summary.status, summary.title, summary.retry_at_ms])
+            .execute(params![lease.session, last + records.len() as u64, at_ms, summary.status, summary.title, summary.retry_at_ms, summary.agent])
             .map_err(backend)?;
             if let Some(waiting_for) = &summary.waiting_for {
                 tx.execute(
@@ -644,15 +675,52 @@ impl World for SqliteWorld {
         crate::verify_off_thread(name, from, last_seq, raw).await
     }
 
-    async fn list_sessions(&self) -> Result<Vec<SessionSummary>> {
-        self.with(|conn| {
-            let mut stmt = conn
-                .prepare(&format!(
-                    "SELECT {SUMMARY_COLUMNS} ORDER BY created_at_ms DESC, id DESC"
-                ))
+    async fn list_sessions(&self, query: &SessionQuery) -> Result<SessionPage> {
+        let (filter, params) = query.sql(&DIALECT);
+        let rows = self
+            .with(move |conn| {
+                let mut stmt = conn
+                    .prepare_cached(&format!("SELECT {SUMMARY_COLUMNS}{filter}"))
+                    .map_err(backend)?;
+                let values: Vec<rusqlite::types::Value> = params
+                    .into_iter()
+                    .map(|p| match p {
+                        Param::Text(t) => rusqlite::types::Value::Text(t),
+                        Param::Int(i) => rusqlite::types::Value::Integer(i),
+                    })
+                    .collect();
+                let rows = stmt
+                    .query_map(rusqlite::params_from_iter(values), summary)
+                    .map_err(backend)?;
+                rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
+            })
+            .await?;
+        Ok(query.page(rows))
+    }
+
+    async fn update_session(&self, session: &str, patch: &SessionPatch) -> Result<()> {
+        let (session, patch) = (session.to_string(), patch.clone());
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(backend)?;
-            let rows = stmt.query_map([], summary).map_err(backend)?;
-            rows.collect::<rusqlite::Result<_>>().map_err(backend)
+            let (labels, metadata): (String, String) = tx
+                .query_row(
+                    "SELECT labels, metadata FROM sessions WHERE id = ?1",
+                    [&session],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(backend)?
+                .ok_or_else(|| Error::NotFound(session.clone()))?;
+            let (labels, metadata) = patch.merged(&labels, &metadata)?;
+            tx.execute(
+                "UPDATE sessions SET labels = ?2, metadata = ?3, \
+                 title = coalesce(?4, title), title_set = title_set OR ?4 IS NOT NULL WHERE id = ?1",
+                params![session, labels, metadata, patch.title],
+            )
+            .map_err(backend)?;
+            tx.commit().map_err(backend)
         })
         .await
     }

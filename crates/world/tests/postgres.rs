@@ -95,6 +95,12 @@ async fn summaries_follow_the_log() {
     conformance::summaries_follow_the_log(&db.world().await).await;
 }
 
+#[tokio::test]
+async fn listings_page_and_filter() {
+    let db = TestDb::new().await;
+    conformance::listings_page_and_filter(&db.world().await).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_writers_never_interleave() {
     let db = TestDb::new().await;

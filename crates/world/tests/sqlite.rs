@@ -37,6 +37,11 @@ async fn summaries_follow_the_log() {
     conformance::summaries_follow_the_log(&world().1).await;
 }
 
+#[tokio::test]
+async fn listings_page_and_filter() {
+    conformance::listings_page_and_filter(&world().1).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_writers_never_interleave() {
     let (dir, one) = world();
@@ -225,7 +230,14 @@ async fn an_empty_or_truncated_world_file_is_damage_not_a_fresh_start() -> anyho
     ));
     // Put back whole, it opens with everything in it.
     std::fs::write(&path, &good)?;
-    assert_eq!(SqliteWorld::open(&path)?.list_sessions().await?.len(), 40);
+    assert_eq!(
+        SqliteWorld::open(&path)?
+            .list_sessions(&Default::default())
+            .await?
+            .sessions
+            .len(),
+        40
+    );
     Ok(())
 }
 

@@ -39,6 +39,9 @@ pub enum Which {
     /// `--blobs s3://...`, the drive in that store, and hydrating the tree on a cold
     /// host and on a warm one against `git clone` from a local bare repository.
     Drive,
+    /// Listing one owner's sessions among 100,000 (a page, a label filter, a deep
+    /// page) against reading them all; on PostgreSQL too with `--world postgres://...`.
+    Sessions,
     /// All of them.
     All,
 }
@@ -195,6 +198,13 @@ pub async fn run(args: BenchArgs, config: &crate::config::Config) -> anyhow::Res
             Err(e) if args.which == Which::Sandbox => anyhow::bail!("{e}"),
             Err(e) => eprintln!("(sandbox benchmark skipped: {e})"),
         }
+    }
+    if matches!(args.which, Which::Sessions | Which::All) {
+        let postgres = match world.filter(|w| w.starts_with("postgres")) {
+            Some(url) => Some(steadfast_world::PostgresWorld::connect_and_migrate(url).await?),
+            None => None,
+        };
+        super::bench_sessions::run(postgres, args.rounds).await?;
     }
     if matches!(args.which, Which::Postgres | Which::All) {
         match world.filter(|w| w.starts_with("postgres")) {

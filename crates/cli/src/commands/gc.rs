@@ -88,7 +88,7 @@ pub async fn run(home: &Path, config: &Config, args: GcArgs) -> anyhow::Result<E
     let world = crate::setup::world(home, config, false).await?;
     let mut keep = BTreeSet::new();
     let mut keep_blobs = std::collections::HashSet::new();
-    let sessions = world.list_sessions().await?;
+    let sessions = world.list_sessions(&Default::default()).await?.sessions;
     let keep_deltas = args
         .keep_deltas_secs
         .or(config.harness.keep_deltas_secs)

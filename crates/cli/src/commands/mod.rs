@@ -7,6 +7,7 @@ mod bench_pg;
 mod bench_rounds;
 mod bench_sandbox;
 mod bench_server;
+mod bench_sessions;
 mod bench_steps;
 mod bench_wake;
 pub mod fake;

@@ -15,11 +15,55 @@ pub struct SessionsArgs {
     /// One JSON object per session on stdout.
     #[arg(long)]
     json: bool,
+    /// Only these statuses, comma-separated (`idle,waiting`).
+    #[arg(long)]
+    status: Option<String>,
+    /// Only sessions of this agent.
+    #[arg(long)]
+    agent: Option<String>,
+    /// Only sessions with these labels (`team=infra,env=prod`).
+    #[arg(long)]
+    label: Option<String>,
+    /// Only titles containing this text, ignoring case.
+    #[arg(long)]
+    title: Option<String>,
+    /// At most this many, newest first.
+    #[arg(long)]
+    limit: Option<usize>,
 }
 
 pub async fn run(home: &Path, config: &Config, args: SessionsArgs) -> anyhow::Result<ExitCode> {
+    use steadfast_world::listing;
+    let statuses: Vec<String> = args
+        .status
+        .iter()
+        .flat_map(|s| s.split(','))
+        .map(str::to_string)
+        .collect();
+    if let Some(bad) = statuses
+        .iter()
+        .find(|s| !listing::STATUSES.contains(&s.as_str()))
+    {
+        anyhow::bail!(
+            "--status: `{bad}` is not one of {}",
+            listing::STATUSES.join(", ")
+        );
+    }
+    let query = steadfast_world::SessionQuery {
+        statuses,
+        agent: args.agent,
+        labels: match &args.label {
+            Some(text) => {
+                listing::parse_label_filter("--label", text).map_err(anyhow::Error::msg)?
+            }
+            None => Default::default(),
+        },
+        title: args.title,
+        limit: args.limit,
+        ..Default::default()
+    };
     let world = crate::setup::world(home, config, false).await?;
-    let sessions = world.list_sessions().await?;
+    let sessions = world.list_sessions(&query).await?.sessions;
     let mut out = std::io::stdout().lock();
     if args.json {
         for s in &sessions {

@@ -28,7 +28,9 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
         )
         .route(
             "/v1/sessions/{id}",
-            get(sessions::show::<W>).delete(sessions::delete::<W>),
+            get(sessions::show::<W>)
+                .patch(sessions::update::<W>)
+                .delete(sessions::delete::<W>),
         )
         .route("/v1/sessions/{id}/close", post(sessions::close::<W>))
         .route(

@@ -76,6 +76,21 @@ pub(crate) struct CreateSession {
     /// `classes` overrides them. The sandbox never holds the credential.
     #[serde(default)]
     mcp_servers: Vec<steadfast_log::McpServer>,
+    /// A title to list it by (default: its first message, shortened), at most 200
+    /// characters; `PATCH /v1/sessions/{id}` changes it.
+    #[serde(default)]
+    #[schema(example = "Nightly flake hunt")]
+    title: Option<String>,
+    /// Labels to find it by (`GET /v1/sessions?label=team=infra`): at most 32, keys of
+    /// letters, digits and `._/-`, values of letters, digits and `._-`, each at most 63.
+    #[serde(default)]
+    #[schema(example = json!({"team": "infra", "env": "prod"}))]
+    labels: BTreeMap<String, String>,
+    /// The caller's own notes, returned as given and never filtered on: at most 50,
+    /// keys up to 64 bytes, values up to 512.
+    #[serde(default)]
+    #[schema(example = json!({"ticket": "https://tracker.example.com/PROJ-12"}))]
+    metadata: BTreeMap<String, String>,
 }
 
 /// Where a new session's workspace comes from.
@@ -188,6 +203,16 @@ pub(crate) async fn create<W: World + Clone>(
     let owner = state.auth.owner(&headers)?;
     state.creation_allowed(&owner)?;
     let invalid = |m: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", m);
+    let described = steadfast_world::SessionPatch {
+        title: req.title,
+        labels: req.labels.into_iter().map(|(k, v)| (k, Some(v))).collect(),
+        metadata: req
+            .metadata
+            .into_iter()
+            .map(|(k, v)| (k, Some(v)))
+            .collect(),
+    };
+    described.check().map_err(invalid)?;
     let agent = req.agent.unwrap_or_else(|| "native".into());
     // Checked before anything is made: an agent that cannot run here leaves nothing.
     state
@@ -366,6 +391,7 @@ pub(crate) async fn create<W: World + Clone>(
     new.egress_credentials = req.egress_credentials;
     new.git = git;
     new.mcp_servers = mcp_servers;
+    new.described = described;
     let id = state.harness.start_session(new).await?;
     made.keep();
     let summary = state.harness.world().session(&id).await?;
@@ -502,14 +528,98 @@ fn check_file_names<V>(files: &BTreeMap<String, V>) -> Result<(), String> {
     Ok(())
 }
 
+/// Which of the caller's sessions to list (`GET /v1/sessions`).
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ListQuery {
+    /// Only these statuses, comma-separated (`idle,waiting`).
+    #[param(example = "idle,waiting")]
+    status: Option<String>,
+    /// Only sessions of this agent.
+    #[param(example = "claude-code")]
+    agent: Option<String>,
+    /// Only sessions with every one of these labels, `key=value` comma-separated.
+    #[param(example = "team=infra,env=prod")]
+    label: Option<String>,
+    /// Created at or after, ms since the Unix epoch.
+    created_after: Option<u64>,
+    /// Created before, ms since the Unix epoch.
+    created_before: Option<u64>,
+    /// Last changed at or after, ms since the Unix epoch.
+    updated_after: Option<u64>,
+    /// Last changed before, ms since the Unix epoch.
+    updated_before: Option<u64>,
+    /// Only titles containing this text, ignoring case.
+    #[param(example = "flake")]
+    title: Option<String>,
+    /// The previous page's `next_cursor`.
+    cursor: Option<String>,
+    /// Sessions per page: 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<usize>,
+}
+
+/// The sessions a page holds unless the caller says otherwise.
+const DEFAULT_PAGE: usize = 100;
+
+impl ListQuery {
+    /// The world's query for `owner`, or which parameter is wrong.
+    fn for_owner(self, owner: String) -> Result<steadfast_world::SessionQuery, String> {
+        use steadfast_world::listing;
+        let mut statuses = Vec::new();
+        for status in self.status.iter().flat_map(|s| s.split(',')) {
+            if !listing::STATUSES.contains(&status) {
+                return Err(format!(
+                    "status: `{}` is not one of {}",
+                    status.escape_debug(),
+                    listing::STATUSES.join(", ")
+                ));
+            }
+            statuses.push(status.to_string());
+        }
+        let limit = self.limit.unwrap_or(DEFAULT_PAGE);
+        if !(1..=listing::MAX_PAGE).contains(&limit) {
+            return Err(format!("limit: 1 to {} a page", listing::MAX_PAGE));
+        }
+        if self.title.as_ref().is_some_and(|t| t.len() > 200) {
+            return Err("title: at most 200 bytes".into());
+        }
+        Ok(steadfast_world::SessionQuery {
+            owner: Some(owner),
+            statuses,
+            agent: self.agent,
+            labels: match &self.label {
+                Some(text) => listing::parse_label_filter("label", text)?,
+                None => Default::default(),
+            },
+            created_after: self.created_after,
+            created_before: self.created_before,
+            updated_after: self.updated_after,
+            updated_before: self.updated_before,
+            title: self.title.filter(|t| !t.is_empty()),
+            after: match &self.cursor {
+                Some(c) => Some(c.parse().map_err(|e| format!("cursor: {e}"))?),
+                None => None,
+            },
+            limit: Some(limit),
+        })
+    }
+}
+
 /// List the caller's sessions
 ///
-/// Not available in public mode, where a session's id is the capability (403).
+/// A page at a time, newest first, filtered by status, agent, labels, time and title;
+/// follow `next_cursor` for the next page (it stays right while sessions are created
+/// and deleted). Not available in public mode, where a session's id is the capability
+/// (403).
 #[utoipa::path(
     get,
     path = "/v1/sessions",
+    params(ListQuery),
     responses(
         (status = 200, description = "The caller's sessions", body = wire::SessionList),
+        (status = 400, description = "A query parameter that does not parse (the message names it)", body = wire::Error),
         (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
         (status = 403, description = "Listing is disabled in public mode", body = wire::Error),
     )
@@ -517,6 +627,7 @@ fn check_file_names<V>(files: &BTreeMap<String, V>) -> Result<(), String> {
 pub(crate) async fn list<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
+    query: Result<axum::extract::Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<wire::SessionList>, ApiError> {
     let owner = state.auth.owner(&headers)?;
     if matches!(state.auth.mode, AuthMode::Public { .. }) {
@@ -527,16 +638,72 @@ pub(crate) async fn list<W: World + Clone>(
             "listing sessions is disabled in public mode",
         ));
     }
-    let sessions = state
-        .harness
-        .world()
-        .list_sessions()
-        .await?
-        .into_iter()
-        .filter(|s| s.owner == owner)
-        .map(wire::SessionSummary::from)
-        .collect();
-    Ok(Json(wire::SessionList { sessions }))
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", m);
+    let axum::extract::Query(query) = query.map_err(|e| bad(e.body_text()))?;
+    let query = query.for_owner(owner).map_err(bad)?;
+    let page = state.harness.world().list_sessions(&query).await?;
+    Ok(Json(wire::SessionList {
+        sessions: page
+            .sessions
+            .into_iter()
+            .map(wire::SessionSummary::from)
+            .collect(),
+        next_cursor: page.next.map(|c| c.to_string()),
+    }))
+}
+
+/// A change to a session's title, labels or metadata (`PATCH /v1/sessions/{id}`).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"title": "Nightly flake hunt", "labels": {"env": "prod", "ticket": null}}))]
+pub(crate) struct UpdateSession {
+    /// A new title (kept from now on over the first message's).
+    #[serde(default)]
+    title: Option<String>,
+    /// Labels to set; `null` removes one. Labels not named stay.
+    #[serde(default)]
+    labels: BTreeMap<String, Option<String>>,
+    /// Metadata to set; `null` removes an entry. Entries not named stay.
+    #[serde(default)]
+    metadata: BTreeMap<String, Option<String>>,
+}
+
+/// Rename, label or annotate a session
+///
+/// Labels and metadata merge key by key (`null` removes one); any session of the
+/// caller's, running or ended. Answers the session as it now is.
+#[utoipa::path(
+    patch,
+    path = "/v1/sessions/{id}",
+    params(("id" = String, Path, description = "The session's id")),
+    request_body = UpdateSession,
+    responses(
+        (status = 200, description = "The session, changed", body = wire::Session),
+        (status = 400, description = "The body is not JSON", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 404, description = "No such session, or not the caller's", body = wire::Error),
+        (status = 415, description = "The body is not `application/json`", body = wire::Error),
+        (status = 422, description = "A value is refused, or too many labels or entries would result (the message names the field)", body = wire::Error),
+    )
+)]
+pub(crate) async fn update<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Body(req): Body<UpdateSession>,
+) -> Result<Json<wire::Session>, ApiError> {
+    let owner = state.auth.owner(&headers)?;
+    owned(&state, &id, &owner).await?;
+    let patch = steadfast_world::SessionPatch {
+        title: req.title,
+        labels: req.labels,
+        metadata: req.metadata,
+    };
+    patch
+        .check()
+        .map_err(|m| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", m))?;
+    state.harness.world().update_session(&id, &patch).await?;
+    show(State(state), headers, Path(id)).await
 }
 
 /// A session's state
@@ -606,6 +773,9 @@ pub(crate) async fn show<W: World + Clone>(
         reply: s.last_reply(),
         created_at_ms: summary.created_at_ms,
         updated_at_ms: summary.updated_at_ms,
+        agent: summary.agent,
+        labels: summary.labels,
+        metadata: summary.metadata,
     }))
 }
 
