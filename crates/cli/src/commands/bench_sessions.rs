@@ -65,7 +65,7 @@ fn fill_sqlite(path: &std::path::Path, prefix: &str) -> anyhow::Result<()> {
              VALUES (?1, ?2, ?3, ?3, 'idle', ?4, 'native', ?5)",
         )?;
         for i in 0..SESSIONS {
-            let labels = if (i / OWNERS) % 10 == 0 {
+            let labels = if (i / OWNERS).is_multiple_of(10) {
                 r#"{"team":"infra"}"#
             } else {
                 r#"{"team":"web"}"#
