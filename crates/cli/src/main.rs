@@ -3,6 +3,7 @@
 mod commands;
 mod config;
 mod home;
+mod remote;
 mod render;
 mod setup;
 mod telemetry;
@@ -47,6 +48,15 @@ struct Cli {
     /// `allow:host[:port],*.domain,...` (through an egress proxy).
     #[arg(long, global = true, env = "STEADFAST_NETWORK")]
     network: Option<String>,
+    /// A Steadfast server to read and control sessions through (its HTTP API, as the
+    /// token's owner), instead of opening the world here: `sessions`, `log`, `diff`,
+    /// `stop`, `close`, `delete`, `signal` and `send`. The token comes from
+    /// `STEADFAST_TOKEN` or `--token-file`.
+    #[arg(long, global = true, env = "STEADFAST_SERVER", value_name = "URL")]
+    server: Option<String>,
+    /// A file holding the bearer token for `--server`.
+    #[arg(long, global = true, env = "STEADFAST_TOKEN_FILE", value_name = "PATH")]
+    token_file: Option<PathBuf>,
     /// Log format for diagnostics on stderr: `text` or `json`.
     #[arg(
         long,
@@ -143,6 +153,28 @@ enum Command {
     },
 }
 
+/// Runs a command through a server's API; commands that drive, serve or administer
+/// the world here are refused (they need the world itself).
+async fn on_server(remote: &remote::Remote, command: Command) -> anyhow::Result<ExitCode> {
+    use commands::remote as on;
+    match command {
+        Command::Sessions(args) => on::sessions(remote, args).await,
+        Command::Log(args) => on::log(remote, args).await,
+        Command::Diff(args) => on::diff(remote, args).await,
+        Command::Stop { session } => on::stop(remote, &session).await,
+        Command::Close { session } => on::close(remote, &session).await,
+        Command::Delete { session } => on::delete(remote, &session).await,
+        Command::Signal(args) => on::signal(remote, args).await,
+        Command::Send(args) => on::send(remote, args).await,
+        Command::Resume(_) => anyhow::bail!(
+            "--server: a server's workers carry sessions on; give one more to do with `send <session> \"<text>\"`"
+        ),
+        _ => anyhow::bail!(
+            "--server: this command works on this machine's world, not through a server; drop --server (and STEADFAST_SERVER)"
+        ),
+    }
+}
+
 /// The exit code of a command line that does not parse (BSD `EX_USAGE`).
 const EXIT_USAGE: u8 = 64;
 
@@ -224,6 +256,10 @@ fn main() -> ExitCode {
             }
         };
         let path = home.path.as_path();
+        if let Some(server) = &cli.server {
+            let remote = remote::Remote::new(server, cli.token_file.as_deref())?;
+            return on_server(&remote, cli.command).await;
+        }
         match cli.command {
             Command::Run(args) => commands::run::run(path, &config, args).await,
             Command::Resume(args) => commands::run::resume(existing()?, &config, args).await,

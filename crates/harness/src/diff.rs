@@ -2,7 +2,7 @@
 //! two positions, as content diffs, and the files themselves, all read from the
 //! drive's snapshots (the live workspace is never touched).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use steadfast_drive::{ChangeKind, Entry};
 use steadfast_log::SessionState;
 use steadfast_sandbox::Sandbox;
@@ -15,7 +15,7 @@ use crate::{Error, Result};
 const MAX_DIFFED: u64 = 1024 * 1024;
 
 /// The workspace changes between two log positions.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct WorkspaceDiff {
     /// The earlier position (0: as the session began).
     pub from_seq: u64,
@@ -32,7 +32,7 @@ pub struct WorkspaceDiff {
 }
 
 /// One changed path.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FileDiff {
     /// The path, relative to the workspace.
     pub path: String,

@@ -184,7 +184,7 @@ pub struct Lease {
 }
 
 /// A row of `steadfast sessions`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct SessionSummary {
     /// The session id.
     pub id: String,

@@ -13,13 +13,13 @@ use crate::config::Config;
 #[derive(Debug, Args)]
 pub struct LogArgs {
     /// The session.
-    session: String,
+    pub(crate) session: String,
     /// One JSON record per line on stdout.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Keep printing records as they are appended, until the session ends (or Ctrl-C).
     #[arg(long, short = 'f')]
-    follow: bool,
+    pub(crate) follow: bool,
 }
 
 pub async fn run(home: &Path, config: &Config, args: LogArgs) -> anyhow::Result<ExitCode> {

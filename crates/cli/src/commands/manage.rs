@@ -134,20 +134,20 @@ pub async fn rekey_vault(home: &Path, config: &Config) -> anyhow::Result<ExitCod
 #[derive(Debug, Args)]
 pub struct SignalArgs {
     /// The session.
-    session: String,
+    pub(crate) session: String,
     /// The signal's name (`approval`, `resume`, ...).
-    name: String,
+    pub(crate) name: String,
     /// Its JSON payload.
     #[arg(default_value = "null")]
-    payload: String,
+    pub(crate) payload: String,
     /// Queue it for a wait on this name that has not begun yet (otherwise a session
     /// that is not waiting for it refuses it).
     #[arg(long)]
-    queue: bool,
+    pub(crate) queue: bool,
     /// The log position of the wait it answers (`waiting since #N`): refused if that
     /// wait is over.
     #[arg(long, value_name = "N")]
-    wait: Option<u64>,
+    pub(crate) wait: Option<u64>,
 }
 
 pub async fn signal(home: &Path, config: &Config, args: SignalArgs) -> anyhow::Result<ExitCode> {
@@ -179,13 +179,13 @@ pub async fn signal(home: &Path, config: &Config, args: SignalArgs) -> anyhow::R
 #[derive(Debug, Args)]
 pub struct SendArgs {
     /// The session.
-    session: String,
+    pub(crate) session: String,
     /// What to say.
-    text: String,
+    pub(crate) text: String,
     /// Steer the running turn (the agent gets it with its next tool result) instead of
     /// queueing a message for the next turn.
     #[arg(long)]
-    steer: bool,
+    pub(crate) steer: bool,
 }
 
 /// `steadfast send`: a message for the session's next turn (or a steer for the running
@@ -224,23 +224,31 @@ pub async fn send(home: &Path, config: &Config, args: SendArgs) -> anyhow::Resul
 #[derive(Debug, Args)]
 pub struct DiffArgs {
     /// The session.
-    session: String,
+    pub(crate) session: String,
     /// From this log position (default: as the session began).
     #[arg(long)]
-    from: Option<u64>,
+    pub(crate) from: Option<u64>,
     /// To this log position (default: now).
     #[arg(long)]
-    to: Option<u64>,
+    pub(crate) to: Option<u64>,
     /// The diff as one JSON object on stdout.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
 pub async fn diff(home: &Path, config: &Config, args: DiffArgs) -> anyhow::Result<ExitCode> {
     let (harness, _) = open(home, config, &args.session).await?;
     let diff = harness.diff(&args.session, args.from, args.to).await?;
-    if args.json {
-        println!("{}", serde_json::to_string(&diff)?);
+    print_diff(&diff, args.json)
+}
+
+/// Prints a diff as `git diff` would, with a count on stderr, or as JSON.
+pub(crate) fn print_diff(
+    diff: &steadfast_harness::WorkspaceDiff,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    if json {
+        println!("{}", serde_json::to_string(diff)?);
     } else {
         use std::io::Write;
         std::io::stdout()

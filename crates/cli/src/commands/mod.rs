@@ -14,6 +14,7 @@ pub mod fake;
 pub mod gc;
 pub mod log;
 pub mod manage;
+pub mod remote;
 pub mod run;
 pub mod serve;
 pub mod sessions;

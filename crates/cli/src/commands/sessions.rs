@@ -14,26 +14,27 @@ use crate::config::Config;
 pub struct SessionsArgs {
     /// One JSON object per session on stdout.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Only these statuses, comma-separated (`idle,waiting`).
     #[arg(long)]
-    status: Option<String>,
+    pub(crate) status: Option<String>,
     /// Only sessions of this agent.
     #[arg(long)]
-    agent: Option<String>,
+    pub(crate) agent: Option<String>,
     /// Only sessions with these labels (`team=infra,env=prod`).
     #[arg(long)]
-    label: Option<String>,
+    pub(crate) label: Option<String>,
     /// Only titles containing this text, ignoring case.
     #[arg(long)]
-    title: Option<String>,
+    pub(crate) title: Option<String>,
     /// At most this many, newest first.
     #[arg(long)]
-    limit: Option<usize>,
+    pub(crate) limit: Option<usize>,
 }
 
 pub async fn run(home: &Path, config: &Config, args: SessionsArgs) -> anyhow::Result<ExitCode> {
     use steadfast_world::listing;
+    let json = args.json;
     let statuses: Vec<String> = args
         .status
         .iter()
@@ -64,9 +65,17 @@ pub async fn run(home: &Path, config: &Config, args: SessionsArgs) -> anyhow::Re
     };
     let world = crate::setup::world(home, config, false).await?;
     let sessions = world.list_sessions(&query).await?.sessions;
+    print(&sessions, json)
+}
+
+/// Prints sessions as a table, or as one JSON object each with `json`.
+pub(crate) fn print(
+    sessions: &[steadfast_world::SessionSummary],
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
-    if args.json {
-        for s in &sessions {
+    if json {
+        for s in sessions {
             writeln!(out, "{}", serde_json::to_string(s)?)?;
         }
         return Ok(ExitCode::SUCCESS);
