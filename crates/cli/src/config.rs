@@ -95,6 +95,34 @@ pub struct ServerConfig {
     /// Session changes POSTed to the operator's endpoint (`[server.webhook]`).
     #[serde(default)]
     pub webhook: WebhookConfig,
+    /// OpenID Connect tokens accepted beside the static ones (`[server.oidc]`).
+    pub oidc: Option<OidcSettings>,
+}
+
+/// The identity provider whose JWTs authenticate API callers.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct OidcSettings {
+    /// The issuer, exactly as its tokens' `iss` says (`https://login.example.com`).
+    pub issuer: String,
+    /// The audience tokens must name (this API's client id at the provider).
+    pub audience: String,
+    /// The claim that names a session's owner; default `sub` (`email` is common).
+    pub owner_claim: Option<String>,
+    /// The provider's keys; default: found through the issuer's discovery document.
+    pub jwks_url: Option<String>,
+}
+
+impl OidcSettings {
+    /// The server's configuration of it.
+    pub fn config(&self) -> steadfast_server::oidc::OidcConfig {
+        let mut config = steadfast_server::oidc::OidcConfig::new(&self.issuer, &self.audience);
+        if let Some(claim) = &self.owner_claim {
+            config.owner_claim = claim.clone();
+        }
+        config.jwks_url = self.jwks_url.clone();
+        config
+    }
 }
 
 /// Webhooks out: every session that waits, is escalated, finishes a turn, is
@@ -998,6 +1026,23 @@ mod tests {
             .contains("server name"));
         let bad_network = "[sandbox]\nnetwork = \"everywhere\"\n";
         assert!(parse(bad_network).is_err());
+    }
+
+    #[test]
+    fn an_identity_provider_is_read_with_its_owner_claim() {
+        let cfg: Config = toml::from_str(
+            "[server.oidc]\nissuer = \"https://login.example.com\"\naudience = \"steadfast\"\nowner-claim = \"email\"\n",
+        )
+        .unwrap();
+        let oidc = cfg.server.oidc.unwrap().config();
+        assert_eq!(oidc.issuer, "https://login.example.com");
+        assert_eq!(oidc.audience, "steadfast");
+        assert_eq!(oidc.owner_claim, "email");
+        assert_eq!(oidc.jwks_url, None, "found by discovery");
+        assert!(
+            toml::from_str::<Config>("[server.oidc]\nissuer = \"https://x\"\n").is_err(),
+            "an audience is required"
+        );
     }
 
     #[test]

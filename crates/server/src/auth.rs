@@ -1,4 +1,5 @@
-//! Authentication: bearer tokens (stored only as BLAKE3 hashes) mapped to owners.
+//! Authentication: bearer tokens (stored only as BLAKE3 hashes) mapped to owners, and
+//! OpenID Connect tokens from the company's identity provider ([`crate::oidc`]).
 
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
@@ -18,8 +19,13 @@ pub struct TokenEntry {
 /// How requests are authenticated.
 #[derive(Debug, Clone)]
 pub enum AuthMode {
-    /// Bearer tokens required.
-    Tokens(Vec<(blake3::Hash, String)>),
+    /// Bearer tokens required: a static one, or a JWT of the configured issuer.
+    Tokens {
+        /// Static tokens' hashes and owners.
+        tokens: Vec<(blake3::Hash, String)>,
+        /// The OpenID Connect issuer whose tokens are accepted too.
+        oidc: Option<std::sync::Arc<crate::oidc::Oidc>>,
+    },
     /// Development: no auth configured, not production; everyone is `local`.
     Development,
     /// Production with no tokens configured: every request is refused.
@@ -51,6 +57,16 @@ impl Auth {
         production: bool,
         public_cap_usd: Option<f64>,
     ) -> Result<Self, String> {
+        Self::with_oidc(tokens, None, production, public_cap_usd)
+    }
+
+    /// [`Auth::new`], accepting the tokens of an OpenID Connect issuer too.
+    pub fn with_oidc(
+        tokens: &[TokenEntry],
+        oidc: Option<std::sync::Arc<crate::oidc::Oidc>>,
+        production: bool,
+        public_cap_usd: Option<f64>,
+    ) -> Result<Self, String> {
         if let Some(cap) = public_cap_usd {
             if !cap.is_finite() || cap <= 0.0 {
                 return Err("--public needs a positive per-session spend cap".into());
@@ -61,7 +77,7 @@ impl Auth {
                 },
             });
         }
-        if tokens.is_empty() {
+        if tokens.is_empty() && oidc.is_none() {
             return Ok(Auth {
                 mode: if production {
                     AuthMode::Closed
@@ -78,14 +94,20 @@ impl Auth {
             parsed.push((hash, t.owner.clone()));
         }
         Ok(Auth {
-            mode: AuthMode::Tokens(parsed),
+            mode: AuthMode::Tokens {
+                tokens: parsed,
+                oidc,
+            },
         })
     }
 
     /// How requests are authenticated, in words for the server's banner and logs.
     pub fn mode_name(&self) -> &'static str {
         match self.mode {
-            AuthMode::Tokens(_) => "token authentication",
+            AuthMode::Tokens { oidc: None, .. } => "token authentication",
+            AuthMode::Tokens { oidc: Some(_), .. } => {
+                "token authentication (static tokens and OpenID Connect)"
+            }
             AuthMode::Development => "no authentication: development",
             AuthMode::Closed => "production with no tokens configured: refusing every request",
             AuthMode::Public { .. } => "no authentication: public, anonymous sessions",
@@ -93,7 +115,7 @@ impl Auth {
     }
 
     /// The owner a request acts as.
-    pub(crate) fn owner(&self, headers: &HeaderMap) -> Result<String, ApiError> {
+    pub(crate) async fn owner(&self, headers: &HeaderMap) -> Result<String, ApiError> {
         let unauthorized = |m: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", m);
         match &self.mode {
             AuthMode::Development => Ok("local".into()),
@@ -101,7 +123,7 @@ impl Auth {
             AuthMode::Closed => Err(unauthorized(
                 "this server runs in production mode with no authentication configured, so it refuses every request",
             )),
-            AuthMode::Tokens(tokens) => {
+            AuthMode::Tokens { tokens, oidc } => {
                 let token = headers
                     .get(axum::http::header::AUTHORIZATION)
                     .and_then(|v| v.to_str().ok())
@@ -109,13 +131,18 @@ impl Auth {
                     // The scheme is case-insensitive (RFC 9110): `bearer` is `Bearer`.
                     .and_then(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer").then_some(token))
                     .ok_or_else(|| unauthorized("send a bearer token: Authorization: Bearer <token>"))?;
-                let presented = blake3::hash(token.trim().as_bytes());
+                let token = token.trim();
+                let presented = blake3::hash(token.as_bytes());
                 // blake3::Hash compares in constant time.
-                tokens
-                    .iter()
-                    .find(|(hash, _)| *hash == presented)
-                    .map(|(_, owner)| owner.clone())
-                    .ok_or_else(|| unauthorized("unknown token"))
+                if let Some((_, owner)) = tokens.iter().find(|(hash, _)| *hash == presented) {
+                    return Ok(owner.clone());
+                }
+                match oidc {
+                    Some(oidc) if crate::oidc::Oidc::looks_like_jwt(token) => {
+                        oidc.owner(token).await.map_err(|e| unauthorized(&e.to_string()))
+                    }
+                    _ => Err(unauthorized("unknown token")),
+                }
             }
         }
     }

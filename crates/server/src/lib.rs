@@ -16,6 +16,7 @@ mod extract;
 mod limits;
 mod listen;
 mod metrics;
+pub mod oidc;
 pub mod openapi;
 mod public;
 mod routes;

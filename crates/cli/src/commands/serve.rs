@@ -128,7 +128,7 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
     config.server.production |= args.production;
     // Anyone who can reach a public server, or holds a token, runs commands here:
     // never as plain processes of this machine.
-    if args.public || !config.server.tokens.is_empty() {
+    if args.public || !config.server.tokens.is_empty() || config.server.oidc.is_some() {
         config.sandbox.require_isolation = Some(true);
     }
     let config = &config;
@@ -147,8 +147,14 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
     } else {
         None
     };
-    let auth =
-        Auth::new(&tokens, config.is_production(), public_cap).map_err(anyhow::Error::msg)?;
+    let oidc = match &config.server.oidc {
+        Some(settings) if !args.public => {
+            Some(steadfast_server::oidc::Oidc::start(settings.config()).await?)
+        }
+        _ => None,
+    };
+    let auth = Auth::with_oidc(&tokens, oidc, config.is_production(), public_cap)
+        .map_err(anyhow::Error::msg)?;
     let world = setup::world(home, config, false).await?;
     setup::check_stores(home, config, &world).await?;
     let (harness, fake) = setup::shared_harness(home, config, world).await?;

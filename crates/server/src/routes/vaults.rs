@@ -26,11 +26,11 @@ pub(crate) struct PutCredential {
 }
 
 /// The owner a vault request acts as, and the keys that seal for this server.
-fn vault_of<W>(
+async fn vault_of<W>(
     state: &crate::ServerState<W>,
     headers: &HeaderMap,
 ) -> Result<(String, std::sync::Arc<steadfast_world::VaultKeys>), ApiError> {
-    let owner = state.auth.owner(headers)?;
+    let owner = state.auth.owner(headers).await?;
     if matches!(state.auth.mode, AuthMode::Public { .. }) {
         // Anonymous callers share one owner: a vault would be everyone's.
         return Err(ApiError::new(
@@ -98,7 +98,7 @@ pub(crate) async fn put<W: World + Clone>(
     Path(name): Path<String>,
     Body(req): Body<PutCredential>,
 ) -> Result<StatusCode, ApiError> {
-    let (owner, keys) = vault_of(&state, &headers)?;
+    let (owner, keys) = vault_of(&state, &headers).await?;
     check_name(&name)?;
     if req.value.is_empty() || req.value.len() > MAX_VALUE {
         return Err(ApiError::new(
@@ -132,7 +132,7 @@ pub(crate) async fn list<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
 ) -> Result<Json<wire::CredentialList>, ApiError> {
-    let (owner, _) = vault_of(&state, &headers)?;
+    let (owner, _) = vault_of(&state, &headers).await?;
     let entries = state.harness.world().vault_list(Some(&owner)).await?;
     Ok(Json(wire::CredentialList {
         credentials: entries
@@ -163,7 +163,7 @@ pub(crate) async fn delete<W: World + Clone>(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let (owner, _) = vault_of(&state, &headers)?;
+    let (owner, _) = vault_of(&state, &headers).await?;
     if state.harness.world().vault_delete(&owner, &name).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
