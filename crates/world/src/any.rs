@@ -258,6 +258,36 @@ impl World for AnyWorld {
         delegate!(self, w => w.list_sessions(query))
     }
 
+    async fn token_issue(&self, token: &crate::ServiceToken) -> Result<()> {
+        delegate!(self, w => w.token_issue(token))
+    }
+
+    async fn tokens(&self) -> Result<Vec<crate::ServiceToken>> {
+        delegate!(self, w => w.tokens())
+    }
+
+    async fn token_by_hash(&self, hash: &str) -> Result<Option<crate::ServiceToken>> {
+        delegate!(self, w => w.token_by_hash(hash))
+    }
+
+    async fn token_revoke(&self, id: &str, at_ms: u64) -> Result<bool> {
+        delegate!(self, w => w.token_revoke(id, at_ms))
+    }
+
+    async fn audit(
+        &self,
+        actor: &str,
+        action: &str,
+        target: &str,
+        detail: &serde_json::Value,
+    ) -> Result<()> {
+        delegate!(self, w => w.audit(actor, action, target, detail))
+    }
+
+    async fn audit_log(&self, after: u64, limit: usize) -> Result<Vec<crate::AuditEntry>> {
+        delegate!(self, w => w.audit_log(after, limit))
+    }
+
     async fn update_session(&self, session: &str, patch: &SessionPatch) -> Result<()> {
         delegate!(self, w => w.update_session(session, patch))
     }

@@ -568,6 +568,67 @@ pub async fn listings_page_and_filter<W: World>(world: &W) {
     );
 }
 
+/// Issued tokens are found by hash, listed newest first and revoked (kept, no longer
+/// live); the audit log keeps entries in order and pages by id.
+pub async fn tokens_and_the_audit_log<W: World>(world: &W) {
+    use crate::access::{Scope, ServiceToken};
+    let token = |id: &str, at: u64| ServiceToken {
+        id: id.into(),
+        name: format!("{id} for ci"),
+        owner: "ci-bot".into(),
+        scopes: vec![Scope::Read, Scope::Run],
+        hash: format!("hash-of-{id}"),
+        created_at_ms: at,
+        created_by: "admin".into(),
+        expires_at_ms: (id == "tok_2").then_some(at + 1000),
+        revoked_at_ms: None,
+    };
+    world.token_issue(&token("tok_1", 1_000)).await.unwrap();
+    world.token_issue(&token("tok_2", 2_000)).await.unwrap();
+    assert!(
+        world.token_issue(&token("tok_1", 3_000)).await.is_err(),
+        "ids are unique"
+    );
+    let listed: Vec<String> = world
+        .tokens()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(listed, ["tok_2", "tok_1"]);
+    let found = world.token_by_hash("hash-of-tok_2").await.unwrap().unwrap();
+    assert_eq!(found, token("tok_2", 2_000));
+    assert!(found.is_live(2_500) && !found.is_live(3_000), "expires");
+    assert_eq!(world.token_by_hash("hash-of-nothing").await.unwrap(), None);
+    assert!(world.token_revoke("tok_1", 5_000).await.unwrap());
+    assert!(!world.token_revoke("tok_1", 6_000).await.unwrap(), "once");
+    assert!(!world.token_revoke("tok_9", 6_000).await.unwrap());
+    let revoked = world.token_by_hash("hash-of-tok_1").await.unwrap().unwrap();
+    assert_eq!(revoked.revoked_at_ms, Some(5_000));
+    assert!(!revoked.is_live(5_001));
+
+    for i in 0..5 {
+        world
+            .audit(
+                "admin",
+                "token.issued",
+                &format!("tok_{i}"),
+                &serde_json::json!({"i": i}),
+            )
+            .await
+            .unwrap();
+    }
+    let first = world.audit_log(0, 3).await.unwrap();
+    assert_eq!(first.len(), 3);
+    assert_eq!(first[0].target, "tok_0");
+    assert_eq!(first[2].detail["i"], 2);
+    let rest = world.audit_log(first[2].id, 10).await.unwrap();
+    let targets: Vec<&str> = rest.iter().map(|e| e.target.as_str()).collect();
+    assert_eq!(targets, ["tok_3", "tok_4"]);
+    assert!(rest[0].at_ms > 0 && rest[0].actor == "admin");
+}
+
 /// A session's first event, for tests of a world that need one.
 pub fn started() -> Event {
     Event::bare_start(

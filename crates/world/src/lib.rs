@@ -13,6 +13,7 @@
 //! - **Verified.** Every record read is checked against its checksum; a damaged one is
 //!   [`Error::Corrupt`] with the session and position, never skipped.
 
+pub mod access;
 mod any;
 pub mod blobs;
 mod checkpoint;
@@ -34,6 +35,7 @@ use steadfast_log::record;
 use steadfast_log::{Event, Record};
 
 pub mod interrupt;
+pub use access::{AuditEntry, Scope, ServiceToken};
 pub use any::{redacted, AnyWorld};
 pub use checkpoint::load_state;
 pub use heartbeat::Heartbeat;
@@ -403,6 +405,38 @@ pub trait World: Send + Sync + 'static {
 
     /// Forgets owner `owner`'s credential `name`; whether there was one.
     fn vault_delete(&self, owner: &str, name: &str) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Stores a token issued through the API ([`access`]); its id is new.
+    fn token_issue(&self, token: &ServiceToken) -> impl Future<Output = Result<()>> + Send;
+
+    /// Every issued token, revoked ones too, newest first.
+    fn tokens(&self) -> impl Future<Output = Result<Vec<ServiceToken>>> + Send;
+
+    /// The issued token with this hash, live or not.
+    fn token_by_hash(
+        &self,
+        hash: &str,
+    ) -> impl Future<Output = Result<Option<ServiceToken>>> + Send;
+
+    /// Revokes token `id` at `at_ms` (kept, listed as revoked); whether there was a
+    /// live one.
+    fn token_revoke(&self, id: &str, at_ms: u64) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Appends an entry to the audit log (its id and time are the store's).
+    fn audit(
+        &self,
+        actor: &str,
+        action: &str,
+        target: &str,
+        detail: &serde_json::Value,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Up to `limit` audit entries after id `after`, oldest first.
+    fn audit_log(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<AuditEntry>>> + Send;
 
     /// A counter that moves when sessions change, so stream tails and idle workers
     /// wake at once. SQLite: this process's appends and posts (other processes' are

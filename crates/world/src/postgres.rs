@@ -43,6 +43,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (10, include_str!("postgres/010_outbox.sql")),
     (11, include_str!("postgres/011_vault.sql")),
     (12, include_str!("postgres/012_listing.sql")),
+    (13, include_str!("postgres/013_access.sql")),
 ];
 const UNIQUE_VIOLATION: &str = "23505";
 const STALE_FENCE: &str = "SF001";
@@ -440,6 +441,23 @@ const SUMMARY_COLUMNS: &str =
      FROM steadfast_sessions s LEFT JOIN LATERAL (\
        SELECT e.seq, e.at_ms FROM steadfast_events e WHERE e.session_id = s.id \
        ORDER BY e.seq DESC LIMIT 1) tail ON true";
+
+const TOKEN_COLUMNS: &str =
+    "id, name, owner, scopes, hash, created_at_ms, created_by, expires_at_ms, revoked_at_ms";
+
+fn service_token(r: &Row) -> crate::ServiceToken {
+    crate::ServiceToken {
+        id: r.get(0),
+        name: r.get(1),
+        owner: r.get(2),
+        scopes: crate::access::scopes_of(r.get(3)),
+        hash: r.get(4),
+        created_at_ms: to_u64(r.get(5)),
+        created_by: r.get(6),
+        expires_at_ms: r.get::<_, Option<i64>>(7).map(to_u64),
+        revoked_at_ms: r.get::<_, Option<i64>>(8).map(to_u64),
+    }
+}
 
 /// How PostgreSQL spells a listing's filters.
 const DIALECT: crate::listing::Dialect = crate::listing::Dialect {
@@ -1270,6 +1288,104 @@ impl World for PostgresWorld {
             .await
             .map_err(db)?;
         Ok(n > 0)
+    }
+
+    async fn token_issue(&self, token: &crate::ServiceToken) -> Result<()> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO steadfast_tokens (id, name, owner, scopes, hash, created_at_ms, created_by, expires_at_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                &[
+                    &token.id,
+                    &token.name,
+                    &token.owner,
+                    &crate::access::scopes_text(&token.scopes),
+                    &token.hash,
+                    &(token.created_at_ms as i64),
+                    &token.created_by,
+                    &token.expires_at_ms.map(|t| t as i64),
+                ],
+            )
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn tokens(&self) -> Result<Vec<crate::ServiceToken>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                &format!("SELECT {TOKEN_COLUMNS} FROM steadfast_tokens ORDER BY created_at_ms DESC, id DESC"),
+                &[],
+            )
+            .await
+            .map_err(db)?;
+        Ok(rows.iter().map(service_token).collect())
+    }
+
+    async fn token_by_hash(&self, hash: &str) -> Result<Option<crate::ServiceToken>> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&format!(
+                "SELECT {TOKEN_COLUMNS} FROM steadfast_tokens WHERE hash = $1"
+            ))
+            .await
+            .map_err(db)?;
+        let row = client.query_opt(&statement, &[&hash]).await.map_err(db)?;
+        Ok(row.as_ref().map(service_token))
+    }
+
+    async fn token_revoke(&self, id: &str, at_ms: u64) -> Result<bool> {
+        let client = self.client().await?;
+        let n = client
+            .execute(
+                "UPDATE steadfast_tokens SET revoked_at_ms = $2 WHERE id = $1 AND revoked_at_ms IS NULL",
+                &[&id, &(at_ms as i64)],
+            )
+            .await
+            .map_err(db)?;
+        Ok(n > 0)
+    }
+
+    async fn audit(
+        &self,
+        actor: &str,
+        action: &str,
+        target: &str,
+        detail: &serde_json::Value,
+    ) -> Result<()> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO steadfast_audit (at_ms, actor, action, target, detail) VALUES ($1, $2, $3, $4, $5)",
+                &[&(now_ms() as i64), &actor, &action, &target, &detail.to_string()],
+            )
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn audit_log(&self, after: u64, limit: usize) -> Result<Vec<crate::AuditEntry>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT id, at_ms, actor, action, target, detail FROM steadfast_audit WHERE id > $1 ORDER BY id LIMIT $2",
+                &[&(after as i64), &(limit as i64)],
+            )
+            .await
+            .map_err(db)?;
+        Ok(rows
+            .iter()
+            .map(|r| crate::AuditEntry {
+                id: to_u64(r.get(0)),
+                at_ms: to_u64(r.get(1)),
+                actor: r.get(2),
+                action: r.get(3),
+                target: r.get(4),
+                detail: serde_json::from_str(r.get(5)).unwrap_or(serde_json::Value::Null),
+            })
+            .collect())
     }
 
     async fn census(&self) -> Result<crate::Census> {

@@ -17,8 +17,31 @@ use crate::{
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records the last.
 const MIGRATIONS: &[&str] = &[
-    SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7,
+    SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7, SCHEMA_V8,
 ];
+
+/// Tokens issued through the API, and the audit log ([`crate::access`]).
+const SCHEMA_V8: &str = r#"
+CREATE TABLE tokens (
+    id            TEXT PRIMARY KEY,
+    name          TEXT NOT NULL,
+    owner         TEXT NOT NULL,
+    scopes        TEXT NOT NULL,
+    hash          TEXT NOT NULL UNIQUE,
+    created_at_ms INTEGER NOT NULL,
+    created_by    TEXT NOT NULL,
+    expires_at_ms INTEGER,
+    revoked_at_ms INTEGER
+);
+CREATE TABLE audit (
+    id     INTEGER PRIMARY KEY AUTOINCREMENT,
+    at_ms  INTEGER NOT NULL,
+    actor  TEXT NOT NULL,
+    action TEXT NOT NULL,
+    target TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+"#;
 
 /// Sessions listed by owner a page at a time ([`crate::listing`]): what they run,
 /// their labels and metadata, a title the owner set, and the index a page reads.
@@ -420,6 +443,23 @@ fn summary(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionSummary> {
         agent: r.get(7)?,
         labels: crate::listing::parse_map(&r.get::<_, String>(8)?),
         metadata: crate::listing::parse_map(&r.get::<_, String>(9)?),
+    })
+}
+
+const TOKEN_COLUMNS: &str =
+    "id, name, owner, scopes, hash, created_at_ms, created_by, expires_at_ms, revoked_at_ms";
+
+fn service_token(r: &rusqlite::Row<'_>) -> rusqlite::Result<crate::ServiceToken> {
+    Ok(crate::ServiceToken {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        owner: r.get(2)?,
+        scopes: crate::access::scopes_of(&r.get::<_, String>(3)?),
+        hash: r.get(4)?,
+        created_at_ms: r.get(5)?,
+        created_by: r.get(6)?,
+        expires_at_ms: r.get(7)?,
+        revoked_at_ms: r.get(8)?,
     })
 }
 
@@ -1084,6 +1124,119 @@ impl World for SqliteWorld {
                 )
                 .map_err(backend)?;
             Ok(n > 0)
+        })
+        .await
+    }
+
+    async fn token_issue(&self, token: &crate::ServiceToken) -> Result<()> {
+        let t = token.clone();
+        self.with(move |conn| {
+            conn.execute(
+                "INSERT INTO tokens (id, name, owner, scopes, hash, created_at_ms, created_by, expires_at_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    t.id,
+                    t.name,
+                    t.owner,
+                    crate::access::scopes_text(&t.scopes),
+                    t.hash,
+                    t.created_at_ms,
+                    t.created_by,
+                    t.expires_at_ms
+                ],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn tokens(&self) -> Result<Vec<crate::ServiceToken>> {
+        self.with(|conn| {
+            conn.prepare_cached(&format!(
+                "SELECT {TOKEN_COLUMNS} FROM tokens ORDER BY created_at_ms DESC, id DESC"
+            ))
+            .map_err(backend)?
+            .query_map([], service_token)
+            .map_err(backend)?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(backend)
+        })
+        .await
+    }
+
+    async fn token_by_hash(&self, hash: &str) -> Result<Option<crate::ServiceToken>> {
+        let hash = hash.to_string();
+        self.with(move |conn| {
+            conn.prepare_cached(&format!(
+                "SELECT {TOKEN_COLUMNS} FROM tokens WHERE hash = ?1"
+            ))
+            .map_err(backend)?
+            .query_row([hash], service_token)
+            .optional()
+            .map_err(backend)
+        })
+        .await
+    }
+
+    async fn token_revoke(&self, id: &str, at_ms: u64) -> Result<bool> {
+        let id = id.to_string();
+        self.with(move |conn| {
+            let n = conn
+                .execute(
+                    "UPDATE tokens SET revoked_at_ms = ?2 WHERE id = ?1 AND revoked_at_ms IS NULL",
+                    params![id, at_ms],
+                )
+                .map_err(backend)?;
+            Ok(n > 0)
+        })
+        .await
+    }
+
+    async fn audit(
+        &self,
+        actor: &str,
+        action: &str,
+        target: &str,
+        detail: &serde_json::Value,
+    ) -> Result<()> {
+        let (actor, action, target, detail) = (
+            actor.to_string(),
+            action.to_string(),
+            target.to_string(),
+            detail.to_string(),
+        );
+        self.with(move |conn| {
+            conn.execute(
+                "INSERT INTO audit (at_ms, actor, action, target, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![now_ms(), actor, action, target, detail],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn audit_log(&self, after: u64, limit: usize) -> Result<Vec<crate::AuditEntry>> {
+        self.with(move |conn| {
+            conn.prepare_cached(
+                "SELECT id, at_ms, actor, action, target, detail FROM audit WHERE id > ?1 ORDER BY id LIMIT ?2",
+            )
+            .map_err(backend)?
+            .query_map(params![after, limit as i64], |r| {
+                Ok(crate::AuditEntry {
+                    id: r.get(0)?,
+                    at_ms: r.get(1)?,
+                    actor: r.get(2)?,
+                    action: r.get(3)?,
+                    target: r.get(4)?,
+                    detail: serde_json::from_str(&r.get::<_, String>(5)?)
+                        .unwrap_or(serde_json::Value::Null),
+                })
+            })
+            .map_err(backend)?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(backend)
         })
         .await
     }

@@ -554,3 +554,9 @@ async fn concurrent_sessions_share_commits_and_stale_holders_among_them_are_refu
         .get(0);
     assert!(shared > 0, "no two sessions' appends shared a commit");
 }
+
+#[tokio::test]
+async fn tokens_and_the_audit_log() {
+    let db = TestDb::new().await;
+    conformance::tokens_and_the_audit_log(&db.world().await).await;
+}

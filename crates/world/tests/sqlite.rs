@@ -265,3 +265,8 @@ async fn the_vault_keeps_each_owners_sealed_credentials() {
 async fn retention_prunes_deltas_in_place() {
     conformance::retention_prunes_deltas_in_place(&world().1).await;
 }
+
+#[tokio::test]
+async fn tokens_and_the_audit_log() {
+    conformance::tokens_and_the_audit_log(&world().1).await;
+}
