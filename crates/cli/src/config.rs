@@ -178,6 +178,9 @@ pub struct TokenConfig {
     pub owner: String,
     /// BLAKE3 of the token, hex.
     pub token_hash: String,
+    /// What it allows: `read`, `run`, `admin` (default `["read", "run"]`; an operator's
+    /// token asks for `admin` to issue tokens and read the audit log).
+    pub scopes: Option<Vec<steadfast_world::Scope>>,
 }
 
 /// How to reach one provider.

@@ -3,10 +3,11 @@
 
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
+use steadfast_world::{Scope, World};
 
 use crate::error::ApiError;
 
-/// A configured token: its owner and the hex BLAKE3 hash of the token.
+/// A configured token: its owner, the hex BLAKE3 hash of the token and its scopes.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct TokenEntry {
@@ -14,6 +15,21 @@ pub struct TokenEntry {
     pub owner: String,
     /// `hash_token(token)`.
     pub token_hash: String,
+    /// What it allows; default [`DEFAULT_SCOPES`] (`admin` must be asked for).
+    #[serde(default)]
+    pub scopes: Option<Vec<Scope>>,
+}
+
+/// What a token allows unless it says otherwise: its owner's sessions and vault.
+pub const DEFAULT_SCOPES: [Scope; 2] = [Scope::Read, Scope::Run];
+
+/// Who a request acts as, and what it may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The owner whose sessions it reaches.
+    pub owner: String,
+    /// What it may do.
+    pub scopes: Vec<Scope>,
 }
 
 /// How requests are authenticated.
@@ -21,8 +37,8 @@ pub struct TokenEntry {
 pub enum AuthMode {
     /// Bearer tokens required: a static one, or a JWT of the configured issuer.
     Tokens {
-        /// Static tokens' hashes and owners.
-        tokens: Vec<(blake3::Hash, String)>,
+        /// Static tokens' hashes, owners and scopes.
+        tokens: Vec<(blake3::Hash, Caller)>,
         /// The OpenID Connect issuer whose tokens are accepted too.
         oidc: Option<std::sync::Arc<crate::oidc::Oidc>>,
     },
@@ -91,7 +107,13 @@ impl Auth {
             let hash = blake3::Hash::from_hex(&t.token_hash).map_err(|e| {
                 format!("token hash for {} is not a BLAKE3 hex digest: {e}", t.owner)
             })?;
-            parsed.push((hash, t.owner.clone()));
+            parsed.push((
+                hash,
+                Caller {
+                    owner: t.owner.clone(),
+                    scopes: t.scopes.clone().unwrap_or_else(|| DEFAULT_SCOPES.to_vec()),
+                },
+            ));
         }
         Ok(Auth {
             mode: AuthMode::Tokens {
@@ -114,12 +136,24 @@ impl Auth {
         }
     }
 
-    /// The owner a request acts as.
-    pub(crate) async fn owner(&self, headers: &HeaderMap) -> Result<String, ApiError> {
+    /// Who a request acts as: a static token, a JWT of the OpenID issuer, or a token
+    /// issued through the API (looked up in `world`); in development, `local` with
+    /// every scope; in public mode, `public` without `admin`.
+    pub(crate) async fn caller<W: World>(
+        &self,
+        headers: &HeaderMap,
+        world: &W,
+    ) -> Result<Caller, ApiError> {
         let unauthorized = |m: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", m);
         match &self.mode {
-            AuthMode::Development => Ok("local".into()),
-            AuthMode::Public { .. } => Ok("public".into()),
+            AuthMode::Development => Ok(Caller {
+                owner: "local".into(),
+                scopes: Scope::ALL.to_vec(),
+            }),
+            AuthMode::Public { .. } => Ok(Caller {
+                owner: "public".into(),
+                scopes: DEFAULT_SCOPES.to_vec(),
+            }),
             AuthMode::Closed => Err(unauthorized(
                 "this server runs in production mode with no authentication configured, so it refuses every request",
             )),
@@ -134,15 +168,28 @@ impl Auth {
                 let token = token.trim();
                 let presented = blake3::hash(token.as_bytes());
                 // blake3::Hash compares in constant time.
-                if let Some((_, owner)) = tokens.iter().find(|(hash, _)| *hash == presented) {
-                    return Ok(owner.clone());
+                if let Some((_, caller)) = tokens.iter().find(|(hash, _)| *hash == presented) {
+                    return Ok(caller.clone());
                 }
-                match oidc {
-                    Some(oidc) if crate::oidc::Oidc::looks_like_jwt(token) => {
-                        oidc.owner(token).await.map_err(|e| unauthorized(&e.to_string()))
+                if let Some(oidc) = oidc.as_ref().filter(|_| crate::oidc::Oidc::looks_like_jwt(token)) {
+                    let owner = oidc.owner(token).await.map_err(|e| unauthorized(&e.to_string()))?;
+                    return Ok(Caller {
+                        owner,
+                        scopes: DEFAULT_SCOPES.to_vec(),
+                    });
+                }
+                if token.starts_with(crate::routes::admin::TOKEN_PREFIX) {
+                    // Looked up by its hash, which is all the store keeps.
+                    let issued = world.token_by_hash(&presented.to_hex()).await?;
+                    if let Some(issued) = issued.filter(|t| t.is_live(steadfast_world::now_ms())) {
+                        return Ok(Caller {
+                            owner: issued.owner,
+                            scopes: issued.scopes,
+                        });
                     }
-                    _ => Err(unauthorized("unknown token")),
+                    return Err(unauthorized("unknown, expired or revoked token"));
                 }
+                Err(unauthorized("unknown token"))
             }
         }
     }

@@ -32,7 +32,7 @@ use steadfast_harness::Harness;
 use steadfast_sandbox::AnySandbox;
 use steadfast_world::World;
 
-pub use auth::{hash_token, Auth, AuthMode, TokenEntry};
+pub use auth::{hash_token, Auth, AuthMode, Caller, TokenEntry, DEFAULT_SCOPES};
 pub use error::ApiError;
 pub use listen::{serve, ServeOptions};
 pub use metrics::metrics_router;
@@ -74,6 +74,48 @@ pub struct ServerState<W> {
     /// [`UNPACK_FACTOR`] times that.
     pub max_upload: usize,
     pub(crate) limiter: limits::RateLimiter,
+}
+
+impl<W: World + Clone> ServerState<W> {
+    /// The owner a request acts as, if its token allows `scope` (`run` includes
+    /// `read`): 401 without a valid token, 403 without the scope.
+    pub(crate) async fn owner(
+        &self,
+        headers: &axum::http::HeaderMap,
+        scope: steadfast_world::Scope,
+    ) -> Result<String, ApiError> {
+        use steadfast_world::Scope;
+        let caller = self.auth.caller(headers, self.harness.world()).await?;
+        let allowed = caller.scopes.contains(&scope)
+            || (scope == Scope::Read && caller.scopes.contains(&Scope::Run));
+        if !allowed {
+            return Err(ApiError::new(
+                axum::http::StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("this token does not have the `{}` scope", scope.as_str()),
+            ));
+        }
+        Ok(caller.owner)
+    }
+
+    /// Records what `actor` did in the audit log; a failure to record is logged, not
+    /// answered (the change itself is made and durable).
+    pub(crate) async fn audit(
+        &self,
+        actor: &str,
+        action: &str,
+        target: &str,
+        detail: serde_json::Value,
+    ) {
+        if let Err(e) = self
+            .harness
+            .world()
+            .audit(actor, action, target, &detail)
+            .await
+        {
+            tracing::error!(error = %e, action, target, "could not record an audit entry");
+        }
+    }
 }
 
 impl<W> ServerState<W> {

@@ -339,3 +339,101 @@ pub struct CredentialList {
     /// By name.
     pub credentials: Vec<Credential>,
 }
+
+/// A token issued through the API, as listed: never the token itself.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"id": "tok_01931f7c", "name": "ci pipeline", "owner": "ci-bot", "scopes": ["read", "run"], "created_at_ms": 1764640000000_u64, "created_by": "admin", "expires_at_ms": null, "revoked_at_ms": null}))]
+pub struct TokenInfo {
+    /// Its id, which revocation names.
+    pub id: String,
+    /// What it is for.
+    pub name: String,
+    /// Who it acts as.
+    pub owner: String,
+    /// What it allows: `read`, `run`, `admin`.
+    pub scopes: Vec<String>,
+    /// Issued, ms since the Unix epoch.
+    pub created_at_ms: u64,
+    /// Who issued it.
+    pub created_by: String,
+    /// When it stops working, if it does.
+    #[schema(required = true)]
+    pub expires_at_ms: Option<u64>,
+    /// When it was revoked, if it was.
+    #[schema(required = true)]
+    pub revoked_at_ms: Option<u64>,
+}
+
+impl From<steadfast_world::ServiceToken> for TokenInfo {
+    fn from(t: steadfast_world::ServiceToken) -> Self {
+        TokenInfo {
+            id: t.id,
+            name: t.name,
+            owner: t.owner,
+            scopes: t.scopes.iter().map(|s| s.as_str().to_string()).collect(),
+            created_at_ms: t.created_at_ms,
+            created_by: t.created_by,
+            expires_at_ms: t.expires_at_ms,
+            revoked_at_ms: t.revoked_at_ms,
+        }
+    }
+}
+
+/// A token just issued: the token, shown this once, and what it is.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct IssuedToken {
+    /// The bearer token (`sft_...`); the server keeps only its hash.
+    pub token: String,
+    /// What was issued.
+    pub issued: TokenInfo,
+}
+
+/// Every issued token.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TokenList {
+    /// Newest first.
+    pub tokens: Vec<TokenInfo>,
+}
+
+/// One entry of the audit log.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"id": 7, "at_ms": 1764640000000_u64, "actor": "admin", "action": "token.issued", "target": "tok_01931f7c", "detail": {"owner": "ci-bot", "scopes": ["read", "run"]}}))]
+pub struct AuditEntry {
+    /// Increasing.
+    pub id: u64,
+    /// When, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// Who: the owner the caller's token acts as (`operator`: the configuration).
+    pub actor: String,
+    /// What: `token.issued`, `token.revoked`, `vault.put`, `vault.deleted`,
+    /// `ceilings.set`, `session.created`, `session.changed`, `session.closed`,
+    /// `session.deleted`.
+    pub action: String,
+    /// On what: a token's id, a credential's name, a session's id.
+    pub target: String,
+    /// Details of the change.
+    #[schema(value_type = Object)]
+    pub detail: serde_json::Value,
+}
+
+impl From<steadfast_world::AuditEntry> for AuditEntry {
+    fn from(e: steadfast_world::AuditEntry) -> Self {
+        AuditEntry {
+            id: e.id,
+            at_ms: e.at_ms,
+            actor: e.actor,
+            action: e.action,
+            target: e.target,
+            detail: e.detail,
+        }
+    }
+}
+
+/// A page of the audit log.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AuditPage {
+    /// Oldest first.
+    pub entries: Vec<AuditEntry>,
+    /// Pass as `after` for the next page.
+    pub next_after: u64,
+}

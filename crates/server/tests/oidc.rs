@@ -115,6 +115,7 @@ async fn tokens_of_the_identity_provider_act_as_their_subject() {
     let statics = [TokenEntry {
         owner: "bob".into(),
         token_hash: hash_token("bob-secret"),
+        scopes: None,
     }];
     let auth = Auth::with_oidc(&statics, Some(oidc), true, None).unwrap();
     let srv = server(json!([]), auth, 0, |_| {}).await;

@@ -140,6 +140,7 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
         .map(|t| TokenEntry {
             owner: t.owner.clone(),
             token_hash: t.token_hash.clone(),
+            scopes: t.scopes.clone(),
         })
         .collect();
     let public_cap = if args.public {
@@ -173,6 +174,18 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
     );
     state.ceilings = config.server.ceilings.bounds();
     state.defaults = config.limits.bounds();
+    use steadfast_world::World as _;
+    // Ceilings change only with the configuration: each server records those it
+    // enforces as it starts, so the audit log says which were in force when.
+    harness
+        .world()
+        .audit(
+            "operator",
+            "ceilings.set",
+            &steadfast_world::host_id(),
+            &serde_json::json!({"ceilings": state.ceilings, "defaults": state.defaults}),
+        )
+        .await?;
     state.cors_origins = config.server.cors_origins.clone();
     state.vault = harness.options().vault.clone();
     if let Some(n) = config.server.messages_per_minute {

@@ -77,7 +77,7 @@ pub(crate) async fn post_message<W: World + Clone>(
     Path(id): Path<String>,
     Body(req): Body<PostMessage>,
 ) -> Result<Response, ApiError> {
-    let owner = state.auth.owner(&headers).await?;
+    let owner = state.owner(&headers, steadfast_world::Scope::Run).await?;
     let summary = owned(&state, &id, &owner).await?;
     if req.text.trim().is_empty() {
         return Err(ApiError::new(
@@ -179,7 +179,7 @@ pub(crate) async fn events<W: World + Clone>(
     Path(id): Path<String>,
     query: Result<Query<Cursor>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let owner = state.auth.owner(&headers).await?;
+    let owner = state.owner(&headers, steadfast_world::Scope::Read).await?;
     owned(&state, &id, &owner).await?;
     let Query(query) = query.map_err(|e| {
         ApiError::new(
@@ -299,7 +299,7 @@ pub(crate) async fn signal<W: World + Clone>(
     query: Result<Query<SignalQuery>, axum::extract::rejection::QueryRejection>,
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<wire::SignalAccepted>), ApiError> {
-    let owner = state.auth.owner(&headers).await?;
+    let owner = state.owner(&headers, steadfast_world::Scope::Run).await?;
     owned(&state, &id, &owner).await?;
     let Query(query) = query.map_err(|e| {
         ApiError::new(
@@ -425,7 +425,7 @@ pub(crate) async fn tool_result<W: World + Clone>(
     Path(id): Path<String>,
     Body(req): Body<ToolResult>,
 ) -> Result<(StatusCode, Json<wire::SignalAccepted>), ApiError> {
-    let owner = state.auth.owner(&headers).await?;
+    let owner = state.owner(&headers, steadfast_world::Scope::Run).await?;
     owned(&state, &id, &owner).await?;
     let session = state.harness.state(&id).await?;
     let awaited = session

@@ -1,5 +1,6 @@
 //! Routes: `/v1/sessions...`, `/openapi.json`, `/healthz`, and a JSON 404 for the rest.
 
+pub(crate) mod admin;
 pub(crate) mod messages;
 pub(crate) mod sessions;
 pub(crate) mod uploads;
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 use steadfast_world::World;
 
@@ -60,6 +61,12 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
             post(uploads::create::<W>).layer(DefaultBodyLimit::max(state.max_upload)),
         )
         .route("/v1/agents", get(sessions::agents::<W>))
+        .route(
+            "/v1/admin/tokens",
+            post(admin::issue::<W>).get(admin::list::<W>),
+        )
+        .route("/v1/admin/tokens/{id}", delete(admin::revoke::<W>))
+        .route("/v1/audit", get(admin::audit::<W>))
         .route("/v1/vaults", get(vaults::list::<W>))
         .route(
             "/v1/vaults/{name}",

@@ -200,7 +200,7 @@ pub(crate) async fn create<W: World + Clone>(
     headers: HeaderMap,
     Body(req): Body<CreateSession>,
 ) -> Result<(StatusCode, Json<wire::Created>), ApiError> {
-    let owner = state.auth.owner(&headers).await?;
+    let owner = state.owner(&headers, steadfast_world::Scope::Run).await?;
     state.creation_allowed(&owner)?;
     let invalid = |m: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", m);
     let described = steadfast_world::SessionPatch {
@@ -380,7 +380,7 @@ pub(crate) async fn create<W: World + Clone>(
     let mut new = NewSession::native(&model, &root);
     new.workspace_id = Some(workspace_id.clone());
     new.agent = agent;
-    new.owner = owner;
+    new.owner = owner.clone();
     new.task = req.task;
     new.budget_micro_usd = limits.max_cost_micro_usd;
     new.limits = limits;
@@ -392,7 +392,14 @@ pub(crate) async fn create<W: World + Clone>(
     new.git = git;
     new.mcp_servers = mcp_servers;
     new.described = described;
+    let audited = serde_json::json!({
+        "agent": new.agent,
+        "model": model,
+        "labels": new.described.labels,
+        "limits": new.limits,
+    });
     let id = state.harness.start_session(new).await?;
+    state.audit(&owner, "session.created", &id, audited).await;
     made.keep();
     let summary = state.harness.world().session(&id).await?;
     Ok((
@@ -629,7 +636,7 @@ pub(crate) async fn list<W: World + Clone>(
     headers: HeaderMap,
     query: Result<axum::extract::Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<wire::SessionList>, ApiError> {
-    let owner = state.auth.owner(&headers).await?;
+    let owner = state.owner(&headers, steadfast_world::Scope::Read).await?;
     if matches!(state.auth.mode, AuthMode::Public { .. }) {
         // In public mode a session id is the capability: there is no listing.
         return Err(ApiError::new(
@@ -692,7 +699,7 @@ pub(crate) async fn update<W: World + Clone>(
     Path(id): Path<String>,
     Body(req): Body<UpdateSession>,
 ) -> Result<Json<wire::Session>, ApiError> {
-    let owner = state.auth.owner(&headers).await?;
+    let owner = state.owner(&headers, steadfast_world::Scope::Run).await?;
     owned(&state, &id, &owner).await?;
     let patch = steadfast_world::SessionPatch {
         title: req.title,
@@ -703,6 +710,14 @@ pub(crate) async fn update<W: World + Clone>(
         .check()
         .map_err(|m| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", m))?;
     state.harness.world().update_session(&id, &patch).await?;
+    state
+        .audit(
+            &owner,
+            "session.changed",
+            &id,
+            serde_json::json!({"title": patch.title, "labels": patch.labels, "metadata": patch.metadata.keys().collect::<Vec<_>>()}),
+        )
+        .await;
     show(State(state), headers, Path(id)).await
 }
 
@@ -724,7 +739,7 @@ pub(crate) async fn show<W: World + Clone>(
     Path(id): Path<String>,
 ) -> Result<Json<wire::Session>, ApiError> {
     use steadfast_log::Status;
-    let owner = state.auth.owner(&headers).await?;
+    let owner = state.owner(&headers, steadfast_world::Scope::Read).await?;
     let summary = owned(&state, &id, &owner).await?;
     let s = state.harness.state(&id).await?;
     let status = match (&s.retry, s.status) {
@@ -802,7 +817,7 @@ pub(crate) async fn interrupt<W: World + Clone>(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<wire::Interrupting>), ApiError> {
-    let owner = state.auth.owner(&headers).await?;
+    let owner = state.owner(&headers, steadfast_world::Scope::Run).await?;
     let summary = owned(&state, &id, &owner).await?;
     if !matches!(summary.status.as_str(), "running" | "waiting" | "retrying") {
         return Err(ApiError::new(
@@ -845,9 +860,17 @@ pub(crate) async fn close<W: World + Clone>(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<wire::Closed>, ApiError> {
-    let owner = state.auth.owner(&headers).await?;
+    let owner = state.owner(&headers, steadfast_world::Scope::Run).await?;
     owned(&state, &id, &owner).await?;
     let ended = state.harness.close_session(&id, &owner).await?;
+    state
+        .audit(
+            &owner,
+            "session.closed",
+            &id,
+            serde_json::json!({"status": ended.to_string()}),
+        )
+        .await;
     Ok(Json(wire::Closed {
         id,
         status: ended.to_string(),
@@ -876,9 +899,12 @@ pub(crate) async fn delete<W: World + Clone>(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let owner = state.auth.owner(&headers).await?;
+    let owner = state.owner(&headers, steadfast_world::Scope::Run).await?;
     owned(&state, &id, &owner).await?;
     let s = state.harness.delete_session(&id, &owner).await?;
+    state
+        .audit(&owner, "session.deleted", &id, serde_json::json!({}))
+        .await;
     // This host's copy of a logical workspace goes too (other hosts' copies go with
     // their next `steadfast gc`); its snapshot objects are shared by content and
     // reclaimed by garbage collection. A user's own directory is never removed.
@@ -921,7 +947,7 @@ pub(crate) async fn diff<W: World + Clone>(
     Path(id): Path<String>,
     query: Result<axum::extract::Query<DiffQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<steadfast_harness::WorkspaceDiff>, ApiError> {
-    let owner = state.auth.owner(&headers).await?;
+    let owner = state.owner(&headers, steadfast_world::Scope::Read).await?;
     owned(&state, &id, &owner).await?;
     let axum::extract::Query(q) = query.map_err(|e| {
         ApiError::new(
@@ -977,7 +1003,7 @@ pub(crate) async fn files<W: World + Clone>(
     Path(id): Path<String>,
     query: AtQueryResult,
 ) -> Result<Json<steadfast_harness::WorkspaceListing>, ApiError> {
-    let owner = state.auth.owner(&headers).await?;
+    let owner = state.owner(&headers, steadfast_world::Scope::Read).await?;
     owned(&state, &id, &owner).await?;
     Ok(Json(state.harness.files(&id, at_query(query)?).await?))
 }
@@ -1006,7 +1032,7 @@ pub(crate) async fn file<W: World + Clone>(
     query: AtQueryResult,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
-    let owner = state.auth.owner(&headers).await?;
+    let owner = state.owner(&headers, steadfast_world::Scope::Read).await?;
     owned(&state, &id, &owner).await?;
     let bytes = state.harness.file(&id, &path, at_query(query)?).await?;
     Ok((
@@ -1042,7 +1068,7 @@ pub(crate) async fn archive<W: World + Clone>(
     query: AtQueryResult,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
-    let owner = state.auth.owner(&headers).await?;
+    let owner = state.owner(&headers, steadfast_world::Scope::Read).await?;
     owned(&state, &id, &owner).await?;
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let at = state.harness.archive(&id, at_query(query)?, tx).await?;
@@ -1085,7 +1111,7 @@ pub(crate) async fn integrity<W: World + Clone>(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<wire::Integrity>, ApiError> {
-    let owner = state.auth.owner(&headers).await?;
+    let owner = state.owner(&headers, steadfast_world::Scope::Read).await?;
     owned(&state, &id, &owner).await?;
     let records = state.harness.world().read(&id, 1).await?;
     let damaged = state.harness.blobs().damaged(&records).await;
@@ -1113,7 +1139,7 @@ pub(crate) async fn agents<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
 ) -> Result<Json<wire::AgentList>, ApiError> {
-    state.auth.owner(&headers).await?;
+    state.owner(&headers, steadfast_world::Scope::Read).await?;
     Ok(Json(wire::AgentList {
         agents: state.harness.agents(),
     }))

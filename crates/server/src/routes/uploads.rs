@@ -44,7 +44,7 @@ pub(crate) async fn create<W: World + Clone>(
 ) -> Result<(StatusCode, Json<wire::Upload>), ApiError> {
     // Nothing of the body is read before the caller is known and the request is one
     // this route takes: an anonymous caller cannot make the server hold uploads.
-    let owner = state.auth.owner(&headers).await?;
+    let owner = state.owner(&headers, steadfast_world::Scope::Run).await?;
     state.creation_allowed(&owner)?;
     let content_type = headers
         .get(axum::http::header::CONTENT_TYPE)

@@ -26,11 +26,12 @@ pub(crate) struct PutCredential {
 }
 
 /// The owner a vault request acts as, and the keys that seal for this server.
-async fn vault_of<W>(
+async fn vault_of<W: World + Clone>(
     state: &crate::ServerState<W>,
     headers: &HeaderMap,
+    scope: steadfast_world::Scope,
 ) -> Result<(String, std::sync::Arc<steadfast_world::VaultKeys>), ApiError> {
-    let owner = state.auth.owner(headers).await?;
+    let owner = state.owner(headers, scope).await?;
     if matches!(state.auth.mode, AuthMode::Public { .. }) {
         // Anonymous callers share one owner: a vault would be everyone's.
         return Err(ApiError::new(
@@ -98,7 +99,7 @@ pub(crate) async fn put<W: World + Clone>(
     Path(name): Path<String>,
     Body(req): Body<PutCredential>,
 ) -> Result<StatusCode, ApiError> {
-    let (owner, keys) = vault_of(&state, &headers).await?;
+    let (owner, keys) = vault_of(&state, &headers, steadfast_world::Scope::Run).await?;
     check_name(&name)?;
     if req.value.is_empty() || req.value.len() > MAX_VALUE {
         return Err(ApiError::new(
@@ -113,6 +114,10 @@ pub(crate) async fn put<W: World + Clone>(
         .world()
         .vault_put(&owner, &name, &sealed)
         .await?;
+    // The name only: a credential's value is never recorded anywhere.
+    state
+        .audit(&owner, "vault.put", &name, serde_json::json!({}))
+        .await;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -132,7 +137,7 @@ pub(crate) async fn list<W: World + Clone>(
     State(state): State<Shared<W>>,
     headers: HeaderMap,
 ) -> Result<Json<wire::CredentialList>, ApiError> {
-    let (owner, _) = vault_of(&state, &headers).await?;
+    let (owner, _) = vault_of(&state, &headers, steadfast_world::Scope::Read).await?;
     let entries = state.harness.world().vault_list(Some(&owner)).await?;
     Ok(Json(wire::CredentialList {
         credentials: entries
@@ -163,8 +168,11 @@ pub(crate) async fn delete<W: World + Clone>(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let (owner, _) = vault_of(&state, &headers).await?;
+    let (owner, _) = vault_of(&state, &headers, steadfast_world::Scope::Run).await?;
     if state.harness.world().vault_delete(&owner, &name).await? {
+        state
+            .audit(&owner, "vault.deleted", &name, serde_json::json!({}))
+            .await;
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::new(

@@ -124,6 +124,7 @@ pub fn tokens() -> Auth {
         [("alice", "alice-secret"), ("bob", "bob-secret")].map(|(owner, token)| TokenEntry {
             owner: owner.into(),
             token_hash: hash_token(token),
+            scopes: None,
         });
     Auth::new(&entries, true, None).unwrap()
 }
