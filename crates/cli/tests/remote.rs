@@ -239,3 +239,63 @@ async fn the_cli_reads_and_controls_sessions_through_a_server_with_a_token() {
     assert!(!here.join("no-home-here").exists(), "no home was made");
     api.start_kill().unwrap();
 }
+
+/// `steadfast resume` drives an API session's turn here (no worker runs), and leaves
+/// it open: the next message through the API is taken, not refused as ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resuming_an_api_session_here_leaves_it_open() {
+    let script: Script = serde_json::from_value(json!({"steps": [
+        {"text": "First answer."},
+        {"text": "Second answer."},
+    ]}))
+    .unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let mut api = service(
+        &home,
+        &fake,
+        &["serve", "--listen", "127.0.0.1:0", "--workers", "0"],
+    )
+    .spawn()
+    .unwrap();
+    let url = common::printed_url(&mut api).await;
+    let (status, created) = common::call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions"),
+        Some(json!({"task": "say something"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap();
+    let resumed = service(&home, &fake, &["resume", id])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    assert!(
+        stderr(&resumed).contains("stays open"),
+        "{}",
+        stderr(&resumed)
+    );
+    assert_eq!(common::status(&url, id).await, "idle");
+    // Resumed again with nothing to do: still open.
+    let again = service(&home, &fake, &["resume", id])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(common::status(&url, id).await, "idle");
+    let resp = reqwest::Client::new()
+        .post(format!("{url}/v1/sessions/{id}/messages"))
+        .json(&json!({"text": "and more"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "the session takes more messages");
+    api.start_kill().unwrap();
+}

@@ -158,7 +158,7 @@ pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<
         steadfast_sandbox::describe(&harness.options().sandbox)
     );
     let mut awake = harness.wake(&id).await?;
-    let code = drive(&mut awake, args.json).await;
+    let code = drive(&mut awake, args.json, true).await;
     if !matches!(code, Ok(c) if c == ExitCode::from(130)) {
         report_changes(&harness, &id).await;
     }
@@ -254,7 +254,11 @@ pub async fn resume(home: &Path, config: &Config, args: ResumeArgs) -> anyhow::R
             state.agent
         );
     }
-    let code = drive(&mut awake, args.json).await;
+    // A session of `run` is one task, over when it is done; one made through the API
+    // (a logical workspace) takes messages for as long as its owner sends them, so
+    // driving its turn here leaves it open.
+    let one_task = !steadfast_log::is_workspace_id(&state.workspace);
+    let code = drive(&mut awake, args.json, one_task).await;
     drop(awake);
     if !matches!(code, Ok(c) if c == ExitCode::from(130)) {
         report_changes(&harness, &session).await;
@@ -364,9 +368,12 @@ fn watch<W: World + Clone, S: Sandbox>(driver: &mut Driver<'_, W, S>, running: S
     });
 }
 
+/// Drives the session until it stops; one that goes idle is ended `completed` when it
+/// is `one_task` (a session of `run`), and left open otherwise.
 async fn drive<W: World + Clone, S: Sandbox>(
     awake: &mut Awake<'_, W, S>,
     json: bool,
+    one_task: bool,
 ) -> anyhow::Result<ExitCode> {
     let running = SharedRunning::default();
     if let Awake::Native(driver) = awake {
@@ -411,8 +418,15 @@ async fn drive<W: World + Clone, S: Sandbox>(
         eprintln!(
             "steadfast: the turn was interrupted by {by}; the session stays open (idle) with everything it did so far"
         );
-    } else if stop == Stop::Idle {
+    } else if stop == Stop::Idle && one_task {
         awake.end(EndState::Completed, "task completed").await?;
+    } else if stop == Stop::Idle {
+        eprintln!(
+            "steadfast: session {} stays open (idle): it was made through the API; send it more with: {} send {} \"<text>\"",
+            awake.session(),
+            crate::home::me(),
+            awake.session()
+        );
     }
     let state = awake.state().clone();
     let reply = state.last_reply().unwrap_or_default();
@@ -475,6 +489,8 @@ async fn drive<W: World + Clone, S: Sandbox>(
     }
     Ok(match state.status {
         steadfast_log::Status::Completed => ExitCode::SUCCESS,
+        // An API session's turn done, the session open for more.
+        steadfast_log::Status::Idle if !one_task => ExitCode::SUCCESS,
         steadfast_log::Status::Escalated => ExitCode::from(2),
         _ => ExitCode::FAILURE,
     })
