@@ -77,10 +77,120 @@ impl utoipa::Modify for Bearer {
 pub fn document() -> &'static str {
     static DOCUMENT: OnceLock<String> = OnceLock::new();
     DOCUMENT.get_or_init(|| {
-        let mut text = ApiDoc::openapi()
-            .to_pretty_json()
-            .expect("the OpenAPI document serializes");
+        let mut doc =
+            serde_json::to_value(ApiDoc::openapi()).expect("the OpenAPI document serializes");
+        flatten_unions(&mut doc);
+        let mut text = serde_json::to_string_pretty(&doc).expect("JSON serializes");
         text.push('\n');
         text
     })
+}
+
+/// Rewrites what `#[serde(flatten)]` of a tagged union and newtype variants of one
+/// produce (`allOf` of a union and an object, or of a referenced object and an
+/// object) into plain objects: a union of objects each holding every field, which
+/// code generators take (openapi-python-client refuses an `allOf` over a `oneOf`, and
+/// one inside a union). What a value may be is unchanged.
+fn flatten_unions(doc: &mut serde_json::Value) {
+    let schemas = doc["components"]["schemas"].clone();
+    if let Some(all) = doc["components"]["schemas"].as_object_mut() {
+        for schema in all.values_mut() {
+            rewrite(schema, &schemas);
+            if let Some(variants) = schema.get_mut("oneOf").and_then(|v| v.as_array_mut()) {
+                for variant in variants {
+                    rewrite(variant, &schemas);
+                }
+            }
+        }
+    }
+}
+
+/// `schema` with an `allOf` of two or more parts merged, when every part is an object
+/// or one of them a union of objects.
+fn rewrite(schema: &mut serde_json::Value, schemas: &serde_json::Value) {
+    use serde_json::Value;
+    let Some(parts) = schema.get("allOf").and_then(Value::as_array).cloned() else {
+        return;
+    };
+    if parts.len() < 2 {
+        return;
+    }
+    let resolved: Vec<Value> = parts.iter().map(|p| resolve(p, schemas)).collect();
+    let unions: Vec<usize> = (0..resolved.len())
+        .filter(|&i| resolved[i].get("oneOf").is_some())
+        .collect();
+    let merged = match unions.as_slice() {
+        [] => match merge(&resolved) {
+            Some(object) => object,
+            None => return,
+        },
+        [u] => {
+            let rest: Vec<Value> = (0..resolved.len())
+                .filter(|i| i != u)
+                .map(|i| resolved[i].clone())
+                .collect();
+            let mut variants = Vec::new();
+            for variant in resolved[*u]["oneOf"].as_array().into_iter().flatten() {
+                let mut all = vec![resolve(variant, schemas)];
+                all.extend(rest.iter().cloned());
+                match merge(&all) {
+                    Some(object) => variants.push(object),
+                    None => return,
+                }
+            }
+            let mut union = serde_json::json!({ "oneOf": variants });
+            if let Some(d) = resolved[*u].get("discriminator") {
+                union["discriminator"] = d.clone();
+            }
+            union
+        }
+        _ => return,
+    };
+    let description = schema.get("description").cloned();
+    *schema = merged;
+    if let Some(d) = description {
+        schema["description"] = d;
+    }
+}
+
+/// A part as its schema: a reference followed to the component it names.
+fn resolve(part: &serde_json::Value, schemas: &serde_json::Value) -> serde_json::Value {
+    match part.get("$ref").and_then(|r| r.as_str()) {
+        Some(r) => r
+            .strip_prefix("#/components/schemas/")
+            .and_then(|name| schemas.get(name))
+            .cloned()
+            .unwrap_or_else(|| part.clone()),
+        None => part.clone(),
+    }
+}
+
+/// Objects merged into one: every property, every required name; `None` if a part is
+/// not an object.
+fn merge(parts: &[serde_json::Value]) -> Option<serde_json::Value> {
+    let mut properties = serde_json::Map::new();
+    let mut required: Vec<serde_json::Value> = Vec::new();
+    let mut description = None;
+    for part in parts {
+        if part.get("type").and_then(|t| t.as_str()) != Some("object") {
+            return None;
+        }
+        for (name, property) in part["properties"].as_object().into_iter().flatten() {
+            properties.insert(name.clone(), property.clone());
+        }
+        for name in part["required"].as_array().into_iter().flatten() {
+            if !required.contains(name) {
+                required.push(name.clone());
+            }
+        }
+        if description.is_none() {
+            description = part.get("description").cloned();
+        }
+    }
+    let mut object =
+        serde_json::json!({"type": "object", "properties": properties, "required": required});
+    if let Some(d) = description {
+        object["description"] = d;
+    }
+    Some(object)
 }

@@ -437,3 +437,16 @@ pub struct AuditPage {
     /// Pass as `after` for the next page.
     pub next_after: u64,
 }
+
+/// A message queued for a session (`POST .../messages` with `Accept: application/json`).
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"id": 12, "session": "ses_01931f7c", "after": 57}))]
+pub struct MessageQueued {
+    /// The inbox entry that carries it.
+    pub id: u64,
+    /// The session.
+    pub session: String,
+    /// The log position it was queued at: its turn's events follow it
+    /// (`GET .../events?after=N`).
+    pub after: u64,
+}

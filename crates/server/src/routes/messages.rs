@@ -53,6 +53,14 @@ fn sse<W: World + Clone>(world: W, id: String, cursor: u64, until: Until) -> Res
         .into_response()
 }
 
+/// Whether a client asks for JSON rather than a stream of server-sent events.
+fn wants_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("application/json") && !a.contains("text/event-stream"))
+}
+
 /// Queue a message (a new turn) or steer the running turn; streams the turn
 #[utoipa::path(
     post,
@@ -61,6 +69,7 @@ fn sse<W: World + Clone>(world: W, id: String, cursor: u64, until: Until) -> Res
     request_body = PostMessage,
     responses(
         (status = 200, description = "The turn's events as server-sent events (see the `events` route), ending with `end` when the turn that takes this message is over", body = wire::StreamFrame, content_type = "text/event-stream"),
+        (status = 202, description = "With `Accept: application/json`: queued, without waiting for the turn (read it from the `events` route)", body = wire::MessageQueued),
         (status = 400, description = "The body is not JSON", body = wire::Error),
         (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
         (status = 404, description = "No such session, or not the caller's", body = wire::Error),
@@ -109,6 +118,14 @@ pub(crate) async fn post_message<W: World + Clone>(
     };
     let world = state.harness.world().clone();
     let inbox_id = world.post(&id, kind, "", &Value::String(req.text)).await?;
+    if wants_json(&headers) {
+        let queued = wire::MessageQueued {
+            id: inbox_id,
+            session: id,
+            after: summary.last_seq,
+        };
+        return Ok((StatusCode::ACCEPTED, Json(queued)).into_response());
+    }
     Ok(sse(world, id, summary.last_seq, Until::Taken(inbox_id)))
 }
 
@@ -216,11 +233,7 @@ pub(crate) async fn events<W: World + Clone>(
         ));
     }
     // `Accept: application/json` pages through the same events as JSON.
-    let wants_json = headers
-        .get(axum::http::header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|a| a.contains("application/json") && !a.contains("text/event-stream"));
-    if wants_json {
+    if wants_json(&headers) {
         let limit = query.limit.unwrap_or(100);
         if limit == 0 || limit > MAX_PAGE {
             return Err(ApiError::new(

@@ -102,7 +102,7 @@ enum WorkspaceSource {
     Empty {
         /// Files to write, by path relative to the workspace.
         #[serde(default)]
-        files: BTreeMap<String, FileContent>,
+        files: SeedFiles,
     },
     /// The bundled demo project.
     Demo,
@@ -119,6 +119,11 @@ enum WorkspaceSource {
         upload: String,
     },
 }
+
+/// Files a new workspace is seeded with: path to content.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(transparent)]
+struct SeedFiles(BTreeMap<String, FileContent>);
 
 /// A seeded file's content.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -298,12 +303,12 @@ pub(crate) async fn create<W: World + Clone>(
         .map_err(|e| invalid(format!("model: {e}")))?;
 
     let source = req.workspace.unwrap_or(WorkspaceSource::Empty {
-        files: BTreeMap::new(),
+        files: SeedFiles::default(),
     });
     let mut git_secret = None;
     match &source {
         WorkspaceSource::Demo => {}
-        WorkspaceSource::Empty { files } => check_file_names(files).map_err(invalid)?,
+        WorkspaceSource::Empty { files } => check_file_names(&files.0).map_err(invalid)?,
         WorkspaceSource::Upload { upload } => {
             let valid = upload
                 .strip_prefix(super::uploads::UPLOAD_PREFIX)
@@ -363,7 +368,7 @@ pub(crate) async fn create<W: World + Clone>(
             .map_err(|e| invalid(format!("workspace.upload: {e}")))?;
         }
         WorkspaceSource::Empty { files } => {
-            for (path, content) in files {
+            for (path, content) in files.0 {
                 let target = steadfast_sandbox::confine(&root, &path)
                     .map_err(|e| invalid(format!("workspace.files: {e}")))?;
                 let unwritable = |e: std::io::Error| {
