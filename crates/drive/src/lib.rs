@@ -72,6 +72,17 @@ pub enum Error {
     Task(String),
 }
 
+/// An object a snapshot reaches that the store no longer holds as written.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct LostObject {
+    /// A snapshot that reaches it.
+    pub snapshot: String,
+    /// The object (a file's content or a directory's tree).
+    pub object: String,
+    /// `missing`, `corrupt`, or what reading it said.
+    pub problem: String,
+}
+
 /// The drive's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -415,8 +426,28 @@ impl Drive {
         self.objects.dir().to_path_buf()
     }
 
-    /// The bytes of a file in a snapshot.
-    pub fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>> {
+    /// Every object the snapshots `ids` reach that is missing from the store, or with
+    /// `read` does not hash to its name (reading every file: a full check), each
+    /// named once with the first snapshot found to reach it.
+    pub fn damage(&self, ids: &[String], read: bool) -> Vec<LostObject> {
+        let mut seen = std::collections::HashSet::new();
+        let mut lost = Vec::new();
+        for id in ids {
+            let mut found = Vec::new();
+            tree::damage(&self.objects, id, read, &mut seen, &mut found);
+            lost.extend(found.into_iter().map(|(object, problem)| LostObject {
+                snapshot: id.clone(),
+                object,
+                problem,
+            }));
+        }
+        lost
+    }
+
+    /// The bytes of a file in a snapshot; `None` if the snapshot has no file there.
+    /// An object the snapshot names but the store lost is [`Error::NotFound`] (or
+    /// [`Error::Corrupt`]): lost data, never taken for an absent file.
+    pub fn read_file(&self, id: &str, path: &str) -> Result<Option<Vec<u8>>> {
         let hash = match tree::load(&self.objects, id)? {
             Stored::Flat(manifest) => match manifest.entries.get(path) {
                 Some(Entry::File { hash, .. }) => Some(hash.clone()),
@@ -427,10 +458,7 @@ impl Drive {
                 _ => None,
             },
         };
-        match hash {
-            Some(hash) => self.objects.get(&hash),
-            None => Err(Error::NotFound(format!("{id}:{path}"))),
-        }
+        hash.map(|hash| self.objects.get(&hash)).transpose()
     }
 }
 

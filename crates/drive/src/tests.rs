@@ -453,7 +453,7 @@ fn snapshots_stored_as_one_flat_manifest_are_still_read() {
     assert_eq!(drive.manifest(&flat_id).unwrap(), flat);
     assert!(drive.diff(&flat_id, &tree_id).unwrap().is_empty());
     assert_eq!(
-        drive.read_file(&flat_id, "src/lib.rs").unwrap(),
+        drive.read_file(&flat_id, "src/lib.rs").unwrap().unwrap(),
         b"fn a() {}\n"
     );
     let fresh = d.path().join("fresh");
@@ -870,4 +870,52 @@ fn file_and_directory_modes_survive_restore_and_archive() {
     set(&other.join("frozen"), 0o755);
     set(&ws.join("frozen/inner"), 0o755);
     set(&ws.join("frozen"), 0o755);
+}
+
+/// What a snapshot lost is named object by object: a missing file content, a corrupt
+/// one (found only when reading), a missing directory tree; an absent path is no loss.
+#[test]
+fn a_snapshot_names_the_objects_it_lost() {
+    let d = tempfile::tempdir().unwrap();
+    let ws = d.path().join("ws");
+    std::fs::create_dir_all(ws.join("src/deep")).unwrap();
+    std::fs::write(ws.join("a.txt"), "alpha\n").unwrap();
+    std::fs::write(ws.join("b.txt"), "beta\n").unwrap();
+    std::fs::write(ws.join("src/deep/c.txt"), "gamma\n").unwrap();
+    let drive = Drive::open(d.path().join("drive")).unwrap();
+    let id = drive.snapshot(&ws).unwrap();
+    assert!(drive.damage(std::slice::from_ref(&id), true).is_empty());
+    assert_eq!(
+        drive.read_file(&id, "nope.txt").unwrap(),
+        None,
+        "no such file"
+    );
+
+    let object = |text: &str| blake3::hash(text.as_bytes()).to_hex().to_string();
+    let path_of = |hash: &str| drive.objects.local(hash).unwrap();
+    std::fs::remove_file(path_of(&object("alpha\n"))).unwrap();
+    std::fs::write(path_of(&object("beta\n")), "tampered\n").unwrap();
+    let lost = drive.damage(std::slice::from_ref(&id), true);
+    let named: Vec<(&str, &str)> = lost
+        .iter()
+        .map(|l| (l.object.as_str(), l.problem.as_str()))
+        .collect();
+    assert!(
+        named.contains(&(object("alpha\n").as_str(), "missing")),
+        "{lost:?}"
+    );
+    assert!(
+        named.contains(&(object("beta\n").as_str(), "corrupt")),
+        "{lost:?}"
+    );
+    assert_eq!(lost.len(), 2, "{lost:?}");
+    assert!(lost.iter().all(|l| l.snapshot == id));
+    // Without reading, only what is missing is seen.
+    let quick = drive.damage(std::slice::from_ref(&id), false);
+    assert_eq!(quick.len(), 1, "{quick:?}");
+    // A lost object is an error when read, never an absent file.
+    assert!(matches!(
+        drive.read_file(&id, "a.txt"),
+        Err(Error::NotFound(_))
+    ));
 }

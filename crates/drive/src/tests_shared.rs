@@ -100,7 +100,7 @@ fn a_snapshot_taken_on_one_host_is_restored_on_another_with_its_own_disk() {
     assert_eq!(listing(&ws), listing(&there));
     assert_eq!(a.diff(&id, &id2).unwrap().len(), 1);
     assert_eq!(
-        a.read_file(&id2, "src/deep/f3.rs").unwrap(),
+        a.read_file(&id2, "src/deep/f3.rs").unwrap().unwrap(),
         b"changed on b\n"
     );
 }

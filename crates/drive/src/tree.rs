@@ -497,6 +497,76 @@ pub(crate) fn lookup(objects: &ObjectStore, root: &str, path: &str) -> Result<Op
     Ok(None)
 }
 
+/// Adds to `out` every object reachable from snapshot `id` that is missing, or (with
+/// `read`) does not hash to its name, each once (`seen`): what a snapshot lost. A tree
+/// that cannot be read hides what is under it, so only it is named.
+pub(crate) fn damage(
+    objects: &ObjectStore,
+    id: &str,
+    read: bool,
+    seen: &mut HashSet<String>,
+    out: &mut Vec<(String, String)>,
+) {
+    if !seen.insert(id.to_string()) {
+        return;
+    }
+    let stored = match load(objects, id) {
+        Ok(stored) => stored,
+        Err(e) => {
+            out.push((id.to_string(), problem(&e)));
+            return;
+        }
+    };
+    let mut files = Vec::new();
+    let mut dirs = Vec::new();
+    match stored {
+        Stored::Flat(manifest) => {
+            for entry in manifest.entries.into_values() {
+                if let Entry::File { hash, .. } = entry {
+                    files.push(hash);
+                }
+            }
+        }
+        Stored::Tree { tree, .. } => {
+            for node in tree.tree.into_values() {
+                match node {
+                    Node::File { hash, .. } => files.push(hash),
+                    Node::Dir { tree, .. } => dirs.push(tree),
+                    _ => {}
+                }
+            }
+        }
+    }
+    for hash in files {
+        if !seen.insert(hash.clone()) {
+            continue;
+        }
+        let lost = match read {
+            true => objects.get(&hash).err().map(|e| problem(&e)),
+            false => match objects.contains(&hash) {
+                Ok(true) => None,
+                Ok(false) => Some("missing".to_string()),
+                Err(e) => Some(problem(&e)),
+            },
+        };
+        if let Some(why) = lost {
+            out.push((hash, why));
+        }
+    }
+    for dir in dirs {
+        damage(objects, &dir, read, seen, out);
+    }
+}
+
+/// How a lost object is described: `missing`, `corrupt`, or what reading it said.
+fn problem(e: &Error) -> String {
+    match e {
+        Error::NotFound(_) => "missing".into(),
+        Error::Corrupt(_) => "corrupt".into(),
+        other => format!("unreadable: {other}"),
+    }
+}
+
 /// Adds to `seen` every object reachable from snapshot `id` (trees, files, or a flat
 /// manifest's files), visiting each subtree once however many snapshots share it.
 pub(crate) fn mark(objects: &ObjectStore, id: &str, seen: &mut HashSet<String>) -> Result<()> {

@@ -206,15 +206,39 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         let missing = || Error::NoFile(format!("no file {path:?} in the workspace at #{at}"));
         let snapshot = snapshot.ok_or_else(missing)?;
         let drive = self.drive.clone();
-        let path = path.to_string();
-        let read = tokio::task::spawn_blocking(move || drive.read_file(&snapshot, &path))
+        let owned = path.to_string();
+        let read = tokio::task::spawn_blocking(move || drive.read_file(&snapshot, &owned))
             .await
             .map_err(|e| Error::Invalid(format!("read task: {e}")))?;
         match read {
-            Ok(bytes) => Ok(bytes),
-            Err(steadfast_drive::Error::NotFound(_)) => Err(missing()),
+            Ok(Some(bytes)) => Ok(bytes),
+            Ok(None) => Err(missing()),
+            Err(e @ (steadfast_drive::Error::NotFound(_) | steadfast_drive::Error::Corrupt(_))) => {
+                Err(Error::DataLost(format!(
+                    "the file {path:?} at #{at} cannot be read back as recorded: {e}"
+                )))
+            }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// What `session`'s snapshots lost from the store: every object one of them
+    /// reaches that is missing or (reading every file, `read`) corrupt.
+    pub async fn lost_objects(
+        &self,
+        records: &[steadfast_log::Record],
+        read: bool,
+    ) -> Result<Vec<steadfast_drive::LostObject>> {
+        let mut ids: Vec<String> = Vec::new();
+        for id in records.iter().flat_map(|r| r.event.snapshots()) {
+            if !ids.iter().any(|known| known == id) {
+                ids.push(id.to_string());
+            }
+        }
+        let drive = self.drive.clone();
+        tokio::task::spawn_blocking(move || drive.damage(&ids, read))
+            .await
+            .map_err(|e| Error::Invalid(format!("check task: {e}")))
     }
 }
 
@@ -233,6 +257,20 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         let (at, snapshot, at_ms) = self.snapshot_at(session, at).await?;
         let snapshot =
             snapshot.ok_or_else(|| Error::NoFile(format!("no workspace snapshot at #{at}")))?;
+        // Every object there, before the first byte: a lost one is an error, not an
+        // archive that ends short.
+        let check = (self.drive.clone(), vec![snapshot.clone()]);
+        let lost = tokio::task::spawn_blocking(move || check.0.damage(&check.1, false))
+            .await
+            .map_err(|e| Error::Invalid(format!("check task: {e}")))?;
+        if let Some(first) = lost.first() {
+            return Err(Error::DataLost(format!(
+                "the workspace at #{at} cannot be rebuilt: object {} is {} ({} lost in all)",
+                first.object,
+                first.problem,
+                lost.len()
+            )));
+        }
         let drive = self.drive.clone();
         tokio::task::spawn_blocking(move || {
             let mut out = ChunkWriter {
@@ -288,7 +326,9 @@ fn file_diffs(drive: &steadfast_drive::Drive, a: &str, b: &str) -> Result<Vec<Fi
             match entry {
                 None => Ok(Some(None)),
                 Some(Entry::File { size, .. }) if *size <= MAX_DIFFED => {
-                    let bytes = drive.read_file(snapshot, &change.path)?;
+                    let bytes = drive.read_file(snapshot, &change.path)?.ok_or_else(|| {
+                        steadfast_drive::Error::NotFound(format!("{snapshot}:{}", change.path))
+                    })?;
                     Ok(match String::from_utf8(bytes) {
                         Ok(s) if !s.contains('\0') => Some(Some(s)),
                         _ => None,

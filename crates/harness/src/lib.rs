@@ -103,6 +103,9 @@ pub enum Error {
     /// No such file in the workspace at the position asked for.
     #[error("{0}")]
     NoFile(String),
+    /// Stored data the log refers to is gone or damaged (a snapshot's object).
+    #[error("{0}")]
+    DataLost(String),
     /// A signal for a wait that is not in progress (see [`Harness::signal`]).
     #[error("{0}")]
     NotWaiting(String),

@@ -889,6 +889,27 @@ impl Event {
         }
     }
 
+    /// The workspace snapshots this record names (a session's first, a call's before
+    /// and after, a rollback's target): what must stay stored for the log to be
+    /// restorable, and what an integrity check reads.
+    pub fn snapshots(&self) -> Vec<&str> {
+        let ids = match self {
+            Event::SessionStarted {
+                initial_snapshot, ..
+            } => vec![initial_snapshot.as_deref()],
+            Event::ToolCallIntent {
+                snapshot_before, ..
+            } => vec![snapshot_before.as_deref()],
+            Event::ToolCallOutcome { snapshot_after, .. } => vec![snapshot_after.as_deref()],
+            Event::ToolCallInterrupted {
+                resolution: ToolResolution::RolledBack { snapshot },
+                ..
+            } => vec![snapshot.as_deref()],
+            _ => vec![],
+        };
+        ids.into_iter().flatten().collect()
+    }
+
     /// A session's first record with nothing but its agent, model and workspace set
     /// (no system prompt, snapshot, clock or bounds): for tests, benchmarks and tools
     /// that write logs by hand.

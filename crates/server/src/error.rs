@@ -102,6 +102,10 @@ impl From<steadfast_harness::Error> for ApiError {
             steadfast_harness::Error::NoFile(m) => {
                 ApiError::new(StatusCode::NOT_FOUND, "no_file", m)
             }
+            steadfast_harness::Error::DataLost(m) => {
+                tracing::error!(error = %m, "stored data is lost");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "data_lost", m)
+            }
             steadfast_harness::Error::NotWaiting(m) => {
                 ApiError::new(StatusCode::CONFLICT, "not_waiting", m)
             }

@@ -273,14 +273,20 @@ pub struct SignalAccepted {
 
 /// The result of checking a session's stored data.
 #[derive(Debug, Serialize, ToSchema)]
-#[schema(example = json!({"ok": false, "records": 212, "damaged": [{"seq": 88, "blob": "9f2c41d0", "problem": "missing"}]}))]
+#[schema(example = json!({"ok": false, "records": 212, "damaged": [{"seq": 88, "blob": "9f2c41d0", "problem": "missing"}], "snapshots": 14, "lost_objects": [{"snapshot": "5be1c0a2", "object": "77d0e3f9", "problem": "missing"}]}))]
 pub struct Integrity {
-    /// Whether every record and blob read back as written.
+    /// Whether every record, blob and workspace snapshot read back as written.
     pub ok: bool,
     /// Records read (each one's checksum verified).
     pub records: u64,
     /// Each record whose blob is missing or corrupt.
     pub damaged: Vec<steadfast_world::BlobDamage>,
+    /// Snapshots checked: every workspace snapshot the log names, each object of it
+    /// read back.
+    pub snapshots: u64,
+    /// Each object a snapshot reaches that is missing or corrupt, with a snapshot
+    /// that reaches it (restoring or reading the workspace there would fail).
+    pub lost_objects: Vec<steadfast_drive::LostObject>,
 }
 
 /// The agents sessions can run here.

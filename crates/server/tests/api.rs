@@ -178,7 +178,9 @@ async fn the_api_names_each_record_whose_blob_was_lost() {
         |_| {},
     )
     .await;
-    let created = srv.create(json!({"task": "print"})).await;
+    let created = srv
+        .create(json!({"task": "print", "workspace": {"kind": "empty", "files": {"notes.txt": "keep me\n"}}}))
+        .await;
     let id = created["id"].as_str().unwrap();
     wait_status(&srv.url, id, None, "idle").await;
     let integrity = format!("{}/v1/sessions/{id}/integrity", srv.url);
@@ -206,6 +208,57 @@ async fn the_api_names_each_record_whose_blob_was_lost() {
         lost[0].file_name().to_string_lossy().as_ref()
     );
     assert!(damaged["seq"].as_u64().unwrap() > 1, "{report}");
+    assert!(report["snapshots"].as_u64().unwrap() >= 1, "{report}");
+    assert_eq!(report["lost_objects"], json!([]), "{report}");
+
+    // A workspace file's stored object lost: named by the check; reading that file or
+    // the workspace there is an error, not an absent file or an archive cut short.
+    let object = blake3::hash(b"keep me\n").to_hex().to_string();
+    let stored: Vec<_> = walkdir::WalkDir::new(srv._dir.path().join("home"))
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            // Objects are stored as `ab/cdef...` (the hash's first two digits a directory).
+            e.file_name().to_string_lossy() == object[2..]
+                && e.path().parent().unwrap().ends_with(&object[..2])
+        })
+        .collect();
+    assert_eq!(stored.len(), 1, "the file's object is stored once");
+    std::fs::remove_file(stored[0].path()).unwrap();
+    let (_, report) = call(reqwest::Method::GET, &integrity, None, None).await;
+    let lost = &report["lost_objects"];
+    assert_eq!(lost.as_array().unwrap().len(), 1, "{report}");
+    assert_eq!(lost[0]["object"], object.as_str());
+    assert_eq!(lost[0]["problem"], "missing");
+    let files = format!("{}/v1/sessions/{id}/files", srv.url);
+    assert_error(
+        &call(
+            reqwest::Method::GET,
+            &format!("{files}/notes.txt"),
+            None,
+            None,
+        )
+        .await,
+        500,
+        "data_lost",
+    );
+    assert_error(
+        &call(
+            reqwest::Method::GET,
+            &format!("{files}/nope.txt"),
+            None,
+            None,
+        )
+        .await,
+        404,
+        "no_file",
+    );
+    let archive = reqwest::get(format!("{}/v1/sessions/{id}/archive", srv.url))
+        .await
+        .unwrap();
+    assert_eq!(archive.status(), 500, "refused before any byte");
+    let body: Value = archive.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "data_lost", "{body}");
 }
 
 #[tokio::test]

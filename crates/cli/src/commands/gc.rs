@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use steadfast_log::{Event, ToolResolution};
+use steadfast_log::Event;
 use steadfast_world::World;
 
 use crate::config::Config;
@@ -56,27 +56,6 @@ fn ended_turns_end(records: &[steadfast_log::Record], cutoff_ms: u64) -> u64 {
 /// How long webhook outbox entries are kept (the deliverer's retention too).
 const OUTBOX_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// Every snapshot a log mentions.
-fn snapshots(events: impl Iterator<Item = Event>, out: &mut BTreeSet<String>) {
-    for event in events {
-        let ids: Vec<Option<String>> = match event {
-            Event::SessionStarted {
-                initial_snapshot, ..
-            } => vec![initial_snapshot],
-            Event::ToolCallIntent {
-                snapshot_before, ..
-            } => vec![snapshot_before],
-            Event::ToolCallOutcome { snapshot_after, .. } => vec![snapshot_after],
-            Event::ToolCallInterrupted {
-                resolution: ToolResolution::RolledBack { snapshot },
-                ..
-            } => vec![snapshot],
-            _ => vec![],
-        };
-        out.extend(ids.into_iter().flatten());
-    }
-}
-
 pub async fn run(home: &Path, config: &Config, args: GcArgs) -> anyhow::Result<ExitCode> {
     if args.min_age_secs < steadfast_drive::KNOWN_FOR.as_secs() {
         eprintln!(
@@ -118,7 +97,12 @@ pub async fn run(home: &Path, config: &Config, args: GcArgs) -> anyhow::Result<E
                 .map(|b| b.hash.clone()),
         );
         keep_blobs.extend(world.spilled(&s.id).await?);
-        snapshots(records.into_iter().map(|r| r.event), &mut keep);
+        keep.extend(
+            records
+                .iter()
+                .flat_map(|r| r.event.snapshots())
+                .map(str::to_string),
+        );
     }
     let blobs = crate::setup::blobs(home, config)?;
     let blobs_removed = blobs

@@ -1027,6 +1027,7 @@ pub(crate) async fn files<W: World + Clone>(
         (status = 400, description = "A query that does not parse", body = wire::Error),
         (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
         (status = 404, description = "No such session or file (`no_file`)", body = wire::Error),
+        (status = 500, description = "The file's stored content is lost or damaged (`data_lost`)", body = wire::Error),
         (status = 422, description = "A position past the log's end", body = wire::Error),
     )
 )]
@@ -1063,6 +1064,7 @@ pub(crate) async fn file<W: World + Clone>(
         (status = 400, description = "A query that does not parse", body = wire::Error),
         (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
         (status = 404, description = "No such session, or no snapshot there", body = wire::Error),
+        (status = 500, description = "An object of the snapshot is lost (`data_lost`), found before the first byte", body = wire::Error),
         (status = 422, description = "A position past the log's end", body = wire::Error),
     )
 )]
@@ -1097,8 +1099,9 @@ pub(crate) async fn archive<W: World + Clone>(
 /// Check a session's stored data
 ///
 /// Reads the whole log (each record's checksum is verified; a failing one answers 500
-/// `data_corrupt` naming the session and position) and every blob it refers to,
-/// naming each record whose blob is missing or corrupt by log position.
+/// `data_corrupt` naming the session and position), every blob it refers to, naming
+/// each record whose blob is missing or corrupt by log position, and every object of
+/// every workspace snapshot it names, naming each one lost.
 #[utoipa::path(
     get,
     path = "/v1/sessions/{id}/integrity",
@@ -1120,10 +1123,16 @@ pub(crate) async fn integrity<W: World + Clone>(
     owned(&state, &id, &owner).await?;
     let records = state.harness.world().read(&id, 1).await?;
     let damaged = state.harness.blobs().damaged(&records).await;
+    let lost_objects = state.harness.lost_objects(&records, true).await?;
+    let mut snapshots: Vec<&str> = records.iter().flat_map(|r| r.event.snapshots()).collect();
+    snapshots.sort_unstable();
+    snapshots.dedup();
     Ok(Json(wire::Integrity {
-        ok: damaged.is_empty(),
+        ok: damaged.is_empty() && lost_objects.is_empty(),
         records: records.len() as u64,
         damaged,
+        snapshots: snapshots.len() as u64,
+        lost_objects,
     }))
 }
 
