@@ -229,15 +229,7 @@ async fn discover(http: &reqwest::Client, issuer: &str) -> Result<String, String
         "{}/.well-known/openid-configuration",
         issuer.trim_end_matches('/')
     );
-    let document: serde_json::Value = http
-        .get(&url)
-        .send()
-        .await
-        .and_then(|r| r.error_for_status())
-        .map_err(|e| format!("{url}: {e}"))?
-        .json()
-        .await
-        .map_err(|e| format!("{url}: not JSON: {e}"))?;
+    let document: serde_json::Value = get_json(http, &url, "JSON").await?;
     if document["issuer"].as_str() != Some(issuer) {
         return Err(format!(
             "{url} names the issuer {}, not {issuer}",
@@ -250,20 +242,28 @@ async fn discover(http: &reqwest::Client, issuer: &str) -> Result<String, String
         .ok_or_else(|| format!("{url} names no jwks_uri"))
 }
 
-/// The usable keys of a JWKS, by key id.
-async fn fetch_keys(
+/// `url`'s JSON body as a `T` (`what` names it in errors).
+async fn get_json<T: serde::de::DeserializeOwned>(
     http: &reqwest::Client,
     url: &str,
-) -> Result<HashMap<String, Arc<Key>>, String> {
-    let set: JwkSet = http
-        .get(url)
+    what: &str,
+) -> Result<T, String> {
+    http.get(url)
         .send()
         .await
         .and_then(|r| r.error_for_status())
         .map_err(|e| format!("{url}: {e}"))?
         .json()
         .await
-        .map_err(|e| format!("{url}: not a JWKS: {e}"))?;
+        .map_err(|e| format!("{url}: not {what}: {e}"))
+}
+
+/// The usable keys of a JWKS, by key id.
+async fn fetch_keys(
+    http: &reqwest::Client,
+    url: &str,
+) -> Result<HashMap<String, Arc<Key>>, String> {
+    let set: JwkSet = get_json(http, url, "a JWKS").await?;
     let mut by_id = HashMap::new();
     for jwk in &set.keys {
         let Some(kid) = &jwk.common.key_id else {
