@@ -20,6 +20,9 @@ pub struct TokenEntry {
     pub scopes: Option<Vec<Scope>>,
 }
 
+/// How a token issued through the API begins, so the server knows to look it up.
+pub(crate) const TOKEN_PREFIX: &str = "sft_";
+
 /// What a token allows unless it says otherwise: its owner's sessions and vault.
 pub const DEFAULT_SCOPES: [Scope; 2] = [Scope::Read, Scope::Run];
 
@@ -178,7 +181,7 @@ impl Auth {
                         scopes: DEFAULT_SCOPES.to_vec(),
                     });
                 }
-                if token.starts_with(crate::routes::admin::TOKEN_PREFIX) {
+                if token.starts_with(TOKEN_PREFIX) {
                     // Looked up by its hash, which is all the store keeps.
                     let issued = world.token_by_hash(&presented.to_hex()).await?;
                     if let Some(issued) = issued.filter(|t| t.is_live(steadfast_world::now_ms())) {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use steadfast_world::{SessionQuery, SqliteWorld, World};
 
-use super::bench::Rounds;
+use super::bench_rounds::Rounds;
 
 /// Sessions in the world.
 const SESSIONS: usize = 100_000;

@@ -13,8 +13,7 @@ use crate::error::ApiError;
 use crate::extract::Body;
 use crate::wire;
 
-/// How an issued token begins, so the server knows to look it up.
-pub(crate) const TOKEN_PREFIX: &str = "sft_";
+use crate::auth::TOKEN_PREFIX;
 /// The longest token name.
 const MAX_NAME: usize = 100;
 
