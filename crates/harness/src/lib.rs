@@ -131,7 +131,10 @@ fn journal_retryable(e: &steadfast_journal::Error) -> bool {
     match e {
         steadfast_journal::Error::World(e) => e.is_retryable(),
         steadfast_journal::Error::Sandbox(_) | steadfast_journal::Error::Task(_) => true,
-        steadfast_journal::Error::Drive(e) => matches!(e, steadfast_drive::Error::Io { .. }),
+        steadfast_journal::Error::Drive(e) => matches!(
+            e,
+            steadfast_drive::Error::Io { .. } | steadfast_drive::Error::Store(_)
+        ),
     }
 }
 
@@ -142,9 +145,12 @@ impl Error {
             Error::World(e) => e.is_retryable(),
             Error::Model(e) => e.is_retryable(),
             Error::Sandbox(_) | Error::NotHere(_) => true,
-            // A filesystem error (a full disk, a slow mount) may pass; a snapshot that
-            // is missing or corrupt will not.
-            Error::Drive(steadfast_drive::Error::Io { .. }) => true,
+            // A filesystem error (a full disk, a slow mount) or a shared store that
+            // failed may pass; a snapshot that is missing or corrupt will not here
+            // (the worker leaves it to other hosts).
+            Error::Drive(steadfast_drive::Error::Io { .. } | steadfast_drive::Error::Store(_)) => {
+                true
+            }
             Error::Wrapped(e) => match e {
                 steadfast_wrap::Error::World(e) => e.is_retryable(),
                 steadfast_wrap::Error::Sandbox(_) | steadfast_wrap::Error::Task(_) => true,

@@ -114,11 +114,21 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// no worker takes the session before then.
     #[tracing::instrument(level = "debug", skip_all, fields(session = %lease.session))]
     async fn after_failure(&self, lease: &steadfast_world::Lease, e: &crate::Error) {
-        if let crate::Error::NotHere(why) = e {
+        let not_here = match e {
+            crate::Error::NotHere(why) => Some(why.clone()),
+            // A snapshot object this host cannot read (its store is not the shared
+            // one, or its cached copy is damaged) may be readable from another host:
+            // the session is left to them, said in its log, never ended for it.
+            crate::Error::Drive(
+                d @ (steadfast_drive::Error::NotFound(_) | steadfast_drive::Error::Corrupt(_)),
+            ) => Some(format!("its workspace cannot be rebuilt here: {d}")),
+            _ => None,
+        };
+        if let Some(why) = not_here {
             // Another host may have the CLI: hold this host's workers back only, and
             // say once, in the log, why this host leaves it (else the session looks
             // idle with nothing to tell a person that no worker can run it).
-            self.say_not_here(lease, why).await;
+            self.say_not_here(lease, &why).await;
             return self.cool_down(lease).await;
         }
         let attempt = match self.state(&lease.session).await {

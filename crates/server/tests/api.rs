@@ -259,6 +259,47 @@ async fn the_api_names_each_record_whose_blob_was_lost() {
     assert_eq!(archive.status(), 500, "refused before any byte");
     let body: Value = archive.json().await.unwrap();
     assert_eq!(body["error"]["code"], "data_lost", "{body}");
+
+    // A worker that must rebuild the workspace from it (this host's copy gone) leaves
+    // the session to hosts that may read the object, says why, and never ends it.
+    std::fs::remove_dir_all(srv.workspace(&created)).unwrap();
+    let queued = reqwest::Client::new()
+        .post(format!("{}/v1/sessions/{id}/messages", srv.url))
+        .header("accept", "application/json")
+        .json(&json!({"text": "go on"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(queued.status(), 202, "queued, not streamed");
+    let events = format!("{}/v1/sessions/{id}/events?after=0&limit=1000", srv.url);
+    let mut said = None;
+    for _ in 0..200 {
+        let page: Value = reqwest::Client::new()
+            .get(&events)
+            .header("accept", "application/json")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        said = page["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["type"] == "error")
+            .cloned();
+        if said.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let said = said.expect("an error event says why no worker here drives it");
+    let message = said["error"]["message"].as_str().unwrap();
+    assert!(message.contains("cannot be rebuilt here"), "{said}");
+    let shown = srv.show(id).await;
+    assert_ne!(shown["status"], "failed", "{shown}");
+    assert!(shown["end_reason"].is_null(), "{shown}");
 }
 
 #[tokio::test]
