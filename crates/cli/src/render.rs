@@ -137,6 +137,10 @@ pub fn timeline(record: &Record) -> Vec<String> {
             from_host.as_ref().map(|h| format!(" on {h}")).unwrap_or_default(),
             snap(snapshot)
         ),
+        Event::Forked { parent, at, workspace, model } => format!(
+            "forked from {parent} at #{at}, into workspace {workspace}{}",
+            model.as_ref().map(|m| format!(", speaking to {}/{}", m.provider, m.model)).unwrap_or_default()
+        ),
         Event::DriveFailed { reason, attempt, retry_at_ms: Some(at) } => format!(
             "ERROR (failure {attempt} in a row, retrying in {:.1}s): {}",
             at.saturating_sub(record.at_ms) as f64 / 1000.0,

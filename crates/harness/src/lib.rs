@@ -53,6 +53,7 @@ pub mod compaction;
 mod control;
 mod diff;
 mod driver;
+mod fork;
 mod harness;
 mod prompt;
 mod worker;
@@ -63,6 +64,7 @@ pub use backoff::Backoff;
 pub use control::{SignalTarget, STOP_WAIT};
 pub use diff::{FileDiff, WorkspaceDiff, WorkspaceEntry, WorkspaceListing};
 pub use driver::{Driver, Progress, Stop, APPROVAL_SIGNAL, APPROVAL_TOOL};
+pub use fork::{ForkRequest, MAX_FORKS};
 pub use harness::{
     open_drive, parse_model, Awake, Harness, HarnessOptions, ModelResolver, NewSession,
     Provisioner, DRIVE_CACHE_BYTES, STOP_GRACE,

@@ -864,6 +864,22 @@ pub enum Event {
         /// The snapshot the new directory was brought to.
         snapshot: Option<String>,
     },
+    /// The session began as a fork: its records before this one are `parent`'s up to
+    /// `at`, shared and not copied, and from here on it is a session of its own, in a
+    /// logical workspace of its own that starts at the snapshot recorded at `at`. A
+    /// fork of an ended session is open again (idle); a fork inside a turn carries
+    /// on from there as a woken session would.
+    Forked {
+        /// The session forked.
+        parent: String,
+        /// The parent's last position this session shares.
+        at: u64,
+        /// This session's own logical workspace.
+        workspace: String,
+        /// The model this session speaks to from here on, when not the parent's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model: Option<ModelSpec>,
+    },
     /// The session is over.
     SessionEnded {
         /// How it ended.
@@ -966,6 +982,7 @@ impl Event {
             Event::ExchangeOutcome { .. } => "exchange_outcome",
             Event::ReplayDiverged { .. } => "replay_diverged",
             Event::WorkspaceMoved { .. } => "workspace_moved",
+            Event::Forked { .. } => "forked",
             Event::SessionEnded { .. } => "session_ended",
         }
     }

@@ -915,6 +915,14 @@ impl SessionState {
             kind,
             reason: reason.to_string(),
         };
+        if let Event::Forked {
+            workspace, model, ..
+        } = &record.event
+        {
+            self.fork(workspace, model.as_ref()).map_err(bad)?;
+            self.last_seq = record.seq;
+            return Ok(());
+        }
         if self.ended {
             return Err(bad("the session has already ended"));
         }
@@ -978,7 +986,7 @@ impl SessionState {
         }
         match &record.event {
             Event::SessionStarted { .. } => return Err(bad("session already started")),
-            Event::DriveFailed { .. } | Event::WorkspaceMoved { .. } => {} // folded above
+            Event::DriveFailed { .. } | Event::WorkspaceMoved { .. } | Event::Forked { .. } => {} // folded above
             Event::UserMessage {
                 turn,
                 text,
@@ -1501,6 +1509,41 @@ impl SessionState {
             }
         }
         self.last_seq = record.seq;
+        Ok(())
+    }
+
+    /// Becomes a fork of this state in its own logical `workspace` (and speaking to
+    /// `model`, if given): open again if it had ended; a turn in progress stays in
+    /// progress, for a wake to resolve its cut-off calls.
+    fn fork(&mut self, workspace: &str, model: Option<&ModelSpec>) -> Result<(), &'static str> {
+        if !is_workspace_id(workspace) {
+            return Err("a fork works in a logical workspace of its own");
+        }
+        if workspace == self.workspace || self.former_workspaces.iter().any(|w| w == workspace) {
+            return Err("a fork's workspace is one its history already used");
+        }
+        if !is_workspace_id(&self.workspace) {
+            // A logical workspace appears at one fixed path in the sandbox; the native
+            // prompt names where the work is.
+            self.system = self
+                .system
+                .replace(self.workspace.as_str(), crate::WORKSPACE_MOUNT);
+        }
+        self.former_workspaces.push(std::mem::replace(
+            &mut self.workspace,
+            workspace.to_string(),
+        ));
+        self.workspace_host = None;
+        if let Some(model) = model {
+            self.model = model.clone();
+        }
+        if self.ended {
+            self.ended = false;
+            self.status = Status::Idle;
+            self.end_reason = None;
+        }
+        self.retry = None;
+        self.failures_in_row = 0;
         Ok(())
     }
 

@@ -304,6 +304,17 @@ pub enum EventBody {
     /// host or another), where it is driven from here on. Which directory and host
     /// are for operators (`steadfast log`): host paths never reach clients.
     WorkspaceMoved {},
+    /// The session began as a fork of `parent`: the events before this one are the
+    /// parent's up to `at`; from here on it is a session of its own.
+    Forked {
+        /// The session forked.
+        parent: String,
+        /// The parent's last event this session shares.
+        at: u64,
+        /// The model spoken to from here on, when it is not the parent's.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        model: Option<String>,
+    },
     /// The session ended for good.
     SessionEnded {
         /// How.
@@ -752,6 +763,15 @@ fn body(event: &Event) -> EventBody {
         },
         Event::ReplayDiverged { index, .. } => EventBody::ReplayDiverged { index: *index },
         Event::WorkspaceMoved { .. } => EventBody::WorkspaceMoved {},
+        Event::Forked {
+            parent, at, model, ..
+        } => EventBody::Forked {
+            parent: s(parent),
+            at: *at,
+            model: model
+                .as_ref()
+                .map(|m| format!("{}/{}", m.provider, m.model)),
+        },
         Event::SessionEnded {
             state,
             reason,

@@ -205,8 +205,16 @@ impl World for AnyWorld {
         delegate!(self, w => w.turn_began(session, at))
     }
 
-    async fn last_of_kind(&self, session: &str, kind: &str) -> Result<u64> {
-        delegate!(self, w => w.last_of_kind(session, kind))
+    async fn last_of_kind(&self, session: &str, kind: &str, upto: u64) -> Result<u64> {
+        delegate!(self, w => w.last_of_kind(session, kind, upto))
+    }
+
+    async fn fork_session(&self, fork: &crate::Fork) -> Result<SessionSummary> {
+        delegate!(self, w => w.fork_session(fork))
+    }
+
+    async fn forks(&self, session: &str) -> Result<Vec<String>> {
+        delegate!(self, w => w.forks(session))
     }
 
     async fn prune_deltas(&self, session: &str, before: u64) -> Result<u64> {

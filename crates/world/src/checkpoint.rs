@@ -15,9 +15,26 @@ pub async fn load_state<W: World>(
     blobs: &Blobs,
     session: &str,
 ) -> Result<(SessionState, Vec<Record>)> {
-    let at = world.last_of_kind(session, CHECKPOINT_KIND).await?;
+    load_state_at(world, blobs, session, u64::MAX).await
+}
+
+/// [`load_state`] as of position `upto`: the state a fork at `upto` begins from
+/// (records past it are read only as far as the latest checkpoint before it
+/// leaves them unread; the ones returned end at `upto`).
+pub async fn load_state_at<W: World>(
+    world: &W,
+    blobs: &Blobs,
+    session: &str,
+    upto: u64,
+) -> Result<(SessionState, Vec<Record>)> {
+    let read = |from: u64| async move {
+        let mut records = world.read(session, from).await?;
+        records.retain(|r| r.seq <= upto);
+        Ok::<_, Error>(records)
+    };
+    let at = world.last_of_kind(session, CHECKPOINT_KIND, upto).await?;
     if at > 0 {
-        let records = world.read(session, at).await?;
+        let records = read(at).await?;
         if let Some(steadfast_log::Event::Checkpoint { blob, .. }) =
             records.first().map(|r| &r.event)
         {
@@ -35,7 +52,7 @@ pub async fn load_state<W: World>(
             }
         }
     }
-    let records = world.read(session, 1).await?;
+    let records = read(1).await?;
     let state = fold(&records).map_err(|e| corrupt(session, &e))?;
     Ok((state, records))
 }

@@ -59,9 +59,32 @@ pub async fn append_then_read<W: World>(world: &W) {
         0,
         "no turn before the log"
     );
-    assert_eq!(world.last_of_kind("s1", "user_message").await.unwrap(), 3);
-    assert_eq!(world.last_of_kind("s1", "turn_ended").await.unwrap(), 4);
-    assert_eq!(world.last_of_kind("s1", "checkpoint").await.unwrap(), 0);
+    assert_eq!(
+        world
+            .last_of_kind("s1", "user_message", u64::MAX)
+            .await
+            .unwrap(),
+        3
+    );
+    assert_eq!(
+        world.last_of_kind("s1", "user_message", 2).await.unwrap(),
+        2
+    );
+    assert_eq!(
+        world
+            .last_of_kind("s1", "turn_ended", u64::MAX)
+            .await
+            .unwrap(),
+        4
+    );
+    assert_eq!(world.last_of_kind("s1", "turn_ended", 3).await.unwrap(), 0);
+    assert_eq!(
+        world
+            .last_of_kind("s1", "checkpoint", u64::MAX)
+            .await
+            .unwrap(),
+        0
+    );
 }
 
 /// Unknown sessions are `NotFound`; a duplicate create is `AlreadyExists`.
@@ -627,6 +650,145 @@ pub async fn tokens_and_the_audit_log<W: World>(world: &W) {
     let targets: Vec<&str> = rest.iter().map(|e| e.target.as_str()).collect();
     assert_eq!(targets, ["tok_3", "tok_4"]);
     assert!(rest[0].at_ms > 0 && rest[0].actor == "admin");
+}
+
+/// A fork reads its parent's records up to the fork point, then its own, as one log;
+/// it is appended to independently of the parent (which is not disturbed, even while
+/// it is held); deleting the parent leaves every fork whole; once nothing reads them,
+/// the records are gone.
+pub async fn forks_share_the_parents_log<W: World>(world: &W) {
+    let ended = |turn| Event::TurnEnded { turn, reply: None };
+    let forked = |parent: &str, at, workspace: &str| Event::Forked {
+        parent: parent.into(),
+        at,
+        workspace: workspace.into(),
+        model: None,
+    };
+    let fork = |parent: &str, child: &str, at| crate::Fork {
+        parent: parent.into(),
+        child: child.into(),
+        owner: "bob".into(),
+        at,
+        event: forked(parent, at, &format!("ws_{child}")),
+        status: "idle".into(),
+        waiting_for: None,
+        title: None,
+    };
+    world.create_session("p", "alice").await.unwrap();
+    let held = world
+        .acquire_lease("p", &Holder::new("h"), TTL)
+        .await
+        .unwrap();
+    let parent_log = [
+        started(),
+        message(1, "a"),
+        ended(1),
+        message(2, "b"),
+        ended(2),
+    ];
+    world.append(&held, &parent_log).await.unwrap();
+
+    let c1 = world.fork_session(&fork("p", "c1", 3)).await.unwrap();
+    assert_eq!(
+        (
+            c1.owner.as_str(),
+            c1.parent.as_deref(),
+            c1.forked_at,
+            c1.last_seq,
+            c1.status.as_str()
+        ),
+        ("bob", Some("p"), Some(3), 4, "idle")
+    );
+    assert_eq!(c1.agent, "native", "the agent is the parent's");
+    let read = world.read("c1", 1).await.unwrap();
+    assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), [1, 2, 3, 4]);
+    assert_eq!(
+        read[..3].iter().map(|r| &r.event).collect::<Vec<_>>(),
+        parent_log[..3].iter().collect::<Vec<_>>()
+    );
+    assert_eq!(read[3].event, forked("p", 3, "ws_c1"));
+    assert_eq!(
+        world.read("c1", 3).await.unwrap().len(),
+        2,
+        "a read from inside the shared part"
+    );
+    assert_eq!(world.forks("p").await.unwrap(), ["c1"]);
+
+    // The child goes on by itself; the parent, still held, is untouched.
+    let lease = world
+        .acquire_lease("c1", &Holder::new("w"), TTL)
+        .await
+        .unwrap();
+    let own = world.append(&lease, &[message(2, "c")]).await.unwrap();
+    assert_eq!(own[0].seq, 5);
+    world.append(&held, &[message(3, "d")]).await.unwrap();
+    assert_eq!(world.read("p", 1).await.unwrap().len(), 6);
+    assert_eq!(world.read("p", 4).await.unwrap()[0].event, message(2, "b"));
+    assert_eq!(world.turn_began("c1", 5).await.unwrap(), 5);
+    assert_eq!(
+        world.turn_began("c1", 4).await.unwrap(),
+        2,
+        "found in the shared part"
+    );
+    assert_eq!(
+        world
+            .last_of_kind("c1", "turn_ended", u64::MAX)
+            .await
+            .unwrap(),
+        3
+    );
+    assert_eq!(
+        world
+            .last_of_kind("p", "turn_ended", u64::MAX)
+            .await
+            .unwrap(),
+        5
+    );
+
+    // A fork of a fork, inside the fork's own records, reads through both.
+    world.fork_session(&fork("c1", "g", 5)).await.unwrap();
+    let g = world.read("g", 1).await.unwrap();
+    assert_eq!(
+        g.iter().map(|r| r.seq).collect::<Vec<_>>(),
+        [1, 2, 3, 4, 5, 6]
+    );
+    assert_eq!(g[4].event, message(2, "c"));
+
+    // Bad forks change nothing.
+    for at in [0, 7] {
+        assert!(matches!(
+            world.fork_session(&fork("p", "x", at)).await,
+            Err(Error::Invalid(_))
+        ));
+    }
+    assert!(matches!(
+        world.fork_session(&fork("nope", "x", 1)).await,
+        Err(Error::NotFound(_))
+    ));
+    assert!(matches!(
+        world.fork_session(&fork("p", "c1", 2)).await,
+        Err(Error::AlreadyExists(_))
+    ));
+    assert!(matches!(world.session("x").await, Err(Error::NotFound(_))));
+
+    // Deleting ancestors never breaks a descendant.
+    world.delete_session("p").await.unwrap();
+    assert!(matches!(world.session("p").await, Err(Error::NotFound(_))));
+    assert_eq!(world.read("c1", 1).await.unwrap().len(), 5);
+    world.delete_session("c1").await.unwrap();
+    let again = world.read("g", 1).await.unwrap();
+    assert_eq!(again, g, "the grandchild reads as before");
+    // Once nothing reads them, the records are gone: the ids can begin again.
+    world.delete_session("g").await.unwrap();
+    for id in ["p", "c1", "g"] {
+        world.create_session(id, "alice").await.unwrap();
+        let lease = world
+            .acquire_lease(id, &Holder::new("h2"), TTL)
+            .await
+            .unwrap();
+        world.append(&lease, &[started()]).await.unwrap();
+        assert_eq!(world.read(id, 1).await.unwrap().len(), 1, "{id}");
+    }
 }
 
 /// A session's first event, for tests of a world that need one.

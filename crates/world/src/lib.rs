@@ -19,6 +19,7 @@ pub mod blobs;
 mod checkpoint;
 pub mod conformance;
 mod heartbeat;
+mod lineage;
 pub mod listing;
 mod live;
 pub mod outbox;
@@ -37,8 +38,9 @@ use steadfast_log::{Event, Record};
 pub mod interrupt;
 pub use access::{AuditEntry, Scope, ServiceToken};
 pub use any::{redacted, AnyWorld};
-pub use checkpoint::load_state;
+pub use checkpoint::{load_state, load_state_at};
 pub use heartbeat::Heartbeat;
+pub use lineage::Fork;
 pub use listing::{Cursor, SessionPage, SessionPatch, SessionQuery};
 pub use live::LiveSession;
 pub use outbox::{OutboxItem, Settled, OUTBOX_KINDS};
@@ -208,6 +210,12 @@ pub struct SessionSummary {
     pub labels: std::collections::BTreeMap<String, String>,
     /// The owner's own notes on it.
     pub metadata: std::collections::BTreeMap<String, String>,
+    /// The session this one was forked from, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// The parent's last position this session shares (its own records follow).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_at: Option<u64>,
 }
 
 /// The world's sessions counted, as of one moment.
@@ -300,9 +308,27 @@ pub trait World: Send + Sync + 'static {
     /// turn's state from its start instead of from the whole log.
     fn turn_began(&self, session: &str, at: u64) -> impl Future<Output = Result<u64>> + Send;
 
-    /// The position of the session's last record of `kind` (0 if there is none): where
-    /// a reader that needs only what follows it (the latest checkpoint) starts.
-    fn last_of_kind(&self, session: &str, kind: &str) -> impl Future<Output = Result<u64>> + Send;
+    /// The position of the session's last record of `kind` at or before `upto` (0 if
+    /// there is none): where a reader that needs only what follows it (the latest
+    /// checkpoint, or the latest before a fork point) starts. A fork's log is searched
+    /// through the records it shares with its ancestors too.
+    fn last_of_kind(
+        &self,
+        session: &str,
+        kind: &str,
+        upto: u64,
+    ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Creates `fork.child`, whose log is `fork.parent`'s up to `fork.at`, shared and
+    /// not copied, followed by `fork.event` as its own first record: one transaction,
+    /// so a crash leaves no child or a whole one. The child copies the parent's
+    /// agent, labels and metadata (and title, unless given one) and starts with no
+    /// holder. [`Error::NotFound`] for no such parent, [`Error::Invalid`] for an `at`
+    /// outside its log, [`Error::AlreadyExists`] for a child id in use.
+    fn fork_session(&self, fork: &Fork) -> impl Future<Output = Result<SessionSummary>> + Send;
+
+    /// The sessions forked from `session` (its direct children), oldest first.
+    fn forks(&self, session: &str) -> impl Future<Output = Result<Vec<String>>> + Send;
 
     /// Retention: replaces each streamed piece of a reply (`model_delta`) before
     /// position `before` with an [`Event::Pruned`] record at the same position, epoch

@@ -14,6 +14,7 @@ use steadfast_log::{Event, Record, MODEL_DELTA_KIND, PRUNED_KIND};
 use tokio_postgres::{Row, Transaction};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use crate::lineage;
 use crate::listing::Param;
 use crate::{
     now_ms, summarize, Error, Holder, Inbound, InboundKind, Lease, LeaseRow, RawRecord, Result,
@@ -44,6 +45,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (11, include_str!("postgres/011_vault.sql")),
     (12, include_str!("postgres/012_listing.sql")),
     (13, include_str!("postgres/013_access.sql")),
+    (14, include_str!("postgres/014_forks.sql")),
 ];
 const UNIQUE_VIOLATION: &str = "23505";
 const STALE_FENCE: &str = "SF001";
@@ -428,6 +430,8 @@ fn summary(r: &Row) -> SessionSummary {
         agent: r.get(7),
         labels: crate::listing::parse_map(r.get(8)),
         metadata: crate::listing::parse_map(r.get(9)),
+        parent: r.get(10),
+        forked_at: r.get::<_, Option<i64>>(11).map(to_u64),
     }
 }
 
@@ -437,8 +441,8 @@ fn summary(r: &Row) -> SessionSummary {
 const SUMMARY_COLUMNS: &str =
     "id, owner, CASE WHEN retry_at_ms > 0 THEN 'retrying' ELSE status END, \
      title, greatest(last_seq, coalesce(tail.seq, 0)), created_at_ms, \
-     greatest(updated_at_ms, coalesce(tail.at_ms, 0)), agent, labels::text, metadata::text \
-     FROM steadfast_sessions s LEFT JOIN LATERAL (\
+     greatest(updated_at_ms, coalesce(tail.at_ms, 0)), agent, labels::text, metadata::text, \
+     parent, forked_at FROM steadfast_sessions s LEFT JOIN LATERAL (\
        SELECT e.seq, e.at_ms FROM steadfast_events e WHERE e.session_id = s.id \
        ORDER BY e.seq DESC LIMIT 1) tail ON true";
 
@@ -703,7 +707,7 @@ impl PostgresWorld {
 
     async fn read_verified(&self, session: &str, from: u64) -> Result<Vec<Record>> {
         let mut client = self.client().await?;
-        // One snapshot for both queries, so the row count and the rows agree.
+        // One snapshot for every query, so the position and the rows agree.
         let tx = client
             .build_transaction()
             .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
@@ -711,46 +715,131 @@ impl PostgresWorld {
             .start()
             .await
             .map_err(db)?;
-        let last_seq: i64 = tx
-            .query_opt(
-                "SELECT last_seq FROM steadfast_sessions WHERE id = $1",
+        let (last_seq, segments) = segments_of(&tx, session).await?;
+        let from = from.max(1);
+        let statement = tx
+            .prepare_cached(
+                "SELECT seq, epoch, at_ms, schema, body, checksum, blob FROM steadfast_events WHERE session_id = $1 AND seq >= $2 AND seq <= $3 ORDER BY seq",
+            )
+            .await
+            .map_err(db)?;
+        let mut fetched = Vec::new();
+        for segment in segments {
+            let Some((lo, hi)) = lineage::window(&segment, from) else {
+                continue;
+            };
+            let rows = tx
+                .query(
+                    &statement,
+                    &[
+                        &segment.session,
+                        &lineage::sql_position(lo),
+                        &lineage::sql_position(hi),
+                    ],
+                )
+                .await
+                .map_err(db)?;
+            fetched.push((segment, lo, rows));
+        }
+        tx.commit().await.map_err(db)?;
+        let mut parts = Vec::with_capacity(fetched.len());
+        for (segment, lo, rows) in fetched {
+            let mut raw: Vec<(RawRecord, Option<String>)> = rows
+                .into_iter()
+                .map(|r| {
+                    (
+                        (
+                            to_u64(r.get(0)),
+                            to_u64(r.get(1)),
+                            to_u64(r.get(2)),
+                            EncodedRecord {
+                                schema: r.get::<_, i16>(3) as u16,
+                                body: r.get(4),
+                                checksum: r.get(5),
+                            },
+                        ),
+                        r.get(6),
+                    )
+                })
+                .collect();
+            crate::unspill(&segment.session, self.spill.as_ref(), &mut raw).await?;
+            let raw: Vec<RawRecord> = raw.into_iter().map(|(r, _)| r).collect();
+            parts.push((segment, lo, raw));
+        }
+        lineage::verify_segments(last_seq, parts).await
+    }
+}
+
+/// A session's last position (the log's tail, past the row's watermark) and the
+/// segments its log reads from.
+async fn segments_of(tx: &Transaction<'_>, session: &str) -> Result<(u64, Vec<lineage::Segment>)> {
+    let row = tx
+        .query_opt(
+            "SELECT greatest(s.last_seq, coalesce((SELECT max(e.seq) FROM steadfast_events e WHERE e.session_id = s.id), 0)), \
+             s.forked_at FROM steadfast_sessions s WHERE s.id = $1",
+            &[&session],
+        )
+        .await
+        .map_err(db)?
+        .ok_or_else(|| Error::NotFound(session.to_string()))?;
+    let (last_seq, forked_at): (i64, Option<i64>) = (row.get(0), row.get(1));
+    let ancestry = match forked_at {
+        None => Vec::new(),
+        Some(_) => tx
+            .query(
+                "SELECT ancestor, lo, hi FROM steadfast_lineage WHERE session_id = $1 ORDER BY lo",
                 &[&session],
             )
             .await
             .map_err(db)?
-            .ok_or_else(|| Error::NotFound(session.to_string()))?
-            .get(0);
-        let from = from.max(1);
-        let rows = tx
-            .query(
-                "SELECT seq, epoch, at_ms, schema, body, checksum, blob FROM steadfast_events WHERE session_id = $1 AND seq >= $2 ORDER BY seq",
-                &[&session, &(from as i64)],
+            .iter()
+            .map(|r| lineage::Segment {
+                session: r.get(0),
+                lo: to_u64(r.get(1)),
+                hi: to_u64(r.get(2)),
+            })
+            .collect(),
+    };
+    let own_lo = forked_at.map_or(1, |at| to_u64(at) + 1);
+    Ok((
+        to_u64(last_seq),
+        lineage::segments(session, ancestry, own_lo),
+    ))
+}
+
+/// The position of the last record of `kind` at or before `upto` in a session's log,
+/// through the segments it shares (0 if none).
+async fn last_in_segments(
+    tx: &Transaction<'_>,
+    session: &str,
+    kind: &str,
+    upto: u64,
+) -> Result<u64> {
+    let (_, segments) = segments_of(tx, session).await?;
+    for s in segments.iter().rev().filter(|s| s.lo <= upto) {
+        let row = tx
+            .query_opt(
+                "SELECT seq FROM steadfast_events WHERE session_id = $1 AND seq >= $2 AND seq <= $3 AND kind = $4 ORDER BY seq DESC LIMIT 1",
+                &[&s.session, &lineage::sql_position(s.lo), &lineage::sql_position(s.hi.min(upto)), &kind],
             )
             .await
             .map_err(db)?;
-        tx.commit().await.map_err(db)?;
-        let mut raw: Vec<(RawRecord, Option<String>)> = rows
-            .into_iter()
-            .map(|r| {
-                (
-                    (
-                        to_u64(r.get(0)),
-                        to_u64(r.get(1)),
-                        to_u64(r.get(2)),
-                        EncodedRecord {
-                            schema: r.get::<_, i16>(3) as u16,
-                            body: r.get(4),
-                            checksum: r.get(5),
-                        },
-                    ),
-                    r.get(6),
-                )
-            })
-            .collect();
-        crate::unspill(session, self.spill.as_ref(), &mut raw).await?;
-        let raw: Vec<RawRecord> = raw.into_iter().map(|(r, _)| r).collect();
-        crate::verify_off_thread(session.to_string(), from, to_u64(last_seq), raw).await
+        if let Some(r) = row {
+            return Ok(to_u64(r.get(0)));
+        }
     }
+    Ok(0)
+}
+
+/// Deletes the records of `session` (whose row is gone) that no fork reads.
+async fn trim_unread(tx: &Transaction<'_>, session: &str) -> Result<()> {
+    tx.execute(
+        "DELETE FROM steadfast_events WHERE session_id = $1 AND seq > coalesce((SELECT max(hi) FROM steadfast_lineage WHERE ancestor = $1), 0)",
+        &[&session],
+    )
+    .await
+    .map_err(db)?;
+    Ok(())
 }
 
 impl PostgresWorld {
@@ -989,29 +1078,21 @@ impl World for PostgresWorld {
     }
 
     async fn turn_began(&self, session: &str, at: u64) -> Result<u64> {
-        let client = self.client().await?;
-        let at = i64::try_from(at).unwrap_or(i64::MAX);
         // Walks the primary key backwards from `at`: as far as the turn is long.
-        let row = client
-            .query_opt(
-                "SELECT seq FROM steadfast_events WHERE session_id = $1 AND seq <= $2 AND kind = 'user_message' ORDER BY seq DESC LIMIT 1",
-                &[&session, &at],
-            )
-            .await
-            .map_err(db)?;
-        Ok(row.map(|r| to_u64(r.get(0))).unwrap_or_default())
+        self.last_of_kind(session, "user_message", at).await
     }
 
-    async fn last_of_kind(&self, session: &str, kind: &str) -> Result<u64> {
-        let client = self.client().await?;
-        let row = client
-            .query_opt(
-                "SELECT seq FROM steadfast_events WHERE session_id = $1 AND kind = $2 ORDER BY seq DESC LIMIT 1",
-                &[&session, &kind],
-            )
+    async fn last_of_kind(&self, session: &str, kind: &str, upto: u64) -> Result<u64> {
+        let mut client = self.client().await?;
+        let tx = client
+            .build_transaction()
+            .read_only(true)
+            .start()
             .await
             .map_err(db)?;
-        Ok(row.map(|r| to_u64(r.get(0))).unwrap_or_default())
+        let found = last_in_segments(&tx, session, kind, upto).await?;
+        tx.commit().await.map_err(db)?;
+        Ok(found)
     }
 
     async fn prune_deltas(&self, session: &str, before: u64) -> Result<u64> {
@@ -1060,15 +1141,27 @@ impl World for PostgresWorld {
     }
 
     async fn spilled(&self, session: &str) -> Result<Vec<String>> {
-        let client = self.client().await?;
-        let rows = client
-            .query(
-                "SELECT blob FROM steadfast_events WHERE session_id = $1 AND blob IS NOT NULL",
-                &[&session],
-            )
+        let mut client = self.client().await?;
+        let tx = client
+            .build_transaction()
+            .read_only(true)
+            .start()
             .await
             .map_err(db)?;
-        Ok(rows.iter().map(|r| r.get(0)).collect())
+        let (_, segments) = segments_of(&tx, session).await?;
+        let mut out = Vec::new();
+        for s in segments {
+            let rows = tx
+                .query(
+                    "SELECT blob FROM steadfast_events WHERE session_id = $1 AND seq >= $2 AND seq <= $3 AND blob IS NOT NULL",
+                    &[&s.session, &lineage::sql_position(s.lo), &lineage::sql_position(s.hi)],
+                )
+                .await
+                .map_err(db)?;
+            out.extend(rows.iter().map(|r| r.get::<_, String>(0)));
+        }
+        tx.commit().await.map_err(db)?;
+        Ok(out)
     }
 
     async fn inbox(&self, session: &str) -> Result<Vec<Inbound>> {
@@ -1136,7 +1229,8 @@ impl World for PostgresWorld {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(db)?;
         // The row first: it waits out an append in flight (the fence trigger holds it
-        // shared), and once it is gone no append can commit; then its events.
+        // shared), and once it is gone no append can commit; then its events, but for
+        // those forks still read.
         let n = tx
             .execute("DELETE FROM steadfast_sessions WHERE id = $1", &[&session])
             .await
@@ -1144,14 +1238,144 @@ impl World for PostgresWorld {
         if n == 0 {
             return Err(Error::NotFound(session.to_string()));
         }
+        let ancestors: Vec<String> = tx
+            .query(
+                "DELETE FROM steadfast_lineage WHERE session_id = $1 RETURNING ancestor",
+                &[&session],
+            )
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        trim_unread(&tx, session).await?;
+        for ancestor in ancestors {
+            let gone: bool = tx
+                .query_one(
+                    "SELECT NOT EXISTS (SELECT 1 FROM steadfast_sessions WHERE id = $1)",
+                    &[&ancestor],
+                )
+                .await
+                .map_err(db)?
+                .get(0);
+            if gone {
+                trim_unread(&tx, &ancestor).await?;
+            }
+        }
+        tx.commit().await.map_err(db)?;
+        // A session made again under this id starts from nothing, not from the
+        // position this process knew.
+        self.positions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(session);
+        Ok(())
+    }
+
+    async fn fork_session(&self, fork: &crate::Fork) -> Result<SessionSummary> {
+        let body = serde_json::to_vec(&fork.event).map_err(|e| Error::Backend(e.to_string()))?;
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db)?;
+        // The parent's row is locked against a concurrent delete while its records are
+        // made shared.
+        let epoch: i64 = tx
+            .query_opt(
+                "SELECT lease_epoch FROM steadfast_sessions WHERE id = $1 FOR SHARE",
+                &[&fork.parent],
+            )
+            .await
+            .map_err(db)?
+            .ok_or_else(|| Error::NotFound(fork.parent.clone()))?
+            .get(0);
+        let (last_seq, parent_segments) = segments_of(&tx, &fork.parent).await?;
+        lineage::check_fork_point(&fork.parent, fork.at, last_seq)?;
+        let now = now_ms() as i64;
+        let at = lineage::sql_position(fork.at);
+        // Made held by the fork itself for the one insert the fence must let through,
+        // then released: the child starts with no holder.
+        let inserted = tx
+            .execute(
+                "INSERT INTO steadfast_sessions (id, owner, created_at_ms, updated_at_ms, status, title, title_set, \
+                 last_seq, lease_epoch, lease_holder, waiting_for, agent, labels, metadata, parent, forked_at) \
+                 SELECT $1, $2, $3, $3, $4, coalesce($5::text, title), $5::text IS NOT NULL OR title_set, $6::bigint + 1, \
+                 lease_epoch, 'fork', $7, agent, labels, metadata, id, $6::bigint FROM steadfast_sessions WHERE id = $8 \
+                 ON CONFLICT DO NOTHING",
+                &[
+                    &fork.child,
+                    &fork.owner,
+                    &now,
+                    &fork.status,
+                    &fork.title,
+                    &at,
+                    &fork.waiting_for,
+                    &fork.parent,
+                ],
+            )
+            .await
+            .map_err(db)?;
+        if inserted == 0 {
+            return Err(Error::AlreadyExists(fork.child.clone()));
+        }
+        for s in lineage::ancestry_at(&parent_segments, fork.at) {
+            tx.execute(
+                "INSERT INTO steadfast_lineage (session_id, ancestor, lo, hi) VALUES ($1, $2, $3, $4)",
+                &[&fork.child, &s.session, &lineage::sql_position(s.lo), &lineage::sql_position(s.hi)],
+            )
+            .await
+            .map_err(db)?;
+        }
+        let record = Record {
+            seq: fork.at + 1,
+            epoch: to_u64(epoch),
+            at_ms: to_u64(now),
+            event: fork.event.clone(),
+        };
         tx.execute(
-            "DELETE FROM steadfast_events WHERE session_id = $1",
-            &[&session],
+            "INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            &[
+                &fork.child,
+                &(at + 1),
+                &epoch,
+                &now,
+                &(record::SCHEMA_VERSION as i16),
+                &record.event.kind(),
+                &body,
+                &record::checksum_of(&fork.child, &record, &body),
+            ],
         )
         .await
         .map_err(db)?;
+        tx.execute(
+            "UPDATE steadfast_sessions SET lease_holder = NULL WHERE id = $1",
+            &[&fork.child],
+        )
+        .await
+        .map_err(db)?;
+        tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &fork.child])
+            .await
+            .map_err(db)?;
+        let row = tx
+            .query_one(
+                &format!("SELECT {SUMMARY_COLUMNS} WHERE id = $1"),
+                &[&fork.child],
+            )
+            .await
+            .map_err(db)?;
         tx.commit().await.map_err(db)?;
-        Ok(())
+        crate::bump(&self.changes);
+        Ok(summary(&row))
+    }
+
+    async fn forks(&self, session: &str) -> Result<Vec<String>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT id FROM steadfast_sessions WHERE parent = $1 ORDER BY created_at_ms, id",
+                &[&session],
+            )
+            .await
+            .map_err(db)?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     async fn outbox_take(

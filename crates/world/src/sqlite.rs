@@ -9,6 +9,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use steadfast_log::record::{self, EncodedRecord};
 use steadfast_log::{Event, Record, MODEL_DELTA_KIND, PRUNED_KIND};
 
+use crate::lineage;
 use crate::listing::Param;
 use crate::{
     now_ms, summarize, Error, Holder, Inbound, InboundKind, Lease, LeaseRow, RawRecord, Result,
@@ -18,7 +19,24 @@ use crate::{
 /// Schema migrations, applied in order; `PRAGMA user_version` records the last.
 const MIGRATIONS: &[&str] = &[
     SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7, SCHEMA_V8,
+    SCHEMA_V9,
 ];
+
+/// Forks ([`crate::lineage`]): a session's parent and fork point, and the segments of
+/// its ancestors' logs it reads as the start of its own.
+const SCHEMA_V9: &str = r#"
+ALTER TABLE sessions ADD COLUMN parent TEXT;
+ALTER TABLE sessions ADD COLUMN forked_at INTEGER;
+CREATE INDEX sessions_by_parent ON sessions (parent) WHERE parent IS NOT NULL;
+CREATE TABLE lineage (
+    session_id TEXT NOT NULL,
+    ancestor   TEXT NOT NULL,
+    lo         INTEGER NOT NULL,
+    hi         INTEGER NOT NULL,
+    PRIMARY KEY (session_id, lo)
+) WITHOUT ROWID;
+CREATE INDEX lineage_by_ancestor ON lineage (ancestor, hi);
+"#;
 
 /// Tokens issued through the API, and the audit log ([`crate::access`]).
 const SCHEMA_V8: &str = r#"
@@ -431,6 +449,81 @@ fn check_fence(tx: &Connection, lease: &Lease) -> Result<()> {
     Ok(())
 }
 
+/// A session's last position and the segments its log reads from.
+fn segments_of(conn: &Connection, session: &str) -> Result<(u64, Vec<lineage::Segment>)> {
+    let row: Option<(u64, Option<u64>)> = conn
+        .prepare_cached("SELECT last_seq, forked_at FROM sessions WHERE id = ?1")
+        .map_err(backend)?
+        .query_row([session], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()
+        .map_err(backend)?;
+    let Some((last_seq, forked_at)) = row else {
+        return Err(Error::NotFound(session.to_string()));
+    };
+    let ancestry = match forked_at {
+        None => Vec::new(),
+        Some(_) => {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT ancestor, lo, hi FROM lineage WHERE session_id = ?1 ORDER BY lo",
+                )
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map([session], |r| {
+                    Ok(lineage::Segment {
+                        session: r.get(0)?,
+                        lo: r.get(1)?,
+                        hi: r.get(2)?,
+                    })
+                })
+                .map_err(backend)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(backend)?
+        }
+    };
+    let own_lo = forked_at.map_or(1, |at| at + 1);
+    Ok((last_seq, lineage::segments(session, ancestry, own_lo)))
+}
+
+/// The position of the last record of `kind` at or before `upto` in a session's log,
+/// through the segments it shares (0 if none).
+fn last_in_segments(conn: &Connection, session: &str, kind: &str, upto: u64) -> Result<u64> {
+    let (_, segments) = segments_of(conn, session)?;
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT seq FROM events WHERE session_id = ?1 AND seq >= ?2 AND seq <= ?3 AND kind = ?4 ORDER BY seq DESC LIMIT 1",
+        )
+        .map_err(backend)?;
+    for s in segments.iter().rev().filter(|s| s.lo <= upto) {
+        let found = stmt
+            .query_row(
+                params![
+                    s.session,
+                    lineage::sql_position(s.lo),
+                    lineage::sql_position(s.hi.min(upto)),
+                    kind
+                ],
+                |r| r.get::<_, u64>(0),
+            )
+            .optional()
+            .map_err(backend)?;
+        if let Some(seq) = found {
+            return Ok(seq);
+        }
+    }
+    Ok(0)
+}
+
+/// Deletes the records of `session` (whose row is gone) that no fork reads.
+fn trim_unread(tx: &Connection, session: &str) -> Result<()> {
+    tx.execute(
+        "DELETE FROM events WHERE session_id = ?1 AND seq > coalesce((SELECT max(hi) FROM lineage WHERE ancestor = ?1), 0)",
+        [session],
+    )
+    .map_err(backend)?;
+    Ok(())
+}
+
 fn summary(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionSummary> {
     Ok(SessionSummary {
         id: r.get(0)?,
@@ -443,6 +536,8 @@ fn summary(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionSummary> {
         agent: r.get(7)?,
         labels: crate::listing::parse_map(&r.get::<_, String>(8)?),
         metadata: crate::listing::parse_map(&r.get::<_, String>(9)?),
+        parent: r.get(10)?,
+        forked_at: r.get(11)?,
     })
 }
 
@@ -468,7 +563,8 @@ const STATUS: &str = "CASE WHEN retry_at_ms > 0 THEN 'retrying' ELSE status END"
 
 const SUMMARY_COLUMNS: &str =
     "id, owner, CASE WHEN retry_at_ms > 0 THEN 'retrying' ELSE status END, \
-     title, last_seq, created_at_ms, updated_at_ms, agent, labels, metadata FROM sessions";
+     title, last_seq, created_at_ms, updated_at_ms, agent, labels, metadata, parent, forked_at \
+     FROM sessions";
 
 /// How SQLite spells a listing's filters.
 const DIALECT: crate::listing::Dialect = crate::listing::Dialect {
@@ -672,47 +768,54 @@ impl World for SqliteWorld {
     async fn read(&self, session: &str, from: u64) -> Result<Vec<Record>> {
         let session = session.to_string();
         let from = from.max(1);
-        let name = session.clone();
-        let (last_seq, mut raw) = self
+        let (last_seq, mut parts) = self
             .with(move |conn| {
-                let exists: Option<u64> = conn
-                    .query_row("SELECT last_seq FROM sessions WHERE id = ?1", [&session], |r| r.get(0))
-                    .optional()
-                    .map_err(backend)?;
-                let Some(last_seq) = exists else {
-                    return Err(Error::NotFound(session));
-                };
+                let (last_seq, segments) = segments_of(conn, &session)?;
                 let mut stmt = conn
                     .prepare_cached(
-                        "SELECT seq, epoch, at_ms, schema, body, checksum, blob FROM events WHERE session_id = ?1 AND seq >= ?2 ORDER BY seq",
+                        "SELECT seq, epoch, at_ms, schema, body, checksum, blob FROM events WHERE session_id = ?1 AND seq >= ?2 AND seq <= ?3 ORDER BY seq",
                     )
                     .map_err(backend)?;
-                let rows = stmt
-                    .query_map(params![session, from], |r| {
-                        Ok((
-                            (
-                                r.get::<_, u64>(0)?,
-                                r.get::<_, u64>(1)?,
-                                r.get::<_, u64>(2)?,
-                                EncodedRecord {
-                                    schema: r.get(3)?,
-                                    body: r.get(4)?,
-                                    checksum: r.get(5)?,
-                                },
-                            ),
-                            r.get::<_, Option<String>>(6)?,
-                        ))
-                    })
-                    .map_err(backend)?;
-                let raw = rows
-                    .collect::<rusqlite::Result<Vec<(RawRecord, Option<String>)>>>()
-                    .map_err(backend)?;
-                Ok((last_seq, raw))
+                let mut parts = Vec::new();
+                for segment in segments {
+                    let Some((lo, hi)) = lineage::window(&segment, from) else {
+                        continue;
+                    };
+                    let rows = stmt
+                        .query_map(
+                            params![segment.session, lineage::sql_position(lo), lineage::sql_position(hi)],
+                            |r| {
+                                Ok((
+                                    (
+                                        r.get::<_, u64>(0)?,
+                                        r.get::<_, u64>(1)?,
+                                        r.get::<_, u64>(2)?,
+                                        EncodedRecord {
+                                            schema: r.get(3)?,
+                                            body: r.get(4)?,
+                                            checksum: r.get(5)?,
+                                        },
+                                    ),
+                                    r.get::<_, Option<String>>(6)?,
+                                ))
+                            },
+                        )
+                        .map_err(backend)?;
+                    let raw = rows
+                        .collect::<rusqlite::Result<Vec<(RawRecord, Option<String>)>>>()
+                        .map_err(backend)?;
+                    parts.push((segment, lo, raw));
+                }
+                Ok((last_seq, parts))
             })
             .await?;
-        crate::unspill(&name, self.spill.as_ref(), &mut raw).await?;
-        let raw: Vec<RawRecord> = raw.into_iter().map(|(r, _)| r).collect();
-        crate::verify_off_thread(name, from, last_seq, raw).await
+        let mut verified = Vec::with_capacity(parts.len());
+        for (segment, lo, raw) in &mut parts {
+            crate::unspill(&segment.session, self.spill.as_ref(), raw).await?;
+            let raw: Vec<RawRecord> = std::mem::take(raw).into_iter().map(|(r, _)| r).collect();
+            verified.push((segment.clone(), *lo, raw));
+        }
+        lineage::verify_segments(last_seq, verified).await
     }
 
     async fn list_sessions(&self, query: &SessionQuery) -> Result<SessionPage> {
@@ -826,27 +929,15 @@ impl World for SqliteWorld {
         let session = session.to_string();
         self.with(move |conn| {
             // Walks the primary key backwards from `at`: as far as the turn is long.
-            conn.prepare_cached(
-                "SELECT seq FROM events WHERE session_id = ?1 AND seq <= ?2 AND kind = 'user_message' ORDER BY seq DESC LIMIT 1",
-            )
-            .and_then(|mut stmt| stmt.query_row(params![session, at], |r| r.get::<_, u64>(0)).optional())
-            .map(Option::unwrap_or_default)
-            .map_err(backend)
+            last_in_segments(conn, &session, "user_message", at)
         })
         .await
     }
 
-    async fn last_of_kind(&self, session: &str, kind: &str) -> Result<u64> {
+    async fn last_of_kind(&self, session: &str, kind: &str, upto: u64) -> Result<u64> {
         let (session, kind) = (session.to_string(), kind.to_string());
-        self.with(move |conn| {
-            conn.prepare_cached(
-                "SELECT seq FROM events WHERE session_id = ?1 AND kind = ?2 ORDER BY seq DESC LIMIT 1",
-            )
-            .and_then(|mut stmt| stmt.query_row(params![session, kind], |r| r.get::<_, u64>(0)).optional())
-            .map(Option::unwrap_or_default)
-            .map_err(backend)
-        })
-        .await
+        self.with(move |conn| last_in_segments(conn, &session, &kind, upto))
+            .await
     }
 
     async fn prune_deltas(&self, session: &str, before: u64) -> Result<u64> {
@@ -888,15 +979,23 @@ impl World for SqliteWorld {
     async fn spilled(&self, session: &str) -> Result<Vec<String>> {
         let session = session.to_string();
         self.with(move |conn| {
+            let (_, segments) = segments_of(conn, &session)?;
             let mut stmt = conn
                 .prepare_cached(
-                    "SELECT blob FROM events WHERE session_id = ?1 AND blob IS NOT NULL",
+                    "SELECT blob FROM events WHERE session_id = ?1 AND seq >= ?2 AND seq <= ?3 AND blob IS NOT NULL",
                 )
                 .map_err(backend)?;
-            let rows = stmt
-                .query_map([&session], |r| r.get::<_, String>(0))
-                .map_err(backend)?;
-            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)
+            let mut out = Vec::new();
+            for s in segments {
+                let rows = stmt
+                    .query_map(
+                        params![s.session, lineage::sql_position(s.lo), lineage::sql_position(s.hi)],
+                        |r| r.get::<_, String>(0),
+                    )
+                    .map_err(backend)?;
+                out.extend(rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)?);
+            }
+            Ok(out)
         })
         .await
     }
@@ -978,11 +1077,121 @@ impl World for SqliteWorld {
             if n == 0 {
                 return Err(Error::NotFound(session));
             }
-            tx.execute("DELETE FROM events WHERE session_id = ?1", [&session])
-                .map_err(backend)?;
             tx.execute("DELETE FROM inbox WHERE session_id = ?1", [&session])
                 .map_err(backend)?;
+            let ancestors: Vec<String> = {
+                let mut stmt = tx
+                    .prepare("DELETE FROM lineage WHERE session_id = ?1 RETURNING ancestor")
+                    .map_err(backend)?;
+                let rows = stmt.query_map([&session], |r| r.get(0)).map_err(backend)?;
+                rows.collect::<rusqlite::Result<_>>().map_err(backend)?
+            };
+            // Its records go but those forks still read; so do its ancestors' that
+            // were kept for it alone, once they are deleted themselves.
+            trim_unread(&tx, &session)?;
+            for ancestor in ancestors {
+                let gone: bool = tx
+                    .query_row(
+                        "SELECT NOT EXISTS (SELECT 1 FROM sessions WHERE id = ?1)",
+                        [&ancestor],
+                        |r| r.get(0),
+                    )
+                    .map_err(backend)?;
+                if gone {
+                    trim_unread(&tx, &ancestor)?;
+                }
+            }
             tx.commit().map_err(backend)
+        })
+        .await
+    }
+
+    async fn fork_session(&self, fork: &crate::Fork) -> Result<SessionSummary> {
+        let fork = fork.clone();
+        let body = serde_json::to_vec(&fork.event).map_err(|e| Error::Backend(e.to_string()))?;
+        let summary = self
+            .with(move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(backend)?;
+                let (last_seq, parent_segments) = segments_of(&tx, &fork.parent)?;
+                lineage::check_fork_point(&fork.parent, fork.at, last_seq)?;
+                let epoch: u64 = tx
+                    .query_row("SELECT lease_epoch FROM sessions WHERE id = ?1", [&fork.parent], |r| r.get(0))
+                    .map_err(backend)?;
+                let now = now_ms();
+                let inserted = tx
+                    .execute(
+                        "INSERT INTO sessions (id, owner, created_at_ms, updated_at_ms, status, title, title_set, \
+                         last_seq, lease_epoch, waiting_for, agent, labels, metadata, parent, forked_at) \
+                         SELECT ?1, ?2, ?3, ?3, ?4, coalesce(?5, title), ?5 IS NOT NULL OR title_set, ?6, lease_epoch, ?7, \
+                         agent, labels, metadata, id, ?8 FROM sessions WHERE id = ?9 \
+                         ON CONFLICT DO NOTHING",
+                        params![
+                            fork.child,
+                            fork.owner,
+                            now,
+                            fork.status,
+                            fork.title,
+                            fork.at + 1,
+                            fork.waiting_for,
+                            fork.at,
+                            fork.parent
+                        ],
+                    )
+                    .map_err(backend)?;
+                if inserted == 0 {
+                    return Err(Error::AlreadyExists(fork.child));
+                }
+                for s in lineage::ancestry_at(&parent_segments, fork.at) {
+                    tx.execute(
+                        "INSERT INTO lineage (session_id, ancestor, lo, hi) VALUES (?1, ?2, ?3, ?4)",
+                        params![fork.child, s.session, s.lo, s.hi],
+                    )
+                    .map_err(backend)?;
+                }
+                let record = Record {
+                    seq: fork.at + 1,
+                    epoch,
+                    at_ms: now,
+                    event: fork.event.clone(),
+                };
+                tx.execute(
+                    "INSERT INTO events (session_id, seq, epoch, at_ms, schema, kind, body, checksum) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                    params![
+                        fork.child,
+                        record.seq,
+                        epoch,
+                        now,
+                        record::SCHEMA_VERSION,
+                        record.event.kind(),
+                        body,
+                        record::checksum_of(&fork.child, &record, &body)
+                    ],
+                )
+                .map_err(backend)?;
+                let summary = tx
+                    .query_row(&format!("SELECT {SUMMARY_COLUMNS} WHERE id = ?1"), [&fork.child], summary)
+                    .map_err(backend)?;
+                tx.commit().map_err(backend)?;
+                Ok(summary)
+            })
+            .await?;
+        crate::bump(&self.changes);
+        Ok(summary)
+    }
+
+    async fn forks(&self, session: &str) -> Result<Vec<String>> {
+        let session = session.to_string();
+        self.with(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT id FROM sessions WHERE parent = ?1 ORDER BY created_at_ms, id",
+                )
+                .map_err(backend)?;
+            let rows = stmt.query_map([&session], |r| r.get(0)).map_err(backend)?;
+            rows.collect::<rusqlite::Result<Vec<String>>>()
+                .map_err(backend)
         })
         .await
     }

@@ -560,3 +560,9 @@ async fn tokens_and_the_audit_log() {
     let db = TestDb::new().await;
     conformance::tokens_and_the_audit_log(&db.world().await).await;
 }
+
+#[tokio::test]
+async fn forks_share_the_parents_log() {
+    let db = TestDb::new().await;
+    conformance::forks_share_the_parents_log(&db.world().await).await;
+}

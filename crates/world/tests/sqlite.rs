@@ -270,3 +270,8 @@ async fn retention_prunes_deltas_in_place() {
 async fn tokens_and_the_audit_log() {
     conformance::tokens_and_the_audit_log(&world().1).await;
 }
+
+#[tokio::test]
+async fn forks_share_the_parents_log() {
+    conformance::forks_share_the_parents_log(&world().1).await;
+}

@@ -1,0 +1,99 @@
+//! Forking a session at any recorded position: the child's history is the parent's
+//! up to there (shared by the world, not copied) and its workspace is the snapshot
+//! recorded there (named by content in the log, materialized when the child is first
+//! driven). Neither the history's length nor the workspace's size is paid at the fork.
+
+use steadfast_log::{Event, Record, Status};
+use steadfast_world::{Fork, SessionSummary, World};
+
+use crate::harness::{parse_model, Harness};
+use crate::workspace::new_workspace_id;
+use crate::{Error, Result};
+
+/// The most children one fork request makes.
+pub const MAX_FORKS: u32 = 32;
+
+/// What to fork, and how the children differ from the parent.
+#[derive(Debug, Clone, Default)]
+pub struct ForkRequest {
+    /// The session to fork.
+    pub parent: String,
+    /// The parent's last position the children share; `None` for its latest
+    /// committed one (a running parent is not disturbed).
+    pub at: Option<u64>,
+    /// How many children (1 to [`MAX_FORKS`]).
+    pub count: u32,
+    /// Who owns the children.
+    pub owner: String,
+    /// The children's title; `None` keeps the parent's.
+    pub title: Option<String>,
+    /// The model the children speak to (`provider/model`); `None` keeps the parent's.
+    pub model: Option<String>,
+}
+
+impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
+    /// Makes `request.count` forks of `request.parent` at `request.at`. Each is whole
+    /// or absent: a crash between two leaves the ones made so far. A fork inside a
+    /// turn is `running` (a worker carries the turn on, resolving the calls cut off at
+    /// the fork point as a wake would); a fork of an ended session is `idle`.
+    pub async fn fork(&self, request: &ForkRequest) -> Result<Vec<SessionSummary>> {
+        if !(1..=MAX_FORKS).contains(&request.count) {
+            return Err(Error::Invalid(format!(
+                "count: between 1 and {MAX_FORKS} forks at once, not {}",
+                request.count
+            )));
+        }
+        let parent = self.world.session(&request.parent).await?;
+        let at = request.at.unwrap_or(parent.last_seq);
+        if at == 0 || at > parent.last_seq {
+            return Err(Error::Invalid(format!(
+                "at: session {} has records 1 to {}; cannot fork at {at}",
+                request.parent, parent.last_seq
+            )));
+        }
+        let (state, _) =
+            steadfast_world::load_state_at(&self.world, &self.blobs, &request.parent, at).await?;
+        let model = match &request.model {
+            Some(model) => {
+                self.check_agent_model(&state.agent, model)?;
+                Some(parse_model(model)?)
+            }
+            None => None,
+        };
+        let mut children = Vec::with_capacity(request.count as usize);
+        for _ in 0..request.count {
+            let event = Event::Forked {
+                parent: request.parent.clone(),
+                at,
+                workspace: new_workspace_id(),
+                model: model.clone(),
+            };
+            let mut child = state.clone();
+            child
+                .apply(&Record {
+                    seq: at + 1,
+                    epoch: 0,
+                    at_ms: 0,
+                    event: event.clone(),
+                })
+                .map_err(|e| Error::Invalid(format!("at: cannot fork there: {e}")))?;
+            let waiting_for = match child.status {
+                Status::Waiting => child.waiting.as_ref().map(|w| w.name.clone()),
+                Status::Escalated => Some(steadfast_log::RESUME_SIGNAL.to_string()),
+                _ => None,
+            };
+            let fork = Fork {
+                parent: request.parent.clone(),
+                child: format!("ses_{}", uuid::Uuid::now_v7().simple()),
+                owner: request.owner.clone(),
+                at,
+                event,
+                status: child.status.to_string(),
+                waiting_for,
+                title: request.title.clone(),
+            };
+            children.push(self.world.fork_session(&fork).await?);
+        }
+        Ok(children)
+    }
+}
