@@ -93,6 +93,9 @@ enum Command {
     /// Queue a message for a session's next turn (or `--steer` its running one), for
     /// whichever process drives it.
     Send(commands::manage::SendArgs),
+    /// Fork a session at any log position: new sessions whose history is its own up
+    /// to there (shared, not copied) and whose workspace is the snapshot recorded there.
+    Fork(commands::manage::ForkArgs),
     /// Deliver a named signal to a session (e.g. `approval '{"approved": true}'`).
     Signal(commands::manage::SignalArgs),
     /// Stop a session's running turn at once, whichever process drives it: the model
@@ -166,6 +169,7 @@ async fn on_server(remote: &remote::Remote, command: Command) -> anyhow::Result<
         Command::Delete { session } => on::delete(remote, &session).await,
         Command::Signal(args) => on::signal(remote, args).await,
         Command::Send(args) => on::send(remote, args).await,
+        Command::Fork(args) => on::fork(remote, args).await,
         Command::Resume(_) => anyhow::bail!(
             "--server: a server's workers carry sessions on; give one more to do with `send <session> \"<text>\"`"
         ),
@@ -280,6 +284,7 @@ fn main() -> ExitCode {
             Command::Worker(args) => commands::serve::worker(path, &config, args).await,
             Command::Signal(args) => commands::manage::signal(existing()?, &config, args).await,
             Command::Send(args) => commands::manage::send(existing()?, &config, args).await,
+            Command::Fork(args) => commands::manage::fork(existing()?, &config, args).await,
             Command::Stop { session } => {
                 commands::manage::stop(existing()?, &config, &session).await
             }

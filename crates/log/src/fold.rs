@@ -1523,11 +1523,12 @@ impl SessionState {
             return Err("a fork's workspace is one its history already used");
         }
         if !is_workspace_id(&self.workspace) {
-            // A logical workspace appears at one fixed path in the sandbox; the native
-            // prompt names where the work is.
-            self.system = self
-                .system
-                .replace(self.workspace.as_str(), crate::WORKSPACE_MOUNT);
+            // The native prompt named the parent's directory; a logical workspace is
+            // wherever the sandbox puts it, as in a session begun in one.
+            self.system = self.system.replace(
+                &format!("the directory {}", self.workspace),
+                "the current directory",
+            );
         }
         self.former_workspaces.push(std::mem::replace(
             &mut self.workspace,

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::OpenApi;
 
-use crate::routes::{self, admin, messages, sessions};
+use crate::routes::{self, admin, forks, messages, sessions};
 
 const DESCRIPTION: &str = "Durable coding-agent sessions. Every error is \
 `{\"error\": {\"code\", \"message\"}}`. Authenticate with `Authorization: Bearer <token>` \
@@ -27,6 +27,7 @@ events (schema 1): `PublicEvent`, one type per kind of log record.";
         sessions::list,
         sessions::show,
         sessions::update,
+        forks::fork,
         admin::issue,
         admin::list,
         admin::revoke,

@@ -154,6 +154,14 @@ pub struct Session {
     pub labels: BTreeMap<String, String>,
     /// The owner's own notes on it.
     pub metadata: BTreeMap<String, String>,
+    /// The session this one was forked from (`POST /v1/sessions/{id}/fork`).
+    #[schema(required = true)]
+    pub parent: Option<String>,
+    /// The parent's last log position this session shares; its own events follow.
+    #[schema(required = true)]
+    pub forked_at: Option<u64>,
+    /// The sessions forked from this one, oldest first.
+    pub children: Vec<String>,
 }
 
 /// A tool call a session waits on.
@@ -204,6 +212,12 @@ pub struct SessionSummary {
     /// The owner's own notes on it.
     #[schema(example = json!({"ticket": "https://tracker.example.com/PROJ-12"}))]
     pub metadata: BTreeMap<String, String>,
+    /// The session this one was forked from, if it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// The parent's last log position this session shares, if it is a fork.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forked_at: Option<u64>,
 }
 
 impl From<steadfast_world::SessionSummary> for SessionSummary {
@@ -219,8 +233,18 @@ impl From<steadfast_world::SessionSummary> for SessionSummary {
             agent: s.agent,
             labels: s.labels,
             metadata: s.metadata,
+            parent: s.parent,
+            forked_at: s.forked_at,
         }
     }
+}
+
+/// Sessions just forked.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"sessions": [{"id": "ses_01931f80", "owner": "alice", "status": "idle", "title": "try another way", "last_seq": 43, "created_at_ms": 1764640200000_u64, "updated_at_ms": 1764640200000_u64, "agent": "claude-code", "labels": {}, "metadata": {}, "parent": "ses_01931f7c", "forked_at": 42}]}))]
+pub struct Forks {
+    /// One per fork, in the order made.
+    pub sessions: Vec<SessionSummary>,
 }
 
 /// The caller's sessions.

@@ -175,6 +175,60 @@ pub async fn signal(home: &Path, config: &Config, args: SignalArgs) -> anyhow::R
     Ok(ExitCode::SUCCESS)
 }
 
+/// Arguments of `steadfast fork`.
+#[derive(Debug, Args)]
+pub struct ForkArgs {
+    /// The session to fork.
+    pub(crate) session: String,
+    /// The parent's last log position the forks share (`steadfast log` numbers them);
+    /// default: its latest.
+    #[arg(long)]
+    pub(crate) at: Option<u64>,
+    /// How many forks to make.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) count: u32,
+    /// The forks' title (default: the parent's).
+    #[arg(long)]
+    pub(crate) title: Option<String>,
+    /// The model the forks speak to, `provider/model` (default: the parent's).
+    #[arg(long)]
+    pub(crate) model: Option<String>,
+}
+
+/// `steadfast fork`: new sessions whose history is the parent's up to `--at` and
+/// whose workspace is the snapshot recorded there; prints their ids, one a line.
+pub async fn fork(home: &Path, config: &Config, args: ForkArgs) -> anyhow::Result<ExitCode> {
+    let (harness, summary) = open(home, config, &args.session).await?;
+    let forks = harness
+        .fork(&steadfast_harness::ForkRequest {
+            parent: args.session.clone(),
+            at: args.at,
+            count: args.count,
+            owner: summary.owner,
+            title: args.title,
+            model: args.model,
+        })
+        .await?;
+    for fork in &forks {
+        println!("{}", fork.id);
+    }
+    if let Some(first) = forks.first() {
+        eprintln!(
+            "steadfast: {} fork(s) of {} at #{}, {}; give one a message with `{} send {} \"...\"` \
+             and drive it with `{} resume {}`",
+            forks.len(),
+            args.session,
+            first.forked_at.unwrap_or_default(),
+            first.status,
+            crate::home::me(),
+            first.id,
+            crate::home::me(),
+            first.id
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Arguments of `steadfast send`.
 #[derive(Debug, Args)]
 pub struct SendArgs {

@@ -10,7 +10,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use super::log::LogArgs;
-use super::manage::{DiffArgs, SendArgs, SignalArgs};
+use super::manage::{DiffArgs, ForkArgs, SendArgs, SignalArgs};
 use super::sessions::SessionsArgs;
 use crate::home::me;
 use crate::remote::{segment, Remote};
@@ -285,6 +285,31 @@ pub async fn signal(remote: &Remote, args: SignalArgs) -> anyhow::Result<ExitCod
     eprintln!(
         "steadfast: signal {} for {} (#{}) {what}",
         args.name, args.session, accepted["id"]
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `steadfast fork --server`: the forks are the caller's; their ids are printed one a
+/// line, and the server's workers drive them.
+pub async fn fork(remote: &Remote, args: ForkArgs) -> anyhow::Result<ExitCode> {
+    let made = remote
+        .json(
+            Method::POST,
+            &format!("{}/fork", session_path(&args.session)),
+            &[],
+            Some(&json!({"at": args.at, "count": args.count, "title": args.title, "model": args.model})),
+        )
+        .await?;
+    let forks = made["sessions"].as_array().cloned().unwrap_or_default();
+    for fork in &forks {
+        println!("{}", fork["id"].as_str().unwrap_or_default());
+    }
+    eprintln!(
+        "steadfast: {} fork(s) of {}; give one a message with: {} --server {} send <fork> \"...\"",
+        forks.len(),
+        args.session,
+        me(),
+        remote.base()
     );
     Ok(ExitCode::SUCCESS)
 }

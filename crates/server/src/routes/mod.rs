@@ -1,6 +1,7 @@
 //! Routes: `/v1/sessions...`, `/openapi.json`, `/healthz`, and a JSON 404 for the rest.
 
 pub(crate) mod admin;
+pub(crate) mod forks;
 pub(crate) mod messages;
 pub(crate) mod sessions;
 pub(crate) mod uploads;
@@ -34,6 +35,7 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
                 .delete(sessions::delete::<W>),
         )
         .route("/v1/sessions/{id}/close", post(sessions::close::<W>))
+        .route("/v1/sessions/{id}/fork", post(forks::fork::<W>))
         .route(
             "/v1/sessions/{id}/interrupt",
             post(sessions::interrupt::<W>),

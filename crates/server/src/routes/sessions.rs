@@ -747,6 +747,7 @@ pub(crate) async fn show<W: World + Clone>(
     let owner = state.owner(&headers, steadfast_world::Scope::Read).await?;
     let summary = owned(&state, &id, &owner).await?;
     let s = state.harness.state(&id).await?;
+    let children = state.harness.world().forks(&id).await?;
     let status = match (&s.retry, s.status) {
         (Some(_), _) => wire::SessionStatus::Retrying,
         (None, Status::Idle) => wire::SessionStatus::Idle,
@@ -796,6 +797,9 @@ pub(crate) async fn show<W: World + Clone>(
         agent: summary.agent,
         labels: summary.labels,
         metadata: summary.metadata,
+        parent: summary.parent,
+        forked_at: summary.forked_at,
+        children,
     }))
 }
 

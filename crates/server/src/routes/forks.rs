@@ -1,0 +1,110 @@
+//! Forking a session: new sessions whose history is the parent's up to a position
+//! and whose workspace is the snapshot recorded there.
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use serde::Deserialize;
+use steadfast_harness::{ForkRequest, MAX_FORKS};
+use steadfast_world::World;
+use utoipa::ToSchema;
+
+use super::{owned, Shared};
+use crate::error::ApiError;
+use crate::extract::Body;
+use crate::wire;
+
+/// How to fork a session (`POST /v1/sessions/{id}/fork`); every field is optional.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"at": 42, "count": 3, "title": "try another way"}))]
+pub(crate) struct ForkSession {
+    /// The parent's last log position the forks share, from 1 (`session_started`);
+    /// default: its latest committed one. A position inside a turn is welcome: the
+    /// fork carries the turn on from there.
+    #[serde(default)]
+    at: Option<u64>,
+    /// How many forks to make, 1 to 32 (default 1).
+    #[serde(default)]
+    count: Option<u32>,
+    /// The forks' title (default: the parent's).
+    #[serde(default)]
+    title: Option<String>,
+    /// The model the forks speak to, `provider/model` (default: the parent's).
+    #[serde(default)]
+    model: Option<String>,
+}
+
+/// Fork a session at any position
+///
+/// Makes new sessions of the caller's whose history is this one's up to `at` (shared,
+/// not copied: a fork costs the same at any length of history and any size of
+/// workspace) and whose workspace is the snapshot recorded at `at` — uncommitted
+/// and untracked files, `.git`, symlinks, all of it — materialized by whichever worker
+/// drives the fork. The parent is not disturbed, even while it runs. A fork of an
+/// ended session is idle and takes messages; a fork inside a turn is running and a
+/// worker carries the turn on, resolving calls cut off at the fork point as after a
+/// crash. Deleting the parent never breaks a fork.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/fork",
+    params(("id" = String, Path, description = "The session to fork")),
+    request_body = ForkSession,
+    responses(
+        (status = 201, description = "The forks, made", body = wire::Forks),
+        (status = 400, description = "The body is not JSON", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 404, description = "No such session, or not the caller's", body = wire::Error),
+        (status = 415, description = "The body is not `application/json`", body = wire::Error),
+        (status = 422, description = "`at` outside the log, `count` out of range, a title or model refused (the message names the field)", body = wire::Error),
+        (status = 429, description = "Too many sessions made a minute by this caller", body = wire::Error),
+    )
+)]
+pub(crate) async fn fork<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Body(req): Body<ForkSession>,
+) -> Result<(StatusCode, Json<wire::Forks>), ApiError> {
+    let owner = state.owner(&headers, steadfast_world::Scope::Run).await?;
+    owned(&state, &id, &owner).await?;
+    let invalid = |m: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", m);
+    let count = req.count.unwrap_or(1);
+    if !(1..=MAX_FORKS).contains(&count) {
+        return Err(invalid(format!(
+            "count: between 1 and {MAX_FORKS} forks at once, not {count}"
+        )));
+    }
+    steadfast_world::SessionPatch {
+        title: req.title.clone(),
+        ..Default::default()
+    }
+    .check()
+    .map_err(invalid)?;
+    for _ in 0..count {
+        state.creation_allowed(&owner)?;
+    }
+    let request = ForkRequest {
+        parent: id.clone(),
+        at: req.at,
+        count,
+        owner: owner.clone(),
+        title: req.title,
+        model: req.model,
+    };
+    let made = state.harness.fork(&request).await?;
+    state
+        .audit(
+            &owner,
+            "session.forked",
+            &id,
+            serde_json::json!({"at": made.first().and_then(|s| s.forked_at), "forks": made.iter().map(|s| &s.id).collect::<Vec<_>>()}),
+        )
+        .await;
+    Ok((
+        StatusCode::CREATED,
+        Json(wire::Forks {
+            sessions: made.into_iter().map(Into::into).collect(),
+        }),
+    ))
+}
