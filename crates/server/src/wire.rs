@@ -90,7 +90,8 @@ pub struct Created {
     "cost_usd": 0.084, "priced": true, "budget_usd": 5.0, "limits": {"max_cost_micro_usd": 5000000},
     "escalated_by": null, "network": "deny-all", "reply": null,
     "created_at_ms": 1764640000000_u64, "updated_at_ms": 1764640093000_u64,
-    "agent": "native", "labels": {"team": "infra"}, "metadata": {"ticket": "PROJ-12"}
+    "agent": "native", "labels": {"team": "infra"}, "metadata": {"ticket": "PROJ-12"},
+    "parent": null, "forked_at": null, "children": ["ses_01931f80"]
 }))]
 pub struct Session {
     /// The session's id.

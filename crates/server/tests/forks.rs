@@ -1,0 +1,171 @@
+//! Forking through the API: the forks are the caller's, begin at the position asked
+//! with the parent's workspace there, go on by themselves, and outlive the parent.
+
+mod common;
+
+use common::{assert_error, call, dev, server, tokens, wait_status};
+use reqwest::Method;
+use serde_json::json;
+
+fn bash(command: &str) -> serde_json::Value {
+    json!({"text": "running", "tool_calls": [{"name": "bash", "input": {"command": command}}]})
+}
+
+#[tokio::test]
+async fn forks_through_the_api_outlive_their_parent() {
+    let s = server(
+        json!([
+            bash("echo one >> notes.txt"),
+            {"text": "turn one done"},
+            bash("echo two >> notes.txt"),
+            {"text": "turn two done"},
+        ]),
+        dev(),
+        1,
+        |_| {},
+    )
+    .await;
+    let created = s
+        .create(json!({"task": "work", "title": "parent", "workspace": {"kind": "empty", "files": {"notes.txt": "zero\n"}}}))
+        .await;
+    let parent = created["id"].as_str().unwrap().to_string();
+    let shown = wait_status(&s.url, &parent, None, "idle").await;
+    let end_of_turn_one = shown["last_seq"].as_u64().unwrap();
+    let fork_url = format!("{}/v1/sessions/{parent}/fork", s.url);
+
+    // Refused, naming the field, and nothing made.
+    for (body, field) in [
+        (json!({"at": 0}), "at"),
+        (json!({"at": end_of_turn_one + 1}), "at"),
+        (json!({"count": 0}), "count"),
+        (json!({"count": 33}), "count"),
+        (json!({"model": "no-provider"}), "model"),
+    ] {
+        let got = call(Method::POST, &fork_url, None, Some(body.clone())).await;
+        assert_eq!(got.0, 422, "{body}: {got:?}");
+        assert!(
+            got.1["error"]["message"].as_str().unwrap().contains(field),
+            "{body}: {got:?}"
+        );
+    }
+    assert_eq!(s.show(&parent).await["children"], json!([]));
+
+    let (status, made) = call(
+        Method::POST,
+        &fork_url,
+        None,
+        Some(json!({"count": 2, "title": "a fork"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{made}");
+    let forks: Vec<String> = made["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(forks.len(), 2);
+    for fork in &made["sessions"].as_array().unwrap()[..] {
+        assert_eq!(fork["parent"], parent.as_str());
+        assert_eq!(fork["forked_at"], end_of_turn_one);
+        assert_eq!(fork["status"], "idle");
+        assert_eq!(fork["title"], "a fork");
+    }
+    assert_eq!(s.show(&parent).await["children"], json!(forks));
+    let child = s.show(&forks[0]).await;
+    assert_eq!(
+        (child["parent"].as_str(), child["forked_at"].as_u64()),
+        (Some(parent.as_str()), Some(end_of_turn_one))
+    );
+    assert_eq!(
+        child["reply"], "turn one done",
+        "the history is the parent's"
+    );
+
+    // The parent goes away; the first fork takes a message and works from the
+    // parent's files as they were at the fork.
+    let (status, _) = call(
+        Method::DELETE,
+        &format!("{}/v1/sessions/{parent}", s.url),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, queued) = call(
+        Method::POST,
+        &format!("{}/v1/sessions/{}/messages", s.url, forks[0]),
+        None,
+        Some(json!({"text": "more"})),
+    )
+    .await;
+    assert!(status == 200 || status == 202, "{queued}");
+    let done = wait_status(&s.url, &forks[0], None, "idle").await;
+    assert_eq!(done["reply"], "turn two done", "{done}");
+    let (status, file) = call(
+        Method::GET,
+        &format!("{}/v1/sessions/{}/files/notes.txt", s.url, forks[0]),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!((status, file), (200, json!("zero\none\ntwo\n")));
+    // Its log reads whole, the shared part included, and verifies.
+    let events: serde_json::Value = reqwest::Client::new()
+        .get(format!(
+            "{}/v1/sessions/{}/events?limit=1000",
+            s.url, forks[0]
+        ))
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let kinds: Vec<&str> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(kinds.first(), Some(&"session_started"), "{kinds:?}");
+    assert!(kinds.contains(&"forked"), "{kinds:?}");
+    let (status, integrity) = call(
+        Method::GET,
+        &format!("{}/v1/sessions/{}/integrity", s.url, forks[0]),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{integrity}");
+}
+
+#[tokio::test]
+async fn only_the_owner_forks() {
+    let s = server(json!([{"text": "done"}]), tokens(), 1, |_| {}).await;
+    let (status, created) = call(
+        Method::POST,
+        &format!("{}/v1/sessions", s.url),
+        Some("alice-secret"),
+        Some(json!({"task": "work"})),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let id = created["id"].as_str().unwrap();
+    wait_status(&s.url, id, Some("alice-secret"), "idle").await;
+    let url = format!("{}/v1/sessions/{id}/fork", s.url);
+    assert_error(
+        &call(Method::POST, &url, Some("bob-secret"), Some(json!({}))).await,
+        404,
+        "session_not_found",
+    );
+    assert_error(
+        &call(Method::POST, &url, None, Some(json!({}))).await,
+        401,
+        "unauthorized",
+    );
+    let (status, made) = call(Method::POST, &url, Some("alice-secret"), Some(json!({}))).await;
+    assert_eq!(status, 201, "{made}");
+    assert_eq!(made["sessions"][0]["owner"], "alice");
+}
