@@ -730,3 +730,93 @@ fn nix_user_name() -> String {
         .unwrap();
     text(&out.stdout).trim().to_string()
 }
+
+#[tokio::test]
+async fn a_fork_outlives_its_deleted_parent_and_garbage_collection() {
+    let person = Person::new();
+    let out = person
+        .command(
+            "here",
+            &["run", "count", "--workspace", "one", "--create", "--json"],
+        )
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let parent = result["session"].as_str().unwrap().to_string();
+    let parent_diff = person.steadfast("elsewhere", &["diff", &parent]).await;
+    assert!(
+        parent_diff.status.success(),
+        "{}",
+        text(&parent_diff.stderr)
+    );
+    assert!(
+        !text(&parent_diff.stdout).trim().is_empty(),
+        "the demo changed files"
+    );
+
+    let refused = person
+        .steadfast("elsewhere", &["fork", &parent, "--at", "0"])
+        .await;
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused.stderr).contains("at:"),
+        "{}",
+        text(&refused.stderr)
+    );
+    let forked = person
+        .steadfast("elsewhere", &["fork", &parent, "--count", "2"])
+        .await;
+    assert!(forked.status.success(), "{}", text(&forked.stderr));
+    let forks: Vec<String> = text(&forked.stdout).lines().map(str::to_string).collect();
+    assert_eq!(forks.len(), 2, "{}", text(&forked.stdout));
+
+    // The parent and everything only it referred to go; the forks keep what they share.
+    let deleted = person.steadfast("elsewhere", &["delete", &parent]).await;
+    assert!(deleted.status.success(), "{}", text(&deleted.stderr));
+    let gc = person
+        .steadfast(
+            "elsewhere",
+            &["gc", "--min-age-secs", "0", "--keep-deltas-secs", "0"],
+        )
+        .await;
+    assert!(gc.status.success(), "{}", text(&gc.stderr));
+    for fork in &forks {
+        let log = person.steadfast("elsewhere", &["log", fork]).await;
+        assert!(log.status.success(), "{}", text(&log.stderr));
+        assert!(
+            !text(&log.stderr).contains("DATA LOST"),
+            "{}",
+            text(&log.stderr)
+        );
+        assert!(
+            text(&log.stdout).contains(&format!("forked from {parent}")),
+            "{}",
+            text(&log.stdout)
+        );
+        let diff = person.steadfast("elsewhere", &["diff", fork]).await;
+        assert!(diff.status.success(), "{}", text(&diff.stderr));
+        assert_eq!(
+            text(&diff.stdout),
+            text(&parent_diff.stdout),
+            "the same changes, from the same snapshots"
+        );
+    }
+
+    // A fork carries on by itself, its parent gone.
+    let sent = person
+        .steadfast("elsewhere", &["send", &forks[0], "and now?"])
+        .await;
+    assert!(sent.status.success(), "{}", text(&sent.stderr));
+    let resumed = person.steadfast("elsewhere", &["resume", &forks[0]]).await;
+    assert!(resumed.status.success(), "{}", text(&resumed.stderr));
+    let log = person
+        .steadfast("elsewhere", &["log", &forks[0], "--json"])
+        .await;
+    let turns = text(&log.stdout)
+        .lines()
+        .filter(|l| l.contains("\"turn_ended\""))
+        .count();
+    assert_eq!(turns, 2, "the parent's turn, shared, and the fork's own");
+}
