@@ -170,6 +170,35 @@ async fn the_cli_reads_and_controls_sessions_through_a_server_with_a_token() {
     let diff = remote(here, &url, "alice-secret", &["diff", id]).await;
     assert!(String::from_utf8_lossy(&diff.stdout).contains("+started"));
 
+    // Forked through the server: the fork is the caller's and names its parent.
+    let forked = remote(
+        here,
+        &url,
+        "alice-secret",
+        &["fork", id, "--title", "again"],
+    )
+    .await;
+    assert!(forked.status.success(), "{}", stderr(&forked));
+    let fork = String::from_utf8_lossy(&forked.stdout).trim().to_string();
+    assert!(fork.starts_with("ses_") && fork != id, "{fork}");
+    let listed = remote(here, &url, "alice-secret", &["sessions", "--json"]).await;
+    let listed = lines(&listed);
+    let row = listed
+        .iter()
+        .find(|s| s["id"] == fork.as_str())
+        .expect("the fork is listed");
+    assert_eq!(
+        (row["parent"].as_str(), row["title"].as_str()),
+        (Some(id), Some("again")),
+        "{row}"
+    );
+    let bobs = remote(here, &url, "bob-secret", &["fork", id]).await;
+    assert!(
+        !bobs.status.success() && stderr(&bobs).contains("404"),
+        "{}",
+        stderr(&bobs)
+    );
+
     // A signal nobody waits for is refused as the server says, unless queued.
     let refused = remote(
         here,
