@@ -819,4 +819,27 @@ async fn a_fork_outlives_its_deleted_parent_and_garbage_collection() {
         .filter(|l| l.contains("\"turn_ended\""))
         .count();
     assert_eq!(turns, 2, "the parent's turn, shared, and the fork's own");
+
+    // Its workspace, on this host since it was driven here, is its own and is kept.
+    let forked: Value = text(&log.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|r| r["event"].get("forked").is_some())
+        .expect("a forked record");
+    let workspace = person
+        .user_home()
+        .join("workspaces")
+        .join(forked["event"]["forked"]["workspace"].as_str().unwrap());
+    assert!(
+        workspace.join("tests").exists() || std::fs::read_dir(&workspace).unwrap().next().is_some()
+    );
+    let gc = person
+        .steadfast("elsewhere", &["gc", "--min-age-secs", "0"])
+        .await;
+    assert!(gc.status.success(), "{}", text(&gc.stderr));
+    assert!(
+        workspace.exists(),
+        "gc dropped a live fork's workspace: {}",
+        text(&gc.stderr)
+    );
 }

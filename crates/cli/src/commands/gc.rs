@@ -80,7 +80,14 @@ pub async fn run(home: &Path, config: &Config, args: GcArgs) -> anyhow::Result<E
         .map(|secs| steadfast_world::now_ms().saturating_sub(secs.saturating_mul(1000)));
     for s in &sessions {
         let records = world.read(&s.id, 1).await?;
-        if let Some(Event::SessionStarted { workspace, .. }) = records.first().map(|r| &r.event) {
+        // A fork works in a workspace of its own, named where it begins.
+        let workspace = records.iter().rev().find_map(|r| match &r.event {
+            Event::Forked { workspace, .. } | Event::SessionStarted { workspace, .. } => {
+                Some(workspace)
+            }
+            _ => None,
+        });
+        if let Some(workspace) = workspace {
             let idle = idle_since.is_some_and(|t| s.updated_at_ms < t) && s.status != "running";
             if !idle {
                 workspaces.insert(workspace.clone());
