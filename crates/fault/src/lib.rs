@@ -106,6 +106,11 @@ pub mod points {
     pub const COMPACTION_INTENT: &str = "compaction.intent_committed";
     /// The summary has arrived; the compaction is not yet in the log.
     pub const COMPACTION_EFFECT: &str = "compaction.effect";
+    /// A fork's row, segments and first record are written; the transaction is not
+    /// yet committed.
+    pub const FORK_WRITTEN: &str = "fork.written";
+    /// A fork is committed; the next of a request for several is not yet made.
+    pub const FORK_MADE: &str = "fork.made";
 
     /// Every point above that every session passes (compaction's come only when a
     /// conversation nears its model's context window).

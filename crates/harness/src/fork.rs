@@ -93,6 +93,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                 title: request.title.clone(),
             };
             children.push(self.world.fork_session(&fork).await?);
+            steadfast_fault::point(steadfast_fault::points::FORK_MADE);
         }
         Ok(children)
     }

@@ -1361,6 +1361,7 @@ impl World for PostgresWorld {
             )
             .await
             .map_err(db)?;
+        steadfast_fault::point(steadfast_fault::points::FORK_WRITTEN);
         tx.commit().await.map_err(db)?;
         crate::bump(&self.changes);
         Ok(summary(&row))

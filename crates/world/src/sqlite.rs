@@ -1173,6 +1173,7 @@ impl World for SqliteWorld {
                 let summary = tx
                     .query_row(&format!("SELECT {SUMMARY_COLUMNS} WHERE id = ?1"), [&fork.child], summary)
                     .map_err(backend)?;
+                steadfast_fault::point(steadfast_fault::points::FORK_WRITTEN);
                 tx.commit().map_err(backend)?;
                 Ok(summary)
             })
