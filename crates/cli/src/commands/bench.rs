@@ -42,6 +42,9 @@ pub enum Which {
     /// Listing one owner's sessions among 100,000 (a page, a label filter, a deep
     /// page) against reading them all; on PostgreSQL too with `--world postgres://...`.
     Sessions,
+    /// Forking a session of 1k, 10k and 100k events against copying its log rows and
+    /// its 20,000-file workspace.
+    Fork,
     /// All of them.
     All,
 }
@@ -175,6 +178,13 @@ pub async fn run(args: BenchArgs, config: &crate::config::Config) -> anyhow::Res
             None => vec![1_000, 10_000, 100_000],
         };
         super::bench_wake::run(&sizes).await?;
+    }
+    if matches!(args.which, Which::Fork | Which::All) {
+        let sizes = match args.events {
+            Some(n) => vec![n],
+            None => vec![1_000, 10_000, 100_000],
+        };
+        super::bench_fork::run(&sizes, args.rounds).await?;
     }
     if matches!(args.which, Which::Steps | Which::All) {
         super::bench_steps::run(world, args.steps).await?;

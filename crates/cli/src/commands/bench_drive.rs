@@ -32,7 +32,7 @@ fn content(i: usize, version: usize) -> String {
 }
 
 /// Writes the tree: `TOP * SUB * FILES` files of about 700 bytes.
-fn generate(root: &Path) -> anyhow::Result<usize> {
+pub(super) fn generate(root: &Path) -> anyhow::Result<usize> {
     let total = TOP * SUB * FILES;
     for i in 0..total {
         let path = file_path(root, i);

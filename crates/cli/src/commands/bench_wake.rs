@@ -138,14 +138,11 @@ impl Writer<'_> {
     }
 }
 
-/// Wake times of one session of about `events` records: raw rows, a full fold, and
-/// the checkpointed load.
-async fn measure(events: usize) -> anyhow::Result<(usize, [Duration; 3])> {
-    let dir = tempfile::tempdir()?;
-    let home = dir.path().join("home");
-    let harness = Harness::open_local(&home, HarnessOptions::fake_provider("http://127.0.0.1:9"))?;
+/// Writes session `bench` of about `events` records into `harness`'s world, as the
+/// harness would have (checkpoints and compactions included); returns its length.
+pub(super) async fn write_session(harness: &Harness, events: usize) -> anyhow::Result<usize> {
     let mut writer = Writer {
-        harness: &harness,
+        harness,
         state: None,
         log: Vec::new(),
     };
@@ -170,7 +167,18 @@ async fn measure(events: usize) -> anyhow::Result<(usize, [Duration; 3])> {
     for chunk in writer.log.chunks(500) {
         world.append(&lease, chunk).await?;
     }
-    let n = writer.log.len();
+    world.release_lease(&lease).await?;
+    Ok(writer.log.len())
+}
+
+/// Wake times of one session of about `events` records: raw rows, a full fold, and
+/// the checkpointed load.
+async fn measure(events: usize) -> anyhow::Result<(usize, [Duration; 3])> {
+    let dir = tempfile::tempdir()?;
+    let home = dir.path().join("home");
+    let harness = Harness::open_local(&home, HarnessOptions::fake_provider("http://127.0.0.1:9"))?;
+    let n = write_session(&harness, events).await?;
+    let world = harness.world();
     let (mut raw, mut full, mut checkpointed) = (Vec::new(), Vec::new(), Vec::new());
     let conn = rusqlite::Connection::open(home.join("world.db"))?;
     for _ in 0..7 {

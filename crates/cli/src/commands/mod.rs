@@ -2,6 +2,7 @@
 
 pub mod bench;
 mod bench_drive;
+mod bench_fork;
 mod bench_gateway;
 mod bench_pg;
 mod bench_rounds;
