@@ -1,0 +1,199 @@
+//! Forks of wrapped agents' sessions: a Claude Code, Codex, Pi or OpenCode session
+//! forked inside its turn is carried on by a worker in a fresh CLI process, answered
+//! from the shared part of the log with no provider call, and finishes the task in a
+//! workspace of its own while the parent's stays as it was.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use steadfast_testkit::{demo, FakeProvider};
+use tokio::io::AsyncBufReadExt;
+
+use common::{agents_dir, installed, kind};
+
+const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
+
+const CLIS: &[(&str, &str)] = &[
+    ("claude-code", "anthropic/claude-sonnet-4-5"),
+    ("codex", "openai/gpt-5"),
+    ("pi", "anthropic/claude-sonnet-4-5"),
+    ("opencode", "anthropic/claude-sonnet-4-5"),
+];
+
+fn command(home: &std::path::Path, fake: &FakeProvider, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.args(args)
+        .env("STEADFAST_HOME", home)
+        .env("STEADFAST_AGENTS_DIR", agents_dir())
+        .env("ANTHROPIC_API_KEY", "sk-ant-the-harness-real-key")
+        .env("ANTHROPIC_BASE_URL", fake.base_url())
+        .env("OPENAI_API_KEY", "sk-openai-the-harness-real-key")
+        .env("OPENAI_BASE_URL", format!("{}/v1", fake.base_url()))
+        .env_remove("STEADFAST_FAULT")
+        .env_remove("STEADFAST_WORLD")
+        .env_remove("STEADFAST_MODEL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn log(home: &std::path::Path, fake: &FakeProvider, id: &str) -> Vec<Value> {
+    let out = command(home, fake, &["log", id, "--json"])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+async fn idle(http: &reqwest::Client, url: &str, id: &str) -> Value {
+    for _ in 0..1200 {
+        let shown: Value = http
+            .get(format!("{url}/v1/sessions/{id}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if shown["status"] == "idle" {
+            return shown;
+        }
+        assert!(
+            !["failed", "escalated", "closed"].contains(&shown["status"].as_str().unwrap_or("")),
+            "{shown}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("session {id} never went idle");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrapped_session_forked_inside_its_turn_finishes_it_on_its_own() {
+    for (agent, model) in CLIS
+        .iter()
+        .filter(|c| std::env::var("ONLY").map_or(true, |o| o == c.0))
+    {
+        installed(agent).await;
+        let fake = FakeProvider::start(demo::script()).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let mut api = command(
+            &home,
+            &fake,
+            &["serve", "--listen", "127.0.0.1:0", "--workers", "0"],
+        )
+        .spawn()
+        .unwrap();
+        let stdout = api.stdout.take().unwrap();
+        let url = tokio::io::BufReader::new(stdout)
+            .lines()
+            .next_line()
+            .await
+            .unwrap()
+            .unwrap();
+        let _worker = command(&home, &fake, &["worker", "--workers", "1"])
+            .spawn()
+            .unwrap();
+        let http = reqwest::Client::new();
+        let created: Value = http
+            .post(format!("{url}/v1/sessions"))
+            .json(&json!({"agent": agent, "model": model, "workspace": {"kind": "demo"}, "task": demo::TASK}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let parent = created["id"].as_str().unwrap().to_string();
+        let parent_dir = common::workspace_in(&home, &created);
+        idle(&http, &url, &parent).await;
+        let parent_calls = fake.calls();
+        let parent_files = std::fs::read_to_string(parent_dir.join("CHANGELOG.md")).unwrap();
+
+        // Inside the turn: just after its third reply was recorded.
+        let records = log(&home, &fake, &parent).await;
+        let outcomes: Vec<u64> = records
+            .iter()
+            .filter(|r| kind(r) == "exchange_outcome")
+            .map(|r| r["seq"].as_u64().unwrap())
+            .collect();
+        assert!(outcomes.len() >= 4, "{agent}: {} replies", outcomes.len());
+        let at = outcomes[2];
+        let made: Value = http
+            .post(format!("{url}/v1/sessions/{parent}/fork"))
+            .json(&json!({"at": at}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let fork = made["sessions"][0]["id"].as_str().unwrap().to_string();
+        assert_eq!(made["sessions"][0]["status"], "running", "{made}");
+        let shown = idle(&http, &url, &fork).await;
+        assert!(
+            shown["reply"].as_str().is_some_and(|r| !r.is_empty()),
+            "{agent}: {shown}"
+        );
+
+        // The shared replies were answered from the log: the fork paid only for
+        // what came after its fork point.
+        let fork_calls = fake.calls() - parent_calls;
+        assert!(
+            fork_calls <= parent_calls - 3,
+            "{agent}: the fork made {fork_calls} calls, the parent {parent_calls}"
+        );
+        let own = log(&home, &fake, &fork).await;
+        let own: Vec<&Value> = own
+            .iter()
+            .filter(|r| r["seq"].as_u64().unwrap() > at)
+            .collect();
+        let kinds: Vec<String> = own.iter().map(|r| kind(r)).collect();
+        assert_eq!(
+            kinds.first().map(String::as_str),
+            Some("forked"),
+            "{kinds:?}"
+        );
+        assert!(
+            !kinds.iter().any(|k| k == "replay_diverged"),
+            "{agent}: {kinds:?}"
+        );
+        assert!(
+            !kinds.iter().any(|k| k.starts_with("model_call")),
+            "{agent}: {kinds:?}"
+        );
+        assert!(
+            kinds.iter().any(|k| k == "turn_ended"),
+            "{agent}: {kinds:?}"
+        );
+
+        // Its workspace is its own: the task done there, the parent's untouched.
+        let fork_shown: Value = http
+            .get(format!("{url}/v1/sessions/{fork}/files/CHANGELOG.md"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .map(Value::String)
+            .unwrap();
+        assert!(
+            fork_shown.as_str().unwrap().contains("off-by-one"),
+            "{agent}: {fork_shown}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(parent_dir.join("CHANGELOG.md")).unwrap(),
+            parent_files
+        );
+        let _ = api.start_kill();
+    }
+}
