@@ -142,3 +142,152 @@ async fn a_crash_while_forking_on_postgres() {
     a_crash_while_forking_leaves_no_fork_or_a_whole_one(&Machine::new(Some(db.url.clone()))).await;
     db.drop_now().await;
 }
+
+/// `steadfast` as one host of a fleet runs it: a home of its own, the shared
+/// PostgreSQL world and S3 bucket, the model at `fake`.
+fn host(
+    home: &std::path::Path,
+    world: &str,
+    s3: &str,
+    fake: &steadfast_testkit::FakeProvider,
+    args: &[&str],
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.args(args)
+        .env("STEADFAST_HOME", home)
+        .env("STEADFAST_WORLD", world)
+        .env("STEADFAST_BLOBS", "s3://forks/fleet")
+        .env("AWS_ENDPOINT", s3)
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .env("STEADFAST_MODEL", "anthropic/claude-sonnet-4-5")
+        .env("ANTHROPIC_API_KEY", "test-key")
+        .env("ANTHROPIC_BASE_URL", fake.base_url())
+        .env_remove(steadfast_fault::FAULT_ENV)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn wait_idle(http: &reqwest::Client, url: &str, id: &str) -> Value {
+    for _ in 0..600 {
+        let shown: Value = http
+            .get(format!("{url}/v1/sessions/{id}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if shown["status"] == "idle" && shown["turn"].as_u64() > Some(0) {
+            return shown;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("session {id} never went idle");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_made_on_one_host_is_driven_by_a_worker_on_another() {
+    use tokio::io::AsyncBufReadExt;
+    let db = common::TestDatabase::create("steadfast_fork_fleet").await;
+    let moto = common::Moto::start("forks");
+    let script: steadfast_testkit::Script = serde_json::from_value(serde_json::json!({"steps": [
+        {"text": "one", "tool_calls": [{"name": "bash", "input": {"command": "echo one >> notes.txt"}}]},
+        {"text": "turn one done"},
+        {"text": "two", "tool_calls": [{"name": "bash", "input": {"command": "echo two >> notes.txt"}}]},
+        {"text": "turn two done"},
+    ]}))
+    .unwrap();
+    let fake = steadfast_testkit::FakeProvider::start(script)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("host-a"), dir.path().join("host-b"));
+    let on =
+        |home: &std::path::Path, args: &[&str]| host(home, &db.url, &moto.endpoint, &fake, args);
+    assert!(on(&a, &["migrate"])
+        .output()
+        .await
+        .unwrap()
+        .status
+        .success());
+
+    // Host A serves the API and drives the parent's first turn.
+    let mut api = on(&a, &["serve", "--listen", "127.0.0.1:0", "--workers", "0"])
+        .spawn()
+        .unwrap();
+    let url = tokio::io::BufReader::new(api.stdout.take().unwrap())
+        .lines()
+        .next_line()
+        .await
+        .unwrap()
+        .unwrap();
+    let mut worker_a = on(&a, &["worker", "--workers", "1"]).spawn().unwrap();
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{url}/v1/sessions"))
+        .json(&serde_json::json!({"task": "work", "workspace": {"kind": "empty", "files": {"notes.txt": "zero\n"}}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let parent = created["id"].as_str().unwrap().to_string();
+    wait_idle(&http, &url, &parent).await;
+    worker_a.kill().await.unwrap();
+    let _ = worker_a.wait().await;
+
+    // Forked through host A's API; driven by a worker on host B, which has never seen
+    // the session: the workspace comes from the shared bucket.
+    let _worker_b = on(&b, &["worker", "--workers", "1"]).spawn().unwrap();
+    let made: Value = http
+        .post(format!("{url}/v1/sessions/{parent}/fork"))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let fork = made["sessions"][0]["id"].as_str().unwrap().to_string();
+    let status = http
+        .post(format!("{url}/v1/sessions/{fork}/messages"))
+        .header("accept", "application/json")
+        .json(&serde_json::json!({"text": "more"}))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 202);
+    let mut shown = wait_idle(&http, &url, &fork).await;
+    for _ in 0..300 {
+        if shown["turn"] == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        shown = wait_idle(&http, &url, &fork).await;
+    }
+    assert_eq!(shown["reply"], "turn two done", "{shown}");
+    let workspaces: Vec<_> = std::fs::read_dir(b.join("workspaces"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(
+        workspaces.len(),
+        1,
+        "host B materialized the fork's workspace"
+    );
+    assert_eq!(
+        std::fs::read_to_string(workspaces[0].path().join("notes.txt")).unwrap(),
+        "zero\none\ntwo\n"
+    );
+    assert_eq!(fake.calls(), 4, "nothing the fork shares was asked again");
+    let _ = api.start_kill();
+    db.drop_now().await;
+}
