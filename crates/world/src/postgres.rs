@@ -776,31 +776,31 @@ async fn segments_of(tx: &Transaction<'_>, session: &str) -> Result<(u64, Vec<li
     let row = tx
         .query_opt(
             "SELECT greatest(s.last_seq, coalesce((SELECT max(e.seq) FROM steadfast_events e WHERE e.session_id = s.id), 0)), \
-             s.forked_at FROM steadfast_sessions s WHERE s.id = $1",
+             s.own_from FROM steadfast_sessions s WHERE s.id = $1",
             &[&session],
         )
         .await
         .map_err(db)?
         .ok_or_else(|| Error::NotFound(session.to_string()))?;
-    let (last_seq, forked_at): (i64, Option<i64>) = (row.get(0), row.get(1));
-    let ancestry = match forked_at {
-        None => Vec::new(),
-        Some(_) => tx
-            .query(
-                "SELECT ancestor, lo, hi FROM steadfast_lineage WHERE session_id = $1 ORDER BY lo",
-                &[&session],
-            )
-            .await
-            .map_err(db)?
-            .iter()
-            .map(|r| lineage::Segment {
-                session: r.get(0),
-                lo: to_u64(r.get(1)),
-                hi: to_u64(r.get(2)),
-            })
-            .collect(),
+    let (last_seq, own_lo): (i64, i64) = (row.get(0), row.get(1));
+    let own_lo = to_u64(own_lo);
+    let ancestry = if own_lo > 1 {
+        tx.query(
+            "SELECT ancestor, lo, hi FROM steadfast_lineage WHERE session_id = $1 ORDER BY lo",
+            &[&session],
+        )
+        .await
+        .map_err(db)?
+        .iter()
+        .map(|r| lineage::Segment {
+            session: r.get(0),
+            lo: to_u64(r.get(1)),
+            hi: to_u64(r.get(2)),
+        })
+        .collect()
+    } else {
+        Vec::new()
     };
-    let own_lo = forked_at.map_or(1, |at| to_u64(at) + 1);
     Ok((
         to_u64(last_seq),
         lineage::segments(session, ancestry, own_lo),
@@ -1296,9 +1296,9 @@ impl World for PostgresWorld {
         let inserted = tx
             .execute(
                 "INSERT INTO steadfast_sessions (id, owner, created_at_ms, updated_at_ms, status, title, title_set, \
-                 last_seq, lease_epoch, lease_holder, waiting_for, agent, labels, metadata, parent, forked_at) \
+                 last_seq, lease_epoch, lease_holder, waiting_for, agent, labels, metadata, parent, forked_at, own_from) \
                  SELECT $1, $2, $3, $3, $4, coalesce($5::text, title), $5::text IS NOT NULL OR title_set, $6::bigint + 1, \
-                 lease_epoch, 'fork', $7, agent, labels, metadata, id, $6::bigint FROM steadfast_sessions WHERE id = $8 \
+                 lease_epoch, 'fork', $7, agent, labels, metadata, id, $6::bigint, $6::bigint + 1 FROM steadfast_sessions WHERE id = $8 \
                  ON CONFLICT DO NOTHING",
                 &[
                     &fork.child,

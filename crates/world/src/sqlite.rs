@@ -27,6 +27,7 @@ const MIGRATIONS: &[&str] = &[
 const SCHEMA_V9: &str = r#"
 ALTER TABLE sessions ADD COLUMN parent TEXT;
 ALTER TABLE sessions ADD COLUMN forked_at INTEGER;
+ALTER TABLE sessions ADD COLUMN own_from INTEGER NOT NULL DEFAULT 1;
 CREATE INDEX sessions_by_parent ON sessions (parent) WHERE parent IS NOT NULL;
 CREATE TABLE lineage (
     session_id TEXT NOT NULL,
@@ -451,37 +452,32 @@ fn check_fence(tx: &Connection, lease: &Lease) -> Result<()> {
 
 /// A session's last position and the segments its log reads from.
 fn segments_of(conn: &Connection, session: &str) -> Result<(u64, Vec<lineage::Segment>)> {
-    let row: Option<(u64, Option<u64>)> = conn
-        .prepare_cached("SELECT last_seq, forked_at FROM sessions WHERE id = ?1")
+    let row: Option<(u64, u64)> = conn
+        .prepare_cached("SELECT last_seq, own_from FROM sessions WHERE id = ?1")
         .map_err(backend)?
         .query_row([session], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()
         .map_err(backend)?;
-    let Some((last_seq, forked_at)) = row else {
+    let Some((last_seq, own_lo)) = row else {
         return Err(Error::NotFound(session.to_string()));
     };
-    let ancestry = match forked_at {
-        None => Vec::new(),
-        Some(_) => {
-            let mut stmt = conn
-                .prepare_cached(
-                    "SELECT ancestor, lo, hi FROM lineage WHERE session_id = ?1 ORDER BY lo",
-                )
-                .map_err(backend)?;
-            let rows = stmt
-                .query_map([session], |r| {
-                    Ok(lineage::Segment {
-                        session: r.get(0)?,
-                        lo: r.get(1)?,
-                        hi: r.get(2)?,
-                    })
+    let ancestry = if own_lo > 1 {
+        let mut stmt = conn
+            .prepare_cached("SELECT ancestor, lo, hi FROM lineage WHERE session_id = ?1 ORDER BY lo")
+            .map_err(backend)?;
+        let rows = stmt
+            .query_map([session], |r| {
+                Ok(lineage::Segment {
+                    session: r.get(0)?,
+                    lo: r.get(1)?,
+                    hi: r.get(2)?,
                 })
-                .map_err(backend)?;
-            rows.collect::<rusqlite::Result<Vec<_>>>()
-                .map_err(backend)?
-        }
+            })
+            .map_err(backend)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)?
+    } else {
+        Vec::new()
     };
-    let own_lo = forked_at.map_or(1, |at| at + 1);
     Ok((last_seq, lineage::segments(session, ancestry, own_lo)))
 }
 
@@ -1123,9 +1119,9 @@ impl World for SqliteWorld {
                 let inserted = tx
                     .execute(
                         "INSERT INTO sessions (id, owner, created_at_ms, updated_at_ms, status, title, title_set, \
-                         last_seq, lease_epoch, waiting_for, agent, labels, metadata, parent, forked_at) \
+                         last_seq, lease_epoch, waiting_for, agent, labels, metadata, parent, forked_at, own_from) \
                          SELECT ?1, ?2, ?3, ?3, ?4, coalesce(?5, title), ?5 IS NOT NULL OR title_set, ?6, lease_epoch, ?7, \
-                         agent, labels, metadata, id, ?8 FROM sessions WHERE id = ?9 \
+                         agent, labels, metadata, id, ?8, ?6 FROM sessions WHERE id = ?9 \
                          ON CONFLICT DO NOTHING",
                         params![
                             fork.child,
