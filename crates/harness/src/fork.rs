@@ -31,6 +31,15 @@ pub struct ForkRequest {
     pub model: Option<String>,
 }
 
+/// The signal a session in `state` waits for, as the world's row keeps it.
+pub(crate) fn awaited(state: &steadfast_log::SessionState) -> Option<String> {
+    match state.status {
+        Status::Waiting => state.waiting.as_ref().map(|w| w.name.clone()),
+        Status::Escalated => Some(steadfast_log::RESUME_SIGNAL.to_string()),
+        _ => None,
+    }
+}
+
 impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
     /// Makes `request.count` forks of `request.parent` at `request.at`. Each is whole
     /// or absent: a crash between two leaves the ones made so far. A fork inside a
@@ -77,11 +86,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                     event: event.clone(),
                 })
                 .map_err(|e| Error::Invalid(format!("at: cannot fork there: {e}")))?;
-            let waiting_for = match child.status {
-                Status::Waiting => child.waiting.as_ref().map(|w| w.name.clone()),
-                Status::Escalated => Some(steadfast_log::RESUME_SIGNAL.to_string()),
-                _ => None,
-            };
+            let waiting_for = awaited(&child);
             let fork = Fork {
                 parent: request.parent.clone(),
                 child: format!("ses_{}", uuid::Uuid::now_v7().simple()),

@@ -56,6 +56,7 @@ mod driver;
 mod fork;
 mod harness;
 mod prompt;
+mod rewind;
 mod worker;
 mod workspace;
 mod wrapped;
@@ -69,6 +70,7 @@ pub use harness::{
     open_drive, parse_model, Awake, Harness, HarnessOptions, ModelResolver, NewSession,
     Provisioner, DRIVE_CACHE_BYTES, STOP_GRACE,
 };
+pub use rewind::{external_facts, RewindReport};
 pub use steadfast_journal::{git, remote};
 pub use steadfast_sandbox::reconcile;
 pub use workspace::{new_workspace_id, workspace_root};

@@ -880,6 +880,21 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         model: Option<ModelSpec>,
     },
+    /// The session was rewound: its log goes on from position `to`, whose state is
+    /// its state again; the records after `to` and before this one are set aside (kept
+    /// where they are, and readable whole as `branch`, a fork taken at the last of
+    /// them). The external effects they record stay facts: `facts` names them, and
+    /// the model is told with the next user message.
+    Rewound {
+        /// The last position the session keeps.
+        to: u64,
+        /// The fork that holds the records set aside, if one was made.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        branch: Option<String>,
+        /// The external effects recorded after `to`, in words.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        facts: Vec<String>,
+    },
     /// The session is over.
     SessionEnded {
         /// How it ended.
@@ -983,6 +998,7 @@ impl Event {
             Event::ReplayDiverged { .. } => "replay_diverged",
             Event::WorkspaceMoved { .. } => "workspace_moved",
             Event::Forked { .. } => "forked",
+            Event::Rewound { .. } => "rewound",
             Event::SessionEnded { .. } => "session_ended",
         }
     }

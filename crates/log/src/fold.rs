@@ -366,6 +366,10 @@ pub struct SessionState {
     /// The directories the session worked in before it was moved (oldest first): a
     /// replayed record that names one names the workspace.
     pub former_workspaces: Vec<String>,
+    /// What the model is to be told with the next user message, after a rewind set
+    /// aside work whose external effects still stand.
+    #[serde(default)]
+    pub rewind_note: Option<String>,
     /// The system prompt.
     pub system: String,
     /// The workspace snapshot the session began with.
@@ -561,6 +565,7 @@ impl SessionState {
             workspace: workspace.clone(),
             workspace_host: host.clone(),
             former_workspaces: Vec::new(),
+            rewind_note: None,
             system: system.clone(),
             initial_snapshot: initial_snapshot.clone(),
             created_at_ms: *created_at_ms,
@@ -903,6 +908,19 @@ impl SessionState {
 
     /// Folds one more record into the state.
     pub fn apply(&mut self, record: &Record) -> Result<(), FoldError> {
+        if let Event::Rewound { to, facts, .. } = &record.event {
+            // The one record that follows a position other than the one before it.
+            if self.last_seq != *to || record.seq <= *to {
+                return Err(FoldError::Inconsistent {
+                    seq: record.seq,
+                    kind: record.event.kind(),
+                    reason: format!("a rewind to {to} follows the state at {}", self.last_seq),
+                });
+            }
+            self.rewind(facts);
+            self.last_seq = record.seq;
+            return Ok(());
+        }
         if record.seq != self.last_seq + 1 {
             return Err(FoldError::Gap {
                 expected: self.last_seq + 1,
@@ -986,7 +1004,10 @@ impl SessionState {
         }
         match &record.event {
             Event::SessionStarted { .. } => return Err(bad("session already started")),
-            Event::DriveFailed { .. } | Event::WorkspaceMoved { .. } | Event::Forked { .. } => {} // folded above
+            Event::DriveFailed { .. }
+            | Event::WorkspaceMoved { .. }
+            | Event::Forked { .. }
+            | Event::Rewound { .. } => {} // folded above
             Event::UserMessage {
                 turn,
                 text,
@@ -1009,10 +1030,14 @@ impl SessionState {
                     snapshot: self.last_snapshot.clone(),
                     task: text.clone(),
                 };
+                if let Some(note) = self.rewind_note.take() {
+                    self.turn_start.task = format!("{note}\n\n{text}");
+                }
                 self.external_facts.clear();
                 self.status = Status::Running;
                 self.interrupted_by = None;
-                self.conversation.push(Message::user_text(text.clone()));
+                self.conversation
+                    .push(Message::user_text(self.turn_start.task.clone()));
             }
             Event::Steered { text, inbox_id } => {
                 if self.status != Status::Running
@@ -1546,6 +1571,25 @@ impl SessionState {
         self.retry = None;
         self.failures_in_row = 0;
         Ok(())
+    }
+
+    /// Becomes the state at a rewind's point again (it is already: the records set
+    /// aside were never folded here); the external effects they recorded are told to
+    /// the model with the next user message.
+    fn rewind(&mut self, facts: &[String]) {
+        self.retry = None;
+        self.failures_in_row = 0;
+        if !facts.is_empty() {
+            let mut note = String::from(
+                "[steadfast] This session was rewound to an earlier point: the work that \
+                 followed it was set aside and the workspace is as it was then. These \
+                 external effects had already happened after that point and still stand:",
+            );
+            for fact in facts {
+                note.push_str(&format!("\n- {fact}"));
+            }
+            self.rewind_note = Some(note);
+        }
     }
 
     /// Applies a `resume` signal's payload after `breaker` stopped the session.

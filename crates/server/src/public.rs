@@ -315,6 +315,19 @@ pub enum EventBody {
         #[serde(skip_serializing_if = "Option::is_none")]
         model: Option<String>,
     },
+    /// The session was rewound to `to`: the events after it (before this one) are set
+    /// aside, readable whole as the fork `branch`; a reader following the stream
+    /// carries on from here. `facts` are the external effects those events recorded,
+    /// which still stand (the model is told with the next message).
+    Rewound {
+        /// The last event the session keeps.
+        to: u64,
+        /// The fork holding the events set aside.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        branch: Option<String>,
+        /// The external effects set-aside events recorded, in words.
+        facts: Vec<String>,
+    },
     /// The session ended for good.
     SessionEnded {
         /// How.
@@ -763,6 +776,11 @@ fn body(event: &Event) -> EventBody {
         },
         Event::ReplayDiverged { index, .. } => EventBody::ReplayDiverged { index: *index },
         Event::WorkspaceMoved { .. } => EventBody::WorkspaceMoved {},
+        Event::Rewound { to, branch, facts } => EventBody::Rewound {
+            to: *to,
+            branch: branch.clone(),
+            facts: facts.clone(),
+        },
         Event::Forked {
             parent, at, model, ..
         } => EventBody::Forked {

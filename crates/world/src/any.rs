@@ -213,6 +213,10 @@ impl World for AnyWorld {
         delegate!(self, w => w.fork_session(fork))
     }
 
+    async fn rewind_session(&self, rewind: &crate::Rewind) -> Result<Record> {
+        delegate!(self, w => w.rewind_session(rewind))
+    }
+
     async fn forks(&self, session: &str) -> Result<Vec<String>> {
         delegate!(self, w => w.forks(session))
     }

@@ -791,6 +791,116 @@ pub async fn forks_share_the_parents_log<W: World>(world: &W) {
     }
 }
 
+/// A rewind: the log reads as its records up to the point, then the rewind's record,
+/// stored after all it had (positions only move forward); what it set aside stays
+/// readable through a fork taken before; a stale holder cannot rewind; deleting the
+/// session leaves the fork whole.
+pub async fn rewinds_set_records_aside_without_reusing_positions<W: World>(world: &W) {
+    let ended = |turn| Event::TurnEnded { turn, reply: None };
+    let rewound = |to| Event::Rewound {
+        to,
+        branch: None,
+        facts: vec![],
+    };
+    let rewind = |lease: &crate::Lease, to| crate::Rewind {
+        lease: lease.clone(),
+        to,
+        event: rewound(to),
+        status: "idle".into(),
+        waiting_for: None,
+    };
+    world.create_session("s", "alice").await.unwrap();
+    let lease = world
+        .acquire_lease("s", &Holder::new("h"), TTL)
+        .await
+        .unwrap();
+    let log = [
+        started(),
+        message(1, "a"),
+        ended(1),
+        message(2, "b"),
+        ended(2),
+    ];
+    world.append(&lease, &log).await.unwrap();
+    world
+        .fork_session(&crate::Fork {
+            parent: "s".into(),
+            child: "kept".into(),
+            owner: "alice".into(),
+            at: 5,
+            event: Event::Forked {
+                parent: "s".into(),
+                at: 5,
+                workspace: "ws_kept".into(),
+                model: None,
+            },
+            status: "idle".into(),
+            waiting_for: None,
+            title: None,
+        })
+        .await
+        .unwrap();
+
+    for to in [0, 5, 9] {
+        assert!(
+            matches!(
+                world.rewind_session(&rewind(&lease, to)).await,
+                Err(Error::Invalid(_))
+            ),
+            "{to}"
+        );
+    }
+    let record = world.rewind_session(&rewind(&lease, 3)).await.unwrap();
+    assert_eq!(record.seq, 6);
+    let seqs =
+        |records: Vec<steadfast_log::Record>| records.iter().map(|r| r.seq).collect::<Vec<_>>();
+    assert_eq!(seqs(world.read("s", 1).await.unwrap()), [1, 2, 3, 6]);
+    assert_eq!(
+        seqs(world.read("s", 4).await.unwrap()),
+        [6],
+        "a cursor inside what was set aside"
+    );
+    let summary = world.session("s").await.unwrap();
+    assert_eq!((summary.last_seq, summary.status.as_str()), (6, "idle"));
+    assert_eq!(
+        world
+            .last_of_kind("s", "turn_ended", u64::MAX)
+            .await
+            .unwrap(),
+        3
+    );
+
+    // The holder goes on from there; a stale one cannot rewind.
+    world.append(&lease, &[message(2, "c")]).await.unwrap();
+    assert_eq!(seqs(world.read("s", 1).await.unwrap()), [1, 2, 3, 6, 7]);
+    assert_eq!(world.turn_began("s", 7).await.unwrap(), 7);
+    assert_eq!(
+        world.turn_began("s", 6).await.unwrap(),
+        2,
+        "the set-aside turn is not found"
+    );
+    world.renew_lease(&lease, Duration::ZERO).await.unwrap();
+    let other = world
+        .acquire_lease("s", &Holder::new("h2"), TTL)
+        .await
+        .unwrap();
+    assert!(matches!(
+        world.rewind_session(&rewind(&lease, 2)).await,
+        Err(Error::StaleFence { .. })
+    ));
+
+    // Rewound again, further back.
+    world.rewind_session(&rewind(&other, 2)).await.unwrap();
+    assert_eq!(seqs(world.read("s", 1).await.unwrap()), [1, 2, 8]);
+
+    // What was set aside reads whole through the fork, before and after the session goes.
+    let kept = world.read("kept", 1).await.unwrap();
+    assert_eq!(seqs(kept.clone()), [1, 2, 3, 4, 5, 6]);
+    assert_eq!(kept[3].event, message(2, "b"));
+    world.delete_session("s").await.unwrap();
+    assert_eq!(world.read("kept", 1).await.unwrap(), kept);
+}
+
 /// A session's first event, for tests of a world that need one.
 pub fn started() -> Event {
     Event::bare_start(

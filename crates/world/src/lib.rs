@@ -40,7 +40,7 @@ pub use access::{AuditEntry, Scope, ServiceToken};
 pub use any::{redacted, AnyWorld};
 pub use checkpoint::{load_state, load_state_at};
 pub use heartbeat::Heartbeat;
-pub use lineage::Fork;
+pub use lineage::{Fork, Rewind};
 pub use listing::{Cursor, SessionPage, SessionPatch, SessionQuery};
 pub use live::LiveSession;
 pub use outbox::{OutboxItem, Settled, OUTBOX_KINDS};
@@ -326,6 +326,14 @@ pub trait World: Send + Sync + 'static {
     /// holder. [`Error::NotFound`] for no such parent, [`Error::Invalid`] for an `at`
     /// outside its log, [`Error::AlreadyExists`] for a child id in use.
     fn fork_session(&self, fork: &Fork) -> impl Future<Output = Result<SessionSummary>> + Send;
+
+    /// Rewinds a session held under `rewind.lease` to position `rewind.to`: from now on
+    /// its log reads as its records up to there followed by `rewind.event`, stored
+    /// after all it had (positions never go back, so a reader's cursor stays valid);
+    /// the records in between stay stored as long as the session is. One transaction.
+    /// [`Error::StaleFence`] if the lease is not current, [`Error::Invalid`] for a `to`
+    /// that keeps nothing or drops nothing.
+    fn rewind_session(&self, rewind: &Rewind) -> impl Future<Output = Result<Record>> + Send;
 
     /// The sessions forked from `session` (its direct children), oldest first.
     fn forks(&self, session: &str) -> impl Future<Output = Result<Vec<String>>> + Send;

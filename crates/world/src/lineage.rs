@@ -48,6 +48,34 @@ pub struct Fork {
     pub title: Option<String>,
 }
 
+/// A rewind of a session whose lease the caller holds: its log reads as its records
+/// up to `to` followed by `event` (an [`Event::Rewound`]), stored after every record
+/// it had, which stay where they are (a fork taken first keeps them readable).
+#[derive(Debug, Clone)]
+pub struct Rewind {
+    /// The lease the session is held under.
+    pub lease: crate::Lease,
+    /// The last position the session keeps in its log.
+    pub to: u64,
+    /// The record that follows it.
+    pub event: Event,
+    /// The session's status with `event` folded in.
+    pub status: String,
+    /// The signal it waits for, if it waits.
+    pub waiting_for: Option<String>,
+}
+
+/// `to` must keep at least the first record and drop at least one.
+pub(crate) fn check_rewind_point(session: &str, to: u64, last_seq: u64) -> Result<()> {
+    if to == 0 || to >= last_seq {
+        return Err(Error::Invalid(format!(
+            "to: session {session} has records 1 to {last_seq}; rewind to one from 1 to {}",
+            last_seq.saturating_sub(1)
+        )));
+    }
+    Ok(())
+}
+
 /// The segments a session's log reads from, oldest first: its ancestors' (stored in
 /// its row's lineage) and then its own rows, from `own_lo` on.
 pub(crate) fn segments(session: &str, ancestry: Vec<Segment>, own_lo: u64) -> Vec<Segment> {

@@ -1367,6 +1367,69 @@ impl World for PostgresWorld {
         Ok(summary(&row))
     }
 
+    async fn rewind_session(&self, rewind: &crate::Rewind) -> Result<Record> {
+        let body = serde_json::to_vec(&rewind.event).map_err(|e| Error::Backend(e.to_string()))?;
+        let session = rewind.lease.session.as_str();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db)?;
+        let now = check_fence(&tx, &rewind.lease).await?;
+        let (last_seq, segments) = segments_of(&tx, session).await?;
+        lineage::check_rewind_point(session, rewind.to, last_seq)?;
+        tx.execute(
+            "DELETE FROM steadfast_lineage WHERE session_id = $1",
+            &[&session],
+        )
+        .await
+        .map_err(db)?;
+        for s in lineage::ancestry_at(&segments, rewind.to) {
+            tx.execute(
+                "INSERT INTO steadfast_lineage (session_id, ancestor, lo, hi) VALUES ($1, $2, $3, $4)",
+                &[&session, &s.session, &lineage::sql_position(s.lo), &lineage::sql_position(s.hi)],
+            )
+            .await
+            .map_err(db)?;
+        }
+        let record = Record {
+            seq: last_seq + 1,
+            epoch: rewind.lease.epoch,
+            at_ms: now,
+            event: rewind.event.clone(),
+        };
+        let seq = lineage::sql_position(record.seq);
+        tx.execute(
+            "INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            &[
+                &session,
+                &seq,
+                &(record.epoch as i64),
+                &(now as i64),
+                &(record::SCHEMA_VERSION as i16),
+                &record.event.kind(),
+                &body,
+                &record::checksum_of(session, &record, &body),
+            ],
+        )
+        .await
+        .map_err(db)?;
+        tx.execute(
+            "UPDATE steadfast_sessions SET own_from = $2, last_seq = $2, updated_at_ms = $3, status = $4, waiting_for = $5, retry_at_ms = 0 WHERE id = $1",
+            &[&session, &seq, &(now as i64), &rewind.status, &rewind.waiting_for],
+        )
+        .await
+        .map_err(db)?;
+        tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &session])
+            .await
+            .map_err(db)?;
+        tx.commit().await.map_err(db)?;
+        // The holder's next append learns the new position from the row.
+        self.positions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(session);
+        crate::bump(&self.changes);
+        Ok(record)
+    }
+
     async fn forks(&self, session: &str) -> Result<Vec<String>> {
         let client = self.client().await?;
         let rows = client

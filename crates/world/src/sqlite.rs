@@ -463,7 +463,9 @@ fn segments_of(conn: &Connection, session: &str) -> Result<(u64, Vec<lineage::Se
     };
     let ancestry = if own_lo > 1 {
         let mut stmt = conn
-            .prepare_cached("SELECT ancestor, lo, hi FROM lineage WHERE session_id = ?1 ORDER BY lo")
+            .prepare_cached(
+                "SELECT ancestor, lo, hi FROM lineage WHERE session_id = ?1 ORDER BY lo",
+            )
             .map_err(backend)?;
         let rows = stmt
             .query_map([session], |r| {
@@ -474,7 +476,8 @@ fn segments_of(conn: &Connection, session: &str) -> Result<(u64, Vec<lineage::Se
                 })
             })
             .map_err(backend)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(backend)?
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(backend)?
     } else {
         Vec::new()
     };
@@ -1176,6 +1179,61 @@ impl World for SqliteWorld {
             .await?;
         crate::bump(&self.changes);
         Ok(summary)
+    }
+
+    async fn rewind_session(&self, rewind: &crate::Rewind) -> Result<Record> {
+        let rewind = rewind.clone();
+        let body = serde_json::to_vec(&rewind.event).map_err(|e| Error::Backend(e.to_string()))?;
+        let record = self
+            .with(move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(backend)?;
+                let session = rewind.lease.session.clone();
+                check_fence(&tx, &rewind.lease)?;
+                let (last_seq, segments) = segments_of(&tx, &session)?;
+                lineage::check_rewind_point(&session, rewind.to, last_seq)?;
+                tx.execute("DELETE FROM lineage WHERE session_id = ?1", [&session])
+                    .map_err(backend)?;
+                for s in lineage::ancestry_at(&segments, rewind.to) {
+                    tx.execute(
+                        "INSERT INTO lineage (session_id, ancestor, lo, hi) VALUES (?1, ?2, ?3, ?4)",
+                        params![session, s.session, s.lo, s.hi],
+                    )
+                    .map_err(backend)?;
+                }
+                let now = now_ms();
+                let record = Record {
+                    seq: last_seq + 1,
+                    epoch: rewind.lease.epoch,
+                    at_ms: now,
+                    event: rewind.event.clone(),
+                };
+                tx.execute(
+                    "INSERT INTO events (session_id, seq, epoch, at_ms, schema, kind, body, checksum) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                    params![
+                        session,
+                        record.seq,
+                        record.epoch,
+                        now,
+                        record::SCHEMA_VERSION,
+                        record.event.kind(),
+                        body,
+                        record::checksum_of(&session, &record, &body)
+                    ],
+                )
+                .map_err(backend)?;
+                tx.execute(
+                    "UPDATE sessions SET own_from = ?2, last_seq = ?2, updated_at_ms = ?3, status = ?4, waiting_for = ?5, retry_at_ms = 0 WHERE id = ?1",
+                    params![session, record.seq, now, rewind.status, rewind.waiting_for],
+                )
+                .map_err(backend)?;
+                tx.commit().map_err(backend)?;
+                Ok(record)
+            })
+            .await?;
+        crate::bump(&self.changes);
+        Ok(record)
     }
 
     async fn forks(&self, session: &str) -> Result<Vec<String>> {

@@ -566,3 +566,9 @@ async fn forks_share_the_parents_log() {
     let db = TestDb::new().await;
     conformance::forks_share_the_parents_log(&db.world().await).await;
 }
+
+#[tokio::test]
+async fn rewinds_set_records_aside_without_reusing_positions() {
+    let db = TestDb::new().await;
+    conformance::rewinds_set_records_aside_without_reusing_positions(&db.world().await).await;
+}

@@ -275,3 +275,8 @@ async fn tokens_and_the_audit_log() {
 async fn forks_share_the_parents_log() {
     conformance::forks_share_the_parents_log(&world().1).await;
 }
+
+#[tokio::test]
+async fn rewinds_set_records_aside_without_reusing_positions() {
+    conformance::rewinds_set_records_aside_without_reusing_positions(&world().1).await;
+}
