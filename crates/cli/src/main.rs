@@ -96,6 +96,9 @@ enum Command {
     /// Fork a session at any log position: new sessions whose history is its own up
     /// to there (shared, not copied) and whose workspace is the snapshot recorded there.
     Fork(commands::manage::ForkArgs),
+    /// Rewind a session to an earlier turn's end: its workspace is put back and the
+    /// model's context is the history up to there; what followed is kept in a fork.
+    Rewind(commands::manage::RewindArgs),
     /// Deliver a named signal to a session (e.g. `approval '{"approved": true}'`).
     Signal(commands::manage::SignalArgs),
     /// Stop a session's running turn at once, whichever process drives it: the model
@@ -170,6 +173,7 @@ async fn on_server(remote: &remote::Remote, command: Command) -> anyhow::Result<
         Command::Signal(args) => on::signal(remote, args).await,
         Command::Send(args) => on::send(remote, args).await,
         Command::Fork(args) => on::fork(remote, args).await,
+        Command::Rewind(args) => on::rewind(remote, args).await,
         Command::Resume(_) => anyhow::bail!(
             "--server: a server's workers carry sessions on; give one more to do with `send <session> \"<text>\"`"
         ),
@@ -285,6 +289,7 @@ fn main() -> ExitCode {
             Command::Signal(args) => commands::manage::signal(existing()?, &config, args).await,
             Command::Send(args) => commands::manage::send(existing()?, &config, args).await,
             Command::Fork(args) => commands::manage::fork(existing()?, &config, args).await,
+            Command::Rewind(args) => commands::manage::rewind(existing()?, &config, args).await,
             Command::Stop { session } => {
                 commands::manage::stop(existing()?, &config, &session).await
             }

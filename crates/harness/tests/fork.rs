@@ -252,3 +252,91 @@ async fn forks_begin_where_the_parent_was_and_go_their_own_way() -> anyhow::Resu
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn a_rewind_goes_back_to_a_turns_end_and_keeps_what_followed_aside() -> anyhow::Result<()> {
+    let setup = Setup::new(json!([
+        bash("echo a > a.txt"),
+        {"text": "turn one done"},
+        bash("echo b > b.txt && curl -s -m 2 -X POST http://127.0.0.1:9/deploy; true"),
+        {"text": "turn two done"},
+    ]))
+    .await;
+    let harness = setup.harness_with(|o| o.sandbox.backend = steadfast_sandbox::Backend::Local);
+    let workspace = setup.workspace();
+    let id = harness
+        .start_session(NewSession::native("fake/m", &workspace).with_task("one"))
+        .await?;
+    let mut driver = harness.wake_native(&id).await?;
+    assert_eq!(driver.run().await?, Stop::Idle);
+    let end_of_turn_one = driver.state().last_seq;
+    driver.send("two").await?;
+    assert_eq!(driver.run().await?, Stop::Idle);
+    driver.release().await?;
+    let before = harness.state(&id).await?;
+    assert!(workspace.join("b.txt").exists());
+
+    // Refused: a position inside a turn, and positions outside the log.
+    let inside = harness
+        .world()
+        .read(&id, 1)
+        .await?
+        .iter()
+        .find(|r| matches!(r.event, Event::ToolCallOutcome { .. }))
+        .unwrap()
+        .seq;
+    for to in [0, inside, before.last_seq] {
+        let refused = harness.rewind(&id, to, "tester").await.unwrap_err();
+        assert!(refused.to_string().contains("to:"), "{to}: {refused}");
+    }
+
+    let report = harness.rewind(&id, end_of_turn_one, "tester").await?;
+    assert_eq!(report.status, Status::Idle);
+    assert_eq!(report.facts.len(), 1, "{:?}", report.facts);
+    assert!(
+        report.facts[0].contains("curl -s -m 2 -X POST"),
+        "{:?}",
+        report.facts
+    );
+    // The workspace and the state are the ones at the turn's end.
+    let (then, _) =
+        steadfast_world::load_state_at(harness.world(), harness.blobs(), &id, end_of_turn_one)
+            .await?;
+    assert!(!workspace.join("b.txt").exists() && workspace.join("a.txt").exists());
+    assert_eq!(
+        Some(harness.drive().snapshot(&workspace)?),
+        then.last_snapshot
+    );
+    let now = harness.state(&id).await?;
+    assert_eq!(now.conversation, then.conversation);
+    assert_eq!(
+        now.last_seq,
+        before.last_seq + 1,
+        "positions only move forward"
+    );
+    // What followed is kept whole in the branch.
+    let branch = harness.world().read(&report.branch, 1).await?;
+    assert!(branch.len() as u64 > before.last_seq);
+    assert_eq!(
+        harness.state(&report.branch).await?.last_reply().as_deref(),
+        Some("turn two done")
+    );
+
+    // The next turn's request carries the history up to the rewind and the facts.
+    let mut driver = harness.wake_native(&id).await?;
+    driver.send("again").await?;
+    assert_eq!(driver.run().await?, Stop::Idle);
+    driver.release().await?;
+    let request = setup.fake.state().requests().last().cloned().unwrap();
+    assert!(request.contains("This session was rewound"), "{request}");
+    assert!(request.contains("curl -s -m 2 -X POST"), "{request}");
+    assert!(
+        !request.contains("turn two done"),
+        "the set-aside turn is not in the context"
+    );
+    assert_eq!(
+        harness.state(&id).await?.last_reply().as_deref(),
+        Some("turn two done")
+    );
+    Ok(())
+}

@@ -28,6 +28,7 @@ events (schema 1): `PublicEvent`, one type per kind of log record.";
         sessions::show,
         sessions::update,
         forks::fork,
+        forks::rewind,
         admin::issue,
         admin::list,
         admin::revoke,

@@ -240,6 +240,23 @@ impl From<steadfast_world::SessionSummary> for SessionSummary {
     }
 }
 
+/// A session just rewound.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"id": "ses_01931f7c", "to": 42, "branch": "ses_01931f90", "facts": ["`bash` ran `git push origin main`: it completed"], "status": "idle"}))]
+pub struct Rewound {
+    /// The session.
+    pub id: String,
+    /// The last position it kept.
+    pub to: u64,
+    /// The fork holding the events set aside.
+    pub branch: String,
+    /// The external effects those events recorded, which still stand.
+    pub facts: Vec<String>,
+    /// Where it stands now.
+    #[schema(value_type = SessionStatus)]
+    pub status: String,
+}
+
 /// Sessions just forked.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({"sessions": [{"id": "ses_01931f80", "owner": "alice", "status": "idle", "title": "try another way", "last_seq": 43, "created_at_ms": 1764640200000_u64, "updated_at_ms": 1764640200000_u64, "agent": "claude-code", "labels": {}, "metadata": {}, "parent": "ses_01931f7c", "forked_at": 42}]}))]

@@ -169,3 +169,104 @@ async fn only_the_owner_forks() {
     assert_eq!(status, 201, "{made}");
     assert_eq!(made["sessions"][0]["owner"], "alice");
 }
+
+#[tokio::test]
+async fn a_rewind_through_the_api_goes_back_and_keeps_what_followed() {
+    let s = server(
+        json!([
+            bash("echo one > one.txt"),
+            {"text": "turn one done"},
+            bash("echo two > two.txt"),
+            {"text": "turn two done"},
+        ]),
+        dev(),
+        1,
+        |_| {},
+    )
+    .await;
+    let id = s.create(json!({"task": "one"})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let end_of_one = wait_status(&s.url, &id, None, "idle").await["last_seq"]
+        .as_u64()
+        .unwrap();
+    let (status, _) = call(
+        Method::POST,
+        &format!("{}/v1/sessions/{id}/messages", s.url),
+        None,
+        Some(json!({"text": "two"})),
+    )
+    .await;
+    assert!(status == 200 || status == 202);
+    let mut shown = wait_status(&s.url, &id, None, "idle").await;
+    for _ in 0..200 {
+        if shown["turn"] == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        shown = wait_status(&s.url, &id, None, "idle").await;
+    }
+    let last = shown["last_seq"].as_u64().unwrap();
+    let url = format!("{}/v1/sessions/{id}/rewind", s.url);
+
+    for (body, status) in [
+        (json!({"to": 0}), 422),
+        (json!({"to": last}), 422),
+        (json!({"to": end_of_one + 2}), 422),
+        (json!({}), 422),
+    ] {
+        let got = call(Method::POST, &url, None, Some(body.clone())).await;
+        assert_eq!(got.0, status, "{body}: {got:?}");
+        assert!(
+            got.1["error"]["message"].as_str().unwrap().contains("to"),
+            "{body}: {got:?}"
+        );
+    }
+
+    let (status, rewound) = call(Method::POST, &url, None, Some(json!({"to": end_of_one}))).await;
+    assert_eq!(status, 200, "{rewound}");
+    assert_eq!(
+        (rewound["to"].as_u64(), rewound["status"].as_str()),
+        (Some(end_of_one), Some("idle"))
+    );
+    let branch = rewound["branch"].as_str().unwrap();
+    let shown = s.show(&id).await;
+    assert_eq!(shown["reply"], "turn one done", "{shown}");
+    assert_eq!(shown["last_seq"], last + 1);
+    let file = |session: &str, path: &str| {
+        let url = format!("{}/v1/sessions/{session}/files/{path}", s.url);
+        async move { call(Method::GET, &url, None, None).await.0 }
+    };
+    assert_eq!(file(&id, "one.txt").await, 200);
+    assert_eq!(
+        file(&id, "two.txt").await,
+        404,
+        "the workspace is as it was at the turn's end"
+    );
+    assert_eq!(
+        file(branch, "two.txt").await,
+        200,
+        "what followed is kept in the branch"
+    );
+    assert_eq!(s.show(branch).await["reply"], "turn two done");
+    // The stream goes on with the rewind, positions moving forward.
+    let events: serde_json::Value = reqwest::Client::new()
+        .get(format!(
+            "{}/v1/sessions/{id}/events?after={end_of_one}",
+            s.url
+        ))
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let events = events["events"].as_array().unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        (events[0]["type"].as_str(), events[0]["seq"].as_u64()),
+        (Some("rewound"), Some(last + 1))
+    );
+}

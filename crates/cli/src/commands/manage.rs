@@ -229,6 +229,35 @@ pub async fn fork(home: &Path, config: &Config, args: ForkArgs) -> anyhow::Resul
     Ok(ExitCode::SUCCESS)
 }
 
+/// Arguments of `steadfast rewind`.
+#[derive(Debug, Args)]
+pub struct RewindArgs {
+    /// The session to rewind.
+    pub(crate) session: String,
+    /// The last log position it keeps: a turn's end, or 1 (`steadfast log` numbers
+    /// them).
+    #[arg(long)]
+    pub(crate) to: u64,
+}
+
+/// `steadfast rewind`: the session carries on from an earlier turn's end, its
+/// workspace put back; what followed is kept in a fork, whose id is printed.
+pub async fn rewind(home: &Path, config: &Config, args: RewindArgs) -> anyhow::Result<ExitCode> {
+    let (harness, _) = open(home, config, &args.session).await?;
+    let report = harness
+        .rewind(&args.session, args.to, &crate::home::me())
+        .await?;
+    println!("{}", report.branch);
+    eprintln!(
+        "steadfast: {} rewound to #{}; what followed is kept as {} (printed above)",
+        args.session, report.to, report.branch
+    );
+    for fact in &report.facts {
+        eprintln!("steadfast: still standing (the model will be told): {fact}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Arguments of `steadfast send`.
 #[derive(Debug, Args)]
 pub struct SendArgs {

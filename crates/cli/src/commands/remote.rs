@@ -10,7 +10,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use super::log::LogArgs;
-use super::manage::{DiffArgs, ForkArgs, SendArgs, SignalArgs};
+use super::manage::{DiffArgs, ForkArgs, RewindArgs, SendArgs, SignalArgs};
 use super::sessions::SessionsArgs;
 use crate::home::me;
 use crate::remote::{segment, Remote};
@@ -311,6 +311,26 @@ pub async fn fork(remote: &Remote, args: ForkArgs) -> anyhow::Result<ExitCode> {
         me(),
         remote.base()
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `steadfast rewind --server`: prints the fork that keeps what was set aside.
+pub async fn rewind(remote: &Remote, args: RewindArgs) -> anyhow::Result<ExitCode> {
+    let report = remote
+        .json(
+            Method::POST,
+            &format!("{}/rewind", session_path(&args.session)),
+            &[],
+            Some(&json!({"to": args.to})),
+        )
+        .await?;
+    println!("{}", report["branch"].as_str().unwrap_or_default());
+    for fact in report["facts"].as_array().into_iter().flatten() {
+        eprintln!(
+            "steadfast: still standing (the model will be told): {}",
+            fact.as_str().unwrap_or_default()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

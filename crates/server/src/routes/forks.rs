@@ -1,5 +1,5 @@
-//! Forking a session: new sessions whose history is the parent's up to a position
-//! and whose workspace is the snapshot recorded there.
+//! Forking a session (new sessions whose history is the parent's up to a position
+//! and whose workspace is the snapshot recorded there) and rewinding one in place.
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -107,4 +107,66 @@ pub(crate) async fn fork<W: World + Clone>(
             sessions: made.into_iter().map(Into::into).collect(),
         }),
     ))
+}
+
+/// Where to rewind a session to (`POST /v1/sessions/{id}/rewind`).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"to": 42}))]
+pub(crate) struct RewindSession {
+    /// The last log position the session keeps: a turn's end (a `turn_ended` or
+    /// `turn_interrupted` event) or 1, its start.
+    to: u64,
+}
+
+/// Rewind a session to an earlier turn's end
+///
+/// The session carries on from `to`: its workspace is put back to the snapshot
+/// recorded there and the model's next context is the history up to there. Nothing is
+/// deleted: the events after `to` are set aside, readable whole as `branch` (a fork
+/// taken at the session's last event, like any other); the event stream goes on with a
+/// `rewound` event (positions only move forward, so a reader's cursor stays valid).
+/// External effects among the events set aside (a push, a request out) cannot be
+/// undone: they are listed as `facts`, and the model is told of them with the next
+/// message. A running turn is interrupted first.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/rewind",
+    params(("id" = String, Path, description = "The session to rewind")),
+    request_body = RewindSession,
+    responses(
+        (status = 200, description = "Rewound", body = wire::Rewound),
+        (status = 400, description = "The body is not JSON", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 404, description = "No such session, or not the caller's", body = wire::Error),
+        (status = 409, description = "The session is busy and could not be stopped", body = wire::Error),
+        (status = 415, description = "The body is not `application/json`", body = wire::Error),
+        (status = 422, description = "`to` outside the log or inside a turn", body = wire::Error),
+    )
+)]
+pub(crate) async fn rewind<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Body(req): Body<RewindSession>,
+) -> Result<Json<wire::Rewound>, ApiError> {
+    let owner = state.owner(&headers, steadfast_world::Scope::Run).await?;
+    owned(&state, &id, &owner).await?;
+    state.creation_allowed(&owner)?;
+    let report = state.harness.rewind(&id, req.to, &owner).await?;
+    state
+        .audit(
+            &owner,
+            "session.rewound",
+            &id,
+            serde_json::json!({"to": report.to, "branch": report.branch, "facts": report.facts.len()}),
+        )
+        .await;
+    Ok(Json(wire::Rewound {
+        id,
+        to: report.to,
+        branch: report.branch,
+        facts: report.facts,
+        status: report.status.to_string(),
+    }))
 }
