@@ -245,7 +245,7 @@ pub struct RewindArgs {
 pub async fn rewind(home: &Path, config: &Config, args: RewindArgs) -> anyhow::Result<ExitCode> {
     let (harness, _) = open(home, config, &args.session).await?;
     let report = harness
-        .rewind(&args.session, args.to, &crate::home::me())
+        .rewind(&args.session, args.to, crate::home::me())
         .await?;
     println!("{}", report.branch);
     eprintln!(
