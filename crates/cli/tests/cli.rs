@@ -842,4 +842,26 @@ async fn a_fork_outlives_its_deleted_parent_and_garbage_collection() {
         "gc dropped a live fork's workspace: {}",
         text(&gc.stderr)
     );
+
+    // Rewound to its start: what it did is kept in a branch, its workspace put back.
+    let rewound = person
+        .steadfast("elsewhere", &["rewind", &forks[0], "--to", "1"])
+        .await;
+    assert!(rewound.status.success(), "{}", text(&rewound.stderr));
+    let branch = text(&rewound.stdout).trim().to_string();
+    assert!(branch.starts_with("ses_"), "{branch}");
+    let log = person.steadfast("elsewhere", &["log", &forks[0]]).await;
+    assert!(
+        text(&log.stdout).contains(&format!("rewound to #1; what followed is kept as {branch}")),
+        "{}",
+        text(&log.stdout)
+    );
+    let diff = person.steadfast("elsewhere", &["diff", &forks[0]]).await;
+    assert!(
+        diff.status.success() && text(&diff.stdout).trim().is_empty(),
+        "nothing changed since the start: {}",
+        text(&diff.stdout)
+    );
+    let kept = person.steadfast("elsewhere", &["diff", &branch]).await;
+    assert_eq!(text(&kept.stdout), text(&parent_diff.stdout));
 }
