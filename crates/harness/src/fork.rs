@@ -31,6 +31,18 @@ pub struct ForkRequest {
     pub model: Option<String>,
 }
 
+/// Refuses a position a rewind set aside (the state there is an earlier one's):
+/// those records are read through the branch the rewind made.
+pub(crate) fn set_aside(session: &str, field: &str, at: u64, folded_to: u64) -> Result<()> {
+    if folded_to != at {
+        return Err(Error::Invalid(format!(
+            "{field}: position {at} of session {session} was set aside by a rewind; \
+             use the branch that rewind made (its `rewound` event names it)"
+        )));
+    }
+    Ok(())
+}
+
 /// The signal a session in `state` waits for, as the world's row keeps it.
 pub(crate) fn awaited(state: &steadfast_log::SessionState) -> Option<String> {
     match state.status {
@@ -62,6 +74,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
         }
         let (state, _) =
             steadfast_world::load_state_at(&self.world, &self.blobs, &request.parent, at).await?;
+        set_aside(&request.parent, "at", at, state.last_seq)?;
         let model = match &request.model {
             Some(model) => {
                 self.check_agent_model(&state.agent, model)?;

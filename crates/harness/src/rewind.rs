@@ -138,6 +138,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
         }
         let (then, _) =
             steadfast_world::load_state_at(self.world(), self.blobs(), session, to).await?;
+        crate::fork::set_aside(session, "to", to, then.last_seq)?;
         if matches!(then.status, Status::Running | Status::Waiting) {
             return Err(Error::Invalid(format!(
                 "to: position {to} is inside turn {} of session {session}; rewind to a turn's \

@@ -322,6 +322,22 @@ async fn a_rewind_goes_back_to_a_turns_end_and_keeps_what_followed_aside() -> an
         Some("turn two done")
     );
 
+    // What was set aside is reached through the branch, not the session.
+    let refused = harness
+        .fork(&ForkRequest {
+            parent: id.clone(),
+            at: Some(before.last_seq),
+            count: 1,
+            owner: "local".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("set aside by a rewind"),
+        "{refused}"
+    );
+
     // The next turn's request carries the history up to the rewind and the facts.
     let mut driver = harness.wake_native(&id).await?;
     driver.send("again").await?;
