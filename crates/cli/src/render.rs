@@ -142,7 +142,7 @@ pub fn timeline(record: &Record) -> Vec<String> {
             branch.as_ref().map(|b| format!("; what followed is kept as {b}")).unwrap_or_default(),
             if facts.is_empty() { String::new() } else { format!("; still standing: {}", facts.join("; ")) }
         ),
-        Event::Forked { parent, at, workspace, model } => format!(
+        Event::Forked { parent, at, workspace, model, .. } => format!(
             "forked from {parent} at #{at}, into workspace {workspace}{}",
             model.as_ref().map(|m| format!(", speaking to {}/{}", m.provider, m.model)).unwrap_or_default()
         ),

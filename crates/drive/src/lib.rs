@@ -267,21 +267,31 @@ impl Drive {
         limit: std::time::Duration,
     ) -> Result<String> {
         let (drive, ws) = (self.clone(), workspace.to_path_buf());
+        let started = std::time::Instant::now();
+        let timed_out = || Error::Io {
+            op: "snapshot",
+            path: workspace.to_path_buf(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("took longer than {} s and was abandoned", limit.as_secs()),
+            ),
+        };
         match tokio::time::timeout(
             limit,
             tokio::task::spawn_blocking(move || drive.snapshot(&ws)),
         )
         .await
         {
-            Ok(done) => done.map_err(|e| Error::Task(e.to_string()))?,
-            Err(_) => Err(Error::Io {
-                op: "snapshot",
-                path: workspace.to_path_buf(),
-                source: std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("took longer than {} s and was abandoned", limit.as_secs()),
-                ),
-            }),
+            Ok(done) => {
+                let snapshot = done.map_err(|e| Error::Task(e.to_string()))??;
+                // Finished past the deadline (the timer had not fired yet on a busy
+                // machine): late all the same, whatever the scheduler did.
+                if started.elapsed() > limit {
+                    return Err(timed_out());
+                }
+                Ok(snapshot)
+            }
+            Err(_) => Err(timed_out()),
         }
     }
 

@@ -29,6 +29,9 @@ pub struct ForkRequest {
     pub title: Option<String>,
     /// The model the children speak to (`provider/model`); `None` keeps the parent's.
     pub model: Option<String>,
+    /// Bounds for the children: each field set replaces the parent's (the caller
+    /// has checked them against the operator's ceilings).
+    pub limits: Option<steadfast_log::Limits>,
 }
 
 /// Refuses a position a rewind set aside (the state there is an earlier one's):
@@ -82,6 +85,19 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
             }
             None => None,
         };
+        let limits = request.limits.as_ref().map(|asked| steadfast_log::Limits {
+            max_cost_micro_usd: asked.max_cost_micro_usd.or(state.limits.max_cost_micro_usd),
+            max_tokens: asked.max_tokens.or(state.limits.max_tokens),
+            max_turns: asked.max_turns.or(state.limits.max_turns),
+            max_duration_ms: asked.max_duration_ms.or(state.limits.max_duration_ms),
+        });
+        if let (Some(limits), Some(model)) = (&limits, model.as_ref().or(Some(&state.model))) {
+            if limits.max_cost_micro_usd.is_some() && !self.is_priced(model) {
+                return Err(Error::Invalid(format!(
+                    "budget: the model {model} has no price here, so a money bound could never trip"
+                )));
+            }
+        }
         let mut children = Vec::with_capacity(request.count as usize);
         for _ in 0..request.count {
             let event = Event::Forked {
@@ -89,6 +105,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                 at,
                 workspace: new_workspace_id(),
                 model: model.clone(),
+                limits,
             };
             let mut child = state.clone();
             child

@@ -159,6 +159,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                     "set aside by a rewind of {session} to #{to} ({by})"
                 )),
                 model: None,
+                limits: None,
             })
             .await?
             .remove(0)

@@ -879,6 +879,9 @@ pub enum Event {
         /// The model this session speaks to from here on, when not the parent's.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         model: Option<ModelSpec>,
+        /// The session's bounds from here on, when not the parent's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limits: Option<Limits>,
     },
     /// The session was rewound: its log goes on from position `to`, whose state is
     /// its state again; the records after `to` and before this one are set aside (kept

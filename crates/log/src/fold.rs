@@ -934,10 +934,16 @@ impl SessionState {
             reason: reason.to_string(),
         };
         if let Event::Forked {
-            workspace, model, ..
+            workspace,
+            model,
+            limits,
+            ..
         } = &record.event
         {
             self.fork(workspace, model.as_ref()).map_err(bad)?;
+            if let Some(limits) = limits {
+                self.limits = *limits;
+            }
             self.last_seq = record.seq;
             return Ok(());
         }

@@ -270,3 +270,58 @@ async fn a_rewind_through_the_api_goes_back_and_keeps_what_followed() {
         (Some("rewound"), Some(last + 1))
     );
 }
+
+#[tokio::test]
+async fn a_fork_takes_bounds_of_its_own_within_the_ceilings() {
+    let s = server(json!([{"text": "done"}]), dev(), 1, |state| {
+        state.ceilings.max_turns = Some(10);
+    })
+    .await;
+    let id = s
+        .create(json!({"task": "work", "budget": {"max_tokens": 5000}}))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_status(&s.url, &id, None, "idle").await;
+    let url = format!("{}/v1/sessions/{id}/fork", s.url);
+    let over = call(
+        Method::POST,
+        &url,
+        None,
+        Some(json!({"budget": {"max_turns": 11}})),
+    )
+    .await;
+    assert_error(&over, 403, "over_ceiling");
+    assert!(
+        over.1["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("budget.max_turns"),
+        "{over:?}"
+    );
+    let zero = call(
+        Method::POST,
+        &url,
+        None,
+        Some(json!({"budget": {"max_turns": 0}})),
+    )
+    .await;
+    assert_eq!(zero.0, 422, "{zero:?}");
+    assert_eq!(s.show(&id).await["children"], json!([]), "nothing made");
+
+    let (status, made) = call(
+        Method::POST,
+        &url,
+        None,
+        Some(json!({"budget": {"max_turns": 3}})),
+    )
+    .await;
+    assert_eq!(status, 201, "{made}");
+    let fork = s.show(made["sessions"][0]["id"].as_str().unwrap()).await;
+    assert_eq!(fork["limits"]["max_turns"], 3, "{fork}");
+    assert_eq!(
+        fork["limits"]["max_tokens"], 5000,
+        "the parent's other bounds stay: {fork}"
+    );
+}

@@ -663,6 +663,7 @@ pub async fn forks_share_the_parents_log<W: World>(world: &W) {
         at,
         workspace: workspace.into(),
         model: None,
+        limits: None,
     };
     let fork = |parent: &str, child: &str, at| crate::Fork {
         parent: parent.into(),
@@ -833,6 +834,7 @@ pub async fn rewinds_set_records_aside_without_reusing_positions<W: World>(world
                 at: 5,
                 workspace: "ws_kept".into(),
                 model: None,
+                limits: None,
             },
             status: "idle".into(),
             waiting_for: None,

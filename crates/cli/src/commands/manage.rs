@@ -207,6 +207,7 @@ pub async fn fork(home: &Path, config: &Config, args: ForkArgs) -> anyhow::Resul
             owner: summary.owner,
             title: args.title,
             model: args.model,
+            limits: None,
         })
         .await?;
     for fork in &forks {

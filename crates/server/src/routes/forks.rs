@@ -33,6 +33,11 @@ pub(crate) struct ForkSession {
     /// The model the forks speak to, `provider/model` (default: the parent's).
     #[serde(default)]
     model: Option<String>,
+    /// Bounds for the forks: each field given replaces the parent's, within the
+    /// operator's ceilings (over one: 403 `over_ceiling`); the rest are the parent's.
+    /// Spend and turns so far are the parent's history, and count.
+    #[serde(default)]
+    budget: Option<super::sessions::Budget>,
 }
 
 /// Fork a session at any position
@@ -81,6 +86,17 @@ pub(crate) async fn fork<W: World + Clone>(
     }
     .check()
     .map_err(invalid)?;
+    let limits = match &req.budget {
+        Some(budget) => {
+            let asked = budget.limits().map_err(invalid)?;
+            if let Some(refusal) = crate::bounds::refuse_over(&asked, &state.ceilings(), "budget.")
+            {
+                return Err(refusal);
+            }
+            Some(asked)
+        }
+        None => None,
+    };
     for _ in 0..count {
         state.creation_allowed(&owner)?;
     }
@@ -91,6 +107,7 @@ pub(crate) async fn fork<W: World + Clone>(
         owner: owner.clone(),
         title: req.title,
         model: req.model,
+        limits,
     };
     let made = state.harness.fork(&request).await?;
     state

@@ -156,10 +156,10 @@ impl FileContent {
     }
 }
 
-/// A session's bounds, as asked at creation.
+/// A session's bounds, as asked at creation (or for a fork).
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct Budget {
+pub(crate) struct Budget {
     /// Money for model calls, US dollars.
     #[serde(default)]
     #[schema(exclusive_minimum = 0.0)]
@@ -176,6 +176,30 @@ struct Budget {
     #[serde(default)]
     #[schema(minimum = 1)]
     max_duration_s: Option<u64>,
+}
+
+impl Budget {
+    /// The bounds asked, checked (each positive) but not yet against any ceiling;
+    /// the error names the field.
+    pub(crate) fn limits(&self) -> Result<steadfast_log::Limits, String> {
+        let max_cost_micro_usd = match self.max_cost_usd {
+            Some(usd) if !usd.is_finite() || usd <= 0.0 => {
+                return Err("budget.max_cost_usd: must be positive".into())
+            }
+            Some(usd) => Some((usd * 1e6).round() as u64),
+            None => None,
+        };
+        if self.max_tokens == Some(0) || self.max_turns == Some(0) || self.max_duration_s == Some(0)
+        {
+            return Err("budget: max_tokens, max_turns and max_duration_s must be positive".into());
+        }
+        Ok(steadfast_log::Limits {
+            max_cost_micro_usd,
+            max_tokens: self.max_tokens,
+            max_turns: self.max_turns,
+            max_duration_ms: self.max_duration_s.map(|s| s.saturating_mul(1000)),
+        })
+    }
 }
 
 /// Start a session
@@ -224,24 +248,10 @@ pub(crate) async fn create<W: World + Clone>(
         .harness
         .check_agent(&agent)
         .map_err(|e| invalid(format!("agent: {e}")))?;
-    let mut asked = steadfast_log::Limits::default();
-    if let Some(b) = req.budget {
-        asked.max_cost_micro_usd = match b.max_cost_usd {
-            Some(usd) if !usd.is_finite() || usd <= 0.0 => {
-                return Err(invalid("budget.max_cost_usd: must be positive".into()))
-            }
-            Some(usd) => Some((usd * 1e6).round() as u64),
-            None => None,
-        };
-        if b.max_tokens == Some(0) || b.max_turns == Some(0) || b.max_duration_s == Some(0) {
-            return Err(invalid(
-                "budget: max_tokens, max_turns and max_duration_s must be positive".into(),
-            ));
-        }
-        asked.max_tokens = b.max_tokens;
-        asked.max_turns = b.max_turns;
-        asked.max_duration_ms = b.max_duration_s.map(|s| s.saturating_mul(1000));
-    }
+    let asked = match &req.budget {
+        Some(b) => b.limits().map_err(invalid)?,
+        None => steadfast_log::Limits::default(),
+    };
     let ceilings = state.ceilings();
     if let Some(refusal) = crate::bounds::refuse_over(&asked, &ceilings, "budget.") {
         return Err(refusal);
