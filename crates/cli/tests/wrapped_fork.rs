@@ -23,9 +23,12 @@ const CLIS: &[(&str, &str)] = &[
     ("opencode", "anthropic/claude-sonnet-4-5"),
 ];
 
+/// `steadfast` in `home`, run from `home`'s parent (where a test's `steadfast.toml`
+/// naming agents is).
 fn command(home: &std::path::Path, fake: &FakeProvider, args: &[&str]) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(BIN);
     cmd.args(args)
+        .current_dir(home.parent().unwrap())
         .env("STEADFAST_HOME", home)
         .env("STEADFAST_AGENTS_DIR", agents_dir())
         .env("ANTHROPIC_API_KEY", "sk-ant-the-harness-real-key")
@@ -76,6 +79,17 @@ async fn idle(http: &reqwest::Client, url: &str, id: &str) -> Value {
     panic!("session {id} never went idle");
 }
 
+/// The newest version of `package` the npm registry serves.
+async fn newest(package: &str) -> String {
+    let out = tokio::process::Command::new("npm")
+        .args(["view", package, "version"])
+        .output()
+        .await
+        .expect("npm runs");
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrapped_session_forked_inside_its_turn_finishes_it_on_its_own() {
     for (agent, model) in CLIS
@@ -83,8 +97,53 @@ async fn a_wrapped_session_forked_inside_its_turn_finishes_it_on_its_own() {
         .filter(|c| std::env::var("ONLY").map_or(true, |o| o == c.0))
     {
         installed(agent).await;
+        fork_inside_a_turn(agent, model, None).await;
+    }
+}
+
+/// The same with the newest Claude Code and Codex the npm registry serves, as named
+/// agents at that version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_newest_claude_code_and_codex_fork_inside_a_turn_too() {
+    for (adapter, package, model) in [
+        (
+            "claude-code",
+            "@anthropic-ai/claude-code",
+            "anthropic/claude-sonnet-4-5",
+        ),
+        ("codex", "@openai/codex", "openai/gpt-5"),
+    ] {
+        let version = newest(package).await;
+        let name = format!("{adapter}-newest");
+        let config = format!(
+            "[[agents.named]]\nname = \"{name}\"\nadapter = \"{adapter}\"\nversion = \"{version}\"\n"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("steadfast.toml"), &config).unwrap();
+        let out = tokio::process::Command::new(BIN)
+            .args(["install-agent", &name])
+            .current_dir(dir.path())
+            .env("STEADFAST_AGENTS_DIR", agents_dir())
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "install {name} ({version}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        fork_inside_a_turn(&name, model, Some(&config)).await;
+    }
+}
+
+/// A session of `agent` on the demo, forked after its third reply inside the turn.
+async fn fork_inside_a_turn(agent: &str, model: &str, config: Option<&str>) {
+    {
         let fake = FakeProvider::start(demo::script()).await.unwrap();
         let dir = tempfile::tempdir().unwrap();
+        if let Some(config) = config {
+            std::fs::write(dir.path().join("steadfast.toml"), config).unwrap();
+        }
         let home = dir.path().join("home");
         let mut api = command(
             &home,
