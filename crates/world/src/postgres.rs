@@ -831,6 +831,60 @@ async fn last_in_segments(
     Ok(0)
 }
 
+/// Stores one record of `session` whose body is `body` (a fork's or a rewind's own,
+/// written outside an append; the fence must let the record's epoch through).
+async fn insert_record(
+    tx: &Transaction<'_>,
+    session: &str,
+    record: &Record,
+    body: &[u8],
+) -> Result<()> {
+    tx.execute(
+        "INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        &[
+            &session,
+            &lineage::sql_position(record.seq),
+            &(record.epoch as i64),
+            &(record.at_ms as i64),
+            &(record::SCHEMA_VERSION as i16),
+            &record.event.kind(),
+            &body,
+            &record::checksum_of(session, record, body),
+        ],
+    )
+    .await
+    .map_err(db)?;
+    Ok(())
+}
+
+/// Makes `ancestry` the segments `session` reads before its own records.
+async fn write_lineage(
+    tx: &Transaction<'_>,
+    session: &str,
+    ancestry: &[lineage::Segment],
+) -> Result<()> {
+    tx.execute(
+        "DELETE FROM steadfast_lineage WHERE session_id = $1",
+        &[&session],
+    )
+    .await
+    .map_err(db)?;
+    for s in ancestry {
+        tx.execute(
+            "INSERT INTO steadfast_lineage (session_id, ancestor, lo, hi) VALUES ($1, $2, $3, $4)",
+            &[
+                &session,
+                &s.session,
+                &lineage::sql_position(s.lo),
+                &lineage::sql_position(s.hi),
+            ],
+        )
+        .await
+        .map_err(db)?;
+    }
+    Ok(())
+}
+
 /// Deletes the records of `session` (whose row is gone) that no fork reads.
 async fn trim_unread(tx: &Transaction<'_>, session: &str) -> Result<()> {
     tx.execute(
@@ -1316,35 +1370,19 @@ impl World for PostgresWorld {
         if inserted == 0 {
             return Err(Error::AlreadyExists(fork.child.clone()));
         }
-        for s in lineage::ancestry_at(&parent_segments, fork.at) {
-            tx.execute(
-                "INSERT INTO steadfast_lineage (session_id, ancestor, lo, hi) VALUES ($1, $2, $3, $4)",
-                &[&fork.child, &s.session, &lineage::sql_position(s.lo), &lineage::sql_position(s.hi)],
-            )
-            .await
-            .map_err(db)?;
-        }
+        write_lineage(
+            &tx,
+            &fork.child,
+            &lineage::ancestry_at(&parent_segments, fork.at),
+        )
+        .await?;
         let record = Record {
             seq: fork.at + 1,
             epoch: to_u64(epoch),
             at_ms: to_u64(now),
             event: fork.event.clone(),
         };
-        tx.execute(
-            "INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            &[
-                &fork.child,
-                &(at + 1),
-                &epoch,
-                &now,
-                &(record::SCHEMA_VERSION as i16),
-                &record.event.kind(),
-                &body,
-                &record::checksum_of(&fork.child, &record, &body),
-            ],
-        )
-        .await
-        .map_err(db)?;
+        insert_record(&tx, &fork.child, &record, &body).await?;
         tx.execute(
             "UPDATE steadfast_sessions SET lease_holder = NULL WHERE id = $1",
             &[&fork.child],
@@ -1375,20 +1413,7 @@ impl World for PostgresWorld {
         let now = check_fence(&tx, &rewind.lease).await?;
         let (last_seq, segments) = segments_of(&tx, session).await?;
         lineage::check_rewind_point(session, rewind.to, last_seq)?;
-        tx.execute(
-            "DELETE FROM steadfast_lineage WHERE session_id = $1",
-            &[&session],
-        )
-        .await
-        .map_err(db)?;
-        for s in lineage::ancestry_at(&segments, rewind.to) {
-            tx.execute(
-                "INSERT INTO steadfast_lineage (session_id, ancestor, lo, hi) VALUES ($1, $2, $3, $4)",
-                &[&session, &s.session, &lineage::sql_position(s.lo), &lineage::sql_position(s.hi)],
-            )
-            .await
-            .map_err(db)?;
-        }
+        write_lineage(&tx, session, &lineage::ancestry_at(&segments, rewind.to)).await?;
         let record = Record {
             seq: last_seq + 1,
             epoch: rewind.lease.epoch,
@@ -1396,21 +1421,7 @@ impl World for PostgresWorld {
             event: rewind.event.clone(),
         };
         let seq = lineage::sql_position(record.seq);
-        tx.execute(
-            "INSERT INTO steadfast_events (session_id, seq, epoch, at_ms, schema, kind, body, checksum) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            &[
-                &session,
-                &seq,
-                &(record.epoch as i64),
-                &(now as i64),
-                &(record::SCHEMA_VERSION as i16),
-                &record.event.kind(),
-                &body,
-                &record::checksum_of(session, &record, &body),
-            ],
-        )
-        .await
-        .map_err(db)?;
+        insert_record(&tx, session, &record, &body).await?;
         tx.execute(
             "UPDATE steadfast_sessions SET own_from = $2, last_seq = $2, updated_at_ms = $3, status = $4, waiting_for = $5, retry_at_ms = 0 WHERE id = $1",
             &[&session, &seq, &(now as i64), &rewind.status, &rewind.waiting_for],

@@ -513,6 +513,40 @@ fn last_in_segments(conn: &Connection, session: &str, kind: &str, upto: u64) -> 
     Ok(0)
 }
 
+/// Stores one record of `session` whose body is `body` (a fork's or a rewind's own,
+/// written outside an append).
+fn insert_record(tx: &Connection, session: &str, record: &Record, body: &[u8]) -> Result<()> {
+    tx.execute(
+        "INSERT INTO events (session_id, seq, epoch, at_ms, schema, kind, body, checksum) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        params![
+            session,
+            record.seq,
+            record.epoch,
+            record.at_ms,
+            record::SCHEMA_VERSION,
+            record.event.kind(),
+            body,
+            record::checksum_of(session, record, body)
+        ],
+    )
+    .map_err(backend)?;
+    Ok(())
+}
+
+/// Makes `ancestry` the segments `session` reads before its own records.
+fn write_lineage(tx: &Connection, session: &str, ancestry: &[lineage::Segment]) -> Result<()> {
+    tx.execute("DELETE FROM lineage WHERE session_id = ?1", [session])
+        .map_err(backend)?;
+    for s in ancestry {
+        tx.execute(
+            "INSERT INTO lineage (session_id, ancestor, lo, hi) VALUES (?1, ?2, ?3, ?4)",
+            params![session, s.session, s.lo, s.hi],
+        )
+        .map_err(backend)?;
+    }
+    Ok(())
+}
+
 /// Deletes the records of `session` (whose row is gone) that no fork reads.
 fn trim_unread(tx: &Connection, session: &str) -> Result<()> {
     tx.execute(
@@ -1142,33 +1176,14 @@ impl World for SqliteWorld {
                 if inserted == 0 {
                     return Err(Error::AlreadyExists(fork.child));
                 }
-                for s in lineage::ancestry_at(&parent_segments, fork.at) {
-                    tx.execute(
-                        "INSERT INTO lineage (session_id, ancestor, lo, hi) VALUES (?1, ?2, ?3, ?4)",
-                        params![fork.child, s.session, s.lo, s.hi],
-                    )
-                    .map_err(backend)?;
-                }
+                write_lineage(&tx, &fork.child, &lineage::ancestry_at(&parent_segments, fork.at))?;
                 let record = Record {
                     seq: fork.at + 1,
                     epoch,
                     at_ms: now,
                     event: fork.event.clone(),
                 };
-                tx.execute(
-                    "INSERT INTO events (session_id, seq, epoch, at_ms, schema, kind, body, checksum) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                    params![
-                        fork.child,
-                        record.seq,
-                        epoch,
-                        now,
-                        record::SCHEMA_VERSION,
-                        record.event.kind(),
-                        body,
-                        record::checksum_of(&fork.child, &record, &body)
-                    ],
-                )
-                .map_err(backend)?;
+                insert_record(&tx, &fork.child, &record, &body)?;
                 let summary = tx
                     .query_row(&format!("SELECT {SUMMARY_COLUMNS} WHERE id = ?1"), [&fork.child], summary)
                     .map_err(backend)?;
@@ -1193,15 +1208,7 @@ impl World for SqliteWorld {
                 check_fence(&tx, &rewind.lease)?;
                 let (last_seq, segments) = segments_of(&tx, &session)?;
                 lineage::check_rewind_point(&session, rewind.to, last_seq)?;
-                tx.execute("DELETE FROM lineage WHERE session_id = ?1", [&session])
-                    .map_err(backend)?;
-                for s in lineage::ancestry_at(&segments, rewind.to) {
-                    tx.execute(
-                        "INSERT INTO lineage (session_id, ancestor, lo, hi) VALUES (?1, ?2, ?3, ?4)",
-                        params![session, s.session, s.lo, s.hi],
-                    )
-                    .map_err(backend)?;
-                }
+                write_lineage(&tx, &session, &lineage::ancestry_at(&segments, rewind.to))?;
                 let now = now_ms();
                 let record = Record {
                     seq: last_seq + 1,
@@ -1209,20 +1216,7 @@ impl World for SqliteWorld {
                     at_ms: now,
                     event: rewind.event.clone(),
                 };
-                tx.execute(
-                    "INSERT INTO events (session_id, seq, epoch, at_ms, schema, kind, body, checksum) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                    params![
-                        session,
-                        record.seq,
-                        record.epoch,
-                        now,
-                        record::SCHEMA_VERSION,
-                        record.event.kind(),
-                        body,
-                        record::checksum_of(&session, &record, &body)
-                    ],
-                )
-                .map_err(backend)?;
+                insert_record(&tx, &session, &record, &body)?;
                 tx.execute(
                     "UPDATE sessions SET own_from = ?2, last_seq = ?2, updated_at_ms = ?3, status = ?4, waiting_for = ?5, retry_at_ms = 0 WHERE id = ?1",
                     params![session, record.seq, now, rewind.status, rewind.waiting_for],
