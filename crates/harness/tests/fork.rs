@@ -356,3 +356,74 @@ async fn a_rewind_goes_back_to_a_turns_end_and_keeps_what_followed_aside() -> an
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_fork_at_a_call_in_flight_resolves_it_against_the_fork_point() -> anyhow::Result<()> {
+    let setup = Setup::new(json!([
+        bash("echo one >> notes.txt"),
+        {"text": "done"},
+    ]))
+    .await;
+    let harness = setup.harness_with(|o| o.sandbox.backend = steadfast_sandbox::Backend::Local);
+    let workspace = setup.workspace();
+    std::fs::write(workspace.join("notes.txt"), "zero\n")?;
+    let parent = harness
+        .start_session(NewSession::native("fake/m", &workspace).with_task("go"))
+        .await?;
+    let mut driver = harness.wake_native(&parent).await?;
+    assert_eq!(driver.run().await?, Stop::Idle);
+    driver.release().await?;
+    // At the command's intent: the parent went on to run it, but the fork's history
+    // ends before any outcome.
+    let intent = harness
+        .world()
+        .read(&parent, 1)
+        .await?
+        .iter()
+        .find(|r| matches!(r.event, Event::ToolCallIntent { .. }))
+        .unwrap()
+        .seq;
+    let fork = harness
+        .fork(&ForkRequest {
+            parent: parent.clone(),
+            at: Some(intent),
+            count: 1,
+            owner: "local".into(),
+            ..Default::default()
+        })
+        .await?
+        .remove(0);
+    assert_eq!(fork.status, "running");
+    let mut driver = harness.wake_native(&fork.id).await?;
+    assert_eq!(driver.run().await?, Stop::Idle);
+    driver.release().await?;
+    let own: Vec<Event> = harness
+        .world()
+        .read(&fork.id, intent + 1)
+        .await?
+        .into_iter()
+        .map(|r| r.event)
+        .collect();
+    assert!(
+        own.iter().any(|e| matches!(
+            e,
+            Event::ToolCallInterrupted {
+                resolution: steadfast_log::ToolResolution::RolledBack { .. },
+                ..
+            }
+        )),
+        "the cut-off mutation was rolled back in the fork: {own:?}"
+    );
+    // Rolled back to the snapshot before it, then run again by the model's choice:
+    // once in the fork's workspace, never twice.
+    let dir = workspace_of(&harness, &fork.id).await;
+    assert_eq!(
+        std::fs::read_to_string(dir.join("notes.txt"))?,
+        "zero\none\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(workspace.join("notes.txt"))?,
+        "zero\none\n"
+    );
+    Ok(())
+}
