@@ -771,6 +771,12 @@ async fn a_fork_outlives_its_deleted_parent_and_garbage_collection() {
     assert!(forked.status.success(), "{}", text(&forked.stderr));
     let forks: Vec<String> = text(&forked.stdout).lines().map(str::to_string).collect();
     assert_eq!(forks.len(), 2, "{}", text(&forked.stdout));
+    let listed = text(&person.steadfast("elsewhere", &["sessions"]).await.stdout);
+    let row = listed
+        .lines()
+        .find(|l| l.starts_with(&forks[0]))
+        .expect("the fork is listed");
+    assert!(row.contains(&format!("(fork of {parent} at #")), "{listed}");
 
     // The parent and everything only it referred to go; the forks keep what they share.
     let deleted = person.steadfast("elsewhere", &["delete", &parent]).await;

@@ -90,9 +90,13 @@ pub(crate) fn print(
         "SESSION", "STATUS", "EVENTS", "UPDATED"
     )?;
     for s in sessions {
+        let forked = match (&s.parent, s.forked_at) {
+            (Some(parent), Some(at)) => format!("  (fork of {parent} at #{at})"),
+            _ => String::new(),
+        };
         writeln!(
             out,
-            "{:<40} {:<10} {:>6}  {:<20} {}",
+            "{:<40} {:<10} {:>6}  {:<20} {}{forked}",
             s.id,
             s.status,
             s.last_seq,
