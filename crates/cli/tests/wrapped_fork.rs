@@ -256,3 +256,104 @@ async fn fork_inside_a_turn(agent: &str, model: &str, config: Option<&str>) {
         let _ = api.start_kill();
     }
 }
+
+/// A wrapped session bound to a user's directory (`steadfast run --workspace DIR`),
+/// forked inside its turn and carried on here with `resume`: the fork works in a
+/// logical workspace of its own, and its CLI's requests, which name another directory
+/// than the recorded ones did, are still answered from the shared part of the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_sessions_fork_replays_its_shared_part_in_a_workspace_of_its_own() {
+    for (agent, model) in CLIS[..2]
+        .iter()
+        .filter(|c| std::env::var("ONLY").map_or(true, |o| o == c.0))
+    {
+        installed(agent).await;
+        let fake = FakeProvider::start(demo::script()).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let repo = dir.path().join("repo");
+        demo::write_project(&repo).unwrap();
+        let run = command(
+            &home,
+            &fake,
+            &[
+                "run",
+                demo::TASK,
+                "--agent",
+                agent,
+                "--workspace",
+                repo.to_str().unwrap(),
+                "--model",
+                model,
+                "--json",
+            ],
+        )
+        .output()
+        .await
+        .unwrap();
+        assert!(
+            run.status.success(),
+            "{agent}: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let parent = serde_json::from_slice::<Value>(&run.stdout).unwrap()["session"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let parent_calls = fake.calls();
+        let before = std::fs::read_to_string(repo.join("CHANGELOG.md")).unwrap();
+        let records = log(&home, &fake, &parent).await;
+        let at = records
+            .iter()
+            .filter(|r| kind(r) == "exchange_outcome")
+            .map(|r| r["seq"].as_u64().unwrap())
+            .nth(2)
+            .expect("three replies");
+        let forked = command(&home, &fake, &["fork", &parent, "--at", &at.to_string()])
+            .output()
+            .await
+            .unwrap();
+        assert!(forked.status.success());
+        let fork = String::from_utf8_lossy(&forked.stdout).trim().to_string();
+        let resumed = command(&home, &fake, &["resume", &fork, "--json"])
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            resumed.status.success(),
+            "{agent}: {}",
+            String::from_utf8_lossy(&resumed.stderr)
+        );
+        let own: Vec<String> = log(&home, &fake, &fork)
+            .await
+            .iter()
+            .filter(|r| r["seq"].as_u64().unwrap() > at)
+            .map(kind)
+            .collect();
+        assert!(
+            !own.iter().any(|k| k == "replay_diverged"),
+            "{agent}: {own:?}"
+        );
+        assert!(own.iter().any(|k| k == "turn_ended"), "{agent}: {own:?}");
+        let fork_calls = fake.calls() - parent_calls;
+        assert!(
+            fork_calls <= parent_calls - 3,
+            "{agent}: fork {fork_calls}, parent {parent_calls}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(repo.join("CHANGELOG.md")).unwrap(),
+            before,
+            "the user's directory is the parent's alone"
+        );
+        let workspaces: Vec<_> = std::fs::read_dir(home.join("workspaces"))
+            .unwrap()
+            .flatten()
+            .collect();
+        assert_eq!(workspaces.len(), 1);
+        assert!(
+            std::fs::read_to_string(workspaces[0].path().join("CHANGELOG.md"))
+                .unwrap()
+                .contains("off-by-one")
+        );
+    }
+}

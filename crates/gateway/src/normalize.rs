@@ -19,7 +19,9 @@
 //!   names another directory (the CLIs put their working directory in every request,
 //!   and recorded tool outputs replayed to them name the first host's). For a logical
 //!   workspace (`.../ws_<id>`) any absolute path ending in its id is its directory on
-//!   some host; a directory given by path is matched as itself.
+//!   some host; a directory given by path is matched as itself. So is each of these
+//!   as a CLI spells it in names of its own (Claude Code's `~/.claude/projects/-tmp-repo`:
+//!   every character but ASCII letters and digits made `-`).
 //!
 //! Headers (request ids, per-run session ids, user agents) are never part of it. Ids the
 //! provider assigned (message, tool-call ids) are kept: on replay the client gets the
@@ -68,10 +70,14 @@ impl WorkspaceNames {
             .and_then(|n| n.to_str())
             .is_some_and(steadfast_log::is_workspace_id);
         let mount = logical.then(|| steadfast_log::WORKSPACE_MOUNT.into());
-        let mut alternatives: Vec<String> = std::iter::once(workspace.to_string_lossy())
+        let paths: Vec<String> = std::iter::once(workspace.to_string_lossy().into_owned())
             .chain(mount)
-            .chain(former.iter().map(|f| f.as_str().into()))
-            .filter_map(|path| directory_pattern(&path))
+            .chain(former.iter().cloned())
+            .collect();
+        let mut alternatives: Vec<String> = paths
+            .iter()
+            .filter_map(|path| directory_pattern(path))
+            .chain(paths.iter().filter_map(|path| encoded_pattern(path)))
             .collect();
         // The longest first, so no directory is taken for a prefix of itself.
         alternatives.sort_by_key(|p| std::cmp::Reverse(p.len()));
@@ -81,6 +87,29 @@ impl WorkspaceNames {
         }
         WorkspaceNames(Regex::new(&format!("(?:{})", alternatives.join("|"))).ok())
     }
+}
+
+/// The pattern of a directory as a CLI spells it in a name of its own: Claude Code
+/// keeps a directory's memory under `~/.claude/projects/<path, every character but
+/// ASCII letters and digits made `-`>/`, and says so in every request, so a session
+/// forked or moved to another directory would otherwise never match its record.
+fn encoded_pattern(path: &str) -> Option<String> {
+    let encode = |s: &str| -> String {
+        s.chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect()
+    };
+    let path = path.trim_end_matches('/');
+    let name = path.rsplit('/').next().unwrap_or("");
+    if steadfast_log::is_workspace_id(name) {
+        return Some(format!(r"[A-Za-z0-9-]*-{}\b", regex::escape(&encode(name))));
+    }
+    let encoded = encode(path);
+    // Too short to name a directory rather than a word (`-w`).
+    if encoded.chars().filter(char::is_ascii_alphanumeric).count() < 3 {
+        return None;
+    }
+    Some(format!(r"{}\b", regex::escape(&encoded)))
 }
 
 /// The pattern of one directory's name in a request.
@@ -194,6 +223,35 @@ mod tests {
             other("/home/me/repo", "/home/me/repo"),
             other("/home/you/repo", "/home/me/repo")
         );
+    }
+
+    #[test]
+    fn a_directory_as_claude_code_spells_it_in_its_memory_path_is_the_workspace_too() {
+        let request = |memory: &str, cwd: &str| {
+            json!({"system": [{"type": "text", "text": format!(
+                "memory at `/home/agent/.claude/projects/{memory}/memory/`\n - Primary working directory: {cwd}"
+            )}]})
+        };
+        // Recorded in the user's directory; asked again by a fork, whose logical
+        // workspace the sandbox shows at the fixed mount.
+        let recorded = fingerprint(
+            "anthropic.messages",
+            &request("-tmp--tmpyx0nN4-repo", "/tmp/.tmpyx0nN4/repo"),
+            &names("/tmp/.tmpyx0nN4/repo", &[]),
+        );
+        let forked = fingerprint(
+            "anthropic.messages",
+            &request("-workspace", "/workspace"),
+            &names("/hosts/b/workspaces/ws_2", &["/tmp/.tmpyx0nN4/repo"]),
+        );
+        assert_eq!(recorded, forked);
+        // Another directory's memory is another request.
+        let elsewhere = fingerprint(
+            "anthropic.messages",
+            &request("-tmp-other", "/tmp/.tmpyx0nN4/repo"),
+            &names("/tmp/.tmpyx0nN4/repo", &[]),
+        );
+        assert_ne!(recorded, elsewhere);
     }
 
     #[test]
