@@ -59,9 +59,10 @@ pub(crate) struct ForkSession {
         (status = 201, description = "The forks, made", body = wire::Forks),
         (status = 400, description = "The body is not JSON", body = wire::Error),
         (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 403, description = "A bound in `budget` is over the operator's ceiling (`over_ceiling`, naming it)", body = wire::Error),
         (status = 404, description = "No such session, or not the caller's", body = wire::Error),
         (status = 415, description = "The body is not `application/json`", body = wire::Error),
-        (status = 422, description = "`at` outside the log, `count` out of range, a title or model refused (the message names the field)", body = wire::Error),
+        (status = 422, description = "`at` outside the log, `count` out of range, a title, model or bound refused (the message names the field)", body = wire::Error),
         (status = 429, description = "Too many sessions made a minute by this caller", body = wire::Error),
     )
 )]
@@ -159,6 +160,7 @@ pub(crate) struct RewindSession {
         (status = 409, description = "The session is busy and could not be stopped", body = wire::Error),
         (status = 415, description = "The body is not `application/json`", body = wire::Error),
         (status = 422, description = "`to` outside the log or inside a turn", body = wire::Error),
+        (status = 429, description = "Too many sessions made a minute by this caller (a rewind makes one: the branch)", body = wire::Error),
     )
 )]
 pub(crate) async fn rewind<W: World + Clone>(
