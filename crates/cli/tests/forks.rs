@@ -173,24 +173,6 @@ fn host(
     cmd
 }
 
-async fn wait_idle(http: &reqwest::Client, url: &str, id: &str) -> Value {
-    for _ in 0..600 {
-        let shown: Value = http
-            .get(format!("{url}/v1/sessions/{id}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if shown["status"] == "idle" && shown["turn"].as_u64() > Some(0) {
-            return shown;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    panic!("session {id} never went idle");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fork_made_on_one_host_is_driven_by_a_worker_on_another() {
     use tokio::io::AsyncBufReadExt;
@@ -239,7 +221,7 @@ async fn a_fork_made_on_one_host_is_driven_by_a_worker_on_another() {
         .await
         .unwrap();
     let parent = created["id"].as_str().unwrap().to_string();
-    wait_idle(&http, &url, &parent).await;
+    common::idle_after(&url, &parent, 1).await;
     worker_a.kill().await.unwrap();
     let _ = worker_a.wait().await;
 
@@ -265,14 +247,7 @@ async fn a_fork_made_on_one_host_is_driven_by_a_worker_on_another() {
         .unwrap()
         .status();
     assert_eq!(status, 202);
-    let mut shown = wait_idle(&http, &url, &fork).await;
-    for _ in 0..300 {
-        if shown["turn"] == 2 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        shown = wait_idle(&http, &url, &fork).await;
-    }
+    let shown = common::idle_after(&url, &fork, 2).await;
     assert_eq!(shown["reply"], "turn two done", "{shown}");
     let workspaces: Vec<_> = std::fs::read_dir(b.join("workspaces"))
         .unwrap()

@@ -6,7 +6,6 @@
 mod common;
 
 use std::process::Stdio;
-use std::time::Duration;
 
 use serde_json::{json, Value};
 use steadfast_testkit::{demo, FakeProvider};
@@ -57,39 +56,6 @@ async fn log(home: &std::path::Path, fake: &FakeProvider, id: &str) -> Vec<Value
         .collect()
 }
 
-async fn idle(http: &reqwest::Client, url: &str, id: &str) -> Value {
-    for _ in 0..1200 {
-        let shown: Value = http
-            .get(format!("{url}/v1/sessions/{id}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if shown["status"] == "idle" {
-            return shown;
-        }
-        assert!(
-            !["failed", "escalated", "closed"].contains(&shown["status"].as_str().unwrap_or("")),
-            "{shown}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("session {id} never went idle");
-}
-
-/// The newest version of `package` the npm registry serves.
-async fn newest(package: &str) -> String {
-    let out = tokio::process::Command::new("npm")
-        .args(["view", package, "version"])
-        .output()
-        .await
-        .expect("npm runs");
-    assert!(out.status.success());
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrapped_session_forked_inside_its_turn_finishes_it_on_its_own() {
     for (agent, model) in CLIS
@@ -113,7 +79,7 @@ async fn the_newest_claude_code_and_codex_fork_inside_a_turn_too() {
         ),
         ("codex", "@openai/codex", "openai/gpt-5"),
     ] {
-        let version = newest(package).await;
+        let version = common::newest(package).await;
         let name = format!("{adapter}-newest");
         let config = format!(
             "[[agents.named]]\nname = \"{name}\"\nadapter = \"{adapter}\"\nversion = \"{version}\"\n"
@@ -174,7 +140,7 @@ async fn fork_inside_a_turn(agent: &str, model: &str, config: Option<&str>) {
             .unwrap();
         let parent = created["id"].as_str().unwrap().to_string();
         let parent_dir = common::workspace_in(&home, &created);
-        idle(&http, &url, &parent).await;
+        common::idle_after(&url, &parent, 1).await;
         let parent_calls = fake.calls();
         let parent_files = std::fs::read_to_string(parent_dir.join("CHANGELOG.md")).unwrap();
 
@@ -198,7 +164,7 @@ async fn fork_inside_a_turn(agent: &str, model: &str, config: Option<&str>) {
             .unwrap();
         let fork = made["sessions"][0]["id"].as_str().unwrap().to_string();
         assert_eq!(made["sessions"][0]["status"], "running", "{made}");
-        let shown = idle(&http, &url, &fork).await;
+        let shown = common::idle_after(&url, &fork, 1).await;
         assert!(
             shown["reply"].as_str().is_some_and(|r| !r.is_empty()),
             "{agent}: {shown}"

@@ -425,21 +425,10 @@ async fn a_diverged_replay_never_repeats_an_external_effect() {
     }
 }
 
-/// The newest version of `package` the npm registry serves.
-async fn newest(package: &str) -> String {
-    let out = tokio::process::Command::new("npm")
-        .args(["view", package, "version"])
-        .output()
-        .await
-        .expect("npm runs");
-    assert!(out.status.success(), "npm view {package}: {}", stderr(&out));
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
 /// The same suite on the newest version the npm registry serves (installed with
 /// `install-agent <adapter>@<version>`, run as a named agent at that version).
 async fn newest_version_suite(adapter: &str, package: &str, model: &str) {
-    let version = newest(package).await;
+    let version = common::newest(package).await;
     let listed = tokio::process::Command::new(BIN)
         .args(["agents", "--json"])
         .output()

@@ -268,6 +268,40 @@ pub async fn status(url: &str, id: &str) -> String {
     body["status"].as_str().unwrap_or_default().to_string()
 }
 
+/// The session as `GET /v1/sessions/{id}` shows it once it is idle after `turns`
+/// turns; panics if it ends or escalates instead, or takes over two minutes.
+pub async fn idle_after(url: &str, id: &str, turns: u64) -> serde_json::Value {
+    for _ in 0..1200 {
+        let (_, shown) = call(
+            reqwest::Method::GET,
+            &format!("{url}/v1/sessions/{id}"),
+            None,
+        )
+        .await;
+        if shown["status"] == "idle" && shown["turn"].as_u64() >= Some(turns) {
+            return shown;
+        }
+        let status = shown["status"].as_str().unwrap_or_default();
+        assert!(
+            !["failed", "escalated", "closed", "completed"].contains(&status),
+            "{shown}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("session {id} never went idle after {turns} turn(s)");
+}
+
+/// The newest version of `package` the npm registry serves.
+pub async fn newest(package: &str) -> String {
+    let out = tokio::process::Command::new("npm")
+        .args(["view", package, "version"])
+        .output()
+        .await
+        .expect("npm runs");
+    assert!(out.status.success(), "npm view {package}: {}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 /// Answers a session's wait for approval with `answer` (accepted: 202).
 pub async fn answer_approval(url: &str, id: &str, answer: serde_json::Value) {
     let (code, body) = call(
