@@ -99,6 +99,10 @@ enum Command {
     /// Rewind a session to an earlier turn's end: its workspace is put back and the
     /// model's context is the history up to there; what followed is kept in a fork.
     Rewind(commands::manage::RewindArgs),
+    /// Replay a wrapped agent's recorded session with another CLI version, named
+    /// agent or model, answered from its log with no provider call, and report the
+    /// first model request that differs, with a diff (`--continue` to go on live).
+    Replay(commands::replay::ReplayArgs),
     /// Deliver a named signal to a session (e.g. `approval '{"approved": true}'`).
     Signal(commands::manage::SignalArgs),
     /// Stop a session's running turn at once, whichever process drives it: the model
@@ -290,6 +294,7 @@ fn main() -> ExitCode {
             Command::Send(args) => commands::manage::send(existing()?, &config, args).await,
             Command::Fork(args) => commands::manage::fork(existing()?, &config, args).await,
             Command::Rewind(args) => commands::manage::rewind(existing()?, &config, args).await,
+            Command::Replay(args) => commands::replay::replay(existing()?, &config, args).await,
             Command::Stop { session } => {
                 commands::manage::stop(existing()?, &config, &session).await
             }

@@ -20,8 +20,15 @@
 //! [`Event::ReplayDiverged`] supersedes the record from the cursor on, the workspace is
 //! restored to the snapshot recorded with that exchange, and the request goes to the
 //! provider. A recorded request whose reply was cut off by a crash is asked again.
+//!
+//! **Replay against something new.** Opened with [`Mismatch::Stop`], a gateway checks
+//! a run of another CLI (or model) against the record: the first request that matches
+//! nothing is noted ([`Gateway::divergence`]) and refused, and nothing is asked of the
+//! provider. Every request is kept by content ([`kept`]), so the report can show what
+//! changed.
 
 mod deltas;
+pub mod kept;
 pub mod normalize;
 mod relay;
 mod usage;
@@ -85,6 +92,39 @@ pub enum Error {
     /// The world failed.
     #[error(transparent)]
     World(#[from] steadfast_world::Error),
+    /// A kept request could not be read back.
+    #[error("kept request: {0}")]
+    Kept(String),
+}
+
+/// What a gateway does with a request the record does not have while recorded
+/// exchanges remain (or, replaying against something new, past the record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mismatch {
+    /// Supersede the record from there and ask the provider: a restarted agent that
+    /// went another way.
+    #[default]
+    Diverge,
+    /// Note it ([`Gateway::divergence`]), then as [`Mismatch::Diverge`]: a replay that
+    /// goes on live from where it diverged.
+    NoteAndDiverge,
+    /// Note it and refuse the request: nothing is asked of the provider or recorded,
+    /// and [`Gateway::stopped`] resolves. A replay that only checks.
+    Stop,
+}
+
+/// The first request of a replay that the record did not have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Divergence {
+    /// The recorded exchange it was expected to be (the replay's cursor): `None` when
+    /// the record had no more.
+    pub expected: Option<String>,
+    /// How many of the turn's recorded requests this run was answered from before it.
+    pub index: usize,
+    /// The API it was sent to.
+    pub api: String,
+    /// The request, normalized as fingerprints see it.
+    pub request: Value,
 }
 
 /// What a gateway is opened with.
@@ -118,6 +158,10 @@ pub struct GatewayConfig<W> {
     /// The HTTP client upstream calls go through (the harness's, so each run of the
     /// CLI reuses its warm connections: see [`steadfast_model::provider_http`]).
     pub http: reqwest::Client,
+    /// Where requests are kept by content.
+    pub blobs: steadfast_world::Blobs,
+    /// What a request the record does not have does.
+    pub mismatch: Mismatch,
 }
 
 /// A bound check: the breaker and reason if the session must stop.
@@ -128,6 +172,11 @@ pub type BoundCheck = Arc<dyn Fn() -> Option<(Breaker, String)> + Send + Sync>;
 #[derive(Default)]
 struct Replay {
     consumed: std::collections::HashSet<String>,
+    /// The requests this gateway kept.
+    keeper: kept::Keeper,
+    /// The first request the record did not have (noted replaying against something
+    /// new).
+    divergence: Option<Divergence>,
 }
 
 /// Where one request goes, as the record says.
@@ -165,6 +214,9 @@ pub(crate) struct Shared<W> {
     pub(crate) abandoned: tokio::sync::watch::Sender<bool>,
     replay: Mutex<Replay>,
     pub(crate) http: reqwest::Client,
+    blobs: steadfast_world::Blobs,
+    mismatch: Mismatch,
+    stopped: tokio::sync::watch::Sender<bool>,
     /// Exchanges this gateway answered from the log / sent to the provider.
     pub(crate) counters: StdMutex<Counters>,
 }
@@ -260,6 +312,9 @@ impl<W: World + Clone> Gateway<W> {
                 abandoned: tokio::sync::watch::Sender::new(false),
                 replay: Mutex::new(Replay::default()),
                 http,
+                blobs: config.blobs,
+                mismatch: config.mismatch,
+                stopped: tokio::sync::watch::Sender::new(false),
                 counters: StdMutex::default(),
             }),
         })
@@ -270,6 +325,32 @@ impl<W: World + Clone> Gateway<W> {
     pub async fn escalated(&self) {
         let mut rx = self.shared.escalated.subscribe();
         let _ = rx.wait_for(|e| *e).await;
+    }
+
+    /// Resolves once a replay opened with [`Mismatch::Stop`] has refused a request the
+    /// record did not have (the driver then stops the CLI).
+    pub async fn stopped(&self) {
+        let mut rx = self.shared.stopped.subscribe();
+        let _ = rx.wait_for(|e| *e).await;
+    }
+
+    /// The first request the record did not have, when the gateway was opened to note
+    /// it ([`Mismatch::NoteAndDiverge`], [`Mismatch::Stop`]).
+    pub async fn divergence(&self) -> Option<Divergence> {
+        self.shared.replay.lock().await.divergence.clone()
+    }
+
+    /// How many of the open turn's recorded exchanges this run has not been answered
+    /// from (a replay that ended with some left went another way).
+    pub async fn unanswered(&self) -> usize {
+        let replay = self.shared.replay.lock().await;
+        self.shared.live.with(|s| {
+            let from = (s.turn_start.exchanges as usize).min(s.exchanges.len());
+            s.exchanges[from..]
+                .iter()
+                .filter(|e| !replay.consumed.contains(&e.call_id))
+                .count()
+        })
     }
 
     /// The bound a refused request hit, if one was: the session must escalate.
@@ -369,12 +450,38 @@ impl<W: World + Clone> Shared<W> {
     async fn route(
         &self,
         outgoing: &relay::Outgoing,
-        fingerprint: &str,
+        request: &Value,
         stream: bool,
     ) -> Result<Routed, Response> {
         let api = outgoing.api;
+        let fingerprint = &normalize::fingerprint_of(api.name(), request);
         let mut replay = self.replay.lock().await;
-        let index = match self.plan(&replay, fingerprint) {
+        let plan = self.plan(&replay, fingerprint);
+        if self.mismatch != Mismatch::Diverge && replay.divergence.is_none() {
+            let expected = match &plan {
+                Plan::Diverge(at, _) => Some(Some(*at)),
+                Plan::New(_) => Some(None),
+                _ => None,
+            };
+            if let Some(expected) = expected {
+                replay.divergence = Some(Divergence {
+                    expected: expected.map(|i| self.live.with(|s| s.exchanges[i].call_id.clone())),
+                    index: replay.consumed.len(),
+                    api: api.name().to_string(),
+                    request: request.clone(),
+                });
+            }
+        }
+        if self.mismatch == Mismatch::Stop && matches!(plan, Plan::Diverge(..) | Plan::New(_)) {
+            self.stopped.send_replace(true);
+            return Err(api_error(
+                Some(api),
+                StatusCode::CONFLICT,
+                "invalid_request_error",
+                "steadfast: this replay stops here: the recorded session made no such request",
+            ));
+        }
+        let index = match plan {
             Plan::Replay(i, reply) => {
                 let call_id = self.live.with(|s| s.exchanges[i].call_id.clone());
                 replay.consumed.insert(call_id);
@@ -385,7 +492,7 @@ impl<W: World + Clone> Shared<W> {
             // Recorded but cut off before its reply: ask again, in its place.
             Plan::Reask(i) => {
                 return self
-                    .record_intent(&mut replay, i, outgoing, fingerprint, stream)
+                    .record_intent(&mut replay, i, outgoing, request, stream)
                     .await
             }
             Plan::Diverge(at, snapshot) => {
@@ -405,7 +512,7 @@ impl<W: World + Clone> Shared<W> {
                 &message,
             ));
         }
-        self.record_intent(&mut replay, index, outgoing, fingerprint, stream)
+        self.record_intent(&mut replay, index, outgoing, request, stream)
             .await
     }
 
@@ -439,10 +546,13 @@ impl<W: World + Clone> Shared<W> {
         replay: &mut Replay,
         index: usize,
         outgoing: &relay::Outgoing,
-        fingerprint: &str,
+        request: &Value,
         stream: bool,
     ) -> Result<Routed, Response> {
         let api = outgoing.api;
+        let fingerprint = normalize::fingerprint_of(api.name(), request);
+        let split = kept::split(request);
+        let (parts, unwritten) = replay.keeper.parts(&split);
         let call_id = format!("gx_{}", uuid::Uuid::now_v7().simple());
         let (opener, gate) = steadfast_model::gate();
         let mut sent = outgoing.start(&self.http, &gate);
@@ -455,13 +565,25 @@ impl<W: World + Clone> Shared<W> {
             call_id: call_id.clone(),
             index: index as u32,
             api: api.name().to_string(),
-            fingerprint: fingerprint.to_string(),
+            fingerprint,
             stream,
             snapshot,
+            request: Some(parts),
         }];
-        sent.while_appending(self.live.append(&intent))
+        // The request's new parts are stored before the record that names them.
+        let kept_and_recorded = async {
+            kept::write(&self.blobs, &unwritten)
+                .await
+                .map_err(|e| match e {
+                    Error::World(e) => e,
+                    Error::Kept(e) => steadfast_world::Error::Blob(e),
+                })?;
+            self.live.append(&intent).await
+        };
+        sent.while_appending(kept_and_recorded)
             .await
             .map_err(|e| log_refused(api, &e))?;
+        replay.keeper.kept(&call_id, &split);
         replay.consumed.insert(call_id.clone());
         steadfast_fault::point(steadfast_fault::points::MODEL_INTENT);
         opener.open();
@@ -594,7 +716,7 @@ async fn handle<W: World + Clone>(
         );
     };
     let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
-    let fingerprint = normalize::fingerprint(api.name(), &request, &shared.names);
+    let normalized = normalize::normalized(&request, &shared.names);
     let outgoing = relay::Outgoing {
         api,
         upstream,
@@ -602,7 +724,7 @@ async fn handle<W: World + Clone>(
         query,
         body,
     };
-    match shared.route(&outgoing, &fingerprint, stream).await {
+    match shared.route(&outgoing, &normalized, stream).await {
         Err(response) => response,
         Ok(Routed::Replay(reply)) => relay::replay(reply),
         Ok(Routed::Live { call_id, sent }) => {

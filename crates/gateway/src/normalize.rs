@@ -154,8 +154,9 @@ fn normalize(value: &mut Value, workspace: Option<&Regex>) {
     }
 }
 
-/// The fingerprint of a request to `api` from a client working in `workspace`.
-pub fn fingerprint(api: &str, request: &Value, workspace: &WorkspaceNames) -> String {
+/// A request as its fingerprint sees it: run fields dropped, what changes between runs
+/// replaced by placeholders. What a replay's divergence report compares.
+pub fn normalized(request: &Value, workspace: &WorkspaceNames) -> Value {
     let mut value = request.clone();
     if let Value::Object(map) = &mut value {
         for field in RUN_FIELDS {
@@ -163,11 +164,21 @@ pub fn fingerprint(api: &str, request: &Value, workspace: &WorkspaceNames) -> St
         }
     }
     normalize(&mut value, workspace.0.as_ref());
+    value
+}
+
+/// The fingerprint of a request to `api` already [`normalized`].
+pub fn fingerprint_of(api: &str, normalized: &Value) -> String {
     let mut hasher = blake3::Hasher::new();
     hasher.update(api.as_bytes());
     hasher.update(b"\0");
-    hasher.update(value.to_string().as_bytes());
+    hasher.update(normalized.to_string().as_bytes());
     hasher.finalize().to_hex().to_string()
+}
+
+/// The fingerprint of a request to `api` from a client working in `workspace`.
+pub fn fingerprint(api: &str, request: &Value, workspace: &WorkspaceNames) -> String {
+    fingerprint_of(api, &normalized(request, workspace))
 }
 
 #[cfg(test)]

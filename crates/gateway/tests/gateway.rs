@@ -28,6 +28,8 @@ struct Setup {
     last_snapshot: Arc<Mutex<Option<String>>>,
     /// One client for every run's gateway, as a harness has.
     http: reqwest::Client,
+    /// What the next run's gateway does with a request the record does not have.
+    mismatch: steadfast_gateway::Mismatch,
 }
 
 impl Setup {
@@ -80,6 +82,7 @@ impl Setup {
             last_snapshot: Arc::new(Mutex::new(Some(snapshot))),
             dir,
             http: steadfast_model::provider_http(),
+            mismatch: Default::default(),
         }
     }
 
@@ -113,6 +116,8 @@ impl Setup {
             prices: Default::default(),
             extra_bound: None,
             http: self.http.clone(),
+            blobs: steadfast_world::Blobs::local(&self.dir.path().join("blobs")).unwrap(),
+            mismatch: self.mismatch,
         })
         .await
         .unwrap();
@@ -332,6 +337,7 @@ async fn a_reply_cut_off_before_it_was_recorded_is_asked_again_in_its_place() {
                 ),
                 stream: true,
                 snapshot: None,
+                request: None,
             }],
         )
         .await

@@ -32,6 +32,10 @@ pub struct ForkRequest {
     /// Bounds for the children: each field set replaces the parent's (the caller
     /// has checked them against the operator's ceilings).
     pub limits: Option<steadfast_log::Limits>,
+    /// The agent the children run and the CLI it stands for (`package@version`),
+    /// when not the parent's (a replay against another CLI; the caller has checked
+    /// that it is installed).
+    pub agent: Option<(String, String)>,
 }
 
 /// Refuses a position a rewind set aside (the state there is an earlier one's):
@@ -106,6 +110,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                 workspace: new_workspace_id(),
                 model: model.clone(),
                 limits,
+                agent: request.agent.clone(),
             };
             let mut child = state.clone();
             child

@@ -56,6 +56,7 @@ mod driver;
 mod fork;
 mod harness;
 mod prompt;
+mod replay;
 mod rewind;
 mod worker;
 mod workspace;
@@ -70,6 +71,7 @@ pub use harness::{
     open_drive, parse_model, Awake, Harness, HarnessOptions, ModelResolver, NewSession,
     Provisioner, DRIVE_CACHE_BYTES, STOP_GRACE,
 };
+pub use replay::{ReplayDivergence, ReplayReport, ReplayRequest, TurnReplay};
 pub use rewind::{external_facts, RewindReport};
 pub use steadfast_journal::{git, remote};
 pub use steadfast_sandbox::reconcile;

@@ -160,6 +160,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                 )),
                 model: None,
                 limits: None,
+                agent: None,
             })
             .await?
             .remove(0)

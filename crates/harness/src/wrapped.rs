@@ -230,7 +230,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
 
     /// `adapter`, if its CLI is installed here at its version; else why not and what to
     /// run ([`Error::NotHere`]: another host may have it). `wants` says who wants it.
-    fn installed(&self, adapter: Adapter, wants: &str) -> Result<Adapter> {
+    pub(crate) fn installed(&self, adapter: Adapter, wants: &str) -> Result<Adapter> {
         let dir = self.install_dir();
         if adapter.is_installed(&dir) {
             return Ok(adapter);
@@ -284,6 +284,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             reconcilers: self.options.reconcilers.clone(),
             http: self.http.clone(),
             hosted: self.hosted_tools(&lease.session, &state).await?,
+            mismatch: steadfast_gateway::Mismatch::Diverge,
         };
         Ok(WrappedDriver {
             harness: self,
@@ -461,6 +462,28 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
         r.exchanges.diverged += turn.exchanges.diverged;
         r.tools.0 += turn.tools.0;
         r.tools.1 += turn.tools.1;
+    }
+
+    /// Drives the open turn once (no restart after a divergence), its model requests
+    /// the record does not have treated as `mismatch` says: a replay against another
+    /// CLI, whose report says where it diverged.
+    pub(crate) async fn replay_turn(
+        &mut self,
+        mismatch: steadfast_gateway::Mismatch,
+    ) -> Result<TurnReport> {
+        let (_never, stopping) = tokio::sync::watch::channel(false);
+        let options = WrappedOptions {
+            mismatch,
+            ..self.options.clone()
+        };
+        Ok(drive_turn(
+            &self.live,
+            &self.harness.blobs,
+            &self.harness.drive,
+            &options,
+            stopping,
+        )
+        .await?)
     }
 
     /// Sends a user message, opening a turn.

@@ -819,6 +819,10 @@ pub enum Event {
         /// The workspace snapshot when the request arrived: where a divergence here
         /// restores the workspace to.
         snapshot: Option<String>,
+        /// The normalized request itself, by content (what a replay's divergence
+        /// report shows): absent in logs written before it was kept.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request: Option<RequestParts>,
     },
     /// The provider's whole reply to an exchange, byte for byte as the client got it
     /// (every streamed event).
@@ -882,6 +886,10 @@ pub enum Event {
         /// The session's bounds from here on, when not the parent's.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         limits: Option<Limits>,
+        /// The agent this session runs from here on, and the CLI it stands for
+        /// (`package@version`), when not the parent's: a replay against another CLI.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        agent: Option<(String, String)>,
     },
     /// The session was rewound: its log goes on from position `to`, whose state is
     /// its state again; the records after `to` and before this one are set aside (kept
@@ -910,7 +918,52 @@ pub enum Event {
     },
 }
 
+/// A model request kept by content, so the log grows by what is new in each request
+/// rather than by the whole conversation each time: the request without its messages
+/// (`frame`) and its messages, each a blob named by its BLAKE3 hash, shared by every
+/// request and session that has the same one. A request's messages are mostly an
+/// earlier request's plus a few: `base` names that request, `kept` how many of its
+/// messages come first, and `added` the rest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestParts {
+    /// The blob of the request without its messages (model, system prompt, tools,
+    /// parameters).
+    pub frame: String,
+    /// The exchange (its call id) whose messages this request's begin with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    /// How many of `base`'s messages come first.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub kept: u64,
+    /// The blobs of the messages after those, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub added: Vec<String>,
+}
+
+impl RequestParts {
+    /// The blobs this record names itself (a base's are named by its own record).
+    pub fn blobs(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.frame.as_str()).chain(self.added.iter().map(String::as_str))
+    }
+}
+
 impl Event {
+    /// Every blob this record needs kept (its payload's, a model request's parts):
+    /// what a blob sweep must leave.
+    pub fn blob_hashes(&self) -> Vec<&str> {
+        if let Event::ExchangeIntent {
+            request: Some(parts),
+            ..
+        } = self
+        {
+            return parts.blobs().collect();
+        }
+        self.blob_ref()
+            .map(|b| b.hash.as_str())
+            .into_iter()
+            .collect()
+    }
+
     /// The blob this event's payload lives in, if it was too big for the log.
     pub fn blob_ref(&self) -> Option<&BlobRef> {
         match self {

@@ -937,12 +937,20 @@ impl SessionState {
             workspace,
             model,
             limits,
+            agent,
             ..
         } = &record.event
         {
             self.fork(workspace, model.as_ref()).map_err(bad)?;
             if let Some(limits) = limits {
                 self.limits = *limits;
+            }
+            if let Some((agent, cli)) = agent {
+                if !self.is_wrapped() {
+                    return Err(bad("only a wrapped agent's session can change its CLI"));
+                }
+                self.agent = agent.clone();
+                self.agent_cli = Some(cli.clone());
             }
             self.last_seq = record.seq;
             return Ok(());
@@ -1456,6 +1464,7 @@ impl SessionState {
                 fingerprint,
                 stream,
                 snapshot,
+                ..
             } => {
                 let exchange = Exchange {
                     call_id: call_id.clone(),

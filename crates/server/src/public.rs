@@ -314,6 +314,10 @@ pub enum EventBody {
         /// The model spoken to from here on, when it is not the parent's.
         #[serde(skip_serializing_if = "Option::is_none")]
         model: Option<String>,
+        /// The agent run from here on (`name (package@version)`), when it is not the
+        /// parent's: a replay against another CLI.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        agent: Option<String>,
     },
     /// The session was rewound to `to`: the events after it (before this one) are set
     /// aside, readable whole as the fork `branch`; a reader following the stream
@@ -782,13 +786,18 @@ fn body(event: &Event) -> EventBody {
             facts: facts.clone(),
         },
         Event::Forked {
-            parent, at, model, ..
+            parent,
+            at,
+            model,
+            agent,
+            ..
         } => EventBody::Forked {
             parent: s(parent),
             at: *at,
             model: model
                 .as_ref()
                 .map(|m| format!("{}/{}", m.provider, m.model)),
+            agent: agent.as_ref().map(|(name, cli)| format!("{name} ({cli})")),
         },
         Event::SessionEnded {
             state,
@@ -851,6 +860,12 @@ mod tests {
                 fingerprint: "f1ngerpr1nt".into(),
                 stream: true,
                 snapshot: Some("snap_before_id".into()),
+                request: Some(steadfast_log::RequestParts {
+                    frame: "fr4me_blob".into(),
+                    base: None,
+                    kept: 0,
+                    added: vec!["m3ssage_blob".into()],
+                }),
             },
             Event::ExchangeOutcome {
                 call_id: "gx_1".into(),
@@ -874,6 +889,8 @@ mod tests {
                 "snap_before_id",
                 "ws_secret_path",
                 "raw provider reply",
+                "fr4me_blob",
+                "m3ssage_blob",
                 "4242",
                 "\"event\"",
             ] {

@@ -344,6 +344,7 @@ mod tests {
                     fingerprint: String::new(),
                     stream: true,
                     snapshot: None,
+                    request: None,
                 },
             ),
             record(

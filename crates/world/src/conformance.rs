@@ -664,6 +664,7 @@ pub async fn forks_share_the_parents_log<W: World>(world: &W) {
         workspace: workspace.into(),
         model: None,
         limits: None,
+        agent: None,
     };
     let fork = |parent: &str, child: &str, at| crate::Fork {
         parent: parent.into(),
@@ -835,6 +836,7 @@ pub async fn rewinds_set_records_aside_without_reusing_positions<W: World>(world
                 workspace: "ws_kept".into(),
                 model: None,
                 limits: None,
+                agent: None,
             },
             status: "idle".into(),
             waiting_for: None,

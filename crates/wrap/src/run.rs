@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use steadfast_drive::Drive;
-use steadfast_gateway::{Counters, Gateway, GatewayConfig, Upstreams};
+use steadfast_gateway::{Counters, Divergence, Gateway, GatewayConfig, Mismatch, Upstreams};
 use steadfast_journal::{resolve_cut_off, Journal, MakeSandbox, SandboxSlot};
 use steadfast_log::{fold, EndState, Event, Role, SessionState, Status};
 use steadfast_sandbox::egress::EgressDesk;
@@ -61,6 +61,9 @@ pub struct WrappedOptions {
     pub hosted: Hosted,
     /// The HTTP client the gateway calls the providers through (the harness's).
     pub http: reqwest::Client,
+    /// What a model request the record does not have does: a replay against another
+    /// CLI notes it, and stops there or goes on live.
+    pub mismatch: Mismatch,
 }
 
 pub use steadfast_journal::Hosted;
@@ -79,8 +82,15 @@ pub struct TurnReport {
     /// Who interrupted the turn, if someone did.
     pub interrupted_by: Option<String>,
     /// The CLI was stopped because its driver is stopping (the turn goes on
-    /// elsewhere, from the log): nothing more is recorded for the turn.
+    /// elsewhere, from the log), or because a replay that only checks reached a
+    /// request the record did not have: nothing more is recorded for the turn.
     pub stopped: bool,
+    /// Replaying against something new: the first model request the record did not
+    /// have.
+    pub divergence: Option<Divergence>,
+    /// Replaying against something new: the turn's recorded model requests the CLI
+    /// never made.
+    pub unanswered: usize,
 }
 
 /// How a run of the CLI ended.
@@ -94,6 +104,8 @@ enum RunEnd {
     /// A call waits for a person's approval: the turn goes on, from the log, once the
     /// answer comes.
     Waiting,
+    /// A replay that only checks reached a request the record did not have.
+    Diverged,
 }
 
 /// Resolves once `stopping` turns true; never, if its sender is gone first.
@@ -311,6 +323,8 @@ pub async fn drive_turn<W: World + Clone + 'static>(
                 let journal = journal.clone();
                 Arc::new(move || journal.loop_hit())
             }),
+            blobs: blobs.clone(),
+            mismatch: options.mismatch,
         })
         .await?;
 
@@ -367,12 +381,13 @@ pub async fn drive_turn<W: World + Clone + 'static>(
             item = steadfast_world::interrupt::arrives(world.clone(), lease.session.clone()) => RunEnd::Interrupted(item),
             () = stop_requested(stopping.clone()) => RunEnd::Stopped,
             () = journal.paused() => RunEnd::Waiting,
+            () = gateway.stopped() => RunEnd::Diverged,
         };
         let interrupted = matches!(ended, RunEnd::Interrupted(_));
-        if interrupted || matches!(ended, RunEnd::Stopped | RunEnd::Waiting) {
+        if interrupted || matches!(ended, RunEnd::Stopped | RunEnd::Waiting | RunEnd::Diverged) {
             cli.cancel().await;
         }
-        if interrupted {
+        if interrupted || matches!(ended, RunEnd::Diverged) {
             journal.cancel().await;
             gateway.abandon();
         }
@@ -402,8 +417,19 @@ pub async fn drive_turn<W: World + Clone + 'static>(
         let (replayed, ran) = journal.counters();
         report.tools.0 += replayed;
         report.tools.1 += ran;
+        if options.mismatch != Mismatch::Diverge {
+            if report.divergence.is_none() {
+                report.divergence = gateway.divergence().await;
+            }
+            report.unanswered = gateway.unanswered().await;
+        }
         let result = match ended {
             RunEnd::Ran(result) => result,
+            RunEnd::Diverged => {
+                tracing::info!(session = %lease.session, "replay stopped at a request the record did not have");
+                report.stopped = true;
+                return Ok(report);
+            }
             RunEnd::Stopped => {
                 tracing::info!(session = %lease.session, "wrapped turn stopped; it goes on from the log");
                 report.stopped = true;

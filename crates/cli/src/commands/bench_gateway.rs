@@ -86,6 +86,8 @@ async fn serve_gateway(
         max_exchanges: None,
         prices: Default::default(),
         extra_bound: None,
+        blobs: steadfast_world::Blobs::local(&dir.join("blobs"))?,
+        mismatch: Default::default(),
     })
     .await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

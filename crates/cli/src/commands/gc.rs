@@ -100,8 +100,8 @@ pub async fn run(home: &Path, config: &Config, args: GcArgs) -> anyhow::Result<E
         keep_blobs.extend(
             records
                 .iter()
-                .filter_map(|r| r.event.blob_ref())
-                .map(|b| b.hash.clone()),
+                .flat_map(|r| r.event.blob_hashes())
+                .map(str::to_string),
         );
         keep_blobs.extend(world.spilled(&s.id).await?);
         keep.extend(

@@ -208,6 +208,7 @@ pub async fn fork(home: &Path, config: &Config, args: ForkArgs) -> anyhow::Resul
             title: args.title,
             model: args.model,
             limits: None,
+            agent: None,
         })
         .await?;
     for fork in &forks {

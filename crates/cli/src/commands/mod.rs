@@ -16,6 +16,7 @@ pub mod gc;
 pub mod log;
 pub mod manage;
 pub mod remote;
+pub mod replay;
 pub mod run;
 pub mod serve;
 pub mod sessions;

@@ -296,6 +296,7 @@ fn exchange(call_id: &str, index: u32) -> Event {
         fingerprint: format!("f{index}"),
         stream: true,
         snapshot: Some(format!("s{index}")),
+        request: None,
     }
 }
 

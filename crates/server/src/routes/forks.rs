@@ -109,6 +109,7 @@ pub(crate) async fn fork<W: World + Clone>(
         title: req.title,
         model: req.model,
         limits,
+        agent: None,
     };
     let made = state.harness.fork(&request).await?;
     state
