@@ -142,9 +142,10 @@ pub fn timeline(record: &Record) -> Vec<String> {
             branch.as_ref().map(|b| format!("; what followed is kept as {b}")).unwrap_or_default(),
             if facts.is_empty() { String::new() } else { format!("; still standing: {}", facts.join("; ")) }
         ),
-        Event::Forked { parent, at, workspace, model, .. } => format!(
-            "forked from {parent} at #{at}, into workspace {workspace}{}",
-            model.as_ref().map(|m| format!(", speaking to {}/{}", m.provider, m.model)).unwrap_or_default()
+        Event::Forked { parent, at, workspace, model, agent, .. } => format!(
+            "forked from {parent} at #{at}, into workspace {workspace}{}{}",
+            model.as_ref().map(|m| format!(", speaking to {}/{}", m.provider, m.model)).unwrap_or_default(),
+            agent.as_ref().map(|(name, cli)| format!(", run by {name} ({cli})")).unwrap_or_default()
         ),
         Event::DriveFailed { reason, attempt, retry_at_ms: Some(at) } => format!(
             "ERROR (failure {attempt} in a row, retrying in {:.1}s): {}",

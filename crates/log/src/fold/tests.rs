@@ -685,3 +685,50 @@ fn a_connection_seen_at_the_proxy_makes_its_calls_external_from_then_on() {
     assert!(state.seen_reaching_out("bash", &json!({"command": "true"})));
     assert!(state.held_for_approval.is_empty());
 }
+
+fn forked(agent: Option<(&str, &str)>) -> Event {
+    Event::Forked {
+        parent: "ses_parent".into(),
+        at: 1,
+        workspace: "ws_0123456789abcdef0123456789abcdef".into(),
+        model: None,
+        limits: None,
+        agent: agent.map(|(a, c)| (a.into(), c.into())),
+    }
+}
+
+/// A fork replaying against another CLI runs that CLI from its fork on; a native
+/// session has no CLI to change.
+#[test]
+fn a_fork_may_change_a_wrapped_sessions_cli_and_only_its() {
+    let mut log = Log::new();
+    if let Event::SessionStarted {
+        agent, agent_cli, ..
+    } = &mut log.0[0].event
+    {
+        *agent = "claude-code".into();
+        *agent_cli = Some("@anthropic-ai/claude-code@2.1.197".into());
+    }
+    log.push(forked(Some((
+        "claude-code",
+        "@anthropic-ai/claude-code@2.1.332",
+    ))));
+    let state = fold(&log.0).unwrap();
+    assert_eq!(
+        state.agent_cli.as_deref(),
+        Some("@anthropic-ai/claude-code@2.1.332")
+    );
+
+    let mut native = Log::new();
+    native.push(forked(Some((
+        "claude-code",
+        "@anthropic-ai/claude-code@2.1.332",
+    ))));
+    assert!(matches!(
+        fold(&native.0),
+        Err(FoldError::Inconsistent { .. })
+    ));
+    let mut plain = Log::new();
+    plain.push(forked(None));
+    assert_eq!(fold(&plain.0).unwrap().agent, "native");
+}
