@@ -36,6 +36,10 @@ pub struct ForkRequest {
     /// when not the parent's (a replay against another CLI; the caller has checked
     /// that it is installed).
     pub agent: Option<(String, String)>,
+    /// Kept from workers: the children are listed idle whatever their log says, so
+    /// only the caller drives them (a replay runs its fork's turn itself, through a
+    /// gateway that never asks the provider; a worker would run it live).
+    pub held: bool,
 }
 
 /// Refuses a position a rewind set aside (the state there is an earlier one's):
@@ -128,7 +132,10 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                 owner: request.owner.clone(),
                 at,
                 event,
-                status: child.status.to_string(),
+                status: match request.held {
+                    true => steadfast_log::Status::Idle.to_string(),
+                    false => child.status.to_string(),
+                },
                 waiting_for,
                 title: request.title.clone(),
             };

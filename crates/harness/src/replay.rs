@@ -202,6 +202,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                     model: request.model.clone(),
                     limits: None,
                     agent: Some((agent.clone(), cli.clone())),
+                    held: true,
                 })
                 .await?
                 .remove(0);

@@ -110,6 +110,7 @@ pub(crate) async fn fork<W: World + Clone>(
         model: req.model,
         limits,
         agent: None,
+        held: false,
     };
     let made = state.harness.fork(&request).await?;
     state
