@@ -66,6 +66,7 @@ async fn setup() -> Setup {
             egress_credentials: Vec::new(),
             git: None,
             mcp_servers: Vec::new(),
+            explorers: 0,
         },
         Event::UserMessage {
             turn: 1,

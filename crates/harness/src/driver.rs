@@ -448,6 +448,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             }
             Next::EndTurn => {
                 let turn = self.state().turn;
+                self.answer_explored(turn).await?;
                 self.append(vec![Event::TurnEnded { turn, reply: None }])
                     .await?;
                 self.checkpoint_if_due().await?;
@@ -512,6 +513,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             })
             .chain(std::iter::once(approval_tool()))
             .chain(state.git.is_some().then(crate::git::push_tool))
+            .chain((state.explorers > 0).then(|| crate::explore::explore_tool(state.explorers)))
             .chain(self.journal.remote_tools().iter().map(|t| ToolDef {
                 name: t.name.clone(),
                 description: t.description.clone(),
@@ -969,6 +971,9 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     }
 
     async fn run_tool_in(&mut self, call: ToolUse) -> Result<()> {
+        if call.name == crate::explore::EXPLORE_TOOL && self.state().explorers > 0 {
+            return self.explore(call).await;
+        }
         if call.name == APPROVAL_TOOL {
             // The intent and the wait go in together: no crash can separate them.
             let reason = call
@@ -1042,6 +1047,84 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         }
     }
 
+    /// An `explore` call (see [`crate::explore`]): in the parent, its explorers are
+    /// made and the call waits for their answers; in an explorer, the call it was
+    /// forked at answers with its task, and any other is refused.
+    async fn explore(&mut self, call: ToolUse) -> Result<()> {
+        use crate::explore;
+        let (explorer, max, at, session) = {
+            let s = self.state();
+            (
+                s.explorer.clone(),
+                s.explorers,
+                s.last_seq,
+                self.lease.session.clone(),
+            )
+        };
+        if let Some(explorer) = explorer {
+            let events = match explorer.call_id == call.id {
+                true => explore::answered(&call, explore::brief(&explorer), false),
+                false => explore::answered(
+                    &call,
+                    "explore: an explorer forks no explorers of its own; work on your task".into(),
+                    true,
+                ),
+            };
+            return self.append(events).await;
+        }
+        let tasks = match explore::tasks(&call.input, max) {
+            Ok(tasks) => tasks,
+            Err(why) => return self.append(explore::answered(&call, why, true)).await,
+        };
+        let owner = self.harness.world.session(&session).await?.owner;
+        let made = self
+            .harness
+            .fork(&crate::ForkRequest {
+                parent: session,
+                at: Some(at),
+                owner,
+                explorer: Some((call.id.clone(), tasks)),
+                ..Default::default()
+            })
+            .await?;
+        let ids: Vec<String> = made.into_iter().map(|s| s.id).collect();
+        self.append(explore::waiting(&call, &ids)).await
+    }
+
+    /// In an explorer whose task's turn ends: its answer goes to its parent first (a
+    /// crash before the turn's end is recorded sends it again; the parent counts it
+    /// once). A parent that is gone is not waited for.
+    async fn answer_explored(&self, turn: u32) -> Result<()> {
+        let (explorer, answer) = {
+            let s = self.state();
+            let answer = s
+                .conversation
+                .iter()
+                .rev()
+                .find(|m| m.role == steadfast_log::Role::Assistant)
+                .map(|m| m.text())
+                .unwrap_or_default();
+            (s.explorer.clone(), answer)
+        };
+        let Some(explorer) = explorer.filter(|e| e.turn == turn) else {
+            return Ok(());
+        };
+        let (name, payload) = crate::explore::answer(&explorer, &self.lease.session, &answer);
+        match self
+            .harness
+            .world
+            .post(&explorer.parent, InboundKind::Signal, &name, &payload)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(steadfast_world::Error::NotFound(_) | steadfast_world::Error::Ended(_)) => {
+                tracing::warn!(parent = %explorer.parent, "an explorer's parent is gone; its answer stays in its own log");
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// What the approval policy says of `call` (of `class`) before it runs.
     fn admission(&self, call: &ToolUse, class: ToolClass) -> Verdict {
         self.journal
@@ -1061,7 +1144,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             let client = crate::client_tools::find(&s.client_tools, &call.name).is_some();
             Some((call, client))
         })?;
-        if call.name == APPROVAL_TOOL || client {
+        if call.name == APPROVAL_TOOL || call.name == crate::explore::EXPLORE_TOOL || client {
             return None;
         }
         let class = self.journal.class_of(&call.name, &call.input);

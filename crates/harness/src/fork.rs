@@ -3,7 +3,7 @@
 //! recorded there (named by content in the log, materialized when the child is first
 //! driven). Neither the history's length nor the workspace's size is paid at the fork.
 
-use steadfast_log::{Event, Record, Status};
+use steadfast_log::{Event, Explorer, Record, Status};
 use steadfast_world::{Fork, SessionSummary, World};
 
 use crate::harness::{parse_model, Harness};
@@ -40,6 +40,10 @@ pub struct ForkRequest {
     /// only the caller drives them (a replay runs its fork's turn itself, through a
     /// gateway that never asks the provider; a worker would run it live).
     pub held: bool,
+    /// Explorers of the parent's pending `explore` call (its id) on these tasks, one
+    /// child per task (`count` is ignored): each child's id is derived from the call
+    /// and its task, so making them again after a crash makes the same ones.
+    pub explorer: Option<(String, Vec<String>)>,
 }
 
 /// Refuses a position a rewind set aside (the state there is an earlier one's):
@@ -69,7 +73,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
     /// turn is `running` (a worker carries the turn on, resolving the calls cut off at
     /// the fork point as a wake would); a fork of an ended session is `idle`.
     pub async fn fork(&self, request: &ForkRequest) -> Result<Vec<SessionSummary>> {
-        if !(1..=MAX_FORKS).contains(&request.count) {
+        if request.explorer.is_none() && !(1..=MAX_FORKS).contains(&request.count) {
             return Err(Error::Invalid(format!(
                 "count: between 1 and {MAX_FORKS} forks at once, not {}",
                 request.count
@@ -106,8 +110,19 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                 )));
             }
         }
-        let mut children = Vec::with_capacity(request.count as usize);
-        for _ in 0..request.count {
+        let count = match &request.explorer {
+            Some((_, tasks)) => tasks.len() as u32,
+            None => request.count,
+        };
+        let mut children = Vec::with_capacity(count as usize);
+        for index in 0..count {
+            let explorer = request.explorer.as_ref().map(|(call_id, tasks)| Explorer {
+                parent: request.parent.clone(),
+                call_id: call_id.clone(),
+                index,
+                task: tasks[index as usize].clone(),
+                turn: state.turn,
+            });
             let event = Event::Forked {
                 parent: request.parent.clone(),
                 at,
@@ -115,6 +130,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                 model: model.clone(),
                 limits,
                 agent: request.agent.clone(),
+                explorer: explorer.clone(),
             };
             let mut child = state.clone();
             child
@@ -126,9 +142,22 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                 })
                 .map_err(|e| Error::Invalid(format!("at: cannot fork there: {e}")))?;
             let waiting_for = awaited(&child);
+            let child_id = match &explorer {
+                Some(e) => crate::explore::explorer_id(&e.parent, &e.call_id, e.index),
+                None => format!("ses_{}", uuid::Uuid::now_v7().simple()),
+            };
+            let title = match &explorer {
+                Some(e) => Some(format!(
+                    "explorer {} of {}: {}",
+                    e.index + 1,
+                    e.parent,
+                    e.task.chars().take(80).collect::<String>()
+                )),
+                None => request.title.clone(),
+            };
             let fork = Fork {
                 parent: request.parent.clone(),
-                child: format!("ses_{}", uuid::Uuid::now_v7().simple()),
+                child: child_id.clone(),
                 owner: request.owner.clone(),
                 at,
                 event,
@@ -137,9 +166,16 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                     false => child.status.to_string(),
                 },
                 waiting_for,
-                title: request.title.clone(),
+                title,
             };
-            children.push(self.world.fork_session(&fork).await?);
+            match self.world.fork_session(&fork).await {
+                Ok(made) => children.push(made),
+                // An explorer made before a crash: the same one.
+                Err(steadfast_world::Error::AlreadyExists(_)) if explorer.is_some() => {
+                    children.push(self.world.session(&child_id).await?);
+                }
+                Err(e) => return Err(e.into()),
+            }
             steadfast_fault::point(steadfast_fault::points::FORK_MADE);
         }
         Ok(children)

@@ -193,6 +193,9 @@ pub struct NewSession {
     pub git: Option<steadfast_log::GitSource>,
     /// The user's MCP servers whose tools the agent is offered.
     pub mcp_servers: Vec<steadfast_log::McpServer>,
+    /// How many explorers one call of the native agent's `explore` tool may fork (0:
+    /// the tool is not offered); at most [`crate::explore::MAX_EXPLORERS`].
+    pub explorers: u32,
     /// A title, labels and metadata to list and find it by (the first message titles
     /// a session given none).
     pub described: steadfast_world::SessionPatch,
@@ -217,6 +220,7 @@ impl NewSession {
             egress_credentials: Vec::new(),
             git: None,
             mcp_servers: Vec::new(),
+            explorers: 0,
             described: Default::default(),
         }
     }
@@ -456,6 +460,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             steadfast_sandbox::NetworkPolicy::parse(policy).map_err(Error::Invalid)?;
         }
         crate::client_tools::check(&new.agent, &new.client_tools).map_err(Error::Invalid)?;
+        crate::explore::check(&new.agent, new.explorers).map_err(Error::Invalid)?;
         crate::remote::check_servers(&new.mcp_servers).map_err(Error::Invalid)?;
         new.described.check().map_err(Error::Invalid)?;
         std::fs::create_dir_all(&new.workspace)
@@ -510,6 +515,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             egress_credentials: new.egress_credentials,
             git: new.git.map(Box::new),
             mcp_servers: new.mcp_servers,
+            explorers: new.explorers,
         }];
         if let Some(text) = new.task {
             events.push(Event::UserMessage {

@@ -53,6 +53,7 @@ pub mod compaction;
 mod control;
 mod diff;
 mod driver;
+pub mod explore;
 mod fork;
 mod harness;
 mod prompt;

@@ -203,6 +203,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                     limits: None,
                     agent: Some((agent.clone(), cli.clone())),
                     held: true,
+                    explorer: None,
                 })
                 .await?
                 .remove(0);

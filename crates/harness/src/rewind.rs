@@ -162,6 +162,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                 limits: None,
                 agent: None,
                 held: false,
+                explorer: None,
             })
             .await?
             .remove(0)

@@ -302,6 +302,36 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
+}
+
+/// What the signal that brings an explorer's answer to its parent begins with; the
+/// whole name is [`explored_signal`]. Its payload is `{"index", "session", "answer"}`.
+pub const EXPLORED_SIGNAL: &str = "explored";
+
+/// The signal that brings explorers' answers to the `explore` call `call_id`: one name
+/// per call, so no answer can reach another call's wait.
+pub fn explored_signal(call_id: &str) -> String {
+    format!("{EXPLORED_SIGNAL}.{call_id}")
+}
+
+/// A session forked to explore one task of its parent's `explore` call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Explorer {
+    /// The parent session.
+    pub parent: String,
+    /// The parent's `explore` call (pending at the fork point, in both).
+    pub call_id: String,
+    /// Which of the call's tasks (from 0).
+    pub index: u32,
+    /// The task.
+    pub task: String,
+    /// The turn the call was made in: the explorer's answer is its answer at that
+    /// turn's end.
+    pub turn: u32,
+}
+
 /// What the signal that answers a client tool's call begins with; the whole name is
 /// [`tool_result_signal`]. Its payload is `{"call_id", "content", "is_error"}`; the
 /// content is the tool's result.
@@ -543,6 +573,10 @@ pub enum Event {
         /// The user's MCP servers whose tools the agent is offered.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         mcp_servers: Vec<McpServer>,
+        /// How many explorers one call of the native agent's `explore` tool may fork
+        /// (0: the tool is not offered).
+        #[serde(default, skip_serializing_if = "is_zero_u32")]
+        explorers: u32,
     },
     /// A user message, which opens a turn.
     UserMessage {
@@ -890,6 +924,11 @@ pub enum Event {
         /// (`package@version`), when not the parent's: a replay against another CLI.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         agent: Option<(String, String)>,
+        /// Forked by the parent's `explore` call to work on one of its tasks: the
+        /// call answers here with the task, and this session's answer goes back to
+        /// the parent as its share of the call's result.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        explorer: Option<Explorer>,
     },
     /// The session was rewound: its log goes on from position `to`, whose state is
     /// its state again; the records after `to` and before this one are set aside (kept
@@ -1019,6 +1058,7 @@ impl Event {
             egress_credentials: Vec::new(),
             git: None,
             mcp_servers: Vec::new(),
+            explorers: 0,
         }
     }
 

@@ -489,6 +489,36 @@ pub struct SessionState {
     /// Completed external effects of the current turn that a divergence superseded:
     /// still facts, answered from the record if the agent asks for them again.
     pub external_facts: Vec<WrappedTool>,
+    /// How many explorers one `explore` call may fork (0: the tool is not offered).
+    #[serde(default)]
+    pub explorers: u32,
+    /// The parent's call this session was forked to explore a task of, if it was.
+    #[serde(default)]
+    pub explorer: Option<crate::Explorer>,
+    /// The explorers' answers that have come for the `explore` call being waited on:
+    /// (task index, explorer session, answer).
+    #[serde(default)]
+    pub explored: Vec<(u32, String, String)>,
+}
+
+/// The `explore` call's result once every explorer has answered: each task with its
+/// explorer's session and answer.
+fn explored_result(tasks: &[Value], answers: &[(u32, String, String)]) -> String {
+    let mut answers = answers.to_vec();
+    answers.sort_by_key(|a| a.0);
+    let mut out = format!("{} explorer(s) finished.\n", answers.len());
+    for (index, session, answer) in &answers {
+        let task = tasks
+            .get(*index as usize)
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "\n## Explorer {} ({session})\nTask: {task}\nAnswer:\n{}\n",
+            index + 1,
+            answer.trim()
+        ));
+    }
+    out
 }
 
 /// Why a log could not be folded.
@@ -554,6 +584,7 @@ impl SessionState {
             egress_credentials,
             git,
             mcp_servers,
+            explorers,
         } = &record.event
         else {
             return Err(FoldError::NotStarted);
@@ -627,6 +658,9 @@ impl SessionState {
                 ..TurnStart::default()
             },
             external_facts: Vec::new(),
+            explorers: *explorers,
+            explorer: None,
+            explored: Vec::new(),
         })
     }
 
@@ -938,9 +972,17 @@ impl SessionState {
             model,
             limits,
             agent,
+            explorer,
             ..
         } = &record.event
         {
+            if let Some(explorer) = explorer {
+                let pending = self.queued_tools.iter().any(|t| t.id == explorer.call_id);
+                if !pending {
+                    return Err(bad("an explorer is forked where its `explore` call is due"));
+                }
+                self.explorer = Some(explorer.clone());
+            }
             self.fork(workspace, model.as_ref()).map_err(bad)?;
             if let Some(limits) = limits {
                 self.limits = *limits;
@@ -1093,6 +1135,7 @@ impl SessionState {
                     return Err(bad("the waiting tool call is not in flight"));
                 }
                 self.status = Status::Waiting;
+                self.explored.clear();
                 self.waiting = Some(Wait {
                     seq: record.seq,
                     name: name.clone(),
@@ -1111,6 +1154,40 @@ impl SessionState {
                     _ => return Err(bad("no wait for this signal")),
                 };
                 self.take_inbox(Some(*inbox_id));
+                if let Some(call_id) = wait
+                    .call_id
+                    .as_ref()
+                    .filter(|c| *name == crate::explored_signal(c))
+                {
+                    // One explorer's answer: the call waits on until every one has
+                    // answered (an answer sent twice counts once).
+                    let tasks = match &self.pending_tool {
+                        Some(p) if &p.call_id == call_id => {
+                            p.input["tasks"].as_array().cloned().unwrap_or_default()
+                        }
+                        _ => return Err(bad("the waiting tool call is not in flight")),
+                    };
+                    let index = payload["index"].as_u64().unwrap_or(u64::MAX);
+                    if index < tasks.len() as u64
+                        && !self.explored.iter().any(|a| u64::from(a.0) == index)
+                    {
+                        let text = |k: &str| payload[k].as_str().unwrap_or_default().to_string();
+                        self.explored
+                            .push((index as u32, text("session"), text("answer")));
+                    }
+                    if self.explored.len() < tasks.len() {
+                        self.last_seq = record.seq;
+                        return Ok(());
+                    }
+                    self.waiting = None;
+                    self.status = Status::Running;
+                    self.take_pending_tool(call_id)
+                        .ok_or_else(|| bad("the waiting tool call is not in flight"))?;
+                    let result = explored_result(&tasks, &std::mem::take(&mut self.explored));
+                    self.push_result(call_id, result, false);
+                    self.last_seq = record.seq;
+                    return Ok(());
+                }
                 self.waiting = None;
                 self.status = Status::Running;
                 if let Some(breaker) = self.escalated.take() {

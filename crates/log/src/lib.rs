@@ -14,12 +14,12 @@ pub mod record;
 
 pub use approval::{ApprovalPolicy, ApprovalRule, Verdict};
 pub use event::{
-    is_workspace_id, tool_result_signal, BlobRef, Breaker, ClientTool, EgressCredential, EndState,
-    Event, GitSource, Limits, McpServer, ModelSpec, Output, RequestParts, ToolClass,
-    ToolResolution, Usage, APPROVAL_SIGNAL, CHECKPOINT_KIND, COMPACT_SIGNAL, DENIED,
-    INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK, INTERRUPTED_ROLLED_BACK_BESIDE,
-    INTERRUPT_SIGNAL, MODEL_DELTA_KIND, PRUNED_KIND, RESUME_SIGNAL, TOOL_RESULT_SIGNAL,
-    WORKSPACE_MOUNT,
+    explored_signal, is_workspace_id, tool_result_signal, BlobRef, Breaker, ClientTool,
+    EgressCredential, EndState, Event, Explorer, GitSource, Limits, McpServer, ModelSpec, Output,
+    RequestParts, ToolClass, ToolResolution, Usage, APPROVAL_SIGNAL, CHECKPOINT_KIND,
+    COMPACT_SIGNAL, DENIED, EXPLORED_SIGNAL, INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK,
+    INTERRUPTED_ROLLED_BACK_BESIDE, INTERRUPT_SIGNAL, MODEL_DELTA_KIND, PRUNED_KIND, RESUME_SIGNAL,
+    TOOL_RESULT_SIGNAL, WORKSPACE_MOUNT,
 };
 pub use fold::{
     approval_key, fold, Exchange, FoldError, HeldConnection, Next, PendingModel, PendingTool,

@@ -313,6 +313,7 @@ mod tests {
                 egress_credentials: Vec::new(),
                 git: None,
                 mcp_servers: Vec::new(),
+                explorers: 0,
             },
         };
         let mut enc = encode("s", &rec);

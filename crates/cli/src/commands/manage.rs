@@ -210,6 +210,7 @@ pub async fn fork(home: &Path, config: &Config, args: ForkArgs) -> anyhow::Resul
             limits: None,
             agent: None,
             held: false,
+            explorer: None,
         })
         .await?;
     for fork in &forks {

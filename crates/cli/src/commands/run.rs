@@ -55,6 +55,11 @@ pub struct RunArgs {
     /// Escalate when the session has run this many seconds.
     #[arg(long)]
     max_duration_secs: Option<u64>,
+    /// Offer the native agent the `explore` tool, forking up to N explorers per
+    /// call (each a session of its own, from the point the agent is at); `run`
+    /// drives them here when no worker does.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    explorers: u32,
 }
 
 /// Arguments of `steadfast resume`.
@@ -131,6 +136,7 @@ pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<
     }
     let mut new = NewSession::native(&model, &workspace).with_task(&task);
     new.agent = args.agent.clone();
+    new.explorers = args.explorers;
     new.mcp_servers = harness
         .options()
         .agents
@@ -158,7 +164,7 @@ pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<
         steadfast_sandbox::describe(&harness.options().sandbox)
     );
     let mut awake = harness.wake(&id).await?;
-    let code = drive(&mut awake, args.json, true).await;
+    let code = drive(&harness, &mut awake, args.json, true).await;
     if !matches!(code, Ok(c) if c == ExitCode::from(130)) {
         report_changes(&harness, &id).await;
     }
@@ -258,7 +264,7 @@ pub async fn resume(home: &Path, config: &Config, args: ResumeArgs) -> anyhow::R
     // (a logical workspace) takes messages for as long as its owner sends them, so
     // driving its turn here leaves it open.
     let one_task = !steadfast_log::is_workspace_id(&state.workspace);
-    let code = drive(&mut awake, args.json, one_task).await;
+    let code = drive(&harness, &mut awake, args.json, one_task).await;
     drop(awake);
     if !matches!(code, Ok(c) if c == ExitCode::from(130)) {
         report_changes(&harness, &session).await;
@@ -368,9 +374,31 @@ fn watch<W: World + Clone, S: Sandbox>(driver: &mut Driver<'_, W, S>, running: S
     });
 }
 
+/// Runs the session; while it waits for explorers that no worker drives, drives them
+/// here and carries on.
+async fn run_with_explorers<W: World + Clone, S: Sandbox>(
+    harness: &steadfast_harness::Harness<W, S>,
+    awake: &mut Awake<'_, W, S>,
+) -> steadfast_harness::Result<Stop> {
+    loop {
+        let stop = awake.run().await?;
+        match &stop {
+            Stop::Waiting(name) if name.starts_with(steadfast_log::EXPLORED_SIGNAL) => {
+                let session = awake.session().to_string();
+                eprintln!("steadfast: driving the explorers of {session} here");
+                if harness.run_explorers(&session).await? == 0 {
+                    return Ok(stop);
+                }
+            }
+            _ => return Ok(stop),
+        }
+    }
+}
+
 /// Drives the session until it stops; one that goes idle is ended `completed` when it
 /// is `one_task` (a session of `run`), and left open otherwise.
 async fn drive<W: World + Clone, S: Sandbox>(
+    harness: &steadfast_harness::Harness<W, S>,
     awake: &mut Awake<'_, W, S>,
     json: bool,
     one_task: bool,
@@ -380,7 +408,7 @@ async fn drive<W: World + Clone, S: Sandbox>(
         watch(driver, running.clone());
     }
     let result = tokio::select! {
-        result = awake.run() => result,
+        result = run_with_explorers(harness, awake) => result,
         never = show_progress(running.clone()) => match never {},
         _ = tokio::signal::ctrl_c() => {
             // Dropping the run stops the call in flight (a command's whole process

@@ -30,6 +30,7 @@ impl Log {
             egress_credentials: Vec::new(),
             git: None,
             mcp_servers: Vec::new(),
+            explorers: 0,
         });
         log
     }
@@ -694,6 +695,7 @@ fn forked(agent: Option<(&str, &str)>) -> Event {
         model: None,
         limits: None,
         agent: agent.map(|(a, c)| (a.into(), c.into())),
+        explorer: None,
     }
 }
 

@@ -111,6 +111,7 @@ pub(crate) async fn fork<W: World + Clone>(
         limits,
         agent: None,
         held: false,
+        explorer: None,
     };
     let made = state.harness.fork(&request).await?;
     state

@@ -76,6 +76,13 @@ pub(crate) struct CreateSession {
     /// `classes` overrides them. The sandbox never holds the credential.
     #[serde(default)]
     mcp_servers: Vec<steadfast_log::McpServer>,
+    /// How many explorers one call of the `explore` tool may fork (native agent
+    /// only, at most 8; default 0: the tool is not offered). With it, the agent can
+    /// fork itself into explorers from the point it is at, one per task, each a
+    /// session of the caller's own, and wait for their answers.
+    #[serde(default)]
+    #[schema(example = 3)]
+    explorers: u32,
     /// A title to list it by (default: its first message, shortened), at most 200
     /// characters; `PATCH /v1/sessions/{id}` changes it.
     #[serde(default)]
@@ -406,6 +413,7 @@ pub(crate) async fn create<W: World + Clone>(
     new.egress_credentials = req.egress_credentials;
     new.git = git;
     new.mcp_servers = mcp_servers;
+    new.explorers = req.explorers;
     new.described = described;
     let audited = serde_json::json!({
         "agent": new.agent,
