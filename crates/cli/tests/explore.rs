@@ -1,4 +1,5 @@
-//! Fork as a tool: a native session allowed explorers calls `explore` with two tasks,
+//! Fork as a tool: a session allowed explorers (native, or a wrapped Claude Code through
+//! the journaled MCP server) calls `explore` with two tasks,
 //! waits, durably, while two forked sessions work on them in workspaces of their own,
 //! and goes on with both answers as the call's result. The run is SIGKILLed while the
 //! explorers work and resumed: no explorer is made twice and no model call is paid
@@ -54,6 +55,7 @@ impl Case {
         cmd.args(args)
             .current_dir(self.dir.path())
             .env("STEADFAST_HOME", self.home())
+            .env("STEADFAST_AGENTS_DIR", common::agents_dir())
             .env("ANTHROPIC_API_KEY", "sk-ant-the-harness-real-key")
             .env("ANTHROPIC_BASE_URL", self.fake.base_url())
             .env_remove("OPENAI_API_KEY")
@@ -272,9 +274,55 @@ async fn through_the_api_workers_run_the_explorers_and_wake_the_parent() {
     assert!(body.to_string().contains("explorers"), "{body}");
 }
 
+/// A wrapped Claude Code session explores through the journaled MCP server: the
+/// `explore` call stops the CLI while the explorers (Claude Code sessions forked at
+/// that call, each replaying the shared part of the turn from the log) work; started
+/// again, it is answered with their answers and finishes the turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrapped_claude_code_session_explores_through_the_journal() {
+    common::installed("claude-code").await;
+    let case = Case::new(0).await;
+    let mut args = case.run_args();
+    args.extend(["--agent".to_string(), "claude-code".to_string()]);
+    let out = case
+        .steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let sessions = case.sessions().await;
+    assert_eq!(sessions.len(), 3, "{sessions:?}");
+    let parent = sessions
+        .iter()
+        .find(|s| !s["title"].as_str().unwrap_or("").starts_with("explorer"))
+        .unwrap();
+    assert_eq!(parent["status"], "completed", "{parent}");
+    let answered = case
+        .fake
+        .state()
+        .requests()
+        .into_iter()
+        .find(|r| r.contains("2 explorer(s) finished"))
+        .expect("a request with the explorers' answers");
+    assert!(answered.contains("try approach B"), "{answered}");
+    assert_eq!(marks(&case.dir.path().join("ws")), 1);
+    for explorer in sessions.iter().filter(|s| s["id"] != parent["id"]) {
+        let own = case.log(explorer["id"].as_str().unwrap()).await;
+        let forked = common::events(&own, "forked");
+        let dir = case
+            .home()
+            .join("workspaces")
+            .join(forked[0]["workspace"].as_str().unwrap());
+        assert_eq!(marks(&dir), 1, "{own:?}");
+        // The shared part of the turn was answered from the log.
+        assert!(
+            !common::events(&own, "replay_diverged").iter().any(|_| true),
+            "{own:?}"
+        );
+    }
+}
+
 /// A bound past the ceiling is refused, leaving nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn explorers_are_for_the_native_agent_within_a_ceiling() {
+async fn explorers_past_the_ceiling_are_refused() {
     let case = Case::new(0).await;
     let mut args = case.run_args();
     let n = args.iter().position(|a| a == "2").unwrap();

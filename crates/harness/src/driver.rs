@@ -1077,23 +1077,21 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             Err(why) => return self.append(explore::answered(&call, why, true)).await,
         };
         let owner = self.harness.world.session(&session).await?.owner;
-        let made = self
-            .harness
-            .fork(&crate::ForkRequest {
-                parent: session,
-                at: Some(at),
-                owner,
-                explorer: Some((call.id.clone(), tasks)),
-                ..Default::default()
-            })
-            .await?;
-        let ids: Vec<String> = made.into_iter().map(|s| s.id).collect();
+        let ids = crate::fork::fork_explorers(
+            &self.harness.world,
+            &self.harness.blobs,
+            &session,
+            &owner,
+            &call.id,
+            tasks,
+            at,
+        )
+        .await?;
         self.append(explore::waiting(&call, &ids)).await
     }
 
-    /// In an explorer whose task's turn ends: its answer goes to its parent first (a
-    /// crash before the turn's end is recorded sends it again; the parent counts it
-    /// once). A parent that is gone is not waited for.
+    /// In an explorer whose task's turn ends: its answer goes to its parent first
+    /// (see [`steadfast_journal::explore::send_answer`]).
     async fn answer_explored(&self, turn: u32) -> Result<()> {
         let (explorer, answer) = {
             let s = self.state();
@@ -1106,23 +1104,15 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 .unwrap_or_default();
             (s.explorer.clone(), answer)
         };
-        let Some(explorer) = explorer.filter(|e| e.turn == turn) else {
-            return Ok(());
-        };
-        let (name, payload) = crate::explore::answer(&explorer, &self.lease.session, &answer);
-        match self
-            .harness
-            .world
-            .post(&explorer.parent, InboundKind::Signal, &name, &payload)
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(steadfast_world::Error::NotFound(_) | steadfast_world::Error::Ended(_)) => {
-                tracing::warn!(parent = %explorer.parent, "an explorer's parent is gone; its answer stays in its own log");
-                Ok(())
-            }
-            Err(e) => Err(e.into()),
-        }
+        steadfast_journal::explore::send_answer(
+            &self.harness.world,
+            &self.lease.session,
+            explorer.as_ref(),
+            turn,
+            &answer,
+        )
+        .await?;
+        Ok(())
     }
 
     /// What the approval policy says of `call` (of `class`) before it runs.

@@ -79,17 +79,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                 request.count
             )));
         }
-        let parent = self.world.session(&request.parent).await?;
-        let at = request.at.unwrap_or(parent.last_seq);
-        if at == 0 || at > parent.last_seq {
-            return Err(Error::Invalid(format!(
-                "at: session {} has records 1 to {}; cannot fork at {at}",
-                request.parent, parent.last_seq
-            )));
-        }
-        let (state, _) =
-            steadfast_world::load_state_at(&self.world, &self.blobs, &request.parent, at).await?;
-        set_aside(&request.parent, "at", at, state.last_seq)?;
+        let (at, state) = fork_point(&self.world, &self.blobs, request).await?;
         let model = match &request.model {
             Some(model) => {
                 self.check_agent_model(&state.agent, model)?;
@@ -110,74 +100,131 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                 )));
             }
         }
-        let count = match &request.explorer {
-            Some((_, tasks)) => tasks.len() as u32,
-            None => request.count,
-        };
-        let mut children = Vec::with_capacity(count as usize);
-        for index in 0..count {
-            let explorer = request.explorer.as_ref().map(|(call_id, tasks)| Explorer {
-                parent: request.parent.clone(),
-                call_id: call_id.clone(),
-                index,
-                task: tasks[index as usize].clone(),
-                turn: state.turn,
-            });
-            let event = Event::Forked {
-                parent: request.parent.clone(),
-                at,
-                workspace: new_workspace_id(),
-                model: model.clone(),
-                limits,
-                agent: request.agent.clone(),
-                explorer: explorer.clone(),
-            };
-            let mut child = state.clone();
-            child
-                .apply(&Record {
-                    seq: at + 1,
-                    epoch: 0,
-                    at_ms: 0,
-                    event: event.clone(),
-                })
-                .map_err(|e| Error::Invalid(format!("at: cannot fork there: {e}")))?;
-            let waiting_for = awaited(&child);
-            let child_id = match &explorer {
-                Some(e) => crate::explore::explorer_id(&e.parent, &e.call_id, e.index),
-                None => format!("ses_{}", uuid::Uuid::now_v7().simple()),
-            };
-            let title = match &explorer {
-                Some(e) => Some(format!(
-                    "explorer {} of {}: {}",
-                    e.index + 1,
-                    e.parent,
-                    e.task.chars().take(80).collect::<String>()
-                )),
-                None => request.title.clone(),
-            };
-            let fork = Fork {
-                parent: request.parent.clone(),
-                child: child_id.clone(),
-                owner: request.owner.clone(),
-                at,
-                event,
-                status: match request.held {
-                    true => steadfast_log::Status::Idle.to_string(),
-                    false => child.status.to_string(),
-                },
-                waiting_for,
-                title,
-            };
-            match self.world.fork_session(&fork).await {
-                Ok(made) => children.push(made),
-                // An explorer made before a crash: the same one.
-                Err(steadfast_world::Error::AlreadyExists(_)) if explorer.is_some() => {
-                    children.push(self.world.session(&child_id).await?);
-                }
-                Err(e) => return Err(e.into()),
-            }
-            steadfast_fault::point(steadfast_fault::points::FORK_MADE);
-        }
-        Ok(children)
+        make_forks(&self.world, request, at, &state, model, limits).await
     }
+}
+
+/// Where `request` forks its parent, and the parent's state there.
+async fn fork_point<W: World>(
+    world: &W,
+    blobs: &steadfast_world::Blobs,
+    request: &ForkRequest,
+) -> Result<(u64, steadfast_log::SessionState)> {
+    let parent = world.session(&request.parent).await?;
+    let at = request.at.unwrap_or(parent.last_seq);
+    if at == 0 || at > parent.last_seq {
+        return Err(Error::Invalid(format!(
+            "at: session {} has records 1 to {}; cannot fork at {at}",
+            request.parent, parent.last_seq
+        )));
+    }
+    let (state, _) = steadfast_world::load_state_at(world, blobs, &request.parent, at).await?;
+    set_aside(&request.parent, "at", at, state.last_seq)?;
+    Ok((at, state))
+}
+
+/// Makes the explorers of `parent`'s `explore` call `call_id` on `tasks`, forked at
+/// `at` (where the call is due), owned by `owner`; their ids. Made again after a
+/// crash, they are the same sessions.
+pub(crate) async fn fork_explorers<W: World>(
+    world: &W,
+    blobs: &steadfast_world::Blobs,
+    parent: &str,
+    owner: &str,
+    call_id: &str,
+    tasks: Vec<String>,
+    at: u64,
+) -> Result<Vec<String>> {
+    let request = ForkRequest {
+        parent: parent.to_string(),
+        at: Some(at),
+        owner: owner.to_string(),
+        explorer: Some((call_id.to_string(), tasks)),
+        ..Default::default()
+    };
+    let (at, state) = fork_point(world, blobs, &request).await?;
+    let made = make_forks(world, &request, at, &state, None, None).await?;
+    Ok(made.into_iter().map(|s| s.id).collect())
+}
+
+/// Makes the forks `request` asks for at `at`, whose state is `state`, with `model`
+/// and `limits` (checked by the caller) if given.
+async fn make_forks<W: World>(
+    world: &W,
+    request: &ForkRequest,
+    at: u64,
+    state: &steadfast_log::SessionState,
+    model: Option<steadfast_log::ModelSpec>,
+    limits: Option<steadfast_log::Limits>,
+) -> Result<Vec<SessionSummary>> {
+    let count = match &request.explorer {
+        Some((_, tasks)) => tasks.len() as u32,
+        None => request.count,
+    };
+    let mut children = Vec::with_capacity(count as usize);
+    for index in 0..count {
+        let explorer = request.explorer.as_ref().map(|(call_id, tasks)| Explorer {
+            parent: request.parent.clone(),
+            call_id: call_id.clone(),
+            index,
+            of: tasks.len() as u32,
+            task: tasks[index as usize].clone(),
+            turn: state.turn,
+        });
+        let event = Event::Forked {
+            parent: request.parent.clone(),
+            at,
+            workspace: new_workspace_id(),
+            model: model.clone(),
+            limits,
+            agent: request.agent.clone(),
+            explorer: explorer.clone(),
+        };
+        let mut child = state.clone();
+        child
+            .apply(&Record {
+                seq: at + 1,
+                epoch: 0,
+                at_ms: 0,
+                event: event.clone(),
+            })
+            .map_err(|e| Error::Invalid(format!("at: cannot fork there: {e}")))?;
+        let waiting_for = awaited(&child);
+        let child_id = match &explorer {
+            Some(e) => crate::explore::explorer_id(&e.parent, &e.call_id, e.index),
+            None => format!("ses_{}", uuid::Uuid::now_v7().simple()),
+        };
+        let title = match &explorer {
+            Some(e) => Some(format!(
+                "explorer {} of {}: {}",
+                e.index + 1,
+                e.parent,
+                e.task.chars().take(80).collect::<String>()
+            )),
+            None => request.title.clone(),
+        };
+        let fork = Fork {
+            parent: request.parent.clone(),
+            child: child_id.clone(),
+            owner: request.owner.clone(),
+            at,
+            event,
+            status: match request.held {
+                true => steadfast_log::Status::Idle.to_string(),
+                false => child.status.to_string(),
+            },
+            waiting_for,
+            title,
+        };
+        match world.fork_session(&fork).await {
+            Ok(made) => children.push(made),
+            // An explorer made before a crash: the same one.
+            Err(steadfast_world::Error::AlreadyExists(_)) if explorer.is_some() => {
+                children.push(world.session(&child_id).await?);
+            }
+            Err(e) => return Err(e.into()),
+        }
+        steadfast_fault::point(steadfast_fault::points::FORK_MADE);
+    }
+    Ok(children)
 }

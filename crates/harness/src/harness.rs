@@ -460,7 +460,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             steadfast_sandbox::NetworkPolicy::parse(policy).map_err(Error::Invalid)?;
         }
         crate::client_tools::check(&new.agent, &new.client_tools).map_err(Error::Invalid)?;
-        crate::explore::check(&new.agent, new.explorers).map_err(Error::Invalid)?;
+        crate::explore::check(new.explorers).map_err(Error::Invalid)?;
         crate::remote::check_servers(&new.mcp_servers).map_err(Error::Invalid)?;
         new.described.check().map_err(Error::Invalid)?;
         std::fs::create_dir_all(&new.workspace)
@@ -768,9 +768,33 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 )))
             }
         };
+        // A wrapped agent's `explore` calls come through the journal, which has this
+        // hook fork the session (the native loop forks in its driver).
+        let explore = match state.explorers > 0 && state.is_wrapped() {
+            true => {
+                let (world, blobs) = (self.world.clone(), self.blobs.clone());
+                let parent = session.to_string();
+                let owner = self.world.session(session).await?.owner;
+                let make: steadfast_journal::explore::MakeExplorers =
+                    Arc::new(move |call_id, tasks, at| {
+                        let (world, blobs) = (world.clone(), blobs.clone());
+                        let (parent, owner) = (parent.clone(), owner.clone());
+                        Box::pin(async move {
+                            crate::fork::fork_explorers(
+                                &world, &blobs, &parent, &owner, &call_id, tasks, at,
+                            )
+                            .await
+                            .map_err(|e| e.to_string())
+                        })
+                    });
+                Some(steadfast_journal::explore::Explorers(make))
+            }
+            false => None,
+        };
         Ok(steadfast_journal::Hosted {
             remote: self.remote_tools(session, state).await?,
             git,
+            explore,
         })
     }
 

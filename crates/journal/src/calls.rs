@@ -49,6 +49,8 @@ pub struct Hosted {
     pub remote: Option<Arc<RemoteTools>>,
     /// `git_push`.
     pub git: Option<Arc<GitPusher>>,
+    /// `explore`, for a session that allows explorers.
+    pub explore: Option<crate::explore::Explorers>,
 }
 
 /// A tool call to run live.
@@ -134,7 +136,7 @@ const FRONTIER: ResultPlace = (u32::MAX, usize::MAX);
 /// workspace to a recorded call's after-snapshot only forwards in the order results
 /// were recorded, whatever order the restarted agent asks in.
 pub struct Journal<W, S> {
-    live: Arc<LiveSession<W>>,
+    pub(crate) live: Arc<LiveSession<W>>,
     drive: Drive,
     blobs: Blobs,
     workspace: PathBuf,
@@ -143,11 +145,11 @@ pub struct Journal<W, S> {
     sandbox: SandboxSlot<S>,
     /// The recorded calls (and superseded external facts) this run has been answered
     /// from, and the calls it made itself: never matched again.
-    consumed: Mutex<HashSet<String>>,
+    pub(crate) consumed: Mutex<HashSet<String>>,
     last_snapshot: Arc<StdMutex<Option<String>>>,
     /// Held while a snapshot is taken and the event naming it appended, and while a
     /// replay moves the workspace: one writer of the record and the workspace at a time.
-    recording: Mutex<()>,
+    pub(crate) recording: Mutex<()>,
     /// Held by a call that may change the workspace from its snapshot before to its
     /// outcome: such calls of one reply take turns (see **Parallel calls**).
     one_writer: Mutex<()>,
@@ -177,13 +179,15 @@ pub struct Journal<W, S> {
     inflight: tokio::sync::watch::Sender<usize>,
     /// Set when a call of a wrapped agent has started a wait for a person's approval:
     /// the agent is stopped, to be started again once the answer comes.
-    paused: tokio::sync::watch::Sender<bool>,
+    pub(crate) paused: tokio::sync::watch::Sender<bool>,
     /// Set when the run this journal serves is over (see [`Self::close`]).
-    closed: tokio::sync::watch::Sender<bool>,
+    pub(crate) closed: tokio::sync::watch::Sender<bool>,
     /// The session's own MCP servers' tools, run by the harness (not in the sandbox).
     remote: Option<Arc<RemoteTools>>,
     /// `git_push`, run by the harness with the session's credential.
     git: Option<Arc<GitPusher>>,
+    /// The hook that makes a wrapped agent's explorers.
+    explore: Option<crate::explore::Explorers>,
     /// Which calls run in the tools' sandbox, for its egress proxy's records.
     egress: Option<Arc<EgressDesk>>,
 }
@@ -234,6 +238,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             closed: tokio::sync::watch::Sender::new(false),
             remote: None,
             git: None,
+            explore: None,
             egress: None,
         }
     }
@@ -313,7 +318,14 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
     pub fn with_hosted(mut self, hosted: Hosted) -> Self {
         self.remote = hosted.remote;
         self.git = hosted.git;
+        self.explore = hosted.explore;
         self
+    }
+
+    /// How many explorers one `explore` call may fork, when the tool is offered.
+    pub fn explorers(&self) -> Option<u32> {
+        self.explore.as_ref()?;
+        Some(self.live.with(|s| s.explorers))
     }
 
     /// Whether this journal runs `git_push`.
@@ -454,6 +466,11 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             }
             Some(Answer::Fact(fact)) => return self.answer_fact(fact).await,
             None => {}
+        }
+        if tool == crate::explore::EXPLORE_TOOL {
+            if let Some(make) = self.explore.clone() {
+                return self.explore(input, &make.0).await;
+            }
         }
         let class = self.class_of(tool, input);
         let key = steadfast_log::approval_key(tool, input);
@@ -667,6 +684,23 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
         class: ToolClass,
         told: String,
     ) -> Result<(String, bool)> {
+        self.record_answered(call_id, tool, input, class, told, true)
+            .await
+    }
+
+    /// Records a call answered without running anything (refused, or answered by the
+    /// harness itself) under `call_id`, its outcome `text`; the workspace does not
+    /// move.
+    pub(crate) async fn record_answered(
+        &self,
+        call_id: String,
+        tool: &str,
+        input: &Value,
+        class: ToolClass,
+        text: String,
+        is_error: bool,
+    ) -> Result<(String, bool)> {
+        let told = text;
         let _writer = self.recording.lock().await;
         let snapshot = self
             .last_snapshot
@@ -684,14 +718,14 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
                 },
                 Event::ToolCallOutcome {
                     call_id,
-                    is_error: true,
+                    is_error,
                     exit_code: None,
                     output: Output::Inline { text: told.clone() },
                     snapshot_after: snapshot,
                 },
             ])
             .await?;
-        Ok((told, true))
+        Ok((told, is_error))
     }
 
     /// Answers a superseded external effect from its record, and records it again in

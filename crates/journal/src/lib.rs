@@ -12,6 +12,7 @@
 //! runs them: the session's own MCP servers' ([`remote`]) and `git_push` ([`git`]).
 
 pub mod calls;
+pub mod explore;
 pub mod git;
 pub mod remote;
 pub mod slot;

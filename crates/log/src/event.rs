@@ -325,6 +325,8 @@ pub struct Explorer {
     pub call_id: String,
     /// Which of the call's tasks (from 0).
     pub index: u32,
+    /// How many tasks the call had.
+    pub of: u32,
     /// The task.
     pub task: String,
     /// The turn the call was made in: the explorer's answer is its answer at that

@@ -495,27 +495,44 @@ pub struct SessionState {
     /// The parent's call this session was forked to explore a task of, if it was.
     #[serde(default)]
     pub explorer: Option<crate::Explorer>,
-    /// The explorers' answers that have come for the `explore` call being waited on:
-    /// (task index, explorer session, answer).
+    /// The explorers' answers that have come for the `explore` call being waited on.
     #[serde(default)]
-    pub explored: Vec<(u32, String, String)>,
+    pub explored: Vec<ExploredAnswer>,
+    /// A wrapped agent's `explore` calls whose explorers have all answered, by their
+    /// approval key, with the call's result: what the call answers when the agent,
+    /// started again, makes it.
+    #[serde(default)]
+    pub explored_done: Vec<(String, String)>,
+}
+
+/// One explorer's answer to its parent's `explore` call (the signal's payload).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExploredAnswer {
+    /// Which task (from 0).
+    pub index: u32,
+    /// How many tasks the call had.
+    pub of: u32,
+    /// The explorer.
+    pub session: String,
+    /// Its task.
+    pub task: String,
+    /// Its final answer.
+    pub answer: String,
 }
 
 /// The `explore` call's result once every explorer has answered: each task with its
 /// explorer's session and answer.
-fn explored_result(tasks: &[Value], answers: &[(u32, String, String)]) -> String {
+fn explored_result(answers: &[ExploredAnswer]) -> String {
     let mut answers = answers.to_vec();
-    answers.sort_by_key(|a| a.0);
+    answers.sort_by_key(|a| a.index);
     let mut out = format!("{} explorer(s) finished.\n", answers.len());
-    for (index, session, answer) in &answers {
-        let task = tasks
-            .get(*index as usize)
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+    for a in &answers {
         out.push_str(&format!(
-            "\n## Explorer {} ({session})\nTask: {task}\nAnswer:\n{}\n",
-            index + 1,
-            answer.trim()
+            "\n## Explorer {} ({})\nTask: {}\nAnswer:\n{}\n",
+            a.index + 1,
+            a.session,
+            a.task,
+            a.answer.trim()
         ));
     }
     out
@@ -661,6 +678,7 @@ impl SessionState {
             explorers: *explorers,
             explorer: None,
             explored: Vec::new(),
+            explored_done: Vec::new(),
         })
     }
 
@@ -977,7 +995,8 @@ impl SessionState {
         } = &record.event
         {
             if let Some(explorer) = explorer {
-                let pending = self.queued_tools.iter().any(|t| t.id == explorer.call_id);
+                let pending =
+                    self.is_wrapped() || self.queued_tools.iter().any(|t| t.id == explorer.call_id);
                 if !pending {
                     return Err(bad("an explorer is forked where its `explore` call is due"));
                 }
@@ -1154,37 +1173,32 @@ impl SessionState {
                     _ => return Err(bad("no wait for this signal")),
                 };
                 self.take_inbox(Some(*inbox_id));
-                if let Some(call_id) = wait
-                    .call_id
-                    .as_ref()
-                    .filter(|c| *name == crate::explored_signal(c))
-                {
-                    // One explorer's answer: the call waits on until every one has
-                    // answered (an answer sent twice counts once).
-                    let tasks = match &self.pending_tool {
-                        Some(p) if &p.call_id == call_id => {
-                            p.input["tasks"].as_array().cloned().unwrap_or_default()
-                        }
-                        _ => return Err(bad("the waiting tool call is not in flight")),
-                    };
-                    let index = payload["index"].as_u64().unwrap_or(u64::MAX);
-                    if index < tasks.len() as u64
-                        && !self.explored.iter().any(|a| u64::from(a.0) == index)
+                if name.starts_with(&format!("{}.", crate::EXPLORED_SIGNAL)) {
+                    // One explorer's answer: the call waits on until every task has
+                    // one (an answer sent twice counts once).
+                    let answer: ExploredAnswer = serde_json::from_value(payload.clone())
+                        .map_err(|_| bad("an explorer's answer without its fields"))?;
+                    if answer.index < answer.of
+                        && !self.explored.iter().any(|a| a.index == answer.index)
                     {
-                        let text = |k: &str| payload[k].as_str().unwrap_or_default().to_string();
-                        self.explored
-                            .push((index as u32, text("session"), text("answer")));
+                        self.explored.push(answer.clone());
                     }
-                    if self.explored.len() < tasks.len() {
+                    if self.explored.len() < answer.of as usize {
                         self.last_seq = record.seq;
                         return Ok(());
                     }
                     self.waiting = None;
                     self.status = Status::Running;
-                    self.take_pending_tool(call_id)
-                        .ok_or_else(|| bad("the waiting tool call is not in flight"))?;
-                    let result = explored_result(&tasks, &std::mem::take(&mut self.explored));
-                    self.push_result(call_id, result, false);
+                    let result = explored_result(&std::mem::take(&mut self.explored));
+                    match (&wait.call_id, &wait.before_call) {
+                        (Some(call_id), _) => {
+                            self.take_pending_tool(call_id)
+                                .ok_or_else(|| bad("the waiting tool call is not in flight"))?;
+                            self.push_result(call_id, result, false);
+                        }
+                        (None, Some(key)) => self.explored_done.push((key.clone(), result)),
+                        (None, None) => return Err(bad("an explore wait names no call")),
+                    }
                     self.last_seq = record.seq;
                     return Ok(());
                 }

@@ -89,8 +89,21 @@ impl<W: World + Clone, S: Sandbox> ServerHandler for JournalServer<W, S> {
             };
             Tool::new(def.name, def.description, Arc::new(schema))
         });
+        let explore = self.journal.explorers().map(|max| {
+            let def = steadfast_journal::explore::explore_tool(max);
+            let schema = match def.input_schema {
+                serde_json::Value::Object(map) => map,
+                _ => serde_json::Map::new(),
+            };
+            Tool::new(def.name, def.description, Arc::new(schema))
+        });
         Ok(ListToolsResult {
-            tools: tools().into_iter().chain(push).chain(remote).collect(),
+            tools: tools()
+                .into_iter()
+                .chain(push)
+                .chain(explore)
+                .chain(remote)
+                .collect(),
             ..ListToolsResult::default()
         })
     }
