@@ -55,7 +55,7 @@ pub struct RunArgs {
     /// Escalate when the session has run this many seconds.
     #[arg(long)]
     max_duration_secs: Option<u64>,
-    /// Offer the native agent the `explore` tool, forking up to N explorers per
+    /// Offer the agent the `explore` tool, forking up to N explorers per
     /// call (each a session of its own, from the point the agent is at); `run`
     /// drives them here when no worker does.
     #[arg(long, value_name = "N", default_value_t = 0)]

@@ -76,10 +76,11 @@ pub(crate) struct CreateSession {
     /// `classes` overrides them. The sandbox never holds the credential.
     #[serde(default)]
     mcp_servers: Vec<steadfast_log::McpServer>,
-    /// How many explorers one call of the `explore` tool may fork (native agent
-    /// only, at most 8; default 0: the tool is not offered). With it, the agent can
-    /// fork itself into explorers from the point it is at, one per task, each a
-    /// session of the caller's own, and wait for their answers.
+    /// How many explorers one call of the `explore` tool may fork (at most 8;
+    /// default 0: the tool is not offered; a wrapped CLI gets it from its journaled
+    /// MCP server). With it, the agent can fork itself into explorers from the point
+    /// it is at, one per task, each a session of the caller's own, and wait for their
+    /// answers.
     #[serde(default)]
     #[schema(example = 3)]
     explorers: u32,
