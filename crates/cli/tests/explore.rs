@@ -80,6 +80,8 @@ impl Case {
             "anthropic/claude-sonnet-4-5",
             "--explorers",
             "2",
+            "--max-cost-usd",
+            "1",
             "--json",
         ]
         .map(String::from)
@@ -181,6 +183,27 @@ async fn explorers_work_apart_and_their_answers_come_back_together() {
         .await;
     assert!(out.status.success(), "{}", stderr(&out));
     check_finished(&case, false).await;
+    // The explorers shared the parent's budget, and their spend came back to it: the
+    // parent reports every model call of the three sessions (the shared one once).
+    let reported: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut spent = 0;
+    for s in case.sessions().await {
+        let log = case.log(s["id"].as_str().unwrap()).await;
+        let own_from = common::events(&log, "forked")
+            .first()
+            .map_or(0, |f| f["at"].as_u64().unwrap());
+        if let Some(f) = common::events(&log, "forked").first() {
+            let max = f["limits"]["max_cost_micro_usd"].as_u64().unwrap();
+            assert!((400_000..600_000).contains(&max), "{f}");
+        }
+        spent += log
+            .iter()
+            .filter(|r| r["seq"].as_u64().unwrap() > own_from)
+            .filter_map(|r| r["event"]["model_call_outcome"]["cost_micro_usd"].as_u64())
+            .sum::<u64>();
+    }
+    let parent_cost = (reported["cost_usd"].as_f64().unwrap() * 1e6).round() as u64;
+    assert_eq!(parent_cost, spent, "{reported}");
 }
 
 /// SIGKILL while an explorer's reply streams: `resume` finishes everything, making

@@ -448,7 +448,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             }
             Next::EndTurn => {
                 let turn = self.state().turn;
-                self.answer_explored(turn).await?;
+                self.answer_explored().await?;
                 self.append(vec![Event::TurnEnded { turn, reply: None }])
                     .await?;
                 self.checkpoint_if_due().await?;
@@ -1092,23 +1092,22 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
 
     /// In an explorer whose task's turn ends: its answer goes to its parent first
     /// (see [`steadfast_journal::explore::send_answer`]).
-    async fn answer_explored(&self, turn: u32) -> Result<()> {
-        let (explorer, answer) = {
-            let s = self.state();
-            let answer = s
-                .conversation
-                .iter()
-                .rev()
-                .find(|m| m.role == steadfast_log::Role::Assistant)
-                .map(|m| m.text())
-                .unwrap_or_default();
-            (s.explorer.clone(), answer)
-        };
+    async fn answer_explored(&self) -> Result<()> {
+        let state = self.state().clone();
+        if state.explorer.is_none() {
+            return Ok(());
+        }
+        let answer = state
+            .conversation
+            .iter()
+            .rev()
+            .find(|m| m.role == steadfast_log::Role::Assistant)
+            .map(|m| m.text())
+            .unwrap_or_default();
         steadfast_journal::explore::send_answer(
             &self.harness.world,
             &self.lease.session,
-            explorer.as_ref(),
-            turn,
+            &state,
             &answer,
         )
         .await?;

@@ -143,7 +143,17 @@ pub(crate) async fn fork_explorers<W: World>(
         ..Default::default()
     };
     let (at, state) = fork_point(world, blobs, &request).await?;
-    let made = make_forks(world, &request, at, &state, None, None).await?;
+    // The explorers share what the parent has left; their spend comes back to it.
+    let n = request.explorer.as_ref().map_or(1, |e| e.1.len() as u32);
+    let made = make_forks(
+        world,
+        &request,
+        at,
+        &state,
+        None,
+        Some(state.explorer_limits(n)),
+    )
+    .await?;
     Ok(made.into_iter().map(|s| s.id).collect())
 }
 
@@ -170,6 +180,7 @@ async fn make_forks<W: World>(
             of: tasks.len() as u32,
             task: tasks[index as usize].clone(),
             turn: state.turn,
+            spent_before: (state.cost_micro_usd, state.tokens_used()),
         });
         let event = Event::Forked {
             parent: request.parent.clone(),

@@ -95,28 +95,35 @@ pub fn brief(explorer: &Explorer) -> String {
 }
 
 /// The signal that carries an explorer's answer to its parent.
-pub fn answer(explorer: &Explorer, session: &str, text: &str) -> (String, Value) {
+pub fn answer(
+    explorer: &Explorer,
+    session: &str,
+    text: &str,
+    spent: (u64, u64),
+) -> (String, Value) {
     (
         explored_signal(&explorer.call_id),
         json!({"index": explorer.index, "of": explorer.of, "session": session,
-               "task": explorer.task, "answer": text}),
+               "task": explorer.task, "answer": text,
+               "cost_micro_usd": spent.0.saturating_sub(explorer.spent_before.0),
+               "tokens": spent.1.saturating_sub(explorer.spent_before.1)}),
     )
 }
 
-/// In an explorer (`explorer`) whose task's turn (`turn`) ends: sends `answer` to its
-/// parent, before the turn's end is recorded (a crash between sends it again; the
+/// In an explorer (its `state`) whose task's turn ends: sends its answer `text`, with
+/// what it spent, to its parent, before the turn's end is recorded (a crash between sends it again; the
 /// parent counts it once). A parent that is gone is not waited for.
 pub async fn send_answer<W: World>(
     world: &W,
     session: &str,
-    explorer: Option<&Explorer>,
-    turn: u32,
+    state: &steadfast_log::SessionState,
     text: &str,
 ) -> std::result::Result<(), steadfast_world::Error> {
-    let Some(explorer) = explorer.filter(|e| e.turn == turn) else {
+    let Some(explorer) = state.explorer.as_ref().filter(|e| e.turn == state.turn) else {
         return Ok(());
     };
-    let (name, payload) = answer(explorer, session, text);
+    let spent = (state.cost_micro_usd, state.tokens_used());
+    let (name, payload) = answer(explorer, session, text, spent);
     match world
         .post(
             &explorer.parent,

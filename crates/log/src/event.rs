@@ -332,6 +332,10 @@ pub struct Explorer {
     /// The turn the call was made in: the explorer's answer is its answer at that
     /// turn's end.
     pub turn: u32,
+    /// The money and tokens spent before the fork (the explorer's answer reports what
+    /// it spent after).
+    #[serde(default)]
+    pub spent_before: (u64, u64),
 }
 
 /// What the signal that answers a client tool's call begins with; the whole name is

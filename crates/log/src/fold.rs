@@ -518,6 +518,13 @@ pub struct ExploredAnswer {
     pub task: String,
     /// Its final answer.
     pub answer: String,
+    /// What it spent on model calls since it was forked: counted against the
+    /// parent's bounds when the call's answers are in.
+    #[serde(default)]
+    pub cost_micro_usd: u64,
+    /// The tokens it used since it was forked, counted likewise.
+    #[serde(default)]
+    pub tokens: u64,
 }
 
 /// The `explore` call's result once every explorer has answered: each task with its
@@ -680,6 +687,35 @@ impl SessionState {
             explored: Vec::new(),
             explored_done: Vec::new(),
         })
+    }
+
+    /// Every token the session's model calls used (what `max_tokens` bounds).
+    pub fn tokens_used(&self) -> u64 {
+        self.usage.input_tokens
+            + self.usage.output_tokens
+            + self.usage.cache_read_tokens
+            + self.usage.cache_write_tokens
+    }
+
+    /// The bounds of each of `n` explorers forked from this state: the money and
+    /// tokens this session has left, shared among them; each answer's spend then
+    /// counts against this session (see [`ExploredAnswer::cost_micro_usd`]), so the
+    /// explorers and the session together stay within its bounds.
+    pub fn explorer_limits(&self, n: u32) -> Limits {
+        let n = u64::from(n.max(1));
+        let cost = self.cost_micro_usd;
+        let tokens = self.tokens_used();
+        Limits {
+            max_cost_micro_usd: self
+                .limits
+                .max_cost_micro_usd
+                .map(|max| cost + max.saturating_sub(cost) / n),
+            max_tokens: self
+                .limits
+                .max_tokens
+                .map(|max| tokens + max.saturating_sub(tokens) / n),
+            ..self.limits
+        }
     }
 
     /// Whether the session runs a wrapped agent (a CLI through the gateway) rather
@@ -876,10 +912,7 @@ impl SessionState {
                 ),
             ));
         }
-        let tokens = self.usage.input_tokens
-            + self.usage.output_tokens
-            + self.usage.cache_read_tokens
-            + self.usage.cache_write_tokens;
+        let tokens = self.tokens_used();
         if let Some(max) = self.limits.max_tokens.filter(|m| tokens >= *m) {
             return Some((
                 Breaker::Tokens,
@@ -1189,7 +1222,12 @@ impl SessionState {
                     }
                     self.waiting = None;
                     self.status = Status::Running;
-                    let result = explored_result(&std::mem::take(&mut self.explored));
+                    let answers = std::mem::take(&mut self.explored);
+                    for a in &answers {
+                        self.cost_micro_usd += a.cost_micro_usd;
+                        self.usage.input_tokens += a.tokens;
+                    }
+                    let result = explored_result(&answers);
                     match (&wait.call_id, &wait.before_call) {
                         (Some(call_id), _) => {
                             self.take_pending_tool(call_id)

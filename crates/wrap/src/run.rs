@@ -470,15 +470,9 @@ pub async fn drive_turn<W: World + Clone + 'static>(
         let why = match result {
             Ok(out) if !out.is_error => {
                 let reply = out.text.trim().to_string();
-                let explorer = live.with(|s| s.explorer.clone());
-                steadfast_journal::explore::send_answer(
-                    world,
-                    &lease.session,
-                    explorer.as_ref(),
-                    state.turn,
-                    &reply,
-                )
-                .await?;
+                let now = live.state();
+                steadfast_journal::explore::send_answer(world, &lease.session, &now, &reply)
+                    .await?;
                 live.append(&[Event::TurnEnded {
                     turn: state.turn,
                     reply: Some(reply.clone()),
