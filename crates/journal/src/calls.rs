@@ -620,31 +620,33 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
         input: &Value,
         key: String,
     ) -> Result<(String, bool)> {
+        let reason = self.approval_reason(tool, input);
+        tracing::info!(session = %self.live.lease().session, %reason, "an external effect waits for approval");
+        let wait = Event::WaitStarted {
+            name: steadfast_log::APPROVAL_SIGNAL.into(),
+            reason,
+            call_id: None,
+            before_call: Some(key),
+        };
+        self.stop_waiting(wait, "[steadfast] this call waits for a person's approval; the turn goes on once they answer")
+            .await
+    }
+
+    /// Records `wait` (unless a sibling call recorded one first: the agent is stopping
+    /// anyway, and asks again) and stops the agent; the call returns `told` when the
+    /// run ends (its server's connection must not outlive it). The turn goes on from
+    /// the log once the wait is answered.
+    pub(crate) async fn stop_waiting(&self, wait: Event, told: &str) -> Result<(String, bool)> {
         {
             let _writer = self.recording.lock().await;
-            // A sibling asked first: the agent is stopping anyway, and asks again.
             if self.live.with(|s| s.waiting.is_none()) {
-                let reason = self.approval_reason(tool, input);
-                tracing::info!(session = %self.live.lease().session, %reason, "an external effect waits for approval");
-                self.live
-                    .append(&[Event::WaitStarted {
-                        name: steadfast_log::APPROVAL_SIGNAL.into(),
-                        reason,
-                        call_id: None,
-                        before_call: Some(key),
-                    }])
-                    .await?;
+                self.live.append(&[wait]).await?;
             }
         }
         self.paused.send_replace(true);
-        // The agent is stopped now; the call ends with the run (its server's
-        // connection must not outlive it).
         let mut closed = self.closed.subscribe();
         let _ = closed.wait_for(|closed| *closed).await;
-        Ok((
-            "[steadfast] this call waits for a person's approval; the turn goes on once they answer".to_string(),
-            true,
-        ))
+        Ok((told.to_string(), true))
     }
 
     /// Ends the run this journal serves: its sandbox is stopped (a command the agent

@@ -233,30 +233,14 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
                 ))
             }
         };
-        {
-            let _writer = self.recording.lock().await;
-            if self.live.with(|s| s.waiting.is_none()) {
-                self.live
-                    .append(&[Event::WaitStarted {
-                        name: explored_signal(&key),
-                        reason: format!(
-                            "waiting for {} explorer(s): {}",
-                            ids.len(),
-                            ids.join(", ")
-                        ),
-                        call_id: None,
-                        before_call: Some(key),
-                    }])
-                    .await?;
-            }
-        }
-        self.paused.send_replace(true);
-        let mut closed = self.closed.subscribe();
-        let _ = closed.wait_for(|closed| *closed).await;
-        Ok((
-            "[steadfast] this call waits for its explorers; the turn goes on once they have answered".to_string(),
-            true,
-        ))
+        let wait = Event::WaitStarted {
+            name: explored_signal(&key),
+            reason: format!("waiting for {} explorer(s): {}", ids.len(), ids.join(", ")),
+            call_id: None,
+            before_call: Some(key),
+        };
+        self.stop_waiting(wait, "[steadfast] this call waits for its explorers; the turn goes on once they have answered")
+            .await
     }
 }
 
