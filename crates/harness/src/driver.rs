@@ -1052,14 +1052,9 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     /// forked at answers with its task, and any other is refused.
     async fn explore(&mut self, call: ToolUse) -> Result<()> {
         use crate::explore;
-        let (explorer, max, at, session) = {
+        let (explorer, max, session) = {
             let s = self.state();
-            (
-                s.explorer.clone(),
-                s.explorers,
-                s.last_seq,
-                self.lease.session.clone(),
-            )
+            (s.explorer.clone(), s.explorers, self.lease.session.clone())
         };
         if let Some(explorer) = explorer {
             let events = match explorer.call_id == call.id {
@@ -1076,6 +1071,9 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             Ok(tasks) => tasks,
             Err(why) => return self.append(explore::answered(&call, why, true)).await,
         };
+        // The explorers fork at a committed position: whatever is staged goes first.
+        self.commit_staged().await?;
+        let at = self.state().last_seq;
         let owner = self.harness.world.session(&session).await?.owner;
         let ids = crate::fork::fork_explorers(
             &self.harness.world,
