@@ -15,6 +15,10 @@ use steadfast_testkit::{demo, FakeProvider};
 
 const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
 
+/// The named agents' instructions, and the ones a replay tries instead.
+const BRIEF: &str = "Keep every answer under ten lines.";
+const OTHER_BRIEF: &str = "Answer in French, and keep it short.";
+
 struct Case {
     dir: tempfile::TempDir,
     fake: FakeProvider,
@@ -49,6 +53,17 @@ impl Case {
         }
         std::os::unix::fs::symlink("stats.py", ws.join("link.py")).unwrap();
         let fake = FakeProvider::start(demo::script()).await.unwrap();
+        // Every adapter as a named agent with instructions of its own.
+        let named: String = ["claude-code", "codex", "pi", "opencode"]
+            .iter()
+            .map(|a| {
+                format!(
+                    "[[agents.named]]\nname = \"{a}-briefed\"\nadapter = \"{a}\"\n\
+                     instructions = \"{BRIEF}\"\n"
+                )
+            })
+            .collect();
+        std::fs::write(dir.path().join("steadfast.toml"), named).unwrap();
         Case { dir, fake }
     }
 
@@ -65,6 +80,7 @@ impl Case {
             .args(args)
             .current_dir(self.dir.path())
             .env("STEADFAST_HOME", self.home())
+            .env("STEADFAST_CONFIG", self.dir.path().join("steadfast.toml"))
             .env("STEADFAST_AGENTS_DIR", agents_dir())
             .env("ANTHROPIC_API_KEY", "sk-ant-the-harness-real-key")
             .env("ANTHROPIC_BASE_URL", self.fake.base_url())
@@ -278,6 +294,60 @@ async fn another_model_diverges_at_the_first_request_and_can_go_on_live() {
         Some("turn_ended"),
         "{kinds:?}"
     );
+}
+
+/// A named agent's instructions reach its CLI's model requests (every adapter) and
+/// stay the session's: replayed as recorded they match request for request; replayed
+/// with other instructions (`--system-prompt`) the first request differs, and the diff
+/// shows the recorded instructions going and the new ones coming, with no provider
+/// call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_of_instructions_is_replayed_first_for_every_cli() {
+    for (adapter, model) in [
+        ("claude-code", "anthropic/claude-sonnet-4-5"),
+        ("codex", "openai/gpt-5"),
+        ("pi", "anthropic/claude-sonnet-4-5"),
+        ("opencode", "anthropic/claude-sonnet-4-5"),
+    ] {
+        installed(adapter).await;
+        let case = Case::new().await;
+        let session = case.record(&format!("{adapter}-briefed"), model).await;
+        let requests = case.fake.state().requests();
+        assert!(!requests.is_empty());
+        assert!(
+            requests.iter().all(|r| r.contains(BRIEF)),
+            "{adapter}: a model request without the agent's instructions"
+        );
+        let calls = case.fake.calls();
+        let log = case.log(&session).await;
+
+        let (code, report) = case.replay(&session, &[]).await;
+        assert_eq!(code, 0, "{adapter}: {report}");
+        assert_eq!(report["instructions"], BRIEF, "{report}");
+
+        let (code, report) = case
+            .replay(&session, &["--system-prompt", OTHER_BRIEF])
+            .await;
+        assert_eq!(code, 3, "{adapter}: {report}");
+        let d = check_divergence(&report, &log);
+        let first = log.iter().find(|r| kind(r) == "exchange_intent").unwrap();
+        assert_eq!(d["position"], first["seq"], "{adapter}: {report}");
+        let diff = d["diff"].as_str().unwrap();
+        let changed = |sign: char, text: &str| {
+            diff.lines()
+                .any(|l| l.starts_with(sign) && l.contains(text))
+        };
+        assert!(changed('-', BRIEF), "{adapter}: {diff}");
+        assert!(changed('+', OTHER_BRIEF), "{adapter}: {diff}");
+        assert!(!changed('+', BRIEF), "{adapter}: {diff}");
+        assert_eq!(report["provider_calls"], 0, "{report}");
+        assert_eq!(
+            case.fake.calls(),
+            calls,
+            "{adapter}: a replay asked the provider"
+        );
+        assert_eq!(case.sessions().await.len(), 1, "{adapter}: a fork was left");
+    }
 }
 
 /// A native session has no CLI to replay: refused, saying why, leaving nothing.

@@ -55,6 +55,7 @@ async fn setup() -> Setup {
             workspace: ws.display().to_string(),
             host: None,
             system: "sys".into(),
+            instructions: None,
             initial_snapshot: Some(start.clone()),
             created_at_ms: 0,
             budget_micro_usd: None,

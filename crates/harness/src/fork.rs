@@ -36,6 +36,9 @@ pub struct ForkRequest {
     /// when not the parent's (a replay against another CLI; the caller has checked
     /// that it is installed).
     pub agent: Option<(String, String)>,
+    /// The instructions the children's wrapped CLI is given, when not the parent's
+    /// (`""`: none; a replay against another prompt).
+    pub instructions: Option<String>,
     /// Kept from workers: the children are listed idle whatever their log says, so
     /// only the caller drives them (a replay runs its fork's turn itself, through a
     /// gateway that never asks the provider; a worker would run it live).
@@ -189,6 +192,7 @@ async fn make_forks<W: World>(
             model: model.clone(),
             limits,
             agent: request.agent.clone(),
+            instructions: request.instructions.clone(),
             explorer: explorer.clone(),
         };
         let mut child = state.clone();

@@ -497,11 +497,16 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             .world
             .acquire_lease(&id, &self.holder, self.options.lease_ttl)
             .await?;
+        let instructions = agent_cli
+            .is_some()
+            .then(|| self.options.agents.instructions_for(&new.agent))
+            .flatten();
         let mut events = vec![Event::SessionStarted {
             agent: new.agent,
             agent_cli,
             model,
             system: prompt::system(host.is_some().then_some(recorded.as_str())),
+            instructions,
             workspace: recorded,
             host,
             initial_snapshot: Some(snapshot),

@@ -26,6 +26,10 @@ pub struct ReplayRequest {
     pub agent: Option<String>,
     /// The model to ask (`provider/model`); `None` for the session's.
     pub model: Option<String>,
+    /// The instructions to give the CLI on top of its own system prompt (`""`:
+    /// none); `None` for the named agent's as configured now when the agent replayed
+    /// with is one, else the session's.
+    pub instructions: Option<String>,
     /// Go on live from the first divergence, as a fork the caller keeps.
     pub go_on: bool,
     /// Who owns the forks made.
@@ -66,6 +70,8 @@ pub struct ReplayDivergence {
 pub struct ReplayReport {
     /// The CLI replayed with (`package@version`).
     pub cli: String,
+    /// The instructions it was given on top of its own system prompt.
+    pub instructions: Option<String>,
     /// The turns replayed, in order (the last is where it diverged, if it did).
     pub turns: Vec<TurnReplay>,
     /// The first divergence; `None`: every recorded request was made as recorded.
@@ -167,6 +173,15 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
         }
         let (agent, adapter) = self.replay_adapter(request.agent.as_deref(), &state.agent)?;
         let cli = format!("{}@{}", adapter.package, adapter.version);
+        // A named agent replays with its instructions as configured now, an adapter
+        // with the session's; what the caller gives stands over both.
+        let instructions = match &request.instructions {
+            Some(given) => Some(given.clone()).filter(|i| !i.trim().is_empty()),
+            None if self.options.agents.named_agent(&agent).is_some() => {
+                self.options.agents.instructions_for(&agent)
+            }
+            None => state.instructions.clone(),
+        };
         if let Some(model) = &request.model {
             self.check_agent_model(&agent, model)?;
         }
@@ -177,8 +192,11 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                 request.session
             )));
         }
+        let changed =
+            (instructions != state.instructions).then(|| instructions.clone().unwrap_or_default());
         let mut report = ReplayReport {
             cli: cli.clone(),
+            instructions,
             turns: Vec::new(),
             divergence: None,
             provider_calls: 0,
@@ -202,6 +220,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                     model: request.model.clone(),
                     limits: None,
                     agent: Some((agent.clone(), cli.clone())),
+                    instructions: changed.clone(),
                     held: true,
                     explorer: None,
                 })

@@ -161,6 +161,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                 model: None,
                 limits: None,
                 agent: None,
+                instructions: None,
                 held: false,
                 explorer: None,
             })

@@ -77,6 +77,11 @@ pub struct NamedAgent {
     /// A session's own policy can only be stricter.
     #[serde(default)]
     pub approval: Option<steadfast_log::ApprovalPolicy>,
+    /// Instructions its CLI is given on top of its own system prompt (`instructions =
+    /// "Answer in French."`). A session keeps the ones it started with; `steadfast
+    /// replay --agent <name>` tries a change of them on recorded sessions first.
+    #[serde(default)]
+    pub instructions: Option<String>,
 }
 
 /// An agent a session can run, as `GET /v1/agents` lists it.
@@ -134,6 +139,13 @@ impl AgentOptions {
     /// The approval policy of a named agent's sessions, if it has one.
     pub fn approval_for(&self, agent: &str) -> Option<steadfast_log::ApprovalPolicy> {
         self.named_agent(agent).and_then(|a| a.approval.clone())
+    }
+
+    /// The instructions a named agent's CLI is given, if it has any.
+    pub fn instructions_for(&self, agent: &str) -> Option<String> {
+        self.named_agent(agent)
+            .and_then(|a| a.instructions.clone())
+            .filter(|i| !i.trim().is_empty())
     }
 
     /// The adapter a session's agent stands for (a configured agent's, or a built-in
@@ -263,9 +275,10 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     ) -> Result<WrappedDriver<'_, W, S>> {
         let adapter = self.session_adapter(&state)?;
         let sandbox = self.sandbox_options(&lease.session, &state).await?;
-        // A wrapped CLI's directory is left as its user had it; a logical workspace
-        // is brought to the log's last snapshot, whichever host drove it last.
-        let workspace = self.materialize(&state, false).await?;
+        // A wrapped CLI's directory is left as its user had it, unless a rewind put
+        // it back and no turn has begun since; a logical workspace is brought to the
+        // log's last snapshot, whichever host drove it last.
+        let workspace = self.materialize(&state, state.rewound_workspace).await?;
         let agents = &self.options.agents;
         let options = WrappedOptions {
             adapter,

@@ -140,6 +140,7 @@ async fn a_wrapped_session_keeps_the_cli_version_it_began_with() -> anyhow::Resu
         version: Some(version.into()),
         mcp_servers: Vec::new(),
         approval: None,
+        instructions: None,
     };
     let host = |dir: &str, version: &str| {
         let install = setup.dir.path().join(dir);

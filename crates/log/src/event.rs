@@ -544,6 +544,11 @@ pub enum Event {
         host: Option<String>,
         /// The system prompt.
         system: String,
+        /// Instructions a wrapped CLI is given on top of its own system prompt (a
+        /// named agent's `instructions`): part of what its requests carry, so a
+        /// session keeps the ones it started with.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        instructions: Option<String>,
         /// The workspace snapshot when the session began.
         initial_snapshot: Option<String>,
         /// Wall-clock start, milliseconds since the Unix epoch.
@@ -930,6 +935,10 @@ pub enum Event {
         /// (`package@version`), when not the parent's: a replay against another CLI.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         agent: Option<(String, String)>,
+        /// The instructions the wrapped CLI is given from here on, when not the
+        /// parent's (`""`: none): a replay against another prompt.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        instructions: Option<String>,
         /// Forked by the parent's `explore` call to work on one of its tasks: the
         /// call answers here with the task, and this session's answer goes back to
         /// the parent as its share of the call's result.
@@ -1053,6 +1062,7 @@ impl Event {
             workspace: workspace.into(),
             host: None,
             system: String::new(),
+            instructions: None,
             initial_snapshot: None,
             created_at_ms: 0,
             budget_micro_usd: None,

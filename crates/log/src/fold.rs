@@ -370,8 +370,17 @@ pub struct SessionState {
     /// aside work whose external effects still stand.
     #[serde(default)]
     pub rewind_note: Option<String>,
+    /// A rewind put the workspace back to its last snapshot and no turn has begun
+    /// since. A waking driver restores a directory it would otherwise leave as it is
+    /// (a wrapped CLI's): the rewind's own restore, made after its record, may have
+    /// been cut off by a crash.
+    #[serde(default)]
+    pub rewound_workspace: bool,
     /// The system prompt.
     pub system: String,
+    /// Instructions a wrapped CLI is given on top of its own system prompt.
+    #[serde(default)]
+    pub instructions: Option<String>,
     /// The workspace snapshot the session began with.
     pub initial_snapshot: Option<String>,
     /// When the session began, ms since the Unix epoch.
@@ -597,6 +606,7 @@ impl SessionState {
             workspace,
             host,
             system,
+            instructions,
             initial_snapshot,
             created_at_ms,
             budget_micro_usd,
@@ -621,7 +631,9 @@ impl SessionState {
             workspace_host: host.clone(),
             former_workspaces: Vec::new(),
             rewind_note: None,
+            rewound_workspace: false,
             system: system.clone(),
+            instructions: instructions.clone(),
             initial_snapshot: initial_snapshot.clone(),
             created_at_ms: *created_at_ms,
             conversation: Vec::new(),
@@ -1023,6 +1035,7 @@ impl SessionState {
             model,
             limits,
             agent,
+            instructions,
             explorer,
             ..
         } = &record.event
@@ -1045,6 +1058,12 @@ impl SessionState {
                 }
                 self.agent = agent.clone();
                 self.agent_cli = Some(cli.clone());
+            }
+            if let Some(instructions) = instructions {
+                if !self.is_wrapped() {
+                    return Err(bad("only a wrapped agent's session is given instructions"));
+                }
+                self.instructions = Some(instructions.clone()).filter(|i| !i.is_empty());
             }
             self.last_seq = record.seq;
             return Ok(());
@@ -1138,6 +1157,7 @@ impl SessionState {
                     snapshot: self.last_snapshot.clone(),
                     task: text.clone(),
                 };
+                self.rewound_workspace = false;
                 if let Some(note) = self.rewind_note.take() {
                     self.turn_start.task = format!("{note}\n\n{text}");
                 }
@@ -1723,6 +1743,7 @@ impl SessionState {
     fn rewind(&mut self, facts: &[String]) {
         self.retry = None;
         self.failures_in_row = 0;
+        self.rewound_workspace = true;
         if !facts.is_empty() {
             let mut note = String::from(
                 "[steadfast] This session was rewound to an earlier point: the work that \

@@ -302,6 +302,7 @@ mod tests {
                 workspace: "/w".into(),
                 host: None,
                 system: String::new(),
+                instructions: None,
                 initial_snapshot: None,
                 created_at_ms: 5,
                 budget_micro_usd: None,

@@ -665,6 +665,7 @@ pub async fn forks_share_the_parents_log<W: World>(world: &W) {
         model: None,
         limits: None,
         agent: None,
+        instructions: None,
         explorer: None,
     };
     let fork = |parent: &str, child: &str, at| crate::Fork {
@@ -838,6 +839,7 @@ pub async fn rewinds_set_records_aside_without_reusing_positions<W: World>(world
                 model: None,
                 limits: None,
                 agent: None,
+                instructions: None,
                 explorer: None,
             },
             status: "idle".into(),

@@ -245,6 +245,7 @@ pub async fn drive_turn<W: World + Clone + 'static>(
             )));
         }
         let task = turn_prompt(&state);
+        let instructions = state.instructions.clone();
         let workspace = options.workspace.clone();
         let model = state.model.model.clone();
         let provider = state.model.provider.clone();
@@ -361,6 +362,7 @@ pub async fn drive_turn<W: World + Clone + 'static>(
             mcp: &format!("{mcp_base}/mcp"),
             token: &token,
             task: &task,
+            instructions: instructions.as_deref(),
             provider: &provider,
             model: &model,
             install_dir: &install_dir,

@@ -209,6 +209,7 @@ pub async fn fork(home: &Path, config: &Config, args: ForkArgs) -> anyhow::Resul
             model: args.model,
             limits: None,
             agent: None,
+            instructions: None,
             held: false,
             explorer: None,
         })

@@ -28,6 +28,11 @@ pub struct ReplayArgs {
     /// The model to ask instead of the session's, `provider/model`.
     #[arg(long)]
     pub(crate) model: Option<String>,
+    /// Instructions to give the CLI on top of its own system prompt in place of the
+    /// session's (or the named agent's): how a prompt change is tried on recorded
+    /// sessions. `""` replays with none.
+    #[arg(long, visible_alias = "system-prompt", value_name = "TEXT")]
+    pub(crate) instructions: Option<String>,
     /// Go on live from the first divergence, as a fork that is kept (its id is
     /// printed); without it nothing is asked of a provider.
     #[arg(long = "continue")]
@@ -54,6 +59,7 @@ pub async fn replay(home: &Path, config: &Config, args: ReplayArgs) -> anyhow::R
             session: args.session.clone(),
             agent: args.agent.clone(),
             model: args.model.clone(),
+            instructions: args.instructions.clone(),
             go_on: args.go_on,
             owner: summary.owner,
         })
@@ -71,6 +77,12 @@ pub async fn replay(home: &Path, config: &Config, args: ReplayArgs) -> anyhow::R
 
 fn as_text(session: &str, report: &ReplayReport) -> String {
     let mut out = format!("replay of {session} with {}\n", report.cli);
+    if let Some(instructions) = &report.instructions {
+        out.push_str(&format!(
+            "  instructions: {}\n",
+            instructions.chars().take(200).collect::<String>()
+        ));
+    }
     for turn in &report.turns {
         out.push_str(&format!(
             "  turn {}: {} of {} recorded model requests answered from the log\n",

@@ -19,6 +19,7 @@ impl Log {
             workspace: "/w".into(),
             host: None,
             system: "sys".into(),
+            instructions: None,
             initial_snapshot: Some("s0".into()),
             created_at_ms: 0,
             budget_micro_usd: None,
@@ -695,6 +696,7 @@ fn forked(agent: Option<(&str, &str)>) -> Event {
         model: None,
         limits: None,
         agent: agent.map(|(a, c)| (a.into(), c.into())),
+        instructions: None,
         explorer: None,
     }
 }

@@ -110,6 +110,7 @@ pub(crate) async fn fork<W: World + Clone>(
         model: req.model,
         limits,
         agent: None,
+        instructions: None,
         held: false,
         explorer: None,
     };

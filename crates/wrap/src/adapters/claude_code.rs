@@ -39,7 +39,11 @@ impl Cli for ClaudeCode {
              DISABLE_TELEMETRY=1 DISABLE_ERROR_REPORTING=1 \
              ANTHROPIC_BASE_URL={gw} ANTHROPIC_API_KEY={token}; \
              exec {bin} -p {task} --tools '' --mcp-config {mcp} --strict-mcp-config \
-             --dangerously-skip-permissions --model {model} --output-format text",
+             --dangerously-skip-permissions --model {model} --output-format text{extra}",
+            extra = launch
+                .instructions
+                .map(|i| format!(" --append-system-prompt {}", quote(i)))
+                .unwrap_or_default(),
             gw = quote(launch.gateway),
             token = quote(launch.token),
             task = quote(launch.task),

@@ -61,10 +61,15 @@ impl Cli for Codex {
     }
 
     fn command(&self, bin: &str, launch: &Launch<'_>) -> String {
-        let config = CODEX_CONFIG
+        let mut config = CODEX_CONFIG
             .replace("{model}", launch.model)
             .replace("{gateway}", launch.gateway)
             .replace("{mcp}", launch.mcp);
+        // A root key, so it goes before the tables.
+        if let Some(instructions) = launch.instructions {
+            let value = toml::Value::String(instructions.to_string());
+            config = format!("developer_instructions = {value}\n{config}");
+        }
         format!(
             "export CODEX_HOME=\"$HOME/.codex\" STEADFAST_GATEWAY_TOKEN={token}; \
              mkdir -p \"$CODEX_HOME\" && printf '%s' {config} > \"$CODEX_HOME/config.toml\" && \

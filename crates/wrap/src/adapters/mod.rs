@@ -119,6 +119,8 @@ pub struct Launch<'a> {
     pub token: &'a str,
     /// The user's message for the turn.
     pub task: &'a str,
+    /// Instructions to give the CLI on top of its own system prompt, if any.
+    pub instructions: Option<&'a str>,
     /// The provider (`anthropic` or `openai`): which of the gateway's APIs a CLI that
     /// speaks several uses.
     pub provider: &'a str,

@@ -44,6 +44,11 @@ for (const line of require("fs").readFileSync(process.argv[1], "utf8").split("\n
 if (!text && error) { process.stderr.write(error + "\n"); process.exit(1); }
 process.stdout.write(text);"#;
 
+/// Where the session's instructions are written, as OpenCode's configuration names it
+/// and as the shell does.
+const INSTRUCTIONS: &str = "{env:HOME}/.opencode-run/instructions.md";
+const INSTRUCTIONS_SH: &str = "\"$HOME/.opencode-run/instructions.md\"";
+
 /// The `opencode` adapter.
 pub struct OpenCode;
 
@@ -81,7 +86,7 @@ impl Cli for OpenCode {
             .iter()
             .map(|t| (t.to_string(), serde_json::Value::Bool(false)))
             .collect();
-        let config = serde_json::json!({
+        let mut config = serde_json::json!({
             "model": format!("{provider}/{}", launch.model),
             "autoupdate": false,
             "share": "disabled",
@@ -94,11 +99,20 @@ impl Cli for OpenCode {
             "tools": tools,
             "permission": {"bash": "deny", "edit": "deny", "webfetch": "deny"},
         });
+        // OpenCode takes instructions as files: the session's are written to one of
+        // their own, named through its `{env:...}` substitution.
+        let write_instructions = match launch.instructions {
+            Some(text) => {
+                config["instructions"] = serde_json::json!([INSTRUCTIONS]);
+                format!("printf '%s' {} > {INSTRUCTIONS_SH} && ", quote(text))
+            }
+            None => String::new(),
+        };
         format!(
             "export OPENCODE_CONFIG_CONTENT={config} OPENCODE_DISABLE_MODELS_FETCH=1 \
              OPENCODE_DISABLE_AUTOUPDATE=1 OPENCODE_DISABLE_LSP_DOWNLOAD=1 \
              OPENCODE_DISABLE_DEFAULT_PLUGINS=1 OPENCODE_DISABLE_CLAUDE_CODE=1; \
-             mkdir -p \"$HOME/.opencode-run\" && \
+             mkdir -p \"$HOME/.opencode-run\" && {write_instructions}\
              {bin} run --pure --auto --title steadfast --format json -m {model} {task} \
              > \"$HOME/.opencode-run/events.jsonl\" 2> \"$HOME/.opencode-run/stderr.log\"; \
              rc=$?; if [ $rc != 0 ]; then tail -c 4000 \"$HOME/.opencode-run/stderr.log\"; exit $rc; fi; \

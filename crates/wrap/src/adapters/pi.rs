@@ -44,13 +44,25 @@ impl Cli for Pi {
             "baseUrl": base, "api": api, "apiKey": launch.token,
             "models": [{"id": launch.model}],
         }}});
+        // Pi reads a text that names a file as that file: the instructions are given
+        // as a file of their own, so no text is ever taken for a path.
+        let (write_instructions, append) = match launch.instructions {
+            Some(text) => (
+                format!(
+                    "printf '%s' {} > \"$HOME/.pi/instructions.md\" && ",
+                    quote(text)
+                ),
+                " --append-system-prompt \"$HOME/.pi/instructions.md\"",
+            ),
+            None => (String::new(), ""),
+        };
         format!(
             "export PI_OFFLINE=1 STEADFAST_MCP_URL={mcp}; mkdir -p \"$HOME/.pi/agent\" && \
              printf '%s' {models} > \"$HOME/.pi/agent/models.json\" && \
-             printf '%s' {tools} > \"$HOME/.pi/steadfast-tools.js\" && \
+             printf '%s' {tools} > \"$HOME/.pi/steadfast-tools.js\" && {write_instructions}\
              exec {bin} -p --no-builtin-tools --no-extensions -e \"$HOME/.pi/steadfast-tools.js\" \
              --no-skills --no-prompt-templates --no-context-files --no-session --offline \
-             --provider steadfast --model {model} {task}",
+             --provider steadfast --model {model}{append} {task}",
             mcp = quote(launch.mcp),
             models = quote(&models.to_string()),
             tools = quote(PI_TOOLS),
