@@ -2,7 +2,8 @@
 //! again through the pinned and the newest version of its CLI, and through another
 //! model, answered from the log. The fake provider's counter shows that no request
 //! reached it; a replay that diverges names the recorded request and shows a diff;
-//! the forks it made are gone after it, unless it goes on live.
+//! the forks it made are gone after it, unless it goes on live. Also: a named agent's
+//! instructions, and a rewind of a wrapped CLI's directory session cut off by a crash.
 
 mod common;
 
@@ -348,6 +349,50 @@ async fn a_change_of_instructions_is_replayed_first_for_every_cli() {
         );
         assert_eq!(case.sessions().await.len(), 1, "{adapter}: a fork was left");
     }
+}
+
+/// A rewind of a wrapped CLI's directory session that is cut off after its record and
+/// before the directory is put back: the next wake puts it back (a wrapped CLI's
+/// directory is otherwise left as its user has it), so the session goes on from the
+/// workspace the rewind promised.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewind_cut_off_before_its_restore_is_made_good_by_the_next_wake() {
+    installed("claude-code").await;
+    let case = Case::new().await;
+    let before = tree(&case.workspace());
+    let session = case
+        .record("claude-code", "anthropic/claude-sonnet-4-5")
+        .await;
+    let after = tree(&case.workspace());
+    assert_ne!(before, after, "the task changed nothing");
+
+    let killed = tokio::process::Command::new(BIN)
+        .args(["rewind", &session, "--to", "1"])
+        .current_dir(case.dir.path())
+        .env("STEADFAST_HOME", case.home())
+        .env("STEADFAST_CONFIG", case.dir.path().join("steadfast.toml"))
+        .env("STEADFAST_AGENTS_DIR", agents_dir())
+        .env(
+            "STEADFAST_FAULT",
+            format!("{}:1", steadfast_fault::points::REWIND_RECORDED),
+        )
+        .output()
+        .await
+        .unwrap();
+    assert!(!killed.status.success(), "the rewind was not cut off");
+    let log = case.log(&session).await;
+    assert_eq!(log.last().map(kind).as_deref(), Some("rewound"), "{log:?}");
+    assert!(
+        tree(&case.workspace()) == after,
+        "restored before the crash"
+    );
+
+    let out = case.steadfast(&["resume", &session]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        tree(&case.workspace()) == before,
+        "the rewind was not made good"
+    );
 }
 
 /// A native session has no CLI to replay: refused, saying why, leaving nothing.

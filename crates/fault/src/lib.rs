@@ -111,6 +111,8 @@ pub mod points {
     pub const FORK_WRITTEN: &str = "fork.written";
     /// A fork is committed; the next of a request for several is not yet made.
     pub const FORK_MADE: &str = "fork.made";
+    /// A rewind is recorded; this host's copy of the workspace is not yet put back.
+    pub const REWIND_RECORDED: &str = "rewind.recorded";
 
     /// Every point above that every session passes (compaction's come only when a
     /// conversation nears its model's context window).

@@ -189,8 +189,10 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                 waiting_for: crate::fork::awaited(&after),
             })
             .await?;
+        steadfast_fault::point(steadfast_fault::points::REWIND_RECORDED);
         // This host's copy of the workspace, as it was at `to`; a copy elsewhere is
-        // brought there when that host next drives the session.
+        // brought there when that host next drives the session. A crash before this
+        // restore is made good by the next wake (`rewound_workspace`).
         if let (Ok(dir), Some(snapshot)) = (self.workspace_dir(&after), &after.last_snapshot) {
             if dir.exists() {
                 self.drive().restore_async(&dir, snapshot).await?;
