@@ -1,5 +1,5 @@
-//! Fork as a tool: a session allowed explorers (native, or a wrapped Claude Code through
-//! the journaled MCP server) calls `explore` with two tasks,
+//! Fork as a tool: a session allowed explorers (native, or a wrapped CLI through the
+//! journaled MCP server: Claude Code, Codex, Pi and OpenCode) calls `explore` with two tasks,
 //! waits, durably, while two forked sessions work on them in workspaces of their own,
 //! and goes on with both answers as the call's result. The run is SIGKILLed while the
 //! explorers work and resumed: no explorer is made twice and no model call is paid
@@ -58,7 +58,8 @@ impl Case {
             .env("STEADFAST_AGENTS_DIR", common::agents_dir())
             .env("ANTHROPIC_API_KEY", "sk-ant-the-harness-real-key")
             .env("ANTHROPIC_BASE_URL", self.fake.base_url())
-            .env_remove("OPENAI_API_KEY")
+            .env("OPENAI_API_KEY", "sk-openai-the-harness-real-key")
+            .env("OPENAI_BASE_URL", format!("{}/v1", self.fake.base_url()))
             .env_remove("STEADFAST_FAULT")
             .env_remove("STEADFAST_MODEL")
             .env_remove("STEADFAST_WORLD")
@@ -297,49 +298,58 @@ async fn through_the_api_workers_run_the_explorers_and_wake_the_parent() {
     assert!(body.to_string().contains("explorers"), "{body}");
 }
 
-/// A wrapped Claude Code session explores through the journaled MCP server: the
-/// `explore` call stops the CLI while the explorers (Claude Code sessions forked at
-/// that call, each replaying the shared part of the turn from the log) work; started
-/// again, it is answered with their answers and finishes the turn.
+/// A wrapped session explores through the journaled MCP server, for every CLI: the
+/// `explore` call stops the CLI while the explorers (sessions of the same CLI forked
+/// at that call, each replaying the shared part of the turn from the log) work;
+/// started again, it is answered with their answers and finishes the turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wrapped_claude_code_session_explores_through_the_journal() {
-    common::installed("claude-code").await;
-    let case = Case::new(0).await;
-    let mut args = case.run_args();
-    args.extend(["--agent".to_string(), "claude-code".to_string()]);
-    let out = case
-        .steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>())
-        .await;
-    assert!(out.status.success(), "{}", stderr(&out));
-    let sessions = case.sessions().await;
-    assert_eq!(sessions.len(), 3, "{sessions:?}");
-    let parent = sessions
-        .iter()
-        .find(|s| !s["title"].as_str().unwrap_or("").starts_with("explorer"))
-        .unwrap();
-    assert_eq!(parent["status"], "completed", "{parent}");
-    let answered = case
-        .fake
-        .state()
-        .requests()
-        .into_iter()
-        .find(|r| r.contains("2 explorer(s) finished"))
-        .expect("a request with the explorers' answers");
-    assert!(answered.contains("try approach B"), "{answered}");
-    assert_eq!(marks(&case.dir.path().join("ws")), 1);
-    for explorer in sessions.iter().filter(|s| s["id"] != parent["id"]) {
-        let own = case.log(explorer["id"].as_str().unwrap()).await;
-        let forked = common::events(&own, "forked");
-        let dir = case
-            .home()
-            .join("workspaces")
-            .join(forked[0]["workspace"].as_str().unwrap());
-        assert_eq!(marks(&dir), 1, "{own:?}");
-        // The shared part of the turn was answered from the log.
-        assert!(
-            !common::events(&own, "replay_diverged").iter().any(|_| true),
-            "{own:?}"
-        );
+async fn a_wrapped_session_explores_through_the_journal_for_every_cli() {
+    for (adapter, model) in [
+        ("claude-code", "anthropic/claude-sonnet-4-5"),
+        ("codex", "openai/gpt-5"),
+        ("pi", "anthropic/claude-sonnet-4-5"),
+        ("opencode", "anthropic/claude-sonnet-4-5"),
+    ] {
+        common::installed(adapter).await;
+        let case = Case::new(0).await;
+        let mut args = case.run_args();
+        let at = args.iter().position(|a| a == "--model").unwrap() + 1;
+        args[at] = model.to_string();
+        args.extend(["--agent".to_string(), adapter.to_string()]);
+        let out = case
+            .steadfast(&args.iter().map(String::as_str).collect::<Vec<_>>())
+            .await;
+        assert!(out.status.success(), "{adapter}: {}", stderr(&out));
+        let sessions = case.sessions().await;
+        assert_eq!(sessions.len(), 3, "{adapter}: {sessions:?}");
+        let parent = sessions
+            .iter()
+            .find(|s| !s["title"].as_str().unwrap_or("").starts_with("explorer"))
+            .unwrap();
+        assert_eq!(parent["status"], "completed", "{adapter}: {parent}");
+        let answered = case
+            .fake
+            .state()
+            .requests()
+            .into_iter()
+            .find(|r| r.contains("2 explorer(s) finished"))
+            .unwrap_or_else(|| panic!("{adapter}: no request with the explorers' answers"));
+        assert!(answered.contains("try approach B"), "{adapter}: {answered}");
+        assert_eq!(marks(&case.dir.path().join("ws")), 1, "{adapter}");
+        for explorer in sessions.iter().filter(|s| s["id"] != parent["id"]) {
+            let own = case.log(explorer["id"].as_str().unwrap()).await;
+            let forked = common::events(&own, "forked");
+            let dir = case
+                .home()
+                .join("workspaces")
+                .join(forked[0]["workspace"].as_str().unwrap());
+            assert_eq!(marks(&dir), 1, "{adapter}: {own:?}");
+            // The shared part of the turn was answered from the log.
+            assert!(
+                common::events(&own, "replay_diverged").is_empty(),
+                "{adapter}: {own:?}"
+            );
+        }
     }
 }
 
