@@ -298,6 +298,98 @@ async fn through_the_api_workers_run_the_explorers_and_wake_the_parent() {
     assert!(body.to_string().contains("explorers"), "{body}");
 }
 
+/// An explorer that ends before it answers (closed or deleted by its owner) tells its
+/// parent why, as its task's answer: the parent's wait never outlives its explorers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explorers_closed_or_deleted_before_answering_do_not_hold_their_parent() {
+    use tokio::io::AsyncBufReadExt;
+    // The explorers' second reply streams slowly: they are closed in the middle of it.
+    let case = Case::new(1500).await;
+    let mut serve = case
+        .command(&["serve", "--listen", "127.0.0.1:0", "--workers", "0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = tokio::io::BufReader::new(serve.stdout.take().unwrap())
+        .lines()
+        .next_line()
+        .await
+        .unwrap()
+        .unwrap();
+    let _workers = case
+        .command(&["worker", "--workers", "2"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{url}/v1/sessions"))
+        .json(&json!({"model": "anthropic/claude-sonnet-4-5", "task": "explore two approaches", "explorers": 2}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"));
+    let mut children = Vec::new();
+    for _ in 0..300 {
+        let shown: Value = http
+            .get(format!("{url}/v1/sessions/{id}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if let Some(c) = shown["children"].as_array().filter(|c| c.len() == 2) {
+            children = c.iter().map(|c| c.as_str().unwrap().to_string()).collect();
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(children.len(), 2, "the explorers were never made");
+    let closed = http
+        .post(format!("{url}/v1/sessions/{}/close", children[0]))
+        .send()
+        .await
+        .unwrap();
+    assert!(closed.status().is_success(), "{}", closed.status());
+    let deleted = http
+        .delete(format!("{url}/v1/sessions/{}", children[1]))
+        .send()
+        .await
+        .unwrap();
+    assert!(deleted.status().is_success(), "{}", deleted.status());
+
+    common::idle_after(&url, id, 1).await;
+    let answered = case
+        .fake
+        .state()
+        .requests()
+        .into_iter()
+        .find(|r| r.contains("2 explorer(s) finished"))
+        .expect("a request with the explorers' answers");
+    assert!(
+        answered.contains("ended without an answer: closed by"),
+        "{answered}"
+    );
+    assert!(
+        answered.contains("ended without an answer: deleted by"),
+        "{answered}"
+    );
+    let gone = http
+        .get(format!("{url}/v1/sessions/{}", children[1]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 404);
+}
+
 /// A wrapped session explores through the journaled MCP server, for every CLI: the
 /// `explore` call stops the CLI while the explorers (sessions of the same CLI forked
 /// at that call, each replaying the shared part of the turn from the log) work;

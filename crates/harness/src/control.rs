@@ -152,12 +152,16 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         let ended = if state.is_ended() {
             Ok(Vec::new())
         } else {
+            let reason = format!("closed by {by}");
             let closed = Event::SessionEnded {
                 state: EndState::Closed,
-                reason: format!("closed by {by}"),
+                reason: reason.clone(),
                 diff: Vec::new(),
             };
-            self.world().append(&lease, &[closed]).await
+            match steadfast_journal::explore::ending(self.world(), session, &state, &reason).await {
+                Ok(()) => self.world().append(&lease, &[closed]).await,
+                Err(e) => Err(e),
+            }
         };
         self.world().release_lease(&lease).await?;
         ended?;
@@ -174,6 +178,8 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         self.lease_stopping(session, by, Duration::from_secs(30))
             .await?;
         let state = self.state(session).await?;
+        let why = format!("deleted by {by}");
+        steadfast_journal::explore::ending(self.world(), session, &state, &why).await?;
         self.world().delete_session(session).await?;
         Ok(state)
     }

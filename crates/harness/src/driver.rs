@@ -890,6 +890,14 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         started: std::time::Instant,
     ) -> Result<()> {
         self.count_model_call(false, None, 0, started.elapsed());
+        let state = self.state().clone();
+        steadfast_journal::explore::ending(
+            &self.harness.world,
+            &self.lease.session,
+            &state,
+            &message,
+        )
+        .await?;
         self.append(vec![
             Event::ModelCallFailed {
                 call_id,

@@ -131,10 +131,8 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             self.say_not_here(lease, &why).await;
             return self.cool_down(lease).await;
         }
-        let attempt = match self.state(&lease.session).await {
-            Ok(state) => state.failures_in_row + 1,
-            Err(_) => 1,
-        };
+        let state = self.state(&lease.session).await.ok();
+        let attempt = state.as_ref().map_or(1, |s| s.failures_in_row + 1);
         let reason = format!("the session cannot be driven: {e}");
         let mut events = Vec::new();
         let retry_at_ms = e.is_retryable().then(|| {
@@ -150,6 +148,14 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             retry_at_ms,
         });
         if retry_at_ms.is_none() {
+            if let Some(state) = &state {
+                if let Err(e) =
+                    steadfast_journal::explore::ending(&self.world, &lease.session, state, &reason)
+                        .await
+                {
+                    tracing::warn!(error = %e, "an explorer's parent could not be told it failed");
+                }
+            }
             events.push(steadfast_log::Event::SessionEnded {
                 state: steadfast_log::EndState::Failed,
                 reason,

@@ -110,16 +110,18 @@ pub fn answer(
     )
 }
 
-/// In an explorer (its `state`) whose task's turn ends: sends its answer `text`, with
-/// what it spent, to its parent, before the turn's end is recorded (a crash between sends it again; the
-/// parent counts it once). A parent that is gone is not waited for.
+/// In an explorer (its `state`) whose turn ends before it has answered (its task's
+/// turn, or the next one after a person stopped that): sends its answer `text`, with
+/// what it spent, to its parent, before the turn's end is recorded (a crash between
+/// sends it again; the parent counts it once). A parent that is gone is not waited
+/// for.
 pub async fn send_answer<W: World>(
     world: &W,
     session: &str,
     state: &steadfast_log::SessionState,
     text: &str,
 ) -> std::result::Result<(), steadfast_world::Error> {
-    let Some(explorer) = state.explorer.as_ref().filter(|e| e.turn == state.turn) else {
+    let Some(explorer) = state.explorer.as_ref().filter(|_| !state.explorer_answered) else {
         return Ok(());
     };
     let spent = (state.cost_micro_usd, state.tokens_used());
@@ -139,6 +141,29 @@ pub async fn send_answer<W: World>(
             Ok(())
         }
         Err(e) => Err(e),
+    }
+}
+
+/// In an explorer (its `state`) about to end (failed, closed, deleted) before it has
+/// answered: its parent is told why, as that task's answer, so the
+/// parent's wait never outlives its explorers. Sent before the end is recorded, as an
+/// answer is; a parent counts each task once, so an answer that comes after all the
+/// same (the end was not recorded, the explorer went on) changes nothing.
+pub async fn ending<W: World>(
+    world: &W,
+    session: &str,
+    state: &steadfast_log::SessionState,
+    why: &str,
+) -> std::result::Result<(), steadfast_world::Error> {
+    match (&state.explorer, state.is_ended()) {
+        (Some(explorer), false) if !state.explorer_answered => {
+            let text = format!(
+                "(explorer {} ended without an answer: {why})",
+                explorer.index + 1
+            );
+            send_answer(world, session, state, &text).await
+        }
+        _ => Ok(()),
     }
 }
 

@@ -504,6 +504,10 @@ pub struct SessionState {
     /// The parent's call this session was forked to explore a task of, if it was.
     #[serde(default)]
     pub explorer: Option<crate::Explorer>,
+    /// This explorer has answered its parent: a turn of its own ended (its first
+    /// finished turn's answer is its share of the parent's call).
+    #[serde(default)]
+    pub explorer_answered: bool,
     /// The explorers' answers that have come for the `explore` call being waited on.
     #[serde(default)]
     pub explored: Vec<ExploredAnswer>,
@@ -696,6 +700,7 @@ impl SessionState {
             external_facts: Vec::new(),
             explorers: *explorers,
             explorer: None,
+            explorer_answered: false,
             explored: Vec::new(),
             explored_done: Vec::new(),
         })
@@ -1592,6 +1597,7 @@ impl SessionState {
                     return Err(bad("the turn is not finished"));
                 }
                 self.status = Status::Idle;
+                self.explorer_answered |= self.explorer.is_some();
                 if let Some(reply) = reply {
                     self.wrapped_reply = Some(reply.clone());
                     // A wrapped agent's answer joins the conversation: the history the

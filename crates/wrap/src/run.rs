@@ -493,6 +493,8 @@ pub async fn drive_turn<W: World + Clone + 'static>(
                 options.adapter.name,
                 report.restarts + 1
             );
+            steadfast_journal::explore::ending(world, &lease.session, &live.state(), &reason)
+                .await?;
             live.append(&[Event::SessionEnded {
                 state: EndState::Failed,
                 reason: reason.clone(),
