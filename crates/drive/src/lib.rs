@@ -406,6 +406,20 @@ impl Drive {
         Ok(changes)
     }
 
+    /// What changed from snapshot `a` to snapshot `b`, one line per path (`added
+    /// src/x.rs`): the change list a log record carries (an escalation, a session's
+    /// end, an edit found between turns). A diff that cannot be made is one line
+    /// saying why: the record it goes in is worth more than the list.
+    pub fn change_lines(&self, a: &str, b: &str) -> Vec<String> {
+        match self.diff(a, b) {
+            Ok(changes) => changes
+                .into_iter()
+                .map(|c| format!("{} {}", format!("{:?}", c.kind).to_lowercase(), c.path))
+                .collect(),
+            Err(e) => vec![format!("(diff unavailable: {e})")],
+        }
+    }
+
     /// Removes stored objects that none of `keep` (snapshot ids) reaches, once they
     /// are older than `min_age` (a snapshot being taken right now has written objects
     /// that no log references yet; the grace period keeps them). Returns the number of

@@ -112,13 +112,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         let (Some(first), Some(last)) = (&state.initial_snapshot, &state.last_snapshot) else {
             return Vec::new();
         };
-        match self.drive.diff(first, last) {
-            Ok(changes) => changes
-                .into_iter()
-                .map(|c| format!("{} {}", format!("{:?}", c.kind).to_lowercase(), c.path))
-                .collect(),
-            Err(e) => vec![format!("(diff unavailable: {e})")],
-        }
+        self.drive.change_lines(first, last)
     }
 }
 

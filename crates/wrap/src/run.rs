@@ -8,7 +8,7 @@ use serde_json::json;
 use steadfast_drive::Drive;
 use steadfast_gateway::{Counters, Divergence, Gateway, GatewayConfig, Mismatch, Upstreams};
 use steadfast_journal::{resolve_cut_off, Journal, MakeSandbox, SandboxSlot};
-use steadfast_log::{fold, EndState, Event, Role, SessionState, Status};
+use steadfast_log::{EndState, Event, Role, SessionState, Status};
 use steadfast_sandbox::egress::EgressDesk;
 use steadfast_sandbox::{isolates, AnySandbox, NetworkPolicy, Sandbox, SandboxOptions};
 use steadfast_world::{Blobs, Heartbeat, LiveSession, World};
@@ -459,7 +459,13 @@ pub async fn drive_turn<W: World + Clone + 'static>(
             }
         };
         if let Some((breaker, reason)) = gateway.escalation() {
-            let diff = diff_since_start(drive, &world.read(&lease.session, 1).await?)?;
+            let diff = {
+                let now = live.state();
+                match (&now.initial_snapshot, &now.last_snapshot) {
+                    (Some(first), Some(last)) => drive.change_lines(first, last),
+                    _ => Vec::new(),
+                }
+            };
             live.append(&[Event::Escalated {
                 breaker,
                 reason: reason.clone(),
@@ -509,18 +515,6 @@ pub async fn drive_turn<W: World + Clone + 'static>(
 }
 
 /// The workspace diff since the session began, for an escalation.
-fn diff_since_start(drive: &Drive, records: &[steadfast_log::Record]) -> Result<Vec<String>> {
-    let state = fold(records)?;
-    let (Some(first), Some(last)) = (&state.initial_snapshot, &state.last_snapshot) else {
-        return Ok(Vec::new());
-    };
-    Ok(drive
-        .diff(first, last)?
-        .into_iter()
-        .map(|c| format!("{} {}", format!("{:?}", c.kind).to_lowercase(), c.path))
-        .collect())
-}
-
 fn tail(text: &str) -> String {
     let start = text.len().saturating_sub(600);
     let start = (start..text.len())
