@@ -137,6 +137,11 @@ pub fn timeline(record: &Record) -> Vec<String> {
             from_host.as_ref().map(|h| format!(" on {h}")).unwrap_or_default(),
             snap(snapshot)
         ),
+        Event::WorkspaceEdited { snapshot, changes } => format!(
+            "workspace changed from outside between turns ({} path(s)), now {}",
+            changes.len(),
+            snap(&Some(snapshot.clone()))
+        ),
         Event::Rewound { to, branch, facts } => format!(
             "rewound to #{to}{}{}",
             branch.as_ref().map(|b| format!("; what followed is kept as {b}")).unwrap_or_default(),

@@ -655,6 +655,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         state: SessionState,
     ) -> Result<Driver<'_, W, S>> {
         let mut sandbox_options = self.sandbox_options(&lease.session, &state).await?;
+        let state = self.adopt_outside_edits(&lease, state).await?;
         // The native loop's workspace is always the log's: brought to the last
         // snapshot on every wake, whoever drove it last.
         let workspace = self.materialize(&state, true).await?;

@@ -62,6 +62,46 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
         }
     }
 
+    /// Between turns, a directory a user named is the user's too: if it is no longer
+    /// what the session's last snapshot says (a person edited a file, ran a build,
+    /// committed), the change is recorded ([`Event::WorkspaceEdited`], under `lease`)
+    /// and the session goes on from the files as they are; the model is told with the
+    /// next message. Returns the state with it. Inside a turn a difference is what a
+    /// crash left, resolved by rule 4; a logical workspace is Steadfast's own copy.
+    pub(crate) async fn adopt_outside_edits(
+        &self,
+        lease: &steadfast_world::Lease,
+        mut state: SessionState,
+    ) -> Result<SessionState> {
+        let between_turns = state.status == steadfast_log::Status::Idle
+            && !state.is_ended()
+            && !state.rewound_workspace;
+        let Some(last) = state.last_snapshot.clone() else {
+            return Ok(state);
+        };
+        if !between_turns || steadfast_log::is_workspace_id(&state.workspace) {
+            return Ok(state);
+        }
+        let dir = self.workspace_dir(&state)?;
+        if !dir.is_dir() {
+            return Ok(state);
+        }
+        let found = self.snapshot(&dir).await?;
+        if found == last {
+            return Ok(state);
+        }
+        let changes = self.drive.change_lines(&last, &found);
+        tracing::info!(session = %lease.session, paths = changes.len(), "the workspace was changed from outside between turns");
+        let event = Event::WorkspaceEdited {
+            snapshot: found,
+            changes,
+        };
+        for record in self.world.append(lease, &[event]).await? {
+            state.apply(&record)?;
+        }
+        Ok(state)
+    }
+
     /// Makes `state`'s workspace ready on this host and returns it: a logical one is
     /// created if missing and brought to the last recorded snapshot (touching only
     /// what differs from what is already there); a directory is brought to it too

@@ -654,3 +654,77 @@ async fn every_wake_of_a_harness_calls_the_provider_over_its_one_connection_pool
     assert_eq!(setup.fake.state().connections(), 2);
     Ok(())
 }
+
+/// Between turns a directory session's files are its user's too: what a person changed
+/// while the session was down is recorded (`workspace_edited`, what changed), kept (the
+/// native loop used to put the directory back to its last snapshot, discarding it),
+/// and told to the model with the next message. A session nobody touched records
+/// nothing.
+#[tokio::test]
+async fn edits_made_between_turns_are_kept_recorded_and_told() -> anyhow::Result<()> {
+    let setup = Setup::new(json!([
+        write("made.txt", "by the agent\n"),
+        {"text": "turn one done"},
+        {"text": "turn two done"},
+        {"text": "turn three done"}
+    ]))
+    .await;
+    let harness = setup.harness();
+    let id = harness
+        .start_session(NewSession::native("fake/m", &setup.workspace()))
+        .await?;
+    let mut driver = harness.wake_native(&id).await?;
+    driver.send("one").await?;
+    driver.run().await?;
+    driver.release().await?;
+
+    // A person edits a file, adds one and deletes the agent's, while no one drives it.
+    let ws = setup.workspace();
+    std::fs::write(ws.join("hello.txt"), "hello, edited by a person\n")?;
+    std::fs::write(ws.join("notes.txt"), "a person's notes\n")?;
+    std::fs::remove_file(ws.join("made.txt"))?;
+
+    let mut driver = harness.wake_native(&id).await?;
+    driver.send("two").await?;
+    driver.run().await?;
+    driver.release().await?;
+    assert_eq!(
+        std::fs::read_to_string(ws.join("hello.txt"))?,
+        "hello, edited by a person\n"
+    );
+    assert!(ws.join("notes.txt").exists() && !ws.join("made.txt").exists());
+    let log = harness.world().read(&id, 1).await?;
+    let edits: Vec<&Vec<String>> = log
+        .iter()
+        .filter_map(|r| match &r.event {
+            Event::WorkspaceEdited { changes, .. } => Some(changes),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(edits.len(), 1, "{log:?}");
+    assert_eq!(
+        edits[0],
+        &vec![
+            "modified hello.txt".to_string(),
+            "removed made.txt".to_string(),
+            "added notes.txt".to_string()
+        ]
+    );
+    let told = setup.fake.state().requests();
+    let last = told.last().unwrap();
+    assert!(last.contains("was changed from outside"), "{last}");
+    assert!(last.contains("added notes.txt"), "{last}");
+
+    // Untouched, the next turn records no edit.
+    let mut driver = harness.wake_native(&id).await?;
+    driver.send("three").await?;
+    driver.run().await?;
+    driver.release().await?;
+    let log = harness.world().read(&id, 1).await?;
+    let edited = log
+        .iter()
+        .filter(|r| matches!(r.event, Event::WorkspaceEdited { .. }))
+        .count();
+    assert_eq!(edited, 1);
+    Ok(())
+}

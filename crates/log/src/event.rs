@@ -913,6 +913,18 @@ pub enum Event {
         /// The snapshot the new directory was brought to.
         snapshot: Option<String>,
     },
+    /// Between turns, the session's directory was found changed from outside it (a
+    /// person, an editor, a build): its snapshot as found and what changed. The session
+    /// goes on from it, and the model is told with the next user message; nothing a
+    /// person did while the session was down is discarded. Recorded only for a
+    /// directory a user named, never a logical workspace (each host's copy of one is
+    /// Steadfast's own).
+    WorkspaceEdited {
+        /// The workspace as found.
+        snapshot: String,
+        /// What changed since the session's last snapshot, a line per path.
+        changes: Vec<String>,
+    },
     /// The session began as a fork: its records before this one are `parent`'s up to
     /// `at`, shared and not copied, and from here on it is a session of its own, in a
     /// logical workspace of its own that starts at the snapshot recorded at `at`. A
@@ -1042,6 +1054,7 @@ impl Event {
                 snapshot_before, ..
             } => vec![snapshot_before.as_deref()],
             Event::ToolCallOutcome { snapshot_after, .. } => vec![snapshot_after.as_deref()],
+            Event::WorkspaceEdited { snapshot, .. } => vec![Some(snapshot.as_str())],
             Event::ToolCallInterrupted {
                 resolution: ToolResolution::RolledBack { snapshot },
                 ..
@@ -1109,6 +1122,7 @@ impl Event {
             Event::ExchangeOutcome { .. } => "exchange_outcome",
             Event::ReplayDiverged { .. } => "replay_diverged",
             Event::WorkspaceMoved { .. } => "workspace_moved",
+            Event::WorkspaceEdited { .. } => "workspace_edited",
             Event::Forked { .. } => "forked",
             Event::Rewound { .. } => "rewound",
             Event::SessionEnded { .. } => "session_ended",

@@ -347,6 +347,27 @@ pub fn approval_key(tool: &str, input: &Value) -> String {
     )
 }
 
+/// The most changed paths an edit's note to the model names one by one.
+const EDITED_NOTE_PATHS: usize = 50;
+
+/// What the model is told of a workspace changed from outside the session.
+fn edited_note(changes: &[String]) -> String {
+    let mut note = String::from(
+        "[steadfast] While the session was paused, its workspace was changed from outside \
+         it (by a person or another program); the files are as they were left:",
+    );
+    for change in changes.iter().take(EDITED_NOTE_PATHS) {
+        note.push_str(&format!("\n- {change}"));
+    }
+    if changes.len() > EDITED_NOTE_PATHS {
+        note.push_str(&format!(
+            "\n- and {} more",
+            changes.len() - EDITED_NOTE_PATHS
+        ));
+    }
+    note
+}
+
 /// Everything the log says about a session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionState {
@@ -366,8 +387,9 @@ pub struct SessionState {
     /// The directories the session worked in before it was moved (oldest first): a
     /// replayed record that names one names the workspace.
     pub former_workspaces: Vec<String>,
-    /// What the model is to be told with the next user message, after a rewind set
-    /// aside work whose external effects still stand.
+    /// What the model is to be told with the next user message: a rewind set aside
+    /// work whose external effects still stand, or the workspace was changed from
+    /// outside the session between turns.
     #[serde(default)]
     pub rewind_note: Option<String>,
     /// A rewind put the workspace back to its last snapshot and no turn has begun
@@ -1091,6 +1113,17 @@ impl SessionState {
                 self.last_seq = record.seq;
                 return Ok(());
             }
+            Event::WorkspaceEdited { snapshot, changes } => {
+                if is_workspace_id(&self.workspace) || self.status != Status::Idle {
+                    return Err(bad(
+                        "an edit from outside is taken between turns, in a directory",
+                    ));
+                }
+                self.last_snapshot = Some(snapshot.clone());
+                self.note_for_next_turn(&edited_note(changes));
+                self.last_seq = record.seq;
+                return Ok(());
+            }
             Event::WorkspaceMoved {
                 workspace,
                 host,
@@ -1138,6 +1171,7 @@ impl SessionState {
             Event::SessionStarted { .. } => return Err(bad("session already started")),
             Event::DriveFailed { .. }
             | Event::WorkspaceMoved { .. }
+            | Event::WorkspaceEdited { .. }
             | Event::Forked { .. }
             | Event::Rewound { .. } => {} // folded above
             Event::UserMessage {
@@ -1759,8 +1793,16 @@ impl SessionState {
             for fact in facts {
                 note.push_str(&format!("\n- {fact}"));
             }
-            self.rewind_note = Some(note);
+            self.note_for_next_turn(&note);
         }
+    }
+
+    /// Adds `note` to what the model is told with the next user message.
+    fn note_for_next_turn(&mut self, note: &str) {
+        self.rewind_note = Some(match self.rewind_note.take() {
+            Some(earlier) => format!("{earlier}\n\n{note}"),
+            None => note.to_string(),
+        });
     }
 
     /// Applies a `resume` signal's payload after `breaker` stopped the session.

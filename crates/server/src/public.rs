@@ -304,6 +304,13 @@ pub enum EventBody {
     /// host or another), where it is driven from here on. Which directory and host
     /// are for operators (`steadfast log`): host paths never reach clients.
     WorkspaceMoved {},
+    /// Between turns the session's directory was found changed from outside it (a
+    /// person, an editor, a build): the session goes on from the files as they were
+    /// left, and the model is told. `changes` lists what changed, a line per path.
+    WorkspaceEdited {
+        /// What changed, a line per path (`modified src/x.rs`).
+        changes: Vec<String>,
+    },
     /// The session began as a fork of `parent`: the events before this one are the
     /// parent's up to `at`; from here on it is a session of its own.
     Forked {
@@ -780,6 +787,9 @@ fn body(event: &Event) -> EventBody {
         },
         Event::ReplayDiverged { index, .. } => EventBody::ReplayDiverged { index: *index },
         Event::WorkspaceMoved { .. } => EventBody::WorkspaceMoved {},
+        Event::WorkspaceEdited { changes, .. } => EventBody::WorkspaceEdited {
+            changes: changes.clone(),
+        },
         Event::Rewound { to, branch, facts } => EventBody::Rewound {
             to: *to,
             branch: branch.clone(),
