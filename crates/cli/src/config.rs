@@ -80,10 +80,16 @@ pub struct ServerConfig {
     /// Seconds a connection may take to send a request's head (and may idle between
     /// requests); default 10.
     pub header_timeout_secs: Option<u64>,
-    /// Seconds a request's body may take to arrive; default 30.
+    /// Seconds a request's body may go without sending anything; default 30.
     pub body_timeout_secs: Option<u64>,
+    /// Seconds a request's body may take to arrive in all, however it trickles;
+    /// default 300.
+    pub body_deadline_secs: Option<u64>,
     /// Connections open at once; default 4096.
     pub max_connections: Option<usize>,
+    /// Connections open at once from one address; default: 64 in public mode, no
+    /// cap of its own otherwise (a backend may hold many event streams).
+    pub max_connections_per_ip: Option<usize>,
     /// Ceilings on every API session's bounds: sessions take them where they name
     /// none, and neither a create nor a `resume` signal can pass them.
     #[serde(default)]

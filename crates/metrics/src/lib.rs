@@ -122,6 +122,11 @@ struct ResultLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabel {
     route: String,
 }
@@ -159,6 +164,7 @@ pub struct Metrics {
     http_request_seconds: Seconds<RouteLabel>,
     webhook_deliveries: Family<ResultLabel, Counter>,
     webhook_delivery_seconds: Histogram,
+    http_refused: Family<ReasonLabel, Counter>,
     timings: Mutex<Timings>,
     seen: Mutex<HashMap<&'static str, HashSet<String>>>,
 }
@@ -190,6 +196,7 @@ impl Metrics {
             http_request_seconds: Family::new_with_constructor(seconds),
             webhook_deliveries: Family::default(),
             webhook_delivery_seconds: seconds(),
+            http_refused: Family::default(),
             timings: Mutex::new(Timings::default()),
             seen: Mutex::new(HashMap::new()),
         };
@@ -311,6 +318,12 @@ impl Metrics {
             "webhook_delivery_duration_seconds",
             "One webhook delivery attempt, until the receiver's answer",
             self.webhook_delivery_seconds.clone(),
+        );
+        r.register(
+            "http_refused",
+            "Connections and requests the server's edges refused, by reason (connection_cap, \
+             connections_per_ip, body_deadline)",
+            self.http_refused.clone(),
         );
         self
     }
@@ -537,6 +550,13 @@ impl Metrics {
             .get_or_create(&ResultLabel { result })
             .inc();
         self.webhook_delivery_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Counts a connection or request the server's edges refused, by `reason`.
+    pub fn http_refused(&self, reason: &'static str) {
+        self.http_refused
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 
     /// Records an API request: `route` is the matched route's pattern (bounded by the

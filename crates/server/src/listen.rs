@@ -1,12 +1,18 @@
 //! Serving the API on a TCP listener with the edges a public server needs: a cap on
-//! open connections, a deadline for each request's head (which also closes idle
-//! kept-alive connections) and for its body, `TCP_NODELAY`, and a graceful stop.
-//! `axum::serve` offers none of the timeouts, so the accept loop is ours, over hyper.
+//! open connections, in all and from one address, a deadline for each request's head
+//! (which also closes idle kept-alive connections), an idle timeout and a deadline for
+//! its body, `TCP_NODELAY`, and a graceful stop. `axum::serve` offers none of the
+//! timeouts, so the accept loop is ours, over hyper.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::body::{Body, Bytes, HttpBody};
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
@@ -17,10 +23,18 @@ pub struct ServeOptions {
     /// How long a connection may take to send a request's head, and how long a
     /// kept-alive connection may sit idle between requests.
     pub header_timeout: Duration,
-    /// How long a request's body may take to arrive once its head has.
+    /// How long a request's body may go without sending anything once its head has
+    /// arrived.
     pub body_timeout: Duration,
+    /// How long a request's body may take to arrive in all once its head has: a
+    /// client trickling a byte now and then still has to finish by then.
+    pub body_deadline: Duration,
     /// Connections open at once; more are closed as soon as they are accepted.
     pub max_connections: usize,
+    /// Connections open at once from one address, so one client cannot take every
+    /// slot (`None`: no cap of its own; a platform's backend may hold many event
+    /// streams from one address, so it is for public servers above all).
+    pub max_connections_per_ip: Option<usize>,
 }
 
 impl Default for ServeOptions {
@@ -28,7 +42,9 @@ impl Default for ServeOptions {
         ServeOptions {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
+            body_deadline: Duration::from_secs(300),
             max_connections: 4096,
+            max_connections_per_ip: None,
         }
     }
 }
@@ -54,10 +70,18 @@ pub async fn serve(
     options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let router = router.layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
-        options.body_timeout,
-    ));
+    let deadline = options.body_deadline;
+    let router = router
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+            options.body_timeout,
+        ))
+        .layer(axum::middleware::map_request(
+            move |request: axum::extract::Request| async move {
+                request.map(|body| Body::new(DeadlineBody::new(body, deadline)))
+            },
+        ));
     let slots = Arc::new(tokio::sync::Semaphore::new(options.max_connections));
+    let per_ip = PerIp::new(options.max_connections_per_ip);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -78,6 +102,7 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
+            steadfast_metrics::metrics().http_refused("connection_cap");
             if refused_logged.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
                 tracing::warn!(
                     max = options.max_connections,
@@ -88,6 +113,12 @@ pub async fn serve(
             drop(stream);
             continue;
         };
+        let Some(from_ip) = per_ip.take(peer.ip()) else {
+            steadfast_metrics::metrics().http_refused("connections_per_ip");
+            tracing::debug!(%peer, "this address holds its most connections; closing another");
+            drop(stream);
+            continue;
+        };
         let service = hyper_util::service::TowerToHyperService::new(router.clone());
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
@@ -95,11 +126,109 @@ pub async fn serve(
                 tracing::debug!(%peer, error = %e, "connection ended");
             }
             drop(slot);
+            drop(from_ip);
         });
     }
     drop(listener);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// The connections each address holds, against a cap.
+#[derive(Clone)]
+struct PerIp {
+    held: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    max: Option<usize>,
+}
+
+/// One connection counted against its address, given back when dropped.
+struct IpSlot {
+    held: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    ip: IpAddr,
+}
+
+impl PerIp {
+    fn new(max: Option<usize>) -> Self {
+        PerIp {
+            held: Arc::default(),
+            max,
+        }
+    }
+
+    /// A slot for one more connection from `ip`, unless it holds its most.
+    fn take(&self, ip: IpAddr) -> Option<IpSlot> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let count = held.entry(ip).or_default();
+        if self.max.is_some_and(|max| *count >= max) {
+            return None;
+        }
+        *count += 1;
+        Some(IpSlot {
+            held: self.held.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for IpSlot {
+    fn drop(&mut self) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = held.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// The body did not arrive whole by its deadline.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive within its deadline")]
+struct BodyDeadlinePassed;
+
+/// A request body that must arrive whole by a deadline, whatever its pace: past it,
+/// reading it fails (the handler answers, and the connection is closed).
+struct DeadlineBody {
+    inner: Body,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl DeadlineBody {
+    fn new(inner: Body, within: Duration) -> Self {
+        DeadlineBody {
+            inner,
+            deadline: Box::pin(tokio::time::sleep(within)),
+        }
+    }
+}
+
+impl HttpBody for DeadlineBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        let this = self.get_mut();
+        if this.inner.is_end_stream() {
+            return Pin::new(&mut this.inner).poll_frame(cx);
+        }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            steadfast_metrics::metrics().http_refused("body_deadline");
+            return Poll::Ready(Some(Err(axum::Error::new(BodyDeadlinePassed))));
+        }
+        Pin::new(&mut this.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 #[cfg(test)]

@@ -295,3 +295,112 @@ async fn creations_are_limited_per_caller() {
         "{listed}"
     );
 }
+
+/// One address cannot take every connection slot: past its cap its new connections
+/// are closed at once, while another address is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_take_every_connection() {
+    let edges = ServeOptions {
+        max_connections_per_ip: Some(10),
+        header_timeout: Duration::from_secs(30),
+        ..ServeOptions::default()
+    };
+    let srv = server_with(json!([]), dev(), 0, |_| {}, edges).await;
+    let addr = host_port(&srv.url);
+    let held: Vec<_> = (0..10)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let probe = addr.clone();
+    let extra = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(&probe).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let start = Instant::now();
+        (closed(&mut s), start.elapsed())
+    })
+    .await
+    .unwrap();
+    assert!(
+        extra.0 && extra.1 < Duration::from_millis(1500),
+        "{extra:?}"
+    );
+
+    // Another address (all of 127/8 is loopback) is served meanwhile.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut other = socket.connect(addr.parse().unwrap()).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    other
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(5), other.read_to_string(&mut answer))
+        .await
+        .expect("another address is answered")
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let metrics = reqwest::Client::builder()
+        .local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap()
+        .get(format!("{}/metrics", srv.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.contains("http_refused") && l.contains("connections_per_ip")),
+        "{metrics}"
+    );
+    drop(held);
+}
+
+/// A body trickled a byte at a time, never idle long enough for the idle timeout,
+/// still has to arrive by the body deadline: the request is ended then, not when the
+/// client pleases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickled_body_is_cut_off_at_its_deadline() {
+    let edges = ServeOptions {
+        body_deadline: Duration::from_secs(2),
+        body_timeout: Duration::from_secs(30),
+        ..ServeOptions::default()
+    };
+    let srv = server_with(json!([]), dev(), 0, |_| {}, edges).await;
+    let addr = host_port(&srv.url);
+    let cut = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.write_all(
+            b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 100\r\n\r\n",
+        )
+        .unwrap();
+        let start = Instant::now();
+        // A byte every 300 ms: 30 s for the whole body, never idle for long.
+        for _ in 0..100 {
+            if s.write_all(b" ").is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            s.set_nonblocking(true).unwrap();
+            let mut buf = [0u8; 512];
+            let answered =
+                matches!(s.read(&mut buf), Ok(n) if n > 0) || matches!(s.read(&mut buf), Ok(0));
+            s.set_nonblocking(false).unwrap();
+            if answered {
+                return Some((start.elapsed(), String::from_utf8_lossy(&buf).to_string()));
+            }
+        }
+        None
+    })
+    .await
+    .unwrap();
+    let (after, answer) = cut.expect("the request was never cut off");
+    assert!(after < Duration::from_secs(8), "{after:?}");
+    assert!(answer.starts_with("HTTP/1.1 4"), "{answer}");
+    assert!(healthz(&srv.url).await);
+}

@@ -86,6 +86,9 @@ pub struct WorkerArgs {
     metrics: MetricsArgs,
 }
 
+/// Connections one address may hold open on a public server unless configured.
+const PUBLIC_CONNECTIONS_PER_IP: usize = 64;
+
 /// Where commands must run isolated (production, a public server, a server with
 /// tokens, or `[sandbox] require-isolation`), a host where no isolating sandbox backend
 /// works is a startup error, never a silent fallback: other people's commands never
@@ -232,9 +235,15 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
     if let Some(secs) = server.body_timeout_secs {
         edges.body_timeout = std::time::Duration::from_secs(secs);
     }
+    if let Some(secs) = server.body_deadline_secs {
+        edges.body_deadline = std::time::Duration::from_secs(secs);
+    }
     if let Some(n) = server.max_connections {
         edges.max_connections = n;
     }
+    edges.max_connections_per_ip = server
+        .max_connections_per_ip
+        .or(args.public.then_some(PUBLIC_CONNECTIONS_PER_IP));
     let graceful = steadfast_server::serve(listener, app(state), edges, async move {
         shutdown_signal().await;
         let _ = stopped_at.set(steps_deadline(grace));
