@@ -26,6 +26,12 @@ impl ApiError {
         }
     }
 
+    /// 429 `rate_limited`: the caller is to slow down (counted in `/metrics`).
+    pub fn rate_limited(message: String) -> Self {
+        steadfast_metrics::metrics().http_refused("rate_limited");
+        Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", message)
+    }
+
     /// 404 for a session that does not exist or belongs to someone else (the two
     /// are indistinguishable on purpose).
     pub fn no_session(id: &str) -> Self {

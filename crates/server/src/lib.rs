@@ -144,7 +144,8 @@ impl<W> ServerState<W> {
 }
 
 impl<W> ServerState<W> {
-    /// Takes one of `owner`'s creations this minute, or says to slow down (429).
+    /// Takes one of `owner`'s creations this minute (a session, a fork, an upload, a
+    /// credential stored), or says to slow down (429).
     pub(crate) fn creation_allowed(&self, owner: &str) -> Result<(), error::ApiError> {
         if self
             .limiter
@@ -152,14 +153,11 @@ impl<W> ServerState<W> {
         {
             return Ok(());
         }
-        Err(error::ApiError::new(
-            axum::http::StatusCode::TOO_MANY_REQUESTS,
-            "rate_limited",
-            format!(
-                "more than {} sessions and uploads a minute from one caller; slow down",
-                self.creations_per_minute
-            ),
-        ))
+        Err(error::ApiError::rate_limited(format!(
+            "more than {} sessions, forks, uploads and stored credentials a minute from one \
+             caller; slow down",
+            self.creations_per_minute
+        )))
     }
 
     /// The ceilings in force: the configured ones, and in public mode the spend cap.

@@ -275,7 +275,7 @@ async fn creations_are_limited_per_caller() {
         refused.1["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("sessions and uploads a minute"),
+            .contains("a minute from one caller"),
         "{}",
         refused.1
     );

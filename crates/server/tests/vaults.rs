@@ -142,3 +142,74 @@ async fn without_a_key_or_in_public_mode_no_credential_is_kept() {
         "forbidden",
     );
 }
+
+/// Storing credentials counts against the caller's creations a minute, and one owner
+/// keeps at most a thousand: a new name past that is refused, naming the bound, while
+/// replacing one kept goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credential_writes_are_bounded_per_owner() {
+    let srv = server(json!([]), tokens(), 0, |state| {
+        keyed(state);
+        state.creations_per_minute = 2;
+    })
+    .await;
+    let put = |name: &str, token: &'static str| {
+        let url = format!("{}/v1/vaults/{name}", srv.url);
+        async move {
+            call(
+                Method::PUT,
+                &url,
+                Some(token),
+                Some(json!({"value": SECRET})),
+            )
+            .await
+        }
+    };
+    assert_eq!(put("a", "alice-secret").await.0, 204);
+    assert_eq!(put("b", "alice-secret").await.0, 204);
+    assert_error(&put("c", "alice-secret").await, 429, "rate_limited");
+    assert_eq!(put("c", "bob-secret").await.0, 204, "another caller");
+
+    let srv = server(json!([]), tokens(), 0, |state| {
+        keyed(state);
+        state.creations_per_minute = 5000;
+    })
+    .await;
+    let client = reqwest::Client::new();
+    for n in 0..1000 {
+        let status = client
+            .put(format!("{}/v1/vaults/token-{n}", srv.url))
+            .bearer_auth("alice-secret")
+            .json(&json!({"value": SECRET}))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, 204, "credential {n}");
+    }
+    let url = |name: &str| format!("{}/v1/vaults/{name}", srv.url);
+    let refused = call(
+        Method::PUT,
+        &url("one-more"),
+        Some("alice-secret"),
+        Some(json!({"value": SECRET})),
+    )
+    .await;
+    assert_error(&refused, 422, "invalid_body");
+    assert!(
+        refused.1["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("1000"),
+        "{}",
+        refused.1
+    );
+    let replaced = call(
+        Method::PUT,
+        &url("token-7"),
+        Some("alice-secret"),
+        Some(json!({"value": "another"})),
+    )
+    .await;
+    assert_eq!(replaced.0, 204, "{}", replaced.1);
+}

@@ -103,14 +103,10 @@ pub(crate) async fn post_message<W: World + Clone>(
         ));
     }
     if !state.limiter.allow(&id, state.messages_per_minute) {
-        return Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limited",
-            format!(
-                "more than {} messages a minute to this session; slow down",
-                state.messages_per_minute
-            ),
-        ));
+        return Err(ApiError::rate_limited(format!(
+            "more than {} messages a minute to this session; slow down",
+            state.messages_per_minute
+        )));
     }
     let kind = match req.kind {
         MessageKind::Message => InboundKind::Message,
@@ -338,14 +334,10 @@ pub(crate) async fn signal<W: World + Clone>(
         .limiter
         .allow(&format!("signals/{id}"), state.messages_per_minute)
     {
-        return Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limited",
-            format!(
-                "more than {} signals a minute to this session; slow down",
-                state.messages_per_minute
-            ),
-        ));
+        return Err(ApiError::rate_limited(format!(
+            "more than {} signals a minute to this session; slow down",
+            state.messages_per_minute
+        )));
     }
     let payload = if body.iter().all(u8::is_ascii_whitespace) {
         Value::Null

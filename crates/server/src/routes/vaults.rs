@@ -16,6 +16,9 @@ use crate::wire;
 /// The longest value a credential may have.
 const MAX_VALUE: usize = 64 * 1024;
 
+/// The most credentials one owner keeps: a vault is for a team's tokens, not storage.
+const MAX_CREDENTIALS: usize = 1000;
+
 /// A credential's value, written once and never returned.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -89,7 +92,8 @@ fn check_name(name: &str) -> Result<(), ApiError> {
         (status = 403, description = "Public mode has no vaults", body = wire::Error),
         (status = 413, description = "The body is larger than the limit", body = wire::Error),
         (status = 415, description = "The body is not `application/json`", body = wire::Error),
-        (status = 422, description = "A name or value that is refused (the message names it)", body = wire::Error),
+        (status = 422, description = "A name or value that is refused, or a new name past the 1,000 credentials one owner may keep (the message names it)", body = wire::Error),
+        (status = 429, description = "More sessions, uploads and credentials a minute from this caller than the server takes (`rate_limited`)", body = wire::Error),
         (status = 404, description = "The server keeps no credentials: it has no vault key (`vault_unavailable`)", body = wire::Error),
     )
 )]
@@ -106,6 +110,15 @@ pub(crate) async fn put<W: World + Clone>(
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid_body",
             format!("value: between 1 byte and {MAX_VALUE}"),
+        ));
+    }
+    state.creation_allowed(&owner)?;
+    let held = state.harness.world().vault_list(Some(&owner)).await?;
+    if held.len() >= MAX_CREDENTIALS && !held.iter().any(|e| e.name == name) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            format!("name: you keep {MAX_CREDENTIALS} credentials, the most there may be; delete one first"),
         ));
     }
     let sealed = keys.seal(&owner, &name, req.value.as_bytes());
