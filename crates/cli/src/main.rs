@@ -99,6 +99,9 @@ enum Command {
     /// Rewind a session to an earlier turn's end: its workspace is put back and the
     /// model's context is the history up to there; what followed is kept in a fork.
     Rewind(commands::manage::RewindArgs),
+    /// Move a wrapped session to another CLI version or named agent, between turns
+    /// (recorded; try it first with `replay --agent`).
+    Upgrade(commands::manage::UpgradeArgs),
     /// Replay a wrapped agent's recorded session with another CLI version, named
     /// agent or model, answered from its log with no provider call, and report the
     /// first model request that differs, with a diff (`--continue` to go on live).
@@ -178,6 +181,7 @@ async fn on_server(remote: &remote::Remote, command: Command) -> anyhow::Result<
         Command::Send(args) => on::send(remote, args).await,
         Command::Fork(args) => on::fork(remote, args).await,
         Command::Rewind(args) => on::rewind(remote, args).await,
+        Command::Upgrade(args) => on::upgrade(remote, args).await,
         Command::Resume(_) => anyhow::bail!(
             "--server: a server's workers carry sessions on; give one more to do with `send <session> \"<text>\"`"
         ),
@@ -294,6 +298,7 @@ fn main() -> ExitCode {
             Command::Send(args) => commands::manage::send(existing()?, &config, args).await,
             Command::Fork(args) => commands::manage::fork(existing()?, &config, args).await,
             Command::Rewind(args) => commands::manage::rewind(existing()?, &config, args).await,
+            Command::Upgrade(args) => commands::manage::upgrade(existing()?, &config, args).await,
             Command::Replay(args) => commands::replay::replay(existing()?, &config, args).await,
             Command::Stop { session } => {
                 commands::manage::stop(existing()?, &config, &session).await

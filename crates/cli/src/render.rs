@@ -137,6 +137,9 @@ pub fn timeline(record: &Record) -> Vec<String> {
             from_host.as_ref().map(|h| format!(" on {h}")).unwrap_or_default(),
             snap(snapshot)
         ),
+        Event::AgentChanged { agent, cli, .. } => {
+            format!("agent changed by its owner to {agent} ({cli}) from the next turn")
+        }
         Event::WorkspaceEdited { snapshot, changes } => format!(
             "workspace changed from outside between turns ({} path(s)), now {}",
             changes.len(),

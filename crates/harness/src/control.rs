@@ -183,4 +183,79 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         self.world().delete_session(session).await?;
         Ok(state)
     }
+
+    /// Moves a wrapped session to another CLI version or named agent (`spec`:
+    /// `claude-code@2.1.332`, `reviewer`), between turns, recorded
+    /// ([`Event::AgentChanged`]): its next turn runs that CLI, on a host that has it.
+    /// A named agent brings its instructions; the same agent at another version keeps
+    /// the session's. Refused for a native session, inside a turn, and for a model the
+    /// CLI cannot speak. Returns the agent and the CLI (`package@version`).
+    pub async fn change_agent(&self, session: &str, spec: &str) -> Result<(String, String)> {
+        let lease = match self
+            .world()
+            .acquire_lease(session, &self.holder, self.options.lease_ttl)
+            .await
+        {
+            Err(steadfast_world::Error::LeaseHeld { .. }) => {
+                return Err(Error::Invalid(format!(
+                    "agent: session {session} is in a turn; change its agent between turns"
+                )))
+            }
+            other => other?,
+        };
+        let changed = self.change_agent_leased(&lease, spec).await;
+        let _ = self.world().release_lease(&lease).await;
+        changed
+    }
+
+    async fn change_agent_leased(&self, lease: &Lease, spec: &str) -> Result<(String, String)> {
+        let state = self.state(&lease.session).await?;
+        if !state.is_wrapped() {
+            return Err(Error::Invalid(
+                "agent: the session runs the native loop; only a wrapped CLI's changes".into(),
+            ));
+        }
+        if state.is_ended() || state.status != steadfast_log::Status::Idle {
+            return Err(Error::Invalid(format!(
+                "agent: session {} is {}; change its agent between turns",
+                lease.session, state.status
+            )));
+        }
+        let (name, version) = match spec.split_once('@') {
+            Some((name, version)) => (name, Some(version)),
+            None => (spec, None),
+        };
+        if name == "native" {
+            return Err(Error::Invalid(
+                "agent: a wrapped session cannot become the native loop's".into(),
+            ));
+        }
+        let adapter = self
+            .adapter(name)
+            .map_err(|e| Error::Invalid(format!("agent: {e}")))?
+            .at_version(version)
+            .map_err(|e| Error::Invalid(format!("agent: {e}")))?;
+        adapter
+            .api_for(&state.model.provider)
+            .map_err(|e| Error::Invalid(format!("agent: {e}")))?;
+        let cli = format!("{}@{}", adapter.package, adapter.version);
+        let instructions = match self.options.agents.named_agent(name) {
+            Some(_) => self.options.agents.instructions_for(name),
+            None if name == state.agent => state.instructions.clone(),
+            None => None,
+        };
+        if state.agent == name
+            && state.agent_cli.as_deref() == Some(cli.as_str())
+            && state.instructions == instructions
+        {
+            return Ok((name.to_string(), cli));
+        }
+        let event = Event::AgentChanged {
+            agent: name.to_string(),
+            cli: cli.clone(),
+            instructions,
+        };
+        self.world().append(lease, &[event]).await?;
+        Ok((name.to_string(), cli))
+    }
 }

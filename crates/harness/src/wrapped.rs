@@ -216,12 +216,20 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     }
 
     /// Checks that sessions of `agent` can run here: `native`, or a known wrapped
-    /// agent whose CLI is installed. The error says what to do.
+    /// agent (optionally `@version`) whose CLI is installed. The error says what to do.
     pub fn check_agent(&self, agent: &str) -> Result<()> {
-        if agent == "native" {
+        let (name, version) = match agent.split_once('@') {
+            Some((name, version)) => (name, Some(version)),
+            None => (agent, None),
+        };
+        if name == "native" {
             return Ok(());
         }
-        self.installed(self.adapter(agent)?, "needs").map(drop)
+        let adapter = self
+            .adapter(name)?
+            .at_version(version)
+            .map_err(Error::Invalid)?;
+        self.installed(adapter, "needs").map(drop)
     }
 
     /// The adapter a wrapped session runs: its agent's, at the CLI version the session

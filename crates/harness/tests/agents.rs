@@ -186,3 +186,103 @@ async fn a_wrapped_session_keeps_the_cli_version_it_began_with() -> anyhow::Resu
     assert_eq!(c.session_adapter(&state)?.version, "2.1.197");
     Ok(())
 }
+
+/// Moving a session to another CLI version is its owner's explicit, recorded act,
+/// between turns: `agent_changed` in its log, the next turn on a host that has that
+/// version (and no longer on one that has only the old), a named agent's
+/// instructions with it. Refused inside a turn, for a native session, for a version
+/// that is not one and for a model the CLI cannot speak.
+#[tokio::test]
+async fn a_sessions_cli_is_changed_between_turns_and_recorded() -> anyhow::Result<()> {
+    let setup = Setup::new(json!([{"text": "ok"}])).await;
+    let named = |version: &str| steadfast_harness::NamedAgent {
+        name: "reviewer".into(),
+        adapter: "claude-code".into(),
+        model: None,
+        version: Some(version.into()),
+        mcp_servers: Vec::new(),
+        approval: None,
+        instructions: Some("Review only.".into()),
+    };
+    let host = |dir: &str, version: &str| {
+        let install = setup.dir.path().join(dir);
+        setup.harness_with(|o| {
+            o.agents.install_dir = Some(install);
+            o.agents.named = vec![named(version)];
+        })
+    };
+    let a = host("agents-a", "2.1.197");
+    install_stand_in(&a.adapter("claude-code")?, &a.install_dir());
+    let mut new = NewSession::native("anthropic/claude-sonnet-4-5", &setup.workspace());
+    new.agent = "claude-code".into();
+    let id = a.start_session(new).await?;
+
+    let b = host("agents-b", "2.1.332");
+    install_stand_in(&b.adapter("reviewer")?, &b.install_dir());
+    assert!(matches!(b.wake(&id).await, Err(Error::NotHere(_))));
+
+    let (agent, cli) = a.change_agent(&id, "reviewer").await?;
+    assert_eq!(
+        (agent.as_str(), cli.as_str()),
+        ("reviewer", "@anthropic-ai/claude-code@2.1.197"),
+        "a named agent at the version the changing host configures"
+    );
+    let (agent, cli) = a.change_agent(&id, "reviewer@2.1.332").await?;
+    assert_eq!(cli, "@anthropic-ai/claude-code@2.1.332", "{agent}");
+    let state = a.state(&id).await?;
+    assert_eq!(state.agent, "reviewer");
+    assert_eq!(state.instructions.as_deref(), Some("Review only."));
+    let log = a.world().read(&id, 1).await?;
+    let changes = log
+        .iter()
+        .filter(|r| matches!(r.event, steadfast_log::Event::AgentChanged { .. }))
+        .count();
+    assert_eq!(changes, 2);
+    // The same again records nothing.
+    a.change_agent(&id, "reviewer@2.1.332").await?;
+    assert_eq!(a.world().read(&id, 1).await?.len(), log.len());
+    // Host B, which has 2.1.332, runs it now; host A, which has only 2.1.197, leaves it.
+    let awake = b.wake(&id).await?;
+    awake.release().await?;
+    assert!(matches!(a.wake(&id).await, Err(Error::NotHere(_))));
+
+    for (spec, why) in [
+        ("claude-code@latest!", "not a version"),
+        ("native", "native loop"),
+        ("codex", "model"),
+        ("nobody", "unknown agent"),
+    ] {
+        match a.change_agent(&id, spec).await {
+            Err(Error::Invalid(e)) => assert!(e.contains(why), "{spec}: {e}"),
+            other => panic!("{spec}: {other:?}"),
+        }
+    }
+    // Inside a turn it is refused, and the turn's CLI stays the session's.
+    a.world()
+        .post(
+            &id,
+            steadfast_world::InboundKind::Message,
+            "",
+            &serde_json::Value::String("go".into()),
+        )
+        .await?;
+    let mut awake = b.wake(&id).await?;
+    awake.send("review this").await?;
+    match a.change_agent(&id, "claude-code@2.1.197").await {
+        Err(Error::Invalid(e)) => assert!(e.contains("between turns"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    awake.release().await?;
+    match a.change_agent(&id, "claude-code@2.1.197").await {
+        Err(Error::Invalid(e)) => assert!(e.contains("between turns"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    let native = a
+        .start_session(NewSession::native("fake/m", &setup.workspace()))
+        .await?;
+    match a.change_agent(&native, "claude-code").await {
+        Err(Error::Invalid(e)) => assert!(e.contains("native loop"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    Ok(())
+}

@@ -925,6 +925,18 @@ pub enum Event {
         /// What changed since the session's last snapshot, a line per path.
         changes: Vec<String>,
     },
+    /// Its owner moved a wrapped session to another CLI version or named agent,
+    /// between turns: from its next turn on, that CLI runs it (`steadfast replay
+    /// --agent` shows first what the change would do to its recorded turns).
+    AgentChanged {
+        /// The agent from here on.
+        agent: String,
+        /// The CLI it stands for, `package@version`.
+        cli: String,
+        /// The instructions its CLI is given from here on.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        instructions: Option<String>,
+    },
     /// The session began as a fork: its records before this one are `parent`'s up to
     /// `at`, shared and not copied, and from here on it is a session of its own, in a
     /// logical workspace of its own that starts at the snapshot recorded at `at`. A
@@ -1123,6 +1135,7 @@ impl Event {
             Event::ReplayDiverged { .. } => "replay_diverged",
             Event::WorkspaceMoved { .. } => "workspace_moved",
             Event::WorkspaceEdited { .. } => "workspace_edited",
+            Event::AgentChanged { .. } => "agent_changed",
             Event::Forked { .. } => "forked",
             Event::Rewound { .. } => "rewound",
             Event::SessionEnded { .. } => "session_ended",

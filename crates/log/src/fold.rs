@@ -1113,6 +1113,20 @@ impl SessionState {
                 self.last_seq = record.seq;
                 return Ok(());
             }
+            Event::AgentChanged {
+                agent,
+                cli,
+                instructions,
+            } => {
+                if !self.is_wrapped() || self.status != Status::Idle {
+                    return Err(bad("a wrapped session's agent is changed between turns"));
+                }
+                self.agent = agent.clone();
+                self.agent_cli = Some(cli.clone());
+                self.instructions = instructions.clone();
+                self.last_seq = record.seq;
+                return Ok(());
+            }
             Event::WorkspaceEdited { snapshot, changes } => {
                 if is_workspace_id(&self.workspace) || self.status != Status::Idle {
                     return Err(bad(
@@ -1172,6 +1186,7 @@ impl SessionState {
             Event::DriveFailed { .. }
             | Event::WorkspaceMoved { .. }
             | Event::WorkspaceEdited { .. }
+            | Event::AgentChanged { .. }
             | Event::Forked { .. }
             | Event::Rewound { .. } => {} // folded above
             Event::UserMessage {

@@ -29,6 +29,7 @@ events (schema 1): `PublicEvent`, one type per kind of log record.";
         sessions::update,
         forks::fork,
         forks::rewind,
+        forks::change_agent,
         admin::issue,
         admin::list,
         admin::revoke,

@@ -304,6 +304,14 @@ pub enum EventBody {
     /// host or another), where it is driven from here on. Which directory and host
     /// are for operators (`steadfast log`): host paths never reach clients.
     WorkspaceMoved {},
+    /// Its owner moved the wrapped session to another CLI version or named agent;
+    /// its next turn runs that CLI.
+    AgentChanged {
+        /// The agent from here on.
+        agent: String,
+        /// The CLI it stands for, `package@version`.
+        cli: String,
+    },
     /// Between turns the session's directory was found changed from outside it (a
     /// person, an editor, a build): the session goes on from the files as they were
     /// left, and the model is told. `changes` lists what changed, a line per path.
@@ -787,6 +795,10 @@ fn body(event: &Event) -> EventBody {
         },
         Event::ReplayDiverged { index, .. } => EventBody::ReplayDiverged { index: *index },
         Event::WorkspaceMoved { .. } => EventBody::WorkspaceMoved {},
+        Event::AgentChanged { agent, cli, .. } => EventBody::AgentChanged {
+            agent: agent.clone(),
+            cli: cli.clone(),
+        },
         Event::WorkspaceEdited { changes, .. } => EventBody::WorkspaceEdited {
             changes: changes.clone(),
         },

@@ -257,6 +257,18 @@ pub struct Rewound {
     pub status: String,
 }
 
+/// A wrapped session's agent, as changed.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"id": "ses_01931f7c", "agent": "claude-code", "cli": "@anthropic-ai/claude-code@2.1.332"}))]
+pub struct AgentChanged {
+    /// The session.
+    pub id: String,
+    /// The agent its next turn runs.
+    pub agent: String,
+    /// The CLI that agent stands for, `package@version`.
+    pub cli: String,
+}
+
 /// Sessions just forked.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({"sessions": [{"id": "ses_01931f80", "owner": "alice", "status": "idle", "title": "try another way", "last_seq": 43, "created_at_ms": 1764640200000_u64, "updated_at_ms": 1764640200000_u64, "agent": "claude-code", "labels": {}, "metadata": {}, "parent": "ses_01931f7c", "forked_at": 42}]}))]

@@ -325,3 +325,105 @@ async fn a_fork_takes_bounds_of_its_own_within_the_ceilings() {
         "the parent's other bounds stay: {fork}"
     );
 }
+
+/// `POST /v1/sessions/{id}/agent` moves a wrapped session to another CLI version,
+/// recorded in its events; bad input is a 422 naming `agent`, a native session is
+/// refused, and another owner's session is not found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrapped_sessions_agent_is_changed_through_the_api() {
+    // A harness with an Anthropic upstream (never called), so Claude Code sessions can
+    // be made.
+    let s = server(json!([]), tokens(), 0, |state| {
+        let home = state.workspaces.parent().unwrap().to_path_buf();
+        let mut options = steadfast_harness::HarnessOptions::fake_provider("http://127.0.0.1:9");
+        options.agents.upstreams.anthropic = Some(steadfast_gateway::Upstream {
+            base_url: "http://127.0.0.1:9".into(),
+            api_key: "unused".into(),
+        });
+        state.harness =
+            std::sync::Arc::new(steadfast_harness::Harness::open_local(&home, options).unwrap());
+    })
+    .await;
+    // Stand-ins for the CLI at two versions, where this server looks for them.
+    let agents = s._dir.path().join("home/agents");
+    for version in ["2.1.197", "2.1.332"] {
+        let adapter = steadfast_wrap::Adapter::named("claude-code")
+            .unwrap()
+            .at_version(Some(version))
+            .unwrap();
+        let manifest = adapter
+            .prefix(&agents)
+            .join("node_modules")
+            .join(adapter.package)
+            .join("package.json");
+        std::fs::create_dir_all(manifest.parent().unwrap()).unwrap();
+        std::fs::write(&manifest, json!({"version": version}).to_string()).unwrap();
+        let bin = adapter.executable(&agents);
+        std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+        std::fs::write(bin, "#!/bin/sh\n").unwrap();
+    }
+    let sessions = format!("{}/v1/sessions", s.url);
+    let (status, created) = call(
+        Method::POST,
+        &sessions,
+        Some("alice-secret"),
+        Some(json!({"agent": "claude-code", "model": "anthropic/claude-sonnet-4-5"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap();
+    let agent = format!("{sessions}/{id}/agent");
+    let (status, changed) = call(
+        Method::POST,
+        &agent,
+        Some("alice-secret"),
+        Some(json!({"agent": "claude-code@2.1.332"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{changed}");
+    assert_eq!(changed["cli"], "@anthropic-ai/claude-code@2.1.332");
+    let (_, events) = call(
+        Method::GET,
+        &format!("{sessions}/{id}/events"),
+        Some("alice-secret"),
+        None,
+    )
+    .await;
+    assert!(events.to_string().contains("agent_changed"), "{events}");
+    for bad in [
+        json!({"agent": "claude-code@not a version"}),
+        json!({"agent": "claude-code@9.9.9"}),
+        json!({"agent": "codex"}),
+    ] {
+        let got = call(Method::POST, &agent, Some("alice-secret"), Some(bad)).await;
+        assert_error(&got, 422, "invalid_body");
+        assert!(got.1.to_string().contains("agent"), "{}", got.1);
+    }
+    assert_error(
+        &call(
+            Method::POST,
+            &agent,
+            Some("bob-secret"),
+            Some(json!({"agent": "claude-code"})),
+        )
+        .await,
+        404,
+        "session_not_found",
+    );
+    let (_, native) = call(
+        Method::POST,
+        &sessions,
+        Some("alice-secret"),
+        Some(json!({})),
+    )
+    .await;
+    let got = call(
+        Method::POST,
+        &format!("{sessions}/{}/agent", native["id"].as_str().unwrap()),
+        Some("alice-secret"),
+        Some(json!({"agent": "claude-code"})),
+    )
+    .await;
+    assert_error(&got, 422, "invalid");
+    assert!(got.1.to_string().contains("native loop"), "{}", got.1);
+}

@@ -263,6 +263,30 @@ pub async fn rewind(home: &Path, config: &Config, args: RewindArgs) -> anyhow::R
     Ok(ExitCode::SUCCESS)
 }
 
+/// Arguments of `steadfast upgrade`.
+#[derive(Debug, Args)]
+pub struct UpgradeArgs {
+    /// The wrapped session.
+    pub(crate) session: String,
+    /// The agent its next turn runs: `claude-code@2.1.332`, or a named agent.
+    #[arg(long)]
+    pub(crate) agent: String,
+}
+
+/// `steadfast upgrade`: the session's next turn runs another CLI version or named
+/// agent; the change is recorded in its log.
+pub async fn upgrade(home: &Path, config: &Config, args: UpgradeArgs) -> anyhow::Result<ExitCode> {
+    let (harness, _) = open(home, config, &args.session).await?;
+    let (agent, cli) = harness.change_agent(&args.session, &args.agent).await?;
+    println!("{agent} ({cli})");
+    eprintln!(
+        "steadfast: session {}'s next turn runs {agent} ({cli}); a host runs it once that \
+         version is installed there (steadfast install-agent {})",
+        args.session, args.agent
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Arguments of `steadfast send`.
 #[derive(Debug, Args)]
 pub struct SendArgs {

@@ -10,7 +10,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use super::log::LogArgs;
-use super::manage::{DiffArgs, ForkArgs, RewindArgs, SendArgs, SignalArgs};
+use super::manage::{DiffArgs, ForkArgs, RewindArgs, SendArgs, SignalArgs, UpgradeArgs};
 use super::sessions::SessionsArgs;
 use crate::home::me;
 use crate::remote::{segment, Remote};
@@ -331,6 +331,24 @@ pub async fn rewind(remote: &Remote, args: RewindArgs) -> anyhow::Result<ExitCod
             fact.as_str().unwrap_or_default()
         );
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `steadfast upgrade --server`.
+pub async fn upgrade(remote: &Remote, args: UpgradeArgs) -> anyhow::Result<ExitCode> {
+    let changed = remote
+        .json(
+            Method::POST,
+            &format!("{}/agent", session_path(&args.session)),
+            &[],
+            Some(&json!({"agent": args.agent})),
+        )
+        .await?;
+    println!(
+        "{} ({})",
+        changed["agent"].as_str().unwrap_or_default(),
+        changed["cli"].as_str().unwrap_or_default()
+    );
     Ok(ExitCode::SUCCESS)
 }
 

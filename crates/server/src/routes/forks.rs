@@ -193,3 +193,59 @@ pub(crate) async fn rewind<W: World + Clone>(
         status: report.status.to_string(),
     }))
 }
+
+/// Which agent a wrapped session runs from its next turn (`POST /v1/sessions/{id}/agent`).
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ChangeAgent {
+    /// An adapter at a version (`claude-code@2.1.332`), or a named agent.
+    agent: String,
+}
+
+/// Move a wrapped session to another CLI version or named agent
+///
+/// Between turns only: its next turn runs that CLI, on a worker that has it installed
+/// (one without it leaves the session to another). Recorded in its log as an
+/// `agent_changed` event. Try the change on the session's recorded turns first with
+/// `steadfast replay --agent`.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/agent",
+    params(("id" = String, Path, description = "The wrapped session")),
+    request_body = ChangeAgent,
+    responses(
+        (status = 200, description = "Changed (or already so)", body = wire::AgentChanged),
+        (status = 400, description = "The body is not JSON", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 404, description = "No such session, or not the caller's", body = wire::Error),
+        (status = 415, description = "The body is not `application/json`", body = wire::Error),
+        (status = 422, description = "`agent` unknown, not a version, not installed on this server, unable to speak the session's model; a native session; a turn in progress", body = wire::Error),
+    )
+)]
+pub(crate) async fn change_agent<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Body(req): Body<ChangeAgent>,
+) -> Result<Json<wire::AgentChanged>, ApiError> {
+    let owner = state.owner(&headers, steadfast_world::Scope::Run).await?;
+    owned(&state, &id, &owner).await?;
+    // As at creation: an agent this server cannot run is refused before anything.
+    state.harness.check_agent(&req.agent).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            format!("agent: {e}"),
+        )
+    })?;
+    let (agent, cli) = state.harness.change_agent(&id, &req.agent).await?;
+    state
+        .audit(
+            &owner,
+            "session.agent_changed",
+            &id,
+            serde_json::json!({"agent": agent, "cli": cli}),
+        )
+        .await;
+    Ok(Json(wire::AgentChanged { id, agent, cli }))
+}

@@ -37,6 +37,7 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
         .route("/v1/sessions/{id}/close", post(sessions::close::<W>))
         .route("/v1/sessions/{id}/fork", post(forks::fork::<W>))
         .route("/v1/sessions/{id}/rewind", post(forks::rewind::<W>))
+        .route("/v1/sessions/{id}/agent", post(forks::change_agent::<W>))
         .route(
             "/v1/sessions/{id}/interrupt",
             post(sessions::interrupt::<W>),
