@@ -89,6 +89,31 @@ impl Case {
         .to_vec()
     }
 
+    /// `serve` with no workers of its own and a `worker` process with two: the API's
+    /// URL and both processes (killed when dropped).
+    async fn serve_with_workers(&self) -> (String, tokio::process::Child, tokio::process::Child) {
+        use tokio::io::AsyncBufReadExt;
+        let mut serve = self
+            .command(&["serve", "--listen", "127.0.0.1:0", "--workers", "0"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let url = tokio::io::BufReader::new(serve.stdout.take().unwrap())
+            .lines()
+            .next_line()
+            .await
+            .unwrap()
+            .unwrap();
+        let workers = self
+            .command(&["worker", "--workers", "2"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        (url, serve, workers)
+    }
+
     async fn sessions(&self) -> Vec<Value> {
         let out = self.steadfast(&["sessions", "--json"]).await;
         String::from_utf8_lossy(&out.stdout)
@@ -247,26 +272,8 @@ async fn a_crash_while_explorers_work_loses_nothing_and_makes_none_twice() {
 /// a worker wakes it when the last answer comes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_the_api_workers_run_the_explorers_and_wake_the_parent() {
-    use tokio::io::AsyncBufReadExt;
     let case = Case::new(0).await;
-    let mut serve = case
-        .command(&["serve", "--listen", "127.0.0.1:0", "--workers", "0"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let url = tokio::io::BufReader::new(serve.stdout.take().unwrap())
-        .lines()
-        .next_line()
-        .await
-        .unwrap()
-        .unwrap();
-    let _workers = case
-        .command(&["worker", "--workers", "2"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let (url, _serve, _workers) = case.serve_with_workers().await;
     let created: Value = reqwest::Client::new()
         .post(format!("{url}/v1/sessions"))
         .json(&json!({"model": "anthropic/claude-sonnet-4-5", "task": "explore two approaches", "explorers": 2}))
@@ -302,27 +309,9 @@ async fn through_the_api_workers_run_the_explorers_and_wake_the_parent() {
 /// parent why, as its task's answer: the parent's wait never outlives its explorers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explorers_closed_or_deleted_before_answering_do_not_hold_their_parent() {
-    use tokio::io::AsyncBufReadExt;
     // The explorers' second reply streams slowly: they are closed in the middle of it.
     let case = Case::new(1500).await;
-    let mut serve = case
-        .command(&["serve", "--listen", "127.0.0.1:0", "--workers", "0"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let url = tokio::io::BufReader::new(serve.stdout.take().unwrap())
-        .lines()
-        .next_line()
-        .await
-        .unwrap()
-        .unwrap();
-    let _workers = case
-        .command(&["worker", "--workers", "2"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let (url, _serve, _workers) = case.serve_with_workers().await;
     let http = reqwest::Client::new();
     let created: Value = http
         .post(format!("{url}/v1/sessions"))

@@ -111,6 +111,24 @@ async fn an_agent_that_cannot_run_is_refused_before_a_session_exists() -> anyhow
     Ok(())
 }
 
+/// A host whose CLIs are installed under `dir` in the setup's directory, with a named
+/// agent `reviewer`: Claude Code at `version`, with instructions of its own.
+fn reviewer_host(setup: &Setup, dir: &str, version: &str) -> steadfast_harness::Harness {
+    let install = setup.dir.path().join(dir);
+    setup.harness_with(|o| {
+        o.agents.install_dir = Some(install);
+        o.agents.named = vec![steadfast_harness::NamedAgent {
+            name: "reviewer".into(),
+            adapter: "claude-code".into(),
+            model: None,
+            version: Some(version.into()),
+            mcp_servers: Vec::new(),
+            approval: None,
+            instructions: Some("Review only.".into()),
+        }];
+    })
+}
+
 /// Puts a stand-in for `adapter`'s CLI (its package manifest and executable) where a
 /// host looks for that version under `dir`.
 fn install_stand_in(adapter: &steadfast_wrap::Adapter, dir: &std::path::Path) {
@@ -133,22 +151,7 @@ fn install_stand_in(adapter: &steadfast_wrap::Adapter, dir: &std::path::Path) {
 #[tokio::test]
 async fn a_wrapped_session_keeps_the_cli_version_it_began_with() -> anyhow::Result<()> {
     let setup = Setup::new(json!([{"text": "ok"}])).await;
-    let named = |version: &str| steadfast_harness::NamedAgent {
-        name: "reviewer".into(),
-        adapter: "claude-code".into(),
-        model: None,
-        version: Some(version.into()),
-        mcp_servers: Vec::new(),
-        approval: None,
-        instructions: None,
-    };
-    let host = |dir: &str, version: &str| {
-        let install = setup.dir.path().join(dir);
-        setup.harness_with(|o| {
-            o.agents.install_dir = Some(install);
-            o.agents.named = vec![named(version)];
-        })
-    };
+    let host = |dir: &str, version: &str| reviewer_host(&setup, dir, version);
     // Host A runs the reviewer at 2.1.197; the session begins there.
     let a = host("agents-a", "2.1.197");
     let old = a.adapter("reviewer")?;
@@ -195,22 +198,7 @@ async fn a_wrapped_session_keeps_the_cli_version_it_began_with() -> anyhow::Resu
 #[tokio::test]
 async fn a_sessions_cli_is_changed_between_turns_and_recorded() -> anyhow::Result<()> {
     let setup = Setup::new(json!([{"text": "ok"}])).await;
-    let named = |version: &str| steadfast_harness::NamedAgent {
-        name: "reviewer".into(),
-        adapter: "claude-code".into(),
-        model: None,
-        version: Some(version.into()),
-        mcp_servers: Vec::new(),
-        approval: None,
-        instructions: Some("Review only.".into()),
-    };
-    let host = |dir: &str, version: &str| {
-        let install = setup.dir.path().join(dir);
-        setup.harness_with(|o| {
-            o.agents.install_dir = Some(install);
-            o.agents.named = vec![named(version)];
-        })
-    };
+    let host = |dir: &str, version: &str| reviewer_host(&setup, dir, version);
     let a = host("agents-a", "2.1.197");
     install_stand_in(&a.adapter("claude-code")?, &a.install_dir());
     let mut new = NewSession::native("anthropic/claude-sonnet-4-5", &setup.workspace());
