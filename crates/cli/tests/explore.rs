@@ -115,20 +115,30 @@ impl Case {
     }
 
     async fn sessions(&self) -> Vec<Value> {
-        let out = self.steadfast(&["sessions", "--json"]).await;
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
+        common::json_lines(&self.steadfast(&["sessions", "--json"]).await)
     }
 
     async fn log(&self, session: &str) -> Vec<Value> {
-        let out = self.steadfast(&["log", session, "--json"]).await;
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
+        common::json_lines(&self.steadfast(&["log", session, "--json"]).await)
     }
+}
+
+/// Creates, through the API at `url`, a session allowed two explorers on the task
+/// that explores; its id.
+async fn explore_through_the_api(url: &str) -> String {
+    let created: Value = reqwest::Client::new()
+        .post(format!("{url}/v1/sessions"))
+        .json(&json!({"model": "anthropic/claude-sonnet-4-5", "task": "explore two approaches", "explorers": 2}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    created["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_string()
 }
 
 fn marks(dir: &Path) -> usize {
@@ -274,18 +284,7 @@ async fn a_crash_while_explorers_work_loses_nothing_and_makes_none_twice() {
 async fn through_the_api_workers_run_the_explorers_and_wake_the_parent() {
     let case = Case::new(0).await;
     let (url, _serve, _workers) = case.serve_with_workers().await;
-    let created: Value = reqwest::Client::new()
-        .post(format!("{url}/v1/sessions"))
-        .json(&json!({"model": "anthropic/claude-sonnet-4-5", "task": "explore two approaches", "explorers": 2}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id = created["id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{created}"));
+    let id = &explore_through_the_api(&url).await;
     let shown = common::idle_after(&url, id, 1).await;
     assert!(
         shown["children"].as_array().is_some_and(|c| c.len() == 2),
@@ -313,18 +312,7 @@ async fn explorers_closed_or_deleted_before_answering_do_not_hold_their_parent()
     let case = Case::new(1500).await;
     let (url, _serve, _workers) = case.serve_with_workers().await;
     let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{url}/v1/sessions"))
-        .json(&json!({"model": "anthropic/claude-sonnet-4-5", "task": "explore two approaches", "explorers": 2}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id = created["id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{created}"));
+    let id = &explore_through_the_api(&url).await;
     let mut children = Vec::new();
     for _ in 0..300 {
         let shown: Value = http

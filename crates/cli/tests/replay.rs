@@ -117,19 +117,11 @@ impl Case {
     }
 
     async fn sessions(&self) -> Vec<Value> {
-        let out = self.steadfast(&["sessions", "--json"]).await;
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
+        common::json_lines(&self.steadfast(&["sessions", "--json"]).await)
     }
 
     async fn log(&self, session: &str) -> Vec<Value> {
-        let out = self.steadfast(&["log", session, "--json"]).await;
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
+        common::json_lines(&self.steadfast(&["log", session, "--json"]).await)
     }
 
     /// `steadfast replay` with `args`: its exit code and JSON report.

@@ -56,6 +56,14 @@ pub fn workspace_in(home: &Path, created: &Value) -> PathBuf {
     home.join("workspaces").join(id)
 }
 
+/// A command's standard output read as JSON lines (`sessions --json`, `log --json`).
+pub fn json_lines(out: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
