@@ -148,8 +148,14 @@ enum Command {
     /// Print the API's OpenAPI document, the one `serve` answers at `/openapi.json`
     /// (to generate a client without a running server).
     Openapi,
-    /// Apply pending database migrations (PostgreSQL worlds).
-    Migrate,
+    /// Apply pending database migrations (PostgreSQL worlds). Safe to run from many
+    /// replicas at once (they take turns under a lock), as a one-shot deployment job.
+    Migrate {
+        /// Also make the blob store's S3 bucket if it is missing (a first deployment
+        /// against an empty MinIO or other S3-compatible store).
+        #[arg(long)]
+        create_bucket: bool,
+    },
     /// Print a completion script for `shell` (bash, zsh, fish, elvish, powershell),
     /// e.g. `steadfast completions bash > ~/.local/share/bash-completion/completions/steadfast`.
     Completions {
@@ -329,10 +335,13 @@ fn main() -> ExitCode {
                 Ok(ExitCode::SUCCESS)
             }
             Command::Gc(args) => commands::gc::run(path, &config, args).await,
-            Command::Migrate => {
+            Command::Migrate { create_bucket } => {
                 let world = setup::world(path, &config, true).await?;
                 world.migrate().await?;
                 eprintln!("steadfast: {} is up to date", world.describe().await?);
+                if create_bucket {
+                    setup::create_bucket(path, &config).await?;
+                }
                 Ok(ExitCode::SUCCESS)
             }
             Command::FakeProvider(args) => commands::fake::run(args).await,

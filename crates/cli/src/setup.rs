@@ -182,6 +182,32 @@ pub async fn check_stores(home: &Path, config: &Config, world: &AnyWorld) -> any
     Ok(())
 }
 
+/// Makes the configured blob store's bucket if it is missing (`migrate
+/// --create-bucket`), saying what it found.
+pub async fn create_bucket(home: &Path, config: &Config) -> anyhow::Result<()> {
+    use steadfast_world::bucket::{create_bucket, BucketMade};
+    let Some(url) = config.blobs.as_deref() else {
+        eprintln!(
+            "steadfast: the blob store is {} (a directory): no bucket to make",
+            home.join("blobs").display()
+        );
+        return Ok(());
+    };
+    let made = create_bucket(url)
+        .await
+        .with_context(|| format!("making the bucket of {url}"))?;
+    eprintln!(
+        "steadfast: {}",
+        match made {
+            BucketMade::Created => format!("made the bucket of {url}"),
+            BucketMade::AlreadyThere => format!("the bucket of {url} is there"),
+            BucketMade::NotABucket =>
+                format!("the blob store {url} is a directory: no bucket to make"),
+        }
+    );
+    Ok(())
+}
+
 /// A harness for a server or worker process: sessions of the `fake` provider use a
 /// fake provider started here (when one is needed), the rest use configured keys.
 pub async fn shared_harness(

@@ -101,3 +101,49 @@ async fn big_outputs_go_to_the_configured_s3_bucket() {
         .unwrap();
     assert!(String::from_utf8_lossy(&bytes).ends_with("49999\n50000\n"));
 }
+
+/// A first deployment's store has no bucket: `migrate --create-bucket` makes it with
+/// a signed request (the store's own `AWS_*` settings), says so, and a second run
+/// finds it there; a server then starts against it.
+#[tokio::test]
+async fn migrate_makes_the_missing_bucket_once() {
+    let moto = common::Moto::start("unrelated");
+    let home = tempfile::tempdir().unwrap();
+    let migrate = || {
+        Command::new(env!("CARGO_BIN_EXE_steadfast"))
+            .args(["migrate", "--create-bucket"])
+            .env("STEADFAST_HOME", home.path())
+            .env("STEADFAST_BLOBS", "s3://made-here/steadfast")
+            .env("AWS_ENDPOINT", &moto.endpoint)
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_REGION", "us-east-1")
+            .output()
+            .unwrap()
+    };
+    let exists = || {
+        Command::new("curl")
+            .args(["-sf", "-o", "/dev/null", "-I"])
+            .arg(format!("{}/made-here", moto.endpoint))
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(!exists(), "the bucket is missing before migrate");
+    let first = migrate();
+    let said = String::from_utf8_lossy(&first.stderr);
+    assert!(first.status.success(), "{said}");
+    assert!(
+        said.contains("made the bucket of s3://made-here/steadfast"),
+        "{said}"
+    );
+    assert!(exists(), "migrate made the bucket");
+    let second = migrate();
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(second.status.success(), "{said}");
+    assert!(
+        said.contains("the bucket of s3://made-here/steadfast is there"),
+        "{said}"
+    );
+}

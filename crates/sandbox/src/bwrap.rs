@@ -89,27 +89,72 @@ fn host_secrets() -> &'static [Secret] {
     })
 }
 
-/// Whether bubblewrap can create its namespaces here (checked once per process).
+/// Whether bubblewrap can create its namespaces here and mount what every sandbox
+/// mounts (checked once per process). A new `/proc` is the part a container most
+/// often forbids (its runtime masks paths under the host's `/proc`, and the kernel
+/// then refuses a fresh one), so the probe mounts it as the sandbox does: a host
+/// that cannot is refused at start, not at its first command.
 pub fn bwrap_available() -> std::result::Result<(), String> {
-    static CHECK: OnceLock<std::result::Result<(), String>> = OnceLock::new();
-    CHECK
-        .get_or_init(|| {
-            let out = std::process::Command::new("bwrap")
-                .args(NAMESPACES)
-                .args(["--die-with-parent", "--ro-bind", "/", "/", "true"])
-                .stdin(std::process::Stdio::null())
-                .output()
-                .map_err(|e| format!("bwrap not found ({e}); install bubblewrap"))?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(format!(
-                    "bwrap cannot create namespaces here: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ))
+    probed().as_ref().map(|_| ()).map_err(String::clone)
+}
+
+/// Whether sandboxes name their host `sandbox`. A container's default seccomp
+/// profile forbids `sethostname` (podman's, docker's): there the sandbox keeps its
+/// own UTS namespace under the container's name, rather than the worker dropping the
+/// container's syscall filter, which guards the sandboxed commands too.
+fn sets_hostname() -> bool {
+    matches!(probed(), Ok(true))
+}
+
+/// The probe's finding: `Ok(sets_hostname)`, or why bubblewrap cannot run here.
+fn probed() -> &'static std::result::Result<bool, String> {
+    static CHECK: OnceLock<std::result::Result<bool, String>> = OnceLock::new();
+    CHECK.get_or_init(|| {
+        let probe = |hostname: bool| {
+            let mut cmd = std::process::Command::new("bwrap");
+            cmd.args(NAMESPACES)
+                .args(["--die-with-parent", "--new-session", "--cap-drop", "ALL"]);
+            if hostname {
+                cmd.args(["--hostname", "sandbox"]);
             }
-        })
-        .clone()
+            cmd.args([
+                "--ro-bind",
+                "/",
+                "/",
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+                "true",
+            ])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| format!("bwrap not found ({e}); install bubblewrap"))
+        };
+        let out = probe(true)?;
+        if out.status.success() {
+            return Ok(true);
+        }
+        let mut said = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        if said.contains("hostname") {
+            let without = probe(false)?;
+            if without.status.success() {
+                tracing::warn!(
+                    "sandboxes keep this host's name: setting their own is forbidden here \
+                     ({said}), as a container's seccomp profile does"
+                );
+                return Ok(false);
+            }
+            said = String::from_utf8_lossy(&without.stderr).trim().to_string();
+        }
+        let hint = if said.contains("proc") {
+            " (in a container, unmask /proc: podman --security-opt unmask=/proc/*, \
+             docker --security-opt systempaths=unconfined; see docs/deploy.md)"
+        } else {
+            ""
+        };
+        Err(format!("bwrap cannot create namespaces here: {said}{hint}"))
+    })
 }
 
 /// Spawns `cmd` from one thread that lives as long as the process. bubblewrap's
@@ -459,15 +504,11 @@ fn bwrap_args(
     if options.network == NetworkPolicy::Open {
         push(&["--share-net"]);
     }
-    push(&[
-        "--die-with-parent",
-        "--new-session",
-        "--cap-drop",
-        "ALL",
-        "--hostname",
-        "sandbox",
-        "--clearenv",
-    ]);
+    push(&["--die-with-parent", "--new-session", "--cap-drop", "ALL"]);
+    if sets_hostname() {
+        push(&["--hostname", "sandbox"]);
+    }
+    push(&["--clearenv"]);
     for (k, v) in env {
         push(&["--setenv", k, v]);
     }

@@ -16,6 +16,7 @@
 pub mod access;
 mod any;
 pub mod blobs;
+pub mod bucket;
 mod checkpoint;
 pub mod conformance;
 mod heartbeat;

@@ -135,7 +135,11 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
         config.sandbox.require_isolation = Some(true);
     }
     let config = &config;
-    check_isolation(config, isolation_mode(config, args.public))?;
+    // An API-only server (`--workers 0`) runs no session's commands: its workers,
+    // elsewhere, are checked where they start.
+    if args.workers > 0 {
+        check_isolation(config, isolation_mode(config, args.public))?;
+    }
     let tokens: Vec<TokenEntry> = config
         .server
         .tokens
