@@ -645,3 +645,65 @@ async fn a_metrics_address_that_does_not_parse_is_a_clear_startup_error() {
         "{stderr}"
     );
 }
+
+/// Idle workers wait to be told about work instead of polling the queue: four idle
+/// worker slots make a handful of claims in four seconds (about eighty when each
+/// looked five times a second), and still take a session another process makes at
+/// once: on PostgreSQL through its notifications, on SQLite through its data
+/// version, which moves on another process's commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_workers_wait_to_be_told_rather_than_poll_the_queue() {
+    let script: Script = serde_json::from_value(json!({"steps": [{"text": "Hello."}]})).unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    let db = common::TestDatabase::create("idle_workers").await;
+    for world in [None, Some(db.url.clone())] {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let with_world = |mut cmd: tokio::process::Command| {
+            if let Some(url) = &world {
+                cmd.env("STEADFAST_WORLD", url)
+                    .env("STEADFAST_MIGRATE", "true");
+            }
+            cmd
+        };
+        let addr = free_addr();
+        let _worker = with_world(command(
+            &home,
+            &fake,
+            &["worker", "--workers", "4", "--metrics-listen", &addr],
+        ))
+        .spawn()
+        .unwrap();
+        let metrics = format!("http://{addr}/metrics");
+        let claims = async || {
+            value(
+                &scrape(&metrics).await,
+                "steadfast_queue_claim_duration_seconds_count",
+            )
+        };
+        claims().await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let before = claims().await;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let looked = claims().await - before;
+        assert!(
+            looked <= 24.0,
+            "{looked} claims in 4 s by 4 idle workers ({world:?})"
+        );
+
+        let mut api = with_world(command(
+            &home,
+            &fake,
+            &["serve", "--listen", "127.0.0.1:0", "--workers", "0"],
+        ))
+        .spawn()
+        .unwrap();
+        let url = common::printed_url(&mut api).await;
+        let id = create(&url, "say hello").await;
+        wait_for("the idle worker to take the session", async || {
+            session(&url, &id).await["status"] == "idle"
+        })
+        .await;
+    }
+    db.drop_now().await;
+}

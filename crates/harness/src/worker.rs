@@ -17,8 +17,12 @@ use tracing::Instrument;
 /// How long a session is held back when its failure cannot even be recorded (the
 /// world itself failing), or when it needs a CLI another host has.
 const COOL_DOWN: Duration = Duration::from_secs(5);
-/// How often an idle worker looks for work written by other processes.
+/// How soon an idle worker looks for work again unprompted; it backs off from this
+/// to [`IDLE_MOST`] while nothing happens. Work is announced ([`World::changes`],
+/// [`World::due`]), so these looks only catch what a world cannot announce.
 const POLL: Duration = Duration::from_millis(200);
+/// The longest an idle worker goes without looking at the queue.
+const IDLE_MOST: Duration = Duration::from_secs(2);
 
 impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// Runs one worker until `shutdown` turns true. Each worker has its own lease
@@ -26,16 +30,22 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     pub async fn work(&self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
         let holder = Holder::new(format!("worker-{}", uuid::Uuid::now_v7().simple()));
         let mut changes = self.world.changes();
+        let mut due = self.world.due();
+        let mut idle = POLL;
         while !*shutdown.borrow() {
             let started = std::time::Instant::now();
             let claimed = self.world.claim(&holder, self.options.lease_ttl).await;
             steadfast_metrics::metrics().claimed(started.elapsed());
             match claimed {
-                Ok(Some(lease)) => self.drive_claimed(lease, shutdown.clone()).await,
+                Ok(Some(lease)) => {
+                    idle = POLL;
+                    self.drive_claimed(lease, shutdown.clone()).await;
+                }
                 Ok(None) => {
                     tokio::select! {
-                        _ = changes.changed() => {}
-                        _ = tokio::time::sleep(POLL) => {}
+                        _ = changes.changed() => idle = POLL,
+                        _ = due.changed() => idle = POLL,
+                        _ = tokio::time::sleep(idle) => idle = (idle * 2).min(IDLE_MOST),
                         _ = shutdown.changed() => {}
                     }
                 }

@@ -1,10 +1,19 @@
 //! The OpenAPI document types a real client: openapi-typescript (from npm) generates
 //! TypeScript types from it, and a small program using sessions, their usage, the
 //! event pages and a created session must type-check under `tsc --strict`. A document
-//! that leaves fields out, or makes required ones optional, fails here.
+//! that leaves fields out, or makes required ones optional, fails here. And the client
+//! works: a program on openapi-fetch over the generated types, compiled by `tsc` and
+//! run by Node.js against a live server, creates a session, streams the turn its
+//! message starts (server-sent events, each typed by the document's union), pages
+//! its events and finds it by label.
+
+mod common;
 
 use std::path::Path;
 use std::process::Command;
+
+use common::{dev, server};
+use serde_json::json;
 
 const PROGRAM: &str = r#"
 import type { components, paths } from "./api";
@@ -108,4 +117,160 @@ fn a_typescript_client_generated_from_the_document_type_checks() {
             "client.ts",
         ],
     );
+}
+
+/// The live program: typed calls through openapi-fetch, and the turn's stream read
+/// as a browser's fetch reads it.
+const LIVE: &str = r#"
+import createClient from "openapi-fetch";
+import type { components, paths } from "./api.js";
+
+type PublicEvent = components["schemas"]["PublicEvent"];
+type PostMessage = components["schemas"]["PostMessage"];
+
+const base = process.argv[2];
+const client = createClient<paths>({ baseUrl: base });
+
+async function main(): Promise<void> {
+  const created = await client.POST("/v1/sessions", {
+    body: { labels: { team: "ts" }, workspace: { kind: "empty", files: { "notes.txt": "hello" } } },
+  });
+  if (!created.data) throw new Error(`create: ${JSON.stringify(created.error)}`);
+  const id: string = created.data.id;
+
+  // Posting a message answers with the turn it starts, as server-sent events.
+  const message: PostMessage = { text: "say hello" };
+  const resp = await fetch(`${base}/v1/sessions/${id}/messages`, {
+    method: "POST",
+    headers: { "content-type": "application/json", accept: "text/event-stream" },
+    body: JSON.stringify(message),
+  });
+  if (resp.status !== 200 || !resp.body) throw new Error(`stream: ${resp.status}`);
+  const kinds: string[] = [];
+  let reply = "";
+  let ended = false;
+  let buffer = "";
+  const decoder = new TextDecoder();
+  const reader = resp.body.getReader();
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    let cut: number;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const frame = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      const lines = frame.split("\n");
+      if (lines.some((l) => l === "event: end")) {
+        ended = true;
+        continue;
+      }
+      const data = lines.filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart()).join("\n");
+      if (!data) continue;
+      const event = JSON.parse(data) as PublicEvent;
+      kinds.push(event.type);
+      if (event.type === "model_call_outcome") reply = event.text;
+    }
+  }
+  if (!ended) throw new Error(`the stream did not end with end: ${kinds}`);
+  if (kinds[0] !== "user_message" || !kinds.includes("turn_ended")) throw new Error(`kinds: ${kinds}`);
+  if (reply !== "Hello from TypeScript's server.") throw new Error(`reply: ${reply}`);
+
+  // The route answers a page (JSON) or a stream (SSE) as asked: the type says both.
+  const page = await client.GET("/v1/sessions/{id}/events", {
+    params: { path: { id }, query: { after: 0, limit: 1 } },
+    headers: { accept: "application/json" },
+  });
+  if (!page.data || !("events" in page.data)) throw new Error(`not a page: ${JSON.stringify(page.data)}`);
+  if (page.data.events[0].type !== "session_started" || !page.data.has_more)
+    throw new Error(`page: ${JSON.stringify(page.data)}`);
+  const listed = await client.GET("/v1/sessions", { params: { query: { label: "team=ts" } } });
+  if (!listed.data || listed.data.sessions.map((s) => s.id).join() !== id)
+    throw new Error(`listed: ${JSON.stringify(listed.data)}`);
+  const shown = await client.GET("/v1/sessions/{id}", { params: { path: { id } } });
+  if (!shown.data || shown.data.status !== "idle") throw new Error(`shown: ${JSON.stringify(shown.data)}`);
+  console.log("ok", id, kinds.length);
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generated_typescript_client_creates_streams_pages_and_lists() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("openapi.json");
+    std::fs::write(
+        dir.path().join("package.json"),
+        r#"{"private": true, "type": "module"}"#,
+    )
+    .unwrap();
+    run(
+        dir.path(),
+        "npm",
+        &[
+            "install",
+            "--no-audit",
+            "--no-fund",
+            "--loglevel=error",
+            "openapi-typescript@7.13.0",
+            "openapi-fetch@0.14",
+            "typescript@5.9",
+            "@types/node@20",
+        ],
+    );
+    run(
+        dir.path(),
+        "npx",
+        &["openapi-typescript", spec.to_str().unwrap(), "-o", "api.ts"],
+    );
+    std::fs::write(dir.path().join("live.ts"), LIVE).unwrap();
+    run(
+        dir.path(),
+        "npx",
+        &[
+            "tsc",
+            "--strict",
+            "--target",
+            "es2022",
+            "--module",
+            "nodenext",
+            "--moduleResolution",
+            "nodenext",
+            "--types",
+            "node",
+            "--outDir",
+            "out",
+            "live.ts",
+        ],
+    );
+
+    let srv = server(
+        json!([{"text": "Hello from TypeScript's server."}]),
+        dev(),
+        1,
+        |_| {},
+    )
+    .await;
+    let url = srv.url.clone();
+    let out_dir = dir.path().to_path_buf();
+    let ran = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .arg("out/live.js")
+            .arg(&url)
+            .current_dir(&out_dir)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        ran.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&ran.stdout),
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ran.stdout).starts_with("ok ses_"));
 }

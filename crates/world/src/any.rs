@@ -338,6 +338,14 @@ impl World for AnyWorld {
         }
     }
 
+    fn due(&self) -> tokio::sync::watch::Receiver<u64> {
+        match self {
+            AnyWorld::Sqlite(w) => w.due(),
+            #[cfg(feature = "postgres")]
+            AnyWorld::Postgres(w) => w.due(),
+        }
+    }
+
     fn inbox_seen_empty(&self, lease: &Lease) -> bool {
         match self {
             AnyWorld::Sqlite(w) => w.inbox_seen_empty(lease),

@@ -478,6 +478,15 @@ pub trait World: Send + Sync + 'static {
     /// seen by polling). PostgreSQL: every process's, through `LISTEN/NOTIFY`.
     fn changes(&self) -> tokio::sync::watch::Receiver<u64>;
 
+    /// A counter that moves when work is due that no change announced: a lease
+    /// lapsing, a holder's process dying, a retry's time coming. Idle workers wait on
+    /// it and [`World::changes`] instead of polling the queue. A world that cannot
+    /// tell moves it with `changes` alone, and its workers look again as they back
+    /// off.
+    fn due(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes()
+    }
+
     /// Whether this process's last append under `lease` found the session's inbox
     /// empty as it committed, and this process has posted nothing to it since
     /// (`false`: it did not, or it is not known). A driver that looks for steers

@@ -60,6 +60,8 @@ const MIGRATION_LOCK: i64 = 0x5354_4544_4641_5354;
 pub struct PostgresWorld {
     pool: Pool,
     changes: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+    /// Moves when work is due that no notification announced (see [`World::due`]).
+    due: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
     _listener: Option<std::sync::Arc<AbortOnDrop>>,
     /// This process's liveness token, recorded in the leases it takes.
     liveness: Liveness,
@@ -251,6 +253,7 @@ impl PostgresWorld {
             config,
             tls,
             self.changes.clone(),
+            self.due.clone(),
             self.liveness.clone(),
         ));
         self._listener = Some(std::sync::Arc::new(AbortOnDrop(task)));
@@ -277,6 +280,7 @@ impl PostgresWorld {
         let world = PostgresWorld {
             pool,
             changes: std::sync::Arc::new(tokio::sync::watch::channel(0).0),
+            due: std::sync::Arc::new(tokio::sync::watch::channel(0).0),
             _listener: None,
             liveness: std::sync::Arc::new(tokio::sync::watch::channel(None).0),
             positions: Default::default(),
@@ -1715,6 +1719,10 @@ impl World for PostgresWorld {
         self.changes.subscribe()
     }
 
+    fn due(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.due.subscribe()
+    }
+
     fn inbox_seen_empty(&self, lease: &Lease) -> bool {
         let positions = self.positions.lock().unwrap_or_else(|e| e.into_inner());
         positions
@@ -1764,6 +1772,14 @@ LIMIT 16
 FOR UPDATE SKIP LOCKED"
     )
     .replace("{HOLDER_GONE}", HOLDER_GONE)
+});
+
+/// Whether any session has work due that no live holder keeps: what the listener
+/// looks for between notifications (a lease lapsing, a holder's process dying, a
+/// retry's time coming announce themselves to no one).
+pub(super) static ANY_DUE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!("SELECT EXISTS (SELECT 1 FROM steadfast_sessions s WHERE {HAS_WORK} AND {LEASE_FREE})")
+        .replace("{HOLDER_GONE}", HOLDER_GONE)
 });
 
 /// How many sessions have work due that no live holder keeps: the queue's depth.

@@ -174,8 +174,14 @@ pub struct SqliteWorld {
     inbox_seen_empty: Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>>,
     path: PathBuf,
     changes: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Whether a task watches for other processes' commits (see
+    /// [`SqliteWorld::watch_other_processes`]).
+    watching: Arc<std::sync::atomic::AtomicBool>,
     spill: Option<crate::Blobs>,
 }
+
+/// How often a process looks whether another one committed to the database.
+const OTHERS_WATCH: Duration = Duration::from_millis(100);
 
 fn backend(e: rusqlite::Error) -> Error {
     Error::Backend(e.to_string())
@@ -371,8 +377,51 @@ impl SqliteWorld {
             inbox_seen_empty: Arc::default(),
             path,
             changes: Arc::new(tokio::sync::watch::channel(0).0),
+            watching: Arc::default(),
             spill: None,
         })
+    }
+
+    /// Bumps [`World::changes`] when another process commits: SQLite's
+    /// `data_version` moves on every commit made through any other connection, and
+    /// reading it touches no table, so a process's idle workers and stream tails see
+    /// a `steadfast send` or another worker's append within [`OTHERS_WATCH`] instead
+    /// of polling the queue. Started by the first subscriber; it ends with the world.
+    fn watch_other_processes(&self) {
+        use std::sync::atomic::Ordering;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.watching.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let jobs = Arc::downgrade(&self.jobs);
+        let changes = Arc::downgrade(&self.changes);
+        runtime.spawn(async move {
+            let mut seen = None;
+            loop {
+                tokio::time::sleep(OTHERS_WATCH).await;
+                let (Some(thread), Some(changes)) = (jobs.upgrade(), changes.upgrade()) else {
+                    return;
+                };
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                let asked = thread.send(Box::new(move |conn| {
+                    let _ = reply
+                        .send(conn.query_row("PRAGMA data_version", [], |r| r.get::<_, i64>(0)));
+                }));
+                drop(thread);
+                if asked.is_err() {
+                    return;
+                }
+                let Ok(Ok(version)) = answer.await else {
+                    continue;
+                };
+                if seen.is_some_and(|before| before != version) {
+                    crate::bump(&changes);
+                }
+                seen = Some(version);
+            }
+        });
     }
 
     /// Keeps records whose body is over 64 KiB in `blobs` (hash in the log).
@@ -1521,6 +1570,7 @@ impl World for SqliteWorld {
     }
 
     fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.watch_other_processes();
         self.changes.subscribe()
     }
 

@@ -1,5 +1,7 @@
 //! `LISTEN/NOTIFY`: every process's appends and posts wake idle workers and stream
-//! tails in every other process.
+//! tails in every other process. Between notifications the same connection looks,
+//! a few times a second, for work that became due without one (a lease lapsing, a
+//! holder's process dying, a retry's time coming), so idle workers need not poll.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +16,9 @@ impl Drop for AbortOnDrop {
         self.0.abort();
     }
 }
+
+/// How often the listener looks for work that became due unannounced.
+const DUE_WATCH: Duration = Duration::from_millis(250);
 
 /// The channel every append and post notifies, so idle workers and stream tails in
 /// every process wake at once instead of polling hot.
@@ -38,6 +43,7 @@ pub(super) async fn listen(
     config: tokio_postgres::Config,
     tls: MakeRustlsConnect,
     changes: Arc<tokio::sync::watch::Sender<u64>>,
+    due: Arc<tokio::sync::watch::Sender<u64>>,
     liveness: Liveness,
 ) {
     let mut backoff = Duration::from_millis(100);
@@ -76,8 +82,22 @@ pub(super) async fn listen(
                     backoff = Duration::from_millis(100);
                     liveness.send_replace(me);
                     crate::bump(&changes);
-                    while rx.recv().await.is_some() {
-                        crate::bump(&changes);
+                    let mut watch = tokio::time::interval(DUE_WATCH);
+                    watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    loop {
+                        tokio::select! {
+                            notified = rx.recv() => match notified {
+                                Some(()) => crate::bump(&changes),
+                                None => break,
+                            },
+                            _ = watch.tick() => {
+                                match client.query_one(super::ANY_DUE.as_str(), &[]).await {
+                                    Ok(row) if row.get::<_, bool>(0) => crate::bump(&due),
+                                    Ok(_) => {}
+                                    Err(_) => break,
+                                }
+                            }
+                        }
                     }
                 }
                 driver.abort();
