@@ -117,6 +117,12 @@ pub struct OidcSettings {
     pub owner_claim: Option<String>,
     /// The provider's keys; default: found through the issuer's discovery document.
     pub jwks_url: Option<String>,
+    /// The claim that makes a token an operator's (`admin` scope: issue tokens,
+    /// read the audit log), e.g. `groups`; none by default.
+    pub admin_claim: Option<String>,
+    /// The values of `admin-claim` that do, e.g. `["steadfast-admins"]`.
+    #[serde(default)]
+    pub admin_values: Vec<String>,
 }
 
 impl OidcSettings {
@@ -127,6 +133,13 @@ impl OidcSettings {
             config.owner_claim = claim.clone();
         }
         config.jwks_url = self.jwks_url.clone();
+        config.admins = self
+            .admin_claim
+            .clone()
+            .map(|claim| steadfast_server::oidc::AdminClaim {
+                claim,
+                values: self.admin_values.clone(),
+            });
         config
     }
 }
@@ -644,6 +657,12 @@ impl Config {
                 "[server] cors-origins: {origin:?} is not an origin (scheme://host[:port], no path), or \"*\""
             );
         }
+        if let Some(oidc) = &self.server.oidc {
+            anyhow::ensure!(
+                oidc.admin_claim.is_some() != oidc.admin_values.is_empty(),
+                "[server.oidc] admin-claim and admin-values go together: the claim names where to look, the values what makes an operator"
+            );
+        }
         steadfast_world::VaultKeys::from_env()?;
         let over = self.limits.bounds().over(&self.server.ceilings.bounds());
         anyhow::ensure!(
@@ -888,6 +907,23 @@ mod tests {
         assert!(!err.contains("max-cost-usd"), "{err}");
         cfg.server.ceilings.max_duration_secs = None;
         cfg.check().unwrap();
+    }
+
+    #[test]
+    fn an_oidc_admin_claim_needs_its_values_and_the_values_their_claim() {
+        let oidc = |claim: Option<&str>, values: &[&str]| {
+            let text = format!(
+                "[server.oidc]\nissuer = \"https://login.example.com\"\naudience = \"api\"\n{}admin-values = {values:?}\n",
+                claim.map_or(String::new(), |c| format!("admin-claim = \"{c}\"\n"))
+            );
+            toml::from_str::<Config>(&text).unwrap()
+        };
+        for (claim, values) in [(Some("groups"), &[][..]), (None, &["admins"][..])] {
+            let err = oidc(claim, values).check().unwrap_err().to_string();
+            assert!(err.contains("admin-claim and admin-values"), "{err}");
+        }
+        oidc(Some("groups"), &["admins"]).check().unwrap();
+        oidc(None, &[]).check().unwrap();
     }
 
     #[test]

@@ -175,10 +175,14 @@ impl Auth {
                     return Ok(caller.clone());
                 }
                 if let Some(oidc) = oidc.as_ref().filter(|_| crate::oidc::Oidc::looks_like_jwt(token)) {
-                    let owner = oidc.owner(token).await.map_err(|e| unauthorized(&e.to_string()))?;
+                    let who = oidc.identify(token).await.map_err(|e| unauthorized(&e.to_string()))?;
+                    let mut scopes = DEFAULT_SCOPES.to_vec();
+                    if who.admin {
+                        scopes.push(steadfast_world::Scope::Admin);
+                    }
                     return Ok(Caller {
-                        owner,
-                        scopes: DEFAULT_SCOPES.to_vec(),
+                        owner: who.owner,
+                        scopes,
                     });
                 }
                 if token.starts_with(TOKEN_PREFIX) {

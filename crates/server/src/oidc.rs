@@ -5,7 +5,9 @@
 //! `/.well-known/openid-configuration` unless named), its issuer, audience, expiry and
 //! not-before (30 s of leeway), and the key's own algorithm (asymmetric only: a JWKS
 //! that offers a shared secret is refused, so no token can pick its own check). One
-//! claim (`sub` unless configured) names the owner. Keys are fetched at start (a server
+//! claim (`sub` unless configured) names the owner; a token whose configured claim
+//! holds one of the operator's values (a group, a role) is an operator (`admin`
+//! scope), the rest `read` and `run`. Keys are fetched at start (a server
 //! that cannot reach its issuer does not start), every ten minutes, and when a token
 //! names a key not yet known (at most every `min_refresh`), so a rotation needs no
 //! restart.
@@ -33,6 +35,27 @@ pub struct OidcConfig {
     pub jwks_url: Option<String>,
     /// The least time between fetches a token with an unknown key triggers.
     pub min_refresh: Duration,
+    /// Which tokens are operators: those whose claim (a string, or an array of
+    /// them, as `groups` and `roles` usually are) holds one of these values.
+    pub admins: Option<AdminClaim>,
+}
+
+/// A claim and the values of it that make a token an operator's.
+#[derive(Debug, Clone)]
+pub struct AdminClaim {
+    /// The claim, e.g. `groups`.
+    pub claim: String,
+    /// Its values that mean an operator, e.g. `steadfast-admins`.
+    pub values: Vec<String>,
+}
+
+/// Who a valid token is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The owner its claim names.
+    pub owner: String,
+    /// Whether it is an operator's ([`OidcConfig::admins`]).
+    pub admin: bool,
 }
 
 impl OidcConfig {
@@ -44,6 +67,7 @@ impl OidcConfig {
             owner_claim: "sub".into(),
             jwks_url: None,
             min_refresh: Duration::from_secs(30),
+            admins: None,
         }
     }
 }
@@ -144,7 +168,7 @@ impl Oidc {
     }
 
     /// The owner a valid token names.
-    pub(crate) async fn owner(&self, token: &str) -> Result<String, OidcError> {
+    pub(crate) async fn identify(&self, token: &str) -> Result<Identity, OidcError> {
         let refused = |m: String| OidcError::Token(m);
         let header = jsonwebtoken::decode_header(token)
             .map_err(|e| refused(format!("not a JWT this server can read: {e}")))?;
@@ -174,13 +198,27 @@ impl Oidc {
             &validation,
         )
         .map_err(|e| refused(format!("the token is not valid here: {e}")))?;
-        match data.claims.get(&self.config.owner_claim) {
-            Some(serde_json::Value::String(owner)) if !owner.trim().is_empty() => Ok(owner.clone()),
-            _ => Err(refused(format!(
-                "the token has no `{}` claim to name its owner",
-                self.config.owner_claim
-            ))),
-        }
+        let owner = match data.claims.get(&self.config.owner_claim) {
+            Some(serde_json::Value::String(owner)) if !owner.trim().is_empty() => owner.clone(),
+            _ => {
+                return Err(refused(format!(
+                    "the token has no `{}` claim to name its owner",
+                    self.config.owner_claim
+                )))
+            }
+        };
+        let admin = self.config.admins.as_ref().is_some_and(|admins| {
+            let held = |v: &serde_json::Value| {
+                v.as_str()
+                    .is_some_and(|v| admins.values.iter().any(|a| a == v))
+            };
+            match data.claims.get(&admins.claim) {
+                Some(serde_json::Value::Array(values)) => values.iter().any(held),
+                Some(value) => held(value),
+                None => false,
+            }
+        });
+        Ok(Identity { owner, admin })
     }
 
     fn key(&self, kid: &str) -> Option<Arc<Key>> {

@@ -13,7 +13,7 @@ use base64::Engine as _;
 use common::{assert_error, call, server};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
-use steadfast_server::oidc::{Oidc, OidcConfig};
+use steadfast_server::oidc::{AdminClaim, Oidc, OidcConfig};
 use steadfast_server::{hash_token, Auth, TokenEntry};
 
 const AUDIENCE: &str = "steadfast-api";
@@ -111,6 +111,10 @@ async fn tokens_of_the_identity_provider_act_as_their_subject() {
     let issuer = provider(published.clone()).await;
     let mut config = OidcConfig::new(&issuer, AUDIENCE);
     config.min_refresh = Duration::ZERO;
+    config.admins = Some(AdminClaim {
+        claim: "groups".into(),
+        values: vec!["steadfast-admins".into()],
+    });
     let oidc = Oidc::start(config).await.unwrap();
     let statics = [TokenEntry {
         owner: "bob".into(),
@@ -153,6 +157,36 @@ async fn tokens_of_the_identity_provider_act_as_their_subject() {
         .await,
         404,
         "session_not_found",
+    );
+
+    // An operator is one whose `groups` holds the configured value: the audit log
+    // (admin scope) is theirs alone.
+    let audit = format!("{}/v1/audit", srv.url);
+    let mut operator = claims("olga");
+    operator["groups"] = json!(["developers", "steadfast-admins"]);
+    let olga = token(&rsa, Algorithm::RS256, "k1", operator);
+    let (status, body) = call(reqwest::Method::GET, &audit, Some(&olga), None).await;
+    assert_eq!(status, 200, "{body}");
+    let mut single = claims("oscar");
+    single["groups"] = json!("steadfast-admins");
+    let oscar = token(&rsa, Algorithm::RS256, "k1", single);
+    assert_eq!(
+        call(reqwest::Method::GET, &audit, Some(&oscar), None)
+            .await
+            .0,
+        200
+    );
+    let mut developer = claims("dan");
+    developer["groups"] = json!(["developers", "steadfast-admins-not"]);
+    let dan = token(&rsa, Algorithm::RS256, "k1", developer);
+    let refused_audit = call(reqwest::Method::GET, &audit, Some(&dan), None).await;
+    assert_eq!(refused_audit.0, 403, "{}", refused_audit.1);
+    assert_eq!(
+        call(reqwest::Method::GET, &audit, Some(&carol), None)
+            .await
+            .0,
+        403,
+        "a token with no groups is no operator"
     );
 
     // Refused, each saying why.
