@@ -90,6 +90,9 @@ pub struct ServerConfig {
     /// Connections open at once from one address; default: 64 in public mode, no
     /// cap of its own otherwise (a backend may hold many event streams).
     pub max_connections_per_ip: Option<usize>,
+    /// Requests one address may make per minute, health probes aside; default: 600
+    /// in public mode, no rate of its own otherwise.
+    pub requests_per_minute_per_ip: Option<u32>,
     /// Ceilings on every API session's bounds: sessions take them where they name
     /// none, and neither a create nor a `resume` signal can pass them.
     #[serde(default)]

@@ -1,5 +1,6 @@
 //! Serving the API on a TCP listener with the edges a public server needs: a cap on
-//! open connections, in all and from one address, a deadline for each request's head
+//! open connections, in all and from one address, a request rate per address, a
+//! deadline for each request's head
 //! (which also closes idle kept-alive connections), an idle timeout and a deadline for
 //! its body, `TCP_NODELAY`, and a graceful stop. `axum::serve` offers none of the
 //! timeouts, so the accept loop is ours, over hyper.
@@ -35,6 +36,10 @@ pub struct ServeOptions {
     /// slot (`None`: no cap of its own; a platform's backend may hold many event
     /// streams from one address, so it is for public servers above all).
     pub max_connections_per_ip: Option<usize>,
+    /// Requests one address may make per minute (a token bucket as deep as the
+    /// rate), health probes aside; more are answered 429 (`None`: no rate of its
+    /// own, as for the connection cap).
+    pub requests_per_minute_per_ip: Option<u32>,
 }
 
 impl Default for ServeOptions {
@@ -45,8 +50,40 @@ impl Default for ServeOptions {
             body_deadline: Duration::from_secs(300),
             max_connections: 4096,
             max_connections_per_ip: None,
+            requests_per_minute_per_ip: None,
         }
     }
+}
+
+/// Health probes, which a load balancer sends from one address all day: never
+/// rate-limited.
+const PROBES: [&str; 3] = ["/healthz", "/livez", "/readyz"];
+
+/// Answers 429 to an address past its request rate, before the request reaches the
+/// API (or its body is read).
+fn limit_rate(
+    router: Router,
+    peer: IpAddr,
+    limiter: &Arc<crate::limits::RateLimiter>,
+    per_minute: u32,
+) -> Router {
+    let limiter = limiter.clone();
+    router.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let limiter = limiter.clone();
+            async move {
+                use axum::response::IntoResponse;
+                let probe = PROBES.contains(&request.uri().path());
+                if !probe && !limiter.allow(&peer.to_string(), per_minute) {
+                    return crate::error::ApiError::rate_limited(format!(
+                        "this address has made its {per_minute} requests this minute; slow down"
+                    ))
+                    .into_response();
+                }
+                next.run(request).await
+            }
+        },
+    ))
 }
 
 /// Accepts a connection with `TCP_NODELAY` set: a streamed response writes many small
@@ -82,6 +119,7 @@ pub async fn serve(
         ));
     let slots = Arc::new(tokio::sync::Semaphore::new(options.max_connections));
     let per_ip = PerIp::new(options.max_connections_per_ip);
+    let rates = Arc::new(crate::limits::RateLimiter::default());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -119,7 +157,11 @@ pub async fn serve(
             drop(stream);
             continue;
         };
-        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let router = match options.requests_per_minute_per_ip {
+            Some(per_minute) => limit_rate(router.clone(), peer.ip(), &rates, per_minute),
+            None => router.clone(),
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router);
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             if let Err(e) = connection.await {

@@ -360,6 +360,60 @@ async fn one_address_cannot_take_every_connection() {
     drop(held);
 }
 
+/// One address past its request rate is answered 429 (JSON, counted), before its
+/// request is looked at, while another address and every address's health probes
+/// are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_past_its_request_rate_is_told_to_slow_down() {
+    let edges = ServeOptions {
+        requests_per_minute_per_ip: Some(20),
+        ..ServeOptions::default()
+    };
+    let srv = server_with(json!([]), dev(), 0, |_| {}, edges).await;
+    let from = |ip: &str| {
+        reqwest::Client::builder()
+            .local_address(ip.parse::<std::net::IpAddr>().unwrap())
+            .build()
+            .unwrap()
+    };
+    let (one, two) = (from("127.0.0.1"), from("127.0.0.3"));
+    let sessions = format!("{}/v1/sessions", srv.url);
+    let mut statuses = Vec::new();
+    for _ in 0..30 {
+        statuses.push(one.get(&sessions).send().await.unwrap().status().as_u16());
+    }
+    let served = statuses.iter().filter(|s| **s == 200).count();
+    assert!((20..=21).contains(&served), "{statuses:?}");
+    let refused = one.get(&sessions).send().await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "rate_limited", "{body}");
+    // Probes pass however many; another address is served.
+    for _ in 0..30 {
+        let probe = one
+            .get(format!("{}/healthz", srv.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(probe.status(), 200);
+    }
+    assert_eq!(two.get(&sessions).send().await.unwrap().status(), 200);
+    let metrics = two
+        .get(format!("{}/metrics", srv.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.contains("http_refused") && l.contains("rate_limited")),
+        "{metrics}"
+    );
+}
+
 /// A body trickled a byte at a time, never idle long enough for the idle timeout,
 /// still has to arrive by the body deadline: the request is ended then, not when the
 /// client pleases.

@@ -88,6 +88,8 @@ pub struct WorkerArgs {
 
 /// Connections one address may hold open on a public server unless configured.
 const PUBLIC_CONNECTIONS_PER_IP: usize = 64;
+/// Requests one address may make per minute on a public server unless configured.
+const PUBLIC_REQUESTS_PER_MINUTE_PER_IP: u32 = 600;
 
 /// Where commands must run isolated (production, a public server, a server with
 /// tokens, or `[sandbox] require-isolation`), a host where no isolating sandbox backend
@@ -248,6 +250,9 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
     edges.max_connections_per_ip = server
         .max_connections_per_ip
         .or(args.public.then_some(PUBLIC_CONNECTIONS_PER_IP));
+    edges.requests_per_minute_per_ip = server
+        .requests_per_minute_per_ip
+        .or(args.public.then_some(PUBLIC_REQUESTS_PER_MINUTE_PER_IP));
     let graceful = steadfast_server::serve(listener, app(state), edges, async move {
         shutdown_signal().await;
         let _ = stopped_at.set(steps_deadline(grace));
