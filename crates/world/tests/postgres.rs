@@ -572,3 +572,35 @@ async fn rewinds_set_records_aside_without_reusing_positions() {
     let db = TestDb::new().await;
     conformance::rewinds_set_records_aside_without_reusing_positions(&db.world().await).await;
 }
+
+/// `steadfast migrate` from many replicas at once (a compose file's or a rollout's):
+/// they take turns under a lock, every one succeeds, and each migration is applied
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_from_many_replicas_at_once_apply_once() {
+    let db = TestDb::new().await;
+    let replicas = (0..6).map(|_| {
+        let url = db.url.clone();
+        tokio::spawn(async move { PostgresWorld::connect_and_migrate(&url).await.map(drop) })
+    });
+    for replica in futures_util::future::join_all(replicas).await {
+        replica.unwrap().unwrap();
+    }
+    let world = db.world().await;
+    assert!(
+        world.migrate().await.unwrap().is_empty(),
+        "all were applied"
+    );
+    let (client, conn) = tokio_postgres::connect(&db.url, NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let row = client
+        .query_one(
+            "SELECT count(*), count(DISTINCT version) FROM steadfast_schema",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (all, distinct): (i64, i64) = (row.get(0), row.get(1));
+    assert_eq!(all, distinct);
+    assert!(all > 10, "{all}");
+}

@@ -280,3 +280,29 @@ async fn forks_share_the_parents_log() {
 async fn rewinds_set_records_aside_without_reusing_positions() {
     conformance::rewinds_set_records_aside_without_reusing_positions(&world().1).await;
 }
+
+/// Another process's commit wakes this one's listeners: SQLite says nothing across
+/// connections, so each world watches the database's data version, which any other
+/// connection's commit moves.
+#[tokio::test]
+async fn another_process_s_writes_wake_listeners_through_the_data_version() {
+    let (dir, here) = world();
+    let elsewhere = SqliteWorld::open(dir.path().join("world.db")).unwrap();
+    let mut changes = here.changes();
+    // Let the watcher read the version once before anything changes.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    changes.borrow_and_update();
+    elsewhere.create_session("s1", "alice").await.unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(5), changes.changed())
+        .await
+        .expect("the other connection's commit is seen")
+        .unwrap();
+    // Nothing else moves it.
+    changes.borrow_and_update();
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(500), changes.changed())
+            .await
+            .is_err(),
+        "no commit, no wake"
+    );
+}
