@@ -921,6 +921,48 @@ pub fn started() -> Event {
     )
 }
 
+/// A worker whose failure could not be recorded (a full disk refuses every write,
+/// the lease's renewal too) still holds the session's lease; once that lease lapses,
+/// the same worker takes the session again, as any other would. Before, a worker
+/// skipped every session it held, so with one worker slot such a session stayed
+/// `running` for good.
+pub async fn a_worker_takes_back_what_it_held_once_its_lease_lapses<W: World>(world: &W) {
+    let worker = Holder::new("worker");
+    world.create_session("s1", "alice").await.unwrap();
+    let lease = world
+        .acquire_lease("s1", &Holder::new("api"), TTL)
+        .await
+        .unwrap();
+    world.append(&lease, &[started()]).await.unwrap();
+    world.release_lease(&lease).await.unwrap();
+    world
+        .post(
+            "s1",
+            crate::InboundKind::Message,
+            "",
+            &serde_json::json!("go"),
+        )
+        .await
+        .unwrap();
+    let held = world.claim(&worker, TTL).await.unwrap().expect("queued");
+    assert_eq!(
+        world.claim(&worker, TTL).await.unwrap(),
+        None,
+        "not while its lease lasts"
+    );
+    world.renew_lease(&held, Duration::ZERO).await.unwrap();
+    let again = world
+        .claim(&worker, TTL)
+        .await
+        .unwrap()
+        .expect("its lapsed lease is taken again");
+    assert_eq!(again.session, "s1");
+    assert!(
+        again.epoch > held.epoch,
+        "a new epoch fences anything left of the old"
+    );
+}
+
 /// The inbox and the turn queue: a session is claimable exactly when it needs a
 /// driver (a turn left running, a message for an idle session, the signal a waiting
 /// session awaits) and its lease is free; taking an entry into the log removes it

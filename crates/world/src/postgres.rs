@@ -1257,8 +1257,10 @@ impl World for PostgresWorld {
         for row in rows {
             let session: String = row.get(0);
             let (lease, now) = lease_row(&tx, &session).await?;
-            // A session this holder already drives is not new work.
-            if lease.holder.as_deref() == Some(holder.id.as_str())
+            // A session this holder keeps (cooling down after a failure) is not
+            // new work until its lease lapses: a failure that could not be recorded
+            // must not leave it held for good.
+            if (lease.holder.as_deref() == Some(holder.id.as_str()) && lease.expires_ms > now)
                 || !lease.is_free_for(holder, now)
             {
                 continue;

@@ -1127,8 +1127,10 @@ impl World for SqliteWorld {
             };
             for session in candidates {
                 let row = lease_row(&tx, &session)?;
-                // A session this holder already drives is not new work.
-                if row.holder.as_deref() == Some(holder.id.as_str())
+                // A session this holder keeps (cooling down after a failure) is
+                // not new work until its lease lapses: a failure that could not be
+                // recorded must not leave it held for good.
+                if (row.holder.as_deref() == Some(holder.id.as_str()) && row.expires_ms > now)
                     || !row.is_free_for(&holder, now)
                 {
                     continue;

@@ -604,3 +604,9 @@ async fn migrations_from_many_replicas_at_once_apply_once() {
     assert_eq!(all, distinct);
     assert!(all > 10, "{all}");
 }
+
+#[tokio::test]
+async fn a_worker_takes_back_what_it_held_once_its_lease_lapses() {
+    let db = TestDb::new().await;
+    conformance::a_worker_takes_back_what_it_held_once_its_lease_lapses(&db.world().await).await;
+}

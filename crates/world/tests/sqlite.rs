@@ -306,3 +306,8 @@ async fn another_process_s_writes_wake_listeners_through_the_data_version() {
         "no commit, no wake"
     );
 }
+
+#[tokio::test]
+async fn a_worker_takes_back_what_it_held_once_its_lease_lapses() {
+    conformance::a_worker_takes_back_what_it_held_once_its_lease_lapses(&world().1).await;
+}
