@@ -77,6 +77,9 @@ pub struct ServerConfig {
     pub creations_per_minute: Option<u32>,
     /// The largest workspace archive `POST /v1/uploads` takes, MiB; default 64.
     pub max_upload_mb: Option<usize>,
+    /// Upload MiB one caller may store per hour; default 1024 (on a public server,
+    /// 256 shared by every anonymous caller). 0: no quota.
+    pub upload_mb_per_hour: Option<u64>,
     /// Seconds a connection may take to send a request's head (and may idle between
     /// requests); default 10.
     pub header_timeout_secs: Option<u64>,
@@ -658,6 +661,13 @@ impl Config {
                         && origin.matches('/').count() == 2
                         && !origin.contains(char::is_whitespace)),
                 "[server] cors-origins: {origin:?} is not an origin (scheme://host[:port], no path), or \"*\""
+            );
+        }
+        if let (Some(per_hour), max) = (self.server.upload_mb_per_hour, self.server.max_upload_mb) {
+            let max = max.unwrap_or(steadfast_server::DEFAULT_MAX_UPLOAD >> 20) as u64;
+            anyhow::ensure!(
+                per_hour == 0 || per_hour >= max,
+                "[server] upload-mb-per-hour {per_hour} is under max-upload-mb {max}: no upload that large could ever be stored"
             );
         }
         if let Some(oidc) = &self.server.oidc {

@@ -41,6 +41,8 @@ pub use metrics::metrics_router;
 pub const MAX_BODY: usize = 256 * 1024;
 /// The largest workspace archive taken unless the operator says otherwise.
 pub const DEFAULT_MAX_UPLOAD: usize = 64 << 20;
+/// Upload bytes one caller may store per hour unless the operator says otherwise.
+pub const DEFAULT_UPLOAD_BYTES_PER_HOUR: u64 = 1 << 30;
 /// How many times its own size an uploaded archive may unpack to.
 pub const UNPACK_FACTOR: u64 = 8;
 
@@ -73,6 +75,10 @@ pub struct ServerState<W> {
     /// The largest workspace archive `POST /v1/uploads` takes, bytes; it may unpack to
     /// [`UNPACK_FACTOR`] times that.
     pub max_upload: usize,
+    /// Upload bytes one caller may store per hour (uploads no session used stay
+    /// until `gc`'s grace has passed, so this bounds what they can hold); `None`:
+    /// no quota.
+    pub upload_bytes_per_hour: Option<u64>,
     pub(crate) limiter: limits::RateLimiter,
 }
 
@@ -138,6 +144,7 @@ impl<W> ServerState<W> {
             cors_origins: Vec::new(),
             vault: None,
             max_upload: DEFAULT_MAX_UPLOAD,
+            upload_bytes_per_hour: Some(DEFAULT_UPLOAD_BYTES_PER_HOUR),
             limiter: limits::RateLimiter::default(),
         }
     }
@@ -157,6 +164,28 @@ impl<W> ServerState<W> {
             "more than {} sessions, forks, uploads and stored credentials a minute from one \
              caller; slow down",
             self.creations_per_minute
+        )))
+    }
+
+    /// Takes `bytes` of `owner`'s upload quota this hour, or refuses (429): the store
+    /// keeps an upload no session used for `gc`'s grace, so a caller's uploads are
+    /// bounded by what it may store in that time, not only by how many it makes.
+    pub(crate) fn upload_allowed(&self, owner: &str, bytes: u64) -> Result<(), error::ApiError> {
+        let Some(per_hour) = self.upload_bytes_per_hour else {
+            return Ok(());
+        };
+        if self.limiter.take(
+            &format!("upload/{owner}"),
+            bytes as f64,
+            per_hour as f64,
+            3600.0,
+        ) {
+            return Ok(());
+        }
+        Err(error::ApiError::rate_limited(format!(
+            "this upload would take this caller past {} MiB of uploads an hour; \
+             start sessions from the uploads already made, or wait",
+            per_hour >> 20
         )))
     }
 

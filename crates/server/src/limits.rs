@@ -1,5 +1,5 @@
-//! Per-session rate limits on message posts (a token bucket per session, per API
-//! process).
+//! Rate limits and quotas as token buckets, per API process: message posts per
+//! session, creations per caller, requests per address, upload bytes per caller.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -14,7 +14,12 @@ impl RateLimiter {
     /// Takes one token from `key`'s bucket (`per_minute` capacity, refilled
     /// continuously). Returns false when the bucket is empty.
     pub(crate) fn allow(&self, key: &str, per_minute: u32) -> bool {
-        let capacity = f64::from(per_minute.max(1));
+        self.take(key, 1.0, f64::from(per_minute.max(1)), 60.0)
+    }
+
+    /// Takes `amount` from `key`'s bucket, which holds `capacity` and refills it over
+    /// `window_secs`; false (taking nothing) when it holds less than `amount`.
+    pub(crate) fn take(&self, key: &str, amount: f64, capacity: f64, window_secs: f64) -> bool {
         let now = Instant::now();
         let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
         if buckets.len() > 100_000 {
@@ -23,10 +28,11 @@ impl RateLimiter {
             });
         }
         let (tokens, at) = buckets.entry(key.to_string()).or_insert((capacity, now));
-        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * capacity / 60.0).min(capacity);
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * capacity / window_secs)
+            .min(capacity);
         *at = now;
-        if *tokens >= 1.0 {
-            *tokens -= 1.0;
+        if *tokens >= amount {
+            *tokens -= amount;
             true
         } else {
             false

@@ -296,6 +296,53 @@ async fn creations_are_limited_per_caller() {
     );
 }
 
+/// Uploads are bounded by the bytes a caller may store an hour, not only by how many
+/// it makes: past the quota an upload is refused before it is stored (429), the
+/// blob store keeps nothing of it, and another caller's quota is its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_past_a_caller_s_hourly_bytes_are_refused_unstored() {
+    let srv = server(json!([]), common::tokens(), 0, |state| {
+        state.upload_bytes_per_hour = Some(3 << 20);
+    })
+    .await;
+    let upload = async |token: &str, fill: u8| {
+        let response = reqwest::Client::new()
+            .post(format!("{}/v1/uploads", srv.url))
+            .bearer_auth(token)
+            .header("content-type", "application/x-tar")
+            .body(vec![fill; 1 << 20])
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json::<Value>().await.unwrap_or_default())
+    };
+    for fill in 1..=3 {
+        let (status, body) = upload("alice-secret", fill).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let refused = upload("alice-secret", 4).await;
+    assert_error(&refused, 429, "rate_limited");
+    assert!(
+        refused.1["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("3 MiB of uploads an hour"),
+        "{}",
+        refused.1
+    );
+    let stored = |fill: u8| {
+        srv._dir
+            .path()
+            .join("home/blobs")
+            .join(blake3::hash(&vec![fill; 1 << 20]).to_hex().as_str())
+            .exists()
+    };
+    assert!(stored(3), "the uploads within the quota are stored");
+    assert!(!stored(4), "the refused one is not");
+    assert_eq!(upload("bob-secret", 5).await.0, 201, "another caller");
+}
+
 /// One address cannot take every connection slot: past its cap its new connections
 /// are closed at once, while another address is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -88,6 +88,8 @@ pub struct WorkerArgs {
 
 /// Connections one address may hold open on a public server unless configured.
 const PUBLIC_CONNECTIONS_PER_IP: usize = 64;
+/// Upload MiB every anonymous caller of a public server may store an hour, together.
+const PUBLIC_UPLOAD_MB_PER_HOUR: u64 = 256;
 /// Requests one address may make per minute on a public server unless configured.
 const PUBLIC_REQUESTS_PER_MINUTE_PER_IP: u32 = 600;
 
@@ -203,6 +205,12 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
     if let Some(n) = config.server.creations_per_minute {
         state.creations_per_minute = n;
     }
+    state.upload_bytes_per_hour = match config.server.upload_mb_per_hour {
+        Some(0) => None,
+        Some(mb) => Some(mb.saturating_mul(1 << 20)),
+        None if args.public => Some(PUBLIC_UPLOAD_MB_PER_HOUR << 20),
+        None => Some(steadfast_server::DEFAULT_UPLOAD_BYTES_PER_HOUR),
+    };
     if let Some(mb) = config.server.max_upload_mb {
         state.max_upload = mb.saturating_mul(1 << 20);
     }

@@ -22,7 +22,9 @@ pub(crate) const UPLOAD_PREFIX: &str = "upl_";
 /// named by its content's hash; a session starts from it with `{"workspace": {"kind":
 /// "upload", "upload": "<id>"}}`, which unpacks it (and refuses an entry that leaves
 /// the workspace or a device node). An upload no session used is removed by `steadfast
-/// gc` after its grace period.
+/// gc` after its grace period; until then it counts against its caller's upload
+/// bytes an hour (`[server] upload-mb-per-hour`, default 1024; 256 shared by every
+/// anonymous caller of a public server).
 #[utoipa::path(
     post,
     path = "/v1/uploads",
@@ -34,7 +36,7 @@ pub(crate) const UPLOAD_PREFIX: &str = "upl_";
         (status = 413, description = "The body is larger than the upload limit", body = wire::Error),
         (status = 415, description = "The body is not `application/x-tar`, `application/gzip` or `application/octet-stream`", body = wire::Error),
         (status = 422, description = "An empty body", body = wire::Error),
-        (status = 429, description = "More sessions and uploads a minute from this caller than the server takes (`rate_limited`)", body = wire::Error),
+        (status = 429, description = "More sessions and uploads a minute from this caller than the server takes, or more upload bytes an hour (`rate_limited`)", body = wire::Error),
     )
 )]
 pub(crate) async fn create<W: World + Clone>(
@@ -97,6 +99,7 @@ pub(crate) async fn create<W: World + Clone>(
             "the body is empty: send a tar archive",
         ));
     }
+    state.upload_allowed(&owner, body.len() as u64)?;
     let blob = state.harness.blobs().put(&body).await?;
     Ok((
         StatusCode::CREATED,
