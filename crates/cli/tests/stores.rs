@@ -147,8 +147,8 @@ async fn assert_readiness(url: &str, down: Option<&str>) {
     let (status, ready) = common::call(reqwest::Method::GET, &format!("{url}/readyz"), None).await;
     match down {
         None => assert_eq!(
-            (status, ready.clone()),
-            (200, json!({"world": "ok", "blobs": "ok"})),
+            (status, &ready["world"], &ready["blobs"]),
+            (200, &json!("ok"), &json!("ok")),
             "{ready}"
         ),
         Some(store) => assert_eq!(
@@ -359,6 +359,11 @@ async fn a_blob_store_that_cannot_be_used_is_named_at_start_and_by_readyz() {
     .unwrap();
     let url = common::printed_url(&mut serve).await;
     assert_readiness(&url, None).await;
+    let (_, ready) = common::call(reqwest::Method::GET, &format!("{url}/readyz"), None).await;
+    assert_eq!(
+        ready["sandbox"], "not_used",
+        "an API-only server runs no commands"
+    );
     drop(moto);
     assert_readiness(&url, Some("blobs")).await;
     let _ = serve.kill().await;
@@ -389,4 +394,63 @@ fn a_deleted_world_file_is_reported_not_replaced() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A worker's readiness includes the sandbox backend it was configured with: where
+/// `bwrap` cannot start a sandbox, its `/readyz` is a 503 naming the sandbox (the
+/// worker itself is alive), while a worker whose backend works is ready.
+#[tokio::test]
+async fn a_worker_whose_sandbox_cannot_start_is_not_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("broken-bin");
+    std::fs::create_dir_all(&broken).unwrap();
+    let fake_bwrap = broken.join("bwrap");
+    std::fs::write(&fake_bwrap, "#!/bin/sh\necho 'no namespaces' >&2\nexit 1\n").unwrap();
+    std::fs::set_permissions(
+        &fake_bwrap,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let fake = FakeProvider::start(Script::default()).await.unwrap();
+    let path = std::env::var("PATH").unwrap();
+    for (case, bin_path, expected) in [
+        (
+            "a bwrap that fails",
+            format!("{}:{path}", broken.display()),
+            503,
+        ),
+        ("a working bwrap", path.clone(), 200),
+    ] {
+        let home = dir.path().join(case.replace(' ', "-"));
+        let metrics = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().to_string()
+        };
+        let _worker = common::service(&home, &fake, &["worker", "--metrics-listen", &metrics])
+            .env("STEADFAST_SANDBOX", "bwrap")
+            .env("PATH", &bin_path)
+            .spawn()
+            .unwrap();
+        let url = format!("http://{metrics}/readyz");
+        let mut answer = None;
+        for _ in 0..300 {
+            if let Ok(resp) = reqwest::get(&url).await {
+                let status = resp.status().as_u16();
+                answer = Some((status, resp.json::<serde_json::Value>().await.unwrap()));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (status, body) = answer.expect("the worker's listener answers");
+        assert_eq!(status, expected, "{case}: {body}");
+        if expected == 503 {
+            assert_eq!(body["error"]["code"], "not_ready", "{body}");
+            assert_eq!(
+                body["error"]["message"], "not ready: sandbox unavailable",
+                "{body}"
+            );
+        } else {
+            assert_eq!(body["sandbox"], "ok", "{case}: {body}");
+        }
+    }
 }

@@ -73,6 +73,20 @@ pub fn isolation(options: &SandboxOptions) -> std::result::Result<(), String> {
     }
 }
 
+/// Whether sandboxes can be made as `options` say, now: the backend named by name
+/// works, and where isolation is required, it isolates (`Err` says why not). What a
+/// worker's readiness probe reports; `auto` without the requirement falls back, so
+/// it is always ready.
+pub fn ready(options: &SandboxOptions) -> std::result::Result<(), String> {
+    if options.require_isolation {
+        return isolation(options);
+    }
+    match options.backend {
+        Backend::Local | Backend::Auto => Ok(()),
+        Backend::Bwrap => bwrap_available(),
+    }
+}
+
 /// How sandboxes made with `options` run commands and what their network policy
 /// means, in one line for people: a backend that does not isolate says plainly that
 /// the network policy is not enforced.

@@ -26,7 +26,7 @@ pub mod tools;
 use std::future::Future;
 use std::path::Path;
 
-pub use any::{describe, isolates, isolation, AnySandbox, Backend};
+pub use any::{describe, isolates, isolation, ready, AnySandbox, Backend};
 pub use bwrap::{bwrap_available, BwrapSandbox};
 pub use classify::{classify, classify_command};
 pub use local::{looks_secret, LocalSandbox, SandboxOptions, WORKSPACE_MOUNT};

@@ -79,6 +79,9 @@ pub struct ServerState<W> {
     /// until `gc`'s grace has passed, so this bounds what they can hold); `None`:
     /// no quota.
     pub upload_bytes_per_hour: Option<u64>,
+    /// Whether this process runs sessions' commands (it has workers), so its
+    /// readiness includes their sandbox backend.
+    pub runs_commands: bool,
     pub(crate) limiter: limits::RateLimiter,
 }
 
@@ -145,6 +148,7 @@ impl<W> ServerState<W> {
             vault: None,
             max_upload: DEFAULT_MAX_UPLOAD,
             upload_bytes_per_hour: Some(DEFAULT_UPLOAD_BYTES_PER_HOUR),
+            runs_commands: true,
             limiter: limits::RateLimiter::default(),
         }
     }

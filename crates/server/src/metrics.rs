@@ -21,8 +21,13 @@ use crate::error::ApiError;
 
 /// A router serving `/metrics` (and `/healthz`, `/livez`, `/readyz`) for `world` and
 /// `blobs`, for a listener of the operator's own: a worker, which serves no API, is
-/// probed there.
-pub fn metrics_router<W: World + Clone>(world: W, blobs: steadfast_world::Blobs) -> Router {
+/// probed there (with `sandbox`, the options its sandboxes are made with).
+pub fn metrics_router<W: World + Clone>(
+    world: W,
+    blobs: steadfast_world::Blobs,
+    sandbox: Option<steadfast_sandbox::SandboxOptions>,
+) -> Router {
+    let sandbox = std::sync::Arc::new(sandbox);
     Router::new()
         .route("/metrics", get(scrape::<W>))
         .route("/healthz", get(|| async { "ok" }))
@@ -30,8 +35,11 @@ pub fn metrics_router<W: World + Clone>(world: W, blobs: steadfast_world::Blobs)
         .route(
             "/readyz",
             get(
-                |State((world, blobs)): State<(W, steadfast_world::Blobs)>| async move {
-                    crate::routes::readiness(&world, &blobs).await
+                move |State((world, blobs)): State<(W, steadfast_world::Blobs)>| {
+                    let sandbox = sandbox.clone();
+                    async move {
+                        crate::routes::readiness(&world, &blobs, sandbox.as_ref().as_ref()).await
+                    }
                 },
             ),
         )

@@ -50,6 +50,7 @@ impl MetricsArgs {
         &self,
         world: steadfast_world::AnyWorld,
         blobs: steadfast_world::Blobs,
+        sandbox: Option<steadfast_sandbox::SandboxOptions>,
     ) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
         let Some(addr) = &self.metrics_listen else {
             return Ok(None);
@@ -61,7 +62,7 @@ impl MetricsArgs {
             "steadfast: metrics at http://{}/metrics",
             listener.local_addr()?
         );
-        let router = steadfast_server::metrics_router(world, blobs);
+        let router = steadfast_server::metrics_router(world, blobs, sandbox);
         Ok(Some(tokio::spawn(async move {
             let options = steadfast_server::ServeOptions::default();
             if let Err(e) =
@@ -170,9 +171,10 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
     let world = setup::world(home, config, false).await?;
     setup::check_stores(home, config, &world).await?;
     let (harness, fake) = setup::shared_harness(home, config, world).await?;
+    let sandbox = (args.workers > 0).then(|| harness.options().sandbox.clone());
     let metrics = args
         .metrics
-        .start(harness.world().clone(), harness.blobs().clone())
+        .start(harness.world().clone(), harness.blobs().clone(), sandbox)
         .await?;
     let webhook = config.server.webhook.options()?;
     let workspaces = harness.workspace_root()?;
@@ -211,6 +213,7 @@ pub async fn serve(home: &Path, config: &Config, args: ServeArgs) -> anyhow::Res
         None if args.public => Some(PUBLIC_UPLOAD_MB_PER_HOUR << 20),
         None => Some(steadfast_server::DEFAULT_UPLOAD_BYTES_PER_HOUR),
     };
+    state.runs_commands = args.workers > 0;
     if let Some(mb) = config.server.max_upload_mb {
         state.max_upload = mb.saturating_mul(1 << 20);
     }
@@ -329,7 +332,11 @@ pub async fn worker(home: &Path, config: &Config, args: WorkerArgs) -> anyhow::R
     let (harness, fake) = setup::shared_harness(home, config, world).await?;
     let metrics = args
         .metrics
-        .start(harness.world().clone(), harness.blobs().clone())
+        .start(
+            harness.world().clone(),
+            harness.blobs().clone(),
+            Some(harness.options().sandbox.clone()),
+        )
         .await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let grace = harness.stop_grace();

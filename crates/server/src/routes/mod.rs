@@ -217,9 +217,10 @@ pub(crate) async fn livez() -> &'static str {
 /// Readiness
 ///
 /// Whether this server can do its work now: the world (the database) answers a read
-/// and the blob store a listing, each within 5 s. A 503 `not_ready` while either does
-/// not, naming which; the cause goes to the server's log, not to the caller (the route
-/// needs no token).
+/// and the blob store a listing, each within 5 s, and, where this process runs
+/// sessions' commands (it has workers), their sandbox backend can be started. A 503
+/// `not_ready` while one cannot, naming which; the cause goes to the server's log,
+/// not to the caller (the route needs no token).
 #[utoipa::path(
     get,
     path = "/readyz",
@@ -232,7 +233,10 @@ pub(crate) async fn livez() -> &'static str {
 pub(crate) async fn readyz<W: World + Clone>(
     axum::extract::State(state): axum::extract::State<Shared<W>>,
 ) -> impl IntoResponse {
-    readiness(state.harness.world(), state.harness.blobs()).await
+    let sandbox = state
+        .runs_commands
+        .then(|| &state.harness.options().sandbox);
+    readiness(state.harness.world(), state.harness.blobs(), sandbox).await
 }
 
 /// `/readyz` for `world` and `blobs` (the API's listener and the metrics listener of a
@@ -240,6 +244,7 @@ pub(crate) async fn readyz<W: World + Clone>(
 pub(crate) async fn readiness<W: World>(
     world: &W,
     blobs: &steadfast_world::Blobs,
+    sandbox: Option<&steadfast_sandbox::SandboxOptions>,
 ) -> Result<axum::Json<Readiness>, ApiError> {
     const WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
     let answered =
@@ -258,15 +263,28 @@ pub(crate) async fn readiness<W: World>(
         tokio::time::timeout(WITHIN, world.ping()),
         tokio::time::timeout(WITHIN, blobs.ping()),
     );
+    let sandbox = match sandbox.map(steadfast_sandbox::ready) {
+        None => "not_used",
+        Some(Ok(())) => "ok",
+        Some(Err(why)) => {
+            tracing::warn!(store = "sandbox", error = %why, "not ready");
+            "unavailable"
+        }
+    };
     let readiness = Readiness {
         world: answered("world", world),
         blobs: answered("blobs", blobs),
+        sandbox,
     };
-    let down: Vec<&str> = [("world", readiness.world), ("blobs", readiness.blobs)]
-        .into_iter()
-        .filter(|(_, state)| *state != "ok")
-        .map(|(name, _)| name)
-        .collect();
+    let down: Vec<&str> = [
+        ("world", readiness.world),
+        ("blobs", readiness.blobs),
+        ("sandbox", readiness.sandbox),
+    ]
+    .into_iter()
+    .filter(|(_, state)| *state == "unavailable")
+    .map(|(name, _)| name)
+    .collect();
     if down.is_empty() {
         Ok(axum::Json(readiness))
     } else {
@@ -285,6 +303,9 @@ pub(crate) struct Readiness {
     world: &'static str,
     /// `ok` or `unavailable`.
     blobs: &'static str,
+    /// `ok`, `unavailable` (the configured backend cannot start a sandbox here), or
+    /// `not_used` (this process runs no commands: an API-only server).
+    sandbox: &'static str,
 }
 
 /// Prometheus metrics (on this listener in development only)
