@@ -387,23 +387,7 @@ async fn one_address_cannot_take_every_connection() {
         .expect("another address is answered")
         .unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let metrics = reqwest::Client::builder()
-        .local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap())
-        .build()
-        .unwrap()
-        .get(format!("{}/metrics", srv.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l.contains("http_refused") && l.contains("connections_per_ip")),
-        "{metrics}"
-    );
+    refusals_counted(&from("127.0.0.2"), &srv.url, "connections_per_ip").await;
     drop(held);
 }
 
@@ -417,12 +401,6 @@ async fn one_address_past_its_request_rate_is_told_to_slow_down() {
         ..ServeOptions::default()
     };
     let srv = server_with(json!([]), dev(), 0, |_| {}, edges).await;
-    let from = |ip: &str| {
-        reqwest::Client::builder()
-            .local_address(ip.parse::<std::net::IpAddr>().unwrap())
-            .build()
-            .unwrap()
-    };
     let (one, two) = (from("127.0.0.1"), from("127.0.0.3"));
     let sessions = format!("{}/v1/sessions", srv.url);
     let mut statuses = Vec::new();
@@ -445,8 +423,21 @@ async fn one_address_past_its_request_rate_is_told_to_slow_down() {
         assert_eq!(probe.status(), 200);
     }
     assert_eq!(two.get(&sessions).send().await.unwrap().status(), 200);
-    let metrics = two
-        .get(format!("{}/metrics", srv.url))
+    refusals_counted(&two, &srv.url, "rate_limited").await;
+}
+
+/// A client whose connections come from `ip` (all of 127/8 is loopback).
+fn from(ip: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(ip.parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap()
+}
+
+/// The server at `url` counts refusals for `reason` in its metrics.
+async fn refusals_counted(client: &reqwest::Client, url: &str, reason: &str) {
+    let metrics = client
+        .get(format!("{url}/metrics"))
         .send()
         .await
         .unwrap()
@@ -456,7 +447,7 @@ async fn one_address_past_its_request_rate_is_told_to_slow_down() {
     assert!(
         metrics
             .lines()
-            .any(|l| l.contains("http_refused") && l.contains("rate_limited")),
+            .any(|l| l.contains("http_refused") && l.contains(reason)),
         "{metrics}"
     );
 }

@@ -82,28 +82,32 @@ fn run(dir: &Path, program: &str, args: &[&str]) {
     );
 }
 
-#[test]
-fn a_typescript_client_generated_from_the_document_type_checks() {
-    let dir = tempfile::tempdir().unwrap();
+/// Installs openapi-typescript, TypeScript and `extra` in `dir`, and generates the
+/// document's types there as `api.ts`.
+fn generate(dir: &Path, extra: &[&str]) {
     let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("openapi.json");
-    std::fs::write(dir.path().join("package.json"), r#"{"private": true}"#).unwrap();
+    let mut install = vec![
+        "install",
+        "--no-audit",
+        "--no-fund",
+        "--loglevel=error",
+        "openapi-typescript@7.13.0",
+        "typescript@5.9",
+    ];
+    install.extend_from_slice(extra);
+    run(dir, "npm", &install);
     run(
-        dir.path(),
-        "npm",
-        &[
-            "install",
-            "--no-audit",
-            "--no-fund",
-            "--loglevel=error",
-            "openapi-typescript@7.13.0",
-            "typescript@5.9",
-        ],
-    );
-    run(
-        dir.path(),
+        dir,
         "npx",
         &["openapi-typescript", spec.to_str().unwrap(), "-o", "api.ts"],
     );
+}
+
+#[test]
+fn a_typescript_client_generated_from_the_document_type_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("package.json"), r#"{"private": true}"#).unwrap();
+    generate(dir.path(), &[]);
     std::fs::write(dir.path().join("client.ts"), PROGRAM).unwrap();
     run(
         dir.path(),
@@ -201,31 +205,12 @@ main().catch((e) => {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_generated_typescript_client_creates_streams_pages_and_lists() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("openapi.json");
     std::fs::write(
         dir.path().join("package.json"),
         r#"{"private": true, "type": "module"}"#,
     )
     .unwrap();
-    run(
-        dir.path(),
-        "npm",
-        &[
-            "install",
-            "--no-audit",
-            "--no-fund",
-            "--loglevel=error",
-            "openapi-typescript@7.13.0",
-            "openapi-fetch@0.14",
-            "typescript@5.9",
-            "@types/node@20",
-        ],
-    );
-    run(
-        dir.path(),
-        "npx",
-        &["openapi-typescript", spec.to_str().unwrap(), "-o", "api.ts"],
-    );
+    generate(dir.path(), &["openapi-fetch@0.14", "@types/node@20"]);
     std::fs::write(dir.path().join("live.ts"), LIVE).unwrap();
     run(
         dir.path(),
