@@ -940,6 +940,31 @@ mod tests {
     }
 
     #[test]
+    fn an_upload_quota_under_the_largest_upload_is_refused() {
+        let server = |text: &str| toml::from_str::<Config>(&format!("[server]\n{text}")).unwrap();
+        let err = server("upload-mb-per-hour = 10\nmax-upload-mb = 64\n")
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("upload-mb-per-hour 10 is under max-upload-mb 64"),
+            "{err}"
+        );
+        let err = server("upload-mb-per-hour = 32\n")
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("under max-upload-mb 64"),
+            "the default limit counts: {err}"
+        );
+        server("upload-mb-per-hour = 64\n").check().unwrap();
+        server("upload-mb-per-hour = 0\nmax-upload-mb = 512\n")
+            .check()
+            .unwrap();
+    }
+
+    #[test]
     fn a_cors_origin_that_is_not_an_origin_is_refused_naming_it() {
         for bad in [
             "app.example.com",

@@ -183,3 +183,21 @@ pub async fn wait_status(url: &str, id: &str, token: Option<&str>, want: &str) -
     .await;
     panic!("session {id} never became {want}: {shown}");
 }
+
+/// Runs a generated client's program (off the runtime, which serves the API it
+/// calls) and checks it succeeded and printed `ok ses_...`.
+pub async fn run_client_program(mut program: std::process::Command) {
+    let ran = tokio::task::spawn_blocking(move || program.output().unwrap())
+        .await
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&ran.stdout),
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    assert!(ran.status.success(), "{said}");
+    assert!(
+        String::from_utf8_lossy(&ran.stdout).starts_with("ok ses_"),
+        "{said}"
+    );
+}
