@@ -36,7 +36,7 @@ pub enum SessionStatus {
     New,
     /// Between turns.
     Idle,
-    /// A turn is open.
+    /// A turn is open, or a message waits for a worker to open one.
     Running,
     /// Paused until a named signal arrives.
     Waiting,

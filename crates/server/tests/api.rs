@@ -166,6 +166,31 @@ async fn posting_a_message_streams_its_turn() {
     assert_eq!(shown["status"], "idle");
 }
 
+/// A client that posts a message and then polls until the session is idle must not
+/// stop before its turn has run: while no worker has taken the message, the session
+/// reads as running.
+#[tokio::test]
+async fn a_queued_message_reads_as_running_until_its_turn_is_over() {
+    let srv = server(json!([{"text": "done"}]), dev(), 0, |_| {}).await;
+    let created = srv.create(json!({})).await;
+    let id = created["id"].as_str().unwrap();
+    assert_eq!(srv.show(id).await["status"], "idle");
+    let queued = reqwest::Client::new()
+        .post(format!("{}/v1/sessions/{id}/messages", srv.url))
+        .header("accept", "application/json")
+        .json(&json!({"text": "go"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(queued.status(), 202);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        srv.show(id).await["status"],
+        "running",
+        "no worker has taken the message, and the session must not read as idle"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_names_each_record_whose_blob_was_lost() {
     let srv = server(

@@ -7,7 +7,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use serde::Deserialize;
 use steadfast_harness::NewSession;
-use steadfast_world::World;
+use steadfast_world::{InboundKind, World};
 use utoipa::{IntoParams, ToSchema};
 
 use super::{owned, Shared};
@@ -767,8 +767,21 @@ pub(crate) async fn show<W: World + Clone>(
     let summary = owned(&state, &id, &owner).await?;
     let s = state.harness.state(&id).await?;
     let children = state.harness.world().forks(&id).await?;
+    // A message posted to an idle session is a turn about to open: until a worker takes
+    // it, the session is not idle, or a client polling for `idle` after posting would
+    // stop before the turn it asked for has run.
+    let queued = s.status == Status::Idle
+        && s.retry.is_none()
+        && state
+            .harness
+            .world()
+            .inbox(&id)
+            .await?
+            .iter()
+            .any(|i| matches!(i.kind, InboundKind::Message | InboundKind::Steer));
     let status = match (&s.retry, s.status) {
         (Some(_), _) => wire::SessionStatus::Retrying,
+        (None, Status::Idle) if queued => wire::SessionStatus::Running,
         (None, Status::Idle) => wire::SessionStatus::Idle,
         (None, Status::Running) => wire::SessionStatus::Running,
         (None, Status::Waiting) => wire::SessionStatus::Waiting,
