@@ -131,6 +131,7 @@ pub fn timeline(record: &Record) -> Vec<String> {
         },
         Event::ExchangeIntent { index, api, fingerprint, stream, .. } => format!("gateway request #{index} ({api}{}, request {})", if *stream { ", streaming" } else { "" }, &fingerprint[..12.min(fingerprint.len())]),
         Event::ExchangeOutcome { status, body, .. } => format!("gateway reply: HTTP {status}, {} bytes recorded", body.len()),
+        Event::ConversationKept { turn, conversation } => format!("turn {turn}: the CLI's conversation kept ({})", short(conversation, 12)),
         Event::ReplayDiverged { index, snapshot } => format!("replay diverged at request #{index}: later records superseded, workspace restored to {}", snap(snapshot)),
         Event::WorkspaceMoved { workspace, host, from_workspace, from_host, snapshot } => format!(
             "workspace moved by its user from {from_workspace}{} to {workspace} on {host}, at {}",

@@ -324,15 +324,17 @@ async fn takeover(
         .unwrap();
     assert!(body.contains("event: end"), "{body}");
     assert!(fake.calls() > before, "the second turn called the model");
-    // Its CLI was told what the first turn was about (the log is its memory).
+    // Its CLI continues turn 1's conversation as the worker that finished it kept
+    // it: the task, and the tool results (the failing test's output is in no
+    // message but a result).
     let turn_two = fake.state().requests()[before as usize..].to_vec();
     assert!(
         turn_two
             .iter()
             .any(|r| r.contains("Now check the tests once more")
                 && r.contains("The test suite of this project fails")
-                && r.contains("You answered")),
-        "{agent}: turn 2's prompt carries turn 1"
+                && r.contains("AssertionError")),
+        "{agent}: turn 2 continues turn 1's conversation"
     );
     let log = site.log(&id).await;
     let kinds: Vec<String> = log.iter().map(kind).collect();

@@ -28,6 +28,7 @@
 //! changed.
 
 mod deltas;
+pub mod history;
 pub mod kept;
 pub mod normalize;
 mod relay;
@@ -162,6 +163,8 @@ pub struct GatewayConfig<W> {
     pub blobs: steadfast_world::Blobs,
     /// What a request the record does not have does.
     pub mismatch: Mismatch,
+    /// The conversation the turn continues (see [`history`]).
+    pub continuing: history::Continuing,
 }
 
 /// A bound check: the breaker and reason if the session must stop.
@@ -219,6 +222,9 @@ pub(crate) struct Shared<W> {
     stopped: tokio::sync::watch::Sender<bool>,
     /// Exchanges this gateway answered from the log / sent to the provider.
     pub(crate) counters: StdMutex<Counters>,
+    continuing: history::Continuing,
+    /// The last conversation request, as sent on.
+    seen: StdMutex<Option<history::Seen>>,
 }
 
 /// What a gateway did, for tests and progress displays.
@@ -316,6 +322,8 @@ impl<W: World + Clone> Gateway<W> {
                 mismatch: config.mismatch,
                 stopped: tokio::sync::watch::Sender::new(false),
                 counters: StdMutex::default(),
+                continuing: config.continuing,
+                seen: StdMutex::new(None),
             }),
         })
     }
@@ -387,6 +395,16 @@ impl<W: World + Clone> Gateway<W> {
             .unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The last conversation request the CLI made (continued from the turns before),
+    /// what a run that stops keeps for the next turn (see [`history`]).
+    pub fn seen(&self) -> Option<history::Seen> {
+        self.shared
+            .seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// The HTTP routes.
     pub fn router(&self) -> Router {
         Router::new()
@@ -445,14 +463,13 @@ impl<W: World + Clone> Shared<W> {
         })
     }
 
-    /// Matches a request against the record: `Ok(Some(reply))` to answer from the log,
-    /// `Ok(None)` with the index to record a live call at.
+    /// Matches a request against the record: where it goes, and its exchange's index.
     async fn route(
         &self,
         outgoing: &relay::Outgoing,
         request: &Value,
         stream: bool,
-    ) -> Result<Routed, Response> {
+    ) -> Result<(usize, Routed), Response> {
         let api = outgoing.api;
         let fingerprint = &normalize::fingerprint_of(api.name(), request);
         let mut replay = self.replay.lock().await;
@@ -487,13 +504,14 @@ impl<W: World + Clone> Shared<W> {
                 replay.consumed.insert(call_id);
                 self.count(|c| c.replayed += 1);
                 steadfast_metrics::metrics().gateway(steadfast_metrics::GatewayAnswer::Replayed);
-                return Ok(Routed::Replay(reply));
+                return Ok((i, Routed::Replay(reply)));
             }
             // Recorded but cut off before its reply: ask again, in its place.
             Plan::Reask(i) => {
                 return self
                     .record_intent(&mut replay, i, outgoing, request, stream)
                     .await
+                    .map(|routed| (i, routed))
             }
             Plan::Diverge(at, snapshot) => {
                 self.diverge(api, at, snapshot).await?;
@@ -514,6 +532,7 @@ impl<W: World + Clone> Shared<W> {
         }
         self.record_intent(&mut replay, index, outgoing, request, stream)
             .await
+            .map(|routed| (index, routed))
     }
 
     async fn diverge(&self, api: Api, at: usize, snapshot: Option<String>) -> Result<(), Response> {
@@ -683,7 +702,7 @@ async fn handle<W: World + Clone>(
             )
         }
     };
-    let request: Value = match serde_json::from_slice(&body) {
+    let mut request: Value = match serde_json::from_slice(&body) {
         Ok(v @ Value::Object(_)) => v,
         Ok(_) => {
             return api_error(
@@ -715,6 +734,17 @@ async fn handle<W: World + Clone>(
             &format!("this gateway has no provider for {}", api.name()),
         );
     };
+    // A conversation request goes on from the turns before (see `history`).
+    let opening = history::opening(&request, api, &shared.continuing.task);
+    let mut body = body;
+    if let (Some(at), Some(before)) = (opening, &shared.continuing.history) {
+        if before.api == api.name() {
+            history::continued(before, &mut request, api, at);
+            body = Bytes::from(request.to_string());
+        } else {
+            tracing::warn!(kept = %before.api, now = api.name(), "the CLI calls another API than its kept conversation's: not continued");
+        }
+    }
     let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
     let normalized = normalize::normalized(&request, &shared.names);
     let outgoing = relay::Outgoing {
@@ -724,10 +754,18 @@ async fn handle<W: World + Clone>(
         query,
         body,
     };
-    match shared.route(&outgoing, &normalized, stream).await {
+    let routed = shared.route(&outgoing, &normalized, stream).await;
+    if let (Some(_), Ok((index, _))) = (opening, &routed) {
+        *shared.seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(history::Seen {
+            api: api.name(),
+            items: history::items(&request, api),
+            index: *index,
+        });
+    }
+    match routed {
         Err(response) => response,
-        Ok(Routed::Replay(reply)) => relay::replay(reply),
-        Ok(Routed::Live { call_id, sent }) => {
+        Ok((_, Routed::Replay(reply))) => relay::replay(reply),
+        Ok((_, Routed::Live { call_id, sent })) => {
             let model = request
                 .get("model")
                 .and_then(Value::as_str)

@@ -118,6 +118,7 @@ impl Setup {
             http: self.http.clone(),
             blobs: steadfast_world::Blobs::local(&self.dir.path().join("blobs")).unwrap(),
             mismatch: self.mismatch,
+            continuing: Default::default(),
         })
         .await
         .unwrap();

@@ -896,6 +896,16 @@ pub enum Event {
         /// The snapshot the workspace was restored to.
         snapshot: Option<String>,
     },
+    /// A wrapped CLI's conversation as it stood when its run for `turn` stopped (the
+    /// turn ended, was interrupted, or waits for a person), kept in the blob store: the
+    /// next turn's CLI continues it, on any host, with every message, tool call and
+    /// result of the turns before (see the gateway's `history`).
+    ConversationKept {
+        /// The turn whose run kept it.
+        turn: u32,
+        /// The blob holding it (JSON: the CLI, the API, the request's items).
+        conversation: String,
+    },
     /// The user moved a session bound to a directory to another directory, on this
     /// host or another (`steadfast resume --move-here DIR`): the new directory was
     /// brought to the session's last snapshot first, and only this host drives it from
@@ -1036,6 +1046,9 @@ impl Event {
         {
             return parts.blobs().collect();
         }
+        if let Event::ConversationKept { conversation, .. } = self {
+            return vec![conversation.as_str()];
+        }
         self.blob_ref()
             .map(|b| b.hash.as_str())
             .into_iter()
@@ -1133,6 +1146,7 @@ impl Event {
             Event::ExchangeIntent { .. } => "exchange_intent",
             Event::ExchangeOutcome { .. } => "exchange_outcome",
             Event::ReplayDiverged { .. } => "replay_diverged",
+            Event::ConversationKept { .. } => "conversation_kept",
             Event::WorkspaceMoved { .. } => "workspace_moved",
             Event::WorkspaceEdited { .. } => "workspace_edited",
             Event::AgentChanged { .. } => "agent_changed",

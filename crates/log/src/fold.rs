@@ -219,6 +219,10 @@ pub struct TurnStart {
     pub snapshot: Option<String>,
     /// The message that opened the turn, as sent (steers taken later not included).
     pub task: String,
+    /// The blob of the wrapped CLI's conversation this turn continues (kept by the
+    /// turns before: [`Event::ConversationKept`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<String>,
 }
 
 /// What the harness must do next.
@@ -515,6 +519,10 @@ pub struct SessionState {
     pub exchanges_from: u32,
     /// A wrapped agent's last final answer.
     pub wrapped_reply: Option<String>,
+    /// The blob of a wrapped CLI's conversation, as its last run kept it
+    /// ([`Event::ConversationKept`]): what the next turn continues.
+    #[serde(default)]
+    pub kept_conversation: Option<String>,
     /// Where the current (or last) turn began.
     pub turn_start: TurnStart,
     /// Completed external effects of the current turn that a divergence superseded:
@@ -715,6 +723,7 @@ impl SessionState {
             superseded_exchanges: Vec::new(),
             exchanges_from: 0,
             wrapped_reply: None,
+            kept_conversation: None,
             turn_start: TurnStart {
                 snapshot: initial_snapshot.clone(),
                 ..TurnStart::default()
@@ -1210,6 +1219,7 @@ impl SessionState {
                     tools: self.wrapped_tools.len(),
                     snapshot: self.last_snapshot.clone(),
                     task: text.clone(),
+                    history: self.kept_conversation.clone(),
                 };
                 self.rewound_workspace = false;
                 if let Some(note) = self.rewind_note.take() {
@@ -1719,6 +1729,14 @@ impl SessionState {
                     None if self.superseded_exchanges.contains(call_id) => {}
                     None => return Err(bad("no such pending exchange")),
                 }
+            }
+            Event::ConversationKept { turn, conversation } => {
+                if *turn != self.turn || !self.is_wrapped() {
+                    return Err(bad(
+                        "a wrapped agent's conversation is kept for its own turn",
+                    ));
+                }
+                self.kept_conversation = Some(conversation.clone());
             }
             Event::ReplayDiverged { index, snapshot } => {
                 if *index as usize > self.exchanges.len() {

@@ -300,6 +300,12 @@ pub enum EventBody {
         /// The first exchange that differed.
         index: u32,
     },
+    /// A wrapped CLI's conversation was kept when its run for the turn stopped: the
+    /// next turn's CLI continues it, with every earlier message, tool call and result.
+    ConversationKept {
+        /// The turn whose run kept it.
+        turn: u32,
+    },
     /// Its user moved a session bound to a directory to another directory (on this
     /// host or another), where it is driven from here on. Which directory and host
     /// are for operators (`steadfast log`): host paths never reach clients.
@@ -794,6 +800,7 @@ fn body(event: &Event) -> EventBody {
             cost_usd: cost_usd(*cost_micro_usd),
         },
         Event::ReplayDiverged { index, .. } => EventBody::ReplayDiverged { index: *index },
+        Event::ConversationKept { turn, .. } => EventBody::ConversationKept { turn: *turn },
         Event::WorkspaceMoved { .. } => EventBody::WorkspaceMoved {},
         Event::AgentChanged { agent, cli, .. } => EventBody::AgentChanged {
             agent: agent.clone(),

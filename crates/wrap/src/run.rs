@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use steadfast_drive::Drive;
+use steadfast_gateway::history::{Continuing, Conversation};
 use steadfast_gateway::{Counters, Divergence, Gateway, GatewayConfig, Mismatch, Upstreams};
 use steadfast_journal::{resolve_cut_off, Journal, MakeSandbox, SandboxSlot};
 use steadfast_log::{EndState, Event, Role, SessionState, Status};
@@ -185,10 +186,12 @@ async fn serve(
     }
 }
 
-/// What a turn's CLI is asked: the turn's message as sent, preceded by the session's
-/// earlier turns (each user message, steers included, and the agent's final answer).
-/// A CLI run keeps no memory of its own between turns; the log is its memory. Built
-/// from the log alone, so a CLI started again to replay the turn is asked the same.
+/// What a turn's CLI is asked when it has no kept conversation to continue (see
+/// [`steadfast_gateway::history`]; a session recorded before conversations were kept,
+/// or a turn whose CLI made no conversation request): the turn's message as sent,
+/// preceded by the session's earlier turns (each user message, steers included, and
+/// the agent's final answer). Built from the log alone, so a CLI started again to
+/// replay the turn is asked the same.
 pub fn turn_prompt(state: &SessionState) -> String {
     let task = &state.turn_start.task;
     let current = state
@@ -244,7 +247,11 @@ pub async fn drive_turn<W: World + Clone + 'static>(
                 lease.session, state.status
             )));
         }
-        let task = turn_prompt(&state);
+        let history = kept_history(blobs, &state, &options.adapter).await;
+        let task = match history {
+            Some(_) => state.turn_start.task.clone(),
+            None => turn_prompt(&state),
+        };
         let instructions = state.instructions.clone();
         let workspace = options.workspace.clone();
         let model = state.model.model.clone();
@@ -326,6 +333,10 @@ pub async fn drive_turn<W: World + Clone + 'static>(
             }),
             blobs: blobs.clone(),
             mismatch: options.mismatch,
+            continuing: Continuing {
+                task: task.clone(),
+                history,
+            },
         })
         .await?;
 
@@ -439,20 +450,29 @@ pub async fn drive_turn<W: World + Clone + 'static>(
             }
             RunEnd::Waiting => {
                 tracing::info!(session = %lease.session, "wrapped turn waits for approval; it goes on from the log");
+                // Kept in case the wait ends the turn (an interrupt): what the next
+                // turn continues. The turn itself, resumed, continues what it began with.
+                let kept =
+                    keep_conversation(blobs, &gateway, &options.adapter, state.turn, None).await?;
+                live.append(&kept).await?;
                 report.reply = "waiting for approval".to_string();
                 return Ok(report);
             }
             RunEnd::Interrupted(item) => {
                 let by = steadfast_world::interrupt::sender(&item);
                 tracing::info!(session = %lease.session, %by, "wrapped turn interrupted");
-                live.append(&[Event::TurnInterrupted {
+                let note = interrupted_note(&live.state(), gateway.seen().as_ref(), &by);
+                let mut events =
+                    keep_conversation(blobs, &gateway, &options.adapter, state.turn, Some(&note))
+                        .await?;
+                events.push(Event::TurnInterrupted {
                     turn: state.turn,
                     by: by.clone(),
                     inbox_id: item.id,
                     call_id: None,
                     stopped: true,
-                }])
-                .await?;
+                });
+                live.append(&events).await?;
                 report.reply = format!("interrupted by {by}");
                 report.interrupted_by = Some(by);
                 return Ok(report);
@@ -481,11 +501,14 @@ pub async fn drive_turn<W: World + Clone + 'static>(
                 let now = live.state();
                 steadfast_journal::explore::send_answer(world, &lease.session, &now, &reply)
                     .await?;
-                live.append(&[Event::TurnEnded {
+                let mut events =
+                    keep_conversation(blobs, &gateway, &options.adapter, state.turn, Some(&reply))
+                        .await?;
+                events.push(Event::TurnEnded {
                     turn: state.turn,
                     reply: Some(reply.clone()),
-                }])
-                .await?;
+                });
+                live.append(&events).await?;
                 report.reply = reply;
                 return Ok(report);
             }
@@ -514,7 +537,86 @@ pub async fn drive_turn<W: World + Clone + 'static>(
     }
 }
 
-/// The workspace diff since the session began, for an escalation.
+/// The conversation this turn continues, if the turns before kept one for this CLI
+/// and the API it calls for the session's model. One that cannot be read is left out
+/// (the CLI is then told the earlier turns in its prompt), with a warning.
+async fn kept_history(
+    blobs: &Blobs,
+    state: &SessionState,
+    adapter: &Adapter,
+) -> Option<Conversation> {
+    let hash = state.turn_start.history.as_deref()?;
+    let read = async {
+        let bytes = blobs.get(hash).await.map_err(|e| e.to_string())?;
+        serde_json::from_slice::<Conversation>(&bytes).map_err(|e| e.to_string())
+    };
+    let conversation = match read.await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(blob = hash, error = %e, "the kept conversation cannot be read: the CLI is told the earlier turns in its prompt");
+            return None;
+        }
+    };
+    let api = adapter.api_for(&state.model.provider).ok()?;
+    let same =
+        conversation.cli == adapter.cli_name() && conversation.api.split('.').next() == Some(api);
+    same.then_some(conversation)
+}
+
+/// The `conversation_kept` to record as the CLI's run stops, its blob stored first:
+/// the last conversation request the CLI made, closed by `closing` (none when the
+/// CLI made no conversation request).
+async fn keep_conversation<W: World + Clone>(
+    blobs: &Blobs,
+    gateway: &Gateway<W>,
+    adapter: &Adapter,
+    turn: u32,
+    closing: Option<&str>,
+) -> Result<Vec<Event>> {
+    let Some(seen) = gateway.seen() else {
+        return Ok(Vec::new());
+    };
+    let conversation = seen.kept(adapter.cli_name(), closing);
+    let bytes = serde_json::to_vec(&conversation).map_err(|e| Error::Invalid(e.to_string()))?;
+    let blob = blobs.put_raw(&bytes).await?;
+    Ok(vec![Event::ConversationKept {
+        turn,
+        conversation: blob,
+    }])
+}
+
+/// What the model is told of an interrupted turn, after the last request it saw: who
+/// stopped it, and each tool call it had asked for since, with its result (a command
+/// that reached a server must not be run again unknowingly).
+fn interrupted_note(
+    state: &SessionState,
+    seen: Option<&steadfast_gateway::history::Seen>,
+    by: &str,
+) -> String {
+    let mut note = format!("[This turn was interrupted by {by} before it finished.]");
+    let Some(seen) = seen else {
+        return note;
+    };
+    let since: Vec<_> = state
+        .wrapped_tools
+        .iter()
+        .filter(|t| t.after_exchanges as usize > seen.index)
+        .collect();
+    if since.is_empty() {
+        return note;
+    }
+    note.push_str("\nThe tool calls I had made since my last message, and what they returned:");
+    for call in since {
+        let result = match &call.result {
+            Some((text, _)) => tail(text),
+            None => "(no result: it was cut off)".to_string(),
+        };
+        note.push_str(&format!("\n- {} {}: {result}", call.tool, call.input));
+    }
+    note
+}
+
+/// The end of a CLI's output (at most 600 bytes), for a reason or a note.
 fn tail(text: &str) -> String {
     let start = text.len().saturating_sub(600);
     let start = (start..text.len())

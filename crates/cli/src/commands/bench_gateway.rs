@@ -88,6 +88,7 @@ async fn serve_gateway(
         extra_bound: None,
         blobs: steadfast_world::Blobs::local(&dir.join("blobs"))?,
         mismatch: Default::default(),
+        continuing: Default::default(),
     })
     .await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

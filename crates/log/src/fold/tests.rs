@@ -422,7 +422,8 @@ fn a_wrapped_turn_knows_where_it_began_and_keeps_its_external_facts() {
             exchanges: 1,
             tools: 1,
             snapshot: Some("s1".into()),
-            task: "two".into()
+            task: "two".into(),
+            history: None,
         }
     );
     assert_eq!(state.wrapped_tools[0].snapshot_after.as_deref(), Some("s1"));

@@ -12,6 +12,12 @@
 //! before the restart (invariant 4) and the CLI, replaying, gets that resolution as the
 //! tool's result — the model is told the call was interrupted.
 //!
+//! Turns continue the same way for every CLI: each turn's CLI is a new process given
+//! only the turn's message, and the gateway puts the conversation the last turn's run
+//! kept (in the log, its items in the blob store) in front of that message in each
+//! conversation request (`steadfast_gateway::history`). The model sees every earlier
+//! message, tool call and result, as the CLI run interactively would send them.
+//!
 //! | adapter | API | built-in tools | tools |
 //! |---|---|---|---|
 //! | `claude-code` | Anthropic Messages | off (`--tools ""`) | MCP (`--mcp-config`, `--strict-mcp-config`) |

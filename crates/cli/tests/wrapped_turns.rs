@@ -1,0 +1,244 @@
+//! Wrapped CLIs over several turns, through the API and a worker: each turn continues
+//! the CLI's conversation with every earlier message, tool call and result, as the
+//! CLI run interactively would, and an interrupted turn tells the next what its tool
+//! calls had done. For Claude Code, Codex, Pi and OpenCode at their pinned versions,
+//! and at the newest the npm registry serves.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{agents_dir, call, idle_after, installed, kind, printed_url, service, wait_for};
+use serde_json::{json, Value};
+use steadfast_testkit::{FakeProvider, Script};
+
+const CLIS: &[(&str, &str)] = &[
+    ("claude-code", "anthropic/claude-sonnet-4-5"),
+    ("codex", "openai/gpt-5"),
+    ("pi", "anthropic/claude-sonnet-4-5"),
+    ("opencode", "anthropic/claude-sonnet-4-5"),
+];
+
+const FIRST: &str = "Run the marker command and tell me what it printed.";
+const SECOND: &str = "Which number did the marker command print?";
+const THIRD: &str = "Now write the post file.";
+const FOURTH: &str = "Did the post file get written before you stopped?";
+
+/// Four turns: a command whose output only its result holds; a question about it; a
+/// command interrupted while it sleeps after writing a file; a question about that.
+fn script() -> Script {
+    Script::from_json(
+        &json!({"steps": [
+            {"text": "Running it.", "tool_calls": [{"name": "bash", "input": {"command": "echo MARKER-$((6*7))"}}]},
+            {"text": "It printed the marker."},
+            {"text": "The number was in the output."},
+            {"text": "Writing it.", "tool_calls": [{"name": "bash", "input": {"command": "echo POSTED > post-file.txt; sleep 60"}}]},
+            {"text": "The file was written."},
+        ]})
+        .to_string(),
+    )
+    .unwrap()
+}
+
+/// `steadfast` of the site in `dir` (its `steadfast.toml` there), its model calls
+/// going to `fake` for both providers and its CLIs in the test's agents directory.
+fn command(dir: &Path, fake: &FakeProvider, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = service(&dir.join("home"), fake, args);
+    cmd.current_dir(dir)
+        .env("STEADFAST_AGENTS_DIR", agents_dir())
+        .env("OPENAI_API_KEY", "sk-openai-the-harness-real-key")
+        .env("OPENAI_BASE_URL", format!("{}/v1", fake.base_url()));
+    cmd
+}
+
+/// The requests the fake provider got from `from` on that hold `needle`: the turn's
+/// conversation requests (the CLIs' side requests do not carry its message).
+fn requests_with(fake: &FakeProvider, from: usize, needle: &str) -> Vec<String> {
+    fake.state().requests()[from..]
+        .iter()
+        .filter(|r| r.contains(needle))
+        .cloned()
+        .collect()
+}
+
+/// The session's log as `steadfast log --json` prints it.
+async fn log_of(dir: &Path, fake: &FakeProvider, id: &str) -> Vec<Value> {
+    let out = command(dir, fake, &["log", id, "--json"])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Sends `text` as the session's next message and waits until that turn is over.
+async fn turn(url: &str, id: &str, text: &str, turns: u64) -> Value {
+    let (status, body) = call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions/{id}/messages"),
+        Some(json!({"text": text})),
+    )
+    .await;
+    assert!(status == 200 || status == 202, "{status} {body}");
+    idle_after(url, id, turns).await
+}
+
+async fn four_turns(agent: &str, model: &str, config: Option<&str>) {
+    let fake = FakeProvider::start(script()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    if let Some(config) = config {
+        std::fs::write(dir.path().join("steadfast.toml"), config).unwrap();
+    }
+    let mut api = command(
+        dir.path(),
+        &fake,
+        &["serve", "--listen", "127.0.0.1:0", "--workers", "0"],
+    )
+    .spawn()
+    .unwrap();
+    let url = printed_url(&mut api).await;
+    let _worker = command(dir.path(), &fake, &["worker", "--workers", "1"])
+        .spawn()
+        .unwrap();
+    let (status, created) = call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions"),
+        Some(json!({"agent": agent, "model": model, "workspace": {"kind": "empty"}})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+
+    // Turn 1 runs the command; turn 2's CLI is a new process, and its requests carry
+    // turn 1's tool call and result (the output is nowhere else).
+    turn(&url, &id, FIRST, 1).await;
+    let before = fake.state().requests().len();
+    let shown = turn(&url, &id, SECOND, 2).await;
+    assert_eq!(shown["reply"], "The number was in the output.", "{shown}");
+    let second = requests_with(&fake, before, SECOND);
+    assert!(!second.is_empty(), "{agent}: turn 2 asked the model");
+    for request in &second {
+        assert!(
+            request.contains(FIRST) && request.contains("MARKER-42"),
+            "{agent}: turn 2 continues turn 1's conversation, tool result included: {request}"
+        );
+        assert!(
+            !request.contains("This session has had earlier turns"),
+            "{agent}: no summary of earlier turns in the prompt: {request}"
+        );
+    }
+
+    // Turn 3 is interrupted while its command sleeps after writing a file: turn 4 is
+    // told the call ran, and what it returned.
+    let queued = reqwest::Client::new()
+        .post(format!("{url}/v1/sessions/{id}/messages"))
+        .header("accept", "application/json")
+        .json(&json!({"text": THIRD}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(queued.status(), 202);
+    let workspace = common::workspace_in(&dir.path().join("home"), &created);
+    wait_for("the command to write its file", async || {
+        workspace.join("post-file.txt").exists()
+    })
+    .await;
+    let (status, body) = call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions/{id}/interrupt"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        status,
+        202,
+        "{body}\n{:#?}",
+        log_of(dir.path(), &fake, &id).await
+    );
+    idle_after(&url, &id, 3).await;
+    let before = fake.state().requests().len();
+    turn(&url, &id, FOURTH, 4).await;
+    let fourth = requests_with(&fake, before, FOURTH);
+    assert!(!fourth.is_empty(), "{agent}: turn 4 asked the model");
+    for request in &fourth {
+        for needle in [FIRST, "MARKER-42", THIRD, "interrupted by", "post-file.txt"] {
+            assert!(
+                request.contains(needle),
+                "{agent}: turn 4 knows `{needle}`: {request}"
+            );
+        }
+    }
+
+    // Each turn's run kept its conversation in the log.
+    let log = log_of(dir.path(), &fake, &id).await;
+    let kept: Vec<u64> = log
+        .iter()
+        .filter(|r| kind(r) == "conversation_kept")
+        .map(|r| r["event"]["conversation_kept"]["turn"].as_u64().unwrap())
+        .collect();
+    assert_eq!(kept, [1, 2, 3, 4], "{agent}");
+    let kinds: Vec<String> = log.iter().map(kind).collect();
+    assert!(
+        !kinds.iter().any(|k| k == "replay_diverged"),
+        "{agent}: {kinds:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_turn_continues_the_cli_conversation_with_its_tool_results() {
+    for (agent, model) in CLIS
+        .iter()
+        .filter(|c| std::env::var("ONLY").map_or(true, |o| o == c.0))
+    {
+        installed(agent).await;
+        tokio::time::timeout(Duration::from_secs(600), four_turns(agent, model, None))
+            .await
+            .unwrap_or_else(|_| panic!("{agent}: four turns took over ten minutes"));
+    }
+}
+
+/// The same with the newest version of each CLI the npm registry serves, as a named
+/// agent at that version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_newest_clis_continue_their_conversations_too() {
+    for (adapter, model) in CLIS
+        .iter()
+        .filter(|c| std::env::var("ONLY").map_or(true, |o| o == c.0))
+    {
+        let package = match *adapter {
+            "claude-code" => "@anthropic-ai/claude-code",
+            "codex" => "@openai/codex",
+            "pi" => "@mariozechner/pi-coding-agent",
+            _ => "opencode-ai",
+        };
+        let version = common::newest(package).await;
+        let name = format!("{adapter}-newest");
+        let config = format!(
+            "[[agents.named]]\nname = \"{name}\"\nadapter = \"{adapter}\"\nversion = \"{version}\"\n"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("steadfast.toml"), &config).unwrap();
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_steadfast"))
+            .args(["install-agent", &name])
+            .current_dir(dir.path())
+            .env("STEADFAST_AGENTS_DIR", agents_dir())
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "install {name} ({version}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tokio::time::timeout(
+            Duration::from_secs(600),
+            four_turns(&name, model, Some(&config)),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{name}: four turns took over ten minutes"));
+    }
+}
