@@ -47,6 +47,7 @@ pub struct Continuing {
 pub struct Seen {
     /// The API it went to.
     pub api: &'static str,
+    pub(crate) kind: Api,
     /// Its items.
     pub items: Vec<Value>,
     /// Its exchange's index in the session's record.
@@ -150,6 +151,45 @@ pub(crate) fn continued(history: &Conversation, request: &mut Value, api: Api, o
     request[field] = Value::Array(items);
 }
 
+/// What the model said in a recorded reply (`status`, content type, body): the text
+/// of a streamed reply's text deltas, or of a whole reply's text parts.
+pub(crate) fn reply_text(api: Api, content_type: &str, body: &str) -> String {
+    if content_type.starts_with("text/event-stream") {
+        let mut deltas = crate::deltas::TextDeltas::default();
+        let mut text = deltas.feed(api, body.as_bytes());
+        text.push_str(&deltas.feed(api, b"\n\n"));
+        return text;
+    }
+    let Ok(doc) = serde_json::from_str::<Value>(body) else {
+        return String::new();
+    };
+    let texts = |parts: &Value, kind: &str| -> Vec<String> {
+        parts
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["type"] == kind)
+            .filter_map(|p| p["text"].as_str().map(str::to_string))
+            .collect()
+    };
+    match api {
+        Api::AnthropicMessages => texts(&doc["content"], "text").join(""),
+        Api::OpenAiChat => doc["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        Api::OpenAiResponses => doc["output"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|item| item["type"] == "message")
+            .flat_map(|item| texts(&item["content"], "output_text"))
+            .collect::<Vec<_>>()
+            .join(""),
+        Api::AnthropicCountTokens => String::new(),
+    }
+}
+
 /// The items of a conversation request.
 pub(crate) fn items(request: &Value, api: Api) -> Vec<Value> {
     items_field(api)
@@ -171,6 +211,7 @@ mod tests {
     fn a_turn_continues_the_kept_conversation_from_its_own_message_on() {
         let turn_one = Seen {
             api: "anthropic.messages",
+            kind: Api::AnthropicMessages,
             items: vec![
                 json!({"role": "user", "content": [{"type": "text", "text": "<reminder>"}, {"type": "text", "text": "fix it"}]}),
                 json!({"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "bash", "input": {}}]}),
@@ -193,6 +234,28 @@ mod tests {
         assert_eq!(sent[3]["content"][0]["text"], "Fixed.");
         assert_eq!(sent[4]["content"][0]["text"], "and now?");
         assert!(!request.to_string().contains("preamble"));
+    }
+
+    #[test]
+    fn a_reply_says_what_the_model_wrote_streamed_or_whole() {
+        let streamed = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"Done \"}}\n\nevent: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"now.\"}}\n\n";
+        assert_eq!(
+            reply_text(Api::AnthropicMessages, "text/event-stream", streamed),
+            "Done now."
+        );
+        let whole = json!({"output": [
+            {"type": "reasoning", "summary": []},
+            {"type": "message", "content": [{"type": "output_text", "text": "All good."}]},
+        ]});
+        assert_eq!(
+            reply_text(Api::OpenAiResponses, "application/json", &whole.to_string()),
+            "All good."
+        );
+        let chat = json!({"choices": [{"message": {"content": "Yes."}}]});
+        assert_eq!(
+            reply_text(Api::OpenAiChat, "application/json", &chat.to_string()),
+            "Yes."
+        );
     }
 
     #[test]

@@ -405,6 +405,21 @@ impl<W: World + Clone> Gateway<W> {
             .clone()
     }
 
+    /// What the model said in its recorded reply to the last conversation request:
+    /// the turn's answer as the model gave it, without what a CLI prints around it
+    /// (a notice that the model is retired, say). `None` before that reply is
+    /// recorded, or when it holds no text.
+    pub fn answer(&self) -> Option<String> {
+        let seen = self.seen()?;
+        let (status, content_type, body) = self
+            .shared
+            .live
+            .with(|s| s.exchanges.get(seen.index).and_then(|e| e.reply.clone()))?;
+        let text = history::reply_text(seen.kind, &content_type, &body);
+        let text = text.trim();
+        (status == 200 && !text.is_empty()).then(|| text.to_string())
+    }
+
     /// The HTTP routes.
     pub fn router(&self) -> Router {
         Router::new()
@@ -758,6 +773,7 @@ async fn handle<W: World + Clone>(
     if let (Some(_), Ok((index, _))) = (opening, &routed) {
         *shared.seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(history::Seen {
             api: api.name(),
+            kind: api,
             items: history::items(&request, api),
             index: *index,
         });

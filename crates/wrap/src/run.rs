@@ -454,7 +454,9 @@ pub async fn drive_turn<W: World + Clone + 'static>(
                 // turn continues. The turn itself, resumed, continues what it began with.
                 let kept =
                     keep_conversation(blobs, &gateway, &options.adapter, state.turn, None).await?;
-                live.append(&kept).await?;
+                if !kept.is_empty() {
+                    live.append(&kept).await?;
+                }
                 report.reply = "waiting for approval".to_string();
                 return Ok(report);
             }
@@ -497,7 +499,10 @@ pub async fn drive_turn<W: World + Clone + 'static>(
         }
         let why = match result {
             Ok(out) if !out.is_error => {
-                let reply = out.text.trim().to_string();
+                // The model's own words: a CLI may print notices around them.
+                let reply = gateway
+                    .answer()
+                    .unwrap_or_else(|| out.text.trim().to_string());
                 let now = live.state();
                 steadfast_journal::explore::send_answer(world, &lease.session, &now, &reply)
                     .await?;
