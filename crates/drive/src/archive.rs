@@ -51,10 +51,12 @@ impl ObjectStore {
 impl Drive {
     /// Writes snapshot `id` to `out` as a tar archive: directories and files (with their
     /// permission bits) and symbolic links under their workspace paths, and FIFOs;
-    /// sockets and devices, which no snapshot can recreate, are left out. Every entry is
-    /// dated `mtime` (seconds since the epoch; the caller passes when the snapshot was
-    /// recorded), so an archive of one snapshot at one time is the same bytes every
-    /// time, and its files do not look 56 years old.
+    /// sockets and devices, which no snapshot can recreate, are left out. A file is
+    /// dated when it was last modified, as the snapshot recorded it; every other entry
+    /// (and a file of a snapshot from before times were kept) is dated `mtime` (seconds
+    /// since the epoch; the caller passes when the snapshot was recorded). So an
+    /// archive of one snapshot is the same bytes every time, and nothing in it looks
+    /// 56 years old.
     pub fn export_tar(&self, id: &str, mtime: u64, out: impl Write) -> Result<()> {
         let manifest = self.manifest(id)?;
         let mut tar = tar::Builder::new(out);
@@ -80,7 +82,11 @@ impl Drive {
                     size,
                     exec,
                     mode,
+                    mtime: modified,
                 } => {
+                    if let Some(modified) = modified {
+                        header.set_mtime((*modified).max(0) as u64);
+                    }
                     header.set_entry_type(tar::EntryType::Regular);
                     header.set_mode(crate::manifest::file_bits(*exec, *mode));
                     header.set_size(*size);

@@ -24,6 +24,10 @@ pub enum Entry {
         /// (`0o755` or `0o644`); see [`file_mode`].
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mode: Option<u32>,
+        /// When its content was last modified, in whole seconds since the Unix epoch
+        /// (as git and tar keep it); absent in snapshots taken before times were kept.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mtime: Option<i64>,
     },
     /// A symbolic link.
     Symlink {
@@ -43,6 +47,33 @@ pub enum Entry {
         /// `fifo`, `socket`, `char_device` or `block_device`.
         special: SpecialKind,
     },
+}
+
+impl Entry {
+    /// Whether `self` and `other` are the same (kind, content, permission bits),
+    /// whatever their modification times: a file only touched is no change a diff
+    /// shows.
+    pub fn same_apart_from_time(&self, other: &Entry) -> bool {
+        match (self, other) {
+            (
+                Entry::File {
+                    hash,
+                    size,
+                    exec,
+                    mode,
+                    ..
+                },
+                Entry::File {
+                    hash: h,
+                    size: s,
+                    exec: e,
+                    mode: m,
+                    ..
+                },
+            ) => hash == h && size == s && exec == e && mode == m,
+            (a, b) => a == b,
+        }
+    }
 }
 
 /// The permission bits kept of a file or directory: read, write and execute for owner,
@@ -132,7 +163,7 @@ impl Manifest {
                     path: path.clone(),
                     kind: ChangeKind::Removed,
                 }),
-                Some(e) if e != entry => changes.push(Change {
+                Some(e) if !e.same_apart_from_time(entry) => changes.push(Change {
                     path: path.clone(),
                     kind: ChangeKind::Modified,
                 }),

@@ -100,7 +100,11 @@ pub(crate) fn apply(
                 }
             }
             Node::File {
-                hash, exec, mode, ..
+                hash,
+                exec,
+                mode,
+                mtime,
+                ..
             } => {
                 let mode = crate::manifest::file_bits(*exec, *mode);
                 match had {
@@ -108,11 +112,15 @@ pub(crate) fn apply(
                         hash: had_hash,
                         exec: had_exec,
                         mode: had_mode,
+                        mtime: had_mtime,
                         ..
                     }) if had_hash == hash => {
                         if crate::manifest::file_bits(*had_exec, *had_mode) != mode {
                             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
                                 .map_err(io("chmod", &path))?;
+                        }
+                        if had_mtime != mtime {
+                            set_mtime(&path, *mtime)?;
                         }
                     }
                     _ => {
@@ -123,6 +131,7 @@ pub(crate) fn apply(
                         objects.copy_to(hash, &tmp)?;
                         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
                             .map_err(io("chmod", &tmp))?;
+                        set_mtime(&tmp, *mtime)?;
                         std::fs::rename(&tmp, &path).map_err(io("rename", &path))?;
                     }
                 }
@@ -145,6 +154,22 @@ pub(crate) fn apply(
         }
     }
     Ok(())
+}
+
+/// Gives the file at `path` the modification time a snapshot recorded (none: a
+/// snapshot from before times were kept, and the file keeps the time it was written).
+fn set_mtime(path: &Path, mtime: Option<i64>) -> Result<()> {
+    let Some(seconds) = mtime else {
+        return Ok(());
+    };
+    nix::sys::stat::utimensat(
+        nix::fcntl::AT_FDCWD,
+        path,
+        &nix::sys::time::TimeSpec::UTIME_OMIT,
+        &nix::sys::time::TimeSpec::new(seconds, 0),
+        nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+    )
+    .map_err(|e| io("utimensat", path)(e.into()))
 }
 
 /// Whether `a` can be turned into `b` in place (else it is removed first).

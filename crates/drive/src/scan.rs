@@ -322,6 +322,7 @@ impl<'a> Scanner<'a> {
             size,
             exec: stat.st_mode & 0o111 != 0,
             mode: crate::manifest::file_mode(stat.st_mode),
+            mtime: Some(stat.st_mtime),
         }))
     }
 }

@@ -265,10 +265,14 @@ fn a_snapshot_exports_as_a_tar_that_tar_unpacks_to_the_same_tree() {
     fs::remove_file(ws.join("pipe")).unwrap();
     fs::remove_file(out.join("pipe")).unwrap();
     assert_eq!(tree(&out), tree(&ws));
-    // Entries carry the time the caller gave (when the snapshot was recorded).
+    // A file carries the time it was last modified; a directory the time the caller
+    // gave (when the snapshot was recorded).
     use std::os::unix::fs::MetadataExt;
     let dated = fs::symlink_metadata(out.join("src/lib.rs")).unwrap();
-    assert_eq!(dated.mtime(), 1_800_000_000);
+    let written = fs::symlink_metadata(ws.join("src/lib.rs")).unwrap();
+    assert_eq!(dated.mtime(), written.mtime());
+    let directory = fs::symlink_metadata(out.join("src")).unwrap();
+    assert_eq!(directory.mtime(), 1_800_000_000);
 
     // A corrupt object cuts the archive short with an error, never wrong bytes.
     let Entry::File { hash, .. } = drive.manifest(&id).unwrap().entries["src/lib.rs"].clone()
@@ -870,6 +874,86 @@ fn file_and_directory_modes_survive_restore_and_archive() {
     set(&other.join("frozen"), 0o755);
     set(&ws.join("frozen/inner"), 0o755);
     set(&ws.join("frozen"), 0o755);
+}
+
+/// When each file was last modified comes back as it was, on another directory and
+/// in the archive; a file only touched is a new snapshot (its time is kept) but no
+/// change a diff shows; a snapshot from before times were kept still restores.
+#[test]
+fn modification_times_survive_restore_and_archive() {
+    let (dir, drive, ws) = setup();
+    let mtime = |p: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        fs::symlink_metadata(p).unwrap().mtime()
+    };
+    let touch = |p: &Path, at: i64| {
+        let time = std::time::UNIX_EPOCH + std::time::Duration::from_secs(at as u64);
+        fs::File::options()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_modified(time)
+            .unwrap();
+    };
+    fs::write(ws.join("old.txt"), "written long ago").unwrap();
+    touch(&ws.join("old.txt"), 1_000_000_000);
+    touch(&ws.join("src/lib.rs"), 1_500_000_000);
+    let id = drive.snapshot(&ws).unwrap();
+
+    let other = dir.path().join("elsewhere");
+    drive.restore(&other, &id).unwrap();
+    assert_eq!(mtime(&other.join("old.txt")), 1_000_000_000);
+    assert_eq!(mtime(&other.join("src/lib.rs")), 1_500_000_000);
+    assert_eq!(
+        drive.snapshot(&other).unwrap(),
+        id,
+        "the restored directory is the snapshot it came from"
+    );
+
+    // Touched: a new snapshot, no change; restoring the old one puts the time back
+    // (the content was the same, so only the time is written).
+    touch(&ws.join("old.txt"), 1_700_000_000);
+    let touched = drive.snapshot(&ws).unwrap();
+    assert_ne!(touched, id);
+    assert!(drive.diff(&id, &touched).unwrap().is_empty());
+    drive.restore(&ws, &id).unwrap();
+    assert_eq!(mtime(&ws.join("old.txt")), 1_000_000_000);
+
+    // The archive dates each file as it was.
+    let mut bytes = Vec::new();
+    drive.export_tar(&id, 42, &mut bytes).unwrap();
+    let mut archive = tar::Archive::new(&bytes[..]);
+    let times: std::collections::BTreeMap<String, u64> = archive
+        .entries()
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let path = e.path().unwrap().display().to_string();
+            (path, e.header().mtime().unwrap())
+        })
+        .collect();
+    assert_eq!(times["old.txt"], 1_000_000_000);
+    assert_eq!(times["src/lib.rs"], 1_500_000_000);
+    assert_eq!(times["src/"], 42, "a directory is dated as the archive");
+
+    // A snapshot stored before times were kept: its files keep the time they are
+    // written at.
+    let mut manifest = drive.manifest(&id).unwrap();
+    for entry in manifest.entries.values_mut() {
+        if let Entry::File { mtime, .. } = entry {
+            *mtime = None;
+        }
+    }
+    let mut batch = store::Batch::default();
+    let old_id = drive.objects.put(&mut batch, &manifest.to_bytes()).unwrap();
+    drive.objects.finish(&mut batch).unwrap();
+    let third = dir.path().join("third");
+    drive.restore(&third, &old_id).unwrap();
+    assert_eq!(
+        fs::read_to_string(third.join("old.txt")).unwrap(),
+        "written long ago"
+    );
+    assert!(mtime(&third.join("old.txt")) > 1_700_000_000);
 }
 
 /// What a snapshot lost is named object by object: a missing file content, a corrupt

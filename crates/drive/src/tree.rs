@@ -32,6 +32,8 @@ pub(crate) enum Node {
         exec: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mode: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mtime: Option<i64>,
     },
     /// A symbolic link.
     Symlink { target: String },
@@ -54,11 +56,13 @@ impl Node {
                 size,
                 exec,
                 mode,
+                mtime,
             } => Entry::File {
                 hash: hash.clone(),
                 size: *size,
                 exec: *exec,
                 mode: *mode,
+                mtime: *mtime,
             },
             Node::Symlink { target } => Entry::Symlink {
                 target: target.clone(),
@@ -330,11 +334,13 @@ fn store_flat(objects: &ObjectStore, batch: &mut Batch, manifest: &Manifest) -> 
                 size,
                 exec,
                 mode,
+                mtime,
             } => Node::File {
                 hash: hash.clone(),
                 size: *size,
                 exec: *exec,
                 mode: *mode,
+                mtime: *mtime,
             },
             Entry::Symlink { target } => Node::Symlink {
                 target: target.clone(),

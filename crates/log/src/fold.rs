@@ -1143,7 +1143,11 @@ impl SessionState {
                     ));
                 }
                 self.last_snapshot = Some(snapshot.clone());
-                self.note_for_next_turn(&edited_note(changes));
+                // Files only touched (their times changed, not their content or
+                // modes) are nothing to tell the model.
+                if !changes.is_empty() {
+                    self.note_for_next_turn(&edited_note(changes));
+                }
                 self.last_seq = record.seq;
                 return Ok(());
             }

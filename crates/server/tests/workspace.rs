@@ -238,6 +238,14 @@ async fn an_uploaded_repository_becomes_the_workspace_byte_for_byte() {
         noise.extend_from_slice(&x.to_le_bytes());
     }
     std::fs::write(repo.join("model.bin"), &noise).unwrap();
+    // Last modified in 2001: the time comes back in the workspace and the archive.
+    let long_ago = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(repo.join("model.bin"))
+        .unwrap()
+        .set_modified(long_ago)
+        .unwrap();
     std::fs::write(repo.join("build.sh"), "#!/bin/sh\necho build\n").unwrap();
     run(&repo, "chmod", &["+x", "build.sh"]);
     std::os::unix::fs::symlink("README.md", repo.join("readme-link")).unwrap();
@@ -364,6 +372,13 @@ async fn an_uploaded_repository_becomes_the_workspace_byte_for_byte() {
     )
     .await;
     assert_eq!(tree(&out.path().join("then")), before);
+    let modified = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
+    assert_eq!(modified(&workspace.join("model.bin")), long_ago);
+    assert_eq!(
+        modified(&out.path().join("then/model.bin")),
+        long_ago,
+        "the archive dates a file as it was last modified"
+    );
 
     // Refused, naming the field, leaving no workspace: archives that reach outside or
     // make devices, ids of nothing; over the limit, not an archive's type, empty.
