@@ -336,6 +336,9 @@ pub struct AgentsConfig {
     pub max_restarts: Option<u32>,
     /// The longest a turn may run, seconds.
     pub turn_timeout_secs: Option<u64>,
+    /// Whether a worker installs, from the npm registry, a CLI version a session runs
+    /// that it lacks (default false: the session waits for a host that has it).
+    pub install_missing: Option<bool>,
     /// Named agents: `[[agents.named]] name = "reviewer", adapter = "claude-code"`.
     #[serde(default)]
     pub named: Vec<steadfast_harness::NamedAgent>,
@@ -511,6 +514,12 @@ impl Config {
             &mut agents.turn_timeout,
             secs,
             as_secs,
+        );
+        Binding::new(way).each(
+            &mut a.install_missing,
+            &mut agents.install_missing,
+            std::convert::identity,
+            |o| *o,
         );
         // The backend is named in the file and parsed into the options.
         match way {
@@ -890,6 +899,7 @@ mod tests {
             [agents]
             max-restarts = 5
             turn-timeout-secs = 600
+            install-missing = false
             "#,
         )
         .unwrap();

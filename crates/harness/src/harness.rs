@@ -292,6 +292,8 @@ pub struct Harness<W = SqliteWorld, S = AnySandbox> {
     /// One client, one connection pool, for every provider call this harness makes or
     /// relays, whichever wake or CLI run makes it.
     pub(crate) http: reqwest::Client,
+    /// The CLI versions (`package@version`) this harness is installing now.
+    pub(crate) installing: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl Harness<SqliteWorld, AnySandbox> {
@@ -346,6 +348,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             options,
             provision,
             http: steadfast_model::provider_http(),
+            installing: Arc::default(),
         }
     }
 

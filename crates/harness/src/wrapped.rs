@@ -37,6 +37,11 @@ pub struct AgentOptions {
     pub max_restarts: u32,
     /// The longest a turn may run.
     pub turn_timeout: Duration,
+    /// Whether a worker that lacks the CLI version a session runs installs it (from
+    /// the npm registry, in the background) rather than only leaving the session to
+    /// hosts that have it. Off by default: nothing is fetched while sessions run
+    /// unless the operator says so (`[agents] install-missing = true`).
+    pub install_missing: bool,
 }
 
 impl Default for AgentOptions {
@@ -47,6 +52,7 @@ impl Default for AgentOptions {
             upstreams: Upstreams::default(),
             max_restarts: 5,
             turn_timeout: Duration::from_secs(3600),
+            install_missing: false,
         }
     }
 }
@@ -229,6 +235,10 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             .adapter(name)?
             .at_version(version)
             .map_err(Error::Invalid)?;
+        // A worker installs what it lacks when the operator allows it.
+        if self.options.agents.install_missing {
+            return Ok(());
+        }
         self.installed(adapter, "needs").map(drop)
     }
 
@@ -255,6 +265,13 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         if adapter.is_installed(&dir) {
             return Ok(adapter);
         }
+        if self.options.agents.install_missing {
+            self.install_in_background(&adapter, &dir);
+            return Err(Error::NotHere(format!(
+                "agent `{}` {wants} {}@{}, which this host is installing ([agents] install-missing); the session goes on once it is installed",
+                adapter.name, adapter.package, adapter.version
+            )));
+        }
         let found = adapter
             .installed_version(&dir)
             .map_or_else(|| "is not installed".to_string(), |v| format!("is at {v}"));
@@ -267,6 +284,27 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             adapter.name,
             adapter.version
         )))
+    }
+
+    /// Starts installing `adapter`'s CLI under `dir` on a thread of its own, unless this
+    /// harness is installing it already. A failed install is logged; the next session
+    /// that needs the CLI tries again.
+    fn install_in_background(&self, adapter: &Adapter, dir: &Path) {
+        let key = format!("{}@{}", adapter.package, adapter.version);
+        let mut installing = self.installing.lock().unwrap_or_else(|e| e.into_inner());
+        if !installing.insert(key.clone()) {
+            return;
+        }
+        drop(installing);
+        tracing::info!(cli = %key, dir = %dir.display(), "installing a CLI version a session runs");
+        let (adapter, dir, set) = (adapter.clone(), dir.to_path_buf(), self.installing.clone());
+        std::thread::spawn(move || {
+            match adapter.install(&dir) {
+                Ok(()) => tracing::info!(cli = %key, "installed"),
+                Err(e) => tracing::warn!(cli = %key, error = %e, "installing the CLI failed"),
+            }
+            set.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        });
     }
 
     /// Every agent sessions can name: the native loop, the built-in adapters and the

@@ -36,29 +36,13 @@ pub async fn install(home: &Path, config: &Config, spec: &str) -> anyhow::Result
         );
         return Ok(ExitCode::SUCCESS);
     }
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let command = adapter.install_command(&dir);
-    eprintln!("steadfast: {command}");
-    // npm and what it runs keep their temporary files in the install directory, and
-    // they go when it ends (OpenCode's package left `/tmp/opencode` behind).
-    let scratch = tempfile::Builder::new()
-        .prefix(".install-tmp")
-        .tempdir_in(&dir)
-        .with_context(|| format!("a scratch directory in {}", dir.display()))?;
-    let status = tokio::process::Command::new("bash")
-        .args(["-c", &command])
-        .env("TMPDIR", scratch.path())
-        .status()
-        .await?;
-    drop(scratch);
-    anyhow::ensure!(status.success(), "npm install failed ({status})");
-    anyhow::ensure!(
-        adapter.is_installed(&dir),
-        "npm ran, but {}@{} is not at {}",
-        adapter.package,
-        adapter.version,
-        adapter.executable(&dir).display()
-    );
+    eprintln!("steadfast: {}", adapter.install_command(&dir));
+    let installing = adapter.clone();
+    let into = dir.clone();
+    tokio::task::spawn_blocking(move || installing.install(&into))
+        .await
+        .context("the install task")?
+        .map_err(anyhow::Error::msg)?;
     eprintln!(
         "steadfast: {}@{} installed at {} (tested: {})",
         adapter.package,

@@ -228,6 +228,39 @@ impl Adapter {
         )
     }
 
+    /// Installs this version of the CLI under `dir` with npm (the registry must be
+    /// reachable), and checks that it is there. npm and what it runs keep their
+    /// temporary files in the install directory, and they go when it ends (OpenCode's
+    /// package left `/tmp/opencode` behind). Blocks until npm is done; the error says
+    /// what failed.
+    pub fn install(&self, dir: &Path) -> Result<(), String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let scratch = tempfile::Builder::new()
+            .prefix(".install-tmp")
+            .tempdir_in(dir)
+            .map_err(|e| format!("a scratch directory in {}: {e}", dir.display()))?;
+        let command = self.install_command(dir);
+        let status = std::process::Command::new("bash")
+            .args(["-c", &command])
+            .env("TMPDIR", scratch.path())
+            .stdin(std::process::Stdio::null())
+            .status()
+            .map_err(|e| format!("{command}: {e}"))?;
+        drop(scratch);
+        if !status.success() {
+            return Err(format!("npm install failed ({status}): {command}"));
+        }
+        if !self.is_installed(dir) {
+            return Err(format!(
+                "npm ran, but {}@{} is not at {}",
+                self.package,
+                self.version,
+                self.executable(dir).display()
+            ));
+        }
+        Ok(())
+    }
+
     /// The version of the CLI installed under `dir`, if one is (read from its
     /// package's `package.json`).
     pub fn installed_version(&self, dir: &Path) -> Option<String> {
