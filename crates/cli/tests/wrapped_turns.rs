@@ -1,8 +1,9 @@
 //! Wrapped CLIs over several turns, through the API and a worker: each turn continues
 //! the CLI's conversation with every earlier message, tool call and result, as the
-//! CLI run interactively would, and an interrupted turn tells the next what its tool
-//! calls had done. For Claude Code, Codex, Pi and OpenCode at their pinned versions,
-//! and at the newest the npm registry serves.
+//! CLI run interactively would, an interrupted turn tells the next what its tool
+//! calls had done, and a fork continues the conversation as it was at its fork point.
+//! For Claude Code, Codex, Pi and OpenCode at their pinned versions, and at the newest
+//! the npm registry serves.
 
 mod common;
 
@@ -186,6 +187,36 @@ async fn four_turns(agent: &str, model: &str, config: Option<&str>) {
         !kinds.iter().any(|k| k == "replay_diverged"),
         "{agent}: {kinds:?}"
     );
+
+    // A fork at turn 1's end continues turn 1's conversation, and nothing after it.
+    let first_end = log
+        .iter()
+        .find(|r| kind(r) == "turn_ended")
+        .and_then(|r| r["seq"].as_u64())
+        .unwrap();
+    let (status, forks) = call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions/{id}/fork"),
+        Some(json!({"at": first_end})),
+    )
+    .await;
+    assert_eq!(status, 201, "{forks}");
+    let fork = forks["sessions"][0]["id"].as_str().unwrap().to_string();
+    let before = fake.state().requests().len();
+    let asked = "In this fork: which number was it?";
+    turn(&url, &fork, asked, 2).await;
+    let forked = requests_with(&fake, before, asked);
+    assert!(!forked.is_empty(), "{agent}: the fork asked the model");
+    for request in &forked {
+        assert!(
+            request.contains(FIRST) && request.contains("MARKER-42"),
+            "{agent}: the fork continues turn 1: {request}"
+        );
+        assert!(
+            !request.contains(SECOND) && !request.contains(THIRD),
+            "{agent}: the fork knows nothing after its fork point: {request}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
