@@ -26,8 +26,9 @@ const SECOND: &str = "Which number did the marker command print?";
 const THIRD: &str = "Now write the post file.";
 const FOURTH: &str = "Did the post file get written before you stopped?";
 
-/// Four turns: a command whose output only its result holds; a question about it; a
-/// command interrupted while it sleeps after writing a file; a question about that.
+/// Five turns: a command whose output only its result holds; a question about it; a
+/// command interrupted while it sleeps after writing a file; a question about that; a
+/// reply interrupted while it streams.
 fn script() -> Script {
     Script::from_json(
         &json!({"steps": [
@@ -36,6 +37,7 @@ fn script() -> Script {
             {"text": "The number was in the output."},
             {"text": "Writing it.", "tool_calls": [{"name": "bash", "input": {"command": "echo POSTED > post-file.txt; sleep 60"}}]},
             {"text": "The file was written."},
+            {"text": "Let me explain at length. ".repeat(12), "chunk_delay_ms": 150},
         ]})
         .to_string(),
     )
@@ -88,7 +90,7 @@ async fn turn(url: &str, id: &str, text: &str, turns: u64) -> Value {
     idle_after(url, id, turns).await
 }
 
-async fn four_turns(agent: &str, model: &str, config: Option<&str>) {
+async fn several_turns(agent: &str, model: &str, config: Option<&str>) {
     let fake = FakeProvider::start(script()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     if let Some(config) = config {
@@ -161,6 +163,19 @@ async fn four_turns(agent: &str, model: &str, config: Option<&str>) {
         log_of(dir.path(), &fake, &id).await
     );
     idle_after(&url, &id, 3).await;
+    // Nothing of the interrupted turn is left running: not the CLI's sandbox, not the
+    // tools' (both name the session's workspace in their command lines).
+    let left = || {
+        let out = std::process::Command::new("pgrep")
+            .args(["-a", "-f", &workspace.display().to_string()])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    wait_for("the interrupted turn's processes to go", async || {
+        left().is_empty()
+    })
+    .await;
     let before = fake.state().requests().len();
     turn(&url, &id, FOURTH, 4).await;
     let fourth = requests_with(&fake, before, FOURTH);
@@ -174,6 +189,34 @@ async fn four_turns(agent: &str, model: &str, config: Option<&str>) {
         }
     }
 
+    // Turn 5 is interrupted while its reply streams: the stream is cut off, the reply
+    // is not recorded (nor read to its end), and the turn ends interrupted.
+    let queued = reqwest::Client::new()
+        .post(format!("{url}/v1/sessions/{id}/messages"))
+        .header("accept", "application/json")
+        .json(&json!({"text": "Explain everything."}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(queued.status(), 202);
+    wait_for("the slow reply to be asked for", async || {
+        fake.state().calls_per_step().get(5).is_some_and(|n| *n > 0)
+    })
+    .await;
+    let asked = std::time::Instant::now();
+    let (status, body) = call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions/{id}/interrupt"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    idle_after(&url, &id, 5).await;
+    eprintln!(
+        "{agent}: a streaming reply was cut off {} ms after the interrupt was asked",
+        asked.elapsed().as_millis()
+    );
+
     // Each turn's run kept its conversation in the log.
     let log = log_of(dir.path(), &fake, &id).await;
     let kept: Vec<u64> = log
@@ -181,8 +224,14 @@ async fn four_turns(agent: &str, model: &str, config: Option<&str>) {
         .filter(|r| kind(r) == "conversation_kept")
         .map(|r| r["event"]["conversation_kept"]["turn"].as_u64().unwrap())
         .collect();
-    assert_eq!(kept, [1, 2, 3, 4], "{agent}");
+    assert_eq!(kept, [1, 2, 3, 4, 5], "{agent}");
     let kinds: Vec<String> = log.iter().map(kind).collect();
+    let last_intent = kinds.iter().rposition(|k| k == "exchange_intent").unwrap();
+    assert!(
+        !kinds[last_intent..].contains(&"exchange_outcome".to_string()),
+        "{agent}: the reply streaming when the interrupt came was cut off, not recorded: {kinds:?}"
+    );
+    assert_eq!(kinds.last().map(String::as_str), Some("turn_interrupted"));
     assert!(
         !kinds.iter().any(|k| k == "replay_diverged"),
         "{agent}: {kinds:?}"
@@ -205,6 +254,7 @@ async fn four_turns(agent: &str, model: &str, config: Option<&str>) {
     let before = fake.state().requests().len();
     let asked = "In this fork: which number was it?";
     turn(&url, &fork, asked, 2).await;
+    wait_for("the fork's CLI to go", async || left().is_empty()).await;
     let forked = requests_with(&fake, before, asked);
     assert!(!forked.is_empty(), "{agent}: the fork asked the model");
     for request in &forked {
@@ -226,9 +276,9 @@ async fn each_turn_continues_the_cli_conversation_with_its_tool_results() {
         .filter(|c| std::env::var("ONLY").map_or(true, |o| o == c.0))
     {
         installed(agent).await;
-        tokio::time::timeout(Duration::from_secs(600), four_turns(agent, model, None))
+        tokio::time::timeout(Duration::from_secs(600), several_turns(agent, model, None))
             .await
-            .unwrap_or_else(|_| panic!("{agent}: four turns took over ten minutes"));
+            .unwrap_or_else(|_| panic!("{agent}: its turns took over ten minutes"));
     }
 }
 
@@ -267,9 +317,9 @@ async fn the_newest_clis_continue_their_conversations_too() {
         );
         tokio::time::timeout(
             Duration::from_secs(600),
-            four_turns(&name, model, Some(&config)),
+            several_turns(&name, model, Some(&config)),
         )
         .await
-        .unwrap_or_else(|_| panic!("{name}: four turns took over ten minutes"));
+        .unwrap_or_else(|_| panic!("{name}: its turns took over ten minutes"));
     }
 }

@@ -1,9 +1,5 @@
 //! The OpenAI Responses wire format of the fake provider (what Codex speaks).
 
-use std::convert::Infallible;
-
-use axum::body::Body;
-use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
@@ -172,19 +168,7 @@ pub(crate) fn reply(index: usize, step: &Step, model: &str, input: u64, stream: 
         "response.completed",
         json!({"response": response(index, model, "completed", items, usage(input, output))}),
     );
-    let body = futures_util::stream::iter(
-        frames
-            .into_iter()
-            .map(|f| Ok::<_, Infallible>(bytes::Bytes::from(f))),
-    );
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(body),
-    )
-        .into_response()
+    crate::wire::event_stream(frames, step)
 }
 
 #[cfg(test)]

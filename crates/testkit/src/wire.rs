@@ -149,9 +149,13 @@ pub(crate) fn reply(
         }
         (Format::OpenAi, true) => openai_frames(index, step, model, input_tokens, output_tokens),
     };
+    event_stream(frames, step)
+}
+
+/// Server-sent `frames` as a streamed reply, `step.chunk_delay_ms` apart: the pause
+/// is between chunks, the first going at once, as a provider's opening event does.
+pub(crate) fn event_stream(frames: Vec<String>, step: &Step) -> Response {
     let delay = Duration::from_millis(step.chunk_delay_ms);
-    // The pause is between chunks: the first goes at once, as a provider's opening
-    // event does.
     let body = futures_util::stream::unfold(
         (frames.into_iter(), true),
         move |(mut it, first)| async move {
