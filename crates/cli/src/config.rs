@@ -249,8 +249,9 @@ pub struct SandboxConfig {
     pub workspace_mb: Option<u64>,
     /// Size of a sandbox's private /tmp and home, MiB.
     pub tmp_mb: Option<u64>,
-    /// Internal destinations (loopback, private, link-local addresses) an allow-list
-    /// may reach, by name (`host:port`); sessions cannot add to these.
+    /// Internal destinations (loopback, private, link-local addresses) an allow-list,
+    /// and the MCP servers and git remotes sessions name, may reach, by name
+    /// (`host:port`); sessions cannot add to these.
     #[serde(default)]
     pub internal_hosts: Vec<String>,
     /// Host directories shown read-only inside the sandbox (toolchains under /root...).

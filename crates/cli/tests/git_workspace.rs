@@ -108,7 +108,19 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
     ]}))
     .unwrap();
     let fake = FakeProvider::start(script).await.unwrap();
-    let site = VaultSite::new(dir.path(), "[sandbox]\nbackend = \"bwrap\"\n");
+    // The forge is on this host: the operator opens its one port, and nothing else
+    // internal, to what sessions name.
+    let forge = server.url("x");
+    let forge = forge
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let site = VaultSite::new(
+        dir.path(),
+        &format!("[sandbox]\nbackend = \"bwrap\"\ninternal-hosts = [\"{forge}\"]\n"),
+    );
     let home = site.home.clone();
     let (_api, url) = site.serve(&fake, "0").await;
     put_credential(&url, "forge", TOKEN).await;
@@ -144,6 +156,21 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
         (
             json!({"kind": "git", "url": repo0, "credential": "forge", "ref": "gone"}),
             "workspace: clone",
+        ),
+        // Internal destinations the operator did not open, however they are spelled:
+        // the forge's host at another port, the host itself as one number, the cloud
+        // metadata address.
+        (
+            json!({"kind": "git", "url": "http://127.0.0.1:1/widgets0"}),
+            "the remote is not allowed",
+        ),
+        (
+            json!({"kind": "git", "url": format!("http://2130706433:{}/widgets0", forge.rsplit(':').next().unwrap().parse::<u16>().unwrap() + 1)}),
+            "the remote is not allowed",
+        ),
+        (
+            json!({"kind": "git", "url": "http://169.254.169.254/latest.git"}),
+            "the remote is not allowed",
         ),
     ] {
         let (status, body) = call(

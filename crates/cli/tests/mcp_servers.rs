@@ -35,6 +35,22 @@ fn script() -> Script {
     .unwrap()
 }
 
+/// A site whose operator opened the tracker's address (on this host, so internal) to
+/// what sessions name.
+fn opened_to(dir: &std::path::Path, tracker: &McpTracker) -> VaultSite {
+    let url = tracker.url();
+    let address = url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    VaultSite::new(
+        dir,
+        &format!("[sandbox]\nbackend = \"bwrap\"\ninternal-hosts = [\"{address}\"]\n"),
+    )
+}
+
 fn counts(tracker: &McpTracker) -> [u32; 3] {
     TOOLS.map(|t| tracker.calls(t))
 }
@@ -55,7 +71,7 @@ async fn rounds(agent: &str) {
     let tracker = McpTracker::start(TOKEN).await.unwrap();
     let fake = FakeProvider::start(script()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let site = VaultSite::new(dir.path(), "[sandbox]\nbackend = \"bwrap\"\n");
+    let site = opened_to(dir.path(), &tracker);
     let home = site.home.clone();
     let (_api, url) = site.serve(&fake, "0").await;
     put_credential(&url, "tracker", TOKEN).await;
@@ -179,7 +195,7 @@ async fn policy(agent: &str) {
     let tracker = McpTracker::start(TOKEN).await.unwrap();
     let fake = FakeProvider::start(script()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let site = VaultSite::new(dir.path(), "[sandbox]\nbackend = \"bwrap\"\n");
+    let site = opened_to(dir.path(), &tracker);
     let (_api, url) = site.serve(&fake, "1").await;
     put_credential(&url, "tracker", TOKEN).await;
     let server = json!({"name": "tracker", "url": tracker.url(), "credential": "tracker"});
@@ -256,4 +272,40 @@ async fn an_approval_policy_names_mcp_servers_and_tools() {
     policy("native").await;
     common::installed("claude-code").await;
     policy("claude-code").await;
+}
+
+/// An MCP server at an internal address the operator did not open is never connected
+/// to: a session names the URL, and the harness would otherwise reach into its own
+/// network for it. Its tools are not offered, and the turn goes on without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_server_at_an_internal_address_nobody_opened_is_not_reached() {
+    let tracker = McpTracker::start(TOKEN).await.unwrap();
+    let fake = FakeProvider::start(script()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let site = VaultSite::new(dir.path(), "[sandbox]\nbackend = \"bwrap\"\n");
+    let (_api, url) = site.serve(&fake, "1").await;
+    // The tracker's port on loopback, spelled as one number.
+    let sneaky = tracker.url().replace("127.0.0.1", "2130706433");
+    let (status, created) = call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions"),
+        Some(json!({"task": "handle issue 7", "mcp_servers": [
+            {"name": "tracker", "url": sneaky},
+        ]})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    common::idle_after(&url, &id, 1).await;
+    assert_eq!(counts(&tracker), [0, 0, 0], "no tool of it ran");
+    assert_eq!(tracker.refused(), 0, "not even a request without its token");
+    let events = event_page(&format!("{url}/v1/sessions/{id}/events?limit=1000")).await;
+    let answered: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "tool_call_outcome")
+        .collect();
+    assert!(
+        answered.iter().take(3).all(|e| e["is_error"] == true),
+        "the model was told its calls of the tracker failed: {answered:?}"
+    );
 }

@@ -211,3 +211,65 @@ async fn a_change_is_delivered_signed_on_the_third_attempt_across_a_server_kill(
         "{metrics}"
     );
 }
+
+/// An endpoint that answers with a redirect does not get the body sent on: the
+/// signed, replayable delivery never reaches the host it names, and the attempt is
+/// recorded as failed (to be tried again at the endpoint itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_from_the_endpoint_is_not_followed() {
+    let script: Script = serde_json::from_value(json!({"steps": [{"text": "all done"}]})).unwrap();
+    let fake = FakeProvider::start(script).await.unwrap();
+    // Where the redirect points: it must see nothing.
+    let (elsewhere, got_elsewhere) = receiver().await;
+    let redirects = Arc::new(Mutex::new(0u32));
+    let counted = redirects.clone();
+    let app = axum::Router::new().route(
+        "/hooks",
+        axum::routing::post(move || {
+            let counted = counted.clone();
+            let to = elsewhere.clone();
+            async move {
+                *counted.lock().unwrap() += 1;
+                (
+                    StatusCode::TEMPORARY_REDIRECT,
+                    [(axum::http::header::LOCATION, to)],
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = format!("http://{}/hooks", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let config = dir.path().join("steadfast.toml");
+    std::fs::write(
+        &config,
+        format!("[server.webhook]\nurl = \"{hook}\"\nfirst-retry-ms = 60000\n"),
+    )
+    .unwrap();
+    let mut api = serve(&home, &fake, &config).spawn().unwrap();
+    let url = common::printed_url(&mut api).await;
+    let (status, _) = common::call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions"),
+        Some(json!({"task": "say you are done"})),
+    )
+    .await;
+    assert_eq!(status, 201);
+    wait_for(
+        "a delivery answered with a redirect, recorded",
+        async || {
+            *redirects.lock().unwrap() >= 1
+                && outbox(&home).iter().any(|(kind, attempts, status)| {
+                    kind == "turn_ended" && *attempts >= 1 && status.is_none()
+                })
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        got_elsewhere.lock().unwrap().requests.is_empty(),
+        "the redirect was not followed"
+    );
+}

@@ -774,6 +774,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                     source.clone(),
                     credential,
                     self.workspace_dir(state)?,
+                    self.options.sandbox.internal_hosts.clone(),
                 )))
             }
         };
@@ -825,8 +826,12 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 secrets.insert(server.name.clone(), secret);
             }
         }
-        let (remote, failures) =
-            crate::remote::RemoteTools::connect(&state.mcp_servers, &secrets).await;
+        let (remote, failures) = crate::remote::RemoteTools::connect(
+            &state.mcp_servers,
+            &secrets,
+            &self.options.sandbox.internal_hosts,
+        )
+        .await;
         for failure in failures {
             tracing::warn!(%session, %failure, "MCP server left out");
         }

@@ -22,8 +22,9 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use steadfast_log::GitSource;
+use steadfast_sandbox::outbound::Screened;
 use steadfast_sandbox::reconcile::Verdict;
-use steadfast_sandbox::ToolOutput;
+use steadfast_sandbox::{HostRule, ToolOutput};
 
 /// The native agent's tool that pushes a branch of the workspace's repository to the
 /// repository it was cloned from.
@@ -67,15 +68,23 @@ pub struct GitPusher {
     source: GitSource,
     credential: Option<GitCredential>,
     workspace: PathBuf,
+    open: Vec<HostRule>,
 }
 
 impl GitPusher {
-    /// Pushes to `source` with `credential`, from the repository in `workspace`.
-    pub fn new(source: GitSource, credential: Option<GitCredential>, workspace: PathBuf) -> Self {
+    /// Pushes to `source` with `credential`, from the repository in `workspace`; an
+    /// internal remote only if the operator opened it (`open`, see [`screen`]).
+    pub fn new(
+        source: GitSource,
+        credential: Option<GitCredential>,
+        workspace: PathBuf,
+        open: Vec<HostRule>,
+    ) -> Self {
         GitPusher {
             source,
             credential,
             workspace,
+            open,
         }
     }
 
@@ -106,15 +115,17 @@ impl GitPusher {
             Err(e) => return Ok(ToolOutput::error(e)),
         };
         let credential = self.credential.as_ref();
-        Ok(
-            match push_bundle(&bundle, &commit, &self.source, credential, &push).await {
-                Ok(()) => ToolOutput::ok(format!(
-                    "pushed {commit} to branch `{}` of {}",
-                    push.branch, self.source.url
-                )),
-                Err(e) => ToolOutput::error(e),
-            },
-        )
+        let pushed = async {
+            let pin = screen(&self.source, &self.open).await?;
+            push_bundle(&bundle, &commit, &self.source, credential, &push, &pin).await
+        };
+        Ok(match pushed.await {
+            Ok(()) => ToolOutput::ok(format!(
+                "pushed {commit} to branch `{}` of {}",
+                push.branch, self.source.url
+            )),
+            Err(e) => ToolOutput::error(e),
+        })
     }
 
     /// The invariant-4 resolution of a `git_push` a crash cut off, for every agent:
@@ -161,7 +172,13 @@ impl GitPusher {
                 push.reference
             )));
         };
-        let remote = remote_tip(&self.source, self.credential.as_ref(), &push.branch).await?;
+        let remote = remote_tip(
+            &self.source,
+            self.credential.as_ref(),
+            &push.branch,
+            &self.open,
+        )
+        .await?;
         Ok(if remote.as_deref() == Some(local.as_str()) {
             Verdict::Done(format!(
                 "pushed {local} to branch `{}` of {} (the push was cut off; the branch is there)",
@@ -277,7 +294,11 @@ impl GitCredential {
 /// A git command with nothing of the host's configuration or environment, only the
 /// transports and behaviour named in the module's documentation, and `credential`
 /// sent with every HTTP request (from the environment: no file, no argument).
-fn git(scratch: &Path, credential: Option<&GitCredential>) -> tokio::process::Command {
+fn git(
+    scratch: &Path,
+    credential: Option<&GitCredential>,
+    pin: Option<&Screened>,
+) -> tokio::process::Command {
     let mut settings = vec![
         ("protocol.allow", "never".to_string()),
         ("protocol.https.allow", "always".to_string()),
@@ -290,6 +311,10 @@ fn git(scratch: &Path, credential: Option<&GitCredential>) -> tokio::process::Co
     ];
     if let Some(credential) = credential {
         settings.push(("http.extraHeader", credential.header.clone()));
+    }
+    // Connected to the remote's screened addresses only (see `screen`).
+    if let Some(pin) = pin {
+        settings.push(("http.curloptResolve", pin.curl_resolve()));
     }
     let mut cmd = tokio::process::Command::new("git");
     cmd.env_clear()
@@ -336,17 +361,30 @@ async fn run(
     Err(format!("{what}: {}", stderr.trim()))
 }
 
+/// The remote's addresses, screened like every destination a session names (see
+/// [`steadfast_sandbox::outbound`]): an internal one only if the operator opened it.
+/// Git is then pinned to them (`http.curloptResolve`), so it cannot be sent elsewhere
+/// by a second lookup.
+pub async fn screen(source: &GitSource, open: &[HostRule]) -> Result<Screened, String> {
+    steadfast_sandbox::outbound::screen_url(&source.url, open)
+        .await
+        .map_err(|e| format!("the remote is not allowed: {e}"))
+}
+
 /// Clones `source` into `dir` (an empty directory), the credential in git's
 /// environment only; the clone's `origin` is the plain URL and its `.git/config` holds
-/// nothing secret. Commits made in the sandbox get a default author.
+/// nothing secret. Commits made in the sandbox get a default author. An internal
+/// remote is refused unless the operator opened it (`open`, see [`screen`]).
 pub async fn clone(
     source: &GitSource,
     credential: Option<&GitCredential>,
     dir: &Path,
+    open: &[HostRule],
 ) -> Result<(), String> {
+    let pin = screen(source, open).await?;
     let scratch = tempfile::tempdir().map_err(|e| format!("clone: {e}"))?;
     let commit = source.reference.as_deref().filter(|r| is_commit_id(r));
-    let mut cmd = git(scratch.path(), credential);
+    let mut cmd = git(scratch.path(), credential, Some(&pin));
     cmd.args(["clone", "--quiet", "--no-recurse-submodules"]);
     match (&source.reference, commit) {
         (Some(reference), None) => {
@@ -362,7 +400,7 @@ pub async fn clone(
     if let Some(commit) = commit {
         // A commit named by its id: checked out detached, in the fresh clone (whose
         // configuration and hooks are git's defaults, nothing the remote chose).
-        let mut cmd = git(scratch.path(), None);
+        let mut cmd = git(scratch.path(), None, None);
         cmd.arg("-C").arg(dir);
         cmd.args(["checkout", "--quiet", "--detach", commit]);
         run(cmd, "clone: ref", PUSH_TIMEOUT, None).await?;
@@ -371,7 +409,7 @@ pub async fn clone(
         ("user.name", "Steadfast agent"),
         ("user.email", "agent@steadfast.invalid"),
     ] {
-        let mut cmd = git(scratch.path(), None);
+        let mut cmd = git(scratch.path(), None, None);
         cmd.arg("--git-dir").arg(dir.join(".git"));
         cmd.args(["config", key, value]);
         run(cmd, "clone", PUSH_TIMEOUT, None).await?;
@@ -384,9 +422,11 @@ pub async fn remote_tip(
     source: &GitSource,
     credential: Option<&GitCredential>,
     branch: &str,
+    open: &[HostRule],
 ) -> Result<Option<String>, String> {
+    let pin = screen(source, open).await?;
     let scratch = tempfile::tempdir().map_err(|e| format!("ls-remote: {e}"))?;
-    let mut cmd = git(scratch.path(), credential);
+    let mut cmd = git(scratch.path(), credential, Some(&pin));
     cmd.args(["ls-remote", "--heads", &source.url])
         .arg(format!("refs/heads/{branch}"));
     let listed = run(cmd, "ls-remote", PUSH_TIMEOUT, credential).await?;
@@ -496,13 +536,14 @@ pub(crate) async fn push_bundle(
     source: &GitSource,
     credential: Option<&GitCredential>,
     push: &PushRequest,
+    pin: &Screened,
 ) -> Result<(), String> {
     let scratch = tempfile::tempdir().map_err(|e| format!("git_push: {e}"))?;
     let repo = scratch.path().join("repo.git");
-    let mut init = git(scratch.path(), None);
+    let mut init = git(scratch.path(), None, None);
     init.args(["init", "--quiet", "--bare"]).arg(&repo);
     run(init, "git_push", PUSH_TIMEOUT, None).await?;
-    let mut fetch = git(scratch.path(), None);
+    let mut fetch = git(scratch.path(), None, None);
     // A bundle is read through the `file` transport: allowed for this one command,
     // whose source is the harness's own copy.
     fetch
@@ -513,7 +554,7 @@ pub(crate) async fn push_bundle(
         .arg(bundle)
         .arg(format!("{commit}:refs/steadfast/push"));
     run(fetch, "git_push: reading the bundle", PUSH_TIMEOUT, None).await?;
-    let mut send = git(scratch.path(), credential);
+    let mut send = git(scratch.path(), credential, Some(pin));
     send.arg("--git-dir")
         .arg(&repo)
         .args(["push", "--quiet", "--no-verify"]);

@@ -166,10 +166,14 @@ impl RemoteTools {
     /// Connects to each server (`secrets` has each one's credential, opened from the
     /// vault) and lists its tools. A server that cannot be reached is left out, with
     /// why, in the second value: its tools are not offered, and a call of one already
-    /// in the conversation gets an error result.
+    /// in the conversation gets an error result. A server at an internal address is
+    /// not connected to unless the operator opened it (`open`; see
+    /// [`steadfast_sandbox::outbound`]): a session names the URL, and the harness would
+    /// otherwise reach into its own network for it.
     pub async fn connect(
         servers: &[McpServer],
         secrets: &HashMap<String, String>,
+        open: &[steadfast_sandbox::HostRule],
     ) -> (Self, Vec<String>) {
         let mut clients = Vec::new();
         let mut tools: Vec<RemoteTool> = Vec::new();
@@ -178,7 +182,7 @@ impl RemoteTools {
         let connecting = servers.iter().map(|server| async move {
             tokio::time::timeout(
                 CONNECT_TIMEOUT,
-                connect_one(server, secrets.get(&server.name).map(String::as_str)),
+                connect_one(server, secrets.get(&server.name).map(String::as_str), open),
             )
             .await
             .unwrap_or_else(|_| Err(format!("no answer within {} s", CONNECT_TIMEOUT.as_secs())))
@@ -313,7 +317,12 @@ impl RemoteTools {
 async fn connect_one(
     server: &McpServer,
     secret: Option<&str>,
+    open: &[steadfast_sandbox::HostRule],
 ) -> Result<(RunningService<RoleClient, ()>, Vec<rmcp::model::Tool>), String> {
+    // Connected to the addresses screened, and no other.
+    let screened = steadfast_sandbox::outbound::screen_url(&server.url, open)
+        .await
+        .map_err(|e| format!("not connected: {e}"))?;
     let mut headers = HeaderMap::new();
     if let Some(secret) = secret {
         let value = HeaderValue::from_str(&format!("{}{secret}", server.prefix))
@@ -325,6 +334,7 @@ async fn connect_one(
         client: reqwest::Client::builder()
             .tcp_nodelay(true)
             .redirect(reqwest::redirect::Policy::none())
+            .resolve_to_addrs(&screened.host, &screened.addrs)
             .build()
             .map_err(|e| e.to_string())?,
         headers: Arc::new(headers),

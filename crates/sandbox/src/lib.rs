@@ -17,6 +17,7 @@ pub mod egress;
 mod env;
 mod local;
 mod orphans;
+pub mod outbound;
 pub mod paths;
 mod policy;
 pub mod proxy;

@@ -31,7 +31,8 @@ pub struct SandboxOptions {
     /// Where an isolating backend's commands may connect.
     pub network: crate::NetworkPolicy,
     /// Internal destinations (loopback, private, link-local) the operator lets an
-    /// allow-list reach by these names; nothing a session asks for can add one.
+    /// allow-list, and the MCP servers and git remotes sessions name, reach by these
+    /// names (see [`crate::outbound`]); nothing a session asks for can add one.
     pub internal_hosts: Vec<crate::HostRule>,
     /// Headers the egress proxy adds to plain-HTTP requests to some destinations of an
     /// allow-list (credentials the sandbox never holds).

@@ -315,33 +315,16 @@ pub(crate) async fn admit(
             "egress to {host}:{port} is not allowed by this session's network policy"
         ));
     }
-    let addrs: Vec<SocketAddr> = match host.parse::<std::net::IpAddr>() {
-        Ok(ip) => vec![SocketAddr::new(ip, port)],
-        // The system resolver also reads numeric spellings (`127.1`, `0x7f.1`,
-        // `2130706433`) as the addresses they are.
-        Err(_) => tokio::net::lookup_host((host, port))
-            .await
-            .map_err(|e| format!("cannot resolve {host}: {e}"))?
-            .collect(),
-    };
-    let opened = rules.internal.iter().any(|r| r.allows(host, port));
-    if !opened {
-        if let Some((addr, kind)) = addrs
-            .iter()
-            .find_map(|a| crate::addresses::internal_kind(a.ip()).map(|k| (a, k)))
-        {
-            return Err(format!(
-                "egress to {host}:{port} is refused: it resolves to {}, {kind}, which a \
+    crate::outbound::resolve(host, port, &rules.internal)
+        .await
+        .map_err(|refused| match refused {
+            crate::outbound::Refused::Internal { addr, kind, .. } => format!(
+                "egress to {host}:{port} is refused: it resolves to {addr}, {kind}, which a \
                  sandbox may never reach (only the operator can open an internal \
-                 destination, in the server's configuration)",
-                addr.ip()
-            ));
-        }
-    }
-    if addrs.is_empty() {
-        return Err(format!("{host} resolves to no address"));
-    }
-    Ok(addrs)
+                 destination, in the server's configuration)"
+            ),
+            unresolved => unresolved.to_string(),
+        })
 }
 
 #[cfg(test)]

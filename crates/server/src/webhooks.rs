@@ -123,9 +123,12 @@ pub async fn deliver<W: World + Clone>(
     options: WebhookOptions,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    // No redirect is followed: it would hand a signed, replayable body to whatever
+    // host the endpoint names.
     let client = match reqwest::Client::builder()
         .timeout(options.timeout)
         .tcp_nodelay(true)
+        .redirect(reqwest::redirect::Policy::none())
         .build()
     {
         Ok(c) => c,

@@ -362,9 +362,20 @@ pub(crate) async fn create<W: World + Clone>(
             let credential = git_secret.map(|secret| {
                 steadfast_harness::git::GitCredential::basic(&source.username, &secret)
             });
-            steadfast_harness::git::clone(&source, credential.as_ref(), &root)
+            let open = &state.harness.options().sandbox.internal_hosts;
+            let public = matches!(state.auth.mode, AuthMode::Public { .. });
+            steadfast_harness::git::clone(&source, credential.as_ref(), &root, open)
                 .await
-                .map_err(|e| invalid(format!("workspace: {e}")))?;
+                .map_err(|e| {
+                    // An anonymous caller is told no more than that it failed: git's
+                    // words would tell a closed port from a service that answered.
+                    if public {
+                        tracing::info!(error = %e, "a public caller's clone failed");
+                        invalid("workspace.url: the repository could not be cloned (check the URL and the ref; only public https remotes can be reached)".to_string())
+                    } else {
+                        invalid(format!("workspace: {e}"))
+                    }
+                })?;
             git = Some(source);
         }
         WorkspaceSource::Upload { upload } => {
