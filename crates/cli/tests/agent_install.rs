@@ -7,29 +7,26 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{call, idle_after, kind, printed_url, service};
+use common::{call, idle_after, kind, printed_url};
 use serde_json::{json, Value};
 use steadfast_testkit::{FakeProvider, Script};
 
-/// `steadfast` of the site in `dir` (its `steadfast.toml` there), its CLIs under
-/// `dir/agents`, which starts empty.
+/// `steadfast` of the site in `dir`, its CLIs under `dir/agents`, which starts empty.
 fn command(dir: &Path, fake: &FakeProvider, args: &[&str]) -> tokio::process::Command {
-    let mut cmd = service(&dir.join("home"), fake, args);
-    cmd.current_dir(dir)
-        .env("STEADFAST_AGENTS_DIR", dir.join("agents"));
-    cmd
+    common::site_command(dir, &dir.join("agents"), fake, args)
 }
 
-async fn log_of(dir: &Path, fake: &FakeProvider, id: &str) -> Vec<Value> {
-    let out = command(dir, fake, &["log", id, "--json"])
-        .output()
-        .await
-        .unwrap();
-    assert!(out.status.success());
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+/// An API server of the site in `dir` (no workers of its own), and its URL.
+async fn api(dir: &Path, fake: &FakeProvider) -> (tokio::process::Child, String) {
+    let mut api = command(
+        dir,
+        fake,
+        &["serve", "--listen", "127.0.0.1:0", "--workers", "0"],
+    )
+    .spawn()
+    .unwrap();
+    let url = printed_url(&mut api).await;
+    (api, url)
 }
 
 /// Why the log says this host left the session, if it does.
@@ -55,14 +52,7 @@ async fn a_worker_installs_the_cli_a_session_runs_when_allowed() {
 
     // Not allowed: the session is refused at creation (nothing here runs pi), and a
     // worker never fetches anything.
-    let mut api = command(
-        dir.path(),
-        &fake,
-        &["serve", "--listen", "127.0.0.1:0", "--workers", "0"],
-    )
-    .spawn()
-    .unwrap();
-    let url = printed_url(&mut api).await;
+    let (first, url) = api(dir.path(), &fake).await;
     let session = json!({"agent": "pi", "model": "anthropic/claude-sonnet-4-5", "workspace": {"kind": "empty"}});
     let (status, refused) = call(
         reqwest::Method::POST,
@@ -75,7 +65,7 @@ async fn a_worker_installs_the_cli_a_session_runs_when_allowed() {
         refused.to_string().contains("install-agent"),
         "it says what to run: {refused}"
     );
-    drop(api);
+    drop(first);
 
     // Allowed: created, and the worker installs pi, says so, then runs the turn.
     std::fs::write(
@@ -83,14 +73,7 @@ async fn a_worker_installs_the_cli_a_session_runs_when_allowed() {
         "[agents]\ninstall-missing = true\n",
     )
     .unwrap();
-    let mut api = command(
-        dir.path(),
-        &fake,
-        &["serve", "--listen", "127.0.0.1:0", "--workers", "0"],
-    )
-    .spawn()
-    .unwrap();
-    let url = printed_url(&mut api).await;
+    let (_api, url) = api(dir.path(), &fake).await;
     let _worker = command(dir.path(), &fake, &["worker", "--workers", "1"])
         .spawn()
         .unwrap();
@@ -119,7 +102,7 @@ async fn a_worker_installs_the_cli_a_session_runs_when_allowed() {
     .await
     .expect("the session ran once pi was installed");
     assert_eq!(shown["reply"], "Hello from pi.", "{shown}");
-    let log = log_of(dir.path(), &fake, &id).await;
+    let log = common::log_lines(command(dir.path(), &fake, &["log", &id, "--json"])).await;
     let reasons = left_because(&log);
     assert!(
         reasons.iter().any(|r| r.contains("installing")),

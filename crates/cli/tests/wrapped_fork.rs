@@ -79,25 +79,7 @@ async fn the_newest_claude_code_and_codex_fork_inside_a_turn_too() {
         ),
         ("codex", "@openai/codex", "openai/gpt-5"),
     ] {
-        let version = common::newest(package).await;
-        let name = format!("{adapter}-newest");
-        let config = format!(
-            "[[agents.named]]\nname = \"{name}\"\nadapter = \"{adapter}\"\nversion = \"{version}\"\n"
-        );
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("steadfast.toml"), &config).unwrap();
-        let out = tokio::process::Command::new(BIN)
-            .args(["install-agent", &name])
-            .current_dir(dir.path())
-            .env("STEADFAST_AGENTS_DIR", agents_dir())
-            .output()
-            .await
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "install {name} ({version}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let (name, _, config) = common::newest_agent(adapter, package).await;
         fork_inside_a_turn(&name, model, Some(&config)).await;
     }
 }

@@ -446,24 +446,7 @@ async fn newest_version_suite(adapter: &str, package: &str, model: &str) {
         );
         return;
     }
-    let name = format!("{adapter}-newest");
-    let config = format!(
-        "[[agents.named]]\nname = \"{name}\"\nadapter = \"{adapter}\"\nversion = \"{version}\"\n"
-    );
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("steadfast.toml"), &config).unwrap();
-    let out = tokio::process::Command::new(BIN)
-        .args(["install-agent", &name])
-        .current_dir(dir.path())
-        .env("STEADFAST_AGENTS_DIR", agents_dir())
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "install {name} ({version}): {}",
-        stderr(&out)
-    );
+    let (name, version, config) = common::newest_agent(adapter, package).await;
     eprintln!("{adapter}: the newest version is {version}");
     git_workspace_crash_suite(&name, model, &config).await;
 }

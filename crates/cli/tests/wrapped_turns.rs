@@ -10,7 +10,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{agents_dir, call, idle_after, installed, kind, printed_url, service, wait_for};
+use common::{agents_dir, call, idle_after, installed, kind, printed_url, wait_for};
 use serde_json::{json, Value};
 use steadfast_testkit::{FakeProvider, Script};
 
@@ -44,15 +44,9 @@ fn script() -> Script {
     .unwrap()
 }
 
-/// `steadfast` of the site in `dir` (its `steadfast.toml` there), its model calls
-/// going to `fake` for both providers and its CLIs in the test's agents directory.
+/// `steadfast` of the site in `dir`, its CLIs in the test's agents directory.
 fn command(dir: &Path, fake: &FakeProvider, args: &[&str]) -> tokio::process::Command {
-    let mut cmd = service(&dir.join("home"), fake, args);
-    cmd.current_dir(dir)
-        .env("STEADFAST_AGENTS_DIR", agents_dir())
-        .env("OPENAI_API_KEY", "sk-openai-the-harness-real-key")
-        .env("OPENAI_BASE_URL", format!("{}/v1", fake.base_url()));
-    cmd
+    common::site_command(dir, &agents_dir(), fake, args)
 }
 
 /// The requests the fake provider got from `from` on that hold `needle`: the turn's
@@ -67,15 +61,7 @@ fn requests_with(fake: &FakeProvider, from: usize, needle: &str) -> Vec<String> 
 
 /// The session's log as `steadfast log --json` prints it.
 async fn log_of(dir: &Path, fake: &FakeProvider, id: &str) -> Vec<Value> {
-    let out = command(dir, fake, &["log", id, "--json"])
-        .output()
-        .await
-        .unwrap();
-    assert!(out.status.success());
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    common::log_lines(command(dir, fake, &["log", id, "--json"])).await
 }
 
 /// Sends `text` as the session's next message and waits until that turn is over.
@@ -296,25 +282,7 @@ async fn the_newest_clis_continue_their_conversations_too() {
             "pi" => "@mariozechner/pi-coding-agent",
             _ => "opencode-ai",
         };
-        let version = common::newest(package).await;
-        let name = format!("{adapter}-newest");
-        let config = format!(
-            "[[agents.named]]\nname = \"{name}\"\nadapter = \"{adapter}\"\nversion = \"{version}\"\n"
-        );
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("steadfast.toml"), &config).unwrap();
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_steadfast"))
-            .args(["install-agent", &name])
-            .current_dir(dir.path())
-            .env("STEADFAST_AGENTS_DIR", agents_dir())
-            .output()
-            .await
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "install {name} ({version}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let (name, _, config) = common::newest_agent(adapter, package).await;
         tokio::time::timeout(
             Duration::from_secs(600),
             several_turns(&name, model, Some(&config)),

@@ -196,6 +196,34 @@ pub fn service(
     cmd
 }
 
+/// [`service`] for a site in `dir` (its home `dir/home`, run from `dir`, where a test's
+/// `steadfast.toml` is), its wrapped CLIs under `agents`, both providers' calls going
+/// to `fake`.
+pub fn site_command(
+    dir: &Path,
+    agents: &Path,
+    fake: &steadfast_testkit::FakeProvider,
+    args: &[&str],
+) -> tokio::process::Command {
+    let mut cmd = service(&dir.join("home"), fake, args);
+    cmd.current_dir(dir)
+        .env("STEADFAST_AGENTS_DIR", agents)
+        .env("OPENAI_API_KEY", "sk-openai-the-harness-real-key")
+        .env("OPENAI_BASE_URL", format!("{}/v1", fake.base_url()));
+    cmd
+}
+
+/// A session's log as `steadfast log --json` prints it, run as `log` (a
+/// [`site_command`] of `log <id> --json`).
+pub async fn log_lines(mut log: tokio::process::Command) -> Vec<Value> {
+    let out = log.output().await.unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// Polls `check` every 50 ms for up to 30 s.
 pub async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
     for _ in 0..600 {
@@ -308,6 +336,32 @@ pub async fn newest(package: &str) -> String {
         .expect("npm runs");
     assert!(out.status.success(), "npm view {package}: {}", stderr(&out));
     String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The newest version of `adapter`'s CLI (npm package `package`) as a named agent,
+/// `<adapter>-newest`, installed in the test's agents directory: its name, its version
+/// and the `steadfast.toml` that names it.
+pub async fn newest_agent(adapter: &str, package: &str) -> (String, String, String) {
+    let version = newest(package).await;
+    let name = format!("{adapter}-newest");
+    let config = format!(
+        "[[agents.named]]\nname = \"{name}\"\nadapter = \"{adapter}\"\nversion = \"{version}\"\n"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("steadfast.toml"), &config).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args(["install-agent", &name])
+        .current_dir(dir.path())
+        .env("STEADFAST_AGENTS_DIR", agents_dir())
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "install {name} ({version}): {}",
+        stderr(&out)
+    );
+    (name, version, config)
 }
 
 /// Answers a session's wait for approval with `answer` (accepted: 202).
