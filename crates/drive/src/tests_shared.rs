@@ -20,6 +20,7 @@ fn host(dir: &Path, name: &str, store: &Arc<dyn object_store::ObjectStore>, cach
     Drive::open_shared(dir.join(name), store.clone(), cache).unwrap()
 }
 
+/// The same workspace each time, to the file times: two of them are one snapshot.
 fn workspace(ws: &Path) {
     fs::create_dir_all(ws.join("src/deep")).unwrap();
     fs::create_dir_all(ws.join(".git/refs")).unwrap();
@@ -33,6 +34,17 @@ fn workspace(ws: &Path) {
     }
     fs::write(ws.join("run.sh"), "#!/bin/sh\necho hi\n").unwrap();
     fs::set_permissions(ws.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    let written = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000);
+    for file in walkdir::WalkDir::new(ws).into_iter().filter_map(Result::ok) {
+        if file.file_type().is_file() {
+            fs::File::options()
+                .write(true)
+                .open(file.path())
+                .unwrap()
+                .set_modified(written)
+                .unwrap();
+        }
+    }
     std::os::unix::fs::symlink("src/deep/f1.rs", ws.join("link")).unwrap();
     nix::unistd::mkfifo(
         &ws.join("pipe"),
