@@ -190,8 +190,8 @@ fn spawn_from_a_lasting_thread(cmd: std::process::Command) -> std::io::Result<st
 }
 
 /// Kills sandboxes left behind by harness processes that died (where the kernel did not
-/// take them down with their parent): each run directory names its owner's PID and
-/// holds the sandbox's.
+/// take them down with their parent): each run directory names its owner's PID, and the
+/// file beside it (see [`pid_file`]) holds the sandbox's.
 fn reap_abandoned() {
     /// Whether the harness that named a run directory `name` still runs.
     fn owner_alive(name: &str) -> bool {
@@ -213,10 +213,19 @@ fn reap_abandoned() {
         if !name.starts_with("steadfast-sbx-") || owner_alive(&name) {
             continue;
         }
-        if let Some(pid) = std::fs::read_to_string(entry.path().join("bwrap.pid"))
+        if name.ends_with(".pid") {
+            // Its run directory is gone already.
+            if !entry.path().with_extension("").exists() {
+                let _ = std::fs::remove_file(entry.path());
+            }
+            continue;
+        }
+        let pid_path = pid_file(&entry.path());
+        let pid = std::fs::read_to_string(&pid_path)
             .ok()
-            .and_then(|p| p.trim().parse::<i32>().ok())
-        {
+            .and_then(|p| p.trim().parse::<i32>().ok());
+        let _ = std::fs::remove_file(&pid_path);
+        if let Some(pid) = pid {
             let is_bwrap = std::fs::read(format!("/proc/{pid}/cmdline"))
                 .is_ok_and(|c| c.starts_with(b"bwrap"));
             if is_bwrap {
@@ -239,7 +248,15 @@ struct RunDir(PathBuf);
 impl Drop for RunDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+        let _ = std::fs::remove_file(pid_file(&self.0));
     }
+}
+
+/// Where the PID of a run directory's sandbox is kept: beside the directory, not in it.
+/// The directory is the sandbox's `/run/steadfast`, which its commands can write; a PID
+/// there could be changed to another sandbox's, for the reaper to kill.
+fn pid_file(run: &Path) -> PathBuf {
+    run.with_extension("pid")
 }
 
 /// One running bubblewrap sandbox over a workspace. Dropping it kills everything in it.
@@ -365,7 +382,7 @@ impl BwrapSandbox {
         let child = spawn_from_a_lasting_thread(cmd)
             .map_err(|e| Error::Unavailable(format!("starting bwrap: {e}")))?;
         let pid = child.id();
-        let _ = std::fs::write(run.0.join("bwrap.pid"), pid.to_string());
+        let _ = std::fs::write(pid_file(&run.0), pid.to_string());
         let sandbox = BwrapSandbox {
             root,
             socket: run.0.join("agent.sock"),

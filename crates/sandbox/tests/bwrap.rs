@@ -643,3 +643,39 @@ async fn resident_memory_is_bounded_for_the_whole_sandbox_where_cgroups_exist() 
     let out = bash(&sandbox, "echo alive").await;
     assert_eq!(out.text.trim(), "alive", "{}", out.text);
 }
+
+/// What the harness keeps of a sandbox (its bubblewrap's PID, which a reaper kills
+/// after a crash) is not where the sandbox can write: a command that plants another
+/// sandbox's PID in its own `/run/steadfast` changes nothing the harness reads.
+#[tokio::test]
+async fn a_sandbox_cannot_name_another_for_the_reaper_to_kill() {
+    let f = Fixture::new();
+    let sandbox = BwrapSandbox::new(&f.ws(), &options()).unwrap();
+    let out = bash(
+        &sandbox,
+        "ls /run/steadfast; echo 1 > /run/steadfast/bwrap.pid; echo 1 > /run/steadfast/x.pid; echo planted",
+    )
+    .await;
+    assert!(out.text.contains("planted"), "{}", out.text);
+    assert!(
+        !out.text.lines().any(|l| l.ends_with(".pid")),
+        "no PID file in the sandbox's run directory: {}",
+        out.text
+    );
+    // The harness's own record of this sandbox is beside its run directory, intact.
+    let mine = std::fs::read_dir(steadfast_sandbox::paths::socket_root())
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with(&format!("steadfast-sbx-{}-", std::process::id()))
+                && name.ends_with(".pid")
+        })
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .collect::<Vec<_>>();
+    assert!(!mine.is_empty(), "the PID is kept beside the run directory");
+    assert!(
+        mine.iter().all(|pid| pid.trim() != "1"),
+        "and the sandbox could not change it: {mine:?}"
+    );
+}
