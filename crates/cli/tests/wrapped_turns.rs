@@ -21,6 +21,10 @@ const CLIS: &[(&str, &str)] = &[
     ("opencode", "anthropic/claude-sonnet-4-5"),
 ];
 
+/// The CLIs that speak a second API, with a model of it: Pi calls OpenAI's Chat
+/// Completions, OpenCode OpenAI's Responses.
+const OTHER_APIS: &[(&str, &str)] = &[("pi", "openai/gpt-5"), ("opencode", "openai/gpt-5")];
+
 const FIRST: &str = "Run the marker command and tell me what it printed.";
 const SECOND: &str = "Which number did the marker command print?";
 const THIRD: &str = "Now write the post file.";
@@ -259,6 +263,7 @@ async fn several_turns(agent: &str, model: &str, config: Option<&str>) {
 async fn each_turn_continues_the_cli_conversation_with_its_tool_results() {
     for (agent, model) in CLIS
         .iter()
+        .chain(OTHER_APIS)
         .filter(|c| std::env::var("ONLY").map_or(true, |o| o == c.0))
     {
         installed(agent).await;
