@@ -40,11 +40,15 @@ pub(crate) fn only_rolled_back(mut step: Step, rolled_back: Vec<(String, Value)>
     step
 }
 
+/// Whether a tool result's text says its call was rolled back. Anywhere in it: a CLI
+/// may put a note of its own first (Codex's `Wall time: ...`).
 fn is_rolled_back(text: &str) -> bool {
-    text.starts_with(&INTERRUPTED_ROLLED_BACK[..40])
+    text.contains(&INTERRUPTED_ROLLED_BACK[..40])
 }
 
-fn content_rolled_back(content: &Value) -> bool {
+/// Whether a tool result (text, or a list of parts with text) says its call was
+/// rolled back: the one check every wire format's step counting and redo use.
+pub(crate) fn content_rolled_back(content: &Value) -> bool {
     match content {
         Value::String(s) => is_rolled_back(s),
         Value::Array(parts) => parts.iter().any(|p| {

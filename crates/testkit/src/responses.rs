@@ -3,7 +3,6 @@
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
-use steadfast_log::INTERRUPTED_ROLLED_BACK;
 
 use crate::Step;
 
@@ -14,7 +13,6 @@ pub(crate) fn step_index(input: &Value) -> usize {
     let Some(items) = input.as_array() else {
         return 0; // a plain string: the first turn
     };
-    let marker = &INTERRUPTED_ROLLED_BACK[..40];
     let mut index = 0;
     let mut in_turn = false;
     let mut redone = false;
@@ -38,8 +36,7 @@ pub(crate) fn step_index(input: &Value) -> usize {
         let rolled_back = kind == "function_call_output"
             && item
                 .get("output")
-                .and_then(Value::as_str)
-                .is_some_and(|o| o.starts_with(marker));
+                .is_some_and(crate::redo::content_rolled_back);
         if rolled_back && !redone && index > 0 {
             index -= 1;
             redone = true;
@@ -174,6 +171,30 @@ pub(crate) fn reply(index: usize, step: &Step, model: &str, input: u64, stream: 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use steadfast_log::INTERRUPTED_ROLLED_BACK;
+
+    #[test]
+    fn a_rolled_back_result_counts_with_a_note_before_it_or_in_parts() {
+        let call =
+            json!({"type": "function_call", "call_id": "c1", "name": "bash", "arguments": "{}"});
+        for output in [
+            json!(format!(
+                "Wall time: 0.1 seconds\nOutput:\n{INTERRUPTED_ROLLED_BACK}"
+            )),
+            json!([{"type": "input_text", "text": INTERRUPTED_ROLLED_BACK}]),
+        ] {
+            let input = json!([
+                {"role": "user", "content": "go"},
+                call,
+                {"type": "function_call_output", "call_id": "c1", "output": output},
+            ]);
+            assert_eq!(
+                step_index(&input),
+                0,
+                "the rolled-back step is asked again: {output}"
+            );
+        }
+    }
 
     #[test]
     fn turns_are_counted_in_the_input() {

@@ -8,7 +8,6 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
-use steadfast_log::INTERRUPTED_ROLLED_BACK;
 
 use crate::Step;
 
@@ -18,18 +17,7 @@ pub(crate) enum Format {
     OpenAi,
 }
 
-fn rolled_back(content: &Value) -> bool {
-    let marker = &INTERRUPTED_ROLLED_BACK[..40];
-    match content {
-        Value::String(s) => s.starts_with(marker),
-        Value::Array(parts) => parts.iter().any(|p| {
-            p.get("text")
-                .and_then(Value::as_str)
-                .is_some_and(|t| t.starts_with(marker))
-        }),
-        _ => false,
-    }
-}
+use crate::redo::content_rolled_back as rolled_back;
 
 /// A message's text, whether its content is a string or blocks.
 pub(crate) fn text_of(message: &Value) -> String {
