@@ -73,10 +73,8 @@ async fn a_worker_installs_the_cli_a_session_runs_when_allowed() {
         "[agents]\ninstall-missing = true\n",
     )
     .unwrap();
-    let (_api, url) = api(dir.path(), &fake).await;
-    let _worker = command(dir.path(), &fake, &["worker", "--workers", "1"])
-        .spawn()
-        .unwrap();
+    let (_api, _worker, url) =
+        common::site_api(dir.path(), &dir.path().join("agents"), &fake).await;
     let (status, created) = call(
         reqwest::Method::POST,
         &format!("{url}/v1/sessions"),

@@ -10,7 +10,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{agents_dir, call, idle_after, installed, kind, printed_url, wait_for};
+use common::{agents_dir, call, idle_after, installed, kind, wait_for};
 use serde_json::{json, Value};
 use steadfast_testkit::{FakeProvider, Script};
 
@@ -86,17 +86,7 @@ async fn several_turns(agent: &str, model: &str, config: Option<&str>) {
     if let Some(config) = config {
         std::fs::write(dir.path().join("steadfast.toml"), config).unwrap();
     }
-    let mut api = command(
-        dir.path(),
-        &fake,
-        &["serve", "--listen", "127.0.0.1:0", "--workers", "0"],
-    )
-    .spawn()
-    .unwrap();
-    let url = printed_url(&mut api).await;
-    let _worker = command(dir.path(), &fake, &["worker", "--workers", "1"])
-        .spawn()
-        .unwrap();
+    let (_api, _worker, url) = common::site_api(dir.path(), &agents_dir(), &fake).await;
     let (status, created) = call(
         reqwest::Method::POST,
         &format!("{url}/v1/sessions"),

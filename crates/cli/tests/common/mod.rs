@@ -213,6 +213,29 @@ pub fn site_command(
     cmd
 }
 
+/// The site in `dir` as a platform runs it: an API server with no workers of its own
+/// and one worker process beside it (see [`site_command`]); both are killed when
+/// dropped. Returns them and the API's URL.
+pub async fn site_api(
+    dir: &Path,
+    agents: &Path,
+    fake: &steadfast_testkit::FakeProvider,
+) -> (tokio::process::Child, tokio::process::Child, String) {
+    let mut api = site_command(
+        dir,
+        agents,
+        fake,
+        &["serve", "--listen", "127.0.0.1:0", "--workers", "0"],
+    )
+    .spawn()
+    .unwrap();
+    let url = printed_url(&mut api).await;
+    let worker = site_command(dir, agents, fake, &["worker", "--workers", "1"])
+        .spawn()
+        .unwrap();
+    (api, worker, url)
+}
+
 /// A session's log as `steadfast log --json` prints it, run as `log` (a
 /// [`site_command`] of `log <id> --json`).
 pub async fn log_lines(mut log: tokio::process::Command) -> Vec<Value> {
