@@ -46,7 +46,6 @@ pub struct Continuing {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Seen {
     /// The API it went to.
-    pub api: &'static str,
     pub(crate) kind: Api,
     /// Its items.
     pub items: Vec<Value>,
@@ -55,16 +54,21 @@ pub struct Seen {
 }
 
 impl Seen {
+    /// The name of the API it went to (`anthropic.messages`, ...).
+    pub fn api(&self) -> &'static str {
+        self.kind.name()
+    }
+
     /// The conversation to keep: these items, closed by `closing` said by the
     /// assistant (the CLI's answer, or why the turn stopped).
     pub fn kept(&self, cli: &str, closing: Option<&str>) -> Conversation {
         let mut items = self.items.clone();
         if let Some(text) = closing {
-            items.push(assistant(self.api, text));
+            items.push(assistant(self.api(), text));
         }
         Conversation {
             cli: cli.to_string(),
-            api: self.api.to_string(),
+            api: self.api().to_string(),
             items,
         }
     }
@@ -210,7 +214,6 @@ mod tests {
     #[test]
     fn a_turn_continues_the_kept_conversation_from_its_own_message_on() {
         let turn_one = Seen {
-            api: "anthropic.messages",
             kind: Api::AnthropicMessages,
             items: vec![
                 json!({"role": "user", "content": [{"type": "text", "text": "<reminder>"}, {"type": "text", "text": "fix it"}]}),

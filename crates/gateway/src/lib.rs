@@ -772,7 +772,6 @@ async fn handle<W: World + Clone>(
     let routed = shared.route(&outgoing, &normalized, stream).await;
     if let (Some(_), Ok((index, _))) = (opening, &routed) {
         *shared.seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(history::Seen {
-            api: api.name(),
             kind: api,
             items: history::items(&request, api),
             index: *index,
