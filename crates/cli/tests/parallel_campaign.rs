@@ -1,9 +1,10 @@
 //! Parallel tool calls under SIGKILL at random points, through the API and worker
 //! processes, with one worker and with two.
 //!
-//! Pi and OpenCode run a reply's tool calls at once. Each run here gives one reply of
-//! eight parallel calls — a slow command, two appends to one file, four writes and a
-//! `curl -X POST` to a counter — and kills a worker (`SIGKILL`) at a random moment
+//! Pi, OpenCode and the native loop run a reply's tool calls at once. Each run here
+//! gives one reply of eight parallel calls — a slow command, two appends to one file,
+//! four writes and a `curl -X POST` to a counter (and for the native agent a read,
+//! which runs beside the slow command) — and kills a worker (`SIGKILL`) at a random moment
 //! while the turn runs; another worker (a new one, or the second) carries the session
 //! on. Whatever the moment: every call whose intent is recorded has exactly one outcome
 //! or resolution, the counter saw the POST once, the workspace is the crash-free run's,
@@ -34,8 +35,9 @@ fn runs() -> usize {
         .unwrap_or(2)
 }
 
-/// One reply of eight parallel calls, its closing reply, and the second turn's.
-fn script(port: u16) -> Script {
+/// One reply of eight parallel calls (nine for the native agent), its closing reply,
+/// and the second turn's.
+fn script(port: u16, agent: &str) -> Script {
     let bash = |command: String| json!({"name": "bash", "input": {"command": command}});
     let mut calls = vec![
         bash("sleep 2; echo late > late.txt".into()),
@@ -46,6 +48,10 @@ fn script(port: u16) -> Script {
         )),
     ];
     calls.extend((0..4).map(|i| bash(format!("echo {i} > f{i}.txt"))));
+    if agent == "native" {
+        // A read takes no turn with the writers: it runs while the slow command does.
+        calls.push(bash("ls".into()));
+    }
     serde_json::from_value(json!({"steps": [
         {"text": "All at once.", "tool_calls": calls},
         {"text": "Written."}
@@ -154,6 +160,8 @@ struct Ran {
     hits: usize,
     /// Calls the kill cut off (resolved after it), by resolution.
     cut_off: Vec<String>,
+    /// Whether calls of the reply ran at once (see [`overlapped`]).
+    overlapped: bool,
 }
 
 /// When a kill comes: this long after the message, or after the first tool call began.
@@ -179,7 +187,7 @@ fn has_children(pid: u32) -> bool {
 /// Checks every run's invariants and returns what it ended with.
 async fn run(agent: &str, workers: usize, kill: Option<Kill>) -> Ran {
     let (port, hits) = counter();
-    let fake = FakeProvider::start(script(port)).await.unwrap();
+    let fake = FakeProvider::start(script(port, agent)).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut site = Site::new(dir.path(), port, &fake);
     let (_api, url) = site.api().await;
@@ -280,39 +288,80 @@ async fn run(agent: &str, workers: usize, kill: Option<Kill>) -> Ran {
         tree: after,
         hits: hits.load(Ordering::SeqCst),
         cut_off,
+        overlapped: overlapped(&events),
     }
 }
 
-/// Every call whose intent is recorded has exactly one outcome or resolution.
+/// Whether some call began while another ran (its intent between the other's intent
+/// and outcome): the calls of the reply ran at once, not one after another.
+fn overlapped(events: &[Value]) -> bool {
+    let at = |kind: &str, id: &str| {
+        events
+            .iter()
+            .position(|e| e["type"] == kind && e["call_id"] == id)
+    };
+    events
+        .iter()
+        .filter(|e| e["type"] == "tool_call_intent")
+        .filter_map(|e| e["call_id"].as_str())
+        .any(|id| {
+            let (Some(began), Some(ended)) =
+                (at("tool_call_intent", id), at("tool_call_outcome", id))
+            else {
+                return false;
+            };
+            events[began + 1..ended]
+                .iter()
+                .any(|e| e["type"] == "tool_call_intent")
+        })
+}
+
+/// Every call whose intent is recorded has exactly one outcome or resolution. (A read
+/// the native loop began again after a crash, under its id, begins again only once
+/// its first beginning is resolved: `rerun`.)
 fn one_ending_per_call(events: &[Value], label: &str) {
-    let mut endings: BTreeMap<String, usize> = BTreeMap::new();
+    let mut open: BTreeMap<String, bool> = BTreeMap::new();
     for event in events {
         let id = event["call_id"].as_str().unwrap_or_default().to_string();
         match event["type"].as_str() {
             Some("tool_call_intent") => {
-                assert!(
-                    endings.insert(id.clone(), 0).is_none(),
-                    "{label}: {id} announced twice"
-                );
+                let was_open = open.insert(id.clone(), true);
+                assert_ne!(was_open, Some(true), "{label}: {id} began twice at once");
             }
             Some("tool_call_outcome") | Some("tool_call_interrupted") => {
-                *endings
-                    .get_mut(&id)
-                    .unwrap_or_else(|| panic!("{label}: an ending of no call: {event}")) += 1;
+                let was_open = open.insert(id.clone(), false);
+                assert_eq!(
+                    was_open,
+                    Some(true),
+                    "{label}: an ending of no running call: {event}"
+                );
+                let rerun = event["resolution"]["kind"] == "rerun";
+                assert!(
+                    !rerun || !id.starts_with("wt_"),
+                    "{label}: only the native loop runs a call again under its id: {event}"
+                );
             }
             _ => {}
         }
     }
-    assert!(!endings.is_empty(), "{label}: no calls ran: {events:?}");
-    for (id, n) in &endings {
-        assert_eq!(*n, 1, "{label}: {id} has {n} endings: {events:?}");
+    assert!(!open.is_empty(), "{label}: no calls ran: {events:?}");
+    for (id, running) in &open {
+        assert!(!running, "{label}: {id} has no ending: {events:?}");
     }
 }
 
 async fn campaign(agent: &str) {
-    installed(agent).await;
+    if agent != "native" {
+        installed(agent).await;
+    }
     let clean = run(agent, 1, None).await;
     assert_eq!(clean.hits, 1);
+    if agent == "native" {
+        assert!(
+            clean.overlapped,
+            "the native loop ran the reply's calls at once"
+        );
+    }
     assert!(
         clean.tree.contains_key("late.txt"),
         "{:?}",
@@ -345,6 +394,11 @@ async fn campaign(agent: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pi_s_parallel_calls_hold_under_random_kills() {
     campaign("pi").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_native_loop_s_parallel_calls_hold_under_random_kills() {
+    campaign("native").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -364,7 +364,10 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                             .map(|()| None);
                     }
                     // Abandoning the wait: a call waiting for approval is answered first.
-                    let pending = self.state().pending_tool.clone();
+                    let pending = wait
+                        .call_id
+                        .as_ref()
+                        .and_then(|id| self.state().pending_tool(id).cloned());
                     if let Some(call) = &pending {
                         let by = interrupt::sender(item);
                         self.append(vec![Event::ToolCallOutcome {
@@ -417,7 +420,12 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 Ok(None)
             }
             Next::RunTool(call) => {
-                self.run_tool(call).await?;
+                let batch = self.runs_at_once(None);
+                if batch.len() > 1 {
+                    self.run_at_once(batch).await?;
+                } else {
+                    self.run_tool(call).await?;
+                }
                 Ok(None)
             }
             ref next @ (Next::CallModel { .. } | Next::EndTurn)
@@ -440,8 +448,13 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 };
                 if !self.make_room(prepared.canonical_bytes).await? {
                     if let Some((call, class)) = self.call_model(step, prepared).await? {
-                        self.run_tool_span(call, |d, call| d.run_journaled(call, class, true))
-                            .await?;
+                        let batch = self.runs_at_once(Some((call.clone(), class)));
+                        if batch.len() > 1 {
+                            self.run_at_once(batch).await?;
+                        } else {
+                            self.run_tool_span(call, |d, call| d.run_journaled(call, class, true))
+                                .await?;
+                        }
                     }
                 }
                 Ok(None)
@@ -1178,6 +1191,91 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         };
         let ran = self.journal.run(call, stop).await?;
         self.ran(call_id, ran).await
+    }
+
+    /// The calls of the running reply that run at once: `announced` (its intent went
+    /// in with the reply) and the ready calls after it, as far as each is one the
+    /// journal runs as it stands, with nothing to come between (the approval tool,
+    /// `explore`, a client's tool, a call the policy asks or refuses). Empty when the
+    /// first ready call is not such a call: it runs alone.
+    fn runs_at_once(&self, announced: Option<(ToolUse, ToolClass)>) -> Vec<Call> {
+        let (ready, clients, explorers) = self.live.with(|s| {
+            let names: Vec<String> = s.client_tools.iter().map(|t| t.name.clone()).collect();
+            (s.ready_tools(), names, s.explorers)
+        });
+        let plain = |call: &ToolUse| {
+            call.name != APPROVAL_TOOL
+                && !(call.name == crate::explore::EXPLORE_TOOL && explorers > 0)
+                && !clients.contains(&call.name)
+        };
+        let announced = announced.map(|(call, class)| Call {
+            id: call.id,
+            tool: call.name,
+            input: call.input,
+            class,
+            announced: true,
+        });
+        let rest = ready.into_iter().map_while(|call| {
+            let class = self.journal.class_of(&call.name, &call.input);
+            (plain(&call) && self.admission(&call, class) == Verdict::Allow).then_some(Call {
+                id: call.id,
+                tool: call.name,
+                input: call.input,
+                class,
+                announced: false,
+            })
+        });
+        announced.into_iter().chain(rest).collect()
+    }
+
+    /// Runs the calls of one reply at once through the journal (see **Parallel calls**
+    /// in `steadfast_journal`): reads beside everything, calls that may change the
+    /// workspace in turn, each with its own outcome. One interrupt stops them all and
+    /// ends the turn once every call has its outcome.
+    async fn run_at_once(&mut self, batch: Vec<Call>) -> Result<()> {
+        use futures_util::FutureExt;
+        use tracing::Instrument;
+        if batch
+            .iter()
+            .any(|call| !self.journal.names_mcp_server(&call.tool))
+        {
+            let sandbox = self.journal.sandbox();
+            sandbox.hydrate_to(self.state().last_snapshot.clone());
+            sandbox.get().await?;
+        }
+        let stop = interrupt::arrives_after_append(self.harness.world.clone(), &self.lease)
+            .boxed()
+            .shared();
+        let turn = self.state().turn;
+        let runs = batch.into_iter().map(|call| {
+            let span = steadfast_metrics::trace::tool_call_span(
+                &self.lease.session,
+                turn,
+                &call.tool,
+                &call.id,
+            );
+            let id = call.id.clone();
+            let ran = self.journal.run(call, stop.clone());
+            async move { (id, ran.await) }.instrument(span)
+        });
+        let mut interrupted = None;
+        let mut failed = None;
+        for (id, ran) in futures_util::future::join_all(runs).await {
+            match ran {
+                Ok(Ran::Interrupted(item)) if interrupted.is_none() => {
+                    interrupted = Some((id, item))
+                }
+                Ok(_) => {}
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        match interrupted {
+            Some((id, item)) => self.ran(id, Ran::Interrupted(item)).await,
+            None => Ok(()),
+        }
     }
 
     /// What follows a journaled call: after an interrupt, the turn's end.

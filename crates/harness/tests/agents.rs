@@ -77,7 +77,7 @@ async fn a_worker_never_drives_a_wrapped_session_with_the_native_loop() -> anyho
     }
     let state = harness.state(&wrapped).await?;
     assert!(state.retry.is_some(), "shown as waiting to be retried");
-    assert!(state.pending_tool.is_none() && state.model_calls == 0);
+    assert!(state.pending_tools.is_empty() && state.model_calls == 0);
     assert_eq!(
         setup.fake.calls(),
         1 + 1,

@@ -123,7 +123,7 @@ const FRONTIER: ResultPlace = (u32::MAX, usize::MAX);
 /// Runs and records a wrapped agent's tool calls.
 ///
 /// **Parallel calls.** An agent may run the calls of one reply at once (Pi and OpenCode
-/// do). They share one workspace. Reads run at once; calls that may change it (or reach
+/// do, and so does the native loop). They share one workspace. Reads run at once; calls that may change it (or reach
 /// outside) take turns, each from its snapshot before to its outcome, so the two
 /// snapshots bracket that call's effect and nobody else's. Two calls changing one
 /// workspace at once could not be told apart: a sibling's snapshot would hold half of a

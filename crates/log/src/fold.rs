@@ -252,7 +252,7 @@ pub enum Next {
 /// The format of stored checkpoints. Bump it with any change to [`SessionState`] or to
 /// what folding a record does: a checkpoint of another version is ignored and the log
 /// folded in full.
-pub const CHECKPOINT_VERSION: u32 = 2;
+pub const CHECKPOINT_VERSION: u32 = 3;
 
 /// A session's folded state as stored in the blob store (named by its hash, so it
 /// comes back checked) by an [`Event::Checkpoint`].
@@ -423,8 +423,12 @@ pub struct SessionState {
     pub step: u32,
     /// A model call cut off, if any.
     pub pending_model: Option<PendingModel>,
-    /// A tool call cut off, if any.
-    pub pending_tool: Option<PendingTool>,
+    /// The tool calls of the last reply that have begun (their intent is recorded) and
+    /// have no result yet, in the order they began. The calls of one reply may run at
+    /// once (see **Parallel calls** in `steadfast_journal`); after a crash each is
+    /// resolved in turn.
+    #[serde(default)]
+    pub pending_tools: Vec<PendingTool>,
     /// Tool calls of the last model reply that have no result yet, in order.
     pub queued_tools: Vec<ToolUse>,
     /// Tokens consumed by recorded model calls.
@@ -676,7 +680,7 @@ impl SessionState {
             turn: 0,
             step: 0,
             pending_model: None,
-            pending_tool: None,
+            pending_tools: Vec::new(),
             queued_tools: Vec::new(),
             usage: Usage::default(),
             cost_micro_usd: 0,
@@ -987,7 +991,7 @@ impl SessionState {
         if let Some(p) = &self.pending_model {
             return Next::ResolveModel(p.clone());
         }
-        if let Some(p) = &self.pending_tool {
+        if let Some(p) = self.pending_tools.first() {
             return Next::ResolveTool(p.clone());
         }
         if self.status != Status::Running {
@@ -1011,7 +1015,7 @@ impl SessionState {
     pub fn tool_after_reply(&self, content: &[Block], now_ms: u64) -> Option<ToolUse> {
         if self.ended
             || self.waiting.is_some()
-            || self.pending_tool.is_some()
+            || !self.pending_tools.is_empty()
             || self.status != Status::Running
         {
             return None;
@@ -1269,8 +1273,9 @@ impl SessionState {
                 if self.status != Status::Running || self.waiting.is_some() {
                     return Err(bad("only a running turn can start a wait"));
                 }
-                if call_id.is_some()
-                    && self.pending_tool.as_ref().map(|p| &p.call_id) != call_id.as_ref()
+                if call_id
+                    .as_ref()
+                    .is_some_and(|id| self.pending_tool(id).is_none())
                 {
                     return Err(bad("the waiting tool call is not in flight"));
                 }
@@ -1489,14 +1494,13 @@ impl SessionState {
                 class,
                 snapshot_before,
             } => {
-                match self.next() {
-                    Next::RunTool(t) if &t.id == call_id => {}
-                    _ => return Err(bad("this tool call is not the next one due")),
+                if !self.may_begin(call_id) {
+                    return Err(bad("this tool call is not one of the running reply's"));
                 }
                 if snapshot_before.is_some() {
                     self.last_snapshot = snapshot_before.clone();
                 }
-                self.pending_tool = Some(PendingTool {
+                self.pending_tools.push(PendingTool {
                     call_id: call_id.clone(),
                     tool: tool.clone(),
                     input: input.clone(),
@@ -1571,7 +1575,7 @@ impl SessionState {
             } => {
                 for id in call_ids {
                     let call =
-                        if let Some(p) = self.pending_tool.as_mut().filter(|p| &p.call_id == id) {
+                        if let Some(p) = self.pending_tools.iter_mut().find(|p| &p.call_id == id) {
                             if *admitted && !p.egress.contains(destination) {
                                 p.egress.push(destination.clone());
                             }
@@ -1607,7 +1611,7 @@ impl SessionState {
             }
             Event::SandboxLost { call_id, .. } => {
                 if let Some(id) = call_id {
-                    let native = self.pending_tool.as_ref().map(|p| &p.call_id) == Some(id);
+                    let native = self.pending_tool(id).is_some();
                     let wrapped = self
                         .wrapped_tools
                         .iter()
@@ -1628,7 +1632,7 @@ impl SessionState {
                 if *stopped {
                     if *turn != self.turn
                         || !matches!(self.status, Status::Running | Status::Waiting)
-                        || self.pending_tool.is_some()
+                        || !self.pending_tools.is_empty()
                     {
                         return Err(bad(
                             "an interrupt stops a running turn, after its tool outcome",
@@ -1770,7 +1774,7 @@ impl SessionState {
                 self.ended = true;
                 self.escalated = None;
                 self.pending_model = None;
-                self.pending_tool = None;
+                self.pending_tools.clear();
                 self.waiting = None;
             }
         }
@@ -1884,7 +1888,7 @@ impl SessionState {
     /// may have affected the world: its class, or external once it was seen sending
     /// out of the sandbox.
     pub fn effective_class_of(&self, call_id: &str) -> Option<ToolClass> {
-        if let Some(p) = self.pending_tool.as_ref().filter(|p| p.call_id == call_id) {
+        if let Some(p) = self.pending_tool(call_id) {
             return Some(p.effective_class());
         }
         self.wrapped_tools
@@ -1939,14 +1943,55 @@ impl SessionState {
     }
 
     fn take_pending_tool(&mut self, call_id: &str) -> Option<PendingTool> {
-        match &self.pending_tool {
-            Some(p) if p.call_id == call_id => self.pending_tool.take(),
-            _ => None,
-        }
+        let at = self
+            .pending_tools
+            .iter()
+            .position(|p| p.call_id == call_id)?;
+        Some(self.pending_tools.remove(at))
+    }
+
+    /// The native loop's call `call_id`, if it has begun and has no result yet.
+    pub fn pending_tool(&self, call_id: &str) -> Option<&PendingTool> {
+        self.pending_tools.iter().find(|p| p.call_id == call_id)
+    }
+
+    /// Whether the native loop's call `call_id` may begin now: it is a call of the
+    /// running turn's last reply that has not begun, and nothing stands before tool
+    /// calls (a wait, a model call, the session's end). Siblings of one reply may
+    /// begin while others run.
+    pub fn may_begin(&self, call_id: &str) -> bool {
+        !self.ended
+            && self.waiting.is_none()
+            && self.pending_model.is_none()
+            && self.status == Status::Running
+            && self.queued_tools.iter().any(|t| t.id == call_id)
+            && self.pending_tool(call_id).is_none()
+    }
+
+    /// The calls of the last reply that may begin now, in the reply's order.
+    pub fn ready_tools(&self) -> Vec<ToolUse> {
+        self.queued_tools
+            .iter()
+            .filter(|t| self.may_begin(&t.id))
+            .cloned()
+            .collect()
+    }
+
+    /// The tool-use ids of the last assistant message, in its order.
+    fn tool_use_order(&self) -> Vec<String> {
+        self.conversation
+            .iter()
+            .rev()
+            .find(|m| m.role == Role::Assistant)
+            .map(|m| m.tool_uses().map(|t| t.id.clone()).collect())
+            .unwrap_or_default()
     }
 
     /// Records a tool result: removes the call from the queue and adds its result to
     /// the user message that follows the model's reply.
+    /// Results stand in the order of the reply's tool uses, however the calls finished
+    /// (calls of one reply may run at once): the conversation is the same whichever
+    /// finished first.
     fn push_result(&mut self, call_id: &str, content: String, is_error: bool) {
         self.queued_tools.retain(|t| t.id != call_id);
         let block = Block::ToolResult {
@@ -1954,12 +1999,23 @@ impl SessionState {
             content,
             is_error,
         };
+        let order = self.tool_use_order();
+        let rank = |id: &str| order.iter().position(|o| o == id).unwrap_or(usize::MAX);
         match self.conversation.last_mut() {
             Some(m)
                 if m.role == Role::User
                     && matches!(m.content.first(), Some(Block::ToolResult { .. })) =>
             {
-                m.content.push(block)
+                let mine = rank(call_id);
+                let at = m
+                    .content
+                    .iter()
+                    .position(|b| match b {
+                        Block::ToolResult { tool_use_id, .. } => rank(tool_use_id) > mine,
+                        _ => false,
+                    })
+                    .unwrap_or(m.content.len());
+                m.content.insert(at, block)
             }
             _ => self.conversation.push(Message {
                 role: Role::User,

@@ -661,7 +661,7 @@ fn a_connection_seen_at_the_proxy_makes_its_calls_external_from_then_on() {
         denied: false,
     });
     let state = fold(&native.0).unwrap();
-    let pending = state.pending_tool.as_ref().unwrap();
+    let pending = state.pending_tool("c").unwrap();
     assert!(pending.egress.is_empty());
     assert_eq!(pending.effective_class(), ToolClass::Mutate);
     assert!(state.seen_reaching_out("bash", &json!({"command": "true"})));
@@ -736,4 +736,75 @@ fn a_fork_may_change_a_wrapped_sessions_cli_and_only_its() {
     let mut plain = Log::new();
     plain.push(forked(None));
     assert_eq!(fold(&plain.0).unwrap().agent, "native");
+}
+
+#[test]
+fn calls_of_one_reply_run_at_once_and_their_results_keep_the_replys_order() {
+    let mut log = Log::new();
+    log.push(Event::UserMessage {
+        turn: 1,
+        text: "fix it".into(),
+        inbox_id: None,
+    });
+    log.model("m1", 1, &["t1", "t2", "t3"]);
+    log.tool_intent("t1", ToolClass::Read);
+    log.tool_intent("t3", ToolClass::Mutate);
+    log.tool_intent("t2", ToolClass::Read);
+    let state = fold(&log.0).unwrap();
+    assert_eq!(state.pending_tools.len(), 3);
+    assert!(!state.may_begin("t2"), "a call begins once");
+    // A crash here: each begun call is resolved, the first begun first.
+    assert!(matches!(state.next(), Next::ResolveTool(p) if p.call_id == "t1"));
+    // An interrupt that ends the turn waits for every outcome.
+    let mut early = Log(log.0.clone());
+    early.tool_outcome("t1");
+    early.push(Event::TurnInterrupted {
+        turn: 1,
+        by: "u".into(),
+        inbox_id: 1,
+        call_id: None,
+        stopped: true,
+    });
+    assert!(fold(&early.0).is_err());
+    log.tool_outcome("t1");
+    log.tool_outcome("t3");
+    log.push(Event::ToolCallInterrupted {
+        call_id: "t2".into(),
+        resolution: ToolResolution::Rerun,
+    });
+    let state = fold(&log.0).unwrap();
+    assert_eq!(state.last_snapshot.as_deref(), Some("after-t3"));
+    // The read cut off runs again, alone: it is the one call left.
+    assert_eq!(state.ready_tools().len(), 1);
+    assert!(matches!(state.next(), Next::RunTool(t) if t.id == "t2"));
+    log.tool_intent("t2", ToolClass::Read);
+    log.tool_outcome("t2");
+    let state = fold(&log.0).unwrap();
+    let order: Vec<&str> = state.conversation[2]
+        .content
+        .iter()
+        .map(|b| match b {
+            Block::ToolResult { tool_use_id, .. } => tool_use_id.as_str(),
+            _ => "",
+        })
+        .collect();
+    assert_eq!(
+        order,
+        ["t1", "t2", "t3"],
+        "results stand in the reply's order"
+    );
+    assert_eq!(state.next(), Next::CallModel { step: 2 });
+}
+
+#[test]
+fn a_call_not_of_the_running_reply_cannot_begin() {
+    let mut log = Log::new();
+    log.push(Event::UserMessage {
+        turn: 1,
+        text: "fix it".into(),
+        inbox_id: None,
+    });
+    log.model("m1", 1, &["t1"]);
+    log.tool_intent("t9", ToolClass::Read);
+    assert!(fold(&log.0).is_err());
 }

@@ -820,7 +820,7 @@ pub(crate) async fn show<W: World + Clone>(
             .waiting
             .as_ref()
             .and_then(|w| w.call_id.as_ref())
-            .and_then(|id| s.pending_tool.as_ref().filter(|p| &p.call_id == id))
+            .and_then(|id| s.pending_tool(id))
             .map(|p| wire::WaitingCall {
                 call_id: p.call_id.clone(),
                 tool: p.tool.clone(),
