@@ -1,13 +1,18 @@
-//! One journal policy, the same for every agent, through the API and a worker: a
-//! tools sandbox that dies in the middle of a command. For the native agent and for
-//! Claude Code, Codex, Pi and OpenCode, the death is recorded (`sandbox_lost`), the
-//! cut-off command is rolled back (its half-done append is gone) and the model told,
-//! it runs once more in a new sandbox, and the turn finishes with each effect in the
-//! workspace once.
+//! Journal policies, the same for every agent, through the API and a worker, for the
+//! native agent and for Claude Code, Codex, Pi and OpenCode:
+//! - a tools sandbox that dies in the middle of a command: the death is recorded
+//!   (`sandbox_lost`), the cut-off command is rolled back (its half-done append is
+//!   gone) and the model told, it runs once more in a new sandbox, and the turn
+//!   finishes with each effect in the workspace once;
+//! - a worker killed (`SIGKILL`) while a command runs that has already had its external
+//!   effect: with no reconciler for it (a `curl -X POST`), the next worker resolves it
+//!   as *outcome unknown*; with one (a `git push`, checked against the remote), as done
+//!   with the evidence. Either way the effect happened once and the call never ran again.
 
 mod common;
 
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::{agents_dir, call, idle_after, installed, kind, wait_for};
@@ -126,7 +131,10 @@ async fn sandbox_dies_mid_command(agent: &str, model: &str) {
     );
     let log: Vec<Value> =
         common::log_lines(command(dir.path(), &fake, &["log", &id, "--json"])).await;
-    let kinds: Vec<String> = log.iter().map(kind).collect();
+    let kinds: Vec<String> = log
+        .iter()
+        .map(|r| format!("{} {} {}", kind(r), r["epoch"], r["at_ms"]))
+        .collect();
     let lost = kinds
         .iter()
         .position(|k| k == "sandbox_lost")
@@ -154,5 +162,206 @@ async fn a_sandbox_that_dies_mid_command_is_handled_alike_for_every_agent() {
             installed(agent).await;
         }
         sandbox_dies_mid_command(agent, model).await;
+    }
+}
+
+/// An external effect a command has, then goes on running.
+#[derive(Debug, Clone, Copy)]
+enum Effect {
+    /// A POST to a counter: nothing can tell afterwards whether it happened.
+    Post,
+    /// A push to a bare repository: the `git push` reconciler checks the remote.
+    Push,
+}
+
+fn git(dir: &Path, args: &[&str]) {
+    let out = std::process::Command::new("git")
+        .current_dir(dir)
+        .args(["-c", "user.name=Dev", "-c", "user.email=dev@example.com"])
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+}
+
+/// A worker killed right after a command's external effect, the command still running;
+/// a new worker takes the session over. The effect is never made again, and the call is
+/// resolved as `effect` says it can be.
+async fn cut_off_after_its_effect(agent: &str, model: &str, effect: Effect) {
+    let dir = tempfile::tempdir().unwrap();
+    let (port, hits) = common::counter();
+    let remote = dir.path().join("remote.git");
+    let command = match effect {
+        Effect::Post => format!("curl -sf -X POST -d go http://localhost:{port}/count && sleep 8"),
+        Effect::Push => "git push -q origin main && sleep 8".to_string(),
+    };
+    // The agent makes the repository it pushes (a logical workspace is Steadfast's own
+    // copy: what is in it is the agent's work).
+    let setup = format!(
+        "git init -q -b main && git -c user.name=Dev -c user.email=dev@example.com \
+         commit -q --allow-empty -m first && git remote add origin {}",
+        remote.display()
+    );
+    let mut steps = vec![
+        json!({"text": "Shipping.", "tool_calls": [{"name": "bash", "input": {"command": command}}]}),
+        json!({"text": "Done."}),
+    ];
+    if let Effect::Push = effect {
+        steps.insert(
+            0,
+            json!({"text": "A repository.", "tool_calls": [{"name": "bash", "input": {"command": setup}}]}),
+        );
+    }
+    let fake =
+        FakeProvider::start(Script::from_json(&json!({ "steps": steps }).to_string()).unwrap())
+            .await
+            .unwrap();
+    // The push goes to a repository on this host, which only the local backend reaches.
+    let config = match effect {
+        Effect::Post => {
+            format!("[sandbox]\nbackend = \"bwrap\"\ninternal-hosts = [\"localhost:{port}\"]\n")
+        }
+        Effect::Push => "[sandbox]\nbackend = \"local\"\n".to_string(),
+    } + "[harness]\nlease-ttl-secs = 3\n";
+    std::fs::write(dir.path().join("steadfast.toml"), config).unwrap();
+    let (_api, mut worker, url) = common::site_api(dir.path(), &agents_dir(), &fake).await;
+    let mut body = json!({"agent": agent, "model": model, "workspace": {"kind": "empty"}});
+    if let Effect::Post = effect {
+        body["network"] = json!(format!("allow:localhost:{port}"));
+    }
+    let (status, created) = call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions"),
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let pushes =
+        || std::fs::read_to_string(remote.join("pushes.log")).map_or(0, |s| s.lines().count());
+    if let Effect::Push = effect {
+        git(
+            dir.path(),
+            &[
+                "init",
+                "-q",
+                "--bare",
+                "-b",
+                "main",
+                remote.to_str().unwrap(),
+            ],
+        );
+        let hook = remote.join("hooks/post-receive");
+        std::fs::write(
+            &hook,
+            "#!/bin/sh\necho pushed >> \"$(dirname \"$0\")/../pushes.log\"\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+    }
+    // Queued, its turn's stream not read: the turn runs on the worker.
+    let sent = reqwest::Client::new()
+        .post(format!("{url}/v1/sessions/{id}/messages"))
+        .header("accept", "application/json")
+        .json(&json!({"text": "ship it"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sent.status(), 202);
+    let label = format!("{agent}, {effect:?}");
+    for waited in 0.. {
+        let made = match effect {
+            Effect::Post => hits.load(Ordering::SeqCst),
+            Effect::Push => pushes(),
+        };
+        if made == 1 {
+            break;
+        }
+        if waited == 600 {
+            let events = common::event_page(&format!("{url}/v1/sessions/{id}/events")).await;
+            panic!("{label}: the effect never happened: {events:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    worker.start_kill().unwrap();
+    worker.wait().await.unwrap();
+    let _next = common::site_command(
+        dir.path(),
+        &agents_dir(),
+        &fake,
+        &["worker", "--workers", "1"],
+    )
+    .spawn()
+    .unwrap();
+
+    let shown = tokio::time::timeout(Duration::from_secs(180), idle_after(&url, &id, 1))
+        .await
+        .unwrap_or_else(|_| panic!("{label}: the turn finished"));
+    assert_eq!(shown["reply"], "Done.", "{label}: {shown}");
+    let made = match effect {
+        Effect::Post => hits.load(Ordering::SeqCst),
+        Effect::Push => pushes(),
+    };
+    assert_eq!(made, 1, "{label}: the effect happened once");
+    let log: Vec<Value> = common::log_lines(common::site_command(
+        dir.path(),
+        &agents_dir(),
+        &fake,
+        &["log", &id, "--json"],
+    ))
+    .await;
+    let of = |kind_: &str| -> Vec<&Value> {
+        log.iter()
+            .filter(|r| kind(r) == kind_)
+            .map(|r| &r["event"][kind_])
+            .collect()
+    };
+    let intents: Vec<_> = of("tool_call_intent")
+        .into_iter()
+        .filter(|i| {
+            i["input"].to_string().contains(match effect {
+                Effect::Post => "/count",
+                Effect::Push => "git push",
+            })
+        })
+        .collect();
+    assert_eq!(
+        intents.len(),
+        1,
+        "{label}: the call began once: {intents:?}"
+    );
+    assert_eq!(intents[0]["class"], "external", "{label}");
+    let cut_off = of("tool_call_interrupted");
+    let kinds: Vec<String> = log.iter().map(kind).collect();
+    assert_eq!(cut_off.len(), 1, "{label}: {kinds:?}");
+    assert_eq!(cut_off[0]["call_id"], intents[0]["call_id"], "{label}");
+    let resolution = &cut_off[0]["resolution"];
+    match effect {
+        Effect::Post => assert_eq!(
+            resolution["kind"], "outcome_unknown",
+            "{label}: {resolution}"
+        ),
+        Effect::Push => {
+            assert_eq!(resolution["kind"], "reconciled", "{label}: {resolution}");
+            assert_eq!(resolution["done"], true, "{label}: {resolution}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_external_call_is_never_run_again_with_or_without_a_reconciler_for_every_agent() {
+    for (agent, model) in AGENTS
+        .iter()
+        .filter(|c| std::env::var("ONLY").map_or(true, |o| o == c.0))
+    {
+        if *agent != "native" {
+            installed(agent).await;
+        }
+        for effect in [Effect::Post, Effect::Push] {
+            cut_off_after_its_effect(agent, model, effect).await;
+        }
     }
 }
