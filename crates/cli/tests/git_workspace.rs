@@ -3,7 +3,8 @@
 //! with a credential from the caller's vault; the sandbox sees the history and a remote
 //! with no secret, and finds the credential nowhere (files, environment, processes);
 //! inside, `git push` has neither credential nor route; the agent commits and asks for
-//! `git_push`, which the harness does with the credential. A worker SIGKILLed right
+//! `git_push`, which the harness does with the credential (for the native agent and
+//! every wrapped CLI, whose `git_push` comes through the journal). A worker SIGKILLed right
 //! after the push (or right before it) is replaced, and the branch is pushed exactly
 //! once either way. Nothing Steadfast stores holds the credential.
 
@@ -75,14 +76,23 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
     let repos = dir.path().join("repos");
     std::fs::create_dir_all(&repos).unwrap();
     // One repository per crash: right after the push, and right before it, in the
-    // native loop; right after it in a wrapped CLI (Claude Code), whose `git_push`
-    // comes through the journaled MCP server.
-    common::installed("claude-code").await;
-    let rounds = [
+    // native loop; right after it in each wrapped CLI, whose `git_push` comes through
+    // the journaled MCP server.
+    let wrapped = ["claude-code", "codex", "pi", "opencode"];
+    for agent in wrapped {
+        common::installed(agent).await;
+    }
+    let rounds: Vec<(&str, &str)> = [
         (steadfast_fault::points::TOOL_EFFECT, "native"),
         (steadfast_fault::points::TOOL_INTENT, "native"),
-        (steadfast_fault::points::TOOL_EFFECT, "claude-code"),
-    ];
+    ]
+    .into_iter()
+    .chain(
+        wrapped
+            .iter()
+            .map(|agent| (steadfast_fault::points::TOOL_EFFECT, *agent)),
+    )
+    .collect();
     for i in 0..rounds.len() {
         repository(&repos, &format!("widgets{i}"));
     }
@@ -122,7 +132,18 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
         &format!("[sandbox]\nbackend = \"bwrap\"\ninternal-hosts = [\"{forge}\"]\n"),
     );
     let home = site.home.clone();
-    let (_api, url) = site.serve(&fake, "0").await;
+    // (Codex's model is OpenAI's, played by the same fake.)
+    let command = |args: &[&str]| {
+        let mut command = site.command(&fake, args);
+        command
+            .env("OPENAI_API_KEY", "sk-openai-the-harness-real-key")
+            .env("OPENAI_BASE_URL", format!("{}/v1", fake.base_url()));
+        command
+    };
+    let mut _api = command(&["serve", "--listen", "127.0.0.1:0", "--workers", "0"])
+        .spawn()
+        .unwrap();
+    let url = common::printed_url(&mut _api).await;
     put_credential(&url, "forge", TOKEN).await;
     put_credential(&url, "stale", "not-the-token").await;
     let sessions = format!("{url}/v1/sessions");
@@ -213,6 +234,7 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
             Some(json!({
                 "task": "add a twice function and push it",
                 "agent": agent,
+                "model": if *agent == "codex" { "openai/gpt-5" } else { "anthropic/claude-sonnet-4-5" },
                 "workspace": {"kind": "git", "url": server.url(&name), "credential": "forge", "ref": "main"},
             })))
         .await;
@@ -221,14 +243,14 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
         let workspace = common::workspace_in(&home, &created);
 
         // The third tool call is the push: the first worker dies at `fault` in it.
-        let mut doomed = site.command(&fake, &["worker"]);
+        let mut doomed = command(&["worker"]);
         doomed.env("STEADFAST_FAULT", format!("{fault}:3"));
         let status = tokio::time::timeout(std::time::Duration::from_secs(120), doomed.status())
             .await
             .expect("the worker reached the fault")
             .unwrap();
         assert!(!status.success(), "{fault}: the worker was to abort");
-        let mut worker = site.command(&fake, &["worker"]).spawn().unwrap();
+        let mut worker = command(&["worker"]).spawn().unwrap();
         wait_for("the turn to end", async || {
             reqwest::get(format!("{sessions}/{id}"))
                 .await
@@ -297,8 +319,8 @@ async fn a_cloned_repository_is_pushed_once_with_a_credential_the_sandbox_never_
             .map(|e| &e["resolution"])
             .collect();
         let done = *fault == steadfast_fault::points::TOOL_EFFECT;
-        assert_eq!(resolutions.len(), 1, "{resolutions:?}");
-        assert_eq!(resolutions[0]["kind"], "reconciled");
+        assert_eq!(resolutions.len(), 1, "{agent}: {resolutions:?}");
+        assert_eq!(resolutions[0]["kind"], "reconciled", "{agent}");
         assert_eq!(resolutions[0]["done"], done, "{fault}: {}", resolutions[0]);
         assert!(holding(&workspace, TOKEN).is_empty());
     }
