@@ -299,6 +299,10 @@ pub struct HarnessConfig {
     /// Records appended since the last checkpoint before the next one is stored, at
     /// a turn's end or a compaction (default 256).
     pub checkpoint_every: Option<u64>,
+    /// The longest a workspace snapshot around a tool call may take, seconds (default
+    /// 600). A call whose snapshot before it takes longer does not run, and the agent is
+    /// told so; raise it for very large workspaces on slow disks.
+    pub snapshot_timeout_secs: Option<u64>,
 }
 
 impl LimitsConfig {
@@ -463,6 +467,12 @@ impl Config {
             &mut options.checkpoint_every,
             |n: u64| n.max(1),
             |o| *o,
+        );
+        Binding::new(way).each(
+            &mut h.snapshot_timeout_secs,
+            &mut options.snapshot_timeout,
+            secs,
+            as_secs,
         );
         Binding::new(way).each(
             &mut h.drive_cache_mb,
@@ -884,6 +894,7 @@ mod tests {
             compact-at = 0.6
             compaction = false
             checkpoint-every = 99
+            snapshot-timeout-secs = 45
             drive-cache-mb = 321
             [sandbox]
             default-timeout-secs = 11

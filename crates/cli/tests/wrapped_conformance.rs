@@ -365,3 +365,104 @@ async fn a_cut_off_external_call_is_never_run_again_with_or_without_a_reconciler
         }
     }
 }
+
+/// A worker whose snapshots may take no time at all (`[harness] snapshot-timeout-secs
+/// = 0`): a command that would change the workspace is never run, since what it changed
+/// could be neither recorded nor undone. The agent is told so as the call's result (one
+/// outcome, an error, nothing snapshotted), and the turn goes on.
+async fn snapshot_times_out(agent: &str, model: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeProvider::start(
+        Script::from_json(
+            &json!({"steps": [
+                {"text": "Writing.", "tool_calls": [{"name": "bash", "input": {"command": "echo ran > ran.txt"}}]},
+                {"text": "Done."},
+            ]})
+            .to_string(),
+        )
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    std::fs::write(
+        dir.path().join("steadfast.toml"),
+        "[sandbox]\nbackend = \"bwrap\"\n",
+    )
+    .unwrap();
+    // The API server takes the session's first snapshot as usual; the worker's run out.
+    let worker_config = dir.path().join("worker.toml");
+    std::fs::write(
+        &worker_config,
+        "[sandbox]\nbackend = \"bwrap\"\n[harness]\nsnapshot-timeout-secs = 0\n",
+    )
+    .unwrap();
+    let mut api = common::site_command(
+        dir.path(),
+        &agents_dir(),
+        &fake,
+        &["serve", "--listen", "127.0.0.1:0", "--workers", "0"],
+    )
+    .spawn()
+    .unwrap();
+    let url = common::printed_url(&mut api).await;
+    let _worker = common::site_command(
+        dir.path(),
+        &agents_dir(),
+        &fake,
+        &["worker", "--workers", "1"],
+    )
+    .env("STEADFAST_CONFIG", &worker_config)
+    .spawn()
+    .unwrap();
+    let (status, created) = call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions"),
+        Some(json!({"agent": agent, "model": model, "workspace": {"kind": "empty"}, "task": "write it"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let workspace = common::workspace_in(&dir.path().join("home"), &created);
+    let shown = tokio::time::timeout(Duration::from_secs(180), idle_after(&url, &id, 1))
+        .await
+        .unwrap_or_else(|_| panic!("{agent}: the turn finished"));
+    assert_eq!(shown["reply"], "Done.", "{agent}: {shown}");
+    assert!(!workspace.join("ran.txt").exists(), "{agent}: nothing ran");
+    let log: Vec<Value> =
+        common::log_lines(command(dir.path(), &fake, &["log", &id, "--json"])).await;
+    let kinds: Vec<String> = log.iter().map(kind).collect();
+    let intents: Vec<usize> = (0..log.len())
+        .filter(|&i| kinds[i] == "tool_call_intent")
+        .collect();
+    assert_eq!(intents.len(), 1, "{agent}: {kinds:?}");
+    let intent = &log[intents[0]]["event"]["tool_call_intent"];
+    assert!(intent["snapshot_before"].is_null(), "{agent}: {intent}");
+    assert_eq!(
+        kinds[intents[0] + 1],
+        "tool_call_outcome",
+        "{agent}: {kinds:?}"
+    );
+    let outcome = &log[intents[0] + 1]["event"]["tool_call_outcome"];
+    assert_eq!(outcome["is_error"], true, "{agent}: {outcome}");
+    assert!(
+        outcome["output"].to_string().contains("did not run"),
+        "{agent}: {outcome}"
+    );
+    assert!(
+        !kinds.iter().any(|k| k == "tool_call_interrupted"),
+        "{agent}: nothing was left to resolve: {kinds:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_snapshot_times_out_never_runs_and_is_told_alike_for_every_agent() {
+    for (agent, model) in AGENTS
+        .iter()
+        .filter(|c| std::env::var("ONLY").map_or(true, |o| o == c.0))
+    {
+        if *agent != "native" {
+            installed(agent).await;
+        }
+        snapshot_times_out(agent, model).await;
+    }
+}

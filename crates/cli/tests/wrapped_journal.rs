@@ -234,7 +234,7 @@ async fn a_replay_only_moves_the_workspace_forward_and_new_calls_run_at_the_fron
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_call_whose_snapshot_takes_too_long_never_runs() {
+async fn a_call_whose_snapshot_before_takes_too_long_never_runs_and_the_agent_is_told() {
     let s = setup().await;
     // A workspace of many files, and a drive on this host that has not seen it yet:
     // its first snapshot reads every file, which no deadline of zero allows.
@@ -266,14 +266,32 @@ async fn a_call_whose_snapshot_takes_too_long_never_runs() {
         Arc::new(StdMutex::new(Some(s.start.clone()))),
     )
     .with_snapshot_timeout(Duration::ZERO);
-    let refused = journal.call("bash", &bash("echo ran > ran.txt")).await;
-    assert!(refused.is_err(), "{refused:?}");
+    let (told, is_error) = journal
+        .call("bash", &bash("echo ran > ran.txt"))
+        .await
+        .unwrap();
+    assert!(is_error && told.contains("did not run"), "{told}");
     assert!(!s.ws.join("ran.txt").exists(), "nothing ran");
+    // Recorded as begun and answered at once: its one outcome is the error the agent
+    // was told, with no snapshot on either side.
     let log = s.world.read("ses_t", 1).await.unwrap();
-    assert!(
-        log.iter().all(|r| r.event.kind() != "tool_call_intent"),
-        "no intent was recorded for a call that never started"
-    );
+    let kinds: Vec<&str> = log.iter().map(|r| r.event.kind()).collect();
+    let intent = kinds.iter().position(|k| *k == "tool_call_intent").unwrap();
+    assert_eq!(kinds[intent + 1], "tool_call_outcome", "{kinds:?}");
+    match (&log[intent].event, &log[intent + 1].event) {
+        (
+            Event::ToolCallIntent {
+                snapshot_before: None,
+                ..
+            },
+            Event::ToolCallOutcome {
+                is_error: true,
+                snapshot_after: None,
+                ..
+            },
+        ) => {}
+        other => panic!("{other:?}"),
+    }
     // The abandoned snapshot goes on in the background, holding the workspace: one
     // more waits for it, so the test's directory is not removed under it.
     let ws = s.ws.clone();

@@ -72,6 +72,15 @@ pub enum Error {
     Task(String),
 }
 
+impl Error {
+    /// Whether this is a snapshot abandoned at its deadline (see
+    /// [`Drive::snapshot_within`]): nothing is wrong with the workspace, it is only too
+    /// big (or its disk too slow) to read in the time allowed.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::TimedOut)
+    }
+}
+
 /// An object a snapshot reaches that the store no longer holds as written.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct LostObject {

@@ -939,7 +939,12 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             let _writer = self.recording.lock().await;
             self.to_frontier().await?;
             let snapshot_before = if touches {
-                Some(self.snapshot().await?)
+                match self.snapshot().await {
+                    Err(Error::Drive(e)) if e.is_timeout() => {
+                        return self.record_not_run(call).await;
+                    }
+                    snapshot => Some(snapshot?),
+                }
             } else {
                 None
             };
@@ -1055,6 +1060,43 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
         Ok(Ran::Done {
             text: shown,
             is_error: out.is_error,
+        })
+    }
+
+    /// A call whose snapshot before could not be taken in time (see
+    /// [`Self::with_snapshot_timeout`]): it never runs, since its effect could be neither
+    /// told apart nor undone. It is recorded as begun and answered at once with an error
+    /// that says so, the same for every agent, and the agent decides what next (the
+    /// abandoned snapshot goes on in the background, so the next one is quicker).
+    async fn record_not_run(&self, call: Call) -> Result<Ran> {
+        let text = format!(
+            "[steadfast] this call did not run: the workspace snapshot before it took longer \
+             than {} s, so what it changed could not have been recorded or undone. Nothing \
+             was changed; run it again.",
+            self.snapshot_timeout.as_secs()
+        );
+        tracing::warn!(session = %self.live.lease().session, tool = %call.tool, "a call's snapshot before it timed out: not run");
+        self.live
+            .append(&[
+                Event::ToolCallIntent {
+                    call_id: call.id.clone(),
+                    tool: call.tool,
+                    input: call.input,
+                    class: call.class,
+                    snapshot_before: None,
+                },
+                Event::ToolCallOutcome {
+                    call_id: call.id,
+                    is_error: true,
+                    exit_code: None,
+                    output: Output::Inline { text: text.clone() },
+                    snapshot_after: None,
+                },
+            ])
+            .await?;
+        Ok(Ran::Done {
+            text,
+            is_error: true,
         })
     }
 
