@@ -109,10 +109,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// The paths a session changed since it began, one line each, for its final
     /// record and reports.
     pub(crate) fn changes_since_start(&self, state: &SessionState) -> Vec<String> {
-        let (Some(first), Some(last)) = (&state.initial_snapshot, &state.last_snapshot) else {
-            return Vec::new();
-        };
-        self.drive.change_lines(first, last)
+        steadfast_journal::escalate::changes_since_start(&self.drive, state)
     }
 }
 

@@ -308,13 +308,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         let max_steps = self.harness.options.max_steps_per_turn;
         let breaker = self.live.with(|s| s.breaker(now_ms(), max_steps));
         if let Some((breaker, reason)) = breaker {
-            let diff = self.live.with(|s| self.harness.changes_since_start(s));
-            self.append(vec![Event::Escalated {
-                breaker,
-                reason,
-                diff,
-            }])
-            .await?;
+            self.journal.escalate(breaker, reason).await?;
             return Ok(None);
         }
         let next = self.live.with(SessionState::next);

@@ -137,7 +137,7 @@ const FRONTIER: ResultPlace = (u32::MAX, usize::MAX);
 /// were recorded, whatever order the restarted agent asks in.
 pub struct Journal<W, S> {
     pub(crate) live: Arc<LiveSession<W>>,
-    drive: Drive,
+    pub(crate) drive: Drive,
     blobs: Blobs,
     workspace: PathBuf,
     /// The sandbox tools run in: made by the first call that needs one, and made again

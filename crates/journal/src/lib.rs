@@ -12,6 +12,7 @@
 //! runs them: the session's own MCP servers' ([`remote`]) and `git_push` ([`git`]).
 
 pub mod calls;
+pub mod escalate;
 pub mod explore;
 pub mod git;
 pub mod remote;

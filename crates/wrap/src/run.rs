@@ -481,19 +481,7 @@ pub async fn drive_turn<W: World + Clone + 'static>(
             }
         };
         if let Some((breaker, reason)) = gateway.escalation() {
-            let diff = {
-                let now = live.state();
-                match (&now.initial_snapshot, &now.last_snapshot) {
-                    (Some(first), Some(last)) => drive.change_lines(first, last),
-                    _ => Vec::new(),
-                }
-            };
-            live.append(&[Event::Escalated {
-                breaker,
-                reason: reason.clone(),
-                diff,
-            }])
-            .await?;
+            journal.escalate(breaker, reason.clone()).await?;
             report.reply = reason;
             return Ok(report);
         }
