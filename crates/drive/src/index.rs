@@ -24,7 +24,7 @@ use crate::tree::Node;
 use crate::watch::{Changes, Watcher};
 use crate::{io, Result};
 
-const SETTLE_NS: i128 = 2_000_000_000;
+pub(crate) const SETTLE_NS: i128 = 2_000_000_000;
 
 /// What identifies a file's version without reading it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

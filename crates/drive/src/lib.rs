@@ -348,11 +348,7 @@ impl Drive {
         for some in all.chunks(PREFETCH_CHUNK) {
             self.objects.prefetch(some)?;
         }
-        let logical = workspace
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(steadfast_log::is_workspace_id);
-        if !logical {
+        if !is_logical(workspace) {
             return Ok(());
         }
         let mut restored = self.restored.lock().expect("restored lock");
@@ -364,7 +360,8 @@ impl Drive {
     }
 
     /// Probes `workspace` (only `touched` directories, when given) and makes it
-    /// equal to tree `root`.
+    /// equal to tree `root`, leaving the index knowing what it made (see
+    /// [`restore::Seeds`]).
     fn restore_pass(
         &self,
         workspace: &Path,
@@ -386,7 +383,26 @@ impl Drive {
             found: &found,
             index,
         };
-        restore::apply(&self.objects, &current, workspace, "", root, false)
+        let mut seeds = Vec::new();
+        restore::apply(
+            &self.objects,
+            &current,
+            workspace,
+            "",
+            root,
+            false,
+            &mut seeds,
+        )?;
+        // What the restore made is known without reading it again, except in a user's
+        // directory over a shared store: its first snapshot reads (and uploads) every
+        // file again, since the directory may be another session's next, and what the
+        // first one's snapshots named may be collected once it is deleted.
+        if !self.objects.is_shared() || is_logical(workspace) {
+            for (rel, record) in seeds {
+                index.put(&rel, record)?;
+            }
+        }
+        Ok(())
     }
 
     /// The manifest of snapshot `id`: every path in it.
@@ -493,6 +509,15 @@ impl Drive {
         };
         hash.map(|hash| self.objects.get(&hash)).transpose()
     }
+}
+
+/// Whether `workspace` is a logical one (Steadfast's own copy, named by its id), which
+/// belongs to one session for good.
+fn is_logical(workspace: &Path) -> bool {
+    workspace
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(steadfast_log::is_workspace_id)
 }
 
 #[cfg(test)]

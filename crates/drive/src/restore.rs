@@ -1,12 +1,18 @@
 //! Making a workspace equal to a snapshot, touching only what differs: the workspace
 //! is probed first (stat only, through the index), and every directory whose tree
 //! already matches is skipped whole.
+//!
+//! A restore knows what it leaves in each directory it makes equal to a tree, so it
+//! leaves the index knowing it too ([`Seeds`]): the next snapshot finds each restored
+//! file's stamp unchanged and reads none of them. A workspace hydrated on a new host
+//! (a session taken over, a sandbox made again) then snapshots as quickly as a warm
+//! one, instead of reading every file before its first call.
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use crate::index::Index;
+use crate::index::{DirRecord, Index, Stamp};
 use crate::manifest::SpecialKind;
 use crate::store::ObjectStore;
 use crate::tree::{join, load_tree, Node};
@@ -33,8 +39,12 @@ impl Current<'_> {
     }
 }
 
+/// The index records a restore leaves behind, by directory: each directory it made
+/// equal to a tree, with the stamps of its files as the restore left them.
+pub(crate) type Seeds = Vec<(String, DirRecord)>;
+
 /// Makes directory `abs` (workspace path `rel`) equal to tree `target`. `fresh`: it
-/// was just made, empty.
+/// was just made, empty. What it made is added to `seeds`.
 pub(crate) fn apply(
     objects: &ObjectStore,
     current: &Current,
@@ -42,6 +52,7 @@ pub(crate) fn apply(
     rel: &str,
     target: &str,
     fresh: bool,
+    seeds: &mut Seeds,
 ) -> Result<()> {
     let none = BTreeMap::new();
     let have = if fresh {
@@ -89,7 +100,15 @@ pub(crate) fn apply(
                     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))
                         .map_err(io("chmod", &path))?;
                 }
-                apply(objects, current, &path, &join(rel, name), tree, fresh)?;
+                apply(
+                    objects,
+                    current,
+                    &path,
+                    &join(rel, name),
+                    tree,
+                    fresh,
+                    seeds,
+                )?;
                 let had_bits = match had {
                     Some(Node::Dir { mode, .. }) => mode.unwrap_or(0o755),
                     _ => 0o755,
@@ -153,7 +172,55 @@ pub(crate) fn apply(
             }
         }
     }
+    seeds.push((
+        rel.to_string(),
+        DirRecord {
+            tree: target.to_string(),
+            stamps: stamps_of(abs, &want, current.index.now_ns),
+            nodes: want,
+        },
+    ));
     Ok(())
+}
+
+/// The stamps of the files of `want` in directory `abs` that can be trusted as they
+/// are: the file is what the restore made it (its size, bits and time as recorded),
+/// and its time, which the restore set, is old enough that any later write gives it
+/// a new one (the rule that makes a stamp trustworthy, applied to a time the restore
+/// chose rather than the clock). The rest are read again by the next snapshot.
+fn stamps_of(abs: &Path, want: &BTreeMap<String, Node>, now_ns: i128) -> BTreeMap<String, Stamp> {
+    use nix::fcntl::AtFlags;
+    let mut stamps = BTreeMap::new();
+    for (name, node) in want {
+        let Node::File {
+            size,
+            exec,
+            mode,
+            mtime: Some(mtime),
+            ..
+        } = node
+        else {
+            continue;
+        };
+        let Ok(stat) = nix::sys::stat::fstatat(
+            nix::fcntl::AT_FDCWD,
+            &abs.join(name),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        ) else {
+            continue;
+        };
+        let as_made = stat.st_mode & nix::libc::S_IFMT == nix::libc::S_IFREG
+            && stat.st_size as u64 == *size
+            && (stat.st_mode & 0o111 != 0) == *exec
+            && crate::manifest::file_mode(stat.st_mode) == *mode
+            && stat.st_mtime == *mtime
+            && stat.st_mtime_nsec == 0;
+        let old_enough = now_ns - *mtime as i128 * 1_000_000_000 >= crate::index::SETTLE_NS;
+        if as_made && old_enough {
+            stamps.insert(name.clone(), Stamp::of(&stat));
+        }
+    }
+    stamps
 }
 
 /// Gives the file at `path` the modification time a snapshot recorded (none: a

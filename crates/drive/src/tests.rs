@@ -492,6 +492,69 @@ fn the_index_is_read_back_by_a_new_process() {
     assert_eq!(reopened.files_read(), 1, "only the changed file is read");
 }
 
+/// Gives every file under `dir` a modification time a minute ago, as a session's
+/// files mostly have.
+fn age(dir: &Path) {
+    let then = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+    for e in walkdir::WalkDir::new(dir) {
+        let e = e.unwrap();
+        if e.file_type().is_file() {
+            fs::File::options()
+                .write(true)
+                .open(e.path())
+                .unwrap()
+                .set_modified(then)
+                .unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_workspace_restored_on_another_host_snapshots_without_reading_a_file() {
+    let (d, drive, ws) = setup();
+    wide_tree(&ws);
+    age(&ws);
+    let id = drive.snapshot(&ws).unwrap();
+    // Another host: its own index over the same objects, and nothing of the workspace.
+    let host = Drive::open_at(d.path().join("host2"), d.path().join("drive/objects")).unwrap();
+    let there = d.path().join("there");
+    host.restore(&there, &id).unwrap();
+    let read = host.files_read();
+    assert_eq!(host.snapshot(&there).unwrap(), id);
+    assert_eq!(
+        host.files_read(),
+        read,
+        "the restore told the index what it made"
+    );
+    // A process started afresh on that host reads the index back too.
+    let restarted = Drive::open_at(d.path().join("host2"), d.path().join("drive/objects")).unwrap();
+    assert_eq!(restarted.snapshot(&there).unwrap(), id);
+    assert_eq!(restarted.files_read(), 0);
+    // A write after the restore, even one keeping the size, is seen.
+    let changed = there.join("pkg3/sub/f1.txt");
+    let len = fs::metadata(&changed).unwrap().len() as usize;
+    fs::write(&changed, "x".repeat(len)).unwrap();
+    let after = restarted.snapshot(&there).unwrap();
+    assert_ne!(after, id);
+    assert_eq!(restarted.files_read(), 1, "only the changed file is read");
+    assert_eq!(
+        restarted
+            .read_file(&after, "pkg3/sub/f1.txt")
+            .unwrap()
+            .unwrap(),
+        "x".repeat(len).as_bytes()
+    );
+    // A file whose recorded time is too recent to be told from a write made in the same
+    // moment is read again, not trusted.
+    fs::write(ws.join("fresh.txt"), "new").unwrap();
+    let with_fresh = drive.snapshot(&ws).unwrap();
+    let third = d.path().join("third");
+    host.restore(&third, &with_fresh).unwrap();
+    let read = host.files_read();
+    assert_eq!(host.snapshot(&third).unwrap(), with_fresh);
+    assert_eq!(host.files_read(), read + 1, "only the fresh file is read");
+}
+
 /// A small deterministic generator (no dependency for a test's dice).
 struct Dice(u64);
 

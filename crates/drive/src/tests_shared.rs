@@ -322,8 +322,8 @@ fn a_logical_workspace_restored_on_a_new_host_does_not_upload_its_files_again() 
         let b = host(dir.path(), &format!("host-b-{name}"), &store, 1 << 30);
         let there = dir.path().join("b").join(name);
         b.restore(&there, &id).unwrap();
-        // The first snapshot re-reads every file (the index never saw them); one
-        // file changed.
+        // One file changed. The first snapshot trusts what the restore made in a
+        // logical workspace, and re-reads every file of a user's directory.
         fs::write(there.join("src/deep/f9.rs"), "changed on b\n").unwrap();
         let after = b.snapshot(&there).unwrap();
         let uploaded = fresh_in(&bucket);
