@@ -165,9 +165,47 @@ fn measure(rounds: usize, store: Option<Shared>) -> anyhow::Result<()> {
         super::bench::median(restore_one).as_secs_f64() * 1e3,
         hydrate.as_secs_f64() * 1e3
     );
+    taken_over(dir.path(), &tree, &drive, &id, store.as_ref(), rounds)?;
     if let Some(store) = &store {
         hydrate_hosts(dir.path(), &tree, &git_dir, &id, store, rounds)?;
     }
+    Ok(())
+}
+
+/// What a session taken over by another host pays before its first call: the
+/// workspace (a logical one) hydrated there, then its first snapshot, against a
+/// snapshot with nothing changed on the host that has worked in it all along.
+fn taken_over(
+    dir: &Path,
+    tree: &Path,
+    drive: &Drive,
+    id: &str,
+    store: Option<&Shared>,
+    rounds: usize,
+) -> anyhow::Result<()> {
+    let mut timed = Rounds::default();
+    for round in 0..rounds {
+        let start = Instant::now();
+        drive.snapshot(tree)?;
+        let warm = start.elapsed();
+        let host = dir.join(format!("host-next-{round}"));
+        let next = match store {
+            Some(_) => host_drive(&host, store)?,
+            None => Drive::open_at(host.join("drive"), dir.join("drive").join("objects"))?,
+        };
+        let workspace = host.join("ws_takenover");
+        next.restore(&workspace, id)?;
+        let start = Instant::now();
+        next.snapshot(&workspace)?;
+        timed.push(warm, start.elapsed());
+        std::fs::remove_dir_all(&host)?;
+    }
+    println!(
+        "  first snapshot after hydrating on another host: {:.1} ms (median), against {:.1} ms on the host that had it, ratio {:.2}x",
+        timed.ours().as_secs_f64() * 1e3,
+        timed.base().as_secs_f64() * 1e3,
+        timed.ratio()
+    );
     Ok(())
 }
 
