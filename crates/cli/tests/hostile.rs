@@ -208,7 +208,21 @@ async fn a_server_others_use_refuses_to_start_without_an_isolating_sandbox() {
 
 #[tokio::test]
 async fn a_lost_output_blob_is_reported_with_its_position_by_log_and_resume() {
+    lost_blob_reported(false).await;
+    // `resume` wakes from the latest checkpoint (its cost does not grow with the
+    // history), and still says what was lost before it.
+    lost_blob_reported(true).await;
+}
+
+async fn lost_blob_reported(checkpointed: bool) {
     let dir = tempfile::tempdir().unwrap();
+    if checkpointed {
+        std::fs::write(
+            dir.path().join("steadfast.toml"),
+            "[harness]\ncheckpoint-every = 1\n",
+        )
+        .unwrap();
+    }
     let home = dir.path().join("home");
     let ws = dir.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
@@ -252,6 +266,17 @@ async fn a_lost_output_blob_is_reported_with_its_position_by_log_and_resume() {
             })
         })
         .expect("the big output went to a blob");
+    let checkpoint = String::from_utf8_lossy(&log.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|r| r["event"].get("checkpoint").is_some())
+        .filter_map(|r| r["seq"].as_u64())
+        .max();
+    assert_eq!(
+        checkpoint.is_some_and(|at| at > seq),
+        checkpointed,
+        "a checkpoint after the lost blob's record: {checkpoint:?}"
+    );
 
     std::fs::remove_file(home.join("blobs").join(&hash)).unwrap();
     let log = steadfast(&home, dir.path(), &fake, &["log", &id]).await;

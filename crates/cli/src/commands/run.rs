@@ -199,16 +199,30 @@ async fn report_changes<W: World + Clone, S: Sandbox>(
 
 pub async fn resume(home: &Path, config: &Config, args: ResumeArgs) -> anyhow::Result<ExitCode> {
     let world = setup::world(home, config, false).await?;
-    let records = world
-        .read(&args.session, 1)
-        .await
-        .with_context(|| format!("reading session {}", args.session))?;
-    let state = steadfast_log::fold(&records)
-        .with_context(|| format!("reading session {}", args.session))?;
+    // From the latest checkpoint: what waking costs does not grow with the history.
+    let (state, records) =
+        steadfast_world::load_state(&world, &setup::blobs(home, config)?, &args.session)
+            .await
+            .with_context(|| format!("reading session {}", args.session))?;
     let (harness, fake) = setup::harness(home, config, world, &state.model.provider).await?;
     // The model's context keeps excerpts, so a session can go on without its blobs;
-    // but a lost one is said, with its position, before it does.
+    // but a lost one is said, with its position: at once for what came since the
+    // checkpoint, and for the history before it while the session goes on.
     crate::commands::log::report_damage(harness.blobs(), &args.session, &records).await;
+    let earlier_damage = records.first().filter(|r| r.seq > 1).map(|first| {
+        let (world, blobs, session) = (
+            harness.world().clone(),
+            harness.blobs().clone(),
+            args.session.clone(),
+        );
+        let before = first.seq;
+        tokio::spawn(async move {
+            if let Ok(mut earlier) = world.read(&session, 1).await {
+                earlier.retain(|r| r.seq < before);
+                crate::commands::log::report_damage(&blobs, &session, &earlier).await;
+            }
+        })
+    });
     // A session bound to another host's directory is refused before its lease is
     // even asked for (that host may hold it a while yet, or be gone for good).
     if args.move_here.is_none() {
@@ -268,6 +282,9 @@ pub async fn resume(home: &Path, config: &Config, args: ResumeArgs) -> anyhow::R
     drop(awake);
     if !matches!(code, Ok(c) if c == ExitCode::from(130)) {
         report_changes(&harness, &session).await;
+    }
+    if let Some(check) = earlier_damage {
+        let _ = check.await;
     }
     drop(fake);
     code
