@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Output;
 
 use serde_json::Value;
@@ -17,7 +17,7 @@ use steadfast_testkit::{demo, FakeProvider, Script};
 
 mod common;
 
-use common::{events, stderr, tree};
+use common::{events, git, stderr, tree};
 
 const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
 const MODEL: &str = "anthropic/claude-sonnet-4-5";
@@ -591,20 +591,6 @@ async fn crashes_resume_on_the_postgres_world_too() {
     }
 }
 
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = std::process::Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
 #[tokio::test]
 async fn an_interrupted_git_push_is_reconciled_and_never_pushed_twice() {
     for point in ["tool.intent_committed", "tool.effect"] {
@@ -615,28 +601,8 @@ async fn an_interrupted_git_push_is_reconciled_and_never_pushed_twice() {
         .unwrap();
         let case = Case::new(script).await;
         // A bare remote outside the workspace, counting the pushes it receives.
-        let remote = case.dir.path().join("remote.git");
-        git(
-            case.dir.path(),
-            &[
-                "init",
-                "-q",
-                "--bare",
-                "-b",
-                "main",
-                remote.to_str().unwrap(),
-            ],
-        );
-        let hook = remote.join("hooks/post-receive");
-        std::fs::write(
-            &hook,
-            "#!/bin/sh\necho pushed >> \"$(dirname \"$0\")/../pushes.log\"\n",
-        )
-        .unwrap();
-        std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
-        let pushes =
-            || std::fs::read_to_string(remote.join("pushes.log")).map_or(0, |s| s.lines().count());
+        let remote = common::counting_remote(case.dir.path());
+        let pushes = || common::pushes(&remote);
         let ws = case.workspace();
         git(&ws, &["init", "-q", "-b", "main"]);
         git(&ws, &["config", "user.email", "agent@example.com"]);

@@ -9,7 +9,6 @@
 //! once either way. Nothing Steadfast stores holds the credential.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::{json, Value};
 use steadfast_testkit::git_server::GitServer;
@@ -17,26 +16,9 @@ use steadfast_testkit::{FakeProvider, Script};
 
 mod common;
 
-use common::{call, event_page, holding, put_credential, wait_for, VaultSite};
+use common::{call, event_page, git, holding, put_credential, wait_for, VaultSite};
 
 const TOKEN: &str = "git-token-7d3e91ab";
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .current_dir(dir)
-        .args(["-c", "user.name=Dev", "-c", "user.email=dev@example.com"])
-        .args(args)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
 
 /// A bare repository `<root>/<name>.git` with three commits, a binary file and a
 /// symlink.

@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use steadfast_testkit::{demo, FakeProvider, Script};
 
-use common::{agents_dir, installed, kind, TestDatabase};
+use common::{agents_dir, git, installed, kind, TestDatabase};
 
 const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
 const NATIVE: usize = 18;
@@ -545,22 +545,6 @@ async fn output_on(
     on_host(shared, host, fake, args).output().await.unwrap()
 }
 
-/// `git` in `dir`, which must succeed; its stdout.
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[tokio::test]
 async fn a_session_killed_in_its_directory_on_one_host_moves_to_another_at_its_users_word() {
     let script: Script = serde_json::from_value(json!({"steps": [
@@ -719,11 +703,11 @@ async fn a_session_killed_in_its_directory_on_one_host_moves_to_another_at_its_u
     assert_eq!(tree["README"].0, b"mine second\n");
     // The repository came along whole: its history, and nothing uncommitted but what
     // the session made.
-    assert_eq!(git(&on_b, &["log", "--format=%s"]), "commit 1\ncommit 0\n");
+    assert_eq!(git(&on_b, &["log", "--format=%s"]), "commit 1\ncommit 0");
     git(&on_b, &["fsck", "--no-progress"]);
     assert_eq!(
         git(&on_b, &["status", "--porcelain"]),
-        "?? big.bin\n?? job.log\n?? link\n?? src/\n"
+        "?? big.bin\n?? job.log\n?? link\n?? src/"
     );
     assert_eq!(tree["src/a.txt"].0, b"one\n");
     assert_eq!(tree["big.bin"].0.len(), 300_000);

@@ -174,18 +174,6 @@ enum Effect {
     Push,
 }
 
-fn git(dir: &Path, args: &[&str]) {
-    let out = std::process::Command::new("git")
-        .current_dir(dir)
-        .args(["-c", "user.name=Dev", "-c", "user.email=dev@example.com"])
-        .args(args)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "git {args:?}: {out:?}");
-}
-
 /// A worker killed right after a command's external effect, the command still running;
 /// a new worker takes the session over. The effect is never made again, and the call is
 /// resolved as `effect` says it can be.
@@ -239,28 +227,9 @@ async fn cut_off_after_its_effect(agent: &str, model: &str, effect: Effect) {
     .await;
     assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().unwrap().to_string();
-    let pushes =
-        || std::fs::read_to_string(remote.join("pushes.log")).map_or(0, |s| s.lines().count());
+    let pushes = || common::pushes(&remote);
     if let Effect::Push = effect {
-        git(
-            dir.path(),
-            &[
-                "init",
-                "-q",
-                "--bare",
-                "-b",
-                "main",
-                remote.to_str().unwrap(),
-            ],
-        );
-        let hook = remote.join("hooks/post-receive");
-        std::fs::write(
-            &hook,
-            "#!/bin/sh\necho pushed >> \"$(dirname \"$0\")/../pushes.log\"\n",
-        )
-        .unwrap();
-        std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
+        common::counting_remote(dir.path());
     }
     // Queued, its turn's stream not read: the turn runs on the worker.
     let sent = reqwest::Client::new()

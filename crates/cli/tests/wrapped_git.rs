@@ -17,7 +17,7 @@ use std::process::Output;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use common::{agents_dir, events, installed, stderr, tree};
+use common::{agents_dir, events, git, installed, stderr, tree};
 use serde_json::{json, Value};
 use steadfast_testkit::{demo, FakeProvider, Script};
 
@@ -76,18 +76,6 @@ fn script(service: &str) -> Script {
     steps.insert(3, post);
     steps.insert(4, slow);
     serde_json::from_value(json!({ "steps": steps })).unwrap()
-}
-
-fn git(dir: &Path, args: &[&str]) {
-    let out = std::process::Command::new("git")
-        .args(["-c", "user.name=Dev", "-c", "user.email=dev@example.com"])
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_AUTHOR_DATE", "2026-01-02T03:04:05Z")
-        .env("GIT_COMMITTER_DATE", "2026-01-02T03:04:05Z")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "git {args:?}: {}", stderr(&out));
 }
 
 /// The demo project as a repository with history: three commits on `main`.
@@ -498,28 +486,8 @@ async fn a_wrapped_agent_s_interrupted_git_push_is_reconciled() {
         .await;
         // A bare remote outside the workspace that counts the pushes it receives (the
         // local backend, so the tools can reach a host path).
-        let remote = case.dir.path().join("remote.git");
-        git(
-            case.dir.path(),
-            &[
-                "init",
-                "-q",
-                "--bare",
-                "-b",
-                "main",
-                remote.to_str().unwrap(),
-            ],
-        );
-        let hook = remote.join("hooks/post-receive");
-        std::fs::write(
-            &hook,
-            "#!/bin/sh\necho pushed >> \"$(dirname \"$0\")/../pushes.log\"\n",
-        )
-        .unwrap();
-        std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
-        let pushes =
-            || std::fs::read_to_string(remote.join("pushes.log")).map_or(0, |s| s.lines().count());
+        let remote = common::counting_remote(case.dir.path());
+        let pushes = || common::pushes(&remote);
         git(
             &case.workspace(),
             &["remote", "add", "origin", remote.to_str().unwrap()],

@@ -556,3 +556,55 @@ pub fn counter() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     });
     (port, hits)
 }
+
+/// `git` with `args` in `dir`, as a developer with an identity and fixed dates (so
+/// commits are the same every run), no system or user configuration; it must succeed.
+/// Its output, trimmed.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .current_dir(dir)
+        .args(["-c", "user.name=Dev", "-c", "user.email=dev@example.com"])
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_DATE", "2026-01-02T03:04:05Z")
+        .env("GIT_COMMITTER_DATE", "2026-01-02T03:04:05Z")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A bare repository `dir/remote.git` (branch `main`) that counts the pushes it
+/// receives (see [`pushes`]).
+pub fn counting_remote(dir: &Path) -> PathBuf {
+    let remote = dir.join("remote.git");
+    git(
+        dir,
+        &[
+            "init",
+            "-q",
+            "--bare",
+            "-b",
+            "main",
+            remote.to_str().unwrap(),
+        ],
+    );
+    let hook = remote.join("hooks/post-receive");
+    std::fs::write(
+        &hook,
+        "#!/bin/sh\necho pushed >> \"$(dirname \"$0\")/../pushes.log\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    remote
+}
+
+/// How many pushes a [`counting_remote`] has received.
+pub fn pushes(remote: &Path) -> usize {
+    std::fs::read_to_string(remote.join("pushes.log")).map_or(0, |s| s.lines().count())
+}
