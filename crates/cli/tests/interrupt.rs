@@ -349,6 +349,93 @@ async fn interrupt_everything(world: Option<&str>) {
     );
 }
 
+/// The native loop runs a reply's calls at once; one interrupt stops them all: the
+/// ones running are killed, each with its outcome; the one still waiting its turn (a
+/// writer behind a writer) never begins and is answered as not run; the turn ends
+/// interrupted once, and the next message is a new turn that runs none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_stops_every_call_of_a_reply_running_at_once() {
+    let bash = |command: &str| json!({"name": "bash", "input": {"command": command}});
+    let script: Script = serde_json::from_value(json!({"steps": [
+        {"text": "All three.", "tool_calls": [
+            bash("echo started > started.txt; sleep 30; echo finished > finished.txt"),
+            bash("tail -f /dev/null"),
+            bash("echo third > third.txt"),
+        ]},
+        {"text": "Understood, I stopped."},
+    ]}))
+    .unwrap();
+    let procs = Processes::start(None, script).await;
+    let (fake, home, url) = (&procs.fake, &procs.home, &procs.url);
+    let (id, ws) = procs.create("all at once").await;
+    wait_until("the writer and the reader to run", async || {
+        ws.join("started.txt").exists()
+            && kinds(&log(home, None, fake, &id).await)
+                .iter()
+                .filter(|k| *k == "tool_call_intent")
+                .count()
+                == 2
+    })
+    .await;
+    let (code, body) = request(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions/{id}/interrupt"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 202, "{body}");
+    wait_until("the turn to stop", async || {
+        status(url, &id).await["status"] == "idle"
+    })
+    .await;
+    let records = log(home, None, fake, &id).await;
+    let names = kinds(&records);
+    assert_eq!(
+        names.iter().filter(|k| *k == "tool_call_intent").count(),
+        2,
+        "the third call never began: {names:?}"
+    );
+    assert_eq!(
+        names.iter().filter(|k| *k == "tool_call_outcome").count(),
+        2,
+        "each running call has its outcome: {names:?}"
+    );
+    let stops: Vec<&Value> = records
+        .iter()
+        .filter_map(|r| r["event"].get("turn_interrupted"))
+        .collect();
+    assert_eq!(stops.len(), 1, "{names:?}");
+    assert_eq!(
+        stops[0]["not_begun"],
+        json!(["toolu_fake_1_2"]),
+        "{}",
+        stops[0]
+    );
+    assert!(!ws.join("finished.txt").exists() && !ws.join("third.txt").exists());
+
+    // The next message is a new turn: the model is asked at once, and nothing of the
+    // interrupted reply runs.
+    assert_eq!(send_message(url, &id, "carry on").await, 200);
+    wait_until("the next turn to end", async || {
+        kinds(&log(home, None, fake, &id).await)
+            .iter()
+            .any(|k| k == "turn_ended")
+    })
+    .await;
+    let records = log(home, None, fake, &id).await;
+    let names = kinds(&records);
+    let second = names.iter().rposition(|k| k == "user_message").unwrap();
+    assert!(
+        !names[second..].iter().any(|k| k.starts_with("tool_call")),
+        "{names:?}"
+    );
+    assert!(!ws.join("third.txt").exists());
+    // The model saw a result for every call it asked for.
+    let asked = fake.state().requests();
+    let last = asked.last().unwrap().to_string();
+    assert!(last.contains("not run: the turn was interrupted"), "{last}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_process_interrupts_a_turn_a_worker_drives_on_sqlite() {
     interrupt_everything(None).await;

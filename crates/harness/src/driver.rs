@@ -950,12 +950,25 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         if stopped {
             tracing::info!(session = %self.lease.session, %by, "turn interrupted");
         }
+        // The reply's calls that had not begun are answered as not run: none of them
+        // runs in a later turn, and the model finds a result for each call it asked for.
+        let not_begun = match stopped {
+            true => self.live.with(|s| {
+                s.queued_tools
+                    .iter()
+                    .filter(|t| s.pending_tool(&t.id).is_none())
+                    .map(|t| t.id.clone())
+                    .collect()
+            }),
+            false => Vec::new(),
+        };
         self.append(vec![Event::TurnInterrupted {
             turn,
             by,
             inbox_id: item.id,
             call_id,
             stopped,
+            not_begun,
         }])
         .await
     }

@@ -436,6 +436,7 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
                         inbox_id: item.id,
                         call_id: None,
                         stopped: status == Status::Waiting,
+                        not_begun: Vec::new(),
                     }])
                     .await?;
                     continue;

@@ -81,7 +81,9 @@ pub enum Ran {
         is_error: bool,
     },
     /// An interrupt stopped it: the command was killed and its outcome recorded with
-    /// the workspace as the kill left it. The interrupt is the caller's to record.
+    /// the workspace as the kill left it, or, when the interrupt came before the call
+    /// began (a sibling of one reply waiting its turn), it never began and nothing of
+    /// it is recorded. The interrupt is the caller's to record.
     Interrupted(Inbound),
     /// Its sandbox died under it: recorded, and the call resolved as a crash would
     /// resolve it (see [`Journal::run`]).
@@ -935,7 +937,12 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
         } else {
             None
         };
+        let mut stop = std::pin::pin!(stop);
         if !call.announced {
+            // Stopped while it waited for its turn: it never begins.
+            if let Some(item) = futures_util::FutureExt::now_or_never(stop.as_mut()) {
+                return Ok(Ran::Interrupted(item));
+            }
             let _writer = self.recording.lock().await;
             self.to_frontier().await?;
             let snapshot_before = if touches {
@@ -972,7 +979,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             .map(|desk| desk.running(&call.id, judge));
         let executed = tokio::select! {
             executed = self.execute(&call.tool, &call.input) => executed,
-            item = stop => {
+            item = &mut stop => {
                 self.cancel().await;
                 return self.record_interrupted(&call, touches, item, started).await;
             }

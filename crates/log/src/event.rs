@@ -22,6 +22,11 @@ running this call died before its result was recorded. The workspace was restore
 last recorded call left it: calls that ran beside this one finished first and their work is \
 kept, so changes this call made while they ran may remain. Look before running it again.";
 
+/// What the model is told of a call of its reply that had not begun when the turn was
+/// interrupted (followed by who interrupted it).
+pub const INTERRUPTED_NOT_BEGUN: &str =
+    "[steadfast] not run: the turn was interrupted before this call began; interrupted";
+
 /// What the model is told when an external-effect call was cut off.
 pub const INTERRUPTED_OUTCOME_UNKNOWN: &str = "[steadfast] interrupted, outcome unknown: \
 this call reaches outside the workspace and the worker running it died before its result \
@@ -791,6 +796,11 @@ pub enum Event {
         call_id: Option<String>,
         /// Whether it stopped anything (false: the turn had already ended).
         stopped: bool,
+        /// The native loop's calls of the running reply that had not begun: each is
+        /// answered as not run, so the conversation holds a result for every call the
+        /// model asked for, and none of them runs later.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        not_begun: Vec<String>,
     },
     /// A bound was hit: the session stops, escalated to a human, until a
     /// [`RESUME_SIGNAL`] arrives (raising the bound, or acknowledging a loop).

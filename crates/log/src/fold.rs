@@ -10,8 +10,8 @@ use serde_json::Value;
 
 use crate::event::{
     Breaker, EndState, Event, Limits, ModelSpec, ToolClass, ToolResolution, Usage, DENIED,
-    INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK, INTERRUPTED_ROLLED_BACK_BESIDE,
-    RESUME_SIGNAL,
+    INTERRUPTED_NOT_BEGUN, INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK,
+    INTERRUPTED_ROLLED_BACK_BESIDE, RESUME_SIGNAL,
 };
 use crate::is_workspace_id;
 use crate::message::{Block, Message, Role, ToolUse};
@@ -1626,6 +1626,7 @@ impl SessionState {
                 by,
                 inbox_id,
                 stopped,
+                not_begun,
                 ..
             } => {
                 self.take_inbox(Some(*inbox_id));
@@ -1637,6 +1638,14 @@ impl SessionState {
                         return Err(bad(
                             "an interrupt stops a running turn, after its tool outcome",
                         ));
+                    }
+                    for id in not_begun {
+                        if !self.queued_tools.iter().any(|t| &t.id == id) {
+                            return Err(bad(
+                                "an interrupt names a call that is not waiting to begin",
+                            ));
+                        }
+                        self.push_result(id, format!("{INTERRUPTED_NOT_BEGUN} by {by}"), true);
                     }
                     self.pending_model = None;
                     self.waiting = None;

@@ -1328,6 +1328,7 @@ pub async fn the_outbox_queues_notable_records_with_their_append<W: World>(world
             inbox_id: 1,
             call_id: None,
             stopped: true,
+            not_begun: Vec::new(),
         },
         Event::SessionEnded {
             state: steadfast_log::EndState::Completed,

@@ -473,6 +473,7 @@ pub async fn drive_turn<W: World + Clone + 'static>(
                     inbox_id: item.id,
                     call_id: None,
                     stopped: true,
+                    not_begun: Vec::new(),
                 });
                 live.append(&events).await?;
                 report.reply = format!("interrupted by {by}");

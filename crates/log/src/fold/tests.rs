@@ -764,6 +764,7 @@ fn calls_of_one_reply_run_at_once_and_their_results_keep_the_replys_order() {
         inbox_id: 1,
         call_id: None,
         stopped: true,
+        not_begun: Vec::new(),
     });
     assert!(fold(&early.0).is_err());
     log.tool_outcome("t1");
@@ -807,4 +808,57 @@ fn a_call_not_of_the_running_reply_cannot_begin() {
     log.model("m1", 1, &["t1"]);
     log.tool_intent("t9", ToolClass::Read);
     assert!(fold(&log.0).is_err());
+}
+
+#[test]
+fn calls_an_interrupt_kept_from_beginning_are_answered_and_never_run_later() {
+    let interrupted = |not_begun: Vec<String>| {
+        let mut log = Log::new();
+        log.push(Event::UserMessage {
+            turn: 1,
+            text: "fix it".into(),
+            inbox_id: None,
+        });
+        log.model("m1", 1, &["t1", "t2", "t3"]);
+        log.tool_intent("t1", ToolClass::Mutate);
+        log.tool_outcome("t1");
+        log.push(Event::TurnInterrupted {
+            turn: 1,
+            by: "u".into(),
+            inbox_id: 1,
+            call_id: Some("t1".into()),
+            stopped: true,
+            not_begun,
+        });
+        log.push(Event::UserMessage {
+            turn: 2,
+            text: "go on".into(),
+            inbox_id: None,
+        });
+        log
+    };
+    let state = fold(&interrupted(vec!["t2".into(), "t3".into()]).0).unwrap();
+    assert_eq!(state.next(), Next::CallModel { step: 1 });
+    // Every tool use has its result, in order, before the turn's interrupted note.
+    let results: Vec<(&str, bool)> = state.conversation[2]
+        .content
+        .iter()
+        .filter_map(|b| match b {
+            Block::ToolResult {
+                tool_use_id,
+                is_error,
+                ..
+            } => Some((tool_use_id.as_str(), *is_error)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results, [("t1", false), ("t2", true), ("t3", true)]);
+    assert_eq!(state.conversation[3].role, Role::Assistant);
+    // A log written before interrupts named them still folds as it did.
+    let old = fold(&interrupted(Vec::new()).0).unwrap();
+    assert!(matches!(old.next(), Next::RunTool(t) if t.id == "t2"));
+    // An interrupt cannot name a call that began, or one of no reply.
+    for wrong in ["t1", "t9"] {
+        assert!(fold(&interrupted(vec![wrong.into()]).0).is_err(), "{wrong}");
+    }
 }
