@@ -93,6 +93,17 @@ async fn send_message(url: &str, id: &str, text: &str) -> u16 {
     resp.status().as_u16()
 }
 
+/// Asks the API to interrupt session `id`'s turn; it is accepted.
+async fn interrupt(url: &str, id: &str) {
+    let (code, body) = request(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions/{id}/interrupt"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 202, "{body}");
+}
+
 async fn status(url: &str, id: &str) -> Value {
     request(
         reqwest::Method::GET,
@@ -206,13 +217,7 @@ async fn interrupt_everything(world: Option<&str>) {
     })
     .await;
     let started = Instant::now();
-    let (code, body) = request(
-        reqwest::Method::POST,
-        &format!("{url}/v1/sessions/{id}/interrupt"),
-        None,
-    )
-    .await;
-    assert_eq!(code, 202, "{body}");
+    interrupt(url, &id).await;
     wait_until("the turn to stop", async || {
         status(url, &id).await["status"] == "idle"
     })
@@ -244,13 +249,7 @@ async fn interrupt_everything(world: Option<&str>) {
     })
     .await;
     let started = Instant::now();
-    let (code, body) = request(
-        reqwest::Method::POST,
-        &format!("{url}/v1/sessions/{id}/interrupt"),
-        None,
-    )
-    .await;
-    assert_eq!(code, 202, "{body}");
+    interrupt(url, &id).await;
     wait_until("the command to stop", async || {
         status(url, &id).await["status"] == "idle"
     })
@@ -377,13 +376,7 @@ async fn an_interrupt_stops_every_call_of_a_reply_running_at_once() {
                 == 2
     })
     .await;
-    let (code, body) = request(
-        reqwest::Method::POST,
-        &format!("{url}/v1/sessions/{id}/interrupt"),
-        None,
-    )
-    .await;
-    assert_eq!(code, 202, "{body}");
+    interrupt(url, &id).await;
     wait_until("the turn to stop", async || {
         status(url, &id).await["status"] == "idle"
     })

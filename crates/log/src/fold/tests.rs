@@ -70,6 +70,13 @@ impl Log {
             cost_micro_usd: 5,
         });
     }
+    fn user(&mut self, turn: u32, text: &str) {
+        self.push(Event::UserMessage {
+            turn,
+            text: text.into(),
+            inbox_id: None,
+        });
+    }
     fn tool_intent(&mut self, id: &str, class: ToolClass) {
         self.push(Event::ToolCallIntent {
             call_id: id.into(),
@@ -741,11 +748,7 @@ fn a_fork_may_change_a_wrapped_sessions_cli_and_only_its() {
 #[test]
 fn calls_of_one_reply_run_at_once_and_their_results_keep_the_replys_order() {
     let mut log = Log::new();
-    log.push(Event::UserMessage {
-        turn: 1,
-        text: "fix it".into(),
-        inbox_id: None,
-    });
+    log.user(1, "fix it");
     log.model("m1", 1, &["t1", "t2", "t3"]);
     log.tool_intent("t1", ToolClass::Read);
     log.tool_intent("t3", ToolClass::Mutate);
@@ -800,11 +803,7 @@ fn calls_of_one_reply_run_at_once_and_their_results_keep_the_replys_order() {
 #[test]
 fn a_call_not_of_the_running_reply_cannot_begin() {
     let mut log = Log::new();
-    log.push(Event::UserMessage {
-        turn: 1,
-        text: "fix it".into(),
-        inbox_id: None,
-    });
+    log.user(1, "fix it");
     log.model("m1", 1, &["t1"]);
     log.tool_intent("t9", ToolClass::Read);
     assert!(fold(&log.0).is_err());
@@ -814,11 +813,7 @@ fn a_call_not_of_the_running_reply_cannot_begin() {
 fn calls_an_interrupt_kept_from_beginning_are_answered_and_never_run_later() {
     let interrupted = |not_begun: Vec<String>| {
         let mut log = Log::new();
-        log.push(Event::UserMessage {
-            turn: 1,
-            text: "fix it".into(),
-            inbox_id: None,
-        });
+        log.user(1, "fix it");
         log.model("m1", 1, &["t1", "t2", "t3"]);
         log.tool_intent("t1", ToolClass::Mutate);
         log.tool_outcome("t1");
@@ -830,11 +825,7 @@ fn calls_an_interrupt_kept_from_beginning_are_answered_and_never_run_later() {
             stopped: true,
             not_begun,
         });
-        log.push(Event::UserMessage {
-            turn: 2,
-            text: "go on".into(),
-            inbox_id: None,
-        });
+        log.user(2, "go on");
         log
     };
     let state = fold(&interrupted(vec!["t2".into(), "t3".into()]).0).unwrap();
