@@ -10,31 +10,18 @@
 //! arrives and, whole, becomes the [`Event::ExchangeOutcome`]. The client authenticates
 //! with a session-scoped token that is worth nothing anywhere else.
 //!
-//! **Replay.** A gateway opened over a session whose open turn already has exchanges (a
-//! wrapped agent restarted after a crash) answers each request that matches the record
-//! from the log — the same bytes, so the same events and ids — without calling the
-//! provider. A request matches the recorded exchange at the replay cursor, or one of
-//! the next few still unanswered ones (a client may send side requests concurrently,
-//! in any order), when the [`normalize::fingerprint`]s agree. A request that matches
-//! nothing while recorded exchanges remain is a **divergence**: an
-//! [`Event::ReplayDiverged`] supersedes the record from the cursor on, the workspace is
-//! restored to the snapshot recorded with that exchange, and the request goes to the
-//! provider. A recorded request whose reply was cut off by a crash is asked again.
-//!
-//! **Replay against something new.** Opened with [`Mismatch::Stop`], a gateway checks
-//! a run of another CLI (or model) against the record: the first request that matches
-//! nothing is noted ([`Gateway::divergence`]) and refused, and nothing is asked of the
-//! provider. Every request is kept by content ([`kept`]), so the report can show what
-//! changed.
+//! Every record of an exchange — admission against the bounds, intent, outcome, and
+//! the replay of a restarted agent's requests from the log, divergence included — is
+//! made by the journal ([`steadfast_journal::exchange`]): the gateway authenticates,
+//! normalizes, relays and streams. Every request is kept by content
+//! ([`steadfast_journal::kept`]), so a replay's report can show what changed.
 
 mod deltas;
 pub mod history;
-pub mod kept;
 pub mod normalize;
 mod relay;
 mod usage;
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex as StdMutex};
 
 use axum::body::Bytes;
@@ -45,18 +32,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use serde_json::{json, Value};
-use steadfast_drive::Drive;
-use steadfast_log::{Breaker, Event};
-use steadfast_world::{LiveSession, World};
-use tokio::sync::Mutex;
+use steadfast_journal::exchange::{Asked, Begun, Exchanges, Refusal};
+use steadfast_world::World;
 
 /// The largest request body accepted (Claude Code sends about 100 KB; long sessions
 /// more).
 pub const MAX_REQUEST_BYTES: usize = 32 * 1024 * 1024;
-
-/// How many recorded exchanges past the cursor a request may match (concurrent side
-/// requests arrive in any order).
-const REPLAY_WINDOW: usize = 4;
 
 /// Where a provider is and the key the harness holds for it.
 #[derive(Clone)]
@@ -87,155 +68,40 @@ pub struct Upstreams {
     pub openai: Option<Upstream>,
 }
 
-/// Failures opening a gateway.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The world failed.
-    #[error(transparent)]
-    World(#[from] steadfast_world::Error),
-    /// A kept request could not be read back.
-    #[error("kept request: {0}")]
-    Kept(String),
-}
-
-/// What a gateway does with a request the record does not have while recorded
-/// exchanges remain (or, replaying against something new, past the record).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Mismatch {
-    /// Supersede the record from there and ask the provider: a restarted agent that
-    /// went another way.
-    #[default]
-    Diverge,
-    /// Note it ([`Gateway::divergence`]), then as [`Mismatch::Diverge`]: a replay that
-    /// goes on live from where it diverged.
-    NoteAndDiverge,
-    /// Note it and refuse the request: nothing is asked of the provider or recorded,
-    /// and [`Gateway::stopped`] resolves. A replay that only checks.
-    Stop,
-}
-
-/// The first request of a replay that the record did not have.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Divergence {
-    /// The recorded exchange it was expected to be (the replay's cursor): `None` when
-    /// the record had no more.
-    pub expected: Option<String>,
-    /// How many of the turn's recorded requests this run was answered from before it.
-    pub index: usize,
-    /// The API it was sent to.
-    pub api: String,
-    /// The request, normalized as fingerprints see it.
-    pub request: Value,
-}
-
 /// What a gateway is opened with.
 pub struct GatewayConfig<W> {
-    /// The session's log under the wrapped agent's driver's lease: every exchange is
-    /// appended through it, and the bounds and the replay read its state.
-    pub live: Arc<LiveSession<W>>,
-    /// The drive, for restoring the workspace on a divergence.
-    pub drive: Drive,
-    /// The session's workspace.
-    pub workspace: PathBuf,
+    /// The journaled exchanges of the run: every request is admitted and recorded (or
+    /// answered from the record) by them.
+    pub exchanges: Arc<Exchanges<W>>,
     /// The token the wrapped agent must present.
     pub token: String,
     /// The providers.
     pub upstreams: Upstreams,
     /// Model names `GET /v1/models` lists.
     pub models: Vec<String>,
-    /// Where the workspace is now (it moves as a replay answers recorded tool calls),
-    /// shared with whatever records tool calls, so each exchange notes where its
-    /// divergence would restore to.
-    pub last_snapshot: Arc<StdMutex<Option<String>>>,
-    /// The most exchanges the session's turn may have: past it, or past any of the
-    /// session's bounds (money, tokens, turns, wall clock), requests are refused
-    /// (HTTP 429) and [`Gateway::escalation`] says why, for the driver to escalate.
-    pub max_exchanges: Option<usize>,
-    /// Model prices overriding the built-in table (what the cost bound counts).
-    pub prices: steadfast_model::pricing::PriceTable,
-    /// A further bound checked before each model call (a wrapped agent's loop breaker,
-    /// counted by its tool journal).
-    pub extra_bound: Option<BoundCheck>,
     /// The HTTP client upstream calls go through (the harness's, so each run of the
     /// CLI reuses its warm connections: see [`steadfast_model::provider_http`]).
     pub http: reqwest::Client,
-    /// Where requests are kept by content.
-    pub blobs: steadfast_world::Blobs,
-    /// What a request the record does not have does.
-    pub mismatch: Mismatch,
     /// The conversation the turn continues (see [`history`]).
     pub continuing: history::Continuing,
 }
 
-/// A bound check: the breaker and reason if the session must stop.
-pub type BoundCheck = Arc<dyn Fn() -> Option<(Breaker, String)> + Send + Sync>;
-
-/// The replay pass of one run of the wrapped agent: which of the open turn's recorded
-/// exchanges this run has been answered from (or has re-asked, or made itself).
-#[derive(Default)]
-struct Replay {
-    consumed: std::collections::HashSet<String>,
-    /// The requests this gateway kept.
-    keeper: kept::Keeper,
-    /// The first request the record did not have (noted replaying against something
-    /// new).
-    divergence: Option<Divergence>,
-}
-
-/// Where one request goes, as the record says.
-enum Plan {
-    /// Answered from the record at this index.
-    Replay(usize, (u16, String, String)),
-    /// Recorded at this index but cut off before its reply: asked again in its place.
-    Reask(usize),
-    /// Nothing recorded matches while recorded exchanges remain from this index, whose
-    /// snapshot the workspace goes back to.
-    Diverge(usize, Option<String>),
-    /// Past the record: a new exchange at this index.
-    New(usize),
-}
-
 pub(crate) struct Shared<W> {
-    pub(crate) live: Arc<LiveSession<W>>,
-    drive: Drive,
-    workspace: PathBuf,
+    pub(crate) exchanges: Arc<Exchanges<W>>,
     /// What names the workspace in requests (fingerprints ignore it).
     names: normalize::WorkspaceNames,
     token_hash: blake3::Hash,
     pub(crate) upstreams: Upstreams,
     models: Vec<String>,
-    last_snapshot: Arc<StdMutex<Option<String>>>,
-    max_exchanges: Option<usize>,
-    pub(crate) prices: steadfast_model::pricing::PriceTable,
-    extra_bound: Option<BoundCheck>,
-    escalation: StdMutex<Option<(Breaker, String)>>,
-    escalated: tokio::sync::watch::Sender<bool>,
     /// Replies still streaming from the provider (and being recorded).
     pub(crate) inflight: tokio::sync::watch::Sender<usize>,
     /// Set when the turn was interrupted: replies still streaming are cut off, not
     /// recorded (nobody will ask for them again).
     pub(crate) abandoned: tokio::sync::watch::Sender<bool>,
-    replay: Mutex<Replay>,
     pub(crate) http: reqwest::Client,
-    blobs: steadfast_world::Blobs,
-    mismatch: Mismatch,
-    stopped: tokio::sync::watch::Sender<bool>,
-    /// Exchanges this gateway answered from the log / sent to the provider.
-    pub(crate) counters: StdMutex<Counters>,
     continuing: history::Continuing,
     /// The last conversation request, as sent on.
     seen: StdMutex<Option<history::Seen>>,
-}
-
-/// What a gateway did, for tests and progress displays.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counters {
-    /// Requests answered from the log.
-    pub replayed: u64,
-    /// Requests sent to the provider.
-    pub live: u64,
-    /// Divergences declared.
-    pub diverged: u64,
 }
 
 /// A gateway over one session.
@@ -291,83 +157,32 @@ pub(crate) fn api_error(
 }
 
 impl<W: World + Clone> Gateway<W> {
-    /// Opens a gateway for a (new) run of the session's wrapped agent: its replay pass
-    /// starts at the open turn's first recorded exchange (a restarted CLI starts its
-    /// turn over; earlier turns' exchanges are history it never asks for again).
-    pub async fn open(config: GatewayConfig<W>) -> Result<Self, Error> {
-        let http = config.http.clone();
-        let names = config
-            .live
-            .with(|s| normalize::WorkspaceNames::new(&config.workspace, &s.former_workspaces));
-        Ok(Gateway {
+    /// Opens a gateway for a (new) run of the session's wrapped agent over its
+    /// journaled exchanges.
+    pub fn open(config: GatewayConfig<W>) -> Self {
+        let names = config.exchanges.live().with(|s| {
+            normalize::WorkspaceNames::new(config.exchanges.workspace(), &s.former_workspaces)
+        });
+        Gateway {
             shared: Arc::new(Shared {
-                live: config.live,
-                drive: config.drive,
+                exchanges: config.exchanges,
                 names,
-                workspace: config.workspace,
                 token_hash: blake3::hash(config.token.as_bytes()),
                 upstreams: config.upstreams,
                 models: config.models,
-                last_snapshot: config.last_snapshot,
-                max_exchanges: config.max_exchanges,
-                prices: config.prices,
-                extra_bound: config.extra_bound,
-                escalation: StdMutex::new(None),
-                escalated: tokio::sync::watch::Sender::new(false),
                 inflight: tokio::sync::watch::Sender::new(0),
                 abandoned: tokio::sync::watch::Sender::new(false),
-                replay: Mutex::new(Replay::default()),
-                http,
-                blobs: config.blobs,
-                mismatch: config.mismatch,
-                stopped: tokio::sync::watch::Sender::new(false),
-                counters: StdMutex::default(),
+                http: config.http,
                 continuing: config.continuing,
                 seen: StdMutex::new(None),
             }),
-        })
+        }
     }
 
-    /// Resolves once a request has been refused for crossing a bound (the driver then
-    /// stops the CLI rather than let it retry).
-    pub async fn escalated(&self) {
-        let mut rx = self.shared.escalated.subscribe();
-        let _ = rx.wait_for(|e| *e).await;
-    }
-
-    /// Resolves once a replay opened with [`Mismatch::Stop`] has refused a request the
-    /// record did not have (the driver then stops the CLI).
-    pub async fn stopped(&self) {
-        let mut rx = self.shared.stopped.subscribe();
-        let _ = rx.wait_for(|e| *e).await;
-    }
-
-    /// The first request the record did not have, when the gateway was opened to note
-    /// it ([`Mismatch::NoteAndDiverge`], [`Mismatch::Stop`]).
-    pub async fn divergence(&self) -> Option<Divergence> {
-        self.shared.replay.lock().await.divergence.clone()
-    }
-
-    /// How many of the open turn's recorded exchanges this run has not been answered
-    /// from (a replay that ended with some left went another way).
-    pub async fn unanswered(&self) -> usize {
-        let replay = self.shared.replay.lock().await;
-        self.shared.live.with(|s| {
-            let from = (s.turn_start.exchanges as usize).min(s.exchanges.len());
-            s.exchanges[from..]
-                .iter()
-                .filter(|e| !replay.consumed.contains(&e.call_id))
-                .count()
-        })
-    }
-
-    /// The bound a refused request hit, if one was: the session must escalate.
-    pub fn escalation(&self) -> Option<(Breaker, String)> {
-        self.shared
-            .escalation
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+    /// The run's journaled exchanges (its bounds, its replay's counters and
+    /// divergence).
+    pub fn exchanges(&self) -> &Arc<Exchanges<W>> {
+        &self.shared.exchanges
     }
 
     /// Waits (at most `limit`) until every reply this gateway started relaying has
@@ -384,15 +199,6 @@ impl<W: World + Clone> Gateway<W> {
     /// as a reply lost with a crash does.
     pub fn abandon(&self) {
         self.shared.abandoned.send_replace(true);
-    }
-
-    /// What this gateway has done so far.
-    pub fn counters(&self) -> Counters {
-        *self
-            .shared
-            .counters
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// The last conversation request the CLI made (continued from the turns before),
@@ -413,7 +219,8 @@ impl<W: World + Clone> Gateway<W> {
         let seen = self.seen()?;
         let (status, content_type, body) = self
             .shared
-            .live
+            .exchanges
+            .live()
             .with(|s| s.exchanges.get(seen.index).and_then(|e| e.reply.clone()))?;
         let text = history::reply_text(seen.kind, &content_type, &body);
         let text = text.trim();
@@ -450,247 +257,48 @@ impl<W: World + Clone> Shared<W> {
             });
         presented.is_some_and(|t| blake3::hash(t.trim().as_bytes()) == self.token_hash)
     }
-
-    /// Counts an event of this gateway.
-    pub(crate) fn count(&self, f: impl FnOnce(&mut Counters)) {
-        f(&mut self.counters.lock().unwrap_or_else(|e| e.into_inner()));
-    }
-
-    /// What the record says of a request with `fingerprint`.
-    fn plan(&self, replay: &Replay, fingerprint: &str) -> Plan {
-        self.live.with(|s| {
-            let from = (s.turn_start.exchanges as usize).min(s.exchanges.len());
-            let open = |i: &usize| !replay.consumed.contains(&s.exchanges[*i].call_id);
-            let Some(cursor) = (from..s.exchanges.len()).find(open) else {
-                return Plan::New(s.exchanges.len());
-            };
-            let end = (cursor + REPLAY_WINDOW).min(s.exchanges.len());
-            match (cursor..end)
-                .filter(open)
-                .find(|&i| s.exchanges[i].fingerprint == fingerprint)
-            {
-                Some(i) => match &s.exchanges[i].reply {
-                    Some(reply) => Plan::Replay(i, reply.clone()),
-                    None => Plan::Reask(i),
-                },
-                None => Plan::Diverge(cursor, s.exchanges[cursor].snapshot.clone()),
-            }
-        })
-    }
-
-    /// Matches a request against the record: where it goes, and its exchange's index.
-    async fn route(
-        &self,
-        outgoing: &relay::Outgoing,
-        request: &Value,
-        stream: bool,
-    ) -> Result<(usize, Routed), Response> {
-        let api = outgoing.api;
-        let fingerprint = &normalize::fingerprint_of(api.name(), request);
-        let mut replay = self.replay.lock().await;
-        let plan = self.plan(&replay, fingerprint);
-        if self.mismatch != Mismatch::Diverge && replay.divergence.is_none() {
-            let expected = match &plan {
-                Plan::Diverge(at, _) => Some(Some(*at)),
-                Plan::New(_) => Some(None),
-                _ => None,
-            };
-            if let Some(expected) = expected {
-                replay.divergence = Some(Divergence {
-                    expected: expected.map(|i| self.live.with(|s| s.exchanges[i].call_id.clone())),
-                    index: replay.consumed.len(),
-                    api: api.name().to_string(),
-                    request: request.clone(),
-                });
-            }
-        }
-        if self.mismatch == Mismatch::Stop && matches!(plan, Plan::Diverge(..) | Plan::New(_)) {
-            self.stopped.send_replace(true);
-            return Err(api_error(
-                Some(api),
-                StatusCode::CONFLICT,
-                "invalid_request_error",
-                "steadfast: this replay stops here: the recorded session made no such request",
-            ));
-        }
-        let index = match plan {
-            Plan::Replay(i, reply) => {
-                let call_id = self.live.with(|s| s.exchanges[i].call_id.clone());
-                replay.consumed.insert(call_id);
-                self.count(|c| c.replayed += 1);
-                steadfast_metrics::metrics().gateway(steadfast_metrics::GatewayAnswer::Replayed);
-                return Ok((i, Routed::Replay(reply)));
-            }
-            // Recorded but cut off before its reply: ask again, in its place.
-            Plan::Reask(i) => {
-                return self
-                    .record_intent(&mut replay, i, outgoing, request, stream)
-                    .await
-                    .map(|routed| (i, routed))
-            }
-            Plan::Diverge(at, snapshot) => {
-                self.diverge(api, at, snapshot).await?;
-                at
-            }
-            Plan::New(index) => index,
-        };
-        if let Some(hit) = self.bound_hit(index) {
-            let message = format!("steadfast: {}; the session is escalated", hit.1);
-            *self.escalation.lock().unwrap_or_else(|e| e.into_inner()) = Some(hit);
-            self.escalated.send_replace(true);
-            return Err(api_error(
-                Some(api),
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_error",
-                &message,
-            ));
-        }
-        self.record_intent(&mut replay, index, outgoing, request, stream)
-            .await
-            .map(|routed| (index, routed))
-    }
-
-    async fn diverge(&self, api: Api, at: usize, snapshot: Option<String>) -> Result<(), Response> {
-        tracing::warn!(
-            index = at,
-            "replay diverged: superseding the record from here"
-        );
-        if let Some(snap) = &snapshot {
-            self.drive
-                .restore_async(&self.workspace, snap)
-                .await
-                .map_err(|e| internal(Some(api), &e.to_string()))?;
-        }
-        self.live
-            .append(&[Event::ReplayDiverged {
-                index: at as u32,
-                snapshot: snapshot.clone(),
-            }])
-            .await
-            .map_err(|e| log_refused(api, &e))?;
-        *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = snapshot;
-        self.count(|c| c.diverged += 1);
-        Ok(())
-    }
-
-    /// Records a live exchange's intent, the request already on its way to the
-    /// provider but for its last byte, which follows once the intent is in the log.
-    async fn record_intent(
-        &self,
-        replay: &mut Replay,
-        index: usize,
-        outgoing: &relay::Outgoing,
-        request: &Value,
-        stream: bool,
-    ) -> Result<Routed, Response> {
-        let api = outgoing.api;
-        let fingerprint = normalize::fingerprint_of(api.name(), request);
-        let split = kept::split(request);
-        let (parts, unwritten) = replay.keeper.parts(&split);
-        let call_id = format!("gx_{}", uuid::Uuid::now_v7().simple());
-        let (opener, gate) = steadfast_model::gate();
-        let mut sent = outgoing.start(&self.http, &gate);
-        let snapshot = self
-            .last_snapshot
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let intent = [Event::ExchangeIntent {
-            call_id: call_id.clone(),
-            index: index as u32,
-            api: api.name().to_string(),
-            fingerprint,
-            stream,
-            snapshot,
-            request: Some(parts),
-        }];
-        // The request's new parts are stored before the record that names them.
-        let kept_and_recorded = async {
-            kept::write(&self.blobs, &unwritten)
-                .await
-                .map_err(|e| match e {
-                    Error::World(e) => e,
-                    Error::Kept(e) => steadfast_world::Error::Blob(e),
-                })?;
-            self.live.append(&intent).await
-        };
-        sent.while_appending(kept_and_recorded)
-            .await
-            .map_err(|e| log_refused(api, &e))?;
-        replay.keeper.kept(&call_id, &split);
-        replay.consumed.insert(call_id.clone());
-        steadfast_fault::point(steadfast_fault::points::MODEL_INTENT);
-        opener.open();
-        self.count(|c| c.live += 1);
-        Ok(Routed::Live { call_id, sent })
-    }
-
-    /// The bound a new model call at exchange `index` would cross, if any.
-    fn bound_hit(&self, index: usize) -> Option<(Breaker, String)> {
-        let (hit, used, turn) = self.live.with(|s| {
-            (
-                s.bound_hit(steadfast_world::now_ms()),
-                index.saturating_sub(s.exchanges_from as usize),
-                s.turn,
-            )
-        });
-        if let Some(hit) = hit {
-            return Some(hit);
-        }
-        if let Some(hit) = self.extra_bound.as_ref().and_then(|check| check()) {
-            return Some(hit);
-        }
-        let max = self.max_exchanges?;
-        (used >= max).then(|| {
-            (
-                Breaker::Steps,
-                format!("step budget exhausted: {used} model calls in turn {turn}"),
-            )
-        })
-    }
 }
 
-pub(crate) fn internal(api: Option<Api>, message: &str) -> Response {
-    api_error(api, StatusCode::INTERNAL_SERVER_ERROR, "api_error", message)
-}
-
-/// The answer to a call whose record the log would not take (so the call was never
-/// made), by why: another worker drives the session now or it has ended (409: this
-/// run of the agent is over, its worker stops it), the store is busy or down (503:
-/// the same call may go through later), or something worse (500).
-fn log_refused(api: Api, error: &steadfast_world::Error) -> Response {
+/// The answer to a request the journal refused, by why: a replay that only checks
+/// stops (409); a bound is crossed (429, and the session escalates); another worker
+/// drives the session now or it has ended (409: this run of the agent is over, its
+/// worker stops it); the store is busy or down (503: the same call may go through
+/// later); or something worse (500). Nothing was asked of the provider.
+fn refused(api: Api, refusal: &Refusal) -> Response {
     use steadfast_world::Error as E;
-    let (status, kind, why) = match error {
-        E::StaleFence { .. } | E::LeaseHeld { .. } | E::Ended(_) => (
+    let (status, kind, why) = match refusal {
+        Refusal::Stopped => (StatusCode::CONFLICT, "invalid_request_error", None),
+        Refusal::Bound(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", None),
+        Refusal::Log(E::StaleFence { .. } | E::LeaseHeld { .. } | E::Ended(_)) => (
             StatusCode::CONFLICT,
             "invalid_request_error",
-            "this run of the agent no longer drives the session",
+            Some("this run of the agent no longer drives the session"),
         ),
-        E::Backend(_) | E::Blob(_) => (
+        Refusal::Log(E::Backend(_) | E::Blob(_)) => (
             StatusCode::SERVICE_UNAVAILABLE,
             "api_error",
-            "the session's log is unavailable",
+            Some("the session's log is unavailable"),
         ),
-        _ => (
+        Refusal::Log(_) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             "api_error",
-            "the session's log failed",
+            Some("the session's log failed"),
+        ),
+        Refusal::Restore(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "api_error",
+            Some("the workspace could not be restored"),
         ),
     };
-    let message = format!("steadfast: {why}, so the call was not made ({error})");
+    let message = match why {
+        Some(why) => format!("steadfast: {why}, so the call was not made ({refusal})"),
+        None => format!("steadfast: {refusal}"),
+    };
     api_error(Some(api), status, kind, &message)
 }
 
-/// Where a request goes.
-pub(crate) enum Routed {
-    /// Answered from the log: status, content type, body.
-    Replay((u16, String, String)),
-    /// Sent to the provider, recorded under this id.
-    Live { call_id: String, sent: relay::Sent },
-}
-
 /// The common path of every model request.
-#[tracing::instrument(level = "debug", skip_all, fields(session = %shared.live.lease().session, api = api.name()))]
+#[tracing::instrument(level = "debug", skip_all, fields(session = %shared.exchanges.live().lease().session, api = api.name()))]
 async fn handle<W: World + Clone>(
     shared: Arc<Shared<W>>,
     api: Api,
@@ -769,26 +377,48 @@ async fn handle<W: World + Clone>(
         query,
         body,
     };
-    let routed = shared.route(&outgoing, &normalized, stream).await;
-    if let (Some(_), Ok((index, _))) = (opening, &routed) {
+    let (opener, gate) = steadfast_model::gate();
+    let asked = Asked {
+        api: api.name(),
+        fingerprint: normalize::fingerprint_of(api.name(), &normalized),
+        request: &normalized,
+        stream,
+    };
+    let begun = shared
+        .exchanges
+        .begin(asked, || outgoing.start(&shared.http, &gate))
+        .await;
+    let begun = match begun {
+        Ok(begun) => begun,
+        Err(refusal) => return refused(api, &refusal),
+    };
+    if opening.is_some() {
+        let (Begun::Replayed { index, .. } | Begun::Live { index, .. }) = &begun;
         *shared.seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(history::Seen {
             kind: api,
             items: history::items(&request, api),
             index: *index,
         });
     }
-    match routed {
-        Err(response) => response,
-        Ok((_, Routed::Replay(reply))) => relay::replay(reply),
-        Ok((_, Routed::Live { call_id, sent })) => {
+    match begun {
+        Begun::Replayed { reply, .. } => relay::replay(reply),
+        Begun::Live {
+            call_id,
+            sending,
+            answered,
+            ..
+        } => {
+            // The intent is in the log: the request's last byte may go.
+            opener.open();
             let model = request
                 .get("model")
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_string();
+            let live = shared.exchanges.live();
             let span = steadfast_metrics::trace::model_call_span(
-                &shared.live.lease().session,
-                shared.live.with(|s| s.turn),
+                &live.lease().session,
+                live.with(|s| s.turn),
                 if api.is_anthropic() {
                     "anthropic"
                 } else {
@@ -802,6 +432,7 @@ async fn handle<W: World + Clone>(
                 model,
                 span: span.clone(),
             };
+            let sent = relay::Sent::new(sending, answered);
             use tracing::Instrument;
             relay::live(shared, call, sent).instrument(span).await
         }

@@ -7,7 +7,6 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use futures_util::StreamExt;
-use steadfast_log::Event;
 use steadfast_world::World;
 
 use crate::{api_error, Api, Shared, Upstream};
@@ -92,10 +91,10 @@ pub(crate) struct Outgoing {
 
 impl Outgoing {
     /// Starts sending the request to the provider under `gate`: all of it but its last
-    /// byte goes out while the returned [`Sent`] is polled (alongside the exchange's
-    /// intent, see [`Sent::while_appending`]), the rest once the gate opens (after the
-    /// intent is in the log; see `steadfast_model::gate`).
-    pub(crate) fn start(&self, http: &reqwest::Client, gate: &steadfast_model::Gate) -> Sent {
+    /// byte goes out while the returned future is polled (alongside the exchange's
+    /// intent, see `steadfast_journal::exchange::Exchanges::begin`), the rest once the
+    /// gate opens (after the intent is in the log; see `steadfast_model::gate`).
+    pub(crate) fn start(&self, http: &reqwest::Client, gate: &steadfast_model::Gate) -> Sending {
         let api = self.api;
         let mut request = http
             .post(upstream_url(api, &self.upstream, self.query.as_deref()))
@@ -110,34 +109,30 @@ impl Outgoing {
         } else {
             request.bearer_auth(&self.upstream.api_key)
         };
-        Sent {
-            request: Box::pin(gate.attach(request, &self.body).send()),
-            answered: None,
-        }
+        Box::pin(gate.attach(request, &self.body).send())
     }
 }
+
+/// A request going to the provider: its answer's head.
+pub(crate) type Sending =
+    futures_util::future::BoxFuture<'static, reqwest::Result<reqwest::Response>>;
 
 /// A request on its way to the provider, polled by the handler's own task (no task
 /// between the provider's answer and the client); dropped, it is abandoned (its gate
 /// still shut, the provider never has all of it).
 pub(crate) struct Sent {
-    request: futures_util::future::BoxFuture<'static, reqwest::Result<reqwest::Response>>,
+    request: Sending,
     /// The answer, if it came while the intent was being appended.
     answered: Option<reqwest::Result<reqwest::Response>>,
 }
 
 impl Sent {
-    /// Runs `append` (the exchange's intent) while the request goes out.
-    pub(crate) async fn while_appending<T>(
-        &mut self,
-        append: impl std::future::Future<Output = T>,
-    ) -> T {
-        let (appended, answered) =
-            steadfast_model::while_polling(append, self.request.as_mut()).await;
-        if answered.is_some() {
-            self.answered = answered;
-        }
-        appended
+    /// A request whose intent is in the log, and its answer if it came meanwhile.
+    pub(crate) fn new(
+        request: Sending,
+        answered: Option<reqwest::Result<reqwest::Response>>,
+    ) -> Self {
+        Sent { request, answered }
     }
 
     /// The provider's answer (its head; the body streams).
@@ -188,8 +183,9 @@ pub(crate) async fn live<W: World + Clone>(
     shared.inflight.send_modify(|n| *n += 1);
     let streamed = content_type.starts_with("text/event-stream");
     let recording = Recording {
-        writer: streamed
-            .then(|| crate::deltas::DeltaWriter::start(shared.live.clone(), call_id.clone())),
+        writer: streamed.then(|| {
+            crate::deltas::DeltaWriter::start(shared.exchanges.live().clone(), call_id.clone())
+        }),
         inflight: Some(Inflight(shared.clone())),
         shared,
         api,
@@ -311,14 +307,21 @@ impl<W: World + Clone> Recording<W> {
         if let Some(writer) = self.writer.take() {
             writer.finish().await;
         }
-        steadfast_fault::point(steadfast_fault::points::MODEL_EFFECT);
         let body = String::from_utf8_lossy(&std::mem::take(&mut self.recorded)).into_owned();
         let usage = crate::usage::of_reply(self.api, &body);
-        let shared = &self.shared;
-        let model = shared.live.with(|s| s.model.model.clone());
-        let cost_micro_usd = usage.map_or(0, |u| {
-            steadfast_model::pricing::cost_with(&shared.prices, &model, &u)
-        });
+        let reply = (self.status, self.content_type.clone(), body);
+        let recorded = self
+            .shared
+            .exchanges
+            .outcome(std::mem::take(&mut self.call_id), reply, usage)
+            .await;
+        let cost_micro_usd = match recorded {
+            Ok(cost) => cost,
+            Err(e) => {
+                tracing::error!(error = %e, "recording a gateway reply failed");
+                0
+            }
+        };
         steadfast_metrics::metrics().model_call(steadfast_metrics::ModelCall {
             provider: if self.api.is_anthropic() {
                 "anthropic"
@@ -332,19 +335,6 @@ impl<W: World + Clone> Recording<W> {
             took: self.started.elapsed(),
         });
         steadfast_metrics::trace::record_model_reply(&self.span, usage.as_ref(), None);
-        // The fold counts the spend as the outcome is applied: the bounds see it next.
-        let event = Event::ExchangeOutcome {
-            call_id: self.call_id.clone(),
-            status: self.status,
-            content_type: self.content_type.clone(),
-            body,
-            usage,
-            cost_micro_usd,
-        };
-        match shared.live.append(&[event]).await {
-            Ok(_) => steadfast_fault::point(steadfast_fault::points::MODEL_OUTCOME),
-            Err(e) => tracing::error!(error = %e, "recording a gateway reply failed"),
-        }
         self.inflight = None;
     }
 }

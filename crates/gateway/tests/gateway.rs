@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use steadfast_drive::Drive;
 use steadfast_gateway::{Gateway, GatewayConfig, Upstream, Upstreams};
+use steadfast_journal::exchange::{Exchanges, ExchangesConfig};
 use steadfast_log::{fold, Event, ModelSpec};
 use steadfast_testkit::{FakeProvider, Script};
 use steadfast_world::{Holder, Lease, LiveSession, SqliteWorld, World};
@@ -29,7 +30,7 @@ struct Setup {
     /// One client for every run's gateway, as a harness has.
     http: reqwest::Client,
     /// What the next run's gateway does with a request the record does not have.
-    mismatch: steadfast_gateway::Mismatch,
+    mismatch: steadfast_journal::exchange::Mismatch,
 }
 
 impl Setup {
@@ -95,10 +96,19 @@ impl Setup {
         let live = LiveSession::open(self.world.clone(), self.lease.clone())
             .await
             .unwrap();
-        let gateway = Gateway::open(GatewayConfig {
+        let exchanges = Exchanges::new(ExchangesConfig {
             live: Arc::new(live),
             drive: self.drive.clone(),
             workspace: self.ws(),
+            last_snapshot: self.last_snapshot.clone(),
+            blobs: steadfast_world::Blobs::local(&self.dir.path().join("blobs")).unwrap(),
+            max_exchanges: None,
+            extra_bound: None,
+            prices: Default::default(),
+            mismatch: self.mismatch,
+        });
+        let gateway = Gateway::open(GatewayConfig {
+            exchanges: Arc::new(exchanges),
             token: TOKEN.into(),
             upstreams: Upstreams {
                 anthropic: Some(Upstream {
@@ -111,17 +121,9 @@ impl Setup {
                 }),
             },
             models: vec!["claude-sonnet-4-5".into()],
-            last_snapshot: self.last_snapshot.clone(),
-            max_exchanges: None,
-            prices: Default::default(),
-            extra_bound: None,
             http: self.http.clone(),
-            blobs: steadfast_world::Blobs::local(&self.dir.path().join("blobs")).unwrap(),
-            mismatch: self.mismatch,
             continuing: Default::default(),
-        })
-        .await
-        .unwrap();
+        });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let app = gateway.router();
@@ -211,7 +213,7 @@ async fn a_restarted_client_is_answered_from_the_log_byte_for_byte() {
     .await;
     assert_eq!(chat.0, 200, "{}", chat.1);
     assert_eq!(setup.fake.calls(), 2);
-    assert_eq!(first.counters().live, 2);
+    assert_eq!(first.exchanges().counters().live, 2);
     // Each reply is recorded whole, after it streamed through.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let recorded = exchanges(&setup).await;
@@ -236,7 +238,7 @@ async fn a_restarted_client_is_answered_from_the_log_byte_for_byte() {
     .await;
     assert_eq!(chat_again, chat);
     assert_eq!(setup.fake.calls(), 2, "the provider was not asked again");
-    assert_eq!(second.counters().replayed, 2);
+    assert_eq!(second.exchanges().counters().replayed, 2);
 
     // Past the record, requests go to the provider again.
     let next = post(
@@ -295,7 +297,7 @@ async fn a_request_that_differs_from_the_record_diverges_and_restores_the_worksp
         3,
         "the diverging request went to the provider"
     );
-    assert_eq!(gateway.counters().diverged, 1);
+    assert_eq!(gateway.exchanges().counters().diverged, 1);
     assert_eq!(
         std::fs::read_to_string(setup.ws().join("a.txt")).unwrap(),
         "v2",
@@ -347,7 +349,10 @@ async fn a_reply_cut_off_before_it_was_recorded_is_asked_again_in_its_place() {
     let (status, body) = post(&format!("{url}/v1/messages"), TOKEN, &request).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
-        (gateway.counters().live, gateway.counters().diverged),
+        (
+            gateway.exchanges().counters().live,
+            gateway.exchanges().counters().diverged
+        ),
         (1, 0)
     );
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -406,7 +411,7 @@ async fn a_request_whose_intent_the_log_refuses_never_reaches_the_provider_whole
         1,
         "the provider must never have the whole request of an unrecorded call"
     );
-    assert_eq!(gateway.counters().live, 1);
+    assert_eq!(gateway.exchanges().counters().live, 1);
     assert_eq!(exchanges(&setup).await.len(), 1);
 }
 
@@ -447,7 +452,7 @@ async fn a_reply_whose_client_went_away_mid_stream_is_still_recorded_whole() {
     assert_eq!(status, 200);
     assert_eq!(again, reply.2);
     assert_eq!(setup.fake.calls(), 1, "the provider was asked once");
-    assert_eq!(second.counters().replayed, 1);
+    assert_eq!(second.exchanges().counters().replayed, 1);
 }
 
 /// A log too busy to take a call's intent (another process holds its write lock past
@@ -614,7 +619,7 @@ async fn the_official_python_sdks_parse_live_and_replayed_replies() {
     let live = sdk_clients(&url).await;
     let calls = setup.fake.calls();
     assert_eq!(calls, 6, "six model calls (count_tokens is not one)");
-    assert_eq!(first.counters().live, 7);
+    assert_eq!(first.exchanges().counters().live, 7);
     // What each SDK parsed, including the tool call and its input.
     assert_eq!(live["anthropic"][1]["name"], "bash");
     assert_eq!(live["anthropic"][1]["input"]["command"], "ls -la");
@@ -630,5 +635,5 @@ async fn the_official_python_sdks_parse_live_and_replayed_replies() {
     let replayed = sdk_clients(&url).await;
     assert_eq!(replayed, live, "the same results, ids included");
     assert_eq!(setup.fake.calls(), calls, "all answered from the log");
-    assert_eq!(second.counters().replayed, 7);
+    assert_eq!(second.exchanges().counters().replayed, 7);
 }

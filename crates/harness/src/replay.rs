@@ -7,7 +7,7 @@
 //! answer: where, and what changed. Nothing is asked of a provider, unless the caller
 //! goes on live from there.
 
-use steadfast_gateway::Mismatch;
+use steadfast_journal::exchange::Mismatch;
 use steadfast_log::{Event, Record};
 use steadfast_world::World;
 
@@ -322,7 +322,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
         &self,
         records: &[Record],
         turn: u32,
-        noted: &steadfast_gateway::Divergence,
+        noted: &steadfast_journal::exchange::Divergence,
     ) -> Result<ReplayDivergence> {
         let Some(expected) = &noted.expected else {
             return Ok(ReplayDivergence {
@@ -336,7 +336,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
             });
         };
         let position = intent_position(records, expected);
-        let recorded = steadfast_gateway::kept::load(&self.blobs, records, expected)
+        let recorded = steadfast_journal::kept::load(&self.blobs, records, expected)
             .await
             .map_err(|e| Error::DataLost(e.to_string()))?;
         let (summary, diff) = match recorded {

@@ -344,7 +344,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             reconcilers: self.options.reconcilers.clone(),
             http: self.http.clone(),
             hosted: self.hosted_tools(&lease.session, &state).await?,
-            mismatch: steadfast_gateway::Mismatch::Diverge,
+            mismatch: steadfast_journal::exchange::Mismatch::Diverge,
         };
         Ok(WrappedDriver {
             harness: self,
@@ -530,7 +530,7 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
     /// CLI, whose report says where it diverged.
     pub(crate) async fn replay_turn(
         &mut self,
-        mismatch: steadfast_gateway::Mismatch,
+        mismatch: steadfast_journal::exchange::Mismatch,
     ) -> Result<TurnReport> {
         let (_never, stopping) = tokio::sync::watch::channel(false);
         let options = WrappedOptions {

@@ -382,6 +382,34 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
         self.live.with(SessionState::loop_hit)
     }
 
+    /// The journaled model calls of the same run of a wrapped agent: each notes where
+    /// this journal's calls left the workspace (what a divergence there restores to),
+    /// and they are refused once its loop breaker or runaway guard trips, as they are
+    /// past `max_exchanges` a turn or any of the session's bounds.
+    pub fn exchanges(
+        self: &Arc<Self>,
+        max_exchanges: usize,
+        prices: steadfast_model::pricing::PriceTable,
+        mismatch: crate::exchange::Mismatch,
+    ) -> crate::exchange::Exchanges<W>
+    where
+        S: 'static,
+        W: 'static,
+    {
+        let journal = self.clone();
+        crate::exchange::Exchanges::new(crate::exchange::ExchangesConfig {
+            live: self.live.clone(),
+            drive: self.drive.clone(),
+            workspace: self.workspace.clone(),
+            last_snapshot: self.last_snapshot.clone(),
+            blobs: self.blobs.clone(),
+            max_exchanges: Some(max_exchanges),
+            extra_bound: Some(Arc::new(move || journal.loop_hit())),
+            prices,
+            mismatch,
+        })
+    }
+
     /// Calls answered from the record, and calls run.
     pub fn counters(&self) -> (u64, u64) {
         *self.counters.lock().unwrap_or_else(|e| e.into_inner())

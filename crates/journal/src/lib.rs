@@ -8,13 +8,18 @@
 //! is resolved here too ([`resolve_cut_off`], invariant 4), with the reconcilers of
 //! `steadfast_sandbox::reconcile` and `git_push`'s own ([`git::GitPusher`]).
 //!
+//! A wrapped agent's model calls are journaled here as well ([`exchange`]): the
+//! gateway is only their HTTP face, as the MCP server is its tool calls'.
+//!
 //! The tools the harness runs outside the sandbox live here as well, since the journal
 //! runs them: the session's own MCP servers' ([`remote`]) and `git_push` ([`git`]).
 
 pub mod calls;
 pub mod escalate;
+pub mod exchange;
 pub mod explore;
 pub mod git;
+pub mod kept;
 pub mod remote;
 pub mod slot;
 

@@ -31,9 +31,6 @@ pub enum Error {
     /// The log does not fold.
     #[error("session log: {0}")]
     Log(#[from] steadfast_log::FoldError),
-    /// The gateway could not open.
-    #[error(transparent)]
-    Gateway(#[from] steadfast_gateway::Error),
     /// A background task failed.
     #[error("task failed: {0}")]
     Task(String),

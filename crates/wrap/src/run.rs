@@ -7,7 +7,8 @@ use std::time::Duration;
 use serde_json::json;
 use steadfast_drive::Drive;
 use steadfast_gateway::history::{Continuing, Conversation};
-use steadfast_gateway::{Counters, Divergence, Gateway, GatewayConfig, Mismatch, Upstreams};
+use steadfast_gateway::{Gateway, GatewayConfig, Upstreams};
+use steadfast_journal::exchange::{Counters, Divergence, Mismatch};
 use steadfast_journal::{resolve_cut_off, Journal, MakeSandbox, SandboxSlot};
 use steadfast_log::{EndState, Event, Role, SessionState, Status};
 use steadfast_sandbox::egress::EgressDesk;
@@ -316,29 +317,22 @@ pub async fn drive_turn<W: World + Clone + 'static>(
         // However this run ends, its tools' sandbox goes with it.
         let _closing = Closing(journal.clone());
         let token = token();
+        let exchanges = Arc::new(journal.exchanges(
+            options.max_exchanges_per_turn,
+            options.prices.clone(),
+            options.mismatch,
+        ));
         let gateway = Gateway::open(GatewayConfig {
             http: options.http.clone(),
-            live: live.clone(),
-            drive: drive.clone(),
-            workspace: workspace.clone(),
+            exchanges: exchanges.clone(),
             token: token.clone(),
             upstreams: options.upstreams.clone(),
             models: vec![model.clone()],
-            last_snapshot,
-            max_exchanges: Some(options.max_exchanges_per_turn),
-            prices: options.prices.clone(),
-            extra_bound: Some({
-                let journal = journal.clone();
-                Arc::new(move || journal.loop_hit())
-            }),
-            blobs: blobs.clone(),
-            mismatch: options.mismatch,
             continuing: Continuing {
                 task: task.clone(),
                 history,
             },
-        })
-        .await?;
+        });
 
         // In an isolating sandbox the CLI reaches the servers through forwarded
         // loopback ports (its network has nothing else); in a local one, directly.
@@ -390,11 +384,11 @@ pub async fn drive_turn<W: World + Clone + 'static>(
         // was sent from.
         let ended = tokio::select! {
             result = cli.execute("bash", &input) => RunEnd::Ran(result),
-            () = gateway.escalated() => RunEnd::Ran(Ok(steadfast_sandbox::ToolOutput::error("stopped: a bound was crossed"))),
+            () = exchanges.escalated() => RunEnd::Ran(Ok(steadfast_sandbox::ToolOutput::error("stopped: a bound was crossed"))),
             item = steadfast_world::interrupt::arrives(world.clone(), lease.session.clone()) => RunEnd::Interrupted(item),
             () = stop_requested(stopping.clone()) => RunEnd::Stopped,
             () = journal.paused() => RunEnd::Waiting,
-            () = gateway.stopped() => RunEnd::Diverged,
+            () = exchanges.stopped() => RunEnd::Diverged,
         };
         let interrupted = matches!(ended, RunEnd::Interrupted(_));
         if interrupted || matches!(ended, RunEnd::Stopped | RunEnd::Waiting | RunEnd::Diverged) {
@@ -423,7 +417,7 @@ pub async fn drive_turn<W: World + Clone + 'static>(
                 options.turn_timeout
             })
             .await;
-        let counters = gateway.counters();
+        let counters = exchanges.counters();
         report.exchanges.replayed += counters.replayed;
         report.exchanges.live += counters.live;
         report.exchanges.diverged += counters.diverged;
@@ -432,9 +426,9 @@ pub async fn drive_turn<W: World + Clone + 'static>(
         report.tools.1 += ran;
         if options.mismatch != Mismatch::Diverge {
             if report.divergence.is_none() {
-                report.divergence = gateway.divergence().await;
+                report.divergence = exchanges.divergence().await;
             }
-            report.unanswered = gateway.unanswered().await;
+            report.unanswered = exchanges.unanswered().await;
         }
         let result = match ended {
             RunEnd::Ran(result) => result,
@@ -481,7 +475,7 @@ pub async fn drive_turn<W: World + Clone + 'static>(
                 return Ok(report);
             }
         };
-        if let Some((breaker, reason)) = gateway.escalation() {
+        if let Some((breaker, reason)) = exchanges.escalation() {
             journal.escalate(breaker, reason.clone()).await?;
             report.reply = reason;
             return Ok(report);

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use steadfast_drive::Drive;
 use steadfast_gateway::{Gateway, GatewayConfig, Upstream, Upstreams};
+use steadfast_journal::exchange::{Exchanges, ExchangesConfig};
 use steadfast_log::{Event, ModelSpec};
 use steadfast_testkit::{FakeProvider, Script};
 use steadfast_world::{Holder, SqliteWorld, World};
@@ -68,11 +69,20 @@ async fn serve_gateway(
             )],
         )
         .await?;
-    let gateway = Gateway::open(GatewayConfig {
-        http: steadfast_model::provider_http(),
+    let exchanges = Exchanges::new(ExchangesConfig {
         live: std::sync::Arc::new(steadfast_world::LiveSession::open(world.clone(), lease).await?),
         drive: Drive::open(dir.join("drive"))?,
         workspace: dir.to_path_buf(),
+        last_snapshot: Default::default(),
+        blobs: steadfast_world::Blobs::local(&dir.join("blobs"))?,
+        max_exchanges: None,
+        extra_bound: None,
+        prices: Default::default(),
+        mismatch: Default::default(),
+    });
+    let gateway = Gateway::open(GatewayConfig {
+        http: steadfast_model::provider_http(),
+        exchanges: std::sync::Arc::new(exchanges),
         token: TOKEN.into(),
         upstreams: Upstreams {
             anthropic: Some(Upstream {
@@ -82,15 +92,8 @@ async fn serve_gateway(
             openai: None,
         },
         models: vec![],
-        last_snapshot: Default::default(),
-        max_exchanges: None,
-        prices: Default::default(),
-        extra_bound: None,
-        blobs: steadfast_world::Blobs::local(&dir.join("blobs"))?,
-        mismatch: Default::default(),
         continuing: Default::default(),
-    })
-    .await?;
+    });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let app = gateway.router();

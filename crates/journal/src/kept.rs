@@ -1,4 +1,4 @@
-//! Model requests kept by content: each exchange's normalized request is in the blob
+//! A wrapped agent's model requests, kept by content: each exchange's normalized request is in the blob
 //! store as its frame (everything but the messages) and its messages, one blob each,
 //! named by hash. A conversation's requests share most of their messages, so each
 //! request's record names an earlier one it builds on and only the messages it adds:
@@ -11,7 +11,16 @@ use serde_json::Value;
 use steadfast_log::{Event, Record, RequestParts};
 use steadfast_world::Blobs;
 
-use crate::Error;
+/// Why a kept request could not be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The blob store failed.
+    #[error(transparent)]
+    World(#[from] steadfast_world::Error),
+    /// What was kept does not make a request.
+    #[error("kept request: {0}")]
+    Corrupt(String),
+}
 
 /// The fields a request's messages are in (Anthropic Messages and OpenAI Chat:
 /// `messages`; OpenAI Responses: `input`, when it is a list).
@@ -110,7 +119,10 @@ impl Keeper {
 }
 
 /// Writes a request's unwritten blobs.
-pub(crate) async fn write(blobs: &Blobs, unwritten: &[(String, Vec<u8>)]) -> Result<(), Error> {
+pub(crate) async fn write(
+    blobs: &Blobs,
+    unwritten: &[(String, Vec<u8>)],
+) -> Result<(), steadfast_world::Error> {
     for (_, bytes) in unwritten {
         blobs.put_raw(bytes).await?;
     }
@@ -146,7 +158,7 @@ pub async fn load(
             return Ok(None);
         };
         if chain.len() > parts.len() {
-            return Err(Error::Kept(format!(
+            return Err(Error::Corrupt(format!(
                 "request {call_id}: its bases form a cycle"
             )));
         }
@@ -175,7 +187,7 @@ pub async fn load(
 
 async fn read(blobs: &Blobs, hash: &str) -> Result<Value, Error> {
     let bytes = blobs.get(hash).await?;
-    serde_json::from_slice(&bytes).map_err(|e| Error::Kept(format!("blob {hash}: {e}")))
+    serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt(format!("blob {hash}: {e}")))
 }
 
 #[cfg(test)]
