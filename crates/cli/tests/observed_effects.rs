@@ -30,6 +30,17 @@ fn post_in_function(port: u16) -> String {
     format!("ship() {{ curl -sf -d go http://localhost:$1/deploy; }}; ship {port}")
 }
 
+/// The same POST with Node's own `fetch`, which reads no proxy variables before Node
+/// 24: without the sandbox's preload it could not reach the proxy at all.
+fn post_with_node_fetch(port: u16) -> String {
+    format!(
+        "node -e \"fetch('http://localhost:{port}/deploy', {{method: 'POST', body: 'go'}}).then(r => process.exit(r.ok ? 0 : 1))\""
+    )
+}
+
+/// A command that posts to a server on the given port.
+type Command = fn(u16) -> String;
+
 fn script(steps: Value) -> Script {
     serde_json::from_value(json!({ "steps": steps })).unwrap()
 }
@@ -108,6 +119,7 @@ async fn a_command_cut_off_after_it_sent_a_request_is_outcome_unknown_and_never_
 async fn under_an_approval_policy_nothing_leaves_until_a_person_approves() {
     approval_holds("native", true, post).await;
     approval_holds("native", true, post_in_function).await;
+    approval_holds("native", true, post_with_node_fetch).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,6 +127,7 @@ async fn a_wrapped_cli_under_an_approval_policy_waits_and_runs_once_approved() {
     common::installed("claude-code").await;
     approval_holds("claude-code", true, post).await;
     approval_holds("claude-code", true, post_in_function).await;
+    approval_holds("claude-code", true, post_with_node_fetch).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -128,9 +141,14 @@ async fn a_wrapped_cli_is_told_a_refusal_and_nothing_leaves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_deny_all_networking_nothing_is_asked_about() {
     common::installed("claude-code").await;
-    for agent in ["native", "claude-code"] {
+    let cases: [(&str, Command); 3] = [
+        ("native", post),
+        ("native", post_with_node_fetch),
+        ("claude-code", post),
+    ];
+    for (agent, command) in cases {
         let (port, hits) = counter();
-        let command = post(port);
+        let command = command(port);
         let fake = FakeProvider::start(script(json!([
             {"text": "deploying", "tool_calls": [{"name": "bash", "input": {"command": command}}]},
             {"text": "done"}
@@ -174,7 +192,7 @@ async fn with_deny_all_networking_nothing_is_asked_about() {
 /// hides from the classifier is made twice: the first is held at the proxy (recorded,
 /// the model told), the second waits for approval. One the classifier sees waits at
 /// once. A person then approves (`approve`) or refuses it.
-async fn approval_holds(agent: &str, approve: bool, command: fn(u16) -> String) {
+async fn approval_holds(agent: &str, approve: bool, command: Command) {
     let (port, hits) = counter();
     let command = command(port);
     let hidden = steadfast_sandbox::classify("bash", &json!({ "command": command }))

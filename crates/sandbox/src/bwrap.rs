@@ -347,6 +347,7 @@ impl BwrapSandbox {
             for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
                 env.push((name.to_string(), url.clone()));
             }
+            node_through_proxy(&run.0, &mut env)?;
         }
         let log = std::fs::File::create(run.0.join("agent.log"))
             .map_err(|e| Error::Unavailable(format!("agent log: {e}")))?;
@@ -675,6 +676,24 @@ impl Sandbox for BwrapSandbox {
             }
         }
     }
+}
+
+/// Node's own `fetch` reads `HTTP(S)_PROXY` only from Node 24 (with
+/// `NODE_USE_ENV_PROXY=1`); before, it connects directly, which the sandbox's network
+/// refuses, so a `fetch` could never be seen by the egress proxy, held for approval or
+/// recorded. Every Node process in the sandbox loads a preload (in the sandbox's run
+/// directory) that sends `fetch` through the proxy, as `curl` and Python go.
+fn node_through_proxy(run: &Path, env: &mut Vec<(String, String)>) -> Result<(), Error> {
+    const PRELOAD: &str = include_str!("fetch-proxy.cjs");
+    std::fs::write(run.join("fetch-proxy.cjs"), PRELOAD)
+        .map_err(|e| Error::Unavailable(format!("node preload: {e}")))?;
+    let require = format!("--require {INSIDE_RUN}/fetch-proxy.cjs");
+    match env.iter_mut().find(|(k, _)| k == "NODE_OPTIONS") {
+        Some((_, options)) => *options = format!("{options} {require}"),
+        None => env.push(("NODE_OPTIONS".to_string(), require)),
+    }
+    env.push(("NODE_USE_ENV_PROXY".to_string(), "1".to_string()));
+    Ok(())
 }
 
 #[cfg(test)]
