@@ -173,8 +173,9 @@ enum Effect {
 
 /// A worker killed right after a command's external effect, the command still running;
 /// a new worker takes the session over. The effect is never made again, and the call is
-/// resolved as `effect` says it can be.
-async fn cut_off_after_its_effect(agent: &str, model: &str, effect: Effect) {
+/// resolved as `effect` says it can be. The site's world is `world` (a PostgreSQL URL),
+/// or its own SQLite file.
+async fn cut_off_after_its_effect(agent: &str, model: &str, effect: Effect, world: Option<&str>) {
     let dir = tempfile::tempdir().unwrap();
     let (port, hits) = common::counter();
     let remote = dir.path().join("remote.git");
@@ -210,6 +211,10 @@ async fn cut_off_after_its_effect(agent: &str, model: &str, effect: Effect) {
         }
         Effect::Push => "[sandbox]\nbackend = \"local\"\n".to_string(),
     } + "[harness]\nlease-ttl-secs = 3\n";
+    let config = match world {
+        Some(url) => format!("world = \"{url}\"\nmigrate-on-open = true\n{config}"),
+        None => config,
+    };
     std::fs::write(dir.path().join("steadfast.toml"), config).unwrap();
     let (_api, mut worker, url) = common::site_api(dir.path(), &agents_dir(), &fake).await;
     let mut body = json!({"agent": agent, "model": model, "workspace": {"kind": "empty"}});
@@ -327,8 +332,24 @@ async fn a_cut_off_external_call_is_never_run_again_with_or_without_a_reconciler
             installed(agent).await;
         }
         for effect in [Effect::Post, Effect::Push] {
-            cut_off_after_its_effect(agent, model, effect).await;
+            cut_off_after_its_effect(agent, model, effect, None).await;
         }
+    }
+}
+
+/// The same on a PostgreSQL world, for the native agent and a wrapped one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_external_call_is_outcome_unknown_on_postgres_too() {
+    installed("claude-code").await;
+    for (agent, model) in &AGENTS[..2] {
+        let db = common::TestDatabase::create(&format!(
+            "steadfast_cut_off_{}_{}",
+            agent.replace('-', "_"),
+            std::process::id()
+        ))
+        .await;
+        cut_off_after_its_effect(agent, model, Effect::Post, Some(&db.url)).await;
+        db.drop_now().await;
     }
 }
 
