@@ -414,11 +414,17 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 Ok(None)
             }
             Next::RunTool(call) => {
-                let batch = self.runs_at_once(None);
-                if batch.len() > 1 {
-                    self.run_at_once(batch).await?;
-                } else {
-                    self.run_tool(call).await?;
+                let mut batch = self.runs_at_once(None);
+                match batch.len() {
+                    // Not a call the journal runs as it stands: its own path.
+                    0 => self.run_tool(call).await?,
+                    // Admitted already: class and verdict are not worked out twice.
+                    1 => {
+                        let class = batch.remove(0).class;
+                        self.run_tool_span(call, |d, call| d.run_journaled(call, class, false))
+                            .await?;
+                    }
+                    _ => self.run_at_once(batch).await?,
                 }
                 Ok(None)
             }

@@ -599,7 +599,11 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// [`Harness::wake`] for a lease already taken (by [`World::claim`]).
     #[tracing::instrument(level = "debug", skip_all, fields(session = %lease.session, epoch = lease.epoch))]
     pub async fn wake_leased(&self, lease: steadfast_world::Lease) -> Result<Awake<'_, W, S>> {
+        // From the moment the lease is taken: a wake that takes longer than the lease
+        // (a cold host hydrating a big workspace) keeps it, or knows it lost it.
+        let heartbeat = Heartbeat::start(self.world.clone(), lease.clone(), self.options.lease_ttl);
         let (state, records) = self.load(&lease.session).await?;
+        self.take_over_workspace(&lease.session, &state).await;
         // A turn an earlier driver left in flight (it died, or its lease lapsed): not
         // one just opened by its user message, nor one held back to retry a failure.
         let fresh_or_retrying = records.last().is_some_and(|r| {
@@ -625,11 +629,11 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         }
         if state.is_wrapped() {
             Ok(Awake::Wrapped(Box::new(
-                self.wrapped_driver(lease, state).await?,
+                self.wrapped_driver(lease, state, heartbeat).await?,
             )))
         } else {
             Ok(Awake::Native(Box::new(
-                self.native_driver(lease, state).await?,
+                self.native_driver(lease, state, heartbeat).await?,
             )))
         }
     }
@@ -656,6 +660,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         &self,
         lease: steadfast_world::Lease,
         state: SessionState,
+        heartbeat: Heartbeat,
     ) -> Result<Driver<'_, W, S>> {
         let mut sandbox_options = self.sandbox_options(&lease.session, &state).await?;
         let state = self.adopt_outside_edits(&lease, state).await?;
@@ -670,6 +675,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             lease.clone(),
             state,
         ));
+        live.fence(heartbeat.watch());
         // What the sandbox opens through its egress proxy is recorded against the call
         // running, in the live log.
         let desk = EgressDesk::new();
@@ -701,7 +707,6 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         .with_hosted(hosted)
         .with_held_back(held_back)
         .with_egress(desk);
-        let heartbeat = Heartbeat::start(self.world.clone(), lease, self.options.lease_ttl);
         Ok(Driver::new(self, journal, model, heartbeat))
     }
 
@@ -725,6 +730,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 steadfast_sandbox::NetworkPolicy::parse(policy).map_err(Error::Invalid)?;
         }
         options.inject = self.egress_credentials(session, state).await?;
+        options.session = Some(session.to_string());
         Ok(options)
     }
 

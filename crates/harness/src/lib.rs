@@ -146,6 +146,22 @@ fn journal_retryable(e: &steadfast_journal::Error) -> bool {
 }
 
 impl Error {
+    /// Whether the driver lost its lease (another holder took it, or it could not be
+    /// renewed in time): nothing is to be recorded under it any more, not even the
+    /// failure; whoever holds the lease next goes on.
+    pub fn is_lease_lost(&self) -> bool {
+        let world = match self {
+            Error::World(e) => Some(e),
+            Error::Journal(steadfast_journal::Error::World(e)) => Some(e),
+            Error::Wrapped(steadfast_wrap::Error::World(e)) => Some(e),
+            _ => None,
+        };
+        matches!(
+            world,
+            Some(steadfast_world::Error::StaleFence { .. } | steadfast_world::Error::LeaseLost(_))
+        )
+    }
+
     /// Whether waking the session again later may get further.
     pub fn is_retryable(&self) -> bool {
         match self {

@@ -124,6 +124,11 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// no worker takes the session before then.
     #[tracing::instrument(level = "debug", skip_all, fields(session = %lease.session))]
     async fn after_failure(&self, lease: &steadfast_world::Lease, e: &crate::Error) {
+        if e.is_lease_lost() {
+            // Not this worker's to record: the session is whoever's takes the lease
+            // next (this worker's too, once it lapses).
+            return;
+        }
         let not_here = match e {
             crate::Error::NotHere(why) => Some(why.clone()),
             // A snapshot object this host cannot read (its store is not the shared

@@ -102,6 +102,27 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
         Ok(state)
     }
 
+    /// Makes the workspace of `session` (whose lease this process has just taken) this
+    /// process's alone on this host: whatever a holder that lost the lease alive still
+    /// runs there is killed before anything reads or restores it (see
+    /// [`steadfast_sandbox::take_over`]).
+    pub(crate) async fn take_over_workspace(&self, session: &str, state: &SessionState) {
+        let Ok(dir) = self.workspace_dir(state) else {
+            return;
+        };
+        let session = session.to_string();
+        let killed =
+            tokio::task::spawn_blocking(move || steadfast_sandbox::take_over(&dir, &session))
+                .await
+                .unwrap_or(0);
+        if killed > 0 {
+            tracing::warn!(
+                killed,
+                "took the workspace over from a holder that lost the lease"
+            );
+        }
+    }
+
     /// Makes `state`'s workspace ready on this host and returns it: a logical one is
     /// created if missing and brought to the last recorded snapshot (touching only
     /// what differs from what is already there); a directory is brought to it too

@@ -318,6 +318,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         &self,
         lease: Lease,
         state: SessionState,
+        heartbeat: steadfast_world::Heartbeat,
     ) -> Result<WrappedDriver<'_, W, S>> {
         let adapter = self.session_adapter(&state)?;
         let sandbox = self.sandbox_options(&lease.session, &state).await?;
@@ -335,7 +336,6 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             upstreams: agents.upstreams.clone(),
             max_restarts: agents.max_restarts,
             turn_timeout: agents.turn_timeout,
-            lease_ttl: self.options.lease_ttl,
             max_exchanges_per_turn: self.options.max_steps_per_turn as usize,
             prices: self.options.prices.clone(),
             max_tool_calls_per_turn: (self.options.max_steps_per_turn as usize)
@@ -346,16 +346,19 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             hosted: self.hosted_tools(&lease.session, &state).await?,
             mismatch: steadfast_journal::exchange::Mismatch::Diverge,
         };
+        let live = std::sync::Arc::new(LiveSession::with_state(
+            self.world.clone(),
+            lease.clone(),
+            state,
+        ));
+        live.fence(heartbeat.watch());
         Ok(WrappedDriver {
             harness: self,
-            live: std::sync::Arc::new(LiveSession::with_state(
-                self.world.clone(),
-                lease.clone(),
-                state,
-            )),
+            live,
             lease,
             options,
             report: TurnReport::default(),
+            _heartbeat: heartbeat,
         })
     }
 }
@@ -371,6 +374,8 @@ pub struct WrappedDriver<'h, W, S> {
     live: std::sync::Arc<LiveSession<W>>,
     options: WrappedOptions,
     report: TurnReport,
+    /// Keeps the lease while the driver lives (and fences `live` when it is lost).
+    _heartbeat: steadfast_world::Heartbeat,
 }
 
 impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {

@@ -349,6 +349,24 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
         let _ = tokio::time::timeout(limit, rx.wait_for(|n| *n == 0)).await;
     }
 
+    /// Puts the workspace at snapshot `to`, if this driver still holds the lease: one
+    /// that lost it must never touch a workspace another may be driving already.
+    async fn restore(&self, to: &str) -> Result<()> {
+        self.live.ensure_lease()?;
+        self.drive.restore_async(&self.workspace, to).await?;
+        Ok(())
+    }
+
+    /// The lease was lost while a call ran: another holder may take the session over
+    /// as soon as it lapses, and restore the workspace, so nothing this driver started
+    /// may go on. The command is killed and its sandbox with it (every process in it);
+    /// the call is left without an outcome, for the next holder to resolve.
+    async fn lease_lost(&self) -> Error {
+        self.cancel().await;
+        self.sandbox.discard().await;
+        steadfast_world::Error::LeaseLost(self.live.lease().session.clone()).into()
+    }
+
     /// Stops the command running in the tools' sandbox, if one is (an interrupt): the
     /// call then records its outcome, with the workspace as the command left it.
     pub async fn cancel(&self) {
@@ -602,7 +620,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         if current.as_deref() != Some(after.as_str()) {
-            self.drive.restore_async(&self.workspace, &after).await?;
+            self.restore(&after).await?;
             *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(after);
         }
         *self.replayed_to.lock().unwrap_or_else(|e| e.into_inner()) = replayed_to;
@@ -634,7 +652,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         if let Some(frontier) = frontier.filter(|f| current.as_ref() != Some(f)) {
-            self.drive.restore_async(&self.workspace, &frontier).await?;
+            self.restore(&frontier).await?;
             *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(frontier);
         }
         Ok(())
@@ -919,7 +937,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
         )
         .await;
         if let ToolResolution::RolledBack { snapshot: Some(to) } = &resolution {
-            self.drive.restore_async(&self.workspace, to).await?;
+            self.restore(to).await?;
             *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(to.clone());
         }
         self.live
@@ -1011,6 +1029,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
                 self.cancel().await;
                 return self.record_interrupted(&call, touches, item, started).await;
             }
+            () = self.live.lease_lost() => return Err(self.lease_lost().await),
         };
         drop(_running);
         let mut out = match executed {

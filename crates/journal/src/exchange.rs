@@ -400,6 +400,8 @@ impl<W: World + Clone> Exchanges<W> {
             "replay diverged: superseding the record from here"
         );
         if let Some(snap) = &snapshot {
+            // Never under a lost lease: another holder may be driving the workspace.
+            self.live.ensure_lease()?;
             self.drive.restore_async(&self.workspace, snap).await?;
         }
         self.live

@@ -213,7 +213,7 @@ fn reap_abandoned() {
         if !name.starts_with("steadfast-sbx-") || owner_alive(&name) {
             continue;
         }
-        if name.ends_with(".pid") {
+        if name.ends_with(".pid") || name.ends_with(".holds") {
             // Its run directory is gone already.
             if !entry.path().with_extension("").exists() {
                 let _ = std::fs::remove_file(entry.path());
@@ -249,7 +249,88 @@ impl Drop for RunDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
         let _ = std::fs::remove_file(pid_file(&self.0));
+        let _ = std::fs::remove_file(holds_file(&self.0));
     }
+}
+
+/// Where a run directory's session and workspace are noted (beside it, as its PID
+/// is): what [`take_over`] looks for.
+fn holds_file(run: &Path) -> PathBuf {
+    run.with_extension("holds")
+}
+
+/// Kills every sandbox another process runs over the workspace `root` for `session`,
+/// alive or not (this process holds the session's lease now: that one lost it), and
+/// waits until every process in them is gone. Returns how many sandboxes were killed.
+pub(crate) fn take_over(root: &Path, session: &str) -> usize {
+    let me = format!("steadfast-sbx-{}-", std::process::id());
+    let Ok(dir) = std::fs::read_dir(crate::paths::socket_root()) else {
+        return 0;
+    };
+    let mut doomed = Vec::new();
+    for entry in dir.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("steadfast-sbx-") || !name.ends_with(".holds") || name.starts_with(&me)
+        {
+            continue;
+        }
+        let Ok(holds) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        if holds.split_once('\n') != Some((session, &*root.to_string_lossy())) {
+            continue;
+        }
+        let pid = std::fs::read_to_string(entry.path().with_extension("pid"))
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok());
+        let is_bwrap = |pid: i32| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"bwrap"))
+        };
+        if let Some(pid) = pid.filter(|&pid| is_bwrap(pid)) {
+            // The sandbox's first process inside its PID namespace: once it is gone,
+            // so is every process in the namespace (the kernel reaps them first).
+            doomed.push(pid);
+            doomed.extend(children_of(pid));
+        }
+    }
+    for &pid in &doomed {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while doomed
+        .iter()
+        .any(|&pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    if !doomed.is_empty() {
+        tracing::warn!(workspace = %root.display(), session, "killed the sandboxes of a holder that lost the session's lease");
+    }
+    doomed.len()
+}
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|stat| {
+                stat[stat.rfind(')').map_or(0, |i| i + 1)..]
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|p| p.parse::<i32>().ok())
+                    == Some(pid)
+            })
+        })
+        .collect()
 }
 
 /// Where the PID of a run directory's sandbox is kept: beside the directory, not in it.
@@ -384,6 +465,9 @@ impl BwrapSandbox {
             .map_err(|e| Error::Unavailable(format!("starting bwrap: {e}")))?;
         let pid = child.id();
         let _ = std::fs::write(pid_file(&run.0), pid.to_string());
+        if let Some(session) = &options.session {
+            let _ = std::fs::write(holds_file(&run.0), format!("{session}\n{}", root.display()));
+        }
         let sandbox = BwrapSandbox {
             root,
             socket: run.0.join("agent.sock"),

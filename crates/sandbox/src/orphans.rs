@@ -22,10 +22,13 @@ pub(crate) fn registry(root: &Path) -> PathBuf {
         .join(&key[..24])
 }
 
-/// Records a running command's process group.
-pub(crate) fn record(registry: &Path, pgid: u32) -> Option<PathBuf> {
+/// Records a running command's process group, with the session it runs for.
+pub(crate) fn record(registry: &Path, pgid: u32, session: Option<&str>) -> Option<PathBuf> {
     let file = registry.join(format!("{pgid}.pgid"));
-    let record = format!("{pgid} {}", std::process::id());
+    let record = match session {
+        Some(session) => format!("{pgid} {} {session}", std::process::id()),
+        None => format!("{pgid} {}", std::process::id()),
+    };
     // A directory emptied by another command's [`forget`] between the two steps is
     // made again.
     for _ in 0..3 {
@@ -55,9 +58,32 @@ pub(crate) fn forget(file: &Path) {
     }
 }
 
-/// Kills what is left of every recorded command of the workspace `root`. Returns how
-/// many processes were killed.
+/// Kills what is left of every recorded command of the workspace `root` whose
+/// harness is gone. Returns how many processes were killed.
 pub(crate) fn reap(registry: &Path, root: &Path) -> usize {
+    kill_recorded(registry, root, |owner, _| {
+        // Still running under a live harness (this one, or another on this host).
+        !owner
+            .is_some_and(|o| o == std::process::id() as i32 || kill(Pid::from_raw(o), None).is_ok())
+    })
+}
+
+/// Kills every recorded command of the workspace `root` that another process ran for
+/// `session`, alive or not: this process holds the session's lease now, so that
+/// process lost it (see [`crate::take_over`]). Returns how many processes were killed.
+pub(crate) fn take_over(root: &Path, session: &str) -> usize {
+    kill_recorded(&registry(root), root, |owner, of| {
+        of == Some(session) && owner != Some(std::process::id() as i32)
+    })
+}
+
+/// Kills the processes of every recorded command of `root` that `doomed(owner,
+/// session)` picks, and waits until they are gone.
+fn kill_recorded(
+    registry: &Path,
+    root: &Path,
+    doomed: impl Fn(Option<i32>, Option<&str>) -> bool,
+) -> usize {
     let Ok(entries) = std::fs::read_dir(registry) else {
         return 0;
     };
@@ -68,11 +94,7 @@ pub(crate) fn reap(registry: &Path, root: &Path) -> usize {
             let mut words = text.split_whitespace();
             let pgid: i32 = words.next()?.parse().ok()?;
             let owner: Option<i32> = words.next().and_then(|w| w.parse().ok());
-            // Still running under a live harness (this one, or another on this host).
-            let owner_alive = owner.is_some_and(|o| {
-                o == std::process::id() as i32 || kill(Pid::from_raw(o), None).is_ok()
-            });
-            if owner_alive {
+            if !doomed(owner, words.next()) {
                 return None;
             }
             forget(&e.path());
@@ -110,7 +132,7 @@ pub(crate) fn reap(registry: &Path, root: &Path) -> usize {
         }
     }
     if !killed.is_empty() {
-        tracing::warn!(workspace = %root.display(), killed = killed.len(), "killed commands left running by a dead harness");
+        tracing::warn!(workspace = %root.display(), killed = killed.len(), "killed commands left running by a harness that is gone or lost its lease");
     }
     // Gone before the caller restores the workspace: a write a process was in the
     // middle of when the signal came still lands, so "killed" is not yet "done".
@@ -148,14 +170,14 @@ mod tests {
     fn the_registry_is_removed_once_its_last_command_is_forgotten() {
         let tmp = tempfile::tempdir().unwrap();
         let registry = tmp.path().join("steadfast-running").join("key");
-        let a = record(&registry, 1).unwrap();
-        let b = record(&registry, 2).unwrap();
+        let a = record(&registry, 1, None).unwrap();
+        let b = record(&registry, 2, Some("s")).unwrap();
         forget(&a);
         assert!(b.exists(), "another command's record stays");
         forget(&b);
         assert!(!registry.exists() && !tmp.path().join("steadfast-running").exists());
         // Recorded again after that, the directories are made again.
-        let c = record(&registry, 3).unwrap();
+        let c = record(&registry, 3, None).unwrap();
         assert!(c.exists());
     }
 }

@@ -40,7 +40,7 @@ pub mod interrupt;
 pub use access::{AuditEntry, Scope, ServiceToken};
 pub use any::{redacted, AnyWorld};
 pub use checkpoint::{load_state, load_state_at};
-pub use heartbeat::Heartbeat;
+pub use heartbeat::{Heartbeat, LeaseWatch};
 pub use lineage::{Fork, Rewind};
 pub use listing::{Cursor, SessionPage, SessionPatch, SessionQuery};
 pub use live::LiveSession;
@@ -88,6 +88,10 @@ pub enum Error {
         /// How long until it lapses unless renewed.
         expires_in_ms: u64,
     },
+    /// This holder could not renew its lease in time (see [`Heartbeat`]): it appends
+    /// nothing more and has stopped its commands; whoever takes the lease next goes on.
+    #[error("session {0}: the lease could not be renewed in time, so this driver stopped")]
+    LeaseLost(String),
     /// An append failed after records were folded into the live state ahead of the
     /// log ([`LiveSession::stage`]): the state may say what the log does not, so the
     /// driver appends nothing more; waking the session again carries on from the log.

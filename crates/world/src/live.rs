@@ -24,7 +24,7 @@ use steadfast_fault::{point, points};
 use steadfast_log::{fold, Event, Record, SessionState};
 use tokio::sync::Mutex;
 
-use crate::{Error, Lease, Result, World};
+use crate::{Error, Lease, LeaseWatch, Result, World};
 
 /// Told of every record appended through a [`LiveSession`], in log order (a
 /// progress display, a test).
@@ -44,6 +44,8 @@ pub struct LiveSession<W> {
     /// An append failed with records staged: nothing more is appended.
     out_of_step: AtomicBool,
     observer: StdMutex<Option<Observer>>,
+    /// The lease's heartbeat, once fenced by it ([`LiveSession::fence`]).
+    fence: std::sync::OnceLock<LeaseWatch>,
 }
 
 impl<W: World> LiveSession<W> {
@@ -65,6 +67,33 @@ impl<W: World> LiveSession<W> {
             staged: StdMutex::new(Vec::new()),
             out_of_step: AtomicBool::new(false),
             observer: StdMutex::new(None),
+            fence: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Appends nothing more once `watch` says the lease is lost (the driver's
+    /// [`crate::Heartbeat`]): a holder that cannot vouch for its lease must not record
+    /// a call it could not see through.
+    pub fn fence(&self, watch: LeaseWatch) {
+        let _ = self.fence.set(watch);
+    }
+
+    /// Resolves once the lease is lost (never, for a session not fenced by a
+    /// heartbeat): what runs under the lease stops then.
+    pub async fn lease_lost(&self) {
+        match self.fence.get() {
+            Some(watch) => watch.lost().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// [`Error::LeaseLost`] if the lease is lost: checked before every append, and
+    /// before anything else that must not happen under a lost lease (restoring the
+    /// workspace, which another holder may be driving already).
+    pub fn ensure_lease(&self) -> Result<()> {
+        match self.fence.get() {
+            Some(watch) if watch.is_lost() => Err(Error::LeaseLost(self.lease.session.clone())),
+            _ => Ok(()),
         }
     }
 
@@ -91,6 +120,7 @@ impl<W: World> LiveSession<W> {
         if self.out_of_step.load(Ordering::SeqCst) {
             return Err(Error::OutOfStep(self.lease.session.clone()));
         }
+        self.ensure_lease()?;
         let staged = std::mem::take(&mut *lock(&self.staged));
         let held = staged.len();
         let appended = if held == 0 {
@@ -157,6 +187,7 @@ impl<W: World> LiveSession<W> {
         if self.out_of_step.load(Ordering::SeqCst) {
             return Err(Error::OutOfStep(self.lease.session.clone()));
         }
+        self.ensure_lease()?;
         let mut state = lock(&self.state);
         let record = Record {
             seq: state.last_seq + 1,

@@ -13,7 +13,7 @@ use steadfast_journal::{resolve_cut_off, Journal, MakeSandbox, SandboxSlot};
 use steadfast_log::{EndState, Event, Role, SessionState, Status};
 use steadfast_sandbox::egress::EgressDesk;
 use steadfast_sandbox::{isolates, AnySandbox, NetworkPolicy, Sandbox, SandboxOptions};
-use steadfast_world::{Blobs, Heartbeat, LiveSession, World};
+use steadfast_world::{Blobs, LiveSession, World};
 
 use crate::adapters::{Adapter, Launch};
 use crate::{mcp, Error, Result};
@@ -44,8 +44,6 @@ pub struct WrappedOptions {
     pub max_restarts: u32,
     /// The longest a turn may run.
     pub turn_timeout: Duration,
-    /// How long the session's lease lasts without renewal.
-    pub lease_ttl: Duration,
     /// The most model calls a turn may make; past it the session escalates.
     pub max_exchanges_per_turn: usize,
     /// Model prices overriding the built-in table (for the cost bound).
@@ -108,6 +106,9 @@ enum RunEnd {
     Waiting,
     /// A replay that only checks reached a request the record did not have.
     Diverged,
+    /// The lease could not be renewed in time: the CLI and its commands are killed
+    /// before another holder may take the session over.
+    LeaseLost,
 }
 
 /// Resolves once `stopping` turns true; never, if its sender is gone first.
@@ -239,7 +240,6 @@ pub async fn drive_turn<W: World + Clone + 'static>(
 ) -> Result<TurnReport> {
     let mut report = TurnReport::default();
     let (world, lease) = (live.world(), live.lease());
-    let _heartbeat = Heartbeat::start(world.clone(), lease.clone(), options.lease_ttl);
     loop {
         let state = live.state();
         if state.status != Status::Running {
@@ -389,21 +389,32 @@ pub async fn drive_turn<W: World + Clone + 'static>(
             () = stop_requested(stopping.clone()) => RunEnd::Stopped,
             () = journal.paused() => RunEnd::Waiting,
             () = exchanges.stopped() => RunEnd::Diverged,
+            () = live.lease_lost() => RunEnd::LeaseLost,
         };
         let interrupted = matches!(ended, RunEnd::Interrupted(_));
-        if interrupted || matches!(ended, RunEnd::Stopped | RunEnd::Waiting | RunEnd::Diverged) {
+        let lease_lost = matches!(ended, RunEnd::LeaseLost);
+        if interrupted
+            || matches!(
+                ended,
+                RunEnd::Stopped | RunEnd::Waiting | RunEnd::Diverged | RunEnd::LeaseLost
+            )
+        {
             cli.cancel().await;
         }
-        if interrupted || matches!(ended, RunEnd::Diverged) {
+        if interrupted || matches!(ended, RunEnd::Diverged | RunEnd::LeaseLost) {
             journal.cancel().await;
             gateway.abandon();
         }
+
         drop(cli);
         // A reply the dead CLI was receiving is still being recorded: let it finish, so
         // the next start gets it from the log rather than paying for it again (when
         // stopping, for as long as the driver's grace lets this run).
+        // With the lease lost nothing more can be recorded: nothing is waited for.
         gateway
-            .settle(if interrupted {
+            .settle(if lease_lost {
+                Duration::ZERO
+            } else if interrupted {
                 INTERRUPT_SETTLE
             } else {
                 Duration::from_secs(600)
@@ -411,7 +422,9 @@ pub async fn drive_turn<W: World + Clone + 'static>(
             .await;
         // So is a tool call it was waiting on (a killed one records how it was left).
         journal
-            .settle(if interrupted {
+            .settle(if lease_lost {
+                Duration::ZERO
+            } else if interrupted {
                 INTERRUPT_SETTLE
             } else {
                 options.turn_timeout
@@ -432,6 +445,10 @@ pub async fn drive_turn<W: World + Clone + 'static>(
         }
         let result = match ended {
             RunEnd::Ran(result) => result,
+            // Its CLI and commands are killed; another holder may take over.
+            RunEnd::LeaseLost => {
+                return Err(steadfast_world::Error::LeaseLost(lease.session.clone()).into())
+            }
             RunEnd::Diverged => {
                 tracing::info!(session = %lease.session, "replay stopped at a request the record did not have");
                 report.stopped = true;
