@@ -603,7 +603,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         // (a cold host hydrating a big workspace) keeps it, or knows it lost it.
         let heartbeat = Heartbeat::start(self.world.clone(), lease.clone(), self.options.lease_ttl);
         let (state, records) = self.load(&lease.session).await?;
-        self.take_over_workspace(&lease.session, &state).await;
+        self.take_over_workspace(&lease, &state).await;
         // A turn an earlier driver left in flight (it died, or its lease lapsed): not
         // one just opened by its user message, nor one held back to retry a failure.
         let fresh_or_retrying = records.last().is_some_and(|r| {
@@ -662,7 +662,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         state: SessionState,
         heartbeat: Heartbeat,
     ) -> Result<Driver<'_, W, S>> {
-        let mut sandbox_options = self.sandbox_options(&lease.session, &state).await?;
+        let mut sandbox_options = self.sandbox_options(&lease, &state).await?;
         let state = self.adopt_outside_edits(&lease, state).await?;
         // The native loop's workspace is always the log's: brought to the last
         // snapshot on every wake, whoever drove it last.
@@ -715,9 +715,10 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// told), for every agent alike.
     pub(crate) async fn sandbox_options(
         &self,
-        session: &str,
+        lease: &steadfast_world::Lease,
         state: &SessionState,
     ) -> Result<SandboxOptions> {
+        let session = lease.session.as_str();
         self.keep_home_out(&self.workspace_dir(state)?)?;
         let mut options = self.options.sandbox.clone();
         // A logical workspace is somewhere else on each host; inside the sandbox it is
@@ -730,7 +731,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 steadfast_sandbox::NetworkPolicy::parse(policy).map_err(Error::Invalid)?;
         }
         options.inject = self.egress_credentials(session, state).await?;
-        options.session = Some(session.to_string());
+        options.lease = Some((session.to_string(), lease.epoch));
         Ok(options)
     }
 

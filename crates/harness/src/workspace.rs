@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use steadfast_log::{Event, SessionState};
-use steadfast_world::World;
+use steadfast_world::{Lease, World};
 
 use crate::harness::Harness;
 use crate::{Error, Result};
@@ -102,19 +102,20 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
         Ok(state)
     }
 
-    /// Makes the workspace of `session` (whose lease this process has just taken) this
-    /// process's alone on this host: whatever a holder that lost the lease alive still
-    /// runs there is killed before anything reads or restores it (see
+    /// Makes the workspace of the session whose `lease` this process has just taken
+    /// the lease's alone on this host: whatever a holder that lost it alive still runs
+    /// there is killed before anything reads or restores it (see
     /// [`steadfast_sandbox::take_over`]).
-    pub(crate) async fn take_over_workspace(&self, session: &str, state: &SessionState) {
+    pub(crate) async fn take_over_workspace(&self, lease: &Lease, state: &SessionState) {
         let Ok(dir) = self.workspace_dir(state) else {
             return;
         };
-        let session = session.to_string();
-        let killed =
-            tokio::task::spawn_blocking(move || steadfast_sandbox::take_over(&dir, &session))
-                .await
-                .unwrap_or(0);
+        let (session, epoch) = (lease.session.clone(), lease.epoch);
+        let killed = tokio::task::spawn_blocking(move || {
+            steadfast_sandbox::take_over(&dir, &session, epoch)
+        })
+        .await
+        .unwrap_or(0);
         if killed > 0 {
             tracing::warn!(
                 killed,

@@ -321,7 +321,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         heartbeat: steadfast_world::Heartbeat,
     ) -> Result<WrappedDriver<'_, W, S>> {
         let adapter = self.session_adapter(&state)?;
-        let sandbox = self.sandbox_options(&lease.session, &state).await?;
+        let sandbox = self.sandbox_options(&lease, &state).await?;
         let state = self.adopt_outside_edits(&lease, state).await?;
         // A wrapped CLI's directory is left as its user had it, unless a rewind put
         // it back and no turn has begun since; a logical workspace is brought to the

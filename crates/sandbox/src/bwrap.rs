@@ -259,25 +259,31 @@ fn holds_file(run: &Path) -> PathBuf {
     run.with_extension("holds")
 }
 
-/// Kills every sandbox another process runs over the workspace `root` for `session`,
-/// alive or not (this process holds the session's lease now: that one lost it), and
-/// waits until every process in them is gone. Returns how many sandboxes were killed.
-pub(crate) fn take_over(root: &Path, session: &str) -> usize {
-    let me = format!("steadfast-sbx-{}-", std::process::id());
+/// Kills every sandbox over the workspace `root` that runs for `session` under a lease
+/// epoch before `epoch`, in whichever process, alive or not (its holder lost the
+/// lease), and waits until every process in them is gone. Returns how many sandboxes
+/// were killed.
+pub(crate) fn take_over(root: &Path, session: &str, epoch: u64) -> usize {
     let Ok(dir) = std::fs::read_dir(crate::paths::socket_root()) else {
         return 0;
     };
     let mut doomed = Vec::new();
     for entry in dir.filter_map(Result::ok) {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with("steadfast-sbx-") || !name.ends_with(".holds") || name.starts_with(&me)
-        {
+        if !name.starts_with("steadfast-sbx-") || !name.ends_with(".holds") {
             continue;
         }
         let Ok(holds) = std::fs::read_to_string(entry.path()) else {
             continue;
         };
-        if holds.split_once('\n') != Some((session, &*root.to_string_lossy())) {
+        let mut lines = holds.lines();
+        let (of, under, at) = (lines.next(), lines.next(), lines.next());
+        let stale = of == Some(session)
+            && under
+                .and_then(|e| e.parse::<u64>().ok())
+                .is_some_and(|e| e < epoch)
+            && at == Some(&*root.to_string_lossy());
+        if !stale {
             continue;
         }
         let pid = std::fs::read_to_string(entry.path().with_extension("pid"))
@@ -465,8 +471,9 @@ impl BwrapSandbox {
             .map_err(|e| Error::Unavailable(format!("starting bwrap: {e}")))?;
         let pid = child.id();
         let _ = std::fs::write(pid_file(&run.0), pid.to_string());
-        if let Some(session) = &options.session {
-            let _ = std::fs::write(holds_file(&run.0), format!("{session}\n{}", root.display()));
+        if let Some((session, epoch)) = &options.lease {
+            let holds = format!("{session}\n{epoch}\n{}", root.display());
+            let _ = std::fs::write(holds_file(&run.0), holds);
         }
         let sandbox = BwrapSandbox {
             root,

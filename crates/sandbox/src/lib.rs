@@ -33,18 +33,19 @@ pub use classify::{classify, classify_command};
 pub use local::{looks_secret, LocalSandbox, SandboxOptions, WORKSPACE_MOUNT};
 pub use paths::confine;
 
-/// Makes the workspace `workspace` of `session` this process's alone: kills every
-/// sandbox and command another process on this host runs there for the session. Call
-/// it once the session's lease is taken, before the workspace is restored: a holder
-/// that lost the lease alive (stopped, hung, cut off from the store past the lease)
-/// cannot stop its own commands, and one still writing after the restore would leave
-/// its effect in a workspace the log says it never touched (and, run again, twice).
+/// Makes the workspace `workspace` of `session` the lease `epoch`'s alone: kills every
+/// sandbox and command on this host that runs there for the session under an earlier
+/// epoch, in any process (another worker, another slot of this one). Call it once the
+/// lease is taken, before the workspace is read or restored: a holder that lost the
+/// lease alive (stopped, hung, cut off from the store past the lease) may not have
+/// stopped its own commands, and one still writing after the restore would leave its
+/// effect in a workspace the log says it never touched (and, run again, twice).
 /// Returns how many sandboxes and processes were killed; blocks until they are gone.
-pub fn take_over(workspace: &std::path::Path, session: &str) -> usize {
+pub fn take_over(workspace: &std::path::Path, session: &str, epoch: u64) -> usize {
     let Ok(root) = workspace.canonicalize() else {
         return 0;
     };
-    bwrap::take_over(&root, session) + orphans::take_over(&root, session)
+    bwrap::take_over(&root, session, epoch) + orphans::take_over(&root, session, epoch)
 }
 pub use policy::{HostRule, NetworkPolicy, ResourceLimits};
 pub use proxy::Injection;

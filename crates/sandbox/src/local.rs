@@ -62,11 +62,12 @@ pub struct SandboxOptions {
     /// whatever its commands print or its symlinks name stays true on every host. The
     /// local backend has no mounts and always shows the host path.
     pub mount_at: Option<std::path::PathBuf>,
-    /// The session the sandbox works for. Its sandboxes and commands are noted under
-    /// it on this host, so the next holder of the session's lease can kill what a
-    /// holder that lost the lease alive (hung, stopped, cut off from the store) left
-    /// running in the workspace before restoring it ([`crate::take_over`]).
-    pub session: Option<String>,
+    /// The session and the lease epoch the sandbox works under. Its sandboxes and
+    /// commands are noted under them on this host, so the next holder of the session's
+    /// lease can kill what a holder that lost the lease alive (hung, stopped, cut off
+    /// from the store) left running in the workspace before restoring it
+    /// ([`crate::take_over`]).
+    pub lease: Option<(String, u64)>,
 }
 
 pub use steadfast_log::WORKSPACE_MOUNT;
@@ -90,7 +91,7 @@ impl Default for SandboxOptions {
             forwards: Vec::new(),
             agent: Vec::new(),
             mount_at: None,
-            session: None,
+            lease: None,
         }
     }
 }

@@ -22,11 +22,12 @@ pub(crate) fn registry(root: &Path) -> PathBuf {
         .join(&key[..24])
 }
 
-/// Records a running command's process group, with the session it runs for.
-pub(crate) fn record(registry: &Path, pgid: u32, session: Option<&str>) -> Option<PathBuf> {
+/// Records a running command's process group, with the session and lease epoch it
+/// runs under.
+pub(crate) fn record(registry: &Path, pgid: u32, lease: Option<&(String, u64)>) -> Option<PathBuf> {
     let file = registry.join(format!("{pgid}.pgid"));
-    let record = match session {
-        Some(session) => format!("{pgid} {} {session}", std::process::id()),
+    let record = match lease {
+        Some((session, epoch)) => format!("{pgid} {} {session} {epoch}", std::process::id()),
         None => format!("{pgid} {}", std::process::id()),
     };
     // A directory emptied by another command's [`forget`] between the two steps is
@@ -68,21 +69,21 @@ pub(crate) fn reap(registry: &Path, root: &Path) -> usize {
     })
 }
 
-/// Kills every recorded command of the workspace `root` that another process ran for
-/// `session`, alive or not: this process holds the session's lease now, so that
-/// process lost it (see [`crate::take_over`]). Returns how many processes were killed.
-pub(crate) fn take_over(root: &Path, session: &str) -> usize {
-    kill_recorded(&registry(root), root, |owner, of| {
-        of == Some(session) && owner != Some(std::process::id() as i32)
+/// Kills every recorded command of the workspace `root` run for `session` under a
+/// lease epoch before `epoch`, by whichever process, alive or not: its holder lost the
+/// lease (see [`crate::take_over`]). Returns how many processes were killed.
+pub(crate) fn take_over(root: &Path, session: &str, epoch: u64) -> usize {
+    kill_recorded(&registry(root), root, |_, lease| {
+        lease.is_some_and(|(of, under)| of == session && under < epoch)
     })
 }
 
 /// Kills the processes of every recorded command of `root` that `doomed(owner,
-/// session)` picks, and waits until they are gone.
+/// (session, epoch))` picks, and waits until they are gone.
 fn kill_recorded(
     registry: &Path,
     root: &Path,
-    doomed: impl Fn(Option<i32>, Option<&str>) -> bool,
+    doomed: impl Fn(Option<i32>, Option<(&str, u64)>) -> bool,
 ) -> usize {
     let Ok(entries) = std::fs::read_dir(registry) else {
         return 0;
@@ -94,7 +95,8 @@ fn kill_recorded(
             let mut words = text.split_whitespace();
             let pgid: i32 = words.next()?.parse().ok()?;
             let owner: Option<i32> = words.next().and_then(|w| w.parse().ok());
-            if !doomed(owner, words.next()) {
+            let lease = words.next().zip(words.next().and_then(|e| e.parse().ok()));
+            if !doomed(owner, lease) {
                 return None;
             }
             forget(&e.path());
@@ -171,7 +173,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let registry = tmp.path().join("steadfast-running").join("key");
         let a = record(&registry, 1, None).unwrap();
-        let b = record(&registry, 2, Some("s")).unwrap();
+        let b = record(&registry, 2, Some(&("s".to_string(), 1))).unwrap();
         forget(&a);
         assert!(b.exists(), "another command's record stays");
         forget(&b);

@@ -164,9 +164,10 @@ pub(crate) async fn run(ctx: &Context<'_>, input: &Value) -> ToolOutput {
     drop(cmd); // closes our copies of the pipe's write end
     let pgid = child.id().map(|p| Pid::from_raw(p as i32));
     let guard = GroupGuard(pgid);
-    let recorded = child.id().zip(ctx.registry).and_then(|(p, registry)| {
-        crate::orphans::record(registry, p, ctx.options.session.as_deref())
-    });
+    let recorded = child
+        .id()
+        .zip(ctx.registry)
+        .and_then(|(p, registry)| crate::orphans::record(registry, p, ctx.options.lease.as_ref()));
 
     // The process limit: counted in the sandbox's own PID namespace, where every
     // process is the command's (RLIMIT_NPROC does not bind a root-owned sandbox).
