@@ -47,8 +47,15 @@ impl Heartbeat {
         let until = Arc::new(StdMutex::new(Instant::now() + ttl - ttl / 4));
         let confirmed = until.clone();
         let task = tokio::spawn(async move {
-            let why = keep(&world, &lease, ttl, &confirmed).await;
-            tracing::error!(session = %lease.session, epoch = lease.epoch, "lease lost: {why}; this driver stops and its commands are killed");
+            match keep(&world, &lease, ttl, &confirmed).await {
+                Err(crate::Error::Ended(_)) => {
+                    tracing::debug!(session = %lease.session, "the session has ended: its lease is not renewed")
+                }
+                Err(why) => {
+                    tracing::error!(session = %lease.session, epoch = lease.epoch, "lease lost: {why}; this driver stops and its commands are killed")
+                }
+                Ok(never) => match never {},
+            }
             lost.send_replace(true);
         });
         Heartbeat {
@@ -93,7 +100,7 @@ async fn keep<W: World>(
     lease: &Lease,
     ttl: Duration,
     until: &StdMutex<Instant>,
-) -> String {
+) -> Result<std::convert::Infallible, crate::Error> {
     let margin = ttl / 4;
     let mut confirmed = Instant::now();
     let mut next = Instant::now();
@@ -108,18 +115,14 @@ async fn keep<W: World>(
                 next = sent + ttl / 3;
             }
             Ok(Err(e @ (crate::Error::StaleFence { .. } | crate::Error::Ended(_)))) => {
-                return e.to_string();
+                return Err(e)
             }
             Ok(Err(e)) => {
                 tracing::warn!(session = %lease.session, error = %e, "lease renewal failed; trying again");
                 next = Instant::now() + (ttl / 20).max(Duration::from_millis(50));
-                if next >= deadline {
-                    return format!("no renewal succeeded within {:?} ({e})", ttl - margin);
-                }
             }
-            Err(_) => {
-                return format!("no renewal succeeded within {:?}", ttl - margin);
-            }
+            // No renewal succeeded for all but the margin of the time to live.
+            Err(_) => return Err(crate::Error::LeaseLost(lease.session.clone())),
         }
     }
 }

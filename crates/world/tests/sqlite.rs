@@ -311,3 +311,84 @@ async fn another_process_s_writes_wake_listeners_through_the_data_version() {
 async fn a_worker_takes_back_what_it_held_once_its_lease_lapses() {
     conformance::a_worker_takes_back_what_it_held_once_its_lease_lapses(&world().1).await;
 }
+
+/// A store that stops answering (here another process holds SQLite's write lock, as a
+/// long transaction or a stalled disk would) leaves the holder unable to renew: its
+/// heartbeat declares the lease lost before the lease can lapse (three quarters of the
+/// time to live), a `LiveSession` fenced by it appends nothing more, and once the
+/// store answers again, another holder takes the session over as the lease lapses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_that_cannot_renew_knows_its_lease_lost_before_it_lapses() {
+    use std::time::{Duration, Instant};
+    let (dir, world) = world();
+    world.create_session("s1", "alice").await.unwrap();
+    let ttl = Duration::from_secs(2);
+    let lease = world
+        .acquire_lease("s1", &Holder::new("first"), ttl)
+        .await
+        .unwrap();
+    let heartbeat = steadfast_world::Heartbeat::start(world.clone(), lease.clone(), ttl);
+    world
+        .append(
+            &lease,
+            &[Event::bare_start(
+                "native",
+                steadfast_log::ModelSpec {
+                    provider: "anthropic".into(),
+                    model: "m".into(),
+                },
+                "/w",
+            )],
+        )
+        .await
+        .unwrap();
+    let live = steadfast_world::LiveSession::open(world.clone(), lease.clone())
+        .await
+        .unwrap();
+    live.fence(heartbeat.watch());
+    // Renewals go through for a while.
+    tokio::time::sleep(ttl * 2).await;
+    assert!(!heartbeat.watch().is_lost(), "renewed all along");
+
+    let (locked, release) = (
+        std::sync::Arc::new(std::sync::Barrier::new(2)),
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    );
+    let holder = {
+        let (locked, release) = (locked.clone(), release.clone());
+        let db = dir.path().join("world.db");
+        std::thread::spawn(move || {
+            let conn = rusqlite::Connection::open(db).unwrap();
+            conn.execute_batch("BEGIN EXCLUSIVE").unwrap();
+            locked.wait();
+            while !release.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            conn.execute_batch("COMMIT").unwrap();
+        })
+    };
+    locked.wait();
+    let stalled = Instant::now();
+    tokio::time::timeout(ttl, heartbeat.watch().lost())
+        .await
+        .expect("the lease is known lost before it could lapse");
+    assert!(stalled.elapsed() < ttl, "{:?}", stalled.elapsed());
+    release.store(true, std::sync::atomic::Ordering::SeqCst);
+    holder.join().unwrap();
+    match live.append(&[]).await {
+        Err(Error::LeaseLost(session)) => assert_eq!(session, "s1"),
+        other => panic!("a lost lease takes no appends: {other:?}"),
+    }
+    // It lapses (a renewal still queued behind the lock may have landed late, which
+    // only delays that), and another holder takes the session over.
+    let deadline = Instant::now() + ttl * 3;
+    loop {
+        match world.acquire_lease("s1", &Holder::new("second"), ttl).await {
+            Ok(_) => break,
+            Err(Error::LeaseHeld { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("the lapsed lease is another holder's: {e}"),
+        }
+    }
+}
