@@ -269,7 +269,9 @@ fn refused(api: Api, refusal: &Refusal) -> Response {
     let (status, kind, why) = match refusal {
         Refusal::Stopped => (StatusCode::CONFLICT, "invalid_request_error", None),
         Refusal::Bound(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", None),
-        Refusal::Log(E::StaleFence { .. } | E::LeaseHeld { .. } | E::Ended(_)) => (
+        Refusal::Log(
+            E::StaleFence { .. } | E::LeaseLost(_) | E::LeaseHeld { .. } | E::Ended(_),
+        ) => (
             StatusCode::CONFLICT,
             "invalid_request_error",
             Some("this run of the agent no longer drives the session"),
