@@ -22,9 +22,20 @@ pub(crate) fn registry(root: &Path) -> PathBuf {
         .join(&key[..24])
 }
 
+/// A running command's record: forgotten when dropped, however the command's run
+/// ends (its future cancelled too, when the lease is lost or the call interrupted).
+#[derive(Debug)]
+pub(crate) struct Record(PathBuf);
+
+impl Drop for Record {
+    fn drop(&mut self) {
+        forget(&self.0);
+    }
+}
+
 /// Records a running command's process group, with the session and lease epoch it
 /// runs under.
-pub(crate) fn record(registry: &Path, pgid: u32, lease: Option<&(String, u64)>) -> Option<PathBuf> {
+pub(crate) fn record(registry: &Path, pgid: u32, lease: Option<&(String, u64)>) -> Option<Record> {
     let file = registry.join(format!("{pgid}.pgid"));
     let record = match lease {
         Some((session, epoch)) => format!("{pgid} {} {session} {epoch}", std::process::id()),
@@ -35,7 +46,7 @@ pub(crate) fn record(registry: &Path, pgid: u32, lease: Option<&(String, u64)>) 
     for _ in 0..3 {
         std::fs::create_dir_all(registry).ok()?;
         match std::fs::write(&file, &record) {
-            Ok(()) => return Some(file),
+            Ok(()) => return Some(Record(file)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(_) => return None,
         }
@@ -174,12 +185,12 @@ mod tests {
         let registry = tmp.path().join("steadfast-running").join("key");
         let a = record(&registry, 1, None).unwrap();
         let b = record(&registry, 2, Some(&("s".to_string(), 1))).unwrap();
-        forget(&a);
-        assert!(b.exists(), "another command's record stays");
-        forget(&b);
+        drop(a);
+        assert!(b.0.exists(), "another command's record stays");
+        drop(b);
         assert!(!registry.exists() && !tmp.path().join("steadfast-running").exists());
         // Recorded again after that, the directories are made again.
         let c = record(&registry, 3, None).unwrap();
-        assert!(c.exists());
+        assert!(c.0.exists());
     }
 }

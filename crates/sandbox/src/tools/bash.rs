@@ -228,9 +228,7 @@ pub(crate) async fn run(ctx: &Context<'_>, input: &Value) -> ToolOutput {
                  // Inside a sandbox, so does everything else a command started (even in a session
                  // of its own, which the group kill misses and which would hold the pipe open).
     crate::agent::kill_strays();
-    if let Some(file) = recorded {
-        crate::orphans::forget(&file);
-    }
+    drop(recorded);
     let (kept, total) = collector.await.unwrap_or_default();
     let mut text = String::from_utf8_lossy(&kept).into_owned();
     if total > kept.len() {
