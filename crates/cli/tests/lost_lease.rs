@@ -136,17 +136,7 @@ async fn a_stopped_holders_command_is_killed_before_the_next_holder_restores() {
         let workspace = common::workspace_in(&dir.path().join("home"), &created);
 
         signal(&first, nix::sys::signal::Signal::SIGSTOP);
-        let _second = common::site_command(
-            dir.path(),
-            &agents_dir(),
-            &fake,
-            &["worker", "--workers", "1"],
-        )
-        .spawn()
-        .unwrap();
-        let shown = tokio::time::timeout(Duration::from_secs(120), idle_after(&url, &id, 1))
-            .await
-            .unwrap_or_else(|_| panic!("{agent}: the second worker finished the turn"));
+        let (_second, shown) = common::next_worker_ends_turn(dir.path(), &fake, &url, &id).await;
         assert_eq!(shown["reply"], "Done.", "{agent}: {shown}");
         // Past when the stopped command would have appended, had it been left.
         tokio::time::sleep(Duration::from_secs(3)).await;

@@ -259,18 +259,7 @@ async fn cut_off_after_its_effect(agent: &str, model: &str, effect: Effect, worl
     }
     worker.start_kill().unwrap();
     worker.wait().await.unwrap();
-    let _next = common::site_command(
-        dir.path(),
-        &agents_dir(),
-        &fake,
-        &["worker", "--workers", "1"],
-    )
-    .spawn()
-    .unwrap();
-
-    let shown = tokio::time::timeout(Duration::from_secs(180), idle_after(&url, &id, 1))
-        .await
-        .unwrap_or_else(|_| panic!("{label}: the turn finished"));
+    let (_next, shown) = common::next_worker_ends_turn(dir.path(), &fake, &url, &id).await;
     assert_eq!(shown["reply"], "Done.", "{label}: {shown}");
     let made = match effect {
         Effect::Post => hits.load(Ordering::SeqCst),

@@ -327,6 +327,21 @@ pub async fn status(url: &str, id: &str) -> String {
     body["status"].as_str().unwrap_or_default().to_string()
 }
 
+/// Another worker of the site in `dir` (see [`site_command`]), the next one of a fleet,
+/// is started and takes the session `id` over: the session as it shows once its first
+/// turn is over (see [`idle_after`]), and the worker (killed when dropped).
+pub async fn next_worker_ends_turn(
+    dir: &Path,
+    fake: &steadfast_testkit::FakeProvider,
+    url: &str,
+    id: &str,
+) -> (tokio::process::Child, serde_json::Value) {
+    let worker = site_command(dir, &agents_dir(), fake, &["worker", "--workers", "1"])
+        .spawn()
+        .unwrap();
+    (worker, idle_after(url, id, 1).await)
+}
+
 /// The session as `GET /v1/sessions/{id}` shows it once it is idle after `turns`
 /// turns; panics if it ends or escalates instead, or takes over two minutes.
 pub async fn idle_after(url: &str, id: &str, turns: u64) -> serde_json::Value {
