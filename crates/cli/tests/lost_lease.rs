@@ -81,12 +81,7 @@ async fn matches_the_log(dir: &Path, fake: &FakeProvider, id: &str, f_txt: &Path
         &["log", id, "--json"],
     ))
     .await;
-    let of = |kind_: &str| -> Vec<&Value> {
-        log.iter()
-            .filter(|r| kind(r) == kind_)
-            .map(|r| &r["event"][kind_])
-            .collect()
-    };
+    let of = |kind_: &str| common::events_of(&log, kind_);
     let slow: Vec<String> = of("tool_call_intent")
         .into_iter()
         .filter(|i| i["input"].to_string().contains("echo X"))

@@ -273,12 +273,7 @@ async fn cut_off_after_its_effect(agent: &str, model: &str, effect: Effect, worl
         &["log", &id, "--json"],
     ))
     .await;
-    let of = |kind_: &str| -> Vec<&Value> {
-        log.iter()
-            .filter(|r| kind(r) == kind_)
-            .map(|r| &r["event"][kind_])
-            .collect()
-    };
+    let of = |kind_: &str| common::events_of(&log, kind_);
     let intents: Vec<_> = of("tool_call_intent")
         .into_iter()
         .filter(|i| {

@@ -327,6 +327,15 @@ pub async fn status(url: &str, id: &str) -> String {
     body["status"].as_str().unwrap_or_default().to_string()
 }
 
+/// The events of `kind` in `log` (as [`log_lines`] reads it), each the event's own
+/// fields.
+pub fn events_of<'a>(log: &'a [serde_json::Value], kind_: &str) -> Vec<&'a serde_json::Value> {
+    log.iter()
+        .filter(|r| kind(r) == kind_)
+        .map(|r| &r["event"][kind_])
+        .collect()
+}
+
 /// Another worker of the site in `dir` (see [`site_command`]), the next one of a fleet,
 /// is started and takes the session `id` over: the session as it shows once its first
 /// turn is over (see [`idle_after`]), and the worker (killed when dropped).
