@@ -106,6 +106,9 @@ pub struct Driver<'h, W, S> {
     /// The conversation's requests, built a message at a time.
     requests: RequestBuilder,
     observer: std::sync::Arc<std::sync::Mutex<Observer>>,
+    /// The last holder's sandbox was adopted at wake: a call it cut off may still be
+    /// running there, to be waited for rather than resolved by rule 4.
+    adopted: bool,
     _heartbeat: Heartbeat,
 }
 
@@ -126,8 +129,16 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
             compact_signal: None,
             requests: RequestBuilder::default(),
             observer: std::sync::Arc::new(std::sync::Mutex::new(Box::new(|_| {}))),
+            adopted: false,
             _heartbeat: heartbeat,
         }
+    }
+
+    /// Says that the last holder's sandbox was adopted at wake (see
+    /// [`steadfast_sandbox::take_over`]).
+    pub(crate) fn adopting(mut self, adopted: bool) -> Self {
+        self.adopted = adopted;
+        self
     }
 
     /// Reports progress to `observer` from now on.
@@ -1310,6 +1321,21 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         // A call seen sending out of the sandbox is an external effect, whatever it
         // was classed as when it began: never rolled back and run again.
         let class = pending.effective_class();
+        if self.adopted {
+            // Its command may still run in the adopted sandbox: then it is waited for
+            // and its outcome recorded, whole, as if no crash had come between.
+            let call = Call {
+                id: pending.call_id.clone(),
+                tool: pending.tool.clone(),
+                input: pending.input.clone(),
+                class,
+                announced: true,
+            };
+            let stop = interrupt::arrives_after_append(self.harness.world.clone(), &self.lease);
+            if let Some(ran) = self.journal.reattach(call, stop).await? {
+                return self.ran(pending.call_id, ran).await;
+            }
+        }
         let sandbox = self.journal.sandbox();
         if class == ToolClass::Mutate {
             if let Some(snapshot) = &pending.snapshot_before {

@@ -603,7 +603,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         // (a cold host hydrating a big workspace) keeps it, or knows it lost it.
         let heartbeat = Heartbeat::start(self.world.clone(), lease.clone(), self.options.lease_ttl);
         let (state, records) = self.load(&lease.session).await?;
-        self.take_over_workspace(&lease, &state).await;
+        let adopted = self.take_over_workspace(&lease, &state).await;
         // A turn an earlier driver left in flight (it died, or its lease lapsed): not
         // one just opened by its user message, nor one held back to retry a failure.
         let fresh_or_retrying = records.last().is_some_and(|r| {
@@ -629,11 +629,12 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         }
         if state.is_wrapped() {
             Ok(Awake::Wrapped(Box::new(
-                self.wrapped_driver(lease, state, heartbeat).await?,
+                self.wrapped_driver(lease, state, heartbeat, adopted)
+                    .await?,
             )))
         } else {
             Ok(Awake::Native(Box::new(
-                self.native_driver(lease, state, heartbeat).await?,
+                self.native_driver(lease, state, heartbeat, adopted).await?,
             )))
         }
     }
@@ -661,12 +662,19 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         lease: steadfast_world::Lease,
         state: SessionState,
         heartbeat: Heartbeat,
+        adopted: bool,
     ) -> Result<Driver<'_, W, S>> {
-        let mut sandbox_options = self.sandbox_options(&lease, &state).await?;
+        let mut sandbox_options = self.sandbox_options(&lease, &state, &heartbeat).await?;
         let state = self.adopt_outside_edits(&lease, state).await?;
         // The native loop's workspace is always the log's: brought to the last
-        // snapshot on every wake, whoever drove it last.
-        let workspace = self.materialize(&state, true).await?;
+        // snapshot on every wake, whoever drove it last — unless the last holder's
+        // sandbox was adopted, still working in it: what its kept commands do is
+        // recorded when they end, and any other cut-off call is resolved by rule 4,
+        // which puts back what it must.
+        let workspace = match adopted {
+            false => self.materialize(&state, true).await?,
+            true => self.materialize_as_left(&state)?,
+        };
         let model = (self.options.models)(&state.model)?.with_http(self.http.clone());
         let hosted = self.hosted_tools(&lease.session, &state).await?;
         let last_snapshot = Arc::new(std::sync::Mutex::new(state.last_snapshot.clone()));
@@ -707,7 +715,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         .with_hosted(hosted)
         .with_held_back(held_back)
         .with_egress(desk);
-        Ok(Driver::new(self, journal, model, heartbeat))
+        Ok(Driver::new(self, journal, model, heartbeat).adopting(adopted))
     }
 
     /// The sandbox settings of a session: the harness's, with the network policy the
@@ -717,6 +725,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         &self,
         lease: &steadfast_world::Lease,
         state: &SessionState,
+        heartbeat: &Heartbeat,
     ) -> Result<SandboxOptions> {
         let session = lease.session.as_str();
         self.keep_home_out(&self.workspace_dir(state)?)?;
@@ -732,6 +741,10 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         }
         options.inject = self.egress_credentials(session, state).await?;
         options.lease = Some((session.to_string(), lease.epoch));
+        // Its sandbox outlives this process for as long as the lease is surely held,
+        // for the next holder on this machine to adopt with what it runs.
+        let watch = heartbeat.watch();
+        options.hold = Some(steadfast_sandbox::Hold::new(move || watch.held_for()));
         Ok(options)
     }
 

@@ -104,24 +104,35 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
 
     /// Makes the workspace of the session whose `lease` this process has just taken
     /// the lease's alone on this host: whatever a holder that lost it alive still runs
-    /// there is killed before anything reads or restores it (see
-    /// [`steadfast_sandbox::take_over`]).
-    pub(crate) async fn take_over_workspace(&self, lease: &Lease, state: &SessionState) {
+    /// there is killed before anything reads or restores it, except a sandbox made to
+    /// outlive its holder, which is adopted with the commands it runs (see
+    /// [`steadfast_sandbox::take_over`]). Returns whether one was.
+    pub(crate) async fn take_over_workspace(&self, lease: &Lease, state: &SessionState) -> bool {
         let Ok(dir) = self.workspace_dir(state) else {
-            return;
+            return false;
         };
         let (session, epoch) = (lease.session.clone(), lease.epoch);
-        let killed = tokio::task::spawn_blocking(move || {
-            steadfast_sandbox::take_over(&dir, &session, epoch)
+        // Time enough to provision it, which renews its hold from then on.
+        let grace = self.options.lease_ttl / 2;
+        let taken = tokio::task::spawn_blocking(move || {
+            steadfast_sandbox::take_over(&dir, &session, epoch, grace)
         })
         .await
-        .unwrap_or(0);
-        if killed > 0 {
+        .unwrap_or_default();
+        if taken.killed > 0 {
             tracing::warn!(
-                killed,
+                killed = taken.killed,
                 "took the workspace over from a holder that lost the lease"
             );
         }
+        taken.adopted > 0
+    }
+
+    /// The workspace as the last holder on this host left it, not restored: its
+    /// adopted sandbox still works in it.
+    pub(crate) fn materialize_as_left(&self, state: &SessionState) -> Result<PathBuf> {
+        let dir = self.workspace_dir(state)?;
+        Ok(dir.canonicalize().unwrap_or(dir))
     }
 
     /// Makes `state`'s workspace ready on this host and returns it: a logical one is

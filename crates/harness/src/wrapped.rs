@@ -319,14 +319,19 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         lease: Lease,
         state: SessionState,
         heartbeat: steadfast_world::Heartbeat,
+        adopted: bool,
     ) -> Result<WrappedDriver<'_, W, S>> {
         let adapter = self.session_adapter(&state)?;
-        let sandbox = self.sandbox_options(&lease, &state).await?;
+        let sandbox = self.sandbox_options(&lease, &state, &heartbeat).await?;
         let state = self.adopt_outside_edits(&lease, state).await?;
         // A wrapped CLI's directory is left as its user had it, unless a rewind put
         // it back and no turn has begun since; a logical workspace is brought to the
-        // log's last snapshot, whichever host drove it last.
-        let workspace = self.materialize(&state, state.rewound_workspace).await?;
+        // log's last snapshot, whichever host drove it last — unless the last
+        // holder's sandbox was adopted, still working in it (see `native_driver`).
+        let workspace = match adopted {
+            false => self.materialize(&state, state.rewound_workspace).await?,
+            true => self.materialize_as_left(&state)?,
+        };
         let agents = &self.options.agents;
         let options = WrappedOptions {
             adapter,
@@ -345,6 +350,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             http: self.http.clone(),
             hosted: self.hosted_tools(&lease.session, &state).await?,
             mismatch: steadfast_journal::exchange::Mismatch::Diverge,
+            adopted,
         };
         let live = std::sync::Arc::new(LiveSession::with_state(
             self.world.clone(),

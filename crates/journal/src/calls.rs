@@ -877,7 +877,14 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
 
     /// Runs a call where it runs: an MCP server's tool at its server, `git_push` by the
     /// harness (its git commands in the sandbox), every other tool in the sandbox.
-    async fn execute(&self, tool: &str, input: &Value) -> Result<ToolOutput> {
+    /// `call`: the call's id, and whether to attach to its kept command rather than
+    /// start one (see [`Self::reattach`]).
+    async fn execute(
+        &self,
+        call: Option<(&str, bool)>,
+        tool: &str,
+        input: &Value,
+    ) -> Result<ToolOutput> {
         if self.names_mcp_server(tool) {
             return Ok(match &self.remote {
                 Some(remote) if remote.find(tool).is_some() => remote.call(tool, input).await,
@@ -889,19 +896,33 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
         match &self.git {
             Some(git) if tool == GIT_PUSH_TOOL => {
                 git.push(input, |command| async move {
-                    self.execute_in_sandbox("bash", &serde_json::json!({ "command": command }))
-                        .await
+                    self.execute_in_sandbox(
+                        None,
+                        "bash",
+                        &serde_json::json!({ "command": command }),
+                    )
+                    .await
                 })
                 .await
             }
-            _ => self.execute_in_sandbox(tool, input).await,
+            _ => self.execute_in_sandbox(call, tool, input).await,
         }
     }
 
-    /// Runs a call in the session's sandbox, made when the first call needs it.
-    async fn execute_in_sandbox(&self, tool: &str, input: &Value) -> Result<ToolOutput> {
+    /// Runs a call in the session's sandbox, made when the first call needs it (by
+    /// its id, or attached to, as `call` says; see [`Self::execute`]).
+    async fn execute_in_sandbox(
+        &self,
+        call: Option<(&str, bool)>,
+        tool: &str,
+        input: &Value,
+    ) -> Result<ToolOutput> {
         let sandbox = self.sandbox.get().await?;
-        let executed = sandbox.execute(tool, input).await;
+        let executed = match call {
+            Some((id, true)) => sandbox.attach(id).await,
+            Some((id, false)) => sandbox.execute_call(id, tool, input).await,
+            None => sandbox.execute(tool, input).await,
+        };
         match &executed {
             // The next call gets a new one (unless a sibling already made it).
             Err(steadfast_sandbox::Error::Died(_)) => self.sandbox.discard_if(&sandbox).await,
@@ -972,6 +993,40 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
     /// could not run), a resolution (its sandbox died), or an interrupted outcome (`stop`
     /// resolved first: the command is killed).
     pub async fn run(&self, call: Call, stop: impl Future<Output = Inbound>) -> Result<Ran> {
+        self.run_or_attach(call, stop, false).await
+    }
+
+    /// For a call a crash cut off whose command the session's sandbox kept running —
+    /// the sandbox outlived the holder that began it and was adopted by this one (see
+    /// [`Sandbox::kept_calls`]) — waits for the command to end and records its outcome
+    /// as [`Self::run`] records any: it ran once, whole, and nothing is rolled back.
+    /// `None` (nothing recorded) when the sandbox keeps no command of the call: it is
+    /// resolved by rule 4 as usual.
+    pub async fn reattach(
+        &self,
+        call: Call,
+        stop: impl Future<Output = Inbound>,
+    ) -> Result<Option<Ran>> {
+        let sandbox = self.sandbox.get().await?;
+        if !sandbox.kept_calls().contains(&call.id) {
+            return Ok(None);
+        }
+        tracing::info!(session = %self.live.lease().session, call = %call.id, "waiting for a command the last holder began, kept running by its sandbox");
+        let call = Call {
+            announced: true,
+            ..call
+        };
+        self.run_or_attach(call, stop, true).await.map(Some)
+    }
+
+    /// [`Self::run`], or with `attach`, [`Self::reattach`]'s wait for a kept command in
+    /// place of running it.
+    async fn run_or_attach(
+        &self,
+        call: Call,
+        stop: impl Future<Output = Inbound>,
+        attach: bool,
+    ) -> Result<Ran> {
         // An MCP server's tool runs elsewhere: the workspace is not its to change.
         let remote = self.names_mcp_server(&call.tool);
         let touches = call.class.touches_workspace() && !remote;
@@ -1024,7 +1079,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             .filter(|_| in_sandbox)
             .map(|desk| desk.running(&call.id, judge));
         let executed = tokio::select! {
-            executed = self.execute(&call.tool, &call.input) => executed,
+            executed = self.execute(Some((&call.id, attach)), &call.tool, &call.input) => executed,
             item = &mut stop => {
                 self.cancel().await;
                 return self.record_interrupted(&call, touches, item, started).await;

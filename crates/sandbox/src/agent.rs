@@ -8,6 +8,19 @@
 //! resource limits, count the sandbox's processes, kill whatever a command left
 //! behind, and (under an allow-list network policy) carry the sandbox's proxy
 //! connections out to the harness's egress proxy over the shared socket directory.
+//!
+//! **A sandbox that outlives its holder.** Started with a [`Tenure`], the agent belongs
+//! to a session's lease, not to the process that started it: it serves only requests
+//! that name its session and the newest lease epoch it has been told of (a holder that
+//! lost the lease is refused, as a stale append is), and it lives only as long as its
+//! holder says the lease is surely held — a line on the holder's open `hold`
+//! connection renews that, and when the deadline passes unrenewed (the holder died,
+//! hung or was cut off) the agent kills everything in the sandbox and exits, before
+//! anyone else can take the lease. Until then the next holder on this machine may
+//! `adopt` it under its newer epoch: every command started for a tool call is kept by
+//! the call's id, runs on whatever happens to the connection that asked for it, and
+//! can be `attach`ed to, so a command that was running when its harness died finishes
+//! once and its outcome is recorded whole by the next.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -48,6 +61,21 @@ pub struct AgentConfig {
     /// starting; the pipe does not.
     #[serde(default)]
     pub lifeline: bool,
+    /// The lease the sandbox belongs to, when it outlives its holder (see the module's
+    /// doc); then there is no lifeline.
+    #[serde(default)]
+    pub tenure: Option<Tenure>,
+}
+
+/// The lease a sandbox that outlives its holder belongs to.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Tenure {
+    /// The session.
+    pub session: String,
+    /// The epoch of the lease it was started under.
+    pub epoch: u64,
+    /// How long it may live before its holder first renews its hold, ms.
+    pub hold_ms: u64,
 }
 
 /// One command for the agent.
@@ -57,11 +85,45 @@ pub struct Request {
     pub tool: String,
     /// Its input.
     pub input: serde_json::Value,
+    /// The tool call it runs for: the command is kept by this id (see the module's doc).
+    #[serde(default)]
+    pub call_id: Option<String>,
+    /// Wait for the command already kept for `call_id` rather than start one.
+    #[serde(default)]
+    pub attach: bool,
+    /// The session and lease epoch the request is made under (a sandbox with a
+    /// [`Tenure`] refuses any other session, and any epoch but its newest).
+    #[serde(default)]
+    pub lease: Option<(String, u64)>,
+}
+
+impl Request {
+    /// A request with no call behind it.
+    pub fn new(tool: &str, input: serde_json::Value, lease: Option<(String, u64)>) -> Self {
+        Request {
+            tool: tool.to_string(),
+            input,
+            call_id: None,
+            attach: false,
+            lease,
+        }
+    }
 }
 
 /// The request that kills the command running now (it is served at once, not after
 /// the command it stops).
 pub(crate) const CANCEL: &str = "steadfast.cancel";
+/// Makes the request's epoch the sandbox's newest (refused for an older one); the
+/// reply lists the calls it keeps, as a JSON array of ids. Input: `{"hold_ms": N}`,
+/// how long it may now live before its new holder renews the hold.
+pub(crate) const ADOPT: &str = "steadfast.adopt";
+/// Keeps the connection open; each line on it (a number of ms) renews how long the
+/// sandbox may live.
+pub(crate) const HOLD: &str = "steadfast.hold";
+/// Ends the sandbox (its holder is done with it).
+pub(crate) const RELEASE: &str = "steadfast.release";
+/// How many finished calls' outputs are kept for a holder that has yet to attach.
+const KEPT_CALLS: usize = 32;
 
 static IN_SANDBOX: OnceLock<()> = OnceLock::new();
 
@@ -134,6 +196,20 @@ pub fn main(args: impl IntoIterator<Item = String>) -> i32 {
     }
 }
 
+/// The running agent: its settings and what it keeps.
+struct Agent {
+    config: AgentConfig,
+    env: Vec<(String, String)>,
+    options: SandboxOptions,
+    /// Commands run one at a time.
+    one_at_a_time: tokio::sync::Mutex<()>,
+    /// With a [`Tenure`]: the newest epoch and until when the sandbox may live.
+    tenure: Option<std::sync::Mutex<(u64, std::time::Instant)>>,
+    /// The commands kept by call id: `None` while running, then the output (oldest
+    /// first, for pruning).
+    calls: std::sync::Mutex<Vec<(String, tokio::sync::watch::Receiver<Option<ToolOutput>>)>>,
+}
+
 async fn serve(config: AgentConfig) -> std::io::Result<()> {
     if let Some(proxy) = &config.proxy_socket {
         let listener = TcpListener::bind(("127.0.0.1", config.proxy_port)).await?;
@@ -152,55 +228,227 @@ async fn serve(config: AgentConfig) -> std::io::Result<()> {
         max_output_bytes: config.max_output_bytes,
         ..SandboxOptions::default()
     };
-    let state = std::sync::Arc::new((config, env, options, tokio::sync::Mutex::new(())));
+    let tenure = config.tenure.as_ref().map(|t| {
+        std::sync::Mutex::new((
+            t.epoch,
+            std::time::Instant::now() + Duration::from_millis(t.hold_ms),
+        ))
+    });
+    let agent = std::sync::Arc::new(Agent {
+        config,
+        env,
+        options,
+        one_at_a_time: tokio::sync::Mutex::new(()),
+        tenure,
+        calls: std::sync::Mutex::new(Vec::new()),
+    });
+    if agent.tenure.is_some() {
+        tokio::spawn(outlive(agent.clone()));
+    }
     loop {
         let (stream, _) = listener.accept().await?;
-        let state = state.clone();
+        let agent = agent.clone();
         tokio::spawn(async move {
-            let (config, env, options, one_at_a_time) = &*state;
-            let _ = handle(stream, config, env, options, one_at_a_time).await;
+            let _ = handle(stream, agent).await;
         });
     }
 }
 
-async fn handle(
-    stream: UnixStream,
-    config: &AgentConfig,
-    env: &[(String, String)],
-    options: &SandboxOptions,
-    one_at_a_time: &tokio::sync::Mutex<()>,
-) -> std::io::Result<()> {
+/// Ends the sandbox once its hold runs out: everything in it is killed before the
+/// lease it belongs to can have passed to anyone else.
+async fn outlive(agent: std::sync::Arc<Agent>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if std::time::Instant::now() >= agent.deadline() {
+            eprintln!("steadfast sandbox agent: no holder renewed the hold; ending the sandbox");
+            kill_strays();
+            std::process::exit(0);
+        }
+    }
+}
+
+impl Agent {
+    fn tenure(&self) -> Option<std::sync::MutexGuard<'_, (u64, std::time::Instant)>> {
+        self.tenure
+            .as_ref()
+            .map(|t| t.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn deadline(&self) -> std::time::Instant {
+        self.tenure().map_or_else(std::time::Instant::now, |t| t.1)
+    }
+
+    /// Why `request` is refused, if it is: a sandbox with a tenure serves its own
+    /// session only, under its newest epoch (`adopt` may name a newer one).
+    fn refusal(&self, request: &Request) -> Option<String> {
+        let tenure = self.config.tenure.as_ref()?;
+        let newest = self.tenure()?.0;
+        match &request.lease {
+            Some((session, _)) if *session != tenure.session => {
+                Some("this sandbox belongs to another session".into())
+            }
+            Some((_, epoch)) if *epoch < newest || (*epoch > newest && request.tool != ADOPT) => {
+                Some(format!(
+                    "lease epoch {epoch} is not this sandbox's holder's ({newest})"
+                ))
+            }
+            Some(_) => None,
+            None => Some("the request names no lease".into()),
+        }
+    }
+
+    /// The ids of the calls kept.
+    fn kept(&self) -> Vec<String> {
+        let calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        calls.iter().map(|(id, _)| id.clone()).collect()
+    }
+
+    fn find(&self, id: &str) -> Option<tokio::sync::watch::Receiver<Option<ToolOutput>>> {
+        let calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        calls
+            .iter()
+            .find(|(c, _)| c == id)
+            .map(|(_, rx)| rx.clone())
+    }
+
+    /// Starts `input` for call `id` (or, with no id, just runs it) and waits for its
+    /// output. A kept command runs to its end whatever happens to the connection.
+    async fn run(
+        self: &std::sync::Arc<Self>,
+        id: Option<String>,
+        input: serde_json::Value,
+    ) -> ToolOutput {
+        let Some(id) = id else {
+            let _turn = self.one_at_a_time.lock().await;
+            return self.bash(&input).await;
+        };
+        let (tx, mut rx) = tokio::sync::watch::channel(None);
+        {
+            let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+            calls.retain(|(c, _)| *c != id);
+            calls.push((id, rx.clone()));
+            while calls.len() > KEPT_CALLS {
+                match calls.iter().position(|(_, rx)| rx.borrow().is_some()) {
+                    Some(done) => drop(calls.remove(done)),
+                    None => break,
+                }
+            }
+        }
+        let agent = self.clone();
+        tokio::spawn(async move {
+            let _turn = agent.one_at_a_time.lock().await;
+            let out = agent.bash(&input).await;
+            tx.send_replace(Some(out));
+        });
+        wait_for(&mut rx).await
+    }
+
+    async fn bash(&self, input: &serde_json::Value) -> ToolOutput {
+        let ctx = Context {
+            root: &self.config.workspace,
+            env: &self.env,
+            options: &self.options,
+            registry: None,
+            limits: Some(&self.config.limits),
+        };
+        let out = crate::tools::run(&ctx, "bash", input).await;
+        kill_strays();
+        out
+    }
+}
+
+/// The output a kept command ends with.
+async fn wait_for(rx: &mut tokio::sync::watch::Receiver<Option<ToolOutput>>) -> ToolOutput {
+    match rx.wait_for(Option::is_some).await {
+        Ok(out) => out.clone().unwrap_or_else(|| ToolOutput::error("lost")),
+        Err(_) => ToolOutput::error("[steadfast] the command's runner went away"),
+    }
+}
+
+async fn handle(stream: UnixStream, agent: std::sync::Arc<Agent>) -> std::io::Result<()> {
     let (read, mut write) = stream.into_split();
+    let mut read = BufReader::new(read);
     let mut line = String::new();
-    BufReader::new(read).read_line(&mut line).await?;
+    read.read_line(&mut line).await?;
     let request = serde_json::from_str::<Request>(&line);
-    // Commands run one at a time; a cancel does not wait for the one it stops.
-    let _turn = match &request {
-        Ok(req) if req.tool == CANCEL => None,
-        _ => Some(one_at_a_time.lock().await),
-    };
+    let refused = request.as_ref().ok().and_then(|r| agent.refusal(r));
     let out = match request {
+        Err(e) => ToolOutput::error(format!("bad request to the sandbox agent: {e}")),
+        Ok(_) if refused.is_some() => ToolOutput::error(format!(
+            "[steadfast] refused: {}",
+            refused.unwrap_or_default()
+        )),
         Ok(req) if req.tool == CANCEL => {
+            // A command stopped on purpose is not one to attach to later.
+            let running: Vec<String> = {
+                let calls = agent.calls.lock().unwrap_or_else(|e| e.into_inner());
+                calls
+                    .iter()
+                    .filter(|(_, rx)| rx.borrow().is_none())
+                    .map(|(id, _)| id.clone())
+                    .collect()
+            };
+            agent
+                .calls
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|(id, _)| !running.contains(id));
             kill_strays();
             ToolOutput::ok("stopped")
         }
-        Ok(req) if req.tool == "bash" => {
-            let ctx = Context {
-                root: &config.workspace,
-                env,
-                options,
-                registry: None,
-                limits: Some(&config.limits),
-            };
-            let out = crate::tools::run(&ctx, "bash", &req.input).await;
-            kill_strays();
-            out
+        Ok(req) if req.tool == ADOPT => {
+            let epoch = req.lease.as_ref().map_or(0, |l| l.1);
+            let hold = req
+                .input
+                .get("hold_ms")
+                .and_then(|v| v.as_u64())
+                .unwrap_or(0);
+            if let Some(mut tenure) = agent.tenure() {
+                tenure.0 = epoch;
+                tenure.1 = tenure
+                    .1
+                    .max(std::time::Instant::now() + Duration::from_millis(hold));
+            }
+            ToolOutput::ok(serde_json::to_string(&agent.kept()).unwrap_or_default())
         }
+        Ok(req) if req.tool == HOLD => {
+            let epoch = req.lease.as_ref().map_or(0, |l| l.1);
+            let mut renewal = String::new();
+            while read.read_line(&mut renewal).await? > 0 {
+                let Ok(ms) = renewal.trim().parse::<u64>() else {
+                    break;
+                };
+                renewal.clear();
+                match agent.tenure() {
+                    Some(mut t) if t.0 == epoch => {
+                        t.1 = std::time::Instant::now() + Duration::from_millis(ms)
+                    }
+                    // Adopted by a newer holder: this one's word no longer counts.
+                    _ => break,
+                }
+            }
+            return Ok(());
+        }
+        Ok(req) if req.tool == RELEASE => {
+            let mut reply =
+                serde_json::to_vec(&ToolOutput::ok("released")).map_err(std::io::Error::other)?;
+            reply.push(b'\n');
+            write.write_all(&reply).await?;
+            let _ = write.shutdown().await;
+            kill_strays();
+            std::process::exit(0);
+        }
+        Ok(req) if req.tool == "bash" && req.attach => {
+            match req.call_id.as_deref().and_then(|id| agent.find(id)) {
+                Some(mut rx) => wait_for(&mut rx).await,
+                None => ToolOutput::error("[steadfast] this sandbox keeps no such call"),
+            }
+        }
+        Ok(req) if req.tool == "bash" => agent.run(req.call_id, req.input).await,
         Ok(req) => ToolOutput::error(format!(
             "the sandbox agent runs bash only, not {}",
             req.tool
         )),
-        Err(e) => ToolOutput::error(format!("bad request to the sandbox agent: {e}")),
     };
     let mut reply = serde_json::to_vec(&out).map_err(std::io::Error::other)?;
     reply.push(b'\n');

@@ -206,4 +206,30 @@ impl Sandbox for AnySandbox {
             AnySandbox::Bwrap(s) => s.cancel().await,
         }
     }
+
+    async fn execute_call(
+        &self,
+        call_id: &str,
+        tool: &str,
+        input: &serde_json::Value,
+    ) -> Result<ToolOutput> {
+        match self {
+            AnySandbox::Local(s) => s.execute_call(call_id, tool, input).await,
+            AnySandbox::Bwrap(s) => s.execute_call(call_id, tool, input).await,
+        }
+    }
+
+    fn kept_calls(&self) -> Vec<String> {
+        match self {
+            AnySandbox::Local(s) => s.kept_calls(),
+            AnySandbox::Bwrap(s) => s.kept_calls(),
+        }
+    }
+
+    async fn attach(&self, call_id: &str) -> Result<ToolOutput> {
+        match self {
+            AnySandbox::Local(s) => s.attach(call_id).await,
+            AnySandbox::Bwrap(s) => s.attach(call_id).await,
+        }
+    }
 }

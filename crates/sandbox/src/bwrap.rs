@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use crate::agent::{self, AgentConfig, Request};
 use crate::cgroup::Cgroup;
 use crate::proxy::{EgressProxy, EgressRules};
+use crate::tenure::{self, Holding, Holds};
 use crate::tools::{self, Context};
 use crate::{Error, NetworkPolicy, Result, Sandbox, SandboxOptions, ToolOutput};
 
@@ -213,6 +214,12 @@ fn reap_abandoned() {
         if !name.starts_with("steadfast-sbx-") || owner_alive(&name) {
             continue;
         }
+        // One that outlives its holder ends itself when its hold runs out; while it
+        // runs, it is the next holder's to adopt.
+        let outliving = Holds::read(&entry.path()).is_some_and(|h| h.outlives);
+        if outliving && sandbox_pid(&entry.path()).is_some() {
+            continue;
+        }
         if name.ends_with(".pid") || name.ends_with(".holds") {
             // Its run directory is gone already.
             if !entry.path().with_extension("").exists() {
@@ -247,25 +254,44 @@ struct RunDir(PathBuf);
 
 impl Drop for RunDir {
     fn drop(&mut self) {
+        if self.0.as_os_str().is_empty() {
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
         let _ = std::fs::remove_file(pid_file(&self.0));
-        let _ = std::fs::remove_file(holds_file(&self.0));
+        let _ = std::fs::remove_file(tenure::holds_file(&self.0));
     }
 }
 
-/// Where a run directory's session and workspace are noted (beside it, as its PID
-/// is): what [`take_over`] looks for.
-fn holds_file(run: &Path) -> PathBuf {
-    run.with_extension("holds")
+/// The PID of run directory `run`'s sandbox, if it still runs.
+fn sandbox_pid(run: &Path) -> Option<i32> {
+    let pid = std::fs::read_to_string(pid_file(run))
+        .ok()?
+        .trim()
+        .parse::<i32>()
+        .ok()?;
+    is_bwrap(pid).then_some(pid)
+}
+
+/// Whether `pid` is a bubblewrap process (not a PID reused by something else).
+fn is_bwrap(pid: i32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"bwrap"))
 }
 
 /// Kills every sandbox over the workspace `root` that runs for `session` under a lease
 /// epoch before `epoch`, in whichever process, alive or not (its holder lost the
-/// lease), and waits until every process in them is gone. Returns how many sandboxes
-/// were killed.
-pub(crate) fn take_over(root: &Path, session: &str, epoch: u64) -> usize {
+/// lease), and waits until every process in them is gone — except one made to
+/// outlive its holder, which is adopted under `epoch` instead (see
+/// [`crate::take_over`]).
+pub(crate) fn take_over(
+    root: &Path,
+    session: &str,
+    epoch: u64,
+    grace: Duration,
+) -> crate::TakenOver {
+    let mut taken = crate::TakenOver::default();
     let Ok(dir) = std::fs::read_dir(crate::paths::socket_root()) else {
-        return 0;
+        return taken;
     };
     let mut doomed = Vec::new();
     for entry in dir.filter_map(Result::ok) {
@@ -273,31 +299,29 @@ pub(crate) fn take_over(root: &Path, session: &str, epoch: u64) -> usize {
         if !name.starts_with("steadfast-sbx-") || !name.ends_with(".holds") {
             continue;
         }
-        let Ok(holds) = std::fs::read_to_string(entry.path()) else {
+        let run = entry.path().with_extension("");
+        let Some(holds) = Holds::read(&run) else {
             continue;
         };
-        let mut lines = holds.lines();
-        let (of, under, at) = (lines.next(), lines.next(), lines.next());
-        let stale = of == Some(session)
-            && under
-                .and_then(|e| e.parse::<u64>().ok())
-                .is_some_and(|e| e < epoch)
-            && at == Some(&*root.to_string_lossy());
+        let stale = holds.session == session
+            && holds.epoch < epoch
+            && holds.root == *root.to_string_lossy();
         if !stale {
             continue;
         }
-        let pid = std::fs::read_to_string(entry.path().with_extension("pid"))
-            .ok()
-            .and_then(|p| p.trim().parse::<i32>().ok());
-        let is_bwrap = |pid: i32| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"bwrap"))
+        let Some(pid) = sandbox_pid(&run) else {
+            continue;
         };
-        if let Some(pid) = pid.filter(|&pid| is_bwrap(pid)) {
-            // The sandbox's first process inside its PID namespace: once it is gone,
-            // so is every process in the namespace (the kernel reaps them first).
-            doomed.push(pid);
-            doomed.extend(children_of(pid));
+        let lease = (session.to_string(), epoch);
+        if holds.outlives && tenure::adopt(&run.join("agent.sock"), &lease, grace).is_some() {
+            Holds { epoch, ..holds }.write(&run);
+            taken.adopted += 1;
+            continue;
         }
+        // The sandbox's first process inside its PID namespace: once it is gone,
+        // so is every process in the namespace (the kernel reaps them first).
+        doomed.push(pid);
+        doomed.extend(children_of(pid));
     }
     for &pid in &doomed {
         let _ = nix::sys::signal::kill(
@@ -316,7 +340,45 @@ pub(crate) fn take_over(root: &Path, session: &str, epoch: u64) -> usize {
     if !doomed.is_empty() {
         tracing::warn!(workspace = %root.display(), session, "killed the sandboxes of a holder that lost the session's lease");
     }
-    doomed.len()
+    if taken.adopted > 0 {
+        tracing::info!(workspace = %root.display(), session, epoch, "adopted the sandbox of the session's last holder, with what it runs");
+    }
+    taken.killed = doomed.len();
+    taken
+}
+
+/// An outliving sandbox over `root` for `lease`'s session, adopted (or to adopt) under
+/// its epoch, whose agent answers: its run directory, bubblewrap's PID and the calls it
+/// keeps.
+fn adoptable(
+    root: &Path,
+    lease: &(String, u64),
+    grace: Duration,
+) -> Option<(PathBuf, i32, Vec<String>)> {
+    let dir = std::fs::read_dir(crate::paths::socket_root()).ok()?;
+    dir.filter_map(Result::ok).find_map(|entry| {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("steadfast-sbx-") || !name.ends_with(".holds") {
+            return None;
+        }
+        let run = entry.path().with_extension("");
+        let holds = Holds::read(&run)?;
+        let ours = holds.outlives
+            && holds.session == lease.0
+            && holds.epoch <= lease.1
+            && holds.root == *root.to_string_lossy();
+        if !ours {
+            return None;
+        }
+        let pid = sandbox_pid(&run)?;
+        let kept = tenure::adopt(&run.join("agent.sock"), lease, grace)?;
+        Holds {
+            epoch: lease.1,
+            ..holds
+        }
+        .write(&run);
+        Some((run, pid, kept))
+    })
 }
 
 /// The processes whose parent is `pid`.
@@ -346,17 +408,26 @@ fn pid_file(run: &Path) -> PathBuf {
     run.with_extension("pid")
 }
 
-/// One running bubblewrap sandbox over a workspace. Dropping it kills everything in it.
+/// One running bubblewrap sandbox over a workspace. Dropping it kills everything in it
+/// (one that outlives its holder is released, unless a newer holder adopted it).
 #[derive(Debug)]
 pub struct BwrapSandbox {
     root: PathBuf,
     socket: PathBuf,
-    child: Mutex<std::process::Child>,
+    /// bubblewrap, when this process started it (an adopted sandbox is not its child).
+    child: Mutex<Option<std::process::Child>>,
     pid: u32,
     options: SandboxOptions,
+    /// The lease it belongs to, when it outlives its holder.
+    tenure: Option<(String, u64)>,
+    /// The calls whose commands it kept from before this holder adopted it.
+    kept: Vec<String>,
+    /// Renews the hold on a sandbox that outlives its holder.
+    _holding: Option<Holding>,
     _proxy: Option<EgressProxy>,
-    /// Closing it (dropping the sandbox, or this process dying) ends the sandbox.
-    _lifeline: std::io::PipeWriter,
+    /// Closing it (dropping the sandbox, or this process dying) ends a sandbox that
+    /// does not outlive its holder.
+    _lifeline: Option<std::io::PipeWriter>,
     /// The kernel's bounds on the sandbox's memory and processes, where the host has
     /// control groups; dropped after the processes.
     cgroup: Option<Cgroup>,
@@ -365,8 +436,10 @@ pub struct BwrapSandbox {
 }
 
 impl BwrapSandbox {
-    /// Starts a sandbox over `workspace` and waits until its agent answers. Must be
-    /// called within a Tokio runtime (it may block briefly while the agent starts).
+    /// Starts a sandbox over `workspace` and waits until its agent answers — or, for a
+    /// session's lease with a hold ([`SandboxOptions::hold`]), adopts the one its last
+    /// holder on this machine left running, with the commands it runs. Must be called
+    /// within a Tokio runtime (it may block briefly while the agent starts).
     pub fn new(workspace: &Path, options: &SandboxOptions) -> Result<Self> {
         bwrap_available().map_err(Error::Unavailable)?;
         let (program, leading) = options
@@ -384,6 +457,12 @@ impl BwrapSandbox {
 
         static REAPED: std::sync::Once = std::sync::Once::new();
         REAPED.call_once(reap_abandoned);
+        let tenure = options.lease.clone().zip(options.hold.clone());
+        if let Some((lease, hold)) = &tenure {
+            if let Some((run, pid, kept)) = adoptable(&root, lease, hold.remaining()) {
+                return Self::adopted(root, RunDir(run), pid, kept, options);
+            }
+        }
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let run = RunDir(crate::paths::socket_root().join(format!(
             "steadfast-sbx-{}-{}",
@@ -392,21 +471,7 @@ impl BwrapSandbox {
         )));
         std::fs::create_dir_all(&run.0)
             .map_err(|e| Error::Unavailable(format!("{}: {e}", run.0.display())))?;
-        let proxy = match &options.network {
-            NetworkPolicy::AllowList(rules) => Some(
-                EgressProxy::start(
-                    &run.0.join("proxy.sock"),
-                    EgressRules {
-                        allow: rules.clone(),
-                        internal: options.internal_hosts.clone(),
-                        inject: options.inject.clone(),
-                        watch: options.egress_watch.clone(),
-                    },
-                )
-                .map_err(|e| Error::Unavailable(format!("egress proxy: {e}")))?,
-            ),
-            _ => None,
-        };
+        let proxy = start_proxy(&run.0, options)?;
         let config = AgentConfig {
             listen: Path::new(INSIDE_RUN).join("agent.sock"),
             workspace: inside.clone(),
@@ -423,7 +488,14 @@ impl BwrapSandbox {
             max_output_bytes: options.max_output_bytes,
             default_timeout_ms: options.default_timeout.as_millis() as u64,
             max_timeout_ms: options.max_timeout.as_millis() as u64,
-            lifeline: true,
+            lifeline: tenure.is_none(),
+            tenure: tenure
+                .as_ref()
+                .map(|((session, epoch), hold)| agent::Tenure {
+                    session: session.clone(),
+                    epoch: *epoch,
+                    hold_ms: hold.remaining().as_millis() as u64,
+                }),
         };
         let config = serde_json::to_string(&config)
             .map_err(|e| Error::Unavailable(format!("agent configuration: {e}")))?;
@@ -441,11 +513,6 @@ impl BwrapSandbox {
         let log2 = log
             .try_clone()
             .map_err(|e| Error::Unavailable(format!("agent log: {e}")))?;
-        // The sandbox lives while this end of its lifeline is open (see
-        // `AgentConfig::lifeline`); both ends are close-on-exec, so no other child
-        // holds it.
-        let (lifeline_in, lifeline) =
-            std::io::pipe().map_err(|e| Error::Unavailable(format!("lifeline pipe: {e}")))?;
         // bubblewrap starts inside the sandbox's control groups (through a shell that
         // joins them and then becomes bubblewrap), so everything it starts is in them.
         let cgroup = sandbox_cgroup(&run.0, &options.limits);
@@ -457,37 +524,112 @@ impl BwrapSandbox {
             }
             None => std::process::Command::new("bwrap"),
         };
-        cmd.args(bwrap_args(&root, &inside, &run.0, &program, options, &env))
-            .arg("--")
-            .arg(INSIDE_AGENT)
-            .args(leading)
-            .arg(config)
-            .env_clear()
-            .envs(std::env::var_os("PATH").map(|p| ("PATH", p)))
-            .stdin(std::process::Stdio::from(lifeline_in))
-            .stdout(log)
-            .stderr(log2);
+        cmd.args(bwrap_args(
+            &root,
+            &inside,
+            &run.0,
+            &program,
+            options,
+            &env,
+            tenure.is_none(),
+        ))
+        .arg("--")
+        .arg(INSIDE_AGENT)
+        .args(leading)
+        .arg(config)
+        .env_clear()
+        .envs(std::env::var_os("PATH").map(|p| ("PATH", p)))
+        .stdout(log)
+        .stderr(log2);
+        // The sandbox lives while this end of its lifeline is open (see
+        // `AgentConfig::lifeline`); both ends are close-on-exec, so no other child
+        // holds it. One that outlives its holder has none, and a process group of its
+        // own, so a signal to its holder's group does not reach it either.
+        let lifeline = match &tenure {
+            None => {
+                let (lifeline_in, lifeline) = std::io::pipe()
+                    .map_err(|e| Error::Unavailable(format!("lifeline pipe: {e}")))?;
+                cmd.stdin(std::process::Stdio::from(lifeline_in));
+                Some(lifeline)
+            }
+            Some(_) => {
+                std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+                cmd.stdin(std::process::Stdio::null());
+                None
+            }
+        };
         let child = spawn_from_a_lasting_thread(cmd)
             .map_err(|e| Error::Unavailable(format!("starting bwrap: {e}")))?;
         let pid = child.id();
         let _ = std::fs::write(pid_file(&run.0), pid.to_string());
         if let Some((session, epoch)) = &options.lease {
-            let holds = format!("{session}\n{epoch}\n{}", root.display());
-            let _ = std::fs::write(holds_file(&run.0), holds);
+            Holds {
+                session: session.clone(),
+                epoch: *epoch,
+                root: root.to_string_lossy().into_owned(),
+                outlives: tenure.is_some(),
+            }
+            .write(&run.0);
         }
-        let sandbox = BwrapSandbox {
+        let mut sandbox = BwrapSandbox {
             root,
             socket: run.0.join("agent.sock"),
-            child: Mutex::new(child),
+            child: Mutex::new(Some(child)),
             pid,
             options: options.clone(),
+            tenure: tenure.as_ref().map(|(lease, _)| lease.clone()),
+            kept: Vec::new(),
+            _holding: None,
             _proxy: proxy,
             cgroup,
             _lifeline: lifeline,
             run,
         };
         sandbox.wait_ready()?;
+        if let Some((lease, hold)) = tenure {
+            sandbox._holding = Some(
+                Holding::start(&sandbox.socket, lease, hold)
+                    .map_err(|e| Error::Unavailable(format!("holding the sandbox: {e}")))?,
+            );
+        }
         Ok(sandbox)
+    }
+
+    /// The sandbox in `run`, left running by the session's last holder on this
+    /// machine, made this holder's: its egress proxy served again from here, its
+    /// control groups found again, its hold renewed from now on.
+    fn adopted(
+        root: PathBuf,
+        run: RunDir,
+        pid: i32,
+        kept: Vec<String>,
+        options: &SandboxOptions,
+    ) -> Result<Self> {
+        let proxy = start_proxy(&run.0, options)?;
+        let cgroup = sandbox_cgroup(&run.0, &options.limits);
+        let socket = run.0.join("agent.sock");
+        let lease = options.lease.clone().unwrap_or_default();
+        let holding = options
+            .hold
+            .clone()
+            .map(|hold| Holding::start(&socket, lease.clone(), hold))
+            .transpose()
+            .map_err(|e| Error::Unavailable(format!("holding the adopted sandbox: {e}")))?;
+        tracing::info!(session = %lease.0, epoch = lease.1, kept = kept.len(), "adopted a sandbox its last holder left running");
+        Ok(BwrapSandbox {
+            root,
+            socket,
+            child: Mutex::new(None),
+            pid: pid as u32,
+            options: options.clone(),
+            tenure: Some(lease),
+            kept,
+            _holding: holding,
+            _proxy: proxy,
+            _lifeline: None,
+            cgroup,
+            run,
+        })
     }
 
     /// The host PID of the sandbox's outermost process (bubblewrap).
@@ -502,10 +644,30 @@ impl BwrapSandbox {
 
     fn exit_status(&self) -> Option<String> {
         let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
-        match child.try_wait() {
-            Ok(Some(status)) => Some(status.to_string()),
-            Ok(None) => None,
-            Err(e) => Some(e.to_string()),
+        match child.as_mut().map(std::process::Child::try_wait) {
+            Some(Ok(Some(status))) => Some(status.to_string()),
+            Some(Ok(None)) => None,
+            Some(Err(e)) => Some(e.to_string()),
+            None if is_bwrap(self.pid as i32) => None,
+            None => Some("exited".into()),
+        }
+    }
+
+    /// Kills bubblewrap, and with it everything in the sandbox.
+    fn kill(&self) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        match child.as_mut() {
+            Some(child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            None if is_bwrap(self.pid as i32) => {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(self.pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            None => {}
         }
     }
 
@@ -606,6 +768,7 @@ fn bwrap_args(
     agent: &Path,
     options: &SandboxOptions,
     env: &[(String, String)],
+    die_with_parent: bool,
 ) -> Vec<String> {
     let mut a: Vec<String> = Vec::new();
     let mut push = |items: &[&str]| a.extend(items.iter().map(|s| s.to_string()));
@@ -613,7 +776,10 @@ fn bwrap_args(
     if options.network == NetworkPolicy::Open {
         push(&["--share-net"]);
     }
-    push(&["--die-with-parent", "--new-session", "--cap-drop", "ALL"]);
+    if die_with_parent {
+        push(&["--die-with-parent"]);
+    }
+    push(&["--new-session", "--cap-drop", "ALL"]);
     if sets_hostname() {
         push(&["--hostname", "sandbox"]);
     }
@@ -689,42 +855,48 @@ fn bwrap_args(
 
 impl Drop for BwrapSandbox {
     fn drop(&mut self) {
-        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = child.kill();
-        let _ = child.wait();
+        let Some(lease) = self.tenure.clone() else {
+            self.kill();
+            return;
+        };
+        self._holding = None;
+        let release = Request::new(agent::RELEASE, serde_json::Value::Null, Some(lease));
+        match tenure::control(&self.socket, &release) {
+            // A newer holder adopted it: it is that one's now, with its directory.
+            Some(reply) if reply.is_error => {
+                if let Some(mut child) = self.child.lock().unwrap_or_else(|e| e.into_inner()).take()
+                {
+                    std::thread::spawn(move || child.wait());
+                }
+                std::mem::forget(self.cgroup.take());
+                self.run.0 = PathBuf::new();
+            }
+            _ => self.kill(),
+        }
     }
 }
 
-impl Sandbox for BwrapSandbox {
-    fn workspace(&self) -> &Path {
-        &self.root
-    }
+/// The egress proxy of a sandbox under an allow-list, serving `run/proxy.sock`.
+fn start_proxy(run: &Path, options: &SandboxOptions) -> Result<Option<EgressProxy>> {
+    let NetworkPolicy::AllowList(rules) = &options.network else {
+        return Ok(None);
+    };
+    EgressProxy::start(
+        &run.join("proxy.sock"),
+        EgressRules {
+            allow: rules.clone(),
+            internal: options.internal_hosts.clone(),
+            inject: options.inject.clone(),
+            watch: options.egress_watch.clone(),
+        },
+    )
+    .map(Some)
+    .map_err(|e| Error::Unavailable(format!("egress proxy: {e}")))
+}
 
-    async fn cancel(&self) {
-        let request = Request {
-            tool: agent::CANCEL.to_string(),
-            input: serde_json::Value::Null,
-        };
-        if let Err(e) = agent::call(&self.socket, &request).await {
-            tracing::warn!(error = %e, "could not reach the sandbox agent to stop a command");
-        }
-    }
-
-    async fn execute(&self, tool: &str, input: &serde_json::Value) -> Result<ToolOutput> {
-        if tool != "bash" {
-            let ctx = Context {
-                root: &self.root,
-                env: &[],
-                options: &self.options,
-                registry: None,
-                limits: None,
-            };
-            return Ok(tools::run(&ctx, tool, input).await);
-        }
-        let request = Request {
-            tool: tool.to_string(),
-            input: input.clone(),
-        };
+impl BwrapSandbox {
+    /// Sends `request` (a command) to the agent and reads its output.
+    async fn command(&self, request: Request) -> Result<ToolOutput> {
         let oom_before = self.cgroup.as_ref().map_or(0, Cgroup::oom_kills);
         match agent::call(&self.socket, &request).await {
             Ok(Some(mut out)) => {
@@ -748,12 +920,8 @@ impl Sandbox for BwrapSandbox {
                     _ => "the sandbox agent went away mid-command".to_string(),
                 };
                 // Make sure it is gone: a half-dead sandbox is never used again.
-                let status = {
-                    let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
-                    let _ = child.kill();
-                    std::thread::sleep(Duration::from_millis(10));
-                    child.try_wait().ok().flatten()
-                };
+                self.kill();
+                let status = self.exit_status();
                 let log = std::fs::read_to_string(self.run.0.join("agent.log")).unwrap_or_default();
                 let log = log.trim();
                 let log = &log[log.len().saturating_sub(400)..];
@@ -766,6 +934,64 @@ impl Sandbox for BwrapSandbox {
                 }))
             }
         }
+    }
+
+    /// A file tool, run here on the shared workspace.
+    async fn file_tool(&self, tool: &str, input: &serde_json::Value) -> ToolOutput {
+        let ctx = Context {
+            root: &self.root,
+            env: &[],
+            options: &self.options,
+            registry: None,
+            limits: None,
+        };
+        tools::run(&ctx, tool, input).await
+    }
+}
+
+impl Sandbox for BwrapSandbox {
+    fn workspace(&self) -> &Path {
+        &self.root
+    }
+
+    async fn cancel(&self) {
+        let request = Request::new(agent::CANCEL, serde_json::Value::Null, self.tenure.clone());
+        if let Err(e) = agent::call(&self.socket, &request).await {
+            tracing::warn!(error = %e, "could not reach the sandbox agent to stop a command");
+        }
+    }
+
+    async fn execute(&self, tool: &str, input: &serde_json::Value) -> Result<ToolOutput> {
+        if tool != "bash" {
+            return Ok(self.file_tool(tool, input).await);
+        }
+        self.command(Request::new(tool, input.clone(), self.tenure.clone()))
+            .await
+    }
+
+    async fn execute_call(
+        &self,
+        call_id: &str,
+        tool: &str,
+        input: &serde_json::Value,
+    ) -> Result<ToolOutput> {
+        if tool != "bash" {
+            return Ok(self.file_tool(tool, input).await);
+        }
+        let mut request = Request::new(tool, input.clone(), self.tenure.clone());
+        request.call_id = Some(call_id.to_string());
+        self.command(request).await
+    }
+
+    fn kept_calls(&self) -> Vec<String> {
+        self.kept.clone()
+    }
+
+    async fn attach(&self, call_id: &str) -> Result<ToolOutput> {
+        let mut request = Request::new("bash", serde_json::Value::Null, self.tenure.clone());
+        request.call_id = Some(call_id.to_string());
+        request.attach = true;
+        self.command(request).await
     }
 }
 
@@ -824,6 +1050,7 @@ mod tests {
             Path::new("/bin/agent"),
             &SandboxOptions::default(),
             &[],
+            true,
         );
         let tail = &args[args.len() - 5..];
         assert_eq!(

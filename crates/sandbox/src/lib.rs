@@ -22,6 +22,7 @@ pub mod paths;
 mod policy;
 pub mod proxy;
 pub mod reconcile;
+mod tenure;
 pub mod tools;
 
 use std::future::Future;
@@ -41,14 +42,36 @@ pub use paths::confine;
 /// stopped its own commands, and one still writing after the restore would leave its
 /// effect in a workspace the log says it never touched (and, run again, twice).
 /// Returns how many sandboxes and processes were killed; blocks until they are gone.
-pub fn take_over(workspace: &std::path::Path, session: &str, epoch: u64) -> usize {
+///
+/// A sandbox made to outlive its holder ([`SandboxOptions::hold`]) whose agent still
+/// runs is not killed but adopted under `epoch` (given `grace` to be provisioned by
+/// this holder): from then on it refuses the old holder, and what it runs for a call
+/// the old holder had begun is this holder's to [`Sandbox::attach`] to.
+pub fn take_over(
+    workspace: &std::path::Path,
+    session: &str,
+    epoch: u64,
+    grace: std::time::Duration,
+) -> TakenOver {
     let Ok(root) = workspace.canonicalize() else {
-        return 0;
+        return TakenOver::default();
     };
-    bwrap::take_over(&root, session, epoch) + orphans::take_over(&root, session, epoch)
+    let mut taken = bwrap::take_over(&root, session, epoch, grace);
+    taken.killed += orphans::take_over(&root, session, epoch);
+    taken
+}
+
+/// What [`take_over`] found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TakenOver {
+    /// Sandboxes and processes killed.
+    pub killed: usize,
+    /// Sandboxes adopted, to be provisioned by the new holder with what they run.
+    pub adopted: usize,
 }
 pub use policy::{HostRule, NetworkPolicy, ResourceLimits};
 pub use proxy::Injection;
+pub use tenure::Hold;
 pub use tools::{tool_specs, ToolSpec};
 
 /// What a tool call produced. Tool failures (a missing file, a non-zero exit) are
@@ -117,5 +140,32 @@ pub trait Sandbox: Send + Sync + 'static {
     /// kills them here.
     fn cancel(&self) -> impl Future<Output = ()> + Send {
         async {}
+    }
+
+    /// Runs tool call `call_id`: [`Sandbox::execute`], except that a sandbox that
+    /// outlives its holder keeps the command by the call's id, so that the next holder
+    /// can [`Sandbox::attach`] to it if this one dies first.
+    fn execute_call(
+        &self,
+        call_id: &str,
+        tool: &str,
+        input: &serde_json::Value,
+    ) -> impl Future<Output = Result<ToolOutput>> + Send {
+        let _ = call_id;
+        self.execute(tool, input)
+    }
+
+    /// The calls whose commands this sandbox kept from before this holder took it over
+    /// (it was adopted from a holder that died): running still, or finished with an
+    /// outcome no one has recorded.
+    fn kept_calls(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Waits for the command kept for `call_id` (one of [`Sandbox::kept_calls`]) to end
+    /// and returns its output, whole, as if this holder had started it.
+    fn attach(&self, call_id: &str) -> impl Future<Output = Result<ToolOutput>> + Send {
+        let why = format!("this sandbox keeps no command of call {call_id}");
+        async move { Err(Error::Died(why)) }
     }
 }

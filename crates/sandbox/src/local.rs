@@ -68,6 +68,12 @@ pub struct SandboxOptions {
     /// from the store) left running in the workspace before restoring it
     /// ([`crate::take_over`]).
     pub lease: Option<(String, u64)>,
+    /// How much longer the lease is surely held (its holder's heartbeat knows). Set,
+    /// with `lease`, an isolating sandbox outlives the process that made it: its
+    /// commands run on if that process dies, for the next holder on this machine to
+    /// adopt, and it ends itself when the hold is not renewed in time (see
+    /// [`crate::agent`]).
+    pub hold: Option<crate::Hold>,
 }
 
 pub use steadfast_log::WORKSPACE_MOUNT;
@@ -92,6 +98,7 @@ impl Default for SandboxOptions {
             agent: Vec::new(),
             mount_at: None,
             lease: None,
+            hold: None,
         }
     }
 }

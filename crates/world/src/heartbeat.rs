@@ -83,6 +83,17 @@ impl LeaseWatch {
             || Instant::now() >= *self.until.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// How much longer the lease is surely held: nothing once it is lost. What a
+    /// sandbox that outlives its holder is told, so that it ends itself (and whatever
+    /// runs in it) before anyone else may take the session over.
+    pub fn held_for(&self) -> Duration {
+        if *self.lost.borrow() {
+            return Duration::ZERO;
+        }
+        let until = *self.until.lock().unwrap_or_else(|e| e.into_inner());
+        until.saturating_duration_since(Instant::now())
+    }
+
     /// Resolves once the lease is lost (never, if it is kept until the heartbeat is
     /// dropped).
     pub async fn lost(&self) {

@@ -64,6 +64,9 @@ pub struct WrappedOptions {
     /// What a model request the record does not have does: a replay against another
     /// CLI notes it, and stops there or goes on live.
     pub mismatch: Mismatch,
+    /// The last holder's tools' sandbox was adopted at wake: a tool call it cut off
+    /// may still run there, to be waited for rather than resolved by rule 4.
+    pub adopted: bool,
 }
 
 pub use steadfast_journal::Hosted;
@@ -274,7 +277,44 @@ pub async fn drive_turn<W: World + Clone + 'static>(
         let make: MakeSandbox<AnySandbox> =
             Arc::new(move || AnySandbox::provision(&tool_ws, &tool_options));
         let slot = SandboxSlot::new(workspace.clone(), make, drive.clone(), None);
+        let last_snapshot = Arc::new(StdMutex::new(state.last_snapshot.clone()));
+        let journal = Arc::new(
+            Journal::new(
+                live.clone(),
+                drive.clone(),
+                blobs.clone(),
+                slot,
+                last_snapshot.clone(),
+            )
+            .with_held_back(held_back)
+            .with_max_calls(options.max_tool_calls_per_turn)
+            .with_snapshot_timeout(options.snapshot_timeout)
+            .with_hosted(options.hosted.clone())
+            .with_egress(desk),
+        );
+        // A call the crash cut off whose command the adopted sandbox kept running is
+        // waited for and its outcome recorded: the CLI, started again, is answered
+        // from the record.
+        if options.adopted {
+            let cut: Vec<_> = state
+                .wrapped_tools
+                .iter()
+                .filter(|t| t.result.is_none())
+                .cloned()
+                .collect();
+            for t in cut {
+                let call = steadfast_journal::calls::Call {
+                    id: t.call_id.clone(),
+                    tool: t.tool.clone(),
+                    input: t.input.clone(),
+                    class: t.effective_class(),
+                    announced: true,
+                };
+                journal.reattach(call, std::future::pending()).await?;
+            }
+        }
         // Invariant 4 for tool calls a crash cut off, and the workspace back in step.
+        let state = live.state();
         let last = resolve_cut_off(
             live,
             drive,
@@ -282,7 +322,7 @@ pub async fn drive_turn<W: World + Clone + 'static>(
             state.last_snapshot.clone(),
             &options.reconcilers,
             options.hosted.git.as_deref(),
-            &slot,
+            journal.sandbox(),
         )
         .await?;
         let state = live.state();
@@ -298,22 +338,8 @@ pub async fn drive_turn<W: World + Clone + 'static>(
             }
             _ => last,
         };
-        let last_snapshot = Arc::new(StdMutex::new(start));
+        *last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = start;
 
-        let journal = Arc::new(
-            Journal::new(
-                live.clone(),
-                drive.clone(),
-                blobs.clone(),
-                slot,
-                last_snapshot.clone(),
-            )
-            .with_held_back(held_back)
-            .with_max_calls(options.max_tool_calls_per_turn)
-            .with_snapshot_timeout(options.snapshot_timeout)
-            .with_hosted(options.hosted.clone())
-            .with_egress(desk),
-        );
         // However this run ends, its tools' sandbox goes with it.
         let _closing = Closing(journal.clone());
         let token = token();
@@ -347,6 +373,9 @@ pub async fn drive_turn<W: World + Clone + 'static>(
             network: NetworkPolicy::DenyAll,
             forwards: gw_fwd.into_iter().chain(mcp_fwd).collect(),
             max_timeout: options.turn_timeout,
+            // The CLI goes with this process (it talks to this gateway); the tools'
+            // sandbox is the one that outlives it, with the commands it runs.
+            hold: None,
             ..options.sandbox.clone()
         };
         // An isolated CLI sees its install directory at one fixed path on every host

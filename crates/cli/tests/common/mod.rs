@@ -632,3 +632,31 @@ pub fn counting_remote(dir: &Path) -> PathBuf {
 pub fn pushes(remote: &Path) -> usize {
     std::fs::read_to_string(remote.join("pushes.log")).map_or(0, |s| s.lines().count())
 }
+
+/// Kills every bubblewrap sandbox on this host that works for `session` (as the
+/// note beside each run directory says), as if the machine under them had died.
+/// Returns how many it killed.
+#[allow(dead_code)]
+pub fn kill_sandboxes_of(session: &str) -> usize {
+    let root = steadfast_sandbox::paths::socket_root();
+    let mut killed = 0;
+    for entry in std::fs::read_dir(root).unwrap().filter_map(Result::ok) {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("steadfast-sbx-") || !name.ends_with(".holds") {
+            continue;
+        }
+        let ours =
+            std::fs::read_to_string(&path).is_ok_and(|holds| holds.lines().next() == Some(session));
+        let pid = std::fs::read_to_string(path.with_extension("pid"))
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok());
+        if let (true, Some(pid)) = (ours, pid) {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            if nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).is_ok() {
+                killed += 1;
+            }
+        }
+    }
+    killed
+}
