@@ -259,6 +259,10 @@ async fn cut_off_after_its_effect(agent: &str, model: &str, effect: Effect, worl
     }
     worker.start_kill().unwrap();
     worker.wait().await.unwrap();
+    // The machine dies with it: a sandbox that outlived the worker alone would be
+    // adopted by the next with its command, which would then not be cut off at all
+    // (`outlives_harness.rs`).
+    common::kill_sandboxes_of(&id);
     let (_next, shown) = common::next_worker_ends_turn(dir.path(), &fake, &url, &id).await;
     assert_eq!(shown["reply"], "Done.", "{label}: {shown}");
     let made = match effect {

@@ -232,15 +232,8 @@ fn reap_abandoned() {
             .ok()
             .and_then(|p| p.trim().parse::<i32>().ok());
         let _ = std::fs::remove_file(&pid_path);
-        if let Some(pid) = pid {
-            let is_bwrap = std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.starts_with(b"bwrap"));
-            if is_bwrap {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
+        if let Some(pid) = pid.filter(|&pid| is_bwrap(pid)) {
+            kill_sandbox(pid);
         }
         let _ = std::fs::remove_dir_all(entry.path());
     }
@@ -318,16 +311,7 @@ pub(crate) fn take_over(
             taken.adopted += 1;
             continue;
         }
-        // The sandbox's first process inside its PID namespace: once it is gone,
-        // so is every process in the namespace (the kernel reaps them first).
-        doomed.push(pid);
-        doomed.extend(children_of(pid));
-    }
-    for &pid in &doomed {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+        doomed.extend(kill_sandbox(pid));
     }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while doomed
@@ -379,6 +363,22 @@ fn adoptable(
         .write(&run);
         Some((run, pid, kept))
     })
+}
+
+/// Kills the sandbox whose bubblewrap is `pid`: bubblewrap and the first process of
+/// its PID namespace (its child), so every process in the namespace goes too (the
+/// kernel kills them with it). One that outlives its holder has no `--die-with-parent`
+/// tying the namespace to bubblewrap, so both are killed.
+fn kill_sandbox(pid: i32) -> Vec<i32> {
+    let mut doomed = children_of(pid);
+    doomed.push(pid);
+    for &pid in &doomed {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    doomed
 }
 
 /// The processes whose parent is `pid`.
@@ -656,18 +656,11 @@ impl BwrapSandbox {
     /// Kills bubblewrap, and with it everything in the sandbox.
     fn kill(&self) {
         let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
-        match child.as_mut() {
-            Some(child) => {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-            None if is_bwrap(self.pid as i32) => {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(self.pid as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-            None => {}
+        if child.is_some() || is_bwrap(self.pid as i32) {
+            kill_sandbox(self.pid as i32);
+        }
+        if let Some(child) = child.as_mut() {
+            let _ = child.wait();
         }
     }
 

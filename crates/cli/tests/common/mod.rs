@@ -652,10 +652,19 @@ pub fn kill_sandboxes_of(session: &str) -> usize {
             .ok()
             .and_then(|p| p.trim().parse::<i32>().ok());
         if let (true, Some(pid)) = (ours, pid) {
-            let pid = nix::unistd::Pid::from_raw(pid);
-            if nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).is_ok() {
-                killed += 1;
+            // bubblewrap and the first process of its PID namespace, its child.
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .unwrap_or_default();
+            let inner = children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok());
+            for pid in std::iter::once(pid).chain(inner) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
             }
+            killed += 1;
         }
     }
     killed
