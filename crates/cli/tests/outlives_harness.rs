@@ -31,6 +31,9 @@ enum Crash {
     Worker,
     /// The worker and its sandbox are SIGKILLed (the machine died).
     Machine,
+    /// The worker is stopped (SIGTERM) with no grace for the step in hand, as a
+    /// rolling deploy replaces it.
+    Deploy,
 }
 
 async fn a_crash_while_a_command_runs(agent: &str, world: Option<&str>, crash: Crash, sleep: &str) {
@@ -57,7 +60,7 @@ async fn a_crash_while_a_command_runs(agent: &str, world: Option<&str>, crash: C
     let dir = tempfile::tempdir().unwrap();
     let config = format!(
         "[sandbox]\nbackend = \"bwrap\"\ninternal-hosts = [\"localhost:{port}\"]\n\
-         [harness]\nlease-ttl-secs = 6\n"
+         [harness]\nlease-ttl-secs = 6\nstop-grace-secs = 0\n"
     );
     let config = match world {
         Some(url) => format!("world = \"{url}\"\nmigrate-on-open = true\n{config}"),
@@ -83,7 +86,13 @@ async fn a_crash_while_a_command_runs(agent: &str, world: Option<&str>, crash: C
     })
     .await;
 
-    worker.start_kill().unwrap();
+    match crash {
+        Crash::Deploy => {
+            let pid = nix::unistd::Pid::from_raw(worker.id().unwrap() as i32);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        }
+        _ => worker.start_kill().unwrap(),
+    }
     worker.wait().await.unwrap();
     if crash == Crash::Machine {
         assert!(common::kill_sandboxes_of(&id) > 0, "{label}: a sandbox ran");
@@ -107,7 +116,7 @@ async fn a_crash_while_a_command_runs(agent: &str, world: Option<&str>, crash: C
     let call_id = intents[0]["call_id"].clone();
     let text = std::fs::read_to_string(workspace.join("f.txt")).unwrap_or_default();
     match crash {
-        Crash::Worker => {
+        Crash::Worker | Crash::Deploy => {
             assert_eq!(intents.len(), 1, "{label}: the call began once: {kinds:?}");
             assert!(
                 of("tool_call_interrupted").is_empty(),
@@ -178,5 +187,15 @@ async fn when_the_sandbox_dies_with_the_harness_the_call_is_resolved_by_rule_4()
     installed("claude-code").await;
     for (agent, sleep) in [("native", "4.5"), ("claude-code", "4.6")] {
         a_crash_while_a_command_runs(agent, None, Crash::Machine, sleep).await;
+    }
+}
+
+/// A rolling deploy: the worker is stopped (SIGTERM) with `stop-grace-secs = 0` while a
+/// command runs; the next worker on the machine adopts the sandbox, as after a crash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_deploy_hands_the_command_in_flight_to_the_next_worker() {
+    installed("claude-code").await;
+    for (agent, sleep) in [("native", "4.7"), ("claude-code", "4.8")] {
+        a_crash_while_a_command_runs(agent, None, Crash::Deploy, sleep).await;
     }
 }

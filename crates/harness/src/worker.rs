@@ -84,18 +84,29 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         // Stopping, what is being paid for (a model reply streaming in, a command)
         // may finish and be recorded within the grace.
         let grace = self.options.stop_grace;
+        let mut left = false;
         let ran = tokio::select! {
             ran = driver.run_until(shutdown.clone()) => ran,
             () = async {
                 let _ = shutdown.wait_for(|stop| *stop).await;
                 tokio::time::sleep(grace).await;
             } => {
-                // Out of time: the call in flight is dropped (its intent stays in the
-                // log for the next holder to resolve).
-                tracing::info!(session = %lease.session, "worker stopping; the step in hand is cut off");
+                // Out of time: the step in hand is left as a crash leaves it, for the
+                // next holder. Its command runs on in the session's sandbox, which the
+                // next worker on this machine adopts and waits for; the lease is not
+                // given back, so no other machine resolves the call before the sandbox
+                // has ended itself (it lapses at once for this machine's workers, once
+                // this process is gone).
+                tracing::info!(session = %lease.session, "worker stopping; the step in hand is left to the next worker on this machine");
+                left = true;
                 Ok(None)
             }
         };
+        if left {
+            steadfast_sandbox::leave_running();
+            drop(driver);
+            return;
+        }
         match ran {
             Ok(None) => {
                 // What is held for the next commit goes in, and the lease is given

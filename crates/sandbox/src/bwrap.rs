@@ -381,6 +381,23 @@ fn kill_sandbox(pid: i32) -> Vec<i32> {
     doomed
 }
 
+/// The bubblewrap process a keeper shell (PID `keeper`) has started.
+fn keepers_bwrap(keeper: u32) -> Result<u32> {
+    let start = Instant::now();
+    while start.elapsed() < START_TIMEOUT {
+        if let Some(pid) = children_of(keeper as i32)
+            .into_iter()
+            .find(|&p| is_bwrap(p))
+        {
+            return Ok(pid as u32);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Err(Error::Unavailable(
+        "bubblewrap did not start in time".into(),
+    ))
+}
+
 /// The processes whose parent is `pid`.
 fn children_of(pid: i32) -> Vec<i32> {
     let Ok(procs) = std::fs::read_dir("/proc") else {
@@ -516,13 +533,24 @@ impl BwrapSandbox {
         // bubblewrap starts inside the sandbox's control groups (through a shell that
         // joins them and then becomes bubblewrap), so everything it starts is in them.
         let cgroup = sandbox_cgroup(&run.0, &options.limits);
-        let mut cmd = match &cgroup {
-            Some(group) => {
-                let mut cmd = std::process::Command::new("sh");
-                cmd.args(group.joining_shell()).arg("bwrap");
-                cmd
-            }
-            None => std::process::Command::new("bwrap"),
+        let mut cmd = std::process::Command::new("sh");
+        if tenure.is_some() {
+            // A keeper shell outside the sandbox waits for it and then removes its
+            // run directory and control groups: one that ends itself, with its
+            // holder long gone, leaves nothing behind.
+            cmd.args([
+                "-c",
+                r#"run=$1; n=$2; shift 2; groups=""; while [ "$n" -gt 0 ]; do groups="$groups $1"; shift; n=$((n-1)); done; "$@"; rm -rf "$run" "$run.pid" "$run.holds"; for g in $groups; do rmdir "$g" 2>/dev/null; done"#,
+                "steadfast-sandbox-keeper",
+            ]);
+            cmd.arg(&run.0);
+            let groups = cgroup.as_ref().map(Cgroup::dirs).unwrap_or_default();
+            cmd.arg(groups.len().to_string()).args(groups);
+            cmd.arg("sh");
+        }
+        match &cgroup {
+            Some(group) => cmd.args(group.joining_shell()).arg("bwrap"),
+            None => cmd.args(["-c", r#"exec "$@""#, "steadfast-sandbox", "bwrap"]),
         };
         cmd.args(bwrap_args(
             &root,
@@ -560,7 +588,10 @@ impl BwrapSandbox {
         };
         let child = spawn_from_a_lasting_thread(cmd)
             .map_err(|e| Error::Unavailable(format!("starting bwrap: {e}")))?;
-        let pid = child.id();
+        let pid = match &tenure {
+            None => child.id(),
+            Some(_) => keepers_bwrap(child.id())?,
+        };
         let _ = std::fs::write(pid_file(&run.0), pid.to_string());
         if let Some((session, epoch)) = &options.lease {
             Holds {
@@ -846,6 +877,19 @@ fn bwrap_args(
     a
 }
 
+/// Set when this process stops with steps in hand (a rolling deploy): sandboxes that
+/// outlive their holder are left running as they are when dropped, for the next
+/// holder on this machine to adopt with their commands (see [`leave_running`]).
+static LEAVING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes every sandbox that outlives its holder, dropped from now on, stay as it is
+/// rather than end: this process is stopping with commands in flight, and the next
+/// holder of each session on this machine adopts its sandbox and waits for them. One
+/// no one adopts ends itself when its hold runs out, before its lease can lapse.
+pub fn leave_running() {
+    LEAVING.store(true, Ordering::SeqCst);
+}
+
 impl Drop for BwrapSandbox {
     fn drop(&mut self) {
         let Some(lease) = self.tenure.clone() else {
@@ -853,19 +897,28 @@ impl Drop for BwrapSandbox {
             return;
         };
         self._holding = None;
+        if LEAVING.load(Ordering::SeqCst) {
+            self.left_to_the_next_holder();
+            return;
+        }
         let release = Request::new(agent::RELEASE, serde_json::Value::Null, Some(lease));
         match tenure::control(&self.socket, &release) {
             // A newer holder adopted it: it is that one's now, with its directory.
-            Some(reply) if reply.is_error => {
-                if let Some(mut child) = self.child.lock().unwrap_or_else(|e| e.into_inner()).take()
-                {
-                    std::thread::spawn(move || child.wait());
-                }
-                std::mem::forget(self.cgroup.take());
-                self.run.0 = PathBuf::new();
-            }
+            Some(reply) if reply.is_error => self.left_to_the_next_holder(),
             _ => self.kill(),
         }
+    }
+}
+
+impl BwrapSandbox {
+    /// Lets go of the sandbox without ending it: its process, control groups and run
+    /// directory are the next holder's.
+    fn left_to_the_next_holder(&mut self) {
+        if let Some(mut child) = self.child.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            std::thread::spawn(move || child.wait());
+        }
+        std::mem::forget(self.cgroup.take());
+        self.run.0 = PathBuf::new();
     }
 }
 

@@ -114,6 +114,11 @@ impl Cgroup {
         Ok(group)
     }
 
+    /// The groups' directories (for whoever removes them when the sandbox ends).
+    pub(crate) fn dirs(&self) -> Vec<String> {
+        self.dirs.iter().map(|d| d.display().to_string()).collect()
+    }
+
     /// Arguments for `sh` that make the shell join the groups and then run the
     /// program and arguments that follow, in its place: what a process starts after
     /// joining stays in the groups, so nothing of the sandbox runs outside them.

@@ -29,7 +29,7 @@ use std::future::Future;
 use std::path::Path;
 
 pub use any::{describe, isolates, isolation, ready, AnySandbox, Backend};
-pub use bwrap::{bwrap_available, BwrapSandbox};
+pub use bwrap::{bwrap_available, leave_running, BwrapSandbox};
 pub use classify::{classify, classify_command};
 pub use local::{looks_secret, LocalSandbox, SandboxOptions, WORKSPACE_MOUNT};
 pub use paths::confine;
