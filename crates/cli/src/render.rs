@@ -165,6 +165,14 @@ pub fn timeline(record: &Record) -> Vec<String> {
         Event::Egress { destination, admitted: true, .. } => format!("egress: connected to {destination} (an external effect)"),
         Event::Egress { destination, denied: true, .. } => format!("egress: denied {destination} (approval policy)"),
         Event::Egress { destination, .. } => format!("egress: held back from {destination} (awaits approval)"),
+        Event::ServicesRestarted { services, .. } => format!(
+            "services started again with a new sandbox: {}",
+            services
+                .iter()
+                .map(|(name, how)| format!("{name} ({})", short(how, 60)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         Event::SandboxLost { reason, .. } => format!("sandbox lost: {}; a new one is provisioned on demand", short(reason, 100)),
         Event::Escalated { breaker, reason, diff } => {
             let mut lines = vec![format!("{head}  session escalated by the {breaker} breaker: {reason}; send signal `resume` (raising the limit) to go on")];

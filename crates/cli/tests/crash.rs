@@ -479,9 +479,20 @@ async fn an_interrupted_external_effect_is_reported_unknown_and_never_run_again(
 
         let log = case.log(&session).await;
         let interrupted = events(&log, "tool_call_interrupted");
+        assert_eq!(events(&log, "tool_call_intent")[0]["class"], "external");
+        assert_eq!(case.fake.calls(), 2);
+        if point == "tool.effect" {
+            // The command had run to its end in the sandbox, which outlived the
+            // aborted process: the resume adopts it and records the outcome it kept.
+            assert!(interrupted.is_empty(), "{point}: {interrupted:?}");
+            let outcome = events(&log, "tool_call_outcome");
+            assert_eq!(outcome.len(), 1, "{point}");
+            assert_eq!(outcome[0]["exit_code"], 0, "{point}");
+            continue;
+        }
+        // It never reached the sandbox: rule 4, and the model is told.
         assert_eq!(interrupted.len(), 1);
         assert_eq!(interrupted[0]["resolution"]["kind"], "outcome_unknown");
-        assert_eq!(events(&log, "tool_call_intent")[0]["class"], "external");
         assert!(
             events(&log, "tool_call_outcome").is_empty(),
             "{point}: no outcome invented"
@@ -490,7 +501,6 @@ async fn an_interrupted_external_effect_is_reported_unknown_and_never_run_again(
         let text = String::from_utf8_lossy(&case.steadfast(&["log", &session], &[]).await.stdout)
             .into_owned();
         assert!(text.contains("outcome unknown, NOT re-run"), "{text}");
-        assert_eq!(case.fake.calls(), 2);
     }
 }
 

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{agents_dir, call, idle_after, installed, kind, wait_for};
+use common::{agents_dir, call, idle_after, installed, kind, running, wait_for};
 use serde_json::{json, Value};
 use steadfast_testkit::{FakeProvider, Script};
 
@@ -34,14 +34,6 @@ fn script(sleep: &str) -> Script {
         .to_string(),
     )
     .unwrap()
-}
-
-/// Whether a process runs exactly `command`.
-fn running(command: &str) -> bool {
-    std::process::Command::new("pgrep")
-        .args(["-f", &format!("^{command}$")])
-        .output()
-        .is_ok_and(|o| o.status.success())
 }
 
 fn signal(child: &tokio::process::Child, signal: nix::sys::signal::Signal) {

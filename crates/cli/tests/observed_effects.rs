@@ -91,6 +91,9 @@ async fn a_command_cut_off_after_it_sent_a_request_is_outcome_unknown_and_never_
     // does: the request would reach its server twice.)
     api.start_kill().unwrap();
     api.wait().await.unwrap();
+    // Its machine too: a sandbox that outlived the worker alone would be adopted with
+    // its command, which would then not be cut off at all (`outlives_harness.rs`).
+    common::kill_sandboxes_of(&id);
 
     let (_api, url) = site.serve(&fake, "1").await;
     wait_for("the turn to end on the next worker", async || {

@@ -12,17 +12,9 @@ mod common;
 
 use std::sync::atomic::Ordering;
 
-use common::{agents_dir, call, installed, kind, wait_for};
+use common::{agents_dir, call, installed, kind, running, wait_for};
 use serde_json::{json, Value};
 use steadfast_testkit::{FakeProvider, Script};
-
-/// Whether a process runs exactly `command`.
-fn running(command: &str) -> bool {
-    std::process::Command::new("pgrep")
-        .args(["-f", &format!("^{command}$")])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
 
 /// How the worker running the command goes.
 #[derive(Debug, Clone, Copy, PartialEq)]

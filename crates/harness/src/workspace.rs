@@ -112,8 +112,17 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
             return false;
         };
         let (session, epoch) = (lease.session.clone(), lease.epoch);
+        // Adopted only for what it may still hold: a call the log shows begun and not
+        // finished, or services. Otherwise it is killed, as a stale holder's.
+        let cut_off = !state.pending_tools.is_empty()
+            || state.wrapped_tools.iter().any(|t| t.result.is_none());
+        let adopt = cut_off || !state.services.is_empty();
         // Time enough to provision it, which renews its hold from then on.
-        let grace = self.options.lease_ttl / 2;
+        let grace = if adopt {
+            self.options.lease_ttl / 2
+        } else {
+            std::time::Duration::ZERO
+        };
         let taken = tokio::task::spawn_blocking(move || {
             steadfast_sandbox::take_over(&dir, &session, epoch, grace)
         })

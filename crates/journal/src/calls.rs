@@ -918,17 +918,66 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
         input: &Value,
     ) -> Result<ToolOutput> {
         let sandbox = self.sandbox.get().await?;
-        let executed = match call {
+        let restarted = match self.sandbox.take_fresh() {
+            true => self.restart_services(call.map(|c| c.0), &sandbox).await?,
+            false => None,
+        };
+        let mut executed = match call {
             Some((id, true)) => sandbox.attach(id).await,
             Some((id, false)) => sandbox.execute_call(id, tool, input).await,
             None => sandbox.execute(tool, input).await,
         };
+        if let (Some(told), Ok(out)) = (restarted, executed.as_mut()) {
+            out.text.push_str(&told);
+        }
         match &executed {
             // The next call gets a new one (unless a sibling already made it).
             Err(steadfast_sandbox::Error::Died(_)) => self.sandbox.discard_if(&sandbox).await,
             _ => self.sandbox.touch().await,
         }
         Ok(executed?)
+    }
+
+    /// Starts again, in `sandbox` (just started anew), the services the log says run:
+    /// the sandbox they ran in stopped (idle, moved to another host, died). Recorded
+    /// ([`Event::ServicesRestarted`]); returns what the model is told, with the result
+    /// of the call that needed the sandbox.
+    async fn restart_services(&self, call_id: Option<&str>, sandbox: &S) -> Result<Option<String>> {
+        let services = self.live.with(|s| s.services.clone());
+        if services.is_empty() {
+            return Ok(None);
+        }
+        let mut outcomes = Vec::new();
+        for service in &services {
+            let mut input = serde_json::json!({
+                "action": "start", "name": service.name, "command": service.command,
+            });
+            if let Some(port) = service.port {
+                input["port"] = port.into();
+            }
+            let how = match sandbox.execute("service", &input).await {
+                Ok(out) if !out.is_error => "started".to_string(),
+                Ok(out) => out.text,
+                Err(e) => e.to_string(),
+            };
+            outcomes.push((service.name.clone(), how));
+        }
+        self.live
+            .append(&[Event::ServicesRestarted {
+                call_id: call_id.map(str::to_string),
+                services: outcomes.clone(),
+            }])
+            .await?;
+        let lines: Vec<String> = services
+            .iter()
+            .zip(&outcomes)
+            .map(|(s, (_, how))| format!("- {} (`{}`): {how}", s.name, s.command))
+            .collect();
+        Ok(Some(format!(
+            "\n[steadfast] this session's sandbox was started anew before this ran (the \
+             last one had stopped), so its services were started again:\n{}",
+            lines.join("\n")
+        )))
     }
 
     /// The sandbox died while `call_id` ran in it (killed, out of memory, evicted):
@@ -1375,8 +1424,11 @@ pub async fn resolve_cut_off<W: World, S: Sandbox>(
     }
     // A sandbox made for probes goes before the agent's is made: the agent's must be
     // the one it had before the crash (a local sandbox's home is the first free one),
-    // or its first request differs from the record.
-    slot.discard().await;
+    // or its first request differs from the record. One adopted from the last holder
+    // stays: it was there before the crash, with the session's services.
+    if !slot.running().await.is_some_and(|s| s.adopted()) {
+        slot.discard().await;
+    }
     if let Some(snap) = &last_snapshot {
         drive.restore_async(workspace, snap).await?;
     }

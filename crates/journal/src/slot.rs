@@ -31,6 +31,9 @@ pub struct SandboxSlot<S> {
     live: Arc<Mutex<Option<Live<S>>>>,
     /// The snapshot a new sandbox is hydrated to (the log's last recorded one).
     hydrate_to: Arc<StdMutex<Option<String>>>,
+    /// Set when a sandbox was started anew (not adopted): the session's services are
+    /// to be started again in it (see [`Self::take_fresh`]).
+    fresh: Arc<std::sync::atomic::AtomicBool>,
     reaper: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -78,6 +81,7 @@ impl<S: Sandbox> SandboxSlot<S> {
             drive,
             live,
             hydrate_to: Arc::new(StdMutex::new(None)),
+            fresh: Arc::default(),
             reaper,
         }
     }
@@ -131,9 +135,14 @@ impl<S: Sandbox> SandboxSlot<S> {
         // Hydrated once the new sandbox has reaped what an earlier one left running
         // (a killed driver's orphan may write until then), and before any call runs
         // in it: this also undoes what such a process wrote after the wake's restore.
-        if let Some(snapshot) = snapshot {
+        // One adopted from the last holder is left as it is: it still works in the
+        // workspace, and what it does is recorded when its kept calls end.
+        let adopted = sandbox.adopted();
+        if let (Some(snapshot), false) = (snapshot, adopted) {
             self.drive.restore_async(&self.workspace, &snapshot).await?;
         }
+        self.fresh
+            .store(!adopted, std::sync::atomic::Ordering::SeqCst);
         tracing::info!(
             ms = started.elapsed().as_millis() as u64,
             "sandbox provisioned"
@@ -144,6 +153,12 @@ impl<S: Sandbox> SandboxSlot<S> {
             last_used: Instant::now(),
         });
         Ok(sandbox)
+    }
+
+    /// Whether a sandbox was started anew (not adopted) since this was last asked:
+    /// then the session's services are to be started again in it.
+    pub fn take_fresh(&self) -> bool {
+        self.fresh.swap(false, std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Marks the running sandbox used now (after a call, so idleness counts from its end).
@@ -192,6 +207,7 @@ impl<S: Sandbox> SandboxSlot<S> {
             drive: self.drive.clone(),
             live: self.live.clone(),
             hydrate_to: self.hydrate_to.clone(),
+            fresh: self.fresh.clone(),
             reaper: None,
         }
     }

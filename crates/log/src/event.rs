@@ -856,6 +856,17 @@ pub enum Event {
         /// What was seen.
         reason: String,
     },
+    /// The session's sandbox was started again (after an idle stop, a move to another
+    /// host, or a sandbox that died) and the services the log says were running were
+    /// started again in it; the model is told with the result of the call that needed
+    /// the sandbox.
+    ServicesRestarted {
+        /// The tool call whose sandbox it was, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call_id: Option<String>,
+        /// Each service and how its start went: `started`, or why not.
+        services: Vec<(String, String)>,
+    },
     /// A wrapped agent's model request reached the gateway and is about to go to the
     /// provider (a request at an index that was cut off before, asked again, replaces
     /// it).
@@ -1152,6 +1163,7 @@ impl Event {
             Event::Escalated { .. } => "escalated",
             Event::Egress { .. } => "egress",
             Event::SandboxLost { .. } => "sandbox_lost",
+            Event::ServicesRestarted { .. } => "services_restarted",
             Event::DriveFailed { .. } => "drive_failed",
             Event::ExchangeIntent { .. } => "exchange_intent",
             Event::ExchangeOutcome { .. } => "exchange_outcome",

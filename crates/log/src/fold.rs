@@ -372,6 +372,22 @@ fn edited_note(changes: &[String]) -> String {
     note
 }
 
+/// A service the log says runs: started by the `service` tool and not stopped since.
+/// It is started again whenever the session's sandbox is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceRecord {
+    /// Its name.
+    pub name: String,
+    /// The command that starts it.
+    pub command: String,
+    /// The port it was said to listen on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// Times it was started again with a new sandbox.
+    #[serde(default)]
+    pub restarts: u32,
+}
+
 /// Everything the log says about a session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionState {
@@ -489,6 +505,9 @@ pub struct SessionState {
     pub client_tools: Vec<crate::ClientTool>,
     /// The credentials the egress proxy adds to the session's requests.
     pub egress_credentials: Vec<crate::EgressCredential>,
+    /// The services the log says run (see [`ServiceRecord`]).
+    #[serde(default)]
+    pub services: Vec<ServiceRecord>,
     /// The repository the workspace came from (what `git_push` pushes to).
     pub git: Option<crate::GitSource>,
     /// The user's MCP servers the agent is offered tools of.
@@ -713,6 +732,7 @@ impl SessionState {
                 .collect(),
             client_tools: client_tools.clone(),
             egress_credentials: egress_credentials.clone(),
+            services: Vec::new(),
             git: git.as_deref().cloned(),
             mcp_servers: mcp_servers.clone(),
             ended: false,
@@ -826,6 +846,7 @@ impl SessionState {
                 };
                 let (tool, input) = (t.tool.clone(), t.input.clone());
                 self.count_call(&tool, &input, unchanged);
+                self.note_service(&tool, &input, *is_error);
                 if snapshot_after.is_some() {
                     self.last_snapshot = snapshot_after.clone();
                 }
@@ -1520,6 +1541,7 @@ impl SessionState {
                     .take_pending_tool(call_id)
                     .ok_or_else(|| bad("no such pending tool call"))?;
                 self.count_loop(&pending, snapshot_after.as_ref());
+                self.note_service(&pending.tool, &pending.input, *is_error);
                 if snapshot_after.is_some() {
                     self.last_snapshot = snapshot_after.clone();
                 }
@@ -1606,6 +1628,16 @@ impl SessionState {
                     }
                     if !self.reaches_network.contains(&call) {
                         self.reaches_network.push(call);
+                    }
+                }
+            }
+            Event::ServicesRestarted { services, .. } => {
+                for (name, how) in services {
+                    match self.services.iter_mut().find(|s| &s.name == name) {
+                        Some(s) if how == "started" => s.restarts += 1,
+                        // One that could not be started again is not running.
+                        Some(_) => self.services.retain(|s| &s.name != name),
+                        None => {}
                     }
                 }
             }
@@ -1865,6 +1897,32 @@ impl SessionState {
                 self.steps_from = self.step;
                 self.exchanges_from = self.exchanges.len() as u32;
             }
+            _ => {}
+        }
+    }
+
+    /// Keeps the services current with a finished call of the `service` tool: a
+    /// start that succeeded adds one, a stop removes it.
+    fn note_service(&mut self, tool: &str, input: &Value, is_error: bool) {
+        if tool != "service" || is_error {
+            return;
+        }
+        let text = |key: &str| input.get(key).and_then(Value::as_str).unwrap_or_default();
+        let name = text("name").to_string();
+        match text("action") {
+            "start" => {
+                self.services.retain(|s| s.name != name);
+                self.services.push(ServiceRecord {
+                    name,
+                    command: text("command").to_string(),
+                    port: input
+                        .get("port")
+                        .and_then(Value::as_u64)
+                        .and_then(|p| u16::try_from(p).ok()),
+                    restarts: 0,
+                });
+            }
+            "stop" => self.services.retain(|s| s.name != name),
             _ => {}
         }
     }

@@ -110,6 +110,9 @@ impl Request {
     }
 }
 
+/// Where the sandbox's run directory (shared with the host) is, inside it.
+pub(crate) const INSIDE_RUN_DIR: &str = "/run/steadfast";
+
 /// The request that kills the command running now (it is served at once, not after
 /// the command it stops).
 pub(crate) const CANCEL: &str = "steadfast.cancel";
@@ -122,10 +125,17 @@ pub(crate) const ADOPT: &str = "steadfast.adopt";
 pub(crate) const HOLD: &str = "steadfast.hold";
 /// Ends the sandbox (its holder is done with it).
 pub(crate) const RELEASE: &str = "steadfast.release";
+/// How long a connection waits for the host socket it leads to (see [`forward`]).
+const PROXY_WAIT: Duration = Duration::from_secs(15);
 /// How many finished calls' outputs are kept for a holder that has yet to attach.
 const KEPT_CALLS: usize = 32;
 
 static IN_SANDBOX: OnceLock<()> = OnceLock::new();
+
+/// Whether this process is a sandbox's agent.
+pub(crate) fn in_sandbox() -> bool {
+    IN_SANDBOX.get().is_some()
+}
 
 /// Kills every process of the sandbox but the agent and the namespace's init, so a
 /// command cannot leave anything running (even in a new session or process group).
@@ -138,11 +148,15 @@ pub(crate) fn kill_strays() {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return;
     };
+    // The session's services (and what they started in their groups) run on.
+    let spared = crate::tools::service_groups();
     for entry in dir.filter_map(Result::ok) {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
-        if pid != 1 && pid != me {
+        let group = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid as i32)))
+            .map_or(0, |g| g.as_raw());
+        if pid != 1 && pid != me && !spared.contains(&group) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid as i32),
                 nix::sys::signal::Signal::SIGKILL,
@@ -445,8 +459,19 @@ async fn handle(stream: UnixStream, agent: std::sync::Arc<Agent>) -> std::io::Re
             }
         }
         Ok(req) if req.tool == "bash" => agent.run(req.call_id, req.input).await,
+        Ok(req) if req.tool == "service" => {
+            let _turn = agent.one_at_a_time.lock().await;
+            let ctx = Context {
+                root: &agent.config.workspace,
+                env: &agent.env,
+                options: &agent.options,
+                registry: None,
+                limits: Some(&agent.config.limits),
+            };
+            crate::tools::run(&ctx, "service", &req.input).await
+        }
         Ok(req) => ToolOutput::error(format!(
-            "the sandbox agent runs bash only, not {}",
+            "the sandbox agent runs bash and service only, not {}",
             req.tool
         )),
     };
@@ -461,9 +486,20 @@ async fn forward(listener: TcpListener, proxy: PathBuf) {
     while let Ok((mut inside, _)) = listener.accept().await {
         let proxy = proxy.clone();
         tokio::spawn(async move {
-            if let Ok(mut outside) = UnixStream::connect(&proxy).await {
-                let _ = tokio::io::copy_bidirectional(&mut inside, &mut outside).await;
-            }
+            // A sandbox that outlives its holder has no proxy between its holder's
+            // death and its adoption: a connection made then waits for the next
+            // holder's proxy rather than fail.
+            let deadline = tokio::time::Instant::now() + PROXY_WAIT;
+            let mut outside = loop {
+                match UnixStream::connect(&proxy).await {
+                    Ok(outside) => break outside,
+                    Err(_) if tokio::time::Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(50)).await
+                    }
+                    Err(_) => return,
+                }
+            };
+            let _ = tokio::io::copy_bidirectional(&mut inside, &mut outside).await;
         });
     }
 }

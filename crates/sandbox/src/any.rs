@@ -219,6 +219,13 @@ impl Sandbox for AnySandbox {
         }
     }
 
+    fn adopted(&self) -> bool {
+        match self {
+            AnySandbox::Local(s) => s.adopted(),
+            AnySandbox::Bwrap(s) => s.adopted(),
+        }
+    }
+
     fn kept_calls(&self) -> Vec<String> {
         match self {
             AnySandbox::Local(s) => s.kept_calls(),

@@ -23,7 +23,7 @@ use crate::tools::{self, Context};
 use crate::{Error, NetworkPolicy, Result, Sandbox, SandboxOptions, ToolOutput};
 
 /// Where the shared directory appears inside the sandbox.
-const INSIDE_RUN: &str = "/run/steadfast";
+const INSIDE_RUN: &str = agent::INSIDE_RUN_DIR;
 /// Where the agent program appears inside the sandbox.
 const INSIDE_AGENT: &str = "/run/steadfast-agent";
 /// The commands' home inside the sandbox.
@@ -306,7 +306,8 @@ pub(crate) fn take_over(
             continue;
         };
         let lease = (session.to_string(), epoch);
-        if holds.outlives && tenure::adopt(&run.join("agent.sock"), &lease, grace).is_some() {
+        let adopting = holds.outlives && !grace.is_zero();
+        if adopting && tenure::adopt(&run.join("agent.sock"), &lease, grace).is_some() {
             Holds { epoch, ..holds }.write(&run);
             taken.adopted += 1;
             continue;
@@ -552,23 +553,15 @@ impl BwrapSandbox {
             Some(group) => cmd.args(group.joining_shell()).arg("bwrap"),
             None => cmd.args(["-c", r#"exec "$@""#, "steadfast-sandbox", "bwrap"]),
         };
-        cmd.args(bwrap_args(
-            &root,
-            &inside,
-            &run.0,
-            &program,
-            options,
-            &env,
-            tenure.is_none(),
-        ))
-        .arg("--")
-        .arg(INSIDE_AGENT)
-        .args(leading)
-        .arg(config)
-        .env_clear()
-        .envs(std::env::var_os("PATH").map(|p| ("PATH", p)))
-        .stdout(log)
-        .stderr(log2);
+        cmd.args(bwrap_args(&root, &inside, &run.0, &program, options, &env))
+            .arg("--")
+            .arg(INSIDE_AGENT)
+            .args(leading)
+            .arg(config)
+            .env_clear()
+            .envs(std::env::var_os("PATH").map(|p| ("PATH", p)))
+            .stdout(log)
+            .stderr(log2);
         // The sandbox lives while this end of its lifeline is open (see
         // `AgentConfig::lifeline`); both ends are close-on-exec, so no other child
         // holds it. One that outlives its holder has none, and a process group of its
@@ -792,7 +785,6 @@ fn bwrap_args(
     agent: &Path,
     options: &SandboxOptions,
     env: &[(String, String)],
-    die_with_parent: bool,
 ) -> Vec<String> {
     let mut a: Vec<String> = Vec::new();
     let mut push = |items: &[&str]| a.extend(items.iter().map(|s| s.to_string()));
@@ -800,10 +792,10 @@ fn bwrap_args(
     if options.network == NetworkPolicy::Open {
         push(&["--share-net"]);
     }
-    if die_with_parent {
-        push(&["--die-with-parent"]);
-    }
-    push(&["--new-session", "--cap-drop", "ALL"]);
+    // Its parent is the harness's spawning thread, or for a sandbox that outlives its
+    // holder, the keeper shell (which the harness's death does not touch): killing
+    // bubblewrap ends the whole sandbox either way.
+    push(&["--die-with-parent", "--new-session", "--cap-drop", "ALL"]);
     if sets_hostname() {
         push(&["--hostname", "sandbox"]);
     }
@@ -922,6 +914,12 @@ impl BwrapSandbox {
     }
 }
 
+/// Whether `tool` runs inside the sandbox, by its agent (commands and services); the
+/// file tools run here, on the shared workspace.
+fn runs_in_the_agent(tool: &str) -> bool {
+    matches!(tool, "bash" | "service")
+}
+
 /// The egress proxy of a sandbox under an allow-list, serving `run/proxy.sock`.
 fn start_proxy(run: &Path, options: &SandboxOptions) -> Result<Option<EgressProxy>> {
     let NetworkPolicy::AllowList(rules) = &options.network else {
@@ -1008,7 +1006,7 @@ impl Sandbox for BwrapSandbox {
     }
 
     async fn execute(&self, tool: &str, input: &serde_json::Value) -> Result<ToolOutput> {
-        if tool != "bash" {
+        if !runs_in_the_agent(tool) {
             return Ok(self.file_tool(tool, input).await);
         }
         self.command(Request::new(tool, input.clone(), self.tenure.clone()))
@@ -1021,12 +1019,19 @@ impl Sandbox for BwrapSandbox {
         tool: &str,
         input: &serde_json::Value,
     ) -> Result<ToolOutput> {
-        if tool != "bash" {
+        if !runs_in_the_agent(tool) {
             return Ok(self.file_tool(tool, input).await);
         }
         let mut request = Request::new(tool, input.clone(), self.tenure.clone());
         request.call_id = Some(call_id.to_string());
         self.command(request).await
+    }
+
+    fn adopted(&self) -> bool {
+        self.child
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
     }
 
     fn kept_calls(&self) -> Vec<String> {
@@ -1096,7 +1101,6 @@ mod tests {
             Path::new("/bin/agent"),
             &SandboxOptions::default(),
             &[],
-            true,
         );
         let tail = &args[args.len() - 5..];
         assert_eq!(

@@ -15,6 +15,10 @@ pub fn classify(tool: &str, input: &serde_json::Value) -> ToolClass {
     match tool {
         "read" | "glob" | "grep" => ToolClass::Read,
         "bash" => classify_command(input.get("command").and_then(|c| c.as_str()).unwrap_or("")),
+        "service" => match input.get("action").and_then(|a| a.as_str()) {
+            Some("logs" | "status") => ToolClass::Read,
+            _ => ToolClass::Mutate,
+        },
         _ => ToolClass::Mutate,
     }
 }

@@ -45,8 +45,9 @@ pub use paths::confine;
 ///
 /// A sandbox made to outlive its holder ([`SandboxOptions::hold`]) whose agent still
 /// runs is not killed but adopted under `epoch` (given `grace` to be provisioned by
-/// this holder): from then on it refuses the old holder, and what it runs for a call
-/// the old holder had begun is this holder's to [`Sandbox::attach`] to.
+/// this holder; a zero `grace` kills it like any other): from then on it refuses the
+/// old holder, and what it runs for a call the old holder had begun is this holder's
+/// to [`Sandbox::attach`] to.
 pub fn take_over(
     workspace: &std::path::Path,
     session: &str,
@@ -153,6 +154,12 @@ pub trait Sandbox: Send + Sync + 'static {
     ) -> impl Future<Output = Result<ToolOutput>> + Send {
         let _ = call_id;
         self.execute(tool, input)
+    }
+
+    /// Whether this sandbox was adopted from the session's last holder, still running
+    /// (with its services and its kept commands), rather than started for this one.
+    fn adopted(&self) -> bool {
+        false
     }
 
     /// The calls whose commands this sandbox kept from before this holder took it over

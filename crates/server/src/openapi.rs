@@ -38,6 +38,7 @@ events (schema 1): `PublicEvent`, one type per kind of log record.";
         sessions::close,
         sessions::interrupt,
         sessions::integrity,
+        sessions::services,
         sessions::diff,
         sessions::files,
         sessions::file,

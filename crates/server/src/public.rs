@@ -36,6 +36,15 @@ pub struct PublicEvent {
     pub body: EventBody,
 }
 
+/// A service started again with a new sandbox.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ServiceRestart {
+    /// Its name.
+    pub name: String,
+    /// `started`, or why it could not be.
+    pub how: String,
+}
+
 /// Every type of public event, with its fields.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -271,6 +280,14 @@ pub enum EventBody {
         call_id: Option<String>,
         /// What happened.
         reason: String,
+    },
+    /// The sandbox was started anew and the session's services started again in it.
+    ServicesRestarted {
+        /// The call whose sandbox it was, if any.
+        #[schema(required = true)]
+        call_id: Option<String>,
+        /// Each service's name and how its start went (`started`, or why not).
+        services: Vec<ServiceRestart>,
     },
     /// A wrapped agent's model request.
     ExchangeIntent {
@@ -774,6 +791,16 @@ fn body(event: &Event) -> EventBody {
         Event::SandboxLost { call_id, reason } => EventBody::SandboxLost {
             call_id: call_id.clone(),
             reason: s(reason),
+        },
+        Event::ServicesRestarted { call_id, services } => EventBody::ServicesRestarted {
+            call_id: call_id.clone(),
+            services: services
+                .iter()
+                .map(|(name, how)| ServiceRestart {
+                    name: s(name),
+                    how: s(how),
+                })
+                .collect(),
         },
         Event::ExchangeIntent {
             call_id,

@@ -325,6 +325,30 @@ pub struct SignalAccepted {
     pub answers: Option<u64>,
 }
 
+/// A session's services: long-lived processes its agent started with the `service`
+/// tool, as the log says they run.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"services": [{"name": "web", "command": "python3 -m http.server 8000", "port": 8000, "restarts": 1}]}))]
+pub struct Services {
+    /// Each service started and not stopped since, in the order they were started.
+    pub services: Vec<Service>,
+}
+
+/// One service of a session.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Service {
+    /// Its name.
+    pub name: String,
+    /// The command that starts it.
+    pub command: String,
+    /// The port it listens on, if it was started with one.
+    #[schema(required = true)]
+    pub port: Option<u16>,
+    /// Times it was started again with a new sandbox (after an idle stop, a move to
+    /// another host, or a sandbox that died).
+    pub restarts: u32,
+}
+
 /// The result of checking a session's stored data.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({"ok": false, "records": 212, "damaged": [{"seq": 88, "blob": "9f2c41d0", "problem": "missing"}], "snapshots": 14, "lost_objects": [{"snapshot": "5be1c0a2", "object": "77d0e3f9", "problem": "missing"}]}))]

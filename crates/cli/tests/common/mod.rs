@@ -669,3 +669,12 @@ pub fn kill_sandboxes_of(session: &str) -> usize {
     }
     killed
 }
+
+/// Whether a process runs exactly `command`.
+#[allow(dead_code)]
+pub fn running(command: &str) -> bool {
+    std::process::Command::new("pgrep")
+        .args(["-f", &format!("^{command}$")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}

@@ -44,7 +44,7 @@ const QUOTA_POLL: Duration = Duration::from_millis(200);
 /// kernel sends a bare `SIGKILL`, indistinguishable from any other kill.) A command that
 /// catches `SIGXCPU` gets its `SIGKILL` a second later. No core file is written into the
 /// workspace (`-c 0`).
-fn limited(limits: &ResourceLimits, command: &str, cmd: &mut std::process::Command) {
+pub(super) fn limited(limits: &ResourceLimits, command: &str, cmd: &mut std::process::Command) {
     let mut steps = vec!["ulimit -c 0".to_string()];
     if let Some(s) = limits.cpu_secs {
         // Soft first: a hard limit below the current soft one is refused.

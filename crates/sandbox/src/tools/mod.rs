@@ -4,6 +4,9 @@ mod bash;
 mod files;
 mod open;
 mod search;
+mod service;
+
+pub(crate) use service::groups as service_groups;
 
 use std::path::Path;
 
@@ -44,6 +47,11 @@ pub fn tool_specs() -> Vec<ToolSpec> {
                 "command": {"type": "string"},
                 "timeout": {"type": "integer"}
             }, "required": ["command"]}),
+        },
+        ToolSpec {
+            name: "service",
+            description: "Run a long-lived process for the session — a dev server, a database, a watcher — that keeps running after this call, across turns and restarts (a bash command's own processes end with it). action start (name, command, optional port to wait for), stop (name), logs (name) or status. Services are started again when the session's sandbox is.",
+            input_schema: service::spec_schema(),
         },
         ToolSpec {
             name: "read",
@@ -113,6 +121,7 @@ pub(crate) async fn run(ctx: &Context<'_>, tool: &str, input: &Value) -> ToolOut
     }
     let file_tool: fn(&Path, &Value) -> Result<String, String> = match tool {
         "bash" => return bash::run(ctx, input).await,
+        "service" => return service::run(ctx, input).await,
         "read" => files::read,
         "write" => files::write,
         "edit" => files::edit,
@@ -120,7 +129,7 @@ pub(crate) async fn run(ctx: &Context<'_>, tool: &str, input: &Value) -> ToolOut
         "grep" => search::grep,
         other => {
             return ToolOutput::error(format!(
-                "unknown tool `{other}`; available: bash, read, write, edit, glob, grep"
+                "unknown tool `{other}`; available: bash, service, read, write, edit, glob, grep"
             ))
         }
     };

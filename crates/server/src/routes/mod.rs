@@ -43,6 +43,7 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
             post(sessions::interrupt::<W>),
         )
         .route("/v1/sessions/{id}/integrity", get(sessions::integrity::<W>))
+        .route("/v1/sessions/{id}/services", get(sessions::services::<W>))
         .route("/v1/sessions/{id}/diff", get(sessions::diff::<W>))
         .route("/v1/sessions/{id}/files", get(sessions::files::<W>))
         .route("/v1/sessions/{id}/archive", get(sessions::archive::<W>))

@@ -1143,6 +1143,46 @@ pub(crate) async fn archive<W: World + Clone>(
         .into_response())
 }
 
+/// List a session's services
+///
+/// The long-lived processes the session's agent started with the `service` tool and
+/// has not stopped (a dev server, a database, a watcher), as its log says. They run in
+/// the session's sandbox; when a new sandbox is started for the session (after an idle
+/// stop, a move to another host or a crash of its machine) they are started again, and
+/// `restarts` counts it.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/services",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "The session's services", body = wire::Services),
+        (status = 400, description = "The path does not parse", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 404, description = "No such session, or not the caller's", body = wire::Error),
+    )
+)]
+pub(crate) async fn services<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<wire::Services>, ApiError> {
+    let owner = state.owner(&headers, steadfast_world::Scope::Read).await?;
+    owned(&state, &id, &owner).await?;
+    let session = state.harness.state(&id).await?;
+    Ok(Json(wire::Services {
+        services: session
+            .services
+            .into_iter()
+            .map(|s| wire::Service {
+                name: s.name,
+                command: s.command,
+                port: s.port,
+                restarts: s.restarts,
+            })
+            .collect(),
+    }))
+}
+
 /// Check a session's stored data
 ///
 /// Reads the whole log (each record's checksum is verified; a failing one answers 500
