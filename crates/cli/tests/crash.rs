@@ -353,10 +353,29 @@ async fn walk_every_crash_point(config: Option<&str>) {
 
             // Resolutions are in the log, as invariant 4 says.
             let interrupted = events(&log, "tool_call_interrupted");
+            // A command that had run when the process died (`tool.effect`) ran in the
+            // sandbox, which outlived the process: the resume adopts it and records
+            // the outcome it kept. Nothing is cut off.
+            let cut_intent = crashed_log
+                .last()
+                .map(|r| r["event"]["tool_call_intent"].clone())
+                .filter(|i| !i.is_null());
+            let kept = point.starts_with("tool.effect")
+                && cut_intent.as_ref().is_some_and(|i| i["tool"] == "bash");
+            if let Some(intent) = cut_intent.as_ref().filter(|_| kept) {
+                assert!(interrupted.is_empty(), "{label}: {interrupted:?}");
+                assert!(
+                    events(&log, "tool_call_outcome")
+                        .iter()
+                        .any(|o| o["call_id"] == intent["call_id"]),
+                    "{label}: the kept command's outcome is recorded"
+                );
+            }
             // (Unless its intent is not in the log yet, or its outcome is already.)
             let cut_mid_tool = (point.starts_with("tool.intent")
                 || point.starts_with("tool.effect"))
-                && ends_with(&["tool_call_intent"]);
+                && ends_with(&["tool_call_intent"])
+                && !kept;
             // A snapshot is taken before a mutation's intent (nothing pending yet) and
             // after its effect (the call pending): either may be the one cut.
             let maybe_mid_tool = point == "drive.mid_snapshot" && interrupted.len() == 1;

@@ -30,6 +30,9 @@ const INSIDE_AGENT: &str = "/run/steadfast-agent";
 const INSIDE_HOME: &str = "/home/agent";
 /// The loopback port inside the sandbox that leads to the egress proxy.
 const PROXY_PORT: u16 = 3128;
+/// How long a sandbox that outlives its holder may live before the holder first
+/// renews its hold (counted from when its agent starts).
+const FIRST_HOLD: Duration = Duration::from_secs(5);
 /// How long the agent may take to come up.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -232,7 +235,7 @@ fn reap_abandoned() {
             .ok()
             .and_then(|p| p.trim().parse::<i32>().ok());
         let _ = std::fs::remove_file(&pid_path);
-        if let Some(pid) = pid.filter(|&pid| is_bwrap(pid)) {
+        if let Some(pid) = pid.filter(|&pid| is_sandbox(pid)) {
             kill_sandbox(pid);
         }
         let _ = std::fs::remove_dir_all(entry.path());
@@ -263,13 +266,26 @@ fn sandbox_pid(run: &Path) -> Option<i32> {
         .trim()
         .parse::<i32>()
         .ok()?;
-    is_bwrap(pid).then_some(pid)
+    is_sandbox(pid).then_some(pid)
 }
 
-/// Whether `pid` is a bubblewrap process (not a PID reused by something else).
-fn is_bwrap(pid: i32) -> bool {
-    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"bwrap"))
+/// Whether `pid` is a sandbox's outermost process — bubblewrap, or the keeper shell
+/// of one that outlives its holder — and not a PID reused by something else.
+fn is_sandbox(pid: i32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| c.starts_with(b"bwrap") || is_keeper(&c))
 }
+
+/// Whether a process's command line is a keeper shell's.
+fn is_keeper(cmdline: &[u8]) -> bool {
+    cmdline.starts_with(b"sh\0-c\0")
+        && cmdline
+            .windows(KEEPER.len())
+            .any(|w| w == KEEPER.as_bytes())
+}
+
+/// The name the keeper shell of a sandbox that outlives its holder runs under.
+const KEEPER: &str = "steadfast-sandbox-keeper";
 
 /// Kills every sandbox over the workspace `root` that runs for `session` under a lease
 /// epoch before `epoch`, in whichever process, alive or not (its holder lost the
@@ -366,13 +382,22 @@ fn adoptable(
     })
 }
 
-/// Kills the sandbox whose bubblewrap is `pid`: bubblewrap and the first process of
-/// its PID namespace (its child), so every process in the namespace goes too (the
-/// kernel kills them with it). One that outlives its holder has no `--die-with-parent`
-/// tying the namespace to bubblewrap, so both are killed.
+/// Kills the sandbox whose outermost process is `pid`, and returns the processes
+/// killed. For bubblewrap: it and the first process of its PID namespace (its
+/// child), so every process in the namespace goes too (the kernel kills them with it).
+/// For a keeper shell: the bubblewrap it waits for, and that one's child; the keeper
+/// then removes the sandbox's run directory and groups.
 fn kill_sandbox(pid: i32) -> Vec<i32> {
-    let mut doomed = children_of(pid);
-    doomed.push(pid);
+    let keeper = std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| is_keeper(&c));
+    let outer = match keeper {
+        true => children_of(pid),
+        false => vec![pid],
+    };
+    let mut doomed = Vec::new();
+    for bwrap in outer {
+        doomed.extend(children_of(bwrap));
+        doomed.push(bwrap);
+    }
     for &pid in &doomed {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
@@ -380,23 +405,6 @@ fn kill_sandbox(pid: i32) -> Vec<i32> {
         );
     }
     doomed
-}
-
-/// The bubblewrap process a keeper shell (PID `keeper`) has started.
-fn keepers_bwrap(keeper: u32) -> Result<u32> {
-    let start = Instant::now();
-    while start.elapsed() < START_TIMEOUT {
-        if let Some(pid) = children_of(keeper as i32)
-            .into_iter()
-            .find(|&p| is_bwrap(p))
-        {
-            return Ok(pid as u32);
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    Err(Error::Unavailable(
-        "bubblewrap did not start in time".into(),
-    ))
 }
 
 /// The processes whose parent is `pid`.
@@ -512,7 +520,9 @@ impl BwrapSandbox {
                 .map(|((session, epoch), hold)| agent::Tenure {
                     session: session.clone(),
                     epoch: *epoch,
-                    hold_ms: hold.remaining().as_millis() as u64,
+                    // Enough to start in: its holder renews the hold as soon as it
+                    // answers. One whose holder died while it started ends soon after.
+                    hold_ms: hold.remaining().min(FIRST_HOLD).as_millis() as u64,
                 }),
         };
         let config = serde_json::to_string(&config)
@@ -542,7 +552,7 @@ impl BwrapSandbox {
             cmd.args([
                 "-c",
                 r#"run=$1; n=$2; shift 2; groups=""; while [ "$n" -gt 0 ]; do groups="$groups $1"; shift; n=$((n-1)); done; "$@"; rm -rf "$run" "$run.pid" "$run.holds"; for g in $groups; do rmdir "$g" 2>/dev/null; done"#,
-                "steadfast-sandbox-keeper",
+                KEEPER,
             ]);
             cmd.arg(&run.0);
             let groups = cgroup.as_ref().map(Cgroup::dirs).unwrap_or_default();
@@ -579,13 +589,8 @@ impl BwrapSandbox {
                 None
             }
         };
-        let child = spawn_from_a_lasting_thread(cmd)
-            .map_err(|e| Error::Unavailable(format!("starting bwrap: {e}")))?;
-        let pid = match &tenure {
-            None => child.id(),
-            Some(_) => keepers_bwrap(child.id())?,
-        };
-        let _ = std::fs::write(pid_file(&run.0), pid.to_string());
+        // Whose it is, noted before it starts: a holder that dies while it starts
+        // leaves one the next holder finds.
         if let Some((session, epoch)) = &options.lease {
             Holds {
                 session: session.clone(),
@@ -595,6 +600,11 @@ impl BwrapSandbox {
             }
             .write(&run.0);
         }
+        let child = spawn_from_a_lasting_thread(cmd)
+            .map_err(|e| Error::Unavailable(format!("starting bwrap: {e}")))?;
+        // bubblewrap, or the keeper shell waiting for it.
+        let pid = child.id();
+        let _ = std::fs::write(pid_file(&run.0), pid.to_string());
         let mut sandbox = BwrapSandbox {
             root,
             socket: run.0.join("agent.sock"),
@@ -656,7 +666,9 @@ impl BwrapSandbox {
         })
     }
 
-    /// The host PID of the sandbox's outermost process (bubblewrap).
+    /// The host PID of the sandbox's outermost process: bubblewrap, or for one that
+    /// outlives its holder, the keeper shell waiting for it. Killing it ends the
+    /// sandbox.
     pub fn pid(&self) -> u32 {
         self.pid
     }
@@ -672,7 +684,7 @@ impl BwrapSandbox {
             Some(Ok(Some(status))) => Some(status.to_string()),
             Some(Ok(None)) => None,
             Some(Err(e)) => Some(e.to_string()),
-            None if is_bwrap(self.pid as i32) => None,
+            None if is_sandbox(self.pid as i32) => None,
             None => Some("exited".into()),
         }
     }
@@ -680,7 +692,7 @@ impl BwrapSandbox {
     /// Kills bubblewrap, and with it everything in the sandbox.
     fn kill(&self) {
         let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
-        if child.is_some() || is_bwrap(self.pid as i32) {
+        if child.is_some() || is_sandbox(self.pid as i32) {
             kill_sandbox(self.pid as i32);
         }
         if let Some(child) = child.as_mut() {
