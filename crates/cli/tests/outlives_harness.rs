@@ -13,8 +13,7 @@ mod common;
 use std::sync::atomic::Ordering;
 
 use common::{agents_dir, call, installed, kind, running, wait_for};
-use serde_json::{json, Value};
-use steadfast_testkit::{FakeProvider, Script};
+use serde_json::json;
 
 /// How the worker running the command goes.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -37,18 +36,11 @@ async fn a_crash_while_a_command_runs(agent: &str, world: Option<&str>, crash: C
     let command = format!(
         "sleep {sleep}; echo done >> f.txt; curl -sf -X POST -d go http://localhost:{port}/count; echo finished {sleep}"
     );
-    let fake = FakeProvider::start(
-        Script::from_json(
-            &json!({"steps": [
-                {"text": "Building.", "tool_calls": [{"name": "bash", "input": {"command": command}}]},
-                {"text": "Done."},
-            ]})
-            .to_string(),
-        )
-        .unwrap(),
-    )
-    .await
-    .unwrap();
+    let fake = common::fake_playing(json!([
+        {"text": "Building.", "tool_calls": [{"name": "bash", "input": {"command": command}}]},
+        {"text": "Done."},
+    ]))
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let config = format!(
         "[sandbox]\nbackend = \"bwrap\"\ninternal-hosts = [\"localhost:{port}\"]\n\
@@ -92,13 +84,7 @@ async fn a_crash_while_a_command_runs(agent: &str, world: Option<&str>, crash: C
     let (_next, shown) = common::next_worker_ends_turn(dir.path(), &fake, &url, &id).await;
     assert_eq!(shown["reply"], "Done.", "{label}: {shown}");
 
-    let log: Vec<Value> = common::log_lines(common::site_command(
-        dir.path(),
-        &agents_dir(),
-        &fake,
-        &["log", &id, "--json"],
-    ))
-    .await;
+    let log = common::site_log(dir.path(), &fake, &id).await;
     let kinds: Vec<String> = log.iter().map(kind).collect();
     let of = |kind_: &str| common::events_of(&log, kind_);
     let intents: Vec<_> = of("tool_call_intent")

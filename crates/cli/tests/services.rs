@@ -8,30 +8,22 @@ mod common;
 use std::time::Duration;
 
 use common::{agents_dir, call, installed, kind, wait_for};
-use serde_json::{json, Value};
-use steadfast_testkit::{FakeProvider, Script};
+use serde_json::json;
 
 const PROBE: &str = "curl -s localhost:8000/ | grep -o 'Directory listing' | head -n 1";
 
 async fn a_service_survives_the_harness_and_comes_back_with_the_sandbox(agent: &str, sleep: &str) {
     let label = agent;
-    let fake = FakeProvider::start(
-        Script::from_json(
-            &json!({"steps": [
-                {"text": "A server.", "tool_calls": [{"name": "service", "input": {
-                    "action": "start", "name": "web", "command": "python3 -m http.server 8000", "port": 8000}}]},
-                {"text": "Waiting.", "tool_calls": [{"name": "bash", "input": {"command": format!("{PROBE}; sleep {sleep}; echo slept")}}]},
-                {"text": "Still there?", "tool_calls": [{"name": "bash", "input": {"command": PROBE}}]},
-                {"text": "Served."},
-                {"text": "Again?", "tool_calls": [{"name": "bash", "input": {"command": PROBE}}]},
-                {"text": "Served again."},
-            ]})
-            .to_string(),
-        )
-        .unwrap(),
-    )
-    .await
-    .unwrap();
+    let fake = common::fake_playing(json!([
+        {"text": "A server.", "tool_calls": [{"name": "service", "input": {
+            "action": "start", "name": "web", "command": "python3 -m http.server 8000", "port": 8000}}]},
+        {"text": "Waiting.", "tool_calls": [{"name": "bash", "input": {"command": format!("{PROBE}; sleep {sleep}; echo slept")}}]},
+        {"text": "Still there?", "tool_calls": [{"name": "bash", "input": {"command": PROBE}}]},
+        {"text": "Served."},
+        {"text": "Again?", "tool_calls": [{"name": "bash", "input": {"command": PROBE}}]},
+        {"text": "Served again."},
+    ]))
+    .await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("steadfast.toml"),
@@ -71,26 +63,13 @@ async fn a_service_survives_the_harness_and_comes_back_with_the_sandbox(agent: &
     assert_eq!(listed["services"][0]["restarts"], 0, "{label}: {listed}");
 
     // The next turn gets a new sandbox: the service is started again in it.
-    let sent = reqwest::Client::new()
-        .post(format!("{url}/v1/sessions/{id}/messages"))
-        .header("accept", "application/json")
-        .json(&json!({"text": "again"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(sent.status(), 202, "{label}");
+    common::queue_message(&url, &id, "again").await;
     let shown = tokio::time::timeout(Duration::from_secs(120), common::idle_after(&url, &id, 2))
         .await
         .unwrap_or_else(|_| panic!("{label}: the second turn ended"));
     assert_eq!(shown["reply"], "Served again.", "{label}: {shown}");
 
-    let log: Vec<Value> = common::log_lines(common::site_command(
-        dir.path(),
-        &agents_dir(),
-        &fake,
-        &["log", &id, "--json"],
-    ))
-    .await;
+    let log = common::site_log(dir.path(), &fake, &id).await;
     let kinds: Vec<String> = log.iter().map(kind).collect();
     let of = |kind_: &str| common::events_of(&log, kind_);
     assert!(

@@ -247,6 +247,42 @@ pub async fn log_lines(mut log: tokio::process::Command) -> Vec<Value> {
         .collect()
 }
 
+/// The log of session `id` of the site in `dir` (see [`site_api`]).
+#[allow(dead_code)]
+pub async fn site_log(dir: &Path, fake: &steadfast_testkit::FakeProvider, id: &str) -> Vec<Value> {
+    log_lines(site_command(
+        dir,
+        &agents_dir(),
+        fake,
+        &["log", id, "--json"],
+    ))
+    .await
+}
+
+/// A fake provider playing `steps`, the script's steps as JSON.
+#[allow(dead_code)]
+pub async fn fake_playing(steps: Value) -> steadfast_testkit::FakeProvider {
+    let script =
+        steadfast_testkit::Script::from_json(&serde_json::json!({ "steps": steps }).to_string())
+            .unwrap();
+    steadfast_testkit::FakeProvider::start(script)
+        .await
+        .unwrap()
+}
+
+/// Queues `text` as a message to session `id` without reading its turn's stream (202).
+#[allow(dead_code)]
+pub async fn queue_message(url: &str, id: &str, text: &str) {
+    let sent = reqwest::Client::new()
+        .post(format!("{url}/v1/sessions/{id}/messages"))
+        .header("accept", "application/json")
+        .json(&serde_json::json!({ "text": text }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sent.status(), 202, "{id}");
+}
+
 /// Polls `check` every 50 ms for up to 30 s.
 pub async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
     for _ in 0..600 {
