@@ -1,8 +1,8 @@
 //! A wake that takes longer than the lease never runs two drivers at once. A worker on
 //! a new host takes a session over and must first hydrate its workspace from an S3
 //! bucket that answers slowly — far longer than the lease's time to live. The lease is
-//! renewed from the moment it is taken, so the worker's second slot (and any other
-//! worker) cannot take the session meanwhile: the turn is driven under one epoch and
+//! renewed from the moment it is taken, so the host's other worker (or any other)
+//! cannot take the session meanwhile: the turn is driven under one epoch and
 //! its model call is made once.
 
 mod common;
@@ -15,7 +15,7 @@ use common::{agents_dir, kind, TestDatabase};
 
 const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
 /// How long the slow bucket holds back each piece of each answer.
-const STALL: Duration = Duration::from_millis(700);
+const STALL: Duration = Duration::from_millis(1000);
 
 /// A TCP relay to `to` that holds back every piece of the server's answers by `stall`.
 async fn slow_relay(to: u16, stall: Duration) -> u16 {
@@ -120,8 +120,12 @@ async fn a_wake_longer_than_the_lease_never_runs_two_drivers_at_once() {
     first.start_kill().unwrap();
     first.wait().await.unwrap();
 
-    // A new host, with two slots, reaching the bucket only through the slow relay.
-    let _second = host("second", &slow, &["worker", "--workers", "2"])
+    // A new host, with two worker processes, reaching the bucket only through the
+    // slow relay.
+    let _second = host("second", &slow, &["worker", "--workers", "1"])
+        .spawn()
+        .unwrap();
+    let _third = host("second", &slow, &["worker", "--workers", "1"])
         .spawn()
         .unwrap();
     let queued = steadfast_world::now_ms();
@@ -147,6 +151,7 @@ async fn a_wake_longer_than_the_lease_never_runs_two_drivers_at_once() {
     // The test's premise: the wake (taking the message, after hydrating the
     // workspace) took longer than the lease (3 s).
     let taken = log[turn_two]["at_ms"].as_u64().unwrap();
+    eprintln!("the wake took {} ms", taken.saturating_sub(queued));
     assert!(
         taken.saturating_sub(queued) > 3_000,
         "the wake took {} ms, not longer than the lease: the bucket was not slow enough",
@@ -160,6 +165,15 @@ async fn a_wake_longer_than_the_lease_never_runs_two_drivers_at_once() {
         epochs.len(),
         1,
         "one driver drove the turn: {kinds:?} {epochs:?}"
+    );
+    // And it was the first to take the session after the last turn: no other holder
+    // took the lease while it woke (one whose taking was later fenced off leaves no
+    // record of its own, only the epoch it took).
+    let before = log[turn_two - 1]["epoch"].as_u64().unwrap();
+    assert_eq!(
+        epochs.first().copied(),
+        Some(before + 1),
+        "the lease was taken once between the turns: {kinds:?}"
     );
     assert_eq!(fake.calls(), 3, "each model call was made once: {kinds:?}");
     assert_eq!(fake.state().distinct_requests(), 3, "{kinds:?}");
