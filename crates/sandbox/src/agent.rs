@@ -379,13 +379,29 @@ async fn wait_for(rx: &mut tokio::sync::watch::Receiver<Option<ToolOutput>>) -> 
     }
 }
 
+/// Whether the peer of `stream` runs outside the sandbox. Its socket is in the run
+/// directory, which the sandbox's own processes see too; a request from one of them
+/// (a command that would renew its sandbox's hold past its lease, adopt it under an
+/// epoch of its own making, or run commands behind the journal's back) is refused.
+/// The kernel gives a peer's PID as this process sees it, and one in no namespace it
+/// can see, as the host's processes are, as 0.
+fn from_outside(stream: &UnixStream) -> bool {
+    stream
+        .peer_cred()
+        .is_ok_and(|cred| cred.pid().is_none_or(|pid| pid == 0))
+}
+
 async fn handle(stream: UnixStream, agent: std::sync::Arc<Agent>) -> std::io::Result<()> {
+    let outside = from_outside(&stream);
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::new(read);
     let mut line = String::new();
     read.read_line(&mut line).await?;
     let request = serde_json::from_str::<Request>(&line);
-    let refused = request.as_ref().ok().and_then(|r| agent.refusal(r));
+    let refused = match outside {
+        true => request.as_ref().ok().and_then(|r| agent.refusal(r)),
+        false => Some("requests come from outside the sandbox only".to_string()),
+    };
     let out = match request {
         Err(e) => ToolOutput::error(format!("bad request to the sandbox agent: {e}")),
         Ok(_) if refused.is_some() => ToolOutput::error(format!(

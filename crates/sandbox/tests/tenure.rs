@@ -189,3 +189,43 @@ fn alive(pid: u32) -> bool {
             .starts_with('Z')
     })
 }
+
+/// A command inside the sandbox reaches its agent's socket (it is in the run directory
+/// the sandbox shares) but is refused: it cannot renew its sandbox's hold past the
+/// lease, adopt it under an epoch of its own making, or run commands itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sandbox_s_own_commands_cannot_steer_its_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = format!("ses_inside_{}", std::process::id());
+    let sandbox =
+        BwrapSandbox::new(dir.path(), &options(&session, 3, Duration::from_secs(30))).unwrap();
+    let script = format!(
+        r#"import json, socket
+for tool, epoch in [("steadfast.adopt", 9), ("steadfast.hold", 3), ("bash", 3)]:
+    s = socket.socket(socket.AF_UNIX)
+    s.connect("/run/steadfast/agent.sock")
+    renewal = "999999\n" if tool == "steadfast.hold" else ""
+    s.sendall((json.dumps({{"tool": tool, "input": {{"command": "echo ran", "hold_ms": 999999}}, "lease": ["{session}", epoch]}}) + "\n" + renewal).encode())
+    print(tool, s.makefile().readline().strip())
+"#
+    );
+    let out = sandbox
+        .execute(
+            "bash",
+            &json!({ "command": format!("python3 -c '{script}'") }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        out.text.matches("outside the sandbox only").count(),
+        3,
+        "{out:?}"
+    );
+    assert!(!out.text.contains("\"ran"), "{out:?}");
+    // Its holder is still its holder.
+    let own = sandbox
+        .execute("bash", &json!({"command": "echo still"}))
+        .await
+        .unwrap();
+    assert_eq!(own.text.trim(), "still", "{own:?}");
+}
