@@ -235,6 +235,9 @@ pub struct SandboxConfig {
     pub network: Option<String>,
     /// Stop a session's sandbox after this many idle seconds (0: never).
     pub idle_stop_secs: Option<u64>,
+    /// Keep a sandbox whose session runs services this many seconds without a tool
+    /// call (default 1800): services count as activity up to it.
+    pub service_idle_secs: Option<u64>,
     /// Address space per command process, MiB.
     pub memory_mb: Option<u64>,
     /// Processes at once per sandbox.
@@ -630,6 +633,9 @@ impl Config {
             .sandbox
             .read_only_paths
             .extend(s.read_only_paths.iter().cloned());
+        if let Some(secs) = s.service_idle_secs {
+            options.service_idle_stop = Duration::from_secs(secs);
+        }
         if let Some(secs) = s.idle_stop_secs {
             options.sandbox_idle_stop = (secs > 0).then(|| Duration::from_secs(secs));
         }

@@ -184,6 +184,42 @@ async fn an_idle_sandbox_is_stopped_and_the_next_one_hydrated_from_the_drive() {
     );
 }
 
+#[tokio::test]
+async fn a_running_service_keeps_its_sandbox_past_the_idle_stop() {
+    // As above, the second reply streams slowly and the sandbox idles meanwhile; but
+    // the session runs a service, which counts as activity: the sandbox is kept, and
+    // the next command finds the server it started still answering.
+    let start = json!({"text": "A server.", "tool_calls": [{"name": "service", "input": {
+        "action": "start", "name": "web", "command": "python3 -m http.server 8001", "port": 8001}}]});
+    let slow = json!({"text": "thinking ".repeat(20), "chunk_delay_ms": 60,
+        "tool_calls": [{"name": "bash", "input": {"command": "curl -s localhost:8001/ | grep -o 'Directory listing' | head -n 1"}}]});
+    let setup = Setup::new(json!([start, slow, {"text": "done"}])).await;
+    let harness = setup.harness(Duration::ZERO, true, |o| {
+        o.sandbox_idle_stop = Some(Duration::from_millis(200));
+        o.service_idle_stop = Duration::from_secs(120);
+        o.prewarm_sandbox = false;
+    });
+    let id = harness
+        .start_session(NewSession::native("fake/m", &setup.ws()).with_task("go"))
+        .await
+        .unwrap();
+    let mut driver = harness.wake_native(&id).await.unwrap();
+    assert_eq!(driver.run().await.unwrap(), Stop::Idle);
+    assert_eq!(setup.seen.provisions.load(Ordering::SeqCst), 1, "kept");
+    let log = harness.world().read(&id, 1).await.unwrap();
+    let kinds: Vec<&str> = log.iter().map(|r| r.event.kind()).collect();
+    assert!(!kinds.contains(&"services_restarted"), "{kinds:?}");
+    let outputs: Vec<String> = log
+        .iter()
+        .filter_map(|r| match &r.event {
+            steadfast_log::Event::ToolCallOutcome { output, .. } => Some(output.for_model()),
+            _ => None,
+        })
+        .collect();
+    let answered = outputs.iter().any(|o| o.contains("Directory listing"));
+    assert!(answered, "the server answered: {outputs:?}");
+}
+
 /// The bwrap process of a sandbox, found by the pid the provisioner saw.
 async fn wait_for_sandbox(seen: &Seen, n: usize) -> u32 {
     for _ in 0..500 {

@@ -49,6 +49,10 @@ pub struct HarnessOptions {
     /// Stop a session's sandbox after this long without a tool call (`None`: keep it
     /// while the driver lives).
     pub sandbox_idle_stop: Option<Duration>,
+    /// How long a sandbox whose session runs services is kept without a tool call:
+    /// its services count as activity up to this (see
+    /// [`steadfast_journal::SandboxSlot::keeping_services`]).
+    pub service_idle_stop: Duration,
     /// The longest a workspace snapshot may take. One that takes longer fails the call
     /// it belongs to (resolved by invariant 4 on the next wake) instead of holding the
     /// session's lease for ever.
@@ -135,6 +139,7 @@ impl HarnessOptions {
             checkpoint_every: CHECKPOINT_EVERY,
             prices: Default::default(),
             sandbox_idle_stop: Some(Duration::from_secs(300)),
+            service_idle_stop: Duration::from_secs(1800),
             snapshot_timeout: Duration::from_secs(600),
             prewarm_sandbox: true,
             reconcilers: vec![Arc::new(steadfast_sandbox::reconcile::GitPush)],
@@ -702,7 +707,8 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             make,
             self.drive.clone(),
             self.options.sandbox_idle_stop,
-        );
+        )
+        .keeping_services(self.options.service_idle_stop);
         let journal = Journal::new(
             live,
             self.drive.clone(),

@@ -216,6 +216,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
         last_snapshot: Arc<StdMutex<Option<String>>>,
     ) -> Self {
         let recorded = live.with(|s| s.wrapped_tools.len().saturating_sub(s.turn_start.tools));
+        sandbox.runs_services(live.with(|s| !s.services.is_empty()));
         Journal {
             live,
             drive,
@@ -1210,6 +1211,8 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
         if snapshot_after.is_some() {
             *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = snapshot_after;
         }
+        self.sandbox
+            .runs_services(self.live.with(|s| !s.services.is_empty()));
         drop(_writer);
         if !staged {
             point(points::TOOL_OUTCOME);

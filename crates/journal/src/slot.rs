@@ -22,6 +22,26 @@ struct Live<S> {
     last_used: Instant,
 }
 
+/// Whether the session runs services, and how long a sandbox running them is kept
+/// without a tool call (ms; 0: no longer than any other).
+#[derive(Default)]
+struct ServiceKeep {
+    running: std::sync::atomic::AtomicBool,
+    keep_ms: std::sync::atomic::AtomicU64,
+}
+
+impl ServiceKeep {
+    /// How long a sandbox may idle before it is stopped, given `idle`, the stop for
+    /// one running no service.
+    fn idle_limit(&self, idle: Duration) -> Duration {
+        use std::sync::atomic::Ordering::Relaxed;
+        match self.running.load(Relaxed) {
+            true => idle.max(Duration::from_millis(self.keep_ms.load(Relaxed))),
+            false => idle,
+        }
+    }
+}
+
 /// Holds at most one sandbox for a session's driver: the native loop's and a wrapped
 /// CLI's tools share this one holder.
 pub struct SandboxSlot<S> {
@@ -34,6 +54,8 @@ pub struct SandboxSlot<S> {
     /// Set when a sandbox was started anew (not adopted): the session's services are
     /// to be started again in it (see [`Self::take_fresh`]).
     fresh: Arc<std::sync::atomic::AtomicBool>,
+    /// How the idle stop treats services (see [`Self::keeping_services`]).
+    services: Arc<ServiceKeep>,
     reaper: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -55,8 +77,10 @@ impl<S: Sandbox> SandboxSlot<S> {
         idle_stop: Option<Duration>,
     ) -> Self {
         let live: Arc<Mutex<Option<Live<S>>>> = Arc::new(Mutex::new(None));
+        let services = Arc::new(ServiceKeep::default());
         let reaper = idle_stop.map(|idle| {
             let live = live.clone();
+            let services = services.clone();
             tokio::spawn(async move {
                 let tick = (idle / 4).max(Duration::from_millis(10));
                 loop {
@@ -65,11 +89,13 @@ impl<S: Sandbox> SandboxSlot<S> {
                     let Ok(mut guard) = live.try_lock() else {
                         continue;
                     };
+                    // Services running count as activity, up to their own limit.
+                    let limit = services.idle_limit(idle);
                     let stale = guard.as_ref().is_some_and(|l| {
-                        l.last_used.elapsed() >= idle && Arc::strong_count(&l.sandbox) == 1
+                        l.last_used.elapsed() >= limit && Arc::strong_count(&l.sandbox) == 1
                     });
                     if stale {
-                        tracing::info!("sandbox idle for {idle:?}: stopping it");
+                        tracing::info!("sandbox idle for {limit:?}: stopping it");
                         guard.take();
                     }
                 }
@@ -82,6 +108,7 @@ impl<S: Sandbox> SandboxSlot<S> {
             live,
             hydrate_to: Arc::new(StdMutex::new(None)),
             fresh: Arc::default(),
+            services,
             reaper,
         }
     }
@@ -155,6 +182,25 @@ impl<S: Sandbox> SandboxSlot<S> {
         Ok(sandbox)
     }
 
+    /// Keeps a sandbox whose session runs services for up to `limit` without a tool
+    /// call (its services count as activity until then), where the idle stop would
+    /// stop it sooner: a dev server the agent started is not stopped, and started
+    /// again, each time the model thinks for a while.
+    pub fn keeping_services(self, limit: Duration) -> Self {
+        self.services.keep_ms.store(
+            limit.as_millis() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self
+    }
+
+    /// Says whether the session runs services now (the log's word).
+    pub fn runs_services(&self, running: bool) {
+        self.services
+            .running
+            .store(running, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Whether a sandbox was started anew (not adopted) since this was last asked:
     /// then the session's services are to be started again in it.
     pub fn take_fresh(&self) -> bool {
@@ -208,6 +254,7 @@ impl<S: Sandbox> SandboxSlot<S> {
             live: self.live.clone(),
             hydrate_to: self.hydrate_to.clone(),
             fresh: self.fresh.clone(),
+            services: self.services.clone(),
             reaper: None,
         }
     }
