@@ -165,6 +165,18 @@ pub(crate) fn kill_strays() {
     }
 }
 
+/// Points the agent's output at `log`, its log as the sandbox sees it. The harness
+/// opened it on the host, and an open file shows its path to the sandbox's processes
+/// (`/proc/<agent>/fd`): the host's run directory, which they have no business
+/// knowing.
+fn log_from_inside(log: &Path) {
+    let Ok(file) = std::fs::OpenOptions::new().append(true).open(log) else {
+        return;
+    };
+    let _ = nix::unistd::dup2_stdout(&file);
+    let _ = nix::unistd::dup2_stderr(&file);
+}
+
 /// Runs the agent with `args` (after the program name): one JSON [`AgentConfig`].
 /// Returns the process exit code.
 pub fn main(args: impl IntoIterator<Item = String>) -> i32 {
@@ -180,6 +192,7 @@ pub fn main(args: impl IntoIterator<Item = String>) -> i32 {
         }
     };
     let _ = IN_SANDBOX.set(());
+    log_from_inside(&config.listen.with_file_name("agent.log"));
     if config.lifeline {
         std::thread::spawn(|| {
             let mut buf = [0u8; 64];

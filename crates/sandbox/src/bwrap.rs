@@ -223,7 +223,7 @@ fn reap_abandoned() {
         if outliving && sandbox_pid(&entry.path()).is_some() {
             continue;
         }
-        if name.ends_with(".pid") || name.ends_with(".holds") {
+        if name.ends_with(".pid") || name.ends_with(".holds") || name.ends_with(".args") {
             // Its run directory is gone already.
             if !entry.path().with_extension("").exists() {
                 let _ = std::fs::remove_file(entry.path());
@@ -256,7 +256,14 @@ impl Drop for RunDir {
         let _ = std::fs::remove_dir_all(&self.0);
         let _ = std::fs::remove_file(pid_file(&self.0));
         let _ = std::fs::remove_file(tenure::holds_file(&self.0));
+        let _ = std::fs::remove_file(args_file(&self.0));
     }
+}
+
+/// Where bubblewrap's options for run directory `run` are written (beside it, where
+/// the sandbox cannot see them).
+fn args_file(run: &Path) -> PathBuf {
+    run.with_extension("args")
 }
 
 /// The PID of run directory `run`'s sandbox, if it still runs.
@@ -551,7 +558,7 @@ impl BwrapSandbox {
             // holder long gone, leaves nothing behind.
             cmd.args([
                 "-c",
-                r#"run=$1; n=$2; shift 2; groups=""; while [ "$n" -gt 0 ]; do groups="$groups $1"; shift; n=$((n-1)); done; "$@"; rm -rf "$run" "$run.pid" "$run.holds"; for g in $groups; do rmdir "$g" 2>/dev/null; done"#,
+                r#"run=$1; n=$2; shift 2; groups=""; while [ "$n" -gt 0 ]; do groups="$groups $1"; shift; n=$((n-1)); done; "$@"; rm -rf "$run" "$run.pid" "$run.holds" "$run.args"; for g in $groups; do rmdir "$g" 2>/dev/null; done"#,
                 KEEPER,
             ]);
             cmd.arg(&run.0);
@@ -559,17 +566,34 @@ impl BwrapSandbox {
             cmd.arg(groups.len().to_string()).args(groups);
             cmd.arg("sh");
         }
+        // bubblewrap reads its options from a file beside the run directory (on fd
+        // 3), not from its command line: the sandbox's first process is a copy of
+        // bubblewrap, and its `/proc/1/cmdline` would show the sandbox every host path
+        // the options name (the run directory, the workspace's host path, the agent
+        // program, mounted toolchains). The file goes once the agent answers.
+        let options_file = args_file(&run.0);
+        let mut listed = Vec::new();
+        for arg in bwrap_args(&root, &inside, &run.0, &program, options, &env) {
+            listed.extend_from_slice(arg.as_bytes());
+            listed.push(0);
+        }
+        std::fs::write(&options_file, listed)
+            .map_err(|e| Error::Unavailable(format!("bubblewrap's options: {e}")))?;
+        cmd.args(["-c", r#"exec 3<"$0"; exec "$@""#])
+            .arg(&options_file);
         match &cgroup {
-            Some(group) => cmd.args(group.joining_shell()).arg("bwrap"),
-            None => cmd.args(["-c", r#"exec "$@""#, "steadfast-sandbox", "bwrap"]),
+            Some(group) => cmd.arg("sh").args(group.joining_shell()).arg("bwrap"),
+            None => cmd.arg("bwrap"),
         };
-        cmd.args(bwrap_args(&root, &inside, &run.0, &program, options, &env))
-            .arg("--")
+        cmd.args(["--args", "3", "--"])
             .arg(INSIDE_AGENT)
             .args(leading)
             .arg(config)
             .env_clear()
             .envs(std::env::var_os("PATH").map(|p| ("PATH", p)))
+            // Not the harness's own directory: the shells would hand it to bubblewrap
+            // as `PWD`, which its first process, in the sandbox, keeps.
+            .current_dir("/")
             .stdout(log)
             .stderr(log2);
         // The sandbox lives while this end of its lifeline is open (see
@@ -619,7 +643,9 @@ impl BwrapSandbox {
             _lifeline: lifeline,
             run,
         };
-        sandbox.wait_ready()?;
+        let ready = sandbox.wait_ready();
+        let _ = std::fs::remove_file(args_file(&sandbox.run.0));
+        ready?;
         if let Some((lease, hold)) = tenure {
             sandbox._holding = Some(
                 Holding::start(&sandbox.socket, lease, hold)

@@ -523,6 +523,30 @@ EOF"#
     );
 }
 
+/// A workspace shown at a path of its own keeps the host's paths out of the sandbox:
+/// no process there names the host directory, the run directory or the agent program
+/// on its command line or in its environment.
+#[tokio::test]
+async fn no_host_path_shows_in_the_sandboxes_processes() {
+    let f = Fixture::new();
+    let opts = SandboxOptions {
+        mount_at: Some(PathBuf::from("/workspace")),
+        ..options()
+    };
+    let sandbox = BwrapSandbox::new(&f.ws(), &opts).unwrap();
+    let out = bash(
+        &sandbox,
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; tr '\\0' ' ' < $p/environ; echo; done",
+    )
+    .await;
+    assert!(out.text.contains("/run/steadfast-agent"), "{}", out.text);
+    let host = f.dir.path().to_string_lossy().into_owned();
+    let agent = env!("CARGO_BIN_EXE_steadfast-sandbox-agent");
+    for hidden in [host.as_str(), "steadfast-sbx-", agent] {
+        assert!(!out.text.contains(hidden), "{hidden} shows: {}", out.text);
+    }
+}
+
 #[tokio::test]
 async fn host_secrets_are_hidden_and_commands_are_not_root() {
     let f = Fixture::new();
