@@ -23,7 +23,6 @@
 //! once and its outcome is recorded whole by the next.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -110,8 +109,7 @@ impl Request {
     }
 }
 
-/// Where the sandbox's run directory (shared with the host) is, inside it.
-pub(crate) const INSIDE_RUN_DIR: &str = "/run/steadfast";
+pub(crate) use crate::inside::{kill_strays, INSIDE_RUN_DIR};
 
 /// The request that kills the command running now (it is served at once, not after
 /// the command it stops).
@@ -129,41 +127,6 @@ pub(crate) const RELEASE: &str = "steadfast.release";
 const PROXY_WAIT: Duration = Duration::from_secs(15);
 /// How many finished calls' outputs are kept for a holder that has yet to attach.
 const KEPT_CALLS: usize = 32;
-
-static IN_SANDBOX: OnceLock<()> = OnceLock::new();
-
-/// Whether this process is a sandbox's agent.
-pub(crate) fn in_sandbox() -> bool {
-    IN_SANDBOX.get().is_some()
-}
-
-/// Kills every process of the sandbox but the agent and the namespace's init, so a
-/// command cannot leave anything running (even in a new session or process group).
-/// Does nothing outside the agent.
-pub(crate) fn kill_strays() {
-    if IN_SANDBOX.get().is_none() {
-        return;
-    }
-    let me = std::process::id();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    // The session's services (and what they started in their groups) run on.
-    let spared = crate::tools::service_groups();
-    for entry in dir.filter_map(Result::ok) {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let group = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid as i32)))
-            .map_or(0, |g| g.as_raw());
-        if pid != 1 && pid != me && !spared.contains(&group) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-    }
-}
 
 /// Points the agent's output at `log`, its log as the sandbox sees it. The harness
 /// opened it on the host, and an open file shows its path to the sandbox's processes
@@ -191,7 +154,7 @@ pub fn main(args: impl IntoIterator<Item = String>) -> i32 {
             return 2;
         }
     };
-    let _ = IN_SANDBOX.set(());
+    crate::inside::enter();
     log_from_inside(&config.listen.with_file_name("agent.log"));
     if config.lifeline {
         std::thread::spawn(|| {

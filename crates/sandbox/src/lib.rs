@@ -15,6 +15,7 @@ mod cgroup;
 mod classify;
 pub mod egress;
 mod env;
+mod inside;
 mod local;
 mod orphans;
 pub mod outbound;

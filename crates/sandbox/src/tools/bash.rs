@@ -90,7 +90,7 @@ async fn watch_quota(root: std::path::PathBuf, quota: u64, pgid: Pid, flag: Arc<
         if used > ceiling {
             flag.store(true, Ordering::SeqCst);
             let _ = killpg(pgid, Signal::SIGKILL);
-            crate::agent::kill_strays();
+            crate::inside::kill_strays();
             return;
         }
         tokio::time::sleep(QUOTA_POLL.max(started.elapsed() * 5)).await;
@@ -184,7 +184,7 @@ pub(crate) async fn run(ctx: &Context<'_>, input: &Value) -> ToolOutput {
                     if process_count().saturating_sub(baseline) > max as usize {
                         flag.store(true, Ordering::SeqCst);
                         let _ = killpg(pgid, Signal::SIGKILL);
-                        crate::agent::kill_strays();
+                        crate::inside::kill_strays();
                         return;
                     }
                 }
@@ -227,7 +227,7 @@ pub(crate) async fn run(ctx: &Context<'_>, input: &Value) -> ToolOutput {
     drop(guard); // the group goes, so the pipe closes even if a background job held it
                  // Inside a sandbox, so does everything else a command started (even in a session
                  // of its own, which the group kill misses and which would hold the pipe open).
-    crate::agent::kill_strays();
+    crate::inside::kill_strays();
     drop(recorded);
     let (kept, total) = collector.await.unwrap_or_default();
     let mut text = String::from_utf8_lossy(&kept).into_owned();

@@ -6,8 +6,6 @@ mod open;
 mod search;
 mod service;
 
-pub(crate) use service::groups as service_groups;
-
 use std::path::Path;
 
 use serde::Serialize;

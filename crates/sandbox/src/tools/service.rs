@@ -42,14 +42,9 @@ fn services() -> std::sync::MutexGuard<'static, BTreeMap<String, Service>> {
     SERVICES.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The process groups of the services (spared when a command's leftovers are killed).
-pub(crate) fn groups() -> Vec<i32> {
-    services().values().map(|s| s.child.id() as i32).collect()
-}
-
 /// Where service logs go: the sandbox's run directory, outside the workspace.
 fn log_dir() -> PathBuf {
-    PathBuf::from(crate::agent::INSIDE_RUN_DIR).join("services")
+    PathBuf::from(crate::inside::INSIDE_RUN_DIR).join("services")
 }
 
 fn valid_name(name: &str) -> bool {
@@ -62,7 +57,7 @@ fn valid_name(name: &str) -> bool {
 /// Runs the `service` tool: `start` (with `name`, `command`, optional `port`), `stop`,
 /// `logs` (of `name`) and `status` (of all).
 pub(crate) async fn run(ctx: &Context<'_>, input: &Value) -> ToolOutput {
-    if !crate::agent::in_sandbox() {
+    if !crate::inside::in_sandbox() {
         // Its registry is the process's: only a sandbox's agent, one per session, keeps one.
         return ToolOutput::error(
             "service: services run only in an isolating sandbox (the bwrap backend); \
@@ -133,6 +128,7 @@ async fn start(ctx: &Context<'_>, name: &str, input: &Value) -> Result<String, S
         .process_group(0);
     let child = cmd.spawn().map_err(|e| format!("service `{name}`: {e}"))?;
     let pid = child.id();
+    crate::inside::spare(pid as i32, true);
     services().insert(
         name.to_string(),
         Service {
@@ -146,7 +142,7 @@ async fn start(ctx: &Context<'_>, name: &str, input: &Value) -> Result<String, S
     tokio::time::sleep(SETTLE).await;
     if let Some(code) = exited(name) {
         let tail = tail(&log);
-        services().remove(name);
+        forget(name);
         return Err(format!(
             "service `{name}` exited at once ({code}); its output:\n{tail}"
         ));
@@ -156,7 +152,7 @@ async fn start(ctx: &Context<'_>, name: &str, input: &Value) -> Result<String, S
         while !listening().contains(&port) {
             if let Some(code) = exited(name) {
                 let tail = tail(&log);
-                services().remove(name);
+                forget(name);
                 return Err(format!(
                     "service `{name}` exited ({code}) before listening on {port}; its output:\n{tail}"
                 ));
@@ -183,6 +179,7 @@ fn stop(name: &str) -> Result<String, String> {
         return Err(format!("no service `{name}` runs"));
     };
     let group = nix::unistd::Pid::from_raw(service.child.id() as i32);
+    crate::inside::spare(group.as_raw(), false);
     let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
     let _ = service.child.wait();
     Ok(format!("service `{name}` stopped"))
@@ -229,7 +226,20 @@ fn status() -> String {
 
 /// Drops the services that have exited.
 fn reap(all: &mut BTreeMap<String, Service>) {
-    all.retain(|_, s| matches!(s.child.try_wait(), Ok(None)));
+    all.retain(|_, s| {
+        let running = matches!(s.child.try_wait(), Ok(None));
+        if !running {
+            crate::inside::spare(s.child.id() as i32, false);
+        }
+        running
+    });
+}
+
+/// Drops service `name`, which has exited.
+fn forget(name: &str) {
+    if let Some(service) = services().remove(name) {
+        crate::inside::spare(service.child.id() as i32, false);
+    }
 }
 
 /// How service `name` exited, if it has.
