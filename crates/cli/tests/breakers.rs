@@ -40,8 +40,10 @@ async fn a_token_limit_escalates_shows_in_the_log_and_a_raised_limit_resumes() {
             &ws_arg,
             "--model",
             model,
+            // Passed after the edit of stats.py (the fourth reply), not before: every
+            // request carries the tools' specs, so a tool more moves this.
             "--max-tokens",
-            "3000",
+            "4000",
             "--json",
         ],
     )
