@@ -48,7 +48,7 @@ pub fn tool_specs() -> Vec<ToolSpec> {
         },
         ToolSpec {
             name: "service",
-            description: "Run a long-lived process for the session — a dev server, a database, a watcher — that keeps running after this call, across turns and restarts (a bash command's own processes end with it). action start (name, command, optional port to wait for), stop (name), logs (name) or status. Services are started again when the session's sandbox is.",
+            description: "Long-lived processes (dev server, database, watcher) that outlive the call: start (name, command, port to wait for), stop, logs, status.",
             input_schema: service::spec_schema(),
         },
         ToolSpec {
