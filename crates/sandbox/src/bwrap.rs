@@ -223,7 +223,8 @@ fn reap_abandoned() {
         if outliving && sandbox_pid(&entry.path()).is_some() {
             continue;
         }
-        if name.ends_with(".pid") || name.ends_with(".holds") || name.ends_with(".args") {
+        let beside = [".pid", ".holds", ".holds-new", ".args"];
+        if beside.iter().any(|suffix| name.ends_with(suffix)) {
             // Its run directory is gone already.
             if !entry.path().with_extension("").exists() {
                 let _ = std::fs::remove_file(entry.path());
@@ -558,7 +559,7 @@ impl BwrapSandbox {
             // holder long gone, leaves nothing behind.
             cmd.args([
                 "-c",
-                r#"run=$1; n=$2; shift 2; groups=""; while [ "$n" -gt 0 ]; do groups="$groups $1"; shift; n=$((n-1)); done; "$@"; rm -rf "$run" "$run.pid" "$run.holds" "$run.args"; for g in $groups; do rmdir "$g" 2>/dev/null; done"#,
+                r#"run=$1; n=$2; shift 2; groups=""; while [ "$n" -gt 0 ]; do groups="$groups $1"; shift; n=$((n-1)); done; "$@"; rm -rf "$run" "$run.pid" "$run.holds" "$run.holds-new" "$run.args"; for g in $groups; do rmdir "$g" 2>/dev/null; done"#,
                 KEEPER,
             ]);
             cmd.arg(&run.0);

@@ -74,6 +74,8 @@ impl Holds {
             if self.outlives { "outlives" } else { "dies" }
         );
         let path = holds_file(run);
+        // Beside it too, so that a process killed between the two steps leaves
+        // nothing the reaper does not know.
         let tmp = path.with_extension("holds-new");
         if std::fs::write(&tmp, text).is_ok() {
             let _ = std::fs::rename(&tmp, &path);
