@@ -11,9 +11,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use common::{agents_dir, kind, TestDatabase};
+use common::{kind, TestDatabase};
 
-const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
 /// How long the slow bucket holds back each piece of each answer.
 const STALL: Duration = Duration::from_millis(1000);
 
@@ -69,32 +68,20 @@ async fn a_wake_longer_than_the_lease_never_runs_two_drivers_at_once() {
         "[harness]\nlease-ttl-secs = 3\n",
     )
     .unwrap();
+    // A machine of its own for each name (its home, its host identity); the world
+    // and the bucket are all they share.
     let host = |name: &str, s3: &str, args: &[&str]| {
-        let mut cmd = tokio::process::Command::new(BIN);
-        cmd.args(args)
-            .env("STEADFAST_HOME", dir.path().join(name))
-            .env("STEADFAST_HOST_ID", name)
+        let mut cmd = common::service(&dir.path().join(name), &fake, args);
+        cmd.env("STEADFAST_HOST_ID", name)
             .env("STEADFAST_WORLD", &db.url)
+            .env("STEADFAST_MIGRATE", "true")
             .env("STEADFAST_BLOBS", "s3://slow/steadfast")
             .env("AWS_ENDPOINT", s3)
             .env("AWS_ALLOW_HTTP", "true")
             .env("AWS_ACCESS_KEY_ID", "test")
             .env("AWS_SECRET_ACCESS_KEY", "test")
             .env("AWS_REGION", "us-east-1")
-            .env("STEADFAST_AGENTS_DIR", agents_dir())
-            .env("ANTHROPIC_API_KEY", "test-key")
-            .env("ANTHROPIC_BASE_URL", fake.base_url())
-            .env("STEADFAST_MODEL", "anthropic/claude-sonnet-4-5")
-            .env("STEADFAST_CONFIG", dir.path().join("steadfast.toml"))
-            .env("STEADFAST_MIGRATE", "true")
-            .env_remove("STEADFAST_FAULT")
-            .env_remove("STEADFAST_WORKSPACE_ROOT")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(steadfast_testkit::service_log::stderr(env!(
-                "CARGO_TARGET_TMPDIR"
-            )))
-            .kill_on_drop(true);
+            .env("STEADFAST_CONFIG", dir.path().join("steadfast.toml"));
         cmd
     };
     let mut api = host(
