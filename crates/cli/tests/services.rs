@@ -51,6 +51,17 @@ async fn a_service_survives_the_harness_and_comes_back_with_the_sandbox(agent: &
     let (_next, shown) = common::next_worker_ends_turn(dir.path(), &fake, &url, &id).await;
     assert_eq!(shown["reply"], "Served.", "{label}: {shown}");
 
+    let (status, missing) = call(
+        reqwest::Method::GET,
+        &format!("{url}/v1/sessions/ses_nothing/services"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 404, "{label}: {missing}");
+    assert!(
+        missing["error"]["message"].is_string(),
+        "{label}: {missing}"
+    );
     let (status, listed) = call(
         reqwest::Method::GET,
         &format!("{url}/v1/sessions/{id}/services"),

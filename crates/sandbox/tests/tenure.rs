@@ -229,3 +229,54 @@ for tool, epoch in [("steadfast.adopt", 9), ("steadfast.hold", 3), ("bash", 3)]:
         .unwrap();
     assert_eq!(own.text.trim(), "still", "{own:?}");
 }
+
+/// The service tool refuses bad input with an error naming what is wrong, and starts
+/// nothing for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_tool_refuses_bad_input_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = format!("ses_bad_service_{}", std::process::id());
+    let sandbox =
+        BwrapSandbox::new(dir.path(), &options(&session, 1, Duration::from_secs(30))).unwrap();
+    let cases = [
+        (
+            json!({"action": "start", "name": "../x", "command": "sleep 9"}),
+            "`name`",
+        ),
+        (json!({"action": "start", "name": "web"}), "`command`"),
+        (
+            json!({"action": "start", "name": "web", "command": "sleep 9", "port": 70000}),
+            "port 70000",
+        ),
+        (
+            json!({"action": "launch", "name": "web"}),
+            "unknown action `launch`",
+        ),
+        (
+            json!({"action": "stop", "name": "nothing"}),
+            "no service `nothing`",
+        ),
+        (
+            json!({"action": "start", "name": "gone", "command": "exit 3"}),
+            "exited at once",
+        ),
+        (json!("not an object"), "must be a JSON object"),
+    ];
+    for (input, says) in cases {
+        let out = sandbox.execute("service", &input).await.unwrap();
+        assert!(out.is_error && out.text.contains(says), "{input}: {out:?}");
+    }
+    let started = json!({"action": "start", "name": "web", "command": "sleep 9.31"});
+    assert!(!sandbox.execute("service", &started).await.unwrap().is_error);
+    let again = sandbox.execute("service", &started).await.unwrap();
+    assert!(
+        again.is_error && again.text.contains("running already"),
+        "{again:?}"
+    );
+    let status = sandbox
+        .execute("service", &json!({"action": "status"}))
+        .await
+        .unwrap();
+    assert!(status.text.contains("web: running"), "{status:?}");
+    assert!(!status.text.contains("gone"), "{status:?}");
+}
