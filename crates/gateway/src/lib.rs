@@ -19,6 +19,7 @@
 mod deltas;
 pub mod history;
 pub mod normalize;
+mod output_limit;
 mod relay;
 mod usage;
 
@@ -32,7 +33,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use serde_json::{json, Value};
-use steadfast_journal::exchange::{Asked, Begun, Exchanges, Refusal};
+use steadfast_journal::exchange::{Asked, Begun, Billed, Exchanges, Refusal};
 use steadfast_world::World;
 
 /// The largest request body accepted (Claude Code sends about 100 KB; long sessions
@@ -380,15 +381,26 @@ async fn handle<W: World + Clone>(
         body,
     };
     let (opener, gate) = steadfast_model::gate();
+    let billed = (api != Api::AnthropicCountTokens).then(|| Billed {
+        bytes: outgoing.body.len(),
+        max_output: output_limit::asked(api, &request),
+    });
     let asked = Asked {
         api: api.name(),
         fingerprint: normalize::fingerprint_of(api.name(), &normalized),
         request: &normalized,
         stream,
+        billed,
     };
     let begun = shared
         .exchanges
-        .begin(asked, || outgoing.start(&shared.http, &gate))
+        .begin(asked, |lowered| {
+            let mut outgoing = outgoing;
+            if let Some(tokens) = lowered {
+                outgoing.body = output_limit::lowered(api, &request, tokens);
+            }
+            outgoing.start(&shared.http, &gate)
+        })
         .await;
     let begun = match begun {
         Ok(begun) => begun,

@@ -35,6 +35,11 @@ struct Setup {
 
 impl Setup {
     async fn new(steps: Value) -> Self {
+        Self::capped(steps, None).await
+    }
+
+    /// A session whose spend is capped at `cap` millionths of a dollar, if any.
+    async fn capped(steps: Value, cap: Option<u64>) -> Self {
         let script: Script = serde_json::from_value(json!({ "steps": steps })).unwrap();
         let fake = FakeProvider::start(script).await.unwrap();
         let dir = tempfile::tempdir().unwrap();
@@ -65,10 +70,13 @@ impl Setup {
                         &dir.path().join("ws").display().to_string(),
                     );
                     if let Event::SessionStarted {
-                        initial_snapshot, ..
+                        initial_snapshot,
+                        limits,
+                        ..
                     } = &mut start
                     {
                         *initial_snapshot = Some(snapshot.clone());
+                        limits.max_cost_micro_usd = cap;
                     }
                     start
                 }],
@@ -187,6 +195,50 @@ async fn exchanges(setup: &Setup) -> Vec<steadfast_log::Exchange> {
     fold(&setup.world.read("s1", 1).await.unwrap())
         .unwrap()
         .exchanges
+}
+
+#[tokio::test]
+async fn a_request_is_fitted_to_the_spend_cap_and_one_that_would_cross_it_is_never_made() {
+    // claude-sonnet-4-5 costs 3 and 15 micro-USD a token. A request's worst case counts
+    // each byte as a token written to the cache (3.75) plus 1,024 unseen tokens, and
+    // each output token asked for: the cap leaves room for 2,000 output tokens of the
+    // first request, not its 8,192.
+    let mut first = messages_request("cap", "one", false);
+    first["max_tokens"] = json!(8192);
+    let bytes = serde_json::to_vec(&first).unwrap().len() as u64;
+    let cap = ((bytes + 1024) as f64 * 3.75).ceil() as u64 + 2000 * 15 + 7;
+    let setup = Setup::capped(json!([{"text": "one"}, {"text": "two"}]), Some(cap)).await;
+    let (url, gateway, _task) = setup.run().await;
+    let (status, body) = post(&format!("{url}/v1/messages"), TOKEN, &first).await;
+    assert_eq!(status, 200, "{body}");
+    let sent: Value = serde_json::from_str(&setup.fake.state().requests()[0]).unwrap();
+    assert_eq!(
+        sent["max_tokens"], 2000,
+        "lowered to what the cap leaves room for"
+    );
+    assert_eq!(sent["messages"], first["messages"], "nothing else changed");
+
+    // A long second request leaves no room for a reply: refused before the provider
+    // sees it, and the session escalates with the reason.
+    let second = messages_request("cap", &"x".repeat(20_000), false);
+    let (status, body) = post(&format!("{url}/v1/messages"), TOKEN, &second).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("spend cap reached"), "{body}");
+    assert_eq!(
+        setup.fake.calls(),
+        1,
+        "the call that could cross the cap is not made"
+    );
+    let (breaker, reason) = gateway.exchanges().escalation().expect("escalated");
+    assert_eq!(breaker, steadfast_log::Breaker::Cost);
+    assert!(reason.contains("could cost up to"), "{reason}");
+    let state = fold(&setup.world.read("s1", 1).await.unwrap()).unwrap();
+    assert!(
+        state.cost_micro_usd > 0 && state.cost_micro_usd <= cap,
+        "{} of {cap}",
+        state.cost_micro_usd
+    );
+    assert_eq!(exchanges(&setup).await.len(), 1);
 }
 
 #[tokio::test]

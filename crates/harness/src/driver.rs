@@ -445,19 +445,18 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 Ok(None)
             }
             Next::CallModel { step } => {
-                let tools = self.tools();
-                let prepared = {
-                    let state = self.live.lock();
-                    let head = RequestHead {
-                        model: &state.model.model,
-                        system: &state.system,
-                        tools: &tools,
-                        max_tokens: self.harness.options.max_tokens,
-                    };
-                    self.requests
-                        .prepare(&self.model, head, &state.conversation)
-                };
+                let asked = self.harness.options.max_tokens;
+                let prepared = self.prepare_call(asked);
                 if !self.make_room(prepared.canonical_bytes).await? {
+                    let Some(max_tokens) = self.fit_to_spend(prepared.body_len(), asked).await?
+                    else {
+                        return Ok(None);
+                    };
+                    let prepared = if max_tokens == asked {
+                        prepared
+                    } else {
+                        self.prepare_call(max_tokens)
+                    };
                     if let Some((call, class)) = self.call_model(step, prepared).await? {
                         let batch = self.runs_at_once(Some((call.clone(), class)));
                         if batch.len() > 1 {
@@ -509,6 +508,38 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         }])
         .await?;
         Ok(true)
+    }
+
+    /// The next model call's request, asking for at most `max_tokens` of output.
+    fn prepare_call(&mut self, max_tokens: u32) -> Prepared {
+        let tools = self.tools();
+        let state = self.live.lock();
+        let head = RequestHead {
+            model: &state.model.model,
+            system: &state.system,
+            tools: &tools,
+            max_tokens,
+        };
+        self.requests
+            .prepare(&self.model, head, &state.conversation)
+    }
+
+    /// The output limit a model call of `request_bytes` asking for `asked` tokens is
+    /// made with under the session's spend cap (lowered if need be), or `None` once
+    /// the session is escalated instead: the call that would cross the cap is never
+    /// made (see `steadfast_journal::spend`).
+    async fn fit_to_spend(&mut self, request_bytes: usize, asked: u32) -> Result<Option<u32>> {
+        let prices = &self.harness.options.prices;
+        let fitted = self
+            .live
+            .with(|s| steadfast_journal::spend::fit(s, prices, request_bytes, Some(asked)));
+        match fitted {
+            Ok(lowered) => Ok(Some(lowered.unwrap_or(asked))),
+            Err((breaker, reason)) => {
+                self.journal.escalate(breaker, reason).await?;
+                Ok(None)
+            }
+        }
     }
 
     /// The next request, owning its parts (for compaction; calls are built with
@@ -811,9 +842,21 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         tracing::info!(session = %self.lease.session, tokens_before, upto, "compacting the conversation");
         // Sent while its intent commits, its last byte held until then, as every
         // model call is (see `call_model_in`).
-        let asked = summary_request(request, upto);
+        let mut asked = summary_request(request, upto);
         let prepared =
             RequestBuilder::default().prepare(&self.model, asked.head(), &asked.messages);
+        let Some(max_tokens) = self
+            .fit_to_spend(prepared.body_len(), asked.max_tokens)
+            .await?
+        else {
+            return Ok(());
+        };
+        let prepared = if max_tokens == asked.max_tokens {
+            prepared
+        } else {
+            asked.max_tokens = max_tokens;
+            RequestBuilder::default().prepare(&self.model, asked.head(), &asked.messages)
+        };
         let intent = Event::CompactionIntent {
             call_id: call_id.clone(),
             upto,

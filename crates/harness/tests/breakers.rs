@@ -96,7 +96,11 @@ async fn a_spend_cap_escalates_and_a_raised_cap_resumes() {
         (breaker, reason.contains("spend cap")),
         (Breaker::Cost, true)
     );
-    assert_eq!(setup.fake.calls(), 1);
+    assert_eq!(
+        setup.fake.calls(),
+        0,
+        "a call that could cross the cap is not made"
+    );
 
     assert_eq!(
         resume(&harness, &id, json!({"max_cost_usd": 10.0})).await,
@@ -105,6 +109,53 @@ async fn a_spend_cap_escalates_and_a_raised_cap_resumes() {
     assert_eq!(setup.fake.calls(), 2);
     let state = harness.state(&id).await.unwrap();
     assert_eq!(state.limits.max_cost_micro_usd, Some(10_000_000));
+}
+
+#[tokio::test]
+async fn a_spend_cap_is_never_crossed_calls_near_it_are_lowered_to_fit() {
+    // Forty steps a turn at claude-sonnet's price could spend far past the cap; each
+    // call is made only if its worst case fits in what is left, its output limit
+    // lowered to fit near the end, and the session escalates before the one that
+    // would not fit, having spent no more than the cap.
+    let ticks: Vec<_> = (0..40)
+        .map(|i| bash(&format!("echo {i} >> n.txt")))
+        .collect();
+    let setup = Setup::new(json!(ticks)).await;
+    let harness = setup.harness();
+    let cap = 200_000;
+    let limits = Limits {
+        max_cost_micro_usd: Some(cap),
+        ..Limits::default()
+    };
+    let id = start(&harness, &setup, "anthropic/claude-sonnet-4-5", limits).await;
+    assert_eq!(run(&harness, &id).await, escalated());
+    let (breaker, reason, _) = escalation(&harness, &id).await;
+    assert_eq!(breaker, Breaker::Cost);
+    assert!(reason.contains("could cost up to"), "{reason}");
+    let state = harness.state(&id).await.unwrap();
+    assert!(
+        state.cost_micro_usd <= cap,
+        "spent {} of {cap}",
+        state.cost_micro_usd
+    );
+    let asked: Vec<u64> = setup
+        .fake
+        .state()
+        .requests()
+        .iter()
+        .map(|r| {
+            serde_json::from_str::<serde_json::Value>(r).unwrap()["max_tokens"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert!(asked.len() > 2 && asked.len() < 40, "{asked:?}");
+    assert_eq!(asked[0], 8192, "far from the cap, as configured");
+    let last = *asked.last().unwrap();
+    assert!(
+        (1024..8192).contains(&last),
+        "near the cap, lowered but not below a useful reply: {asked:?}"
+    );
 }
 
 #[tokio::test]

@@ -146,6 +146,18 @@ pub struct Asked<'a> {
     pub fingerprint: String,
     /// Whether the reply streams.
     pub stream: bool,
+    /// What the request may cost, `None` for one the provider does not bill (a token
+    /// count).
+    pub billed: Option<Billed>,
+}
+
+/// What a billed request's worst case is counted from.
+#[derive(Debug, Clone, Copy)]
+pub struct Billed {
+    /// The length of the body the provider is sent.
+    pub bytes: usize,
+    /// The most output tokens the request asks for (`None`: it sets no limit).
+    pub max_output: Option<u32>,
 }
 
 /// Where a request went.
@@ -243,10 +255,12 @@ impl<W: World + Clone> Exchanges<W> {
     /// request is sent by `start`, under a gate the caller opens once this returns
     /// [`Begun::Live`]: it goes out while the intent is appended, all but its last
     /// byte, so a failed append means the provider never had the whole request.
+    /// `start` is given the output limit the request must be sent with instead of its
+    /// own when the session's spend cap leaves room for less (see [`crate::spend`]).
     pub async fn begin<F: Future + Unpin>(
         &self,
         asked: Asked<'_>,
-        start: impl FnOnce() -> F,
+        start: impl FnOnce(Option<u32>) -> F,
     ) -> Result<Begun<F>, Refusal> {
         let mut pass = self.pass.lock().await;
         let plan = self.plan(&pass, &asked.fingerprint);
@@ -279,7 +293,12 @@ impl<W: World + Clone> Exchanges<W> {
             }
             // Recorded but cut off before its reply: ask again, in its place (it was
             // admitted when it was first asked).
-            Plan::Reask(index) => return self.record_intent(&mut pass, index, asked, start).await,
+            Plan::Reask(index) => {
+                let output = self.fit_to_spend(&asked)?;
+                return self
+                    .record_intent(&mut pass, index, asked, || start(output))
+                    .await;
+            }
             Plan::Diverge(at, snapshot) => {
                 self.diverge(at, snapshot).await?;
                 at
@@ -287,12 +306,30 @@ impl<W: World + Clone> Exchanges<W> {
             Plan::New(index) => index,
         };
         if let Some(hit) = self.bound_hit(index) {
-            let message = hit.1.clone();
-            *self.escalation.lock().unwrap_or_else(|e| e.into_inner()) = Some(hit);
-            self.escalated.send_replace(true);
-            return Err(Refusal::Bound(message));
+            return Err(self.escalate(hit));
         }
-        self.record_intent(&mut pass, index, asked, start).await
+        let output = self.fit_to_spend(&asked)?;
+        self.record_intent(&mut pass, index, asked, || start(output))
+            .await
+    }
+
+    /// The output limit `asked` is sent with under the session's spend cap (`None`: its
+    /// own), or the escalation that refuses it.
+    fn fit_to_spend(&self, asked: &Asked<'_>) -> Result<Option<u32>, Refusal> {
+        let Some(billed) = asked.billed else {
+            return Ok(None);
+        };
+        self.live
+            .with(|s| crate::spend::fit(s, &self.prices, billed.bytes, billed.max_output))
+            .map_err(|hit| self.escalate(hit))
+    }
+
+    /// Notes that a request was refused for crossing a bound, so the session escalates.
+    fn escalate(&self, hit: (Breaker, String)) -> Refusal {
+        let message = hit.1.clone();
+        *self.escalation.lock().unwrap_or_else(|e| e.into_inner()) = Some(hit);
+        self.escalated.send_replace(true);
+        Refusal::Bound(message)
     }
 
     /// Records a reply read to its end as its exchange's outcome; returns what it

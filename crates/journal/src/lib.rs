@@ -22,6 +22,7 @@ pub mod git;
 pub mod kept;
 pub mod remote;
 pub mod slot;
+pub mod spend;
 
 pub use calls::{denied_by_policy, resolve_cut_off, HeldBack, Hosted, Journal, Ran};
 pub use slot::{MakeSandbox, SandboxSlot};

@@ -957,6 +957,14 @@ impl SessionState {
         None
     }
 
+    /// What is left of the session's spend cap, in millionths of a dollar (`None`: no
+    /// cap). A model call is made only if its worst case fits in it.
+    pub fn spend_left(&self) -> Option<u64> {
+        self.limits
+            .max_cost_micro_usd
+            .map(|max| max.saturating_sub(self.cost_micro_usd))
+    }
+
     /// The session-wide bound (money, tokens, turns, wall clock) hit at `now_ms`, if
     /// any: what a wrapped agent's gateway checks before each model call.
     pub fn bound_hit(&self, now_ms: u64) -> Option<(Breaker, String)> {

@@ -41,6 +41,14 @@ pub struct Prepared {
     pub canonical_bytes: usize,
 }
 
+impl Prepared {
+    /// The length of the body sent, what a call's worst-case cost is counted from
+    /// (see [`crate::pricing::output_room`]).
+    pub fn body_len(&self) -> usize {
+        self.body.len()
+    }
+}
+
 /// One settled message: what the next request reuses.
 #[derive(Debug)]
 struct Settled {

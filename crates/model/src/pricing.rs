@@ -67,12 +67,7 @@ pub fn cost_micro_usd(model: &str, usage: &Usage) -> u64 {
 
 /// [`cost_micro_usd`] with `table` consulted first.
 pub fn cost_with(table: &PriceTable, model: &str, usage: &Usage) -> u64 {
-    let custom = table
-        .iter()
-        .filter(|(prefix, _)| model.starts_with(prefix.as_str()))
-        .max_by_key(|(prefix, _)| prefix.len())
-        .map(|(_, p)| *p);
-    let Some((input, output)) = custom.or_else(|| price(model)) else {
+    let Some((input, output)) = price_with(table, model) else {
         return 0;
     };
     // USD per million tokens is exactly micro-USD per token.
@@ -81,6 +76,84 @@ pub fn cost_with(table: &PriceTable, model: &str, usage: &Usage) -> u64 {
         + usage.cache_read_tokens as f64 * input * 0.1
         + usage.cache_write_tokens as f64 * input * 1.25;
     micro.round() as u64
+}
+
+/// Tokens a provider may add to a request beyond what its bytes say (a tool-use
+/// preamble), counted into every call's worst case.
+const UNSEEN_INPUT_TOKENS: u64 = 1024;
+
+/// The fewest output tokens a call is lowered to before the session escalates instead:
+/// a reply cut shorter is rarely worth its input.
+pub const MIN_OUTPUT_TOKENS: u32 = 1024;
+
+/// How much a model call may be asked to write so that its worst case fits in what is
+/// left of a spend cap: a cap is a bound, so the call that would cross it is never made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputRoom {
+    /// The call fits as asked.
+    AsAsked,
+    /// It fits with at most this many output tokens.
+    AtMost(u32),
+    /// Not even [`MIN_OUTPUT_TOKENS`] fit: the session escalates before the call.
+    Over {
+        /// The least the call could cost at worst (its input, and the fewest output
+        /// tokens it would be made with), in millionths of a dollar.
+        worst_case_micro_usd: u64,
+    },
+}
+
+/// The [`OutputRoom`] of a call to `model` whose request is `request_bytes` long and
+/// asks for at most `asked` output tokens (`None`: no limit asked), with
+/// `left_micro_usd` of the cap left.
+///
+/// The worst case counts every byte of the request as a token (no tokenizer makes a
+/// token of less than a byte), every input token as a cache write (the dearest input)
+/// and every output token asked for. It overstates a typical call about fourfold on
+/// input, which only matters near the cap, and it holds without knowing the tokenizer.
+/// An unpriced model has no worst case: bounds on one are refused when set.
+pub fn output_room(
+    table: &PriceTable,
+    model: &str,
+    left_micro_usd: u64,
+    request_bytes: usize,
+    asked: Option<u32>,
+) -> OutputRoom {
+    let Some((input, output)) = price_with(table, model) else {
+        return OutputRoom::AsAsked;
+    };
+    let input_worst = (request_bytes as u64 + UNSEEN_INPUT_TOKENS) as f64 * input * 1.25;
+    let cost_of = |tokens: u32| (input_worst + f64::from(tokens) * output).ceil() as u64;
+    if let Some(asked) = asked {
+        if cost_of(asked) <= left_micro_usd {
+            return OutputRoom::AsAsked;
+        }
+    }
+    let floor = asked.map_or(MIN_OUTPUT_TOKENS, |a| a.min(MIN_OUTPUT_TOKENS));
+    let spare = left_micro_usd as f64 - input_worst;
+    let fits = if output > 0.0 {
+        (spare / output).floor().clamp(0.0, f64::from(u32::MAX)) as u32
+    } else if spare >= 0.0 {
+        u32::MAX
+    } else {
+        0
+    };
+    let fits = asked.map_or(fits, |a| fits.min(a));
+    if spare < 0.0 || fits < floor {
+        return OutputRoom::Over {
+            worst_case_micro_usd: cost_of(floor),
+        };
+    }
+    OutputRoom::AtMost(fits)
+}
+
+/// The price of `model`, `table` consulted first.
+fn price_with(table: &PriceTable, model: &str) -> Option<(f64, f64)> {
+    table
+        .iter()
+        .filter(|(prefix, _)| model.starts_with(prefix.as_str()))
+        .max_by_key(|(prefix, _)| prefix.len())
+        .map(|(_, p)| *p)
+        .or_else(|| price(model))
 }
 
 #[cfg(test)]
@@ -127,6 +200,55 @@ mod tests {
         assert!(
             is_priced(&PriceTable::new(), "fake", "m"),
             "the fake provider is free"
+        );
+    }
+
+    #[test]
+    fn a_call_is_lowered_to_fit_what_is_left_or_not_made() {
+        // claude-sonnet: 3 and 15 micro-USD a token. 10,000 request bytes (and the unseen
+        // preamble) cost at most (10,000 + 1,024) * 3 * 1.25 = 41,340 micro-USD of input.
+        let table = PriceTable::new();
+        let room = |left, asked| output_room(&table, "claude-sonnet-4-5", left, 10_000, asked);
+        assert_eq!(room(41_340 + 8192 * 15, Some(8192)), OutputRoom::AsAsked);
+        assert_eq!(
+            room(41_340 + 8191 * 15, Some(8192)),
+            OutputRoom::AtMost(8191)
+        );
+        assert_eq!(
+            room(41_340 + 2000 * 15 + 14, Some(8192)),
+            OutputRoom::AtMost(2000)
+        );
+        assert_eq!(
+            room(41_340 + 1023 * 15, Some(8192)),
+            OutputRoom::Over {
+                worst_case_micro_usd: 41_340 + 1024 * 15
+            },
+            "fewer than the least a call is made with"
+        );
+        assert!(matches!(room(40_000, Some(10)), OutputRoom::Over { .. }));
+        assert_eq!(room(41_340 + 500 * 15, Some(500)), OutputRoom::AsAsked);
+        // No limit asked: one is set from what is left.
+        assert_eq!(room(41_340 + 3000 * 15, None), OutputRoom::AtMost(3000));
+        // What the lowered call costs at worst is within what was left.
+        if let OutputRoom::AtMost(n) = room(1_000_000, Some(1_000_000)) {
+            let usage = Usage {
+                cache_write_tokens: 11_024,
+                output_tokens: u64::from(n),
+                ..Usage::default()
+            };
+            assert!(cost_micro_usd("claude-sonnet-4-5", &usage) <= 1_000_000);
+        } else {
+            panic!("a million micro-USD leaves room");
+        }
+        // Free and unpriced models are never held back.
+        assert_eq!(
+            output_room(&table, "house-model", 0, 10_000, Some(8192)),
+            OutputRoom::AsAsked
+        );
+        let free = PriceTable::from([("m".to_string(), (0.0, 0.0))]);
+        assert_eq!(
+            output_room(&free, "m", 0, 10_000, Some(8192)),
+            OutputRoom::AsAsked
         );
     }
 }

@@ -292,6 +292,53 @@ fn is_keeper(cmdline: &[u8]) -> bool {
             .any(|w| w == KEEPER.as_bytes())
 }
 
+/// Where bubblewrap's output goes (its errors at start, and the agent's before the agent
+/// takes over its log): a file in memory, not on the host. The sandbox's first process
+/// keeps it open for the sandbox's whole life, and a file on the host would show its
+/// host path in that process's `/proc/1/fd` and take writes past the workspace quota.
+/// Sealed once the agent answers, so nothing in the sandbox can grow it.
+#[derive(Debug)]
+struct StartOutput(std::fs::File);
+
+impl StartOutput {
+    fn new() -> Result<Self> {
+        use nix::sys::memfd::{memfd_create, MFdFlags};
+        memfd_create(
+            c"steadfast-sandbox-start",
+            MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+        )
+        .map(|fd| StartOutput(fd.into()))
+        .map_err(|e| Error::Unavailable(format!("sandbox start output: {e}")))
+    }
+
+    /// Another descriptor of it, for a child's standard output or error.
+    fn writer(&self) -> Result<std::fs::File> {
+        self.0
+            .try_clone()
+            .map_err(|e| Error::Unavailable(format!("sandbox start output: {e}")))
+    }
+
+    /// No more writes, and no growth: what was said while starting is kept as it is.
+    fn seal(&self) {
+        use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+        let seals = SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_WRITE | SealFlag::F_SEAL_SEAL;
+        if let Err(e) = fcntl(&self.0, FcntlArg::F_ADD_SEALS(seals)) {
+            tracing::warn!("sealing the sandbox's start output: {e}");
+        }
+    }
+
+    /// What it holds (at most its last 64 KiB).
+    fn text(&self) -> String {
+        use std::os::unix::fs::FileExt as _;
+        let len = self.0.metadata().map_or(0, |m| m.len());
+        let from = len.saturating_sub(64 << 10);
+        let mut buf = vec![0; (len - from) as usize];
+        let read = self.0.read_at(&mut buf, from).unwrap_or(0);
+        buf.truncate(read);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
 /// The name the keeper shell of a sandbox that outlives its holder runs under.
 const KEEPER: &str = "steadfast-sandbox-keeper";
 
@@ -456,6 +503,8 @@ pub struct BwrapSandbox {
     tenure: Option<(String, u64)>,
     /// The calls whose commands it kept from before this holder adopted it.
     kept: Vec<String>,
+    /// What bubblewrap said while starting it, when this holder started it.
+    said: Option<StartOutput>,
     /// Renews the hold on a sandbox that outlives its holder.
     _holding: Option<Holding>,
     _proxy: Option<EgressProxy>,
@@ -544,11 +593,10 @@ impl BwrapSandbox {
             }
             node_through_proxy(&run.0, &mut env)?;
         }
-        let log = std::fs::File::create(run.0.join("agent.log"))
+        // The agent's log, which it takes over from inside once it starts.
+        std::fs::File::create(run.0.join("agent.log"))
             .map_err(|e| Error::Unavailable(format!("agent log: {e}")))?;
-        let log2 = log
-            .try_clone()
-            .map_err(|e| Error::Unavailable(format!("agent log: {e}")))?;
+        let said = StartOutput::new()?;
         // bubblewrap starts inside the sandbox's control groups (through a shell that
         // joins them and then becomes bubblewrap), so everything it starts is in them.
         let cgroup = sandbox_cgroup(&run.0, &options.limits);
@@ -595,8 +643,8 @@ impl BwrapSandbox {
             // Not the harness's own directory: the shells would hand it to bubblewrap
             // as `PWD`, which its first process, in the sandbox, keeps.
             .current_dir("/")
-            .stdout(log)
-            .stderr(log2);
+            .stdout(said.writer()?)
+            .stderr(said.writer()?);
         // The sandbox lives while this end of its lifeline is open (see
         // `AgentConfig::lifeline`); both ends are close-on-exec, so no other child
         // holds it. One that outlives its holder has none, and a process group of its
@@ -638,6 +686,7 @@ impl BwrapSandbox {
             options: options.clone(),
             tenure: tenure.as_ref().map(|(lease, _)| lease.clone()),
             kept: Vec::new(),
+            said: Some(said),
             _holding: None,
             _proxy: proxy,
             cgroup,
@@ -647,6 +696,9 @@ impl BwrapSandbox {
         let ready = sandbox.wait_ready();
         let _ = std::fs::remove_file(args_file(&sandbox.run.0));
         ready?;
+        if let Some(said) = &sandbox.said {
+            said.seal();
+        }
         if let Some((lease, hold)) = tenure {
             sandbox._holding = Some(
                 Holding::start(&sandbox.socket, lease, hold)
@@ -685,6 +737,7 @@ impl BwrapSandbox {
             options: options.clone(),
             tenure: Some(lease),
             kept,
+            said: None,
             _holding: holding,
             _proxy: proxy,
             _lifeline: None,
@@ -727,6 +780,17 @@ impl BwrapSandbox {
         }
     }
 
+    /// What the sandbox said: bubblewrap's output while starting, then its agent's log.
+    fn said_while_starting(&self) -> String {
+        let started = self
+            .said
+            .as_ref()
+            .map(StartOutput::text)
+            .unwrap_or_default();
+        let log = std::fs::read_to_string(self.run.0.join("agent.log")).unwrap_or_default();
+        format!("{}\n{}", started.trim(), log.trim())
+    }
+
     fn wait_ready(&self) -> Result<()> {
         let start = Instant::now();
         loop {
@@ -734,7 +798,7 @@ impl BwrapSandbox {
                 return Ok(());
             }
             if let Some(status) = self.exit_status() {
-                let log = std::fs::read_to_string(self.run.0.join("agent.log")).unwrap_or_default();
+                let log = self.said_while_starting();
                 return Err(Error::Unavailable(format!(
                     "the sandbox exited while starting ({status}): {}",
                     log.trim()
@@ -1005,7 +1069,7 @@ impl BwrapSandbox {
                 // Make sure it is gone: a half-dead sandbox is never used again.
                 self.kill();
                 let status = self.exit_status();
-                let log = std::fs::read_to_string(self.run.0.join("agent.log")).unwrap_or_default();
+                let log = self.said_while_starting();
                 let log = log.trim();
                 let log = &log[log.len().saturating_sub(400)..];
                 Err(Error::Died(match status {

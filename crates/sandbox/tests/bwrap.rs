@@ -536,9 +536,15 @@ async fn no_host_path_shows_in_the_sandboxes_processes() {
     let sandbox = BwrapSandbox::new(&f.ws(), &opts).unwrap();
     let out = bash(
         &sandbox,
-        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; tr '\\0' ' ' < $p/environ; echo; done",
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; tr '\\0' ' ' < $p/environ; echo; \
+         for f in $p/fd/* $p/cwd $p/exe; do readlink $f; done; done",
     )
     .await;
+    assert!(
+        out.text.contains("/memfd:"),
+        "the first process's output: {}",
+        out.text
+    );
     assert!(out.text.contains("/run/steadfast-agent"), "{}", out.text);
     let host = f.dir.path().to_string_lossy().into_owned();
     let agent = env!("CARGO_BIN_EXE_steadfast-sandbox-agent");

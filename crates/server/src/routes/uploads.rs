@@ -80,8 +80,16 @@ pub(crate) async fn create<W: World + Clone>(
             ),
         )
     };
-    // Read up to the limit (a client still sending past it would see its connection
-    // cut, not the 413).
+    // A body declared too large is refused before any of it is read; one that only turns
+    // out too large is read up to the limit (a client still sending past it then sees
+    // its connection cut, not the 413).
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > state.max_upload as u64) {
+        return Err(too_large());
+    }
     let body = axum::body::to_bytes(body, state.max_upload)
         .await
         .map_err(|e| {

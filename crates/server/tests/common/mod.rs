@@ -14,7 +14,8 @@ use steadfast_testkit::{FakeProvider, Script};
 pub struct Server {
     pub _dir: tempfile::TempDir,
     pub url: String,
-    _fake: FakeProvider,
+    /// The model provider the server calls (tests count its calls).
+    pub fake: FakeProvider,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -110,7 +111,7 @@ pub async fn server_with(
     Server {
         _dir: dir,
         url,
-        _fake: fake,
+        fake,
         tasks,
     }
 }
