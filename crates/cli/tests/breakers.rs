@@ -2,8 +2,11 @@
 //! why with the diff, and `steadfast signal ... resume` with a raised bound lets
 //! `steadfast resume` finish the task.
 
+mod common;
+
 use std::process::Output;
 
+use serde_json::Value;
 use steadfast_testkit::{demo, FakeProvider};
 
 const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
@@ -98,4 +101,97 @@ async fn a_token_limit_escalates_shows_in_the_log_and_a_raised_limit_resumes() {
     assert!(std::fs::read_to_string(ws.join("CHANGELOG.md"))
         .unwrap()
         .contains("off-by-one"));
+}
+
+/// `steadfast run` of the demo task by a wrapped `agent` on `model`, with a spend cap.
+async fn wrapped_run(
+    agent: &str,
+    model: &str,
+    cap_usd: f64,
+) -> (Output, FakeProvider, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    demo::write_project(&ws).unwrap();
+    let fake = FakeProvider::start(demo::script()).await.unwrap();
+    let out = tokio::process::Command::new(BIN)
+        .args([
+            "run",
+            demo::TASK,
+            "--agent",
+            agent,
+            "--model",
+            model,
+            "--json",
+        ])
+        .args(["--workspace", &ws.display().to_string()])
+        .args(["--max-cost-usd", &cap_usd.to_string()])
+        .current_dir(dir.path())
+        .env("STEADFAST_HOME", dir.path().join("home"))
+        .env("STEADFAST_AGENTS_DIR", common::agents_dir())
+        .env("ANTHROPIC_API_KEY", "test-key")
+        .env("ANTHROPIC_BASE_URL", fake.base_url())
+        .env("OPENAI_API_KEY", "test-key")
+        .env("OPENAI_BASE_URL", format!("{}/v1", fake.base_url()))
+        .env_remove("STEADFAST_MODEL")
+        .env_remove("STEADFAST_FAULT")
+        .output()
+        .await
+        .unwrap();
+    (out, fake, dir)
+}
+
+/// The requests of the agent's own loop (those offering tools), as sent to the provider.
+fn loop_requests(fake: &FakeProvider) -> Vec<Value> {
+    fake.state()
+        .requests()
+        .iter()
+        .filter_map(|r| serde_json::from_str::<Value>(r).ok())
+        .filter(|r| r.get("tools").is_some())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_wrapped_cli_s_calls_are_fitted_to_the_spend_cap_and_never_cross_it() {
+    // Each CLI at its price: the field it limits its reply with, if any.
+    for (agent, model, (input, output), field) in [
+        (
+            "claude-code",
+            "anthropic/claude-sonnet-4-5",
+            (3.0, 15.0),
+            "max_tokens",
+        ),
+        ("codex", "openai/gpt-5", (1.25, 10.0), "max_output_tokens"),
+    ] {
+        common::installed(agent).await;
+        // A run with room to spare shows what the CLI's first request weighs.
+        let (out, fake, _dir) = wrapped_run(agent, model, 100.0).await;
+        assert!(out.status.success(), "{agent}: {}", common::stderr(&out));
+        let first = loop_requests(&fake).remove(0);
+        let bytes = first.to_string().len() as f64;
+        // A cap with room for that request's worst case (each byte a token written to
+        // the cache, 1,024 unseen tokens) and 3,000 output tokens.
+        let cap = ((bytes + 1024.0) * input * 1.25 + 3000.0 * output) / 1e6;
+        let (out, fake, _dir) = wrapped_run(agent, model, cap).await;
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{agent}: {}",
+            common::stderr(&out)
+        );
+        let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(result["escalated_by"], "cost", "{agent}: {result}");
+        let sent = loop_requests(&fake);
+        let limit = sent[0][field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{agent}: {}", sent[0]));
+        assert!(
+            (2000..4000).contains(&limit),
+            "{agent}: the first call lowered to what the cap leaves room for: {limit}"
+        );
+        let spent = result["cost_usd"].as_f64().unwrap();
+        assert!(
+            spent > 0.0 && spent <= cap,
+            "{agent}: spent {spent} of {cap}"
+        );
+    }
 }

@@ -86,6 +86,11 @@ const UNSEEN_INPUT_TOKENS: u64 = 1024;
 /// a reply cut shorter is rarely worth its input.
 pub const MIN_OUTPUT_TOKENS: u32 = 1024;
 
+/// The output a request that sets no limit is counted as asking for: the most today's
+/// models write in one reply. Lowering such a request sets a limit under it, which every
+/// model accepts.
+const UNASKED_OUTPUT_TOKENS: u32 = 128_000;
+
 /// How much a model call may be asked to write so that its worst case fits in what is
 /// left of a spend cap: a cap is a bound, so the call that would cross it is never made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +109,8 @@ pub enum OutputRoom {
 
 /// The [`OutputRoom`] of a call to `model` whose request is `request_bytes` long and
 /// asks for at most `asked` output tokens (`None`: no limit asked), with
-/// `left_micro_usd` of the cap left.
+/// `left_micro_usd` of the cap left. A request that asks for no limit is counted as
+/// asking for the most today's models write (128,000 tokens).
 ///
 /// The worst case counts every byte of the request as a token (no tokenizer makes a
 /// token of less than a byte), every input token as a cache write (the dearest input)
@@ -123,12 +129,11 @@ pub fn output_room(
     };
     let input_worst = (request_bytes as u64 + UNSEEN_INPUT_TOKENS) as f64 * input * 1.25;
     let cost_of = |tokens: u32| (input_worst + f64::from(tokens) * output).ceil() as u64;
-    if let Some(asked) = asked {
-        if cost_of(asked) <= left_micro_usd {
-            return OutputRoom::AsAsked;
-        }
+    let asked = asked.unwrap_or(UNASKED_OUTPUT_TOKENS);
+    if cost_of(asked) <= left_micro_usd {
+        return OutputRoom::AsAsked;
     }
-    let floor = asked.map_or(MIN_OUTPUT_TOKENS, |a| a.min(MIN_OUTPUT_TOKENS));
+    let floor = asked.min(MIN_OUTPUT_TOKENS);
     let spare = left_micro_usd as f64 - input_worst;
     let fits = if output > 0.0 {
         (spare / output).floor().clamp(0.0, f64::from(u32::MAX)) as u32
@@ -137,7 +142,7 @@ pub fn output_room(
     } else {
         0
     };
-    let fits = asked.map_or(fits, |a| fits.min(a));
+    let fits = fits.min(asked);
     if spare < 0.0 || fits < floor {
         return OutputRoom::Over {
             worst_case_micro_usd: cost_of(floor),
@@ -227,8 +232,14 @@ mod tests {
         );
         assert!(matches!(room(40_000, Some(10)), OutputRoom::Over { .. }));
         assert_eq!(room(41_340 + 500 * 15, Some(500)), OutputRoom::AsAsked);
-        // No limit asked: one is set from what is left.
+        // No limit asked: counted as the most a model writes, and one is set from what
+        // is left when that does not fit.
         assert_eq!(room(41_340 + 3000 * 15, None), OutputRoom::AtMost(3000));
+        assert_eq!(room(41_340 + 128_000 * 15, None), OutputRoom::AsAsked);
+        assert_eq!(
+            room(41_340 + 128_000 * 15 - 1, None),
+            OutputRoom::AtMost(127_999)
+        );
         // What the lowered call costs at worst is within what was left.
         if let OutputRoom::AtMost(n) = room(1_000_000, Some(1_000_000)) {
             let usage = Usage {
