@@ -46,8 +46,36 @@ pub(crate) fn lowered(api: Api, request: &Value, tokens: u32) -> Bytes {
         for field in set {
             object.insert((*field).to_string(), Value::from(tokens));
         }
+        if api == Api::AnthropicMessages {
+            fit_thinking(object, tokens);
+        }
     }
     Bytes::from(request.to_string())
+}
+
+/// The least thinking budget Anthropic's API takes.
+const MIN_THINKING_BUDGET: u64 = 1024;
+
+/// Anthropic's extended thinking spends a budget out of `max_tokens` and refuses a
+/// budget that is not below it: lowered with it, or, when not even the least budget
+/// fits under `tokens`, thinking is left off for this call.
+fn fit_thinking(object: &mut serde_json::Map<String, Value>, tokens: u32) {
+    let Some(budget) = object
+        .get("thinking")
+        .and_then(|t| t.get("budget_tokens"))
+        .and_then(Value::as_u64)
+    else {
+        return;
+    };
+    let tokens = u64::from(tokens);
+    if budget < tokens {
+        return;
+    }
+    if tokens > MIN_THINKING_BUDGET {
+        object["thinking"]["budget_tokens"] = Value::from((tokens - 1).max(MIN_THINKING_BUDGET));
+    } else {
+        object.remove("thinking");
+    }
 }
 
 #[cfg(test)]
@@ -84,6 +112,31 @@ mod tests {
             body,
             json!({"model": "m", "max_tokens": 400}),
             "the field it uses"
+        );
+
+        // Claude Code thinks with a budget out of its max_tokens: lowered below it, or
+        // left off when not even Anthropic's least budget fits.
+        let thinking = json!({"model": "m", "max_tokens": 32000,
+                              "thinking": {"type": "enabled", "budget_tokens": 31999}});
+        let body: Value =
+            serde_json::from_slice(&lowered(Api::AnthropicMessages, &thinking, 3000)).unwrap();
+        assert_eq!(
+            (
+                body["max_tokens"].clone(),
+                body["thinking"]["budget_tokens"].clone()
+            ),
+            (json!(3000), json!(2999))
+        );
+        let body: Value =
+            serde_json::from_slice(&lowered(Api::AnthropicMessages, &thinking, 1024)).unwrap();
+        assert!(body.get("thinking").is_none(), "{body}");
+        let small = json!({"model": "m", "max_tokens": 32000,
+                           "thinking": {"type": "enabled", "budget_tokens": 2000}});
+        let body: Value =
+            serde_json::from_slice(&lowered(Api::AnthropicMessages, &small, 3000)).unwrap();
+        assert_eq!(
+            body["thinking"]["budget_tokens"], 2000,
+            "a budget that fits is kept"
         );
 
         let open = json!({"model": "m", "input": "hi"});
