@@ -82,10 +82,85 @@ pub struct ServerState<W> {
     /// Whether this process runs sessions' commands (it has workers), so its
     /// readiness includes their sandbox backend.
     pub runs_commands: bool,
-    pub(crate) limiter: limits::RateLimiter,
 }
 
 impl<W: World + Clone> ServerState<W> {
+    /// Takes `amount` from the rate bucket `key` (`capacity` a `window_secs`), counted in
+    /// the world so every API process of a deployment draws on the same bucket.
+    pub(crate) async fn draw(
+        &self,
+        key: String,
+        amount: f64,
+        capacity: f64,
+        window_secs: u64,
+    ) -> Result<bool, ApiError> {
+        let draw = steadfast_world::rate::Draw {
+            key,
+            amount,
+            capacity,
+            window_ms: window_secs * 1000,
+        };
+        Ok(self.harness.world().take_tokens(&draw).await?)
+    }
+
+    /// Takes one of `owner`'s creations this minute (a session, a fork, an upload, a
+    /// credential stored), or says to slow down (429).
+    pub(crate) async fn creation_allowed(&self, owner: &str) -> Result<(), ApiError> {
+        let per_minute = f64::from(self.creations_per_minute.max(1));
+        if self
+            .draw(format!("create/{owner}"), 1.0, per_minute, 60)
+            .await?
+        {
+            return Ok(());
+        }
+        Err(error::ApiError::rate_limited(format!(
+            "more than {} sessions, forks, uploads and stored credentials a minute from one \
+             caller; slow down",
+            self.creations_per_minute
+        )))
+    }
+
+    /// Takes `bytes` of `owner`'s upload quota this hour, or refuses (429): the store
+    /// keeps an upload no session used for `gc`'s grace, so a caller's uploads are
+    /// bounded by what it may store in that time, not only by how many it makes.
+    pub(crate) async fn upload_allowed(&self, owner: &str, bytes: u64) -> Result<(), ApiError> {
+        let Some(per_hour) = self.upload_bytes_per_hour else {
+            return Ok(());
+        };
+        if self
+            .draw(
+                format!("upload/{owner}"),
+                bytes as f64,
+                per_hour as f64,
+                3600,
+            )
+            .await?
+        {
+            return Ok(());
+        }
+        Err(error::ApiError::rate_limited(format!(
+            "this upload would take this caller past {} MiB of uploads an hour; \
+             start sessions from the uploads already made, or wait",
+            per_hour >> 20
+        )))
+    }
+
+    /// Takes one of the messages (or, `kind` `signals`, signals) session `id` may be
+    /// sent this minute, or says to slow down (429).
+    pub(crate) async fn inbox_allowed(&self, kind: &str, id: &str) -> Result<(), ApiError> {
+        let per_minute = f64::from(self.messages_per_minute.max(1));
+        if self
+            .draw(format!("{kind}/{id}"), 1.0, per_minute, 60)
+            .await?
+        {
+            return Ok(());
+        }
+        Err(ApiError::rate_limited(format!(
+            "more than {} {kind} a minute to this session; slow down",
+            self.messages_per_minute
+        )))
+    }
+
     /// The owner a request acts as, if its token allows `scope` (`run` includes
     /// `read`): 401 without a valid token, 403 without the scope.
     pub(crate) async fn owner(
@@ -149,50 +224,11 @@ impl<W> ServerState<W> {
             max_upload: DEFAULT_MAX_UPLOAD,
             upload_bytes_per_hour: Some(DEFAULT_UPLOAD_BYTES_PER_HOUR),
             runs_commands: true,
-            limiter: limits::RateLimiter::default(),
         }
     }
 }
 
 impl<W> ServerState<W> {
-    /// Takes one of `owner`'s creations this minute (a session, a fork, an upload, a
-    /// credential stored), or says to slow down (429).
-    pub(crate) fn creation_allowed(&self, owner: &str) -> Result<(), error::ApiError> {
-        if self
-            .limiter
-            .allow(&format!("create/{owner}"), self.creations_per_minute)
-        {
-            return Ok(());
-        }
-        Err(error::ApiError::rate_limited(format!(
-            "more than {} sessions, forks, uploads and stored credentials a minute from one \
-             caller; slow down",
-            self.creations_per_minute
-        )))
-    }
-
-    /// Takes `bytes` of `owner`'s upload quota this hour, or refuses (429): the store
-    /// keeps an upload no session used for `gc`'s grace, so a caller's uploads are
-    /// bounded by what it may store in that time, not only by how many it makes.
-    pub(crate) fn upload_allowed(&self, owner: &str, bytes: u64) -> Result<(), error::ApiError> {
-        let Some(per_hour) = self.upload_bytes_per_hour else {
-            return Ok(());
-        };
-        if self.limiter.take(
-            &format!("upload/{owner}"),
-            bytes as f64,
-            per_hour as f64,
-            3600.0,
-        ) {
-            return Ok(());
-        }
-        Err(error::ApiError::rate_limited(format!(
-            "this upload would take this caller past {} MiB of uploads an hour; \
-             start sessions from the uploads already made, or wait",
-            per_hour >> 20
-        )))
-    }
-
     /// The ceilings in force: the configured ones, and in public mode the spend cap.
     pub(crate) fn ceilings(&self) -> steadfast_log::Limits {
         let mut ceilings = self.ceilings;

@@ -1,5 +1,7 @@
-//! Rate limits and quotas as token buckets, per API process: message posts per
-//! session, creations per caller, requests per address, upload bytes per caller.
+//! The per-address request rate, as token buckets kept by each API process: it guards
+//! the process itself (a flood from one address reaches one host at a time). What a
+//! caller may create, upload and send is counted in the world instead
+//! (`ServerState::draw`), the same for every API host of a deployment.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

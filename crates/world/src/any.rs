@@ -233,6 +233,10 @@ impl World for AnyWorld {
         delegate!(self, w => w.census())
     }
 
+    async fn take_tokens(&self, draw: &crate::rate::Draw) -> Result<bool> {
+        delegate!(self, w => w.take_tokens(draw))
+    }
+
     async fn outbox_take(
         &self,
         now_ms: u64,

@@ -1522,3 +1522,45 @@ pub async fn retention_prunes_deltas_in_place<W: World>(world: &W) {
     world.append(&lease, &[message(3, "c")]).await.unwrap();
     assert_eq!(world.read("r1", 1).await.unwrap().len(), 6);
 }
+
+/// Rate buckets are shared by every handle on the world (two API processes count
+/// against one bucket), a draw that does not fit takes nothing, and buckets refill.
+pub async fn rate_buckets_are_shared_and_refill<W: World>(one: &W, two: &W) {
+    use crate::rate::Draw;
+    let draw = |key: &str, amount: f64, capacity: f64, window_ms: u64| Draw {
+        key: key.into(),
+        amount,
+        capacity,
+        window_ms,
+    };
+    let create = draw("create/alice", 1.0, 3.0, 3_600_000);
+    for (i, world) in [one, two, one].into_iter().enumerate() {
+        assert!(world.take_tokens(&create).await.unwrap(), "draw {i}");
+    }
+    assert!(
+        !two.take_tokens(&create).await.unwrap(),
+        "the bucket is shared"
+    );
+    assert!(!one.take_tokens(&create).await.unwrap());
+    assert!(
+        two.take_tokens(&draw("create/bob", 1.0, 3.0, 3_600_000))
+            .await
+            .unwrap(),
+        "each caller has its own"
+    );
+    // An upload's bytes: a draw larger than what is left takes nothing, and a smaller
+    // one still fits; one larger than the bucket never does.
+    let bytes = |n| draw("upload/alice", n, 100.0, 3_600_000);
+    assert!(one.take_tokens(&bytes(60.0)).await.unwrap());
+    assert!(!two.take_tokens(&bytes(60.0)).await.unwrap());
+    assert!(two.take_tokens(&bytes(40.0)).await.unwrap());
+    assert!(!one
+        .take_tokens(&draw("upload/carol", 101.0, 100.0, 1000))
+        .await
+        .unwrap());
+    // A bucket refills over its window.
+    let quick = draw("signals/s1", 1.0, 1.0, 200);
+    assert!(one.take_tokens(&quick).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(two.take_tokens(&quick).await.unwrap(), "refilled");
+}

@@ -26,6 +26,7 @@ mod live;
 pub mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;
+pub mod rate;
 mod sqlite;
 pub mod vault;
 
@@ -401,6 +402,10 @@ pub trait World: Send + Sync + 'static {
     /// How many sessions are in each status, and how many have work due that no
     /// holder keeps (the queue's depth): what the metrics' census gauges show.
     fn census(&self) -> impl Future<Output = Result<Census>> + Send;
+
+    /// Takes `draw.amount` from the rate bucket `draw.key`, shared by every process on
+    /// this world: false, taking nothing, when the bucket holds less. See [`rate`].
+    fn take_tokens(&self, draw: &rate::Draw) -> impl Future<Output = Result<bool>> + Send;
 
     /// Takes up to `limit` outbox entries that are due at `now_ms` (oldest first) and
     /// holds them until `now_ms + hold_ms`: no other taker gets them meanwhile, and

@@ -46,6 +46,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (12, include_str!("postgres/012_listing.sql")),
     (13, include_str!("postgres/013_access.sql")),
     (14, include_str!("postgres/014_forks.sql")),
+    (15, include_str!("postgres/015_rate_buckets.sql")),
 ];
 const UNIQUE_VIOLATION: &str = "23505";
 const STALE_FENCE: &str = "SF001";
@@ -1691,6 +1692,46 @@ impl World for PostgresWorld {
                 detail: serde_json::from_str(r.get(5)).unwrap_or(serde_json::Value::Null),
             })
             .collect())
+    }
+
+    async fn take_tokens(&self, draw: &crate::rate::Draw) -> Result<bool> {
+        if draw.amount > draw.capacity {
+            return Ok(false);
+        }
+        let client = self.client().await?;
+        let now = now_ms() as i64;
+        // One statement: the bucket is refilled and drawn on under its row's lock, or
+        // left as it was (no row returned) when it holds too little.
+        let taken = client
+            .query_opt(
+                "INSERT INTO steadfast_rate_buckets AS b (key, tokens, at_ms) \
+                 VALUES ($1, $2::float8 - $3::float8, $4) \
+                 ON CONFLICT (key) DO UPDATE SET \
+                   tokens = LEAST($2::float8, b.tokens + GREATEST($4 - b.at_ms, 0) * $2::float8 / $5::float8) - $3::float8, \
+                   at_ms = $4 \
+                 WHERE LEAST($2::float8, b.tokens + GREATEST($4 - b.at_ms, 0) * $2::float8 / $5::float8) >= $3::float8 \
+                 RETURNING tokens",
+                &[
+                    &draw.key,
+                    &draw.capacity,
+                    &draw.amount,
+                    &now,
+                    &(draw.window_ms.max(1) as f64),
+                ],
+            )
+            .await
+            .map_err(db)?
+            .is_some();
+        if crate::rate::prune_due() {
+            client
+                .execute(
+                    "DELETE FROM steadfast_rate_buckets WHERE at_ms < $1",
+                    &[&(now - crate::rate::PRUNE_AFTER_MS as i64)],
+                )
+                .await
+                .map_err(db)?;
+        }
+        Ok(taken)
     }
 
     async fn census(&self) -> Result<crate::Census> {

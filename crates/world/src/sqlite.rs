@@ -19,8 +19,18 @@ use crate::{
 /// Schema migrations, applied in order; `PRAGMA user_version` records the last.
 const MIGRATIONS: &[&str] = &[
     SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7, SCHEMA_V8,
-    SCHEMA_V9,
+    SCHEMA_V9, SCHEMA_V10,
 ];
+
+/// Rate buckets shared by every process on this world ([`World::take_tokens`]).
+const SCHEMA_V10: &str = r#"
+CREATE TABLE rate_buckets (
+    key    TEXT PRIMARY KEY,
+    tokens REAL NOT NULL,
+    at_ms  INTEGER NOT NULL
+);
+CREATE INDEX rate_buckets_by_age ON rate_buckets (at_ms);
+"#;
 
 /// Forks ([`crate::lineage`]): a session's parent and fork point, and the segments of
 /// its ancestors' logs it reads as the start of its own.
@@ -1546,6 +1556,45 @@ impl World for SqliteWorld {
             .map_err(backend)?
             .collect::<rusqlite::Result<Vec<_>>>()
             .map_err(backend)
+        })
+        .await
+    }
+
+    async fn take_tokens(&self, draw: &crate::rate::Draw) -> Result<bool> {
+        let draw = draw.clone();
+        self.with(move |conn| {
+            let now = now_ms();
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            let row: Option<(f64, i64)> = tx
+                .prepare_cached("SELECT tokens, at_ms FROM rate_buckets WHERE key = ?1")
+                .map_err(backend)?
+                .query_row([&draw.key], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()
+                .map_err(backend)?;
+            let held = row.map_or(draw.capacity, |(tokens, at)| {
+                draw.refilled(tokens, at.max(0) as u64, now)
+            });
+            let taken = held >= draw.amount;
+            if taken {
+                tx.prepare_cached(
+                    "INSERT INTO rate_buckets (key, tokens, at_ms) VALUES (?1, ?2, ?3) \
+                     ON CONFLICT (key) DO UPDATE SET tokens = excluded.tokens, at_ms = excluded.at_ms",
+                )
+                .map_err(backend)?
+                .execute(params![draw.key, held - draw.amount, now as i64])
+                .map_err(backend)?;
+            }
+            if crate::rate::prune_due() {
+                tx.execute(
+                    "DELETE FROM rate_buckets WHERE at_ms < ?1",
+                    [now.saturating_sub(crate::rate::PRUNE_AFTER_MS) as i64],
+                )
+                .map_err(backend)?;
+            }
+            tx.commit().map_err(backend)?;
+            Ok(taken)
         })
         .await
     }

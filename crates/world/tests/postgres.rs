@@ -610,3 +610,10 @@ async fn a_worker_takes_back_what_it_held_once_its_lease_lapses() {
     let db = TestDb::new().await;
     conformance::a_worker_takes_back_what_it_held_once_its_lease_lapses(&db.world().await).await;
 }
+
+#[tokio::test]
+async fn rate_buckets_are_shared_and_refill() {
+    let db = TestDb::new().await;
+    // A second pool: a second API process.
+    conformance::rate_buckets_are_shared_and_refill(&db.world().await, &db.world().await).await;
+}

@@ -392,3 +392,11 @@ async fn a_holder_that_cannot_renew_knows_its_lease_lost_before_it_lapses() {
         }
     }
 }
+
+#[tokio::test]
+async fn rate_buckets_are_shared_and_refill() {
+    let (dir, one) = world();
+    // A second connection to the same file: a second API process.
+    let two = SqliteWorld::open(dir.path().join("world.db")).unwrap();
+    conformance::rate_buckets_are_shared_and_refill(&one, &two).await;
+}

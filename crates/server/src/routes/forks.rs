@@ -99,7 +99,7 @@ pub(crate) async fn fork<W: World + Clone>(
         None => None,
     };
     for _ in 0..count {
-        state.creation_allowed(&owner)?;
+        state.creation_allowed(&owner).await?;
     }
     let request = ForkRequest {
         parent: id.clone(),
@@ -175,7 +175,7 @@ pub(crate) async fn rewind<W: World + Clone>(
 ) -> Result<Json<wire::Rewound>, ApiError> {
     let owner = state.owner(&headers, steadfast_world::Scope::Run).await?;
     owned(&state, &id, &owner).await?;
-    state.creation_allowed(&owner)?;
+    state.creation_allowed(&owner).await?;
     let report = state.harness.rewind(&id, req.to, &owner).await?;
     state
         .audit(

@@ -102,12 +102,7 @@ pub(crate) async fn post_message<W: World + Clone>(
             format!("text: longer than {MAX_TEXT} bytes"),
         ));
     }
-    if !state.limiter.allow(&id, state.messages_per_minute) {
-        return Err(ApiError::rate_limited(format!(
-            "more than {} messages a minute to this session; slow down",
-            state.messages_per_minute
-        )));
-    }
+    state.inbox_allowed("messages", &id).await?;
     let kind = match req.kind {
         MessageKind::Message => InboundKind::Message,
         MessageKind::Steer => InboundKind::Steer,
@@ -330,15 +325,7 @@ pub(crate) async fn signal<W: World + Clone>(
         ));
     }
     // Each signal is an inbox entry the session's driver reads: as bounded as messages.
-    if !state
-        .limiter
-        .allow(&format!("signals/{id}"), state.messages_per_minute)
-    {
-        return Err(ApiError::rate_limited(format!(
-            "more than {} signals a minute to this session; slow down",
-            state.messages_per_minute
-        )));
-    }
+    state.inbox_allowed("signals", &id).await?;
     let payload = if body.iter().all(u8::is_ascii_whitespace) {
         Value::Null
     } else {

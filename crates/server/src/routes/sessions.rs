@@ -238,7 +238,7 @@ pub(crate) async fn create<W: World + Clone>(
     Body(req): Body<CreateSession>,
 ) -> Result<(StatusCode, Json<wire::Created>), ApiError> {
     let owner = state.owner(&headers, steadfast_world::Scope::Run).await?;
-    state.creation_allowed(&owner)?;
+    state.creation_allowed(&owner).await?;
     let invalid = |m: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", m);
     let described = steadfast_world::SessionPatch {
         title: req.title,

@@ -47,7 +47,7 @@ pub(crate) async fn create<W: World + Clone>(
     // Nothing of the body is read before the caller is known and the request is one
     // this route takes: an anonymous caller cannot make the server hold uploads.
     let owner = state.owner(&headers, steadfast_world::Scope::Run).await?;
-    state.creation_allowed(&owner)?;
+    state.creation_allowed(&owner).await?;
     let content_type = headers
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -107,7 +107,7 @@ pub(crate) async fn create<W: World + Clone>(
             "the body is empty: send a tar archive",
         ));
     }
-    state.upload_allowed(&owner, body.len() as u64)?;
+    state.upload_allowed(&owner, body.len() as u64).await?;
     let blob = state.harness.blobs().put(&body).await?;
     Ok((
         StatusCode::CREATED,

@@ -112,7 +112,7 @@ pub(crate) async fn put<W: World + Clone>(
             format!("value: between 1 byte and {MAX_VALUE}"),
         ));
     }
-    state.creation_allowed(&owner)?;
+    state.creation_allowed(&owner).await?;
     let held = state.harness.world().vault_list(Some(&owner)).await?;
     if held.len() >= MAX_CREDENTIALS && !held.iter().any(|e| e.name == name) {
         return Err(ApiError::new(
