@@ -360,7 +360,7 @@ impl ObjectStore {
         let (tmp, mut file) = self.temporary()?;
         let mut hasher = blake3::Hasher::new();
         hasher.update(&head);
-        file.write_all(&head).map_err(io("write", &tmp))?;
+        write_sparse(&mut file, &head).map_err(io("write", &tmp))?;
         let mut total = head.len() as u64;
         drop(head);
         let mut buf = vec![0u8; CHUNK];
@@ -375,9 +375,10 @@ impl ObjectStore {
                 }
             };
             hasher.update(&buf[..n]);
-            file.write_all(&buf[..n]).map_err(io("write", &tmp))?;
+            write_sparse(&mut file, &buf[..n]).map_err(io("write", &tmp))?;
             total += n as u64;
         }
+        file.set_len(total).map_err(io("write", &tmp))?;
         let hash = hasher.finalize().to_hex().to_string();
         if self.path(&hash).exists() {
             let _ = std::fs::remove_file(&tmp);
@@ -416,14 +417,17 @@ impl ObjectStore {
         let mut out = std::fs::File::create(dest).map_err(io("create", dest))?;
         let mut hasher = blake3::Hasher::new();
         let mut buf = vec![0u8; CHUNK];
+        let mut written = 0u64;
         loop {
             let n = source.read(&mut buf).map_err(io("read", &path))?;
             if n == 0 {
                 break;
             }
             hasher.update(&buf[..n]);
-            out.write_all(&buf[..n]).map_err(io("write", dest))?;
+            write_sparse(&mut out, &buf[..n]).map_err(io("write", dest))?;
+            written += n as u64;
         }
+        out.set_len(written).map_err(io("write", dest))?;
         if hasher.finalize().to_hex().as_str() != hash {
             let _ = std::fs::remove_file(dest);
             return Err(Error::Corrupt(hash.to_string()));
@@ -550,6 +554,27 @@ fn process_nonce() -> u64 {
 
 /// How much of a file is read at a time.
 const CHUNK: usize = 256 * 1024;
+
+/// The unit of a hole: a run of zeros this long (aligned in the file) is skipped, not
+/// written, so a sparse file stays sparse in the store and back in the workspace.
+const HOLE: usize = 4096;
+
+/// Writes `chunk` at `file`'s position, leaving each all-zero block of [`HOLE`] bytes
+/// as a hole (the caller sets the file's length at the end, so a trailing hole counts).
+fn write_sparse(file: &mut std::fs::File, chunk: &[u8]) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom};
+    let mut rest = chunk;
+    while !rest.is_empty() {
+        let block = &rest[..rest.len().min(HOLE)];
+        if block.len() == HOLE && block.iter().all(|b| *b == 0) {
+            file.seek(SeekFrom::Current(HOLE as i64))?;
+        } else {
+            file.write_all(block)?;
+        }
+        rest = &rest[block.len()..];
+    }
+    Ok(())
+}
 
 /// Files up to this size are read whole; bigger ones are streamed.
 const SMALL: usize = 1024 * 1024;

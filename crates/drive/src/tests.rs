@@ -234,6 +234,52 @@ fn big_files_are_streamed_and_checked_on_the_way_back() {
 }
 
 #[test]
+fn sparse_files_are_stored_and_restored_as_holes() {
+    use std::os::unix::fs::{FileExt as _, MetadataExt as _};
+    let (_d, drive, ws) = setup();
+    // 256 MiB long, with a little data in the middle and at the end: a few KiB on disk.
+    let file = fs::File::create(ws.join("sparse.img")).unwrap();
+    file.set_len(256 << 20).unwrap();
+    file.write_all_at(b"middle", 100 << 20).unwrap();
+    file.write_all_at(b"end", (256 << 20) - 3).unwrap();
+    drop(file);
+    let on_disk = |path: &Path| fs::metadata(path).unwrap().blocks() * 512;
+    assert!(on_disk(&ws.join("sparse.img")) < 1 << 20);
+    let id = drive.snapshot(&ws).unwrap();
+    let Entry::File { hash, size, .. } = drive.manifest(&id).unwrap().entries["sparse.img"].clone()
+    else {
+        panic!()
+    };
+    assert_eq!(size, 256 << 20);
+    let object = drive.objects_dir().join(&hash[..2]).join(&hash[2..]);
+    assert_eq!(fs::metadata(&object).unwrap().len(), 256 << 20);
+    assert!(
+        on_disk(&object) < 1 << 20,
+        "the store keeps the holes: {} bytes on disk",
+        on_disk(&object)
+    );
+
+    fs::remove_file(ws.join("sparse.img")).unwrap();
+    drive.restore(&ws, &id).unwrap();
+    let back = ws.join("sparse.img");
+    assert_eq!(fs::metadata(&back).unwrap().len(), 256 << 20);
+    assert!(on_disk(&back) < 1 << 20, "restored as holes too");
+    let mut word = [0u8; 6];
+    fs::File::open(&back)
+        .unwrap()
+        .read_exact_at(&mut word, 100 << 20)
+        .unwrap();
+    assert_eq!(&word, b"middle");
+    let mut tail = [0u8; 3];
+    fs::File::open(&back)
+        .unwrap()
+        .read_exact_at(&mut tail, (256 << 20) - 3)
+        .unwrap();
+    assert_eq!(&tail, b"end");
+    assert_eq!(drive.snapshot(&ws).unwrap(), id, "the same content");
+}
+
+#[test]
 fn a_snapshot_exports_as_a_tar_that_tar_unpacks_to_the_same_tree() {
     let (dir, drive, ws) = setup();
     let long = "d".repeat(120);
