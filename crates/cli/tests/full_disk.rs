@@ -34,21 +34,8 @@ fn serve_on_a_small_disk(
             r#"mount -t tmpfs -o size={mb}m steadfast-small-disk "$0" && exec "$@""#
         ))
         .arg(home)
-        .args([BIN, "serve", "--listen", "127.0.0.1:0", "--workers", "1"])
-        .env("STEADFAST_HOME", home)
-        .env("ANTHROPIC_API_KEY", "test-key")
-        .env("ANTHROPIC_BASE_URL", fake.base_url())
-        .env("STEADFAST_MODEL", "anthropic/claude-sonnet-4-5")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("STEADFAST_FAULT")
-        .env_remove("STEADFAST_WORLD")
-        .env_remove("STEADFAST_METRICS_LISTEN")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(steadfast_testkit::service_log::stderr(env!(
-            "CARGO_TARGET_TMPDIR"
-        )))
-        .kill_on_drop(true);
+        .args([BIN, "serve", "--listen", "127.0.0.1:0", "--workers", "1"]);
+    common::service_env(&mut cmd, home, fake);
     cmd
 }
 

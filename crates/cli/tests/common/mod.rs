@@ -178,8 +178,19 @@ pub fn service(
     args: &[&str],
 ) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_steadfast"));
-    cmd.args(args)
-        .env("STEADFAST_HOME", home)
+    cmd.args(args);
+    service_env(&mut cmd, home, fake);
+    cmd
+}
+
+/// The environment of a service over `home` calling `fake` (see [`service`]), for a
+/// command that starts `steadfast` through another program.
+pub fn service_env(
+    cmd: &mut tokio::process::Command,
+    home: &Path,
+    fake: &steadfast_testkit::FakeProvider,
+) {
+    cmd.env("STEADFAST_HOME", home)
         .env("ANTHROPIC_API_KEY", "test-key")
         .env("ANTHROPIC_BASE_URL", fake.base_url())
         .env("STEADFAST_MODEL", "anthropic/claude-sonnet-4-5")
@@ -193,7 +204,6 @@ pub fn service(
             "CARGO_TARGET_TMPDIR"
         )))
         .kill_on_drop(true);
-    cmd
 }
 
 /// [`service`] for a site in `dir` (its home `dir/home`, run from `dir`, where a test's
