@@ -236,6 +236,7 @@ pub(crate) async fn complete(
         });
     }
     let mut content = Vec::new();
+    let cut_off = stop_reason.as_deref() == Some("max_tokens");
     for partial in blocks.into_iter().flatten() {
         content.push(match partial {
             Partial::Text(text) => Block::Text { text },
@@ -243,8 +244,13 @@ pub(crate) async fn complete(
                 let input = if json.trim().is_empty() {
                     Value::Object(Default::default())
                 } else {
-                    serde_json::from_str(&json)
-                        .map_err(|e| protocol(format!("tool input is not JSON: {e}")))?
+                    match serde_json::from_str(&json) {
+                        Ok(input) => input,
+                        // The output limit cut the call's input short: the call is
+                        // left out, the reply kept (it says why it stopped).
+                        Err(_) if cut_off => continue,
+                        Err(e) => return Err(protocol(format!("tool input is not JSON: {e}"))),
+                    }
                 };
                 Block::ToolUse(ToolUse { id, name, input })
             }

@@ -318,3 +318,93 @@ async fn an_open_gate_completes_an_anthropic_call() {
 async fn an_open_gate_completes_an_openai_call() {
     an_open_gate_completes_the_call("openai").await;
 }
+
+/// A provider on loopback that answers one request with `events`, a server-sent event
+/// stream, as `provider` would.
+async fn answering(provider: &str, events: String) -> ModelClient {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let (mut body, length) = read_head(&mut socket).await;
+        let mut buf = vec![0u8; 65536];
+        while body.len() < length {
+            let n = socket.read(&mut buf).await.unwrap();
+            body.extend_from_slice(&buf[..n]);
+        }
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n",
+            events.len()
+        );
+        socket.write_all(head.as_bytes()).await.unwrap();
+        socket.write_all(events.as_bytes()).await.unwrap();
+    });
+    let base_url = match provider {
+        "openai" => format!("{base}/v1"),
+        _ => base,
+    };
+    let endpoint = Endpoint {
+        base_url,
+        api_key: "k".into(),
+    };
+    ModelClient::new(provider, endpoint, fast_retries()).unwrap()
+}
+
+async fn sent(client: &ModelClient) -> steadfast_model::Result<steadfast_model::ModelResponse> {
+    let prepared = steadfast_model::RequestBuilder::default().prepare(
+        client,
+        request().head(),
+        &request().messages,
+    );
+    let (opener, gate) = steadfast_model::gate();
+    opener.open();
+    client.send_gated(&prepared, gate, &mut |_| {}).await
+}
+
+#[tokio::test]
+async fn a_tool_call_cut_off_by_the_output_limit_is_left_out_and_the_reply_kept() {
+    // A reply that ran into its output limit (as one lowered to fit a spend cap may)
+    // part way through a tool call's input: the text stands, the cut call goes.
+    let anthropic = [
+        json!({"type": "message_start", "message": {"usage": {"input_tokens": 10, "output_tokens": 0}}}),
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Writing it."}}),
+        json!({"type": "content_block_stop", "index": 0}),
+        json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "t1", "name": "bash", "input": {}}}),
+        json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{\"command\": \"echo hel"}}),
+        json!({"type": "message_delta", "delta": {"stop_reason": "max_tokens"}, "usage": {"output_tokens": 1024}}),
+        json!({"type": "message_stop"}),
+    ]
+    .iter()
+    .map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap()))
+    .collect::<String>();
+    let reply = sent(&answering("anthropic", anthropic).await)
+        .await
+        .unwrap();
+    assert_eq!(reply.stop_reason, "max_tokens");
+    assert!(
+        matches!(&reply.content[..], [Block::Text { text }] if text == "Writing it."),
+        "{:?}",
+        reply.content
+    );
+
+    let openai = [
+        json!({"choices": [{"index": 0, "delta": {"content": "Writing it."}}]}),
+        json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+            "function": {"name": "bash", "arguments": "{\"command\": \"echo hel"}}]}}]}),
+        json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+               "usage": {"prompt_tokens": 10, "completion_tokens": 1024}}),
+    ]
+    .iter()
+    .map(|e| format!("data: {e}\n\n"))
+    .chain(["data: [DONE]\n\n".to_string()])
+    .collect::<String>();
+    let reply = sent(&answering("openai", openai).await).await.unwrap();
+    assert_eq!(reply.stop_reason, "max_tokens");
+    assert!(
+        matches!(&reply.content[..], [Block::Text { text }] if text == "Writing it."),
+        "{:?}",
+        reply.content
+    );
+}
