@@ -312,7 +312,7 @@ impl LimitsConfig {
     /// These settings as a session's bounds.
     pub fn bounds(&self) -> steadfast_log::Limits {
         steadfast_log::Limits {
-            max_cost_micro_usd: self.max_cost_usd.map(|usd| (usd * 1e6).round() as u64),
+            max_cost_micro_usd: self.max_cost_usd.map(steadfast_log::money::micro_usd),
             max_tokens: self.max_tokens,
             max_turns: self.max_turns,
             max_duration_ms: self.max_duration_secs.map(|s| s.saturating_mul(1000)),

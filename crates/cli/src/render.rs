@@ -100,7 +100,7 @@ pub fn timeline(record: &Record) -> Vec<String> {
                 "model replied ({stop_reason}, {} in / {} out tokens, ${:.4}): {}{}",
                 usage.input_tokens,
                 usage.output_tokens,
-                *cost_micro_usd as f64 / 1e6,
+                steadfast_log::money::usd(*cost_micro_usd),
                 short(&text, 90),
                 if tools.is_empty() { String::new() } else { format!(" -> {}", tools.join(", ")) }
             )
@@ -110,7 +110,7 @@ pub fn timeline(record: &Record) -> Vec<String> {
         Event::Checkpoint { blob, version } => format!("checkpoint: the state so far stored (blob {}, format {version})", &blob.hash[..12.min(blob.hash.len())]),
         Event::OutputsElided { before, tokens_before, tokens_after } => format!("context: long tool outputs before message {before} elided (~{tokens_before} -> ~{tokens_after} tokens; the log keeps them)"),
         Event::CompactionIntent { upto, tokens_before, .. } => format!("context: compacting messages before {upto} into a summary (~{tokens_before} tokens)"),
-        Event::Compacted { summary, tokens_after, cost_micro_usd, .. } => format!("context: compacted to ~{tokens_after} tokens (${:.4}): {}", *cost_micro_usd as f64 / 1e6, short(summary, 80)),
+        Event::Compacted { summary, tokens_after, cost_micro_usd, .. } => format!("context: compacted to ~{tokens_after} tokens (${:.4}): {}", steadfast_log::money::usd(*cost_micro_usd), short(summary, 80)),
         Event::ModelCallFailed { error, .. } => format!("model call failed: {error}"),
         Event::ToolCallIntent { tool, input, class, snapshot_before, .. } => {
             format!("tool {} [{class:?}] (before {})", tool_summary(tool, input), snap(snapshot_before)).replace("[Read]", "[read]").replace("[Mutate]", "[mutate]").replace("[External]", "[external]").replace("[Idempotent]", "[idempotent]")

@@ -2,6 +2,7 @@
 //! before it is made, for every agent (the native loop's calls and a wrapped CLI's
 //! alike), so the call that would cross a cap is never paid for.
 
+use steadfast_log::money::usd;
 use steadfast_log::{Breaker, SessionState};
 use steadfast_model::pricing::{output_room, OutputRoom, PriceTable};
 
@@ -33,8 +34,4 @@ pub fn fit(
             ),
         )),
     }
-}
-
-fn usd(micro: u64) -> f64 {
-    micro as f64 / 1e6
 }

@@ -214,7 +214,7 @@ impl Limits {
             },
         };
         let limits = Limits {
-            max_cost_micro_usd: num("max_cost_usd").map(|usd| (usd * 1e6).round() as u64),
+            max_cost_micro_usd: num("max_cost_usd").map(crate::money::micro_usd),
             max_tokens: num("max_tokens").map(|v| v as u64),
             max_turns: num("max_turns").map(|v| v.min(u32::MAX as f64) as u32),
             max_duration_ms: num("max_duration_s").map(|s| (s * 1000.0) as u64),
@@ -228,8 +228,8 @@ impl Limits {
         let pairs = [
             (
                 "max_cost_usd",
-                self.max_cost_micro_usd.map(|v| v as f64 / 1e6),
-                ceilings.max_cost_micro_usd.map(|v| v as f64 / 1e6),
+                self.max_cost_micro_usd.map(crate::money::usd),
+                ceilings.max_cost_micro_usd.map(crate::money::usd),
             ),
             (
                 "max_tokens",

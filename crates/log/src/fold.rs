@@ -988,8 +988,8 @@ impl SessionState {
                 Breaker::Cost,
                 format!(
                     "spend cap reached: ${:.4} of ${:.4}",
-                    self.cost_micro_usd as f64 / 1e6,
-                    max as f64 / 1e6
+                    crate::money::usd(self.cost_micro_usd),
+                    crate::money::usd(max)
                 ),
             ));
         }

@@ -10,6 +10,7 @@ pub mod approval;
 pub mod event;
 pub mod fold;
 pub mod message;
+pub mod money;
 pub mod record;
 
 pub use approval::{ApprovalPolicy, ApprovalRule, Verdict};

@@ -498,7 +498,7 @@ impl Metrics {
         }
         self.model_cost
             .get_or_create(&ModelLabels { provider, model })
-            .inc_by(call.cost_micro_usd as f64 / 1e6);
+            .inc_by(steadfast_log::money::usd(call.cost_micro_usd));
     }
 
     /// Records a turn taken up that an earlier driver left in flight, `behind` after

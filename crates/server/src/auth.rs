@@ -92,7 +92,7 @@ impl Auth {
             }
             return Ok(Auth {
                 mode: AuthMode::Public {
-                    session_cap_micro_usd: (cap * 1e6).round() as u64,
+                    session_cap_micro_usd: steadfast_log::money::micro_usd(cap),
                 },
             });
         }

@@ -520,7 +520,7 @@ pub(crate) fn error(event: &Event) -> Option<EventBody> {
 }
 
 fn cost_usd(micro: u64) -> f64 {
-    micro as f64 / 1e6
+    steadfast_log::money::usd(micro)
 }
 
 /// The first `max` bytes of `text` (on a character boundary), and whether it was cut.

@@ -486,7 +486,7 @@ async fn drive<W: World + Clone, S: Sandbox>(
             "workspace": state.workspace,
             "model_calls": state.model_calls,
             "usage": state.usage,
-            "cost_usd": state.cost_micro_usd as f64 / 1e6,
+            "cost_usd": steadfast_log::money::usd(state.cost_micro_usd),
         });
         println!("{out}");
     } else {
@@ -498,7 +498,7 @@ async fn drive<W: World + Clone, S: Sandbox>(
             state.model_calls,
             state.usage.input_tokens,
             state.usage.output_tokens,
-            state.cost_micro_usd as f64 / 1e6,
+            steadfast_log::money::usd(state.cost_micro_usd),
             state.workspace
         );
     }
@@ -508,7 +508,7 @@ async fn drive<W: World + Clone, S: Sandbox>(
         let raise = match breaker {
             steadfast_log::Breaker::Cost => format!(
                 "{{\"max_cost_usd\": {:.2}}}",
-                (state.cost_micro_usd as f64 / 1e6 * 2.0).max(1.0)
+                (steadfast_log::money::usd(state.cost_micro_usd) * 2.0).max(1.0)
             ),
             steadfast_log::Breaker::Tokens => format!(
                 "{{\"max_tokens\": {}}}",

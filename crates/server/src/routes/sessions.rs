@@ -194,7 +194,7 @@ impl Budget {
             Some(usd) if !usd.is_finite() || usd <= 0.0 => {
                 return Err("budget.max_cost_usd: must be positive".into())
             }
-            Some(usd) => Some((usd * 1e6).round() as u64),
+            Some(usd) => Some(steadfast_log::money::micro_usd(usd)),
             None => None,
         };
         if self.max_tokens == Some(0) || self.max_turns == Some(0) || self.max_duration_s == Some(0)
@@ -828,9 +828,9 @@ pub(crate) async fn show<W: World + Clone>(
             }),
         end_reason: s.end_reason.clone(),
         usage: s.usage,
-        cost_usd: s.cost_micro_usd as f64 / 1e6,
+        cost_usd: steadfast_log::money::usd(s.cost_micro_usd),
         priced: state.harness.is_priced(&s.model),
-        budget_usd: s.limits.max_cost_micro_usd.map(|b| b as f64 / 1e6),
+        budget_usd: s.limits.max_cost_micro_usd.map(steadfast_log::money::usd),
         limits: s.limits,
         escalated_by: s.escalated,
         network: s.network.clone(),
