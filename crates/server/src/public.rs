@@ -295,7 +295,8 @@ pub enum EventBody {
         call_id: String,
         /// Its position in the turn.
         index: u32,
-        /// The wire format (`anthropic_messages`, `openai_responses`, ...).
+        /// The wire format, as recorded: `anthropic.messages`, `anthropic.count_tokens`,
+        /// `openai.chat` or `openai.responses`.
         api: String,
         /// Whether the reply streams.
         stream: bool,
@@ -912,7 +913,7 @@ mod tests {
             Event::ExchangeIntent {
                 call_id: "gx_1".into(),
                 index: 0,
-                api: "anthropic_messages".into(),
+                api: "anthropic.messages".into(),
                 fingerprint: "f1ngerpr1nt".into(),
                 stream: true,
                 snapshot: Some("snap_before_id".into()),
