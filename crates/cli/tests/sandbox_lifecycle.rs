@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use steadfast_harness::{Harness, HarnessOptions, NewSession, Provisioner, Stop};
+use steadfast_harness::{Driver, Harness, HarnessOptions, NewSession, Provisioner, Stop};
 use steadfast_log::{Event, ToolResolution};
 use steadfast_sandbox::{AnySandbox, Backend, Sandbox, SandboxOptions, ToolOutput};
 use steadfast_testkit::{FakeProvider, Script};
@@ -137,15 +137,24 @@ fn bash(command: &str) -> serde_json::Value {
     json!({"text": "running", "tool_calls": [{"name": "bash", "input": {"command": command}}]})
 }
 
+/// A native session on `ws` with the task "go", and its driver, woken.
+async fn started<'h>(
+    harness: &'h Harness<SqliteWorld, Tracked>,
+    ws: &Path,
+) -> (String, Driver<'h, SqliteWorld, Tracked>) {
+    let id = harness
+        .start_session(NewSession::native("fake/m", ws).with_task("go"))
+        .await
+        .unwrap();
+    let driver = harness.wake_native(&id).await.unwrap();
+    (id, driver)
+}
+
 #[tokio::test]
 async fn the_first_model_call_does_not_wait_for_a_slow_sandbox() {
     let setup = Setup::new(json!([bash("cat hello.txt"), {"text": "done"}])).await;
     let harness = setup.harness(Duration::from_millis(1500), false, |_| {});
-    let id = harness
-        .start_session(NewSession::native("fake/m", &setup.ws()).with_task("go"))
-        .await
-        .unwrap();
-    let mut driver = harness.wake_native(&id).await.unwrap();
+    let (_, mut driver) = started(&harness, &setup.ws()).await;
     assert_eq!(driver.run().await.unwrap(), Stop::Idle);
     assert_eq!(setup.seen.provisions.load(Ordering::SeqCst), 1);
     let ready = setup.seen.calls_when_ready.lock().unwrap().clone();
@@ -168,11 +177,7 @@ async fn an_idle_sandbox_is_stopped_and_the_next_one_hydrated_from_the_drive() {
         o.sandbox_idle_stop = Some(Duration::from_millis(200));
         o.prewarm_sandbox = false;
     });
-    let id = harness
-        .start_session(NewSession::native("fake/m", &setup.ws()).with_task("go"))
-        .await
-        .unwrap();
-    let mut driver = harness.wake_native(&id).await.unwrap();
+    let (_, mut driver) = started(&harness, &setup.ws()).await;
     assert!(!driver.has_sandbox().await, "nothing provisioned at wake");
     assert_eq!(driver.run().await.unwrap(), Stop::Idle);
     assert_eq!(setup.seen.provisions.load(Ordering::SeqCst), 2);
@@ -199,11 +204,7 @@ async fn a_running_service_keeps_its_sandbox_past_the_idle_stop() {
         o.service_idle_stop = Duration::from_secs(120);
         o.prewarm_sandbox = false;
     });
-    let id = harness
-        .start_session(NewSession::native("fake/m", &setup.ws()).with_task("go"))
-        .await
-        .unwrap();
-    let mut driver = harness.wake_native(&id).await.unwrap();
+    let (id, mut driver) = started(&harness, &setup.ws()).await;
     assert_eq!(driver.run().await.unwrap(), Stop::Idle);
     assert_eq!(setup.seen.provisions.load(Ordering::SeqCst), 1, "kept");
     let log = harness.world().read(&id, 1).await.unwrap();
@@ -238,11 +239,7 @@ async fn a_sandbox_killed_mid_command_is_replaced_and_the_call_resolved() {
     // in a new sandbox: the file ends with one line, not two.
     let setup = Setup::new(json!([bash("echo one >> log.txt; sleep 3"), {"text": "done"}])).await;
     let harness = setup.harness(Duration::ZERO, false, |_| {});
-    let id = harness
-        .start_session(NewSession::native("fake/m", &setup.ws()).with_task("go"))
-        .await
-        .unwrap();
-    let mut driver = harness.wake_native(&id).await.unwrap();
+    let (id, mut driver) = started(&harness, &setup.ws()).await;
     let log_file = setup.ws().join("log.txt");
     let killer = async {
         let pid = wait_for_sandbox(&setup.seen, 1).await;
@@ -301,11 +298,7 @@ async fn a_session_waiting_on_a_human_holds_no_sandbox() {
     ]))
     .await;
     let harness = setup.harness(Duration::ZERO, false, |_| {});
-    let id = harness
-        .start_session(NewSession::native("fake/m", &setup.ws()).with_task("go"))
-        .await
-        .unwrap();
-    let mut driver = harness.wake_native(&id).await.unwrap();
+    let (_, mut driver) = started(&harness, &setup.ws()).await;
     assert_eq!(
         driver.run().await.unwrap(),
         Stop::Waiting("approval".into())
@@ -361,11 +354,7 @@ async fn each_session_has_its_own_network_policy() {
 
     // The same command in a session without the allowance reaches nothing.
     let other = tempfile::tempdir().unwrap();
-    let id = harness
-        .start_session(NewSession::native("fake/m", other.path()).with_task("go"))
-        .await
-        .unwrap();
-    let mut driver = harness.wake_native(&id).await.unwrap();
+    let (_, mut driver) = started(&harness, other.path()).await;
     assert_eq!(driver.run().await.unwrap(), Stop::Idle);
     assert_eq!(
         std::fs::read_to_string(other.path().join("fetched.txt")).unwrap(),

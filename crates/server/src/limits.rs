@@ -7,6 +7,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use steadfast_world::rate::Draw;
+
 #[derive(Default)]
 pub(crate) struct RateLimiter {
     buckets: Mutex<HashMap<String, (f64, Instant)>>,
@@ -14,27 +16,31 @@ pub(crate) struct RateLimiter {
 
 impl RateLimiter {
     /// Takes one token from `key`'s bucket (`per_minute` capacity, refilled
-    /// continuously). Returns false when the bucket is empty.
+    /// continuously, by the world's rule: [`Draw::refilled`]). Returns false when the
+    /// bucket is empty.
     pub(crate) fn allow(&self, key: &str, per_minute: u32) -> bool {
-        self.take(key, 1.0, f64::from(per_minute.max(1)), 60.0)
-    }
-
-    /// Takes `amount` from `key`'s bucket, which holds `capacity` and refills it over
-    /// `window_secs`; false (taking nothing) when it holds less than `amount`.
-    pub(crate) fn take(&self, key: &str, amount: f64, capacity: f64, window_secs: f64) -> bool {
+        let draw = Draw {
+            key: key.to_string(),
+            amount: 1.0,
+            capacity: f64::from(per_minute.max(1)),
+            window_ms: 60_000,
+        };
         let now = Instant::now();
         let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
         if buckets.len() > 100_000 {
             buckets.retain(|_, (tokens, at)| {
-                *tokens < capacity && now.duration_since(*at).as_secs() < 120
+                *tokens < draw.capacity && now.duration_since(*at).as_secs() < 120
             });
         }
-        let (tokens, at) = buckets.entry(key.to_string()).or_insert((capacity, now));
-        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * capacity / window_secs)
-            .min(capacity);
-        *at = now;
-        if *tokens >= amount {
-            *tokens -= amount;
+        let (tokens, at) = buckets
+            .entry(draw.key.clone())
+            .or_insert((draw.capacity, now));
+        let elapsed_ms = now.duration_since(*at).as_millis() as u64;
+        *tokens = draw.refilled(*tokens, 0, elapsed_ms);
+        // Advanced by whole milliseconds only, so the fraction left counts next time.
+        *at += std::time::Duration::from_millis(elapsed_ms);
+        if *tokens >= draw.amount {
+            *tokens -= draw.amount;
             true
         } else {
             false

@@ -23,8 +23,9 @@ pub struct Draw {
 }
 
 impl Draw {
-    /// What a bucket holding `tokens` at `at_ms` holds at `now_ms`.
-    pub(crate) fn refilled(&self, tokens: f64, at_ms: u64, now_ms: u64) -> f64 {
+    /// What a bucket holding `tokens` at `at_ms` holds at `now_ms`: the one refill
+    /// rule, for buckets kept in the world and in a process alike.
+    pub fn refilled(&self, tokens: f64, at_ms: u64, now_ms: u64) -> f64 {
         let elapsed = now_ms.saturating_sub(at_ms) as f64;
         (tokens + elapsed * self.capacity / self.window_ms.max(1) as f64).min(self.capacity)
     }
