@@ -771,7 +771,8 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             let injection = steadfast_sandbox::Injection::new(
                 &binding.host,
                 &binding.header,
-                &format!("{}{value}", binding.prefix),
+                &binding.prefix,
+                &value,
             )
             .map_err(|e| Error::Invalid(format!("egress credential `{name}`: {e}")))?;
             injections.push(injection);

@@ -593,6 +593,9 @@ impl BwrapSandbox {
             }
             node_through_proxy(&run.0, &mut env)?;
         }
+        if proxy.as_ref().and_then(EgressProxy::trust).is_some() {
+            trust_the_proxy(&mut env);
+        }
         // The agent's log, which it takes over from inside once it starts.
         std::fs::File::create(run.0.join("agent.log"))
             .map_err(|e| Error::Unavailable(format!("agent log: {e}")))?;
@@ -948,6 +951,10 @@ fn bwrap_args(
         agent.to_string_lossy(),
         root.to_string_lossy(),
     );
+    let trust = Path::new(run.as_ref()).join(TRUST);
+    if trust.exists() && Path::new(SYSTEM_TRUST).exists() {
+        push(&["--ro-bind", &trust.to_string_lossy(), SYSTEM_TRUST]);
+    }
     push(&[
         "--bind",
         &run,
@@ -1037,8 +1044,40 @@ fn start_proxy(run: &Path, options: &SandboxOptions) -> Result<Option<EgressProx
             watch: options.egress_watch.clone(),
         },
     )
-    .map(Some)
     .map_err(|e| Error::Unavailable(format!("egress proxy: {e}")))
+    .and_then(|proxy| {
+        if let Some(trust) = proxy.trust() {
+            // Written in place, not replaced: an adopted sandbox (whose proxy, and so
+            // authority, is new) sees the new file through its bind mounts.
+            std::fs::write(run.join(TRUST), trust)
+                .map_err(|e| Error::Unavailable(format!("the sandbox's roots: {e}")))?;
+        }
+        Ok(Some(proxy))
+    })
+}
+
+/// The roots a sandbox with bound credentials trusts, in its run directory: the
+/// host's and its own egress authority's (see [`EgressProxy::trust`]).
+const TRUST: &str = "trust.pem";
+
+/// Where Debian-like systems keep the bundle of trusted roots: a sandbox with bound
+/// credentials sees its own there, for programs that read no variable (GnuTLS's git).
+const SYSTEM_TRUST: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// Points the TLS clients a sandbox is likely to run at its roots (OpenSSL, curl,
+/// Python's `requests`, Node, git).
+fn trust_the_proxy(env: &mut Vec<(String, String)>) {
+    let path = format!("{INSIDE_RUN}/{TRUST}");
+    for name in [
+        "SSL_CERT_FILE",
+        "CURL_CA_BUNDLE",
+        "REQUESTS_CA_BUNDLE",
+        "NODE_EXTRA_CA_CERTS",
+        "GIT_SSL_CAINFO",
+    ] {
+        env.retain(|(k, _)| k != name);
+        env.push((name.to_string(), path.clone()));
+    }
 }
 
 impl BwrapSandbox {

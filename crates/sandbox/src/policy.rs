@@ -72,6 +72,16 @@ pub struct ResourceLimits {
     /// Size of the sandbox's private `/tmp` (and home), MiB, each a RAM-backed tmpfs.
     #[serde(default)]
     pub tmp_mb: Option<u64>,
+    /// What a session's history may keep beyond its log, MiB: the new objects its
+    /// calls' snapshots stored and the outputs they offloaded. Past it, the session's
+    /// tool calls are answered with an error instead of run (a call that starts under
+    /// it can pass it by what the workspace quota lets one call write).
+    #[serde(default)]
+    pub history_mb: Option<u64>,
+    /// What the histories of all of one owner's sessions may keep together, MiB, as
+    /// [`ResourceLimits::history_mb`]; deleting sessions frees it.
+    #[serde(default)]
+    pub owner_history_mb: Option<u64>,
 }
 
 impl Default for ResourceLimits {
@@ -86,6 +96,8 @@ impl Default for ResourceLimits {
             resident_mb: Some(8192),
             workspace_mb: Some(10240),
             tmp_mb: Some(1024),
+            history_mb: Some(51200),
+            owner_history_mb: None,
         }
     }
 }

@@ -10,6 +10,11 @@
 //! address (see [`crate::addresses`]) unless the operator opened that name, and refuses
 //! the rest with a 403 that says why. The decision is made here, outside the sandbox,
 //! so nothing a command does can widen it.
+//!
+//! For a destination the session bound a credential to, the proxy adds it to each
+//! request (ending the sandbox's TLS for HTTPS, see [`crate::intercept`]), forwards
+//! only methods it knows, sets `Host` from the destination it checked, and masks the
+//! credential in what comes back (see [`crate::masked`]).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -22,6 +27,8 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpStream, UnixListener};
 
+use crate::intercept::Interceptor;
+use crate::masked::Secrets;
 use crate::HostRule;
 
 /// What the proxy lets through: the session's allow-list, screened by address.
@@ -32,7 +39,7 @@ pub struct EgressRules {
     /// Internal destinations the operator opened in the server's configuration: only
     /// these names may lead to a loopback, private or link-local address.
     pub internal: Vec<HostRule>,
-    /// Headers added to plain-HTTP requests to some destinations.
+    /// Headers added to requests to some destinations (see [`Injection`]).
     pub inject: Vec<Injection>,
     /// Who is asked before a connection the rules allow is opened (the harness, which
     /// records it against the calls running): none, and the rules alone decide.
@@ -68,10 +75,11 @@ async fn ask(watch: Option<&EgressWatch>, host: &str, port: u16) -> Result<(), S
     answer.await.map_err(|_| unwatched())?
 }
 
-/// A header the proxy adds to every plain-HTTP request to one destination, replacing
-/// any the sandbox sent: a credential the sandbox uses without ever holding it. A
-/// `CONNECT` tunnel (TLS) to the destination gets nothing added: the proxy cannot see
-/// inside it, and does not pretend to.
+/// A header the proxy adds to every request to one destination, replacing any the
+/// sandbox sent: a credential the sandbox uses without ever holding it. Plain HTTP
+/// gets it as it passes; for HTTPS the proxy ends the sandbox's TLS with a
+/// certificate of the sandbox's own authority (see [`crate::intercept`]). Responses
+/// from the destination come back with the credential masked wherever they echo it.
 #[derive(Clone)]
 pub struct Injection {
     /// Which requests get it.
@@ -80,6 +88,8 @@ pub struct Injection {
     pub header: hyper::header::HeaderName,
     /// Its value (marked sensitive; never printed).
     pub value: hyper::header::HeaderValue,
+    /// The credential alone, without its prefix: what is masked in responses.
+    secret: Vec<u8>,
 }
 
 impl std::fmt::Debug for Injection {
@@ -93,18 +103,20 @@ impl std::fmt::Debug for Injection {
 }
 
 impl Injection {
-    /// `header: value` for requests to `host` (`host[:port]`, as in an allow-list).
-    pub fn new(host: &str, header: &str, value: &str) -> Result<Self, String> {
+    /// `header: {prefix}{credential}` for requests to `host` (`host[:port]`, as in an
+    /// allow-list).
+    pub fn new(host: &str, header: &str, prefix: &str, credential: &str) -> Result<Self, String> {
         let rule = HostRule::parse(host)?;
         let header = hyper::header::HeaderName::from_bytes(header.as_bytes())
             .map_err(|_| format!("`{header}` is not a header name"))?;
-        let mut value = hyper::header::HeaderValue::from_str(value)
+        let mut value = hyper::header::HeaderValue::from_str(&format!("{prefix}{credential}"))
             .map_err(|_| "the credential cannot be sent in a header".to_string())?;
         value.set_sensitive(true);
         Ok(Injection {
             rule,
             header,
             value,
+            secret: credential.as_bytes().to_vec(),
         })
     }
 }
@@ -113,6 +125,7 @@ impl Injection {
 #[derive(Debug)]
 pub struct EgressProxy {
     task: tokio::task::JoinHandle<()>,
+    intercept: Option<Arc<Interceptor>>,
 }
 
 impl Drop for EgressProxy {
@@ -122,18 +135,27 @@ impl Drop for EgressProxy {
 }
 
 impl EgressProxy {
-    /// Starts a proxy on the Unix socket `socket` allowing what `rules` allow.
+    /// Starts a proxy on the Unix socket `socket` allowing what `rules` allow. With
+    /// credentials to inject, it makes the sandbox's certificate authority too (see
+    /// [`EgressProxy::trust`]).
     pub fn start(socket: &Path, rules: EgressRules) -> std::io::Result<Self> {
+        let intercept = match rules.inject.is_empty() {
+            true => None,
+            false => Some(Arc::new(
+                Interceptor::new(&rules.inject).map_err(std::io::Error::other)?,
+            )),
+        };
         let _ = std::fs::remove_file(socket);
         let listener = UnixListener::bind(socket)?;
         let rules = Arc::new(rules);
+        let serving = intercept.clone();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let rules = rules.clone();
+                let (rules, intercept) = (rules.clone(), serving.clone());
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
-                        let rules = rules.clone();
-                        async move { Ok::<_, Infallible>(handle(req, &rules).await) }
+                        let (rules, intercept) = (rules.clone(), intercept.clone());
+                        async move { Ok::<_, Infallible>(handle(req, &rules, intercept).await) }
                     });
                     // Every request on a kept-alive connection comes through `handle`.
                     let served = hyper::server::conn::http1::Builder::new()
@@ -147,13 +169,21 @@ impl EgressProxy {
                 });
             }
         });
-        Ok(EgressProxy { task })
+        Ok(EgressProxy { task, intercept })
+    }
+
+    /// The root certificates, as PEM, a sandbox behind this proxy must trust for its
+    /// HTTPS requests to get their credentials: the host's roots and the sandbox's
+    /// own authority. None when no credential is bound.
+    pub fn trust(&self) -> Option<&str> {
+        self.intercept.as_deref().map(Interceptor::trust)
     }
 }
 
-type Body = BoxBody<Bytes, hyper::Error>;
+pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
 
-fn refusal(status: StatusCode, why: &str) -> Response<Body> {
+/// The proxy's own answer to a request it does not carry out.
+pub(crate) fn refusal(status: StatusCode, why: &str) -> Response<Body> {
     let body = format!("steadfast egress proxy: {why}\n");
     let mut response = Response::new(
         Full::new(Bytes::from(body))
@@ -168,18 +198,57 @@ fn refusal(status: StatusCode, why: &str) -> Response<Body> {
     response
 }
 
+/// Methods forwarded with a credential: those whose meaning is known. Anything else
+/// (`TRACE`, WebDAV, a made-up method an upstream might echo) gets no credential.
+const CREDENTIALED_METHODS: [Method; 7] = [
+    Method::GET,
+    Method::HEAD,
+    Method::POST,
+    Method::PUT,
+    Method::PATCH,
+    Method::DELETE,
+    Method::OPTIONS,
+];
+
+/// Why a request with `method` is not forwarded, if it is not: `TRACE` never (it
+/// echoes the request back, a credential added here included), and with a credential
+/// nothing but [`CREDENTIALED_METHODS`].
+fn refused_method(method: &Method, credentialed: bool) -> Option<Response<Body>> {
+    if method == Method::TRACE || method.as_str() == "TRACK" {
+        return Some(refusal(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "TRACE is not forwarded: it would echo the request back into the sandbox",
+        ));
+    }
+    if credentialed && !CREDENTIALED_METHODS.contains(method) {
+        return Some(refusal(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &format!("{method} is not forwarded to a destination with a bound credential"),
+        ));
+    }
+    None
+}
+
 /// Checks one request against the rules and carries it out.
-async fn handle(req: Request<Incoming>, rules: &EgressRules) -> Response<Body> {
+async fn handle(
+    req: Request<Incoming>,
+    rules: &EgressRules,
+    intercept: Option<Arc<Interceptor>>,
+) -> Response<Body> {
     let (host, port) = match destination(&req) {
         Ok(d) => d,
         Err(why) => return refusal(StatusCode::BAD_REQUEST, &why),
     };
-    // TRACE echoes the request back, a credential added here included.
-    if req.method() == Method::TRACE || req.method().as_str() == "TRACK" {
-        return refusal(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "TRACE is not forwarded: it would echo the request back into the sandbox",
-        );
+    let injected: Vec<Injection> = rules
+        .inject
+        .iter()
+        .filter(|i| i.rule.allows(&host, port))
+        .cloned()
+        .collect();
+    if req.method() != Method::CONNECT {
+        if let Some(refused) = refused_method(req.method(), !injected.is_empty()) {
+            return refused;
+        }
     }
     let addrs = match admit(rules, &host, port).await {
         Ok(a) => a,
@@ -201,21 +270,28 @@ async fn handle(req: Request<Incoming>, rules: &EgressRules) -> Response<Body> {
         }
     };
     let _ = upstream.set_nodelay(true);
-    let mut req = req;
-    let injected = rules.inject.iter().filter(|i| i.rule.allows(&host, port));
     if req.method() == Method::CONNECT {
-        if injected.count() > 0 {
-            tracing::info!(%host, port, "egress: a TLS tunnel; the bound credential is not added");
-        }
+        // A destination with a credential: TLS ends here, so the credential can be
+        // added. Any other: a tunnel the proxy cannot see into.
+        let intercept = intercept.filter(|_| !injected.is_empty());
         tokio::spawn(async move {
-            match hyper::upgrade::on(req).await {
-                Ok(upgraded) => {
-                    let mut upstream = upstream;
-                    let _ =
-                        tokio::io::copy_bidirectional(&mut TokioIo::new(upgraded), &mut upstream)
-                            .await;
+            let tunnel = match hyper::upgrade::on(req).await {
+                Ok(upgraded) => TokioIo::new(upgraded),
+                Err(e) => {
+                    tracing::debug!(error = %e, "egress tunnel never started");
+                    return;
                 }
-                Err(e) => tracing::debug!(error = %e, "egress tunnel never started"),
+            };
+            match intercept {
+                Some(intercept) => {
+                    intercept
+                        .serve(tunnel, host, port, upstream, injected)
+                        .await
+                }
+                None => {
+                    let (mut tunnel, mut upstream) = (tunnel, upstream);
+                    let _ = tokio::io::copy_bidirectional(&mut tunnel, &mut upstream).await;
+                }
             }
         });
         return Response::new(
@@ -224,40 +300,11 @@ async fn handle(req: Request<Incoming>, rules: &EgressRules) -> Response<Body> {
                 .boxed(),
         );
     }
-    for injection in injected {
-        req.headers_mut()
-            .insert(injection.header.clone(), injection.value.clone());
-    }
-    forward(req, upstream, &host, port).await
-}
-
-/// Sends a plain-HTTP request upstream in origin form and relays the response.
-async fn forward(
-    mut req: Request<Incoming>,
-    upstream: TcpStream,
-    host: &str,
-    port: u16,
-) -> Response<Body> {
-    let path = req
-        .uri()
-        .path_and_query()
-        .map_or("/".to_string(), |p| p.to_string());
     // The request goes to the host its URI names, whatever `Host:` the sandbox wrote
     // (a credential added for that host must not reach another one it serves).
-    let authority = req.uri().authority().map(|a| a.as_str().to_string());
-    match authority.and_then(|a| hyper::header::HeaderValue::from_str(&a).ok()) {
-        Some(value) => {
-            req.headers_mut().insert(hyper::header::HOST, value);
-        }
-        None => return refusal(StatusCode::BAD_REQUEST, "the request names no host"),
-    }
-    *req.uri_mut() = match path.parse() {
-        Ok(uri) => uri,
-        Err(_) => return refusal(StatusCode::BAD_REQUEST, "bad request path"),
+    let Some(authority) = req.uri().authority().map(|a| a.as_str().to_string()) else {
+        return refusal(StatusCode::BAD_REQUEST, "the request names no host");
     };
-    for hop in ["proxy-connection", "proxy-authorization", "keep-alive"] {
-        req.headers_mut().remove(hop);
-    }
     let (mut sender, connection) =
         match hyper::client::conn::http1::handshake(TokioIo::new(upstream)).await {
             Ok(pair) => pair,
@@ -267,11 +314,61 @@ async fn forward(
             }
         };
     tokio::spawn(connection);
+    relay(req, &mut sender, &authority, &injected).await
+}
+
+/// Sends one request upstream on `sender` in origin form, to `authority` whatever
+/// `Host:` the sandbox wrote, with the credentials of `inject` added (replacing the
+/// sandbox's own headers of those names), and relays the response with the
+/// credentials masked.
+pub(crate) async fn relay(
+    mut req: Request<Incoming>,
+    sender: &mut hyper::client::conn::http1::SendRequest<Incoming>,
+    authority: &str,
+    inject: &[Injection],
+) -> Response<Body> {
+    if let Some(refused) = refused_method(req.method(), !inject.is_empty()) {
+        return refused;
+    }
+    let path = req
+        .uri()
+        .path_and_query()
+        .map_or("/".to_string(), |p| p.to_string());
+    match hyper::header::HeaderValue::from_str(authority) {
+        Ok(value) => {
+            req.headers_mut().insert(hyper::header::HOST, value);
+        }
+        Err(_) => return refusal(StatusCode::BAD_REQUEST, "the request names no host"),
+    }
+    *req.uri_mut() = match path.parse() {
+        Ok(uri) => uri,
+        Err(_) => return refusal(StatusCode::BAD_REQUEST, "bad request path"),
+    };
+    for hop in ["proxy-connection", "proxy-authorization", "keep-alive"] {
+        req.headers_mut().remove(hop);
+    }
+    for injection in inject {
+        req.headers_mut()
+            .insert(injection.header.clone(), injection.value.clone());
+    }
+    if !inject.is_empty() {
+        // A compressed echo would hide the credential from the mask.
+        req.headers_mut().insert(
+            hyper::header::ACCEPT_ENCODING,
+            hyper::header::HeaderValue::from_static("identity"),
+        );
+    }
     match sender.send_request(req).await {
-        Ok(response) => response.map(|b| b.boxed()),
+        Ok(response) if inject.is_empty() => response.map(|b| b.boxed()),
+        Ok(response) => {
+            let secrets = Secrets::new(inject.iter().map(|i| i.secret.clone()));
+            let (mut head, body) = response.into_parts();
+            secrets.mask_headers(&mut head.headers);
+            Response::from_parts(head, secrets.mask_body(body).boxed())
+        }
         Err(e) => refusal(
             StatusCode::BAD_GATEWAY,
-            &format!("{host}:{port} did not answer: {e}"),
+            &format!("{authority} did not answer: {e}"),
         ),
     }
 }

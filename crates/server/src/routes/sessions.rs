@@ -481,12 +481,8 @@ async fn check_egress_credentials<W: World + Clone>(
         }
         let value =
             open_credential(state, owner, &binding.credential, "egress_credentials").await?;
-        steadfast_sandbox::Injection::new(
-            &binding.host,
-            &binding.header,
-            &format!("{}{value}", binding.prefix),
-        )
-        .map_err(|e| invalid(format!("egress_credentials: `{}`: {e}", binding.credential)))?;
+        steadfast_sandbox::Injection::new(&binding.host, &binding.header, &binding.prefix, &value)
+            .map_err(|e| invalid(format!("egress_credentials: `{}`: {e}", binding.credential)))?;
     }
     Ok(())
 }
