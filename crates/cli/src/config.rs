@@ -252,6 +252,12 @@ pub struct SandboxConfig {
     pub workspace_mb: Option<u64>,
     /// Size of a sandbox's private /tmp and home, MiB.
     pub tmp_mb: Option<u64>,
+    /// What one session's history (its calls' snapshots and offloaded outputs) may
+    /// keep, MiB; past it, calls are answered with an error, not run. Default 51200.
+    pub history_mb: Option<u64>,
+    /// What the histories of all of one owner's sessions may keep together, MiB;
+    /// default: no quota.
+    pub owner_history_mb: Option<u64>,
     /// Internal destinations (loopback, private, link-local addresses) an allow-list,
     /// and the MCP servers and git remotes sessions name, may reach, by name
     /// (`host:port`); sessions cannot add to these.
@@ -511,6 +517,8 @@ impl Config {
             (&mut s.resident_mb, &mut limits.resident_mb),
             (&mut s.workspace_mb, &mut limits.workspace_mb),
             (&mut s.tmp_mb, &mut limits.tmp_mb),
+            (&mut s.history_mb, &mut limits.history_mb),
+            (&mut s.owner_history_mb, &mut limits.owner_history_mb),
         ] {
             Binding::new(way).either(set, option);
         }

@@ -112,6 +112,17 @@ pub(crate) fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -
     move |source| Error::Io { op, path, source }
 }
 
+/// A snapshot just taken: its id, and the bytes of new objects it stored (0 when the
+/// store held everything already): what it added to the drive, counted against a
+/// session's history quota.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taken {
+    /// The snapshot's id.
+    pub id: String,
+    /// Bytes of objects this snapshot wrote that the store did not hold.
+    pub stored_bytes: u64,
+}
+
 /// A snapshot store, shared by all the workspaces that use it: on local disk, or in
 /// an object store every host shares with a bounded cache on this one.
 #[derive(Debug, Clone)]
@@ -223,26 +234,35 @@ impl Drive {
     /// Durable when this returns: every new object is synced. A crash part way
     /// through leaves only unreferenced objects behind.
     pub fn snapshot(&self, workspace: &Path) -> Result<String> {
+        self.take(workspace).map(|taken| taken.id)
+    }
+
+    /// [`Drive::snapshot`], saying also what it stored.
+    pub fn take(&self, workspace: &Path) -> Result<Taken> {
         self.with_index(workspace, |index| {
-            let root = self.store_pass(workspace, index)?;
-            if self.objects.contains(&root)? {
-                return Ok(root);
+            let (id, stored_bytes) = self.store_pass(workspace, index)?;
+            if self.objects.contains(&id)? {
+                return Ok(Taken { id, stored_bytes });
             }
             // The index named a tree the store no longer holds (swept while no log
             // referenced it): start over from the files themselves.
             index.clear();
-            self.store_pass(workspace, index)
+            let (id, more) = self.store_pass(workspace, index)?;
+            Ok(Taken {
+                id,
+                stored_bytes: stored_bytes + more,
+            })
         })
     }
 
-    fn store_pass(&self, workspace: &Path, index: &mut Index) -> Result<String> {
+    fn store_pass(&self, workspace: &Path, index: &mut Index) -> Result<(String, u64)> {
         let touched = match index.changes() {
             Changes::Only(touched) => {
                 if touched.is_empty() && index.trusts("") {
                     if let Some(root) = index.tree_of("") {
                         // Nothing was reported anywhere since the last pass.
                         steadfast_fault::point(steadfast_fault::points::MID_SNAPSHOT);
-                        return Ok(root.to_string());
+                        return Ok((root.to_string(), 0));
                     }
                 }
                 Some(touched)
@@ -262,7 +282,7 @@ impl Drive {
             .fetch_add(scanner.files_read, Ordering::Relaxed);
         steadfast_fault::point(steadfast_fault::points::MID_SNAPSHOT);
         self.objects.finish(&mut scanner.batch)?;
-        Ok(root)
+        Ok((root, scanner.batch.committed))
     }
 
     /// [`Drive::snapshot`] for async callers, on a blocking thread, abandoned after
@@ -274,7 +294,7 @@ impl Drive {
         &self,
         workspace: &Path,
         limit: std::time::Duration,
-    ) -> Result<String> {
+    ) -> Result<Taken> {
         let (drive, ws) = (self.clone(), workspace.to_path_buf());
         let started = std::time::Instant::now();
         let timed_out = || Error::Io {
@@ -285,11 +305,8 @@ impl Drive {
                 format!("took longer than {} s and was abandoned", limit.as_secs()),
             ),
         };
-        match tokio::time::timeout(
-            limit,
-            tokio::task::spawn_blocking(move || drive.snapshot(&ws)),
-        )
-        .await
+        match tokio::time::timeout(limit, tokio::task::spawn_blocking(move || drive.take(&ws)))
+            .await
         {
             Ok(done) => {
                 let snapshot = done.map_err(|e| Error::Task(e.to_string()))??;

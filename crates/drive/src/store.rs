@@ -47,6 +47,9 @@ pub(crate) struct Batch {
     /// again need not upload it.
     pub(crate) vouched: Option<Arc<std::collections::HashSet<String>>>,
     bytes: u64,
+    /// Bytes of the objects this batch has put in place so far (a batch commits
+    /// every [`BATCH_LIMIT`] objects, and at its end).
+    pub(crate) committed: u64,
 }
 
 /// How many written objects a batch holds (open) before it commits them.
@@ -287,8 +290,9 @@ impl ObjectStore {
             std::fs::create_dir_all(parent).map_err(io("create", parent))?;
             std::fs::rename(&tmp, &path).map_err(io("rename", &path))?;
         }
-        self.written
-            .fetch_add(std::mem::take(&mut batch.bytes), Ordering::Relaxed);
+        let bytes = std::mem::take(&mut batch.bytes);
+        batch.committed += bytes;
+        self.written.fetch_add(bytes, Ordering::Relaxed);
         Ok(())
     }
 

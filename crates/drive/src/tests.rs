@@ -863,7 +863,7 @@ async fn a_snapshot_past_its_deadline_is_abandoned_with_a_timeout() {
         .snapshot_within(&ws, std::time::Duration::from_secs(60))
         .await
         .unwrap();
-    assert_eq!(id, drive.snapshot(&ws).unwrap());
+    assert_eq!(id.id, drive.snapshot(&ws).unwrap());
 }
 
 /// Restores one after another with no snapshot between them, then a snapshot, in a
@@ -1111,4 +1111,31 @@ fn a_snapshot_names_the_objects_it_lost() {
         drive.read_file(&id, "a.txt"),
         Err(Error::NotFound(_))
     ));
+}
+
+/// A snapshot says what it stored: the new objects' bytes, nothing for what the store
+/// held already (an unchanged workspace, a file another snapshot stored).
+#[test]
+fn a_snapshot_says_what_it_stored() {
+    let (_dir, drive, ws) = setup();
+    std::fs::write(ws.join("big.bin"), vec![7u8; 300_000]).unwrap();
+    let first = drive.take(&ws).unwrap();
+    assert!(
+        (300_000..301_000).contains(&first.stored_bytes),
+        "{first:?}"
+    );
+    assert_eq!(
+        drive.take(&ws).unwrap(),
+        Taken {
+            stored_bytes: 0,
+            ..first.clone()
+        }
+    );
+    // The same content under another name stores only a new tree.
+    std::fs::write(ws.join("copy.bin"), vec![7u8; 300_000]).unwrap();
+    let copied = drive.take(&ws).unwrap();
+    assert!(copied.stored_bytes < 1000, "{copied:?}");
+    std::fs::write(ws.join("new.bin"), vec![9u8; 50_000]).unwrap();
+    let grown = drive.take(&ws).unwrap();
+    assert!((50_000..51_000).contains(&grown.stored_bytes), "{grown:?}");
 }

@@ -386,6 +386,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                                 ),
                             },
                             snapshot_after: None,
+                            stored_bytes: 0,
                         }])
                         .await?;
                     }

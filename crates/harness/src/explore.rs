@@ -45,6 +45,7 @@ pub(crate) fn answered(call: &ToolUse, text: String, is_error: bool) -> Vec<Even
             exit_code: None,
             output: Output::Inline { text },
             snapshot_after: None,
+            stored_bytes: 0,
         },
     ]
 }

@@ -698,6 +698,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             Arc::clone(&held_back),
         );
         sandbox_options.egress_watch = Some(desk.watch(record));
+        let history = steadfast_journal::history::HistoryQuota::of(&sandbox_options.limits);
         let make: MakeSandbox<S> = {
             let (provision, ws) = (self.provision.clone(), workspace.clone());
             Arc::new(move || provision(&ws, &sandbox_options))
@@ -720,7 +721,8 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         .with_snapshot_timeout(self.options.snapshot_timeout)
         .with_hosted(hosted)
         .with_held_back(held_back)
-        .with_egress(desk);
+        .with_egress(desk)
+        .with_history_quota(history);
         Ok(Driver::new(self, journal, model, heartbeat).adopting(adopted))
     }
 
@@ -934,7 +936,8 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         Ok(self
             .drive
             .snapshot_within(workspace, self.options.snapshot_timeout)
-            .await?)
+            .await?
+            .id)
     }
 }
 

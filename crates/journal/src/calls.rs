@@ -192,6 +192,11 @@ pub struct Journal<W, S> {
     explore: Option<crate::explore::Explorers>,
     /// Which calls run in the tools' sandbox, for its egress proxy's records.
     egress: Option<Arc<EgressDesk>>,
+    /// Bytes the snapshots taken since the last recorded outcome stored: recorded
+    /// with the next outcome (see [`crate::history`]).
+    stored: std::sync::atomic::AtomicU64,
+    /// The operator's history quotas.
+    history: crate::history::HistoryQuota,
 }
 
 /// Counts a running call as finished when dropped (however it ends).
@@ -243,7 +248,27 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             git: None,
             explore: None,
             egress: None,
+            stored: std::sync::atomic::AtomicU64::new(0),
+            history: crate::history::HistoryQuota::default(),
         }
+    }
+
+    /// Refuses calls once the session's history, or its owner's, is as big as
+    /// `quota` allows (see [`crate::history`]).
+    pub fn with_history_quota(mut self, quota: crate::history::HistoryQuota) -> Self {
+        self.history = quota;
+        self
+    }
+
+    /// The history quotas this journal holds calls to.
+    pub fn history_quota(&self) -> crate::history::HistoryQuota {
+        self.history
+    }
+
+    /// The bytes snapshots stored since the last outcome that recorded them, taken
+    /// for the outcome being recorded now.
+    fn take_stored(&self) -> u64 {
+        self.stored.swap(0, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Counts each call as running at `desk` while it runs in the sandbox, so what its
@@ -773,6 +798,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
                     exit_code: None,
                     output: Output::Inline { text: told.clone() },
                     snapshot_after: snapshot,
+                    stored_bytes: 0,
                 },
             ])
             .await?;
@@ -807,6 +833,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
                     exit_code: None,
                     output: Output::Inline { text: text.clone() },
                     snapshot_after: snapshot,
+                    stored_bytes: 0,
                 },
             ])
             .await?;
@@ -830,11 +857,14 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
 
     async fn snapshot(&self) -> Result<String> {
         use tracing::Instrument;
-        Ok(self
+        let taken = self
             .drive
             .snapshot_within(&self.workspace, self.snapshot_timeout)
             .instrument(steadfast_metrics::trace::snapshot_span())
-            .await?)
+            .await?;
+        self.stored
+            .fetch_add(taken.stored_bytes, std::sync::atomic::Ordering::Relaxed);
+        Ok(taken.id)
     }
 
     /// A call's class: the harness's own tools by what they do, a call seen sending
@@ -1094,6 +1124,12 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             if let Some(item) = futures_util::FutureExt::now_or_never(stop.as_mut()) {
                 return Ok(Ran::Interrupted(item));
             }
+            if let Some(why) = self.history_full().await? {
+                let (text, is_error) = self
+                    .refuse(call.id, &call.tool, &call.input, call.class, why)
+                    .await?;
+                return Ok(Ran::Done { text, is_error });
+            }
             let _writer = self.recording.lock().await;
             self.to_frontier().await?;
             let snapshot_before = if touches {
@@ -1192,6 +1228,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             exit_code: out.exit_code,
             output,
             snapshot_after: snapshot_after.clone(),
+            stored_bytes: self.take_stored(),
         };
         let staged = call.class == ToolClass::Read
             && self
@@ -1252,6 +1289,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
                     exit_code: None,
                     output: Output::Inline { text: text.clone() },
                     snapshot_after: None,
+                    stored_bytes: 0,
                 },
             ])
             .await?;
@@ -1289,6 +1327,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
                     ),
                 },
                 snapshot_after: snapshot_after.clone(),
+                stored_bytes: self.take_stored(),
             }])
             .await?;
         if snapshot_after.is_some() {

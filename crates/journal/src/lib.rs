@@ -19,6 +19,7 @@ pub mod escalate;
 pub mod exchange;
 pub mod explore;
 pub mod git;
+pub mod history;
 pub mod kept;
 pub mod remote;
 pub mod slot;

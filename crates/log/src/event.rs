@@ -763,6 +763,11 @@ pub enum Event {
         output: Output,
         /// The workspace snapshot just after the call.
         snapshot_after: Option<String>,
+        /// Bytes of new objects the call's snapshots stored (what its effect on the
+        /// workspace costs the drive): with its output's, what the session's history
+        /// keeps for it, counted against the history quota.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        stored_bytes: u64,
     },
     /// A tool call was cut off by a crash; this records how it was resolved.
     ToolCallInterrupted {
@@ -1085,6 +1090,26 @@ impl Event {
             } => Some(b),
             Event::Checkpoint { blob, .. } => Some(blob),
             _ => None,
+        }
+    }
+
+    /// Bytes this record keeps in storage beyond the log: what a call's snapshots
+    /// stored and its output offloaded to a blob. Summed, a session's history (see
+    /// the history quota).
+    pub fn kept_bytes(&self) -> u64 {
+        match self {
+            Event::ToolCallOutcome {
+                output,
+                stored_bytes,
+                ..
+            } => {
+                let output = match output {
+                    Output::Blob(b) => b.size,
+                    Output::Inline { .. } => 0,
+                };
+                stored_bytes.saturating_add(output)
+            }
+            _ => 0,
         }
     }
 

@@ -451,6 +451,11 @@ pub struct SessionState {
     pub usage: Usage,
     /// Money spent on recorded model calls, millionths of a dollar.
     pub cost_micro_usd: u64,
+    /// Bytes the session's history keeps beyond its log: what its tool calls'
+    /// snapshots stored and their outputs offloaded ([`Event::kept_bytes`]), counted
+    /// against the history quota.
+    #[serde(default)]
+    pub kept_bytes: u64,
     /// Model calls with a recorded outcome.
     pub model_calls: u64,
     /// Model call intents (attempts, including re-issued ones).
@@ -703,6 +708,7 @@ impl SessionState {
             queued_tools: Vec::new(),
             usage: Usage::default(),
             cost_micro_usd: 0,
+            kept_bytes: 0,
             model_calls: 0,
             model_attempts: 0,
             last_snapshot: initial_snapshot.clone(),
@@ -1093,6 +1099,7 @@ impl SessionState {
                 found: record.seq,
             });
         }
+        self.kept_bytes = self.kept_bytes.saturating_add(record.event.kept_bytes());
         let kind = record.event.kind();
         let bad = |reason: &str| FoldError::Inconsistent {
             seq: record.seq,

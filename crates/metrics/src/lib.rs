@@ -696,6 +696,7 @@ mod tests {
                 text: String::new(),
             },
             snapshot_after: None,
+            stored_bytes: 0,
         };
         let records = vec![
             record(

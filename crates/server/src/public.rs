@@ -214,6 +214,10 @@ pub enum EventBody {
         exit_code: Option<i32>,
         /// What it printed or returned.
         output: ToolOutput,
+        /// Bytes of new workspace objects its snapshots stored (0 for a call that
+        /// changed nothing new): with an offloaded output's, what the session's
+        /// history keeps for it, counted against the operator's history quota.
+        stored_bytes: u64,
     },
     /// A tool call cut off, and how it was resolved.
     ToolCallInterrupted {
@@ -730,12 +734,14 @@ fn body(event: &Event) -> EventBody {
             is_error,
             exit_code,
             output: out,
+            stored_bytes,
             ..
         } => EventBody::ToolCallOutcome {
             call_id: s(call_id),
             is_error: *is_error,
             exit_code: *exit_code,
             output: output(out),
+            stored_bytes: *stored_bytes,
         },
         Event::ToolCallInterrupted {
             call_id,
@@ -970,6 +976,7 @@ mod tests {
             exit_code: Some(0),
             output: Output::Inline { text: long.clone() },
             snapshot_after: Some("snap".into()),
+            stored_bytes: 0,
         }));
         assert_eq!(inline["output"]["truncated"], true);
         assert_eq!(inline["output"]["bytes"], long.len());
@@ -987,6 +994,7 @@ mod tests {
                 tail: "last lines".into(),
             }),
             snapshot_after: None,
+            stored_bytes: 0,
         }));
         assert_eq!(
             blob["output"]["blob"],

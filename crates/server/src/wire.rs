@@ -87,7 +87,7 @@ pub struct Created {
     "waiting_call": {"call_id": "toolu_01A", "tool": "request_approval", "input": {"reason": "may I push to main?"}},
     "end_reason": null,
     "usage": {"input_tokens": 18250, "output_tokens": 1930, "cache_read_tokens": 12000, "cache_write_tokens": 0},
-    "cost_usd": 0.084, "priced": true, "budget_usd": 5.0, "limits": {"max_cost_micro_usd": 5000000},
+    "cost_usd": 0.084, "history_bytes": 5242880, "priced": true, "budget_usd": 5.0, "limits": {"max_cost_micro_usd": 5000000},
     "escalated_by": null, "network": "deny-all", "reply": null,
     "created_at_ms": 1764640000000_u64, "updated_at_ms": 1764640093000_u64,
     "agent": "native", "labels": {"team": "infra"}, "metadata": {"ticket": "PROJ-12"},
@@ -129,6 +129,10 @@ pub struct Session {
     pub usage: Usage,
     /// Money spent on recorded model calls.
     pub cost_usd: f64,
+    /// Bytes the session's history keeps beyond its log: the new workspace objects
+    /// its calls' snapshots stored and the outputs they offloaded, counted against
+    /// the operator's history quota (`[sandbox] history-mb`).
+    pub history_bytes: u64,
     /// Whether the model has a price (built-in or configured), so money bounds hold.
     pub priced: bool,
     /// The money bound, if any.
@@ -378,7 +382,7 @@ pub struct AgentList {
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({"schema": 1, "after": 4, "next_after": 6, "has_more": true, "events": [
     {"type": "tool_call_intent", "seq": 5, "at_ms": 1764640001000_u64, "call_id": "toolu_01A", "tool": "bash", "input": {"command": "pytest -q"}, "class": "read"},
-    {"type": "tool_call_outcome", "seq": 6, "at_ms": 1764640003500_u64, "call_id": "toolu_01A", "is_error": false, "exit_code": 0, "output": {"excerpt": "12 passed in 0.41s\n", "truncated": false, "bytes": 19}}
+    {"type": "tool_call_outcome", "seq": 6, "at_ms": 1764640003500_u64, "call_id": "toolu_01A", "is_error": false, "exit_code": 0, "output": {"excerpt": "12 passed in 0.41s\n", "truncated": false, "bytes": 19}, "stored_bytes": 2048}
 ]}))]
 pub struct EventPage {
     /// The public event schema's version.

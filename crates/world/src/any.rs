@@ -233,6 +233,10 @@ impl World for AnyWorld {
         delegate!(self, w => w.census())
     }
 
+    async fn owner_kept_bytes(&self, session: &str) -> Result<u64> {
+        delegate!(self, w => w.owner_kept_bytes(session))
+    }
+
     async fn take_tokens(&self, draw: &crate::rate::Draw) -> Result<bool> {
         delegate!(self, w => w.take_tokens(draw))
     }

@@ -1564,3 +1564,51 @@ pub async fn rate_buckets_are_shared_and_refill<W: World>(one: &W, two: &W) {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(two.take_tokens(&quick).await.unwrap(), "refilled");
 }
+
+/// A tool call's outcome that stored `bytes` in the drive.
+fn stored(call: &str, bytes: u64) -> Event {
+    Event::ToolCallOutcome {
+        call_id: call.into(),
+        is_error: false,
+        exit_code: Some(0),
+        output: steadfast_log::Output::Inline { text: "ok".into() },
+        snapshot_after: Some("s".into()),
+        stored_bytes: bytes,
+    }
+}
+
+/// What the sessions of one owner keep is summed across them, whichever process
+/// appended it, and a deleted session's share goes with it.
+pub async fn an_owners_kept_bytes_sum_their_sessions<W: World>(one: &W, two: &W) {
+    for (id, owner) in [("k1", "alice"), ("k2", "alice"), ("k3", "bob")] {
+        one.create_session(id, owner).await.unwrap();
+    }
+    assert_eq!(one.owner_kept_bytes("k1").await.unwrap(), 0);
+    let k1 = one
+        .acquire_lease("k1", &Holder::new("h1"), TTL)
+        .await
+        .unwrap();
+    let k2 = two
+        .acquire_lease("k2", &Holder::new("h2"), TTL)
+        .await
+        .unwrap();
+    let k3 = one
+        .acquire_lease("k3", &Holder::new("h1"), TTL)
+        .await
+        .unwrap();
+    one.append(&k1, &[stored("c1", 1000)]).await.unwrap();
+    one.append(&k1, &[intent(1), stored("c2", 24)])
+        .await
+        .unwrap();
+    two.append(&k2, &[stored("c1", 500)]).await.unwrap();
+    one.append(&k3, &[stored("c1", 7)]).await.unwrap();
+    // Records that keep nothing beyond the log add nothing.
+    two.append(&k2, &[intent(2)]).await.unwrap();
+    for (session, owner_total) in [("k1", 1524), ("k2", 1524), ("k3", 7)] {
+        assert_eq!(one.owner_kept_bytes(session).await.unwrap(), owner_total);
+        assert_eq!(two.owner_kept_bytes(session).await.unwrap(), owner_total);
+    }
+    one.delete_session("k1").await.unwrap();
+    assert_eq!(two.owner_kept_bytes("k2").await.unwrap(), 500);
+    assert_eq!(one.owner_kept_bytes("gone").await.unwrap(), 0);
+}

@@ -403,6 +403,12 @@ pub trait World: Send + Sync + 'static {
     /// holder keeps (the queue's depth): what the metrics' census gauges show.
     fn census(&self) -> impl Future<Output = Result<Census>> + Send;
 
+    /// Bytes the histories of every session of `session`'s owner keep together (what
+    /// their tool calls' snapshots stored and their outputs offloaded; see
+    /// [`Event::kept_bytes`]): what the per-owner history quota is checked against.
+    /// Deleting a session takes its share off.
+    fn owner_kept_bytes(&self, session: &str) -> impl Future<Output = Result<u64>> + Send;
+
     /// Takes `draw.amount` from the rate bucket `draw.key`, shared by every process on
     /// this world: false, taking nothing, when the bucket holds less. See [`rate`].
     fn take_tokens(&self, draw: &rate::Draw) -> impl Future<Output = Result<bool>> + Send;
@@ -598,12 +604,16 @@ pub(crate) struct Summary {
     /// Until when no worker may take the session (0: at once): a retry's time after
     /// a failure, cleared by whatever the session records next.
     pub retry_at_ms: u64,
+    /// Bytes these events add to what the session's history keeps (see
+    /// [`Event::kept_bytes`]).
+    pub kept_bytes: u64,
 }
 
 /// The summary changes these events make.
 pub(crate) fn summarize(events: &[Event]) -> Summary {
     let mut s = Summary::default();
     for e in events {
+        s.kept_bytes = s.kept_bytes.saturating_add(e.kept_bytes());
         s.retry_at_ms = match e {
             Event::DriveFailed { retry_at_ms, .. } => retry_at_ms.unwrap_or(0),
             _ => 0,

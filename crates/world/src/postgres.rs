@@ -47,6 +47,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (13, include_str!("postgres/013_access.sql")),
     (14, include_str!("postgres/014_forks.sql")),
     (15, include_str!("postgres/015_rate_buckets.sql")),
+    (16, include_str!("postgres/016_kept_bytes.sql")),
 ];
 const UNIQUE_VIOLATION: &str = "23505";
 const STALE_FENCE: &str = "SF001";
@@ -95,7 +96,8 @@ WITH s AS (
            status = coalesce($7, status),
            title = CASE WHEN title_set THEN title ELSE coalesce($8, title) END,
            waiting_for = CASE WHEN $9 THEN $10 ELSE waiting_for END,
-           retry_at_ms = $19, agent = coalesce($20, agent)
+           retry_at_ms = $19, agent = coalesce($20, agent),
+           kept_bytes = kept_bytes + $21
      WHERE id = $1 AND lease_epoch = $2 AND lease_holder = $3
  RETURNING id),
 ins AS (
@@ -514,6 +516,7 @@ impl PostgresWorld {
             && summary.waiting_for.is_none()
             && summary.taken.is_empty()
             && summary.retry_at_ms == 0
+            && summary.kept_bytes == 0
             && !known.retry_pending;
         let outcome = if lean {
             let append = group::LeanAppend {
@@ -564,6 +567,7 @@ impl PostgresWorld {
                         &spilled,
                         &(summary.retry_at_ms as i64),
                         &summary.agent,
+                        &(summary.kept_bytes.min(i64::MAX as u64) as i64),
                     ],
                 )
                 .await
@@ -671,7 +675,7 @@ impl PostgresWorld {
         tx.execute(
             "UPDATE steadfast_sessions SET last_seq = $2, updated_at_ms = $3, status = coalesce($4, status), \
              title = CASE WHEN title_set THEN title ELSE coalesce($5, title) END, retry_at_ms = $6, \
-             agent = coalesce($7, agent) WHERE id = $1",
+             agent = coalesce($7, agent), kept_bytes = kept_bytes + $8 WHERE id = $1",
             &[
                 &lease.session,
                 &((last + records.len() as u64) as i64),
@@ -680,6 +684,7 @@ impl PostgresWorld {
                 &summary.title,
                 &(summary.retry_at_ms as i64),
                 &summary.agent,
+                &(summary.kept_bytes.min(i64::MAX as u64) as i64),
             ],
         )
         .await
@@ -1692,6 +1697,22 @@ impl World for PostgresWorld {
                 detail: serde_json::from_str(r.get(5)).unwrap_or(serde_json::Value::Null),
             })
             .collect())
+    }
+
+    async fn owner_kept_bytes(&self, session: &str) -> Result<u64> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT coalesce(sum(kept_bytes), 0)::bigint FROM steadfast_sessions \
+                 WHERE owner = (SELECT owner FROM steadfast_sessions WHERE id = $1)",
+            )
+            .await
+            .map_err(db)?;
+        let row = client
+            .query_one(&statement, &[&session])
+            .await
+            .map_err(db)?;
+        Ok(row.get::<_, i64>(0).max(0) as u64)
     }
 
     async fn take_tokens(&self, draw: &crate::rate::Draw) -> Result<bool> {

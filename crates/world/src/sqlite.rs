@@ -19,8 +19,14 @@ use crate::{
 /// Schema migrations, applied in order; `PRAGMA user_version` records the last.
 const MIGRATIONS: &[&str] = &[
     SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7, SCHEMA_V8,
-    SCHEMA_V9, SCHEMA_V10,
+    SCHEMA_V9, SCHEMA_V10, SCHEMA_V11,
 ];
+
+/// What each session's history keeps beyond its log ([`World::owner_kept_bytes`]).
+/// Sessions recorded before it count from here on.
+const SCHEMA_V11: &str = r#"
+ALTER TABLE sessions ADD COLUMN kept_bytes INTEGER NOT NULL DEFAULT 0;
+"#;
 
 /// Rate buckets shared by every process on this world ([`World::take_tokens`]).
 const SCHEMA_V10: &str = r#"
@@ -807,10 +813,10 @@ impl World for SqliteWorld {
             let events: Vec<Event> = records.iter().map(|r| r.event.clone()).collect();
             let summary = summarize(&events);
             tx.prepare_cached(
-                "UPDATE sessions SET last_seq = ?2, updated_at_ms = ?3, status = COALESCE(?4, status), title = CASE WHEN title_set THEN title ELSE COALESCE(?5, title) END, retry_at_ms = ?6, agent = COALESCE(?7, agent) WHERE id = ?1",
+                "UPDATE sessions SET last_seq = ?2, updated_at_ms = ?3, status = COALESCE(?4, status), title = CASE WHEN title_set THEN title ELSE COALESCE(?5, title) END, retry_at_ms = ?6, agent = COALESCE(?7, agent), kept_bytes = kept_bytes + ?8 WHERE id = ?1",
             )
             .map_err(backend)?
-            .execute(params![lease.session, last + records.len() as u64, at_ms, summary.status, summary.title, summary.retry_at_ms, summary.agent])
+            .execute(params![lease.session, last + records.len() as u64, at_ms, summary.status, summary.title, summary.retry_at_ms, summary.agent, summary.kept_bytes as i64])
             .map_err(backend)?;
             if let Some(waiting_for) = &summary.waiting_for {
                 tx.execute(
@@ -1555,6 +1561,21 @@ impl World for SqliteWorld {
             })
             .map_err(backend)?
             .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(backend)
+        })
+        .await
+    }
+
+    async fn owner_kept_bytes(&self, session: &str) -> Result<u64> {
+        let session = session.to_string();
+        self.with(move |conn| {
+            conn.prepare_cached(
+                "SELECT COALESCE(SUM(kept_bytes), 0) FROM sessions \
+                 WHERE owner = (SELECT owner FROM sessions WHERE id = ?1)",
+            )
+            .map_err(backend)?
+            .query_row([&session], |r| r.get::<_, i64>(0))
+            .map(|n| n.max(0) as u64)
             .map_err(backend)
         })
         .await

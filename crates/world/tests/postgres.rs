@@ -617,3 +617,10 @@ async fn rate_buckets_are_shared_and_refill() {
     // A second pool: a second API process.
     conformance::rate_buckets_are_shared_and_refill(&db.world().await, &db.world().await).await;
 }
+
+#[tokio::test]
+async fn an_owners_kept_bytes_sum_their_sessions() {
+    let db = TestDb::new().await;
+    conformance::an_owners_kept_bytes_sum_their_sessions(&db.world().await, &db.world().await)
+        .await;
+}

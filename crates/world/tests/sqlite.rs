@@ -400,3 +400,10 @@ async fn rate_buckets_are_shared_and_refill() {
     let two = SqliteWorld::open(dir.path().join("world.db")).unwrap();
     conformance::rate_buckets_are_shared_and_refill(&one, &two).await;
 }
+
+#[tokio::test]
+async fn an_owners_kept_bytes_sum_their_sessions() {
+    let (dir, one) = world();
+    let two = SqliteWorld::open(dir.path().join("world.db")).unwrap();
+    conformance::an_owners_kept_bytes_sum_their_sessions(&one, &two).await;
+}

@@ -290,7 +290,10 @@ pub async fn drive_turn<W: World + Clone + 'static>(
             .with_max_calls(options.max_tool_calls_per_turn)
             .with_snapshot_timeout(options.snapshot_timeout)
             .with_hosted(options.hosted.clone())
-            .with_egress(desk),
+            .with_egress(desk)
+            .with_history_quota(steadfast_journal::history::HistoryQuota::of(
+                &options.sandbox.limits,
+            )),
         );
         // A call the crash cut off whose command the adopted sandbox kept running is
         // waited for and its outcome recorded: the CLI, started again, is answered

@@ -95,6 +95,7 @@ pub(crate) fn tool_pair(i: usize) -> [Event; 2] {
                 text: "test result: ok. 12 passed; 0 failed\n".repeat(8),
             },
             snapshot_after: Some(blake3::hash(&(i + 1).to_le_bytes()).to_hex().to_string()),
+            stored_bytes: 0,
         },
     ]
 }

@@ -93,6 +93,7 @@ impl Log {
             exit_code: Some(0),
             output: Output::Inline { text: "out".into() },
             snapshot_after: Some(format!("after-{id}")),
+            stored_bytes: 0,
         });
     }
 }
@@ -574,6 +575,7 @@ fn outcome(log: &mut Log, id: &str, after: &str) {
             text: format!("{id} done"),
         },
         snapshot_after: Some(after.into()),
+        stored_bytes: 0,
     });
 }
 

@@ -825,6 +825,7 @@ pub(crate) async fn show<W: World + Clone>(
         end_reason: s.end_reason.clone(),
         usage: s.usage,
         cost_usd: steadfast_log::money::usd(s.cost_micro_usd),
+        history_bytes: s.kept_bytes,
         priced: state.harness.is_priced(&s.model),
         budget_usd: s.limits.max_cost_micro_usd.map(steadfast_log::money::usd),
         limits: s.limits,
