@@ -273,6 +273,7 @@ async fn https_requests_get_the_credential_through_the_sandboxs_own_authority() 
         "curl -sS -m 10 -H 'Authorization: Bearer forged' https://{host}/issues/7 > fetched.txt 2>&1; \
          curl -sS -m 10 https://{host}/echo > echoed.txt 2>&1; \
          python3 -c 'import urllib.request; print(urllib.request.urlopen(\"https://{host}/issues/9\").read().decode())' > python.txt 2>&1; \
+         node -e 'fetch(\"https://{host}/issues/11\").then(r => r.text()).then(t => console.log(t))' > node.txt 2>&1; \
          curl -sS -m 10 -X PROPFIND https://{host}/dav > dav.txt 2>&1; \
          curl -sS -m 10 https://{other}/echo > tunnelled.txt 2>&1; {LOOK_FOR_IT}"
     );
@@ -302,6 +303,7 @@ async fn https_requests_get_the_credential_through_the_sandboxs_own_authority() 
 
     assert_eq!(read("fetched.txt"), "issue 7", "curl");
     assert_eq!(read("python.txt").trim(), "issue 7", "python's urllib");
+    assert_eq!(read("node.txt").trim(), "issue 7", "node's fetch");
     let echoed = read("echoed.txt");
     assert!(
         echoed
@@ -323,12 +325,12 @@ async fn https_requests_get_the_credential_through_the_sandboxs_own_authority() 
         "{tunnelled}"
     );
     let heads = heads.lock().unwrap().clone();
-    assert_eq!(heads.len(), 4, "PROPFIND never left the proxy: {heads:?}");
+    assert_eq!(heads.len(), 5, "PROPFIND never left the proxy: {heads:?}");
     let credentialed: Vec<&String> = heads
         .iter()
         .filter(|h| h.to_ascii_lowercase().contains(&format!("host: {host}")))
         .collect();
-    assert_eq!(credentialed.len(), 3, "{heads:?}");
+    assert_eq!(credentialed.len(), 4, "{heads:?}");
     for head in credentialed {
         let lower = head.to_ascii_lowercase();
         assert!(

@@ -1141,6 +1141,13 @@ impl Sandbox for BwrapSandbox {
     }
 
     async fn cancel(&self) {
+        if self.tenure.is_some() && LEAVING.load(Ordering::SeqCst) {
+            // This process is handing its sandboxes to the next holder on the machine
+            // (a rolling deploy): what runs in them is that holder's to wait for. A run
+            // that ends as the process stops (a wrapped CLI's journal closing) must not
+            // kill it on the way out.
+            return;
+        }
         let request = Request::new(agent::CANCEL, serde_json::Value::Null, self.tenure.clone());
         if let Err(e) = agent::call(&self.socket, &request).await {
             tracing::warn!(error = %e, "could not reach the sandbox agent to stop a command");
