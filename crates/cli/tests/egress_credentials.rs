@@ -9,12 +9,12 @@ use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 use steadfast_testkit::{FakeProvider, Script};
 
 mod common;
 
-use common::{call, put_credential, wait_for, VaultSite};
+use common::{call, put_credential, VaultSite};
 
 const SECRET: &str = "tracker-token-5f0c2a91";
 
@@ -165,14 +165,7 @@ async fn a_bound_credential_is_added_at_the_proxy_and_never_seen_inside() {
     let heads = heads.lock().unwrap().clone();
     assert_eq!(heads.len(), 3, "TRACE never left the proxy: {heads:?}");
     // An upstream that echoes the request hands back the credential masked.
-    let echoed = std::fs::read_to_string(workspace.join("echoed.txt")).unwrap();
-    assert!(
-        echoed
-            .to_ascii_lowercase()
-            .contains("authorization: bearer ****")
-            && !echoed.contains(SECRET),
-        "{echoed}"
-    );
+    assert_masked(&std::fs::read_to_string(workspace.join("echoed.txt")).unwrap());
     let traced = std::fs::read_to_string(workspace.join("traced.txt")).unwrap();
     assert!(
         traced.contains("TRACE is not forwarded") && !traced.contains(SECRET),
@@ -217,18 +210,20 @@ async fn run_turn(
     )
     .await;
     assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().unwrap().to_string();
-    wait_for("the turn to end", async || {
-        reqwest::get(format!("{sessions}/{id}"))
-            .await
-            .unwrap()
-            .json::<Value>()
-            .await
-            .unwrap()["status"]
-            == "idle"
-    })
-    .await;
+    common::idle_after(url, created["id"].as_str().unwrap(), 1).await;
     common::workspace_in(home, &created)
+}
+
+/// What an upstream that echoes the request (`echoed`) handed back: the credential
+/// masked.
+fn assert_masked(echoed: &str) {
+    assert!(
+        echoed
+            .to_ascii_lowercase()
+            .contains("authorization: bearer ****")
+            && !echoed.contains(SECRET),
+        "{echoed}"
+    );
 }
 
 /// Neither what the sandbox could see (`env.txt`, `environ.txt` and `found.txt`, which
@@ -304,14 +299,7 @@ async fn https_requests_get_the_credential_through_the_sandboxs_own_authority() 
     assert_eq!(read("fetched.txt"), "issue 7", "curl");
     assert_eq!(read("python.txt").trim(), "issue 7", "python's urllib");
     assert_eq!(read("node.txt").trim(), "issue 7", "node's fetch");
-    let echoed = read("echoed.txt");
-    assert!(
-        echoed
-            .to_ascii_lowercase()
-            .contains("authorization: bearer ****")
-            && !echoed.contains(SECRET),
-        "{echoed}"
-    );
+    assert_masked(&read("echoed.txt"));
     assert!(
         read("dav.txt").contains("PROPFIND is not forwarded"),
         "{}",

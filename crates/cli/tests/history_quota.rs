@@ -36,6 +36,22 @@ async fn outputs(url: &str, id: &str) -> Vec<String> {
         .collect()
 }
 
+/// A new session with `task`, once its first turn is over: its id and its calls'
+/// outputs.
+async fn first_turn(url: &str, task: &str) -> (String, Vec<String>) {
+    let (status, created) = call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/sessions"),
+        Some(json!({ "task": task })),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    idle_after(url, &id, 1).await;
+    let said = outputs(url, &id).await;
+    (id, said)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_stop_once_a_sessions_or_an_owners_history_is_full() {
     // Each step writes 800 KB nobody has stored before (random bytes).
@@ -60,16 +76,7 @@ async fn calls_stop_once_a_sessions_or_an_owners_history_is_full() {
     let (_api, url) = site.serve(&fake, "1").await;
     let sessions = format!("{url}/v1/sessions");
 
-    let (status, first) = call(
-        reqwest::Method::POST,
-        &sessions,
-        Some(json!({"task": "write"})),
-    )
-    .await;
-    assert_eq!(status, 201, "{first}");
-    let first = first["id"].as_str().unwrap().to_string();
-    idle_after(&url, &first, 1).await;
-    let said = outputs(&url, &first).await;
+    let (first, said) = first_turn(&url, "write").await;
     assert_eq!(said.len(), 4, "{said:?}");
     // 0.8, 1.6, then 2.4 MB: the third call started under the 2 MiB quota.
     for (n, output) in said[..3].iter().enumerate() {
@@ -91,16 +98,7 @@ async fn calls_stop_once_a_sessions_or_an_owners_history_is_full() {
 
     // Another session of the same owner: its first call starts under the owner's
     // 3 MiB (2.4 MB kept so far) and passes it; the next ones do not run.
-    let (status, second) = call(
-        reqwest::Method::POST,
-        &sessions,
-        Some(json!({"task": "write more"})),
-    )
-    .await;
-    assert_eq!(status, 201, "{second}");
-    let second = second["id"].as_str().unwrap().to_string();
-    idle_after(&url, &second, 1).await;
-    let said = outputs(&url, &second).await;
+    let (second, said) = first_turn(&url, "write more").await;
     assert!(said[0].contains("wrote 1"), "{said:?}");
     for refused in &said[1..] {
         assert!(
