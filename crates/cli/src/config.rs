@@ -922,6 +922,8 @@ mod tests {
             resident-mb = 256
             workspace-mb = 1000
             tmp-mb = 100
+            history-mb = 300
+            owner-history-mb = 900
             [agents]
             max-restarts = 5
             turn-timeout-secs = 600

@@ -31,6 +31,18 @@ use tokio::net::TcpStream;
 
 use crate::proxy::{refusal, relay, Body, Injection};
 
+/// The destination closed a tunnel's connection: the sandbox's side is closed too.
+#[derive(Debug)]
+struct UpstreamClosed;
+
+impl std::fmt::Display for UpstreamClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the destination closed the connection")
+    }
+}
+
+impl std::error::Error for UpstreamClosed {}
+
 /// The proxy's side of HTTPS interception for one sandbox.
 pub(crate) struct Interceptor {
     issuer: Issuer<'static, KeyPair>,
@@ -228,11 +240,15 @@ impl Interceptor {
             let (sender, authority, inject) = (sender.clone(), authority.clone(), inject.clone());
             async move {
                 let mut sender = sender.lock().await;
-                let response: Response<Body> = match sender.as_mut() {
-                    Ok(sender) => relay(req, sender, &authority, &inject).await,
-                    Err(why) => refusal(StatusCode::BAD_GATEWAY, why),
-                };
-                Ok::<_, std::convert::Infallible>(response)
+                match sender.as_mut() {
+                    // The destination closed the connection since the last request
+                    // (its keep-alive ended): this one ends too, unanswered, so the
+                    // client opens a new tunnel and retries, as it would had it been
+                    // talking to the destination directly.
+                    Ok(sender) if sender.is_closed() => Err(UpstreamClosed),
+                    Ok(sender) => Ok(relay(req, sender, &authority, &inject).await),
+                    Err(why) => Ok::<Response<Body>, _>(refusal(StatusCode::BAD_GATEWAY, why)),
+                }
             }
         });
         let served = hyper::server::conn::http1::Builder::new()
