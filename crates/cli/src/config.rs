@@ -253,10 +253,11 @@ pub struct SandboxConfig {
     /// Size of a sandbox's private /tmp and home, MiB.
     pub tmp_mb: Option<u64>,
     /// What one session's history (its calls' snapshots and offloaded outputs) may
-    /// keep, MiB; past it, calls are answered with an error, not run. Default 51200.
+    /// keep, MiB; past it, calls are answered with an error, not run. Default 51200;
+    /// 0: no quota.
     pub history_mb: Option<u64>,
     /// What the histories of all of one owner's sessions may keep together, MiB;
-    /// default: no quota.
+    /// default (and 0): no quota.
     pub owner_history_mb: Option<u64>,
     /// Internal destinations (loopback, private, link-local addresses) an allow-list,
     /// and the MCP servers and git remotes sessions name, may reach, by name

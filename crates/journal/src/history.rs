@@ -35,11 +35,13 @@ pub struct HistoryQuota {
 const MIB: u64 = 1024 * 1024;
 
 impl HistoryQuota {
-    /// The quotas `limits` set (`history_mb`, `owner_history_mb`).
+    /// The quotas `limits` set (`history_mb`, `owner_history_mb`; 0 is no quota, as
+    /// for the upload quota, not a session that may run nothing).
     pub fn of(limits: &ResourceLimits) -> Self {
+        let bytes = |mb: Option<u64>| mb.filter(|mb| *mb > 0).map(|mb| mb.saturating_mul(MIB));
         HistoryQuota {
-            session: limits.history_mb.map(|mb| mb.saturating_mul(MIB)),
-            owner: limits.owner_history_mb.map(|mb| mb.saturating_mul(MIB)),
+            session: bytes(limits.history_mb),
+            owner: bytes(limits.owner_history_mb),
         }
     }
 }
@@ -79,5 +81,31 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             }
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotas_are_read_in_mib_and_zero_is_none() {
+        let limits = ResourceLimits {
+            history_mb: Some(2),
+            owner_history_mb: Some(0),
+            ..ResourceLimits::default()
+        };
+        assert_eq!(
+            HistoryQuota::of(&limits),
+            HistoryQuota {
+                session: Some(2 * MIB),
+                owner: None
+            }
+        );
+        let unset = ResourceLimits {
+            history_mb: None,
+            ..ResourceLimits::default()
+        };
+        assert_eq!(HistoryQuota::of(&unset), HistoryQuota::default());
     }
 }
