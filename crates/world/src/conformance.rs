@@ -525,6 +525,10 @@ pub async fn listings_page_and_filter<W: World>(world: &W) {
         .await,
         ["bob-4", "bob-2"]
     );
+    // Timestamps are whole milliseconds and `updated_after` is inclusive: the mark must
+    // fall strictly after bob-8's creation (the queries above can all run inside one
+    // millisecond on a fast machine) and strictly before bob-1's change.
+    std::thread::sleep(Duration::from_millis(5));
     let before_change = crate::now_ms();
     std::thread::sleep(Duration::from_millis(5));
     let lease = world.acquire_lease("bob-1", &holder, TTL).await.unwrap();
