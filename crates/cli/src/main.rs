@@ -108,6 +108,9 @@ enum Command {
     Replay(commands::replay::ReplayArgs),
     /// Deliver a named signal to a session (e.g. `approval '{"approved": true}'`).
     Signal(commands::manage::SignalArgs),
+    /// A session's inbound hooks (`--server`): URLs a third party (CI, GitHub, Slack)
+    /// posts to, answering its wait or starting a turn, without the owner's token.
+    Hooks(commands::remote::HooksArgs),
     /// Stop a session's running turn at once, whichever process drives it: the model
     /// stream is cut or the command killed, and the session goes idle.
     Stop {
@@ -184,6 +187,7 @@ async fn on_server(remote: &remote::Remote, command: Command) -> anyhow::Result<
         Command::Close { session } => on::close(remote, &session).await,
         Command::Delete { session } => on::delete(remote, &session).await,
         Command::Signal(args) => on::signal(remote, args).await,
+        Command::Hooks(args) => on::hooks(remote, args).await,
         Command::Send(args) => on::send(remote, args).await,
         Command::Fork(args) => on::fork(remote, args).await,
         Command::Rewind(args) => on::rewind(remote, args).await,
@@ -319,6 +323,9 @@ fn main() -> ExitCode {
                 commands::wrapped::install(path, &config, &name).await
             }
             Command::Agents { json } => commands::wrapped::list(path, &config, json),
+            Command::Hooks(_) => anyhow::bail!(
+                "hooks are served by a server: give its address with --server URL (or STEADFAST_SERVER)"
+            ),
             Command::HashToken => {
                 let token = read_secret()?;
                 println!("{}", steadfast_server::hash_token(&token));

@@ -122,6 +122,12 @@ struct ResultLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HookLabels {
+    check: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     reason: &'static str,
 }
@@ -165,6 +171,7 @@ pub struct Metrics {
     webhook_deliveries: Family<ResultLabel, Counter>,
     webhook_delivery_seconds: Histogram,
     http_refused: Family<ReasonLabel, Counter>,
+    hook_deliveries: Family<HookLabels, Counter>,
     timings: Mutex<Timings>,
     seen: Mutex<HashMap<&'static str, HashSet<String>>>,
 }
@@ -197,6 +204,7 @@ impl Metrics {
             webhook_deliveries: Family::default(),
             webhook_delivery_seconds: seconds(),
             http_refused: Family::default(),
+            hook_deliveries: Family::default(),
             timings: Mutex::new(Timings::default()),
             seen: Mutex::new(HashMap::new()),
         };
@@ -324,6 +332,12 @@ impl Metrics {
             "Connections and requests the server's edges refused, by reason (connection_cap, \
              connections_per_ip, body_deadline)",
             self.http_refused.clone(),
+        );
+        r.register(
+            "hook_deliveries",
+            "Deliveries to inbound hooks, by check (token, github, slack, hmac) and result \
+             (delivered, ping, bad_signature, stale, replayed, not_waiting)",
+            self.hook_deliveries.clone(),
         );
         self
     }
@@ -550,6 +564,14 @@ impl Metrics {
             .get_or_create(&ResultLabel { result })
             .inc();
         self.webhook_delivery_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Counts a delivery to an inbound hook, by its check and `result`: `delivered`,
+    /// `ping` (a sender's test), `bad_signature`, `stale`, `replayed`, `not_waiting`.
+    pub fn hook_delivery(&self, check: &'static str, result: &'static str) {
+        self.hook_deliveries
+            .get_or_create(&HookLabels { check, result })
+            .inc();
     }
 
     /// Counts a connection or request the server's edges refused, by `reason`.

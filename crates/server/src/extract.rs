@@ -71,3 +71,37 @@ fn too_large_or(status: StatusCode, text: String) -> ApiError {
         ApiError::new(status, "bad_body", text)
     }
 }
+
+/// A raw body read whole, at most `limit` bytes: one whose `Content-Length` is over it
+/// is refused (413) before any of it is read, so a client still sending reads the
+/// answer instead of a cut connection; one that only turns out too large is read up to
+/// the limit. `what` names the limit in the error.
+pub(crate) async fn bounded(
+    headers: &axum::http::HeaderMap,
+    body: axum::body::Body,
+    limit: usize,
+    what: &str,
+) -> Result<axum::body::Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the body is larger than {what} ({limit} bytes)"),
+        )
+    };
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let cause = e.into_inner();
+        if cause.is::<http_body_util::LengthLimitError>() {
+            too_large()
+        } else {
+            ApiError::new(StatusCode::BAD_REQUEST, "bad_body", cause.to_string())
+        }
+    })
+}

@@ -13,6 +13,7 @@ mod auth;
 mod bounds;
 mod error;
 mod extract;
+mod hook_check;
 mod limits;
 mod listen;
 mod metrics;

@@ -538,3 +538,57 @@ pub struct MessageQueued {
     /// (`GET .../events?after=N`).
     pub after: u64,
 }
+
+/// An inbound hook, as listed (never its secret).
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"name": "ci", "check": "github", "then": "signal", "url": "https://steadfast.example.com/v1/hooks/ses_01931f7c/ci", "created_at_ms": 1767225600000_u64, "created_by": "alice"}))]
+pub struct HookInfo {
+    /// Its name: the signal it sends.
+    pub name: String,
+    /// How a delivery is checked.
+    pub check: steadfast_world::HookCheck,
+    /// What a delivery does.
+    pub then: steadfast_world::HookThen,
+    /// Where to deliver, as this request reached the server (a `token` hook's URL
+    /// also needs its `?token=`, shown when it was made).
+    pub url: String,
+    /// When it was made, ms since the Unix epoch.
+    pub created_at_ms: u64,
+    /// Who made it.
+    pub created_by: String,
+}
+
+/// An inbound hook just made, with its secret (shown this once).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HookCreated {
+    /// The hook; its `url` is the one to give the sender (with `?token=` for a
+    /// `token` hook).
+    #[serde(flatten)]
+    pub hook: HookInfo,
+    /// The token (`token`) or the key the sender signs with (GitHub's "secret",
+    /// Slack's signing secret, `hmac`).
+    pub secret: String,
+}
+
+/// A session's inbound hooks.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HookList {
+    /// By name.
+    pub hooks: Vec<HookInfo>,
+}
+
+/// A delivery taken by an inbound hook.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"id": 14, "hook": "ci", "delivery": "72d3162e-cc78-11e3-81ab-4c9367dc0958", "answers": 41}))]
+pub struct HookDelivered {
+    /// The inbox entry that carries it.
+    pub id: u64,
+    /// The hook.
+    pub hook: String,
+    /// The sender's delivery id, when it gave one (a replay of it is refused).
+    #[schema(required = true)]
+    pub delivery: Option<String>,
+    /// The log position of the wait it answers (none for a message).
+    #[schema(required = true)]
+    pub answers: Option<u64>,
+}

@@ -274,6 +274,37 @@ impl World for AnyWorld {
         delegate!(self, w => w.vault_delete(owner, name))
     }
 
+    async fn hook_create(&self, hook: &crate::Hook) -> Result<bool> {
+        delegate!(self, w => w.hook_create(hook))
+    }
+
+    async fn hooks(&self, session: Option<&str>) -> Result<Vec<crate::Hook>> {
+        delegate!(self, w => w.hooks(session))
+    }
+
+    async fn hook_reseal(&self, session: &str, name: &str, sealed: &crate::Sealed) -> Result<bool> {
+        delegate!(self, w => w.hook_reseal(session, name, sealed))
+    }
+
+    async fn hook_delete(&self, session: &str, name: &str) -> Result<bool> {
+        delegate!(self, w => w.hook_delete(session, name))
+    }
+
+    async fn hook_take_delivery(
+        &self,
+        session: &str,
+        name: &str,
+        delivery: &str,
+        at_ms: u64,
+        forget_before_ms: u64,
+    ) -> Result<bool> {
+        delegate!(self, w => w.hook_take_delivery(session, name, delivery, at_ms, forget_before_ms))
+    }
+
+    async fn hook_untake_delivery(&self, session: &str, name: &str, delivery: &str) -> Result<()> {
+        delegate!(self, w => w.hook_untake_delivery(session, name, delivery))
+    }
+
     async fn list_sessions(&self, query: &SessionQuery) -> Result<SessionPage> {
         delegate!(self, w => w.list_sessions(query))
     }

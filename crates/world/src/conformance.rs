@@ -1476,6 +1476,132 @@ pub async fn the_vault_keeps_each_owners_sealed_credentials<W: World>(world: &W)
     assert!(world.vault_get("bob", "github").await.unwrap().is_some());
 }
 
+/// A session's hooks: one per name, kept with their secret as given (a token's hash
+/// or a sealed key), listed by name, revoked one by one and with their session; each
+/// delivery is taken once, a replay refused, an untaken one taken again, and
+/// deliveries older than the window forgotten.
+pub async fn hooks_take_each_delivery_once<W: World>(world: &W) {
+    use crate::{Hook, HookCheck, HookSecret, HookThen};
+    world.create_session("h1", "alice").await.unwrap();
+    world.create_session("h2", "alice").await.unwrap();
+    let keys = crate::VaultKeys::new(&[5u8; 32], &[]).unwrap();
+    let sealed = keys.seal("h1", &Hook::sealed_name("ci"), b"whsec");
+    let ci = Hook {
+        session: "h1".into(),
+        name: "ci".into(),
+        check: HookCheck::Github,
+        then: HookThen::Signal,
+        secret: HookSecret::Sealed(sealed.clone()),
+        created_at_ms: 1_000,
+        created_by: "alice".into(),
+    };
+    let page = Hook {
+        name: "page".into(),
+        check: HookCheck::Token,
+        then: HookThen::Message,
+        secret: HookSecret::TokenHash("ab12".into()),
+        ..ci.clone()
+    };
+    assert!(world.hook_create(&page).await.unwrap());
+    assert!(world.hook_create(&ci).await.unwrap());
+    assert!(
+        !world
+            .hook_create(&Hook {
+                then: HookThen::Message,
+                ..ci.clone()
+            })
+            .await
+            .unwrap(),
+        "a name is taken once"
+    );
+    assert!(world
+        .hook_create(&Hook {
+            session: "h2".into(),
+            ..ci.clone()
+        })
+        .await
+        .unwrap());
+    let got = world.hooks(Some("h1")).await.unwrap();
+    assert_eq!(got, vec![ci.clone(), page.clone()]);
+    let HookSecret::Sealed(stored) = &got[0].secret else {
+        panic!("{got:?}")
+    };
+    assert_eq!(
+        keys.open("h1", &Hook::sealed_name("ci"), stored).unwrap(),
+        b"whsec"
+    );
+
+    assert!(world
+        .hook_take_delivery("h1", "ci", "d-1", 10_000, 0)
+        .await
+        .unwrap());
+    assert!(
+        !world
+            .hook_take_delivery("h1", "ci", "d-1", 10_001, 0)
+            .await
+            .unwrap(),
+        "a replay"
+    );
+    assert!(
+        world
+            .hook_take_delivery("h1", "page", "d-1", 10_001, 0)
+            .await
+            .unwrap(),
+        "per hook"
+    );
+    assert!(
+        world
+            .hook_take_delivery("h2", "ci", "d-1", 10_001, 0)
+            .await
+            .unwrap(),
+        "per session"
+    );
+    world.hook_untake_delivery("h1", "ci", "d-1").await.unwrap();
+    assert!(
+        world
+            .hook_take_delivery("h1", "ci", "d-1", 10_002, 0)
+            .await
+            .unwrap(),
+        "untaken"
+    );
+    // Past the window, an old id is forgotten (the sender's own check refuses it).
+    assert!(world
+        .hook_take_delivery("h1", "ci", "d-1", 90_000, 50_000)
+        .await
+        .unwrap());
+
+    // A re-key replaces a sealed key; a token hook has none to replace.
+    let resealed = keys.seal("h1", &Hook::sealed_name("ci"), b"whsec");
+    assert!(world.hook_reseal("h1", "ci", &resealed).await.unwrap());
+    assert!(!world.hook_reseal("h1", "page", &resealed).await.unwrap());
+    let every = world.hooks(None).await.unwrap();
+    assert_eq!(
+        every
+            .iter()
+            .map(|h| (h.session.as_str(), h.name.as_str()))
+            .collect::<Vec<_>>(),
+        [("h1", "ci"), ("h1", "page"), ("h2", "ci")]
+    );
+    assert_eq!(every[0].secret, HookSecret::Sealed(resealed));
+    assert_eq!(every[1].secret, page.secret, "untouched");
+
+    assert!(world.hook_delete("h1", "ci").await.unwrap());
+    assert!(!world.hook_delete("h1", "ci").await.unwrap());
+    assert_eq!(world.hooks(Some("h1")).await.unwrap(), vec![page]);
+    // A hook made again under a revoked name starts with no deliveries.
+    assert!(world.hook_create(&ci).await.unwrap());
+    assert!(world
+        .hook_take_delivery("h1", "ci", "d-1", 90_001, 0)
+        .await
+        .unwrap());
+    world.delete_session("h1").await.unwrap();
+    assert!(
+        world.hooks(Some("h1")).await.unwrap().is_empty(),
+        "they go with their session"
+    );
+    assert_eq!(world.hooks(Some("h2")).await.unwrap().len(), 1);
+}
+
 /// Retention prunes the streamed pieces of replies before a position: each keeps its
 /// place as a `pruned` record that verifies, and nothing else changes.
 pub async fn retention_prunes_deltas_in_place<W: World>(world: &W) {

@@ -20,6 +20,7 @@ pub mod bucket;
 mod checkpoint;
 pub mod conformance;
 mod heartbeat;
+pub mod hooks;
 mod lineage;
 pub mod listing;
 mod live;
@@ -42,6 +43,7 @@ pub use access::{AuditEntry, Scope, ServiceToken};
 pub use any::{redacted, AnyWorld};
 pub use checkpoint::{load_state, load_state_at};
 pub use heartbeat::{Heartbeat, LeaseWatch};
+pub use hooks::{Hook, HookCheck, HookSecret, HookThen};
 pub use lineage::{Fork, Rewind};
 pub use listing::{Cursor, SessionPage, SessionPatch, SessionQuery};
 pub use live::LiveSession;
@@ -455,6 +457,47 @@ pub trait World: Send + Sync + 'static {
 
     /// Forgets owner `owner`'s credential `name`; whether there was one.
     fn vault_delete(&self, owner: &str, name: &str) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Adds an inbound hook ([`hooks`]); false when the session already has one of that
+    /// name (a hook is replaced by deleting it first, which revokes its secret).
+    fn hook_create(&self, hook: &Hook) -> impl Future<Output = Result<bool>> + Send;
+
+    /// The hooks of `session` (of every session with `None`, for a re-key), by
+    /// session and name.
+    fn hooks(&self, session: Option<&str>) -> impl Future<Output = Result<Vec<Hook>>> + Send;
+
+    /// Replaces the sealed key of `session`'s hook `name` (a re-key); whether there
+    /// was one with a sealed key.
+    fn hook_reseal(
+        &self,
+        session: &str,
+        name: &str,
+        sealed: &Sealed,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Revokes `session`'s hook `name` and forgets its deliveries; whether there was one.
+    fn hook_delete(&self, session: &str, name: &str) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Takes delivery `delivery` of `session`'s hook `name` at `at_ms`: true the first
+    /// time, false for a replay. Deliveries taken before `forget_before_ms` are
+    /// forgotten (a sender's replay window is shorter).
+    fn hook_take_delivery(
+        &self,
+        session: &str,
+        name: &str,
+        delivery: &str,
+        at_ms: u64,
+        forget_before_ms: u64,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Forgets a delivery taken by [`World::hook_take_delivery`] that its session did
+    /// not take (it was not waiting), so the sender's retry is not called a replay.
+    fn hook_untake_delivery(
+        &self,
+        session: &str,
+        name: &str,
+        delivery: &str,
+    ) -> impl Future<Output = Result<()>> + Send;
 
     /// Stores a token issued through the API ([`access`]); its id is new.
     fn token_issue(&self, token: &ServiceToken) -> impl Future<Output = Result<()>> + Send;

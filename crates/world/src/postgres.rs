@@ -48,6 +48,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (14, include_str!("postgres/014_forks.sql")),
     (15, include_str!("postgres/015_rate_buckets.sql")),
     (16, include_str!("postgres/016_kept_bytes.sql")),
+    (17, include_str!("postgres/017_hooks.sql")),
 ];
 const UNIQUE_VIOLATION: &str = "23505";
 const STALE_FENCE: &str = "SF001";
@@ -1304,6 +1305,14 @@ impl World for PostgresWorld {
         if n == 0 {
             return Err(Error::NotFound(session.to_string()));
         }
+        for table in ["steadfast_hooks", "steadfast_hook_deliveries"] {
+            tx.execute(
+                &format!("DELETE FROM {table} WHERE session = $1"),
+                &[&session],
+            )
+            .await
+            .map_err(db)?;
+        }
         let ancestors: Vec<String> = tx
             .query(
                 "DELETE FROM steadfast_lineage WHERE session_id = $1 RETURNING ancestor",
@@ -1599,6 +1608,141 @@ impl World for PostgresWorld {
             .await
             .map_err(db)?;
         Ok(n > 0)
+    }
+
+    async fn hook_create(&self, hook: &crate::Hook) -> Result<bool> {
+        let client = self.client().await?;
+        let (token_hash, sealed) = crate::hooks::stored_secret(&hook.secret);
+        let n = client
+            .execute(
+                "INSERT INTO steadfast_hooks (session, name, verify, then_do, token_hash, key_id, \
+                 nonce, ciphertext, created_at_ms, created_by) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING",
+                &[
+                    &hook.session,
+                    &hook.name,
+                    &hook.check.as_str(),
+                    &hook.then.as_str(),
+                    &token_hash,
+                    &sealed.map(|s| s.key_id.as_str()),
+                    &sealed.map(|s| s.nonce.as_slice()),
+                    &sealed.map(|s| s.ciphertext.as_slice()),
+                    &(hook.created_at_ms as i64),
+                    &hook.created_by,
+                ],
+            )
+            .await
+            .map_err(db)?;
+        Ok(n > 0)
+    }
+
+    async fn hooks(&self, session: Option<&str>) -> Result<Vec<crate::Hook>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT session, name, verify, then_do, token_hash, key_id, nonce, ciphertext, \
+                 created_at_ms, created_by FROM steadfast_hooks WHERE $1::text IS NULL OR session = $1 \
+                 ORDER BY session, name",
+                &[&session],
+            )
+            .await
+            .map_err(db)?;
+        rows.iter()
+            .map(|r| {
+                crate::hooks::StoredHook {
+                    session: r.get(0),
+                    name: r.get(1),
+                    check: r.get(2),
+                    then: r.get(3),
+                    token_hash: r.get(4),
+                    key_id: r.get(5),
+                    nonce: r.get(6),
+                    ciphertext: r.get(7),
+                    created_at_ms: r.get(8),
+                    created_by: r.get(9),
+                }
+                .into_hook()
+            })
+            .collect()
+    }
+
+    async fn hook_reseal(&self, session: &str, name: &str, sealed: &crate::Sealed) -> Result<bool> {
+        let client = self.client().await?;
+        let n = client
+            .execute(
+                "UPDATE steadfast_hooks SET key_id = $3, nonce = $4, ciphertext = $5 \
+                 WHERE session = $1 AND name = $2 AND key_id IS NOT NULL",
+                &[
+                    &session,
+                    &name,
+                    &sealed.key_id,
+                    &sealed.nonce,
+                    &sealed.ciphertext,
+                ],
+            )
+            .await
+            .map_err(db)?;
+        Ok(n > 0)
+    }
+
+    async fn hook_delete(&self, session: &str, name: &str) -> Result<bool> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db)?;
+        let n = tx
+            .execute(
+                "DELETE FROM steadfast_hooks WHERE session = $1 AND name = $2",
+                &[&session, &name],
+            )
+            .await
+            .map_err(db)?;
+        tx.execute(
+            "DELETE FROM steadfast_hook_deliveries WHERE session = $1 AND name = $2",
+            &[&session, &name],
+        )
+        .await
+        .map_err(db)?;
+        tx.commit().await.map_err(db)?;
+        Ok(n > 0)
+    }
+
+    async fn hook_take_delivery(
+        &self,
+        session: &str,
+        name: &str,
+        delivery: &str,
+        at_ms: u64,
+        forget_before_ms: u64,
+    ) -> Result<bool> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db)?;
+        tx.execute(
+            "DELETE FROM steadfast_hook_deliveries WHERE session = $1 AND name = $2 AND at_ms < $3",
+            &[&session, &name, &(forget_before_ms as i64)],
+        )
+        .await
+        .map_err(db)?;
+        let n = tx
+            .execute(
+                "INSERT INTO steadfast_hook_deliveries (session, name, delivery, at_ms) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                &[&session, &name, &delivery, &(at_ms as i64)],
+            )
+            .await
+            .map_err(db)?;
+        tx.commit().await.map_err(db)?;
+        Ok(n > 0)
+    }
+
+    async fn hook_untake_delivery(&self, session: &str, name: &str, delivery: &str) -> Result<()> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "DELETE FROM steadfast_hook_deliveries WHERE session = $1 AND name = $2 AND delivery = $3",
+                &[&session, &name, &delivery],
+            )
+            .await
+            .map_err(db)?;
+        Ok(())
     }
 
     async fn token_issue(&self, token: &crate::ServiceToken) -> Result<()> {

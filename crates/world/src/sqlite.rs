@@ -19,8 +19,32 @@ use crate::{
 /// Schema migrations, applied in order; `PRAGMA user_version` records the last.
 const MIGRATIONS: &[&str] = &[
     SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7, SCHEMA_V8,
-    SCHEMA_V9, SCHEMA_V10, SCHEMA_V11,
+    SCHEMA_V9, SCHEMA_V10, SCHEMA_V11, SCHEMA_V12,
 ];
+
+/// Inbound hooks ([`crate::hooks`]) and the deliveries they took.
+const SCHEMA_V12: &str = r#"
+CREATE TABLE hooks (
+    session       TEXT NOT NULL,
+    name          TEXT NOT NULL,
+    verify        TEXT NOT NULL,
+    then_do       TEXT NOT NULL,
+    token_hash    TEXT,
+    key_id        TEXT,
+    nonce         BLOB,
+    ciphertext    BLOB,
+    created_at_ms INTEGER NOT NULL,
+    created_by    TEXT NOT NULL,
+    PRIMARY KEY (session, name)
+) WITHOUT ROWID;
+CREATE TABLE hook_deliveries (
+    session  TEXT NOT NULL,
+    name     TEXT NOT NULL,
+    delivery TEXT NOT NULL,
+    at_ms    INTEGER NOT NULL,
+    PRIMARY KEY (session, name, delivery)
+) WITHOUT ROWID;
+"#;
 
 /// What each session's history keeps beyond its log ([`World::owner_kept_bytes`]).
 /// Sessions recorded before it count from here on.
@@ -1179,6 +1203,10 @@ impl World for SqliteWorld {
             }
             tx.execute("DELETE FROM inbox WHERE session_id = ?1", [&session])
                 .map_err(backend)?;
+            tx.execute("DELETE FROM hooks WHERE session = ?1", [&session])
+                .map_err(backend)?;
+            tx.execute("DELETE FROM hook_deliveries WHERE session = ?1", [&session])
+                .map_err(backend)?;
             let ancestors: Vec<String> = {
                 let mut stmt = tx
                     .prepare("DELETE FROM lineage WHERE session_id = ?1 RETURNING ancestor")
@@ -1449,6 +1477,156 @@ impl World for SqliteWorld {
                 )
                 .map_err(backend)?;
             Ok(n > 0)
+        })
+        .await
+    }
+
+    async fn hook_create(&self, hook: &crate::Hook) -> Result<bool> {
+        let hook = hook.clone();
+        self.with(move |conn| {
+            let (token_hash, sealed) = crate::hooks::stored_secret(&hook.secret);
+            let n = conn
+                .execute(
+                    "INSERT INTO hooks (session, name, verify, then_do, token_hash, key_id, nonce, \
+                     ciphertext, created_at_ms, created_by) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT DO NOTHING",
+                    params![
+                        hook.session,
+                        hook.name,
+                        hook.check.as_str(),
+                        hook.then.as_str(),
+                        token_hash,
+                        sealed.map(|s| s.key_id.clone()),
+                        sealed.map(|s| s.nonce.clone()),
+                        sealed.map(|s| s.ciphertext.clone()),
+                        hook.created_at_ms,
+                        hook.created_by,
+                    ],
+                )
+                .map_err(backend)?;
+            Ok(n > 0)
+        })
+        .await
+    }
+
+    async fn hooks(&self, session: Option<&str>) -> Result<Vec<crate::Hook>> {
+        let session = session.map(str::to_string);
+        self.with(move |conn| {
+            let rows = conn
+                .prepare_cached(
+                    "SELECT session, name, verify, then_do, token_hash, key_id, nonce, ciphertext, \
+                     created_at_ms, created_by FROM hooks WHERE ?1 IS NULL OR session = ?1 \
+                     ORDER BY session, name",
+                )
+                .map_err(backend)?
+                .query_map(params![session], |r| {
+                    Ok(crate::hooks::StoredHook {
+                        session: r.get(0)?,
+                        name: r.get(1)?,
+                        check: r.get(2)?,
+                        then: r.get(3)?,
+                        token_hash: r.get(4)?,
+                        key_id: r.get(5)?,
+                        nonce: r.get(6)?,
+                        ciphertext: r.get(7)?,
+                        created_at_ms: r.get(8)?,
+                        created_by: r.get(9)?,
+                    })
+                })
+                .map_err(backend)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(backend)?;
+            rows.into_iter()
+                .map(crate::hooks::StoredHook::into_hook)
+                .collect()
+        })
+        .await
+    }
+
+    async fn hook_reseal(&self, session: &str, name: &str, sealed: &crate::Sealed) -> Result<bool> {
+        let (session, name, sealed) = (session.to_string(), name.to_string(), sealed.clone());
+        self.with(move |conn| {
+            let n = conn
+                .execute(
+                    "UPDATE hooks SET key_id = ?3, nonce = ?4, ciphertext = ?5 \
+                     WHERE session = ?1 AND name = ?2 AND key_id IS NOT NULL",
+                    params![
+                        session,
+                        name,
+                        sealed.key_id,
+                        sealed.nonce,
+                        sealed.ciphertext
+                    ],
+                )
+                .map_err(backend)?;
+            Ok(n > 0)
+        })
+        .await
+    }
+
+    async fn hook_delete(&self, session: &str, name: &str) -> Result<bool> {
+        let (session, name) = (session.to_string(), name.to_string());
+        self.with(move |conn| {
+            let tx = conn.transaction().map_err(backend)?;
+            let n = tx
+                .execute(
+                    "DELETE FROM hooks WHERE session = ?1 AND name = ?2",
+                    params![session, name],
+                )
+                .map_err(backend)?;
+            tx.execute(
+                "DELETE FROM hook_deliveries WHERE session = ?1 AND name = ?2",
+                params![session, name],
+            )
+            .map_err(backend)?;
+            tx.commit().map_err(backend)?;
+            Ok(n > 0)
+        })
+        .await
+    }
+
+    async fn hook_take_delivery(
+        &self,
+        session: &str,
+        name: &str,
+        delivery: &str,
+        at_ms: u64,
+        forget_before_ms: u64,
+    ) -> Result<bool> {
+        let (session, name, delivery) =
+            (session.to_string(), name.to_string(), delivery.to_string());
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            tx.execute(
+                "DELETE FROM hook_deliveries WHERE session = ?1 AND name = ?2 AND at_ms < ?3",
+                params![session, name, forget_before_ms],
+            )
+            .map_err(backend)?;
+            let n = tx
+                .execute(
+                    "INSERT INTO hook_deliveries (session, name, delivery, at_ms) \
+                     VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+                    params![session, name, delivery, at_ms],
+                )
+                .map_err(backend)?;
+            tx.commit().map_err(backend)?;
+            Ok(n > 0)
+        })
+        .await
+    }
+
+    async fn hook_untake_delivery(&self, session: &str, name: &str, delivery: &str) -> Result<()> {
+        let (session, name, delivery) =
+            (session.to_string(), name.to_string(), delivery.to_string());
+        self.with(move |conn| {
+            conn.execute(
+                "DELETE FROM hook_deliveries WHERE session = ?1 AND name = ?2 AND delivery = ?3",
+                params![session, name, delivery],
+            )
+            .map_err(backend)?;
+            Ok(())
         })
         .await
     }

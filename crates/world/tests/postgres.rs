@@ -421,6 +421,12 @@ async fn the_vault_keeps_each_owners_sealed_credentials() {
 }
 
 #[tokio::test]
+async fn hooks_take_each_delivery_once() {
+    let db = TestDb::new().await;
+    conformance::hooks_take_each_delivery_once(&db.world().await).await;
+}
+
+#[tokio::test]
 async fn retention_prunes_deltas_in_place() {
     let db = TestDb::new().await;
     conformance::retention_prunes_deltas_in_place(&db.world().await).await;

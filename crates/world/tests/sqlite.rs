@@ -262,6 +262,11 @@ async fn the_vault_keeps_each_owners_sealed_credentials() {
 }
 
 #[tokio::test]
+async fn hooks_take_each_delivery_once() {
+    conformance::hooks_take_each_delivery_once(&world().1).await;
+}
+
+#[tokio::test]
 async fn retention_prunes_deltas_in_place() {
     conformance::retention_prunes_deltas_in_place(&world().1).await;
 }

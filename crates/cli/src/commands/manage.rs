@@ -124,8 +124,27 @@ pub async fn rekey_vault(home: &Path, config: &Config) -> anyhow::Result<ExitCod
         world.vault_put(&entry.owner, &entry.name, &sealed).await?;
         resealed += 1;
     }
+    // Hooks' signing keys are sealed by the same keys, as the session's credentials.
+    for hook in world.hooks(None).await? {
+        let steadfast_world::HookSecret::Sealed(sealed) = &hook.secret else {
+            continue;
+        };
+        if keys.is_current(sealed) {
+            current += 1;
+            continue;
+        }
+        let name = steadfast_world::Hook::sealed_name(&hook.name);
+        let value = keys
+            .open(&hook.session, &name, sealed)
+            .map_err(|e| anyhow::anyhow!("session {}'s hook {}: {e}", hook.session, hook.name))?;
+        let sealed = keys.seal(&hook.session, &name, &value);
+        world
+            .hook_reseal(&hook.session, &hook.name, &sealed)
+            .await?;
+        resealed += 1;
+    }
     eprintln!(
-        "steadfast: {resealed} credentials sealed again under the current key ({current} already were)"
+        "steadfast: {resealed} credentials sealed again under the current key ({current} already were; hooks' signing keys count as credentials)"
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -374,3 +374,117 @@ pub async fn send(remote: &Remote, args: SendArgs) -> anyhow::Result<ExitCode> {
     );
     Ok(ExitCode::SUCCESS)
 }
+
+/// `steadfast hooks`: a session's inbound hooks, made, listed and revoked through a
+/// server's API (a hook's URL is the server's, so there is no local form).
+#[derive(Debug, clap::Args)]
+pub struct HooksArgs {
+    #[command(subcommand)]
+    action: HookAction,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum HookAction {
+    /// Make a hook: its URL and secret are printed once (secret on stdout, the rest on
+    /// stderr), e.g. `hooks create $ID ci --check github`.
+    Create {
+        /// The session.
+        session: String,
+        /// The hook's name: the signal a delivery sends.
+        name: String,
+        /// How a delivery is checked: token (in the URL), github, slack, hmac.
+        #[arg(long, default_value = "token")]
+        check: String,
+        /// What a delivery does: signal (answers a wait) or message (starts a turn).
+        #[arg(long, default_value = "signal")]
+        then: String,
+        /// Read the signing key from stdin (Slack's signing secret) instead of having
+        /// one made.
+        #[arg(long)]
+        secret_stdin: bool,
+        /// Print the whole answer as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a session's hooks (never their secrets).
+    List {
+        /// The session.
+        session: String,
+    },
+    /// Revoke a hook: its URL and secret stop working at once.
+    Delete {
+        /// The session.
+        session: String,
+        /// The hook.
+        name: String,
+    },
+}
+
+/// `steadfast hooks --server`.
+pub async fn hooks(remote: &Remote, args: HooksArgs) -> anyhow::Result<ExitCode> {
+    match args.action {
+        HookAction::Create {
+            session,
+            name,
+            check,
+            then,
+            secret_stdin,
+            json,
+        } => {
+            let mut body = json!({"name": name, "check": check, "then": then});
+            if secret_stdin {
+                body["secret"] = Value::String(crate::read_secret()?);
+            }
+            let made = remote
+                .json(
+                    Method::POST,
+                    &format!("{}/hooks", session_path(&session)),
+                    &[],
+                    Some(&body),
+                )
+                .await?;
+            if json {
+                println!("{made}");
+            } else {
+                eprintln!(
+                    "steadfast: hook {name} ({check}, then {then}) for {session}: {}",
+                    made["url"].as_str().unwrap_or_default()
+                );
+                println!("{}", made["secret"].as_str().unwrap_or_default());
+            }
+        }
+        HookAction::List { session } => {
+            let list = remote
+                .json(
+                    Method::GET,
+                    &format!("{}/hooks", session_path(&session)),
+                    &[],
+                    None,
+                )
+                .await?;
+            let mut out = std::io::stdout().lock();
+            for hook in list["hooks"].as_array().into_iter().flatten() {
+                writeln!(
+                    out,
+                    "{}\t{}\t{}\t{}",
+                    hook["name"].as_str().unwrap_or_default(),
+                    hook["check"].as_str().unwrap_or_default(),
+                    hook["then"].as_str().unwrap_or_default(),
+                    hook["url"].as_str().unwrap_or_default()
+                )?;
+            }
+        }
+        HookAction::Delete { session, name } => {
+            remote
+                .json(
+                    Method::DELETE,
+                    &format!("{}/hooks/{}", session_path(&session), segment(&name)),
+                    &[],
+                    None,
+                )
+                .await?;
+            eprintln!("steadfast: hook {name} of {session} revoked");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

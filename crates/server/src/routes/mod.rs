@@ -2,6 +2,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod forks;
+pub(crate) mod hooks;
 pub(crate) mod messages;
 pub(crate) mod sessions;
 pub(crate) mod uploads;
@@ -61,6 +62,12 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
             "/v1/sessions/{id}/signals/{name}",
             post(messages::signal::<W>),
         )
+        .route(
+            "/v1/sessions/{id}/hooks",
+            post(hooks::create::<W>).get(hooks::list::<W>),
+        )
+        .route("/v1/sessions/{id}/hooks/{name}", delete(hooks::delete::<W>))
+        .route("/v1/hooks/{session}/{name}", post(hooks::deliver::<W>))
         .route(
             "/v1/uploads",
             post(uploads::create::<W>).layer(DefaultBodyLimit::max(state.max_upload)),

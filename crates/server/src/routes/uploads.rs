@@ -70,36 +70,8 @@ pub(crate) async fn create<W: World + Clone>(
             format!("the body must be one of {}", accepted.join(", ")),
         ));
     }
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            format!(
-                "the body is larger than the upload limit ({} bytes)",
-                state.max_upload
-            ),
-        )
-    };
-    // A body declared too large is refused before any of it is read; one that only turns
-    // out too large is read up to the limit (a client still sending past it then sees
-    // its connection cut, not the 413).
-    let declared = headers
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > state.max_upload as u64) {
-        return Err(too_large());
-    }
-    let body = axum::body::to_bytes(body, state.max_upload)
-        .await
-        .map_err(|e| {
-            let cause = e.into_inner();
-            if cause.is::<http_body_util::LengthLimitError>() {
-                too_large()
-            } else {
-                ApiError::new(StatusCode::BAD_REQUEST, "bad_body", cause.to_string())
-            }
-        })?;
+    let body =
+        crate::extract::bounded(&headers, body, state.max_upload, "the upload limit").await?;
     if body.is_empty() {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
