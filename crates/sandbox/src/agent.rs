@@ -64,6 +64,11 @@ pub struct AgentConfig {
     /// doc); then there is no lifeline.
     #[serde(default)]
     pub tenure: Option<Tenure>,
+    /// The sandbox has a network namespace of its own, so its loopback ports are its
+    /// own: only then does the agent list them and connect the host to them
+    /// ([`PORTS`], [`CONNECT`]); in the host's network they would be the host's.
+    #[serde(default)]
+    pub private_network: bool,
 }
 
 /// The lease a sandbox that outlives its holder belongs to.
@@ -123,6 +128,13 @@ pub(crate) const ADOPT: &str = "steadfast.adopt";
 pub(crate) const HOLD: &str = "steadfast.hold";
 /// Ends the sandbox (its holder is done with it).
 pub(crate) const RELEASE: &str = "steadfast.release";
+/// The TCP ports something in the sandbox listens on, as a JSON array (the agent's
+/// own forwards left out): what a preview URL may lead to.
+pub(crate) const PORTS: &str = "steadfast.ports";
+/// Connects to a port listening inside the sandbox (input `{"port": N}`): after an
+/// `ok` reply line, the request's connection carries that TCP connection's bytes both
+/// ways, so the host reaches a dev server without opening the sandbox's network.
+pub(crate) const CONNECT: &str = "steadfast.connect";
 /// How long a connection waits for the host socket it leads to (see [`forward`]).
 const PROXY_WAIT: Duration = Duration::from_secs(15);
 /// How many finished calls' outputs are kept for a holder that has yet to attach.
@@ -333,6 +345,57 @@ impl Agent {
         wait_for(&mut rx).await
     }
 
+    /// The agent's own loopback ports (its forwards out), which lead to the host.
+    fn own_ports(&self) -> Vec<u16> {
+        let forwards = self.config.forwards.iter().map(|(port, _)| *port);
+        let proxy = self
+            .config
+            .proxy_socket
+            .as_ref()
+            .map(|_| self.config.proxy_port);
+        forwards.chain(proxy).collect()
+    }
+
+    /// The ports something in the sandbox listens on, from the kernel's socket tables
+    /// of the sandbox's network namespace.
+    fn ports(&self) -> Result<Vec<u16>, String> {
+        if !self.config.private_network {
+            return Err(SHARED_NETWORK.into());
+        }
+        let own = self.own_ports();
+        let mut ports = std::collections::BTreeSet::new();
+        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            let Ok(text) = std::fs::read_to_string(table) else {
+                continue;
+            };
+            ports.extend(
+                listening(&text)
+                    .into_iter()
+                    .filter(|port| !own.contains(port)),
+            );
+        }
+        Ok(ports.into_iter().collect())
+    }
+
+    /// A connection to `port` on the sandbox's loopback, IPv4 or IPv6.
+    async fn connect(&self, port: u16) -> Result<tokio::net::TcpStream, String> {
+        if !self.config.private_network {
+            return Err(SHARED_NETWORK.into());
+        }
+        if port == 0 || self.own_ports().contains(&port) {
+            return Err(format!(
+                "port {port} is not one a program in the sandbox listens on"
+            ));
+        }
+        let v4 = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
+        match v4 {
+            Ok(tcp) => Ok(tcp),
+            Err(_) => tokio::net::TcpStream::connect(("::1", port))
+                .await
+                .map_err(|e| format!("nothing listens on port {port} in the sandbox ({e})")),
+        }
+    }
+
     async fn bash(&self, input: &serde_json::Value) -> ToolOutput {
         let ctx = Context {
             root: &self.config.workspace,
@@ -345,6 +408,29 @@ impl Agent {
         kill_strays();
         out
     }
+}
+
+/// Why a sandbox in the host's network shows no ports.
+const SHARED_NETWORK: &str =
+    "this sandbox shares the host's network (network: open): its ports are the host's, not its own";
+
+/// The local ports in LISTEN state in a `/proc/net/tcp` or `tcp6` table.
+fn listening(table: &str) -> Vec<u16> {
+    const LISTEN: &str = "0A";
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let local = fields.nth(1)?;
+            let state = fields.nth(1)?;
+            if state != LISTEN {
+                return None;
+            }
+            let (_, port) = local.rsplit_once(':')?;
+            u16::from_str_radix(port, 16).ok()
+        })
+        .collect()
 }
 
 /// The output a kept command ends with.
@@ -435,6 +521,39 @@ async fn handle(stream: UnixStream, agent: std::sync::Arc<Agent>) -> std::io::Re
             }
             return Ok(());
         }
+        Ok(req) if req.tool == CONNECT => {
+            let port = req.input.get("port").and_then(|p| p.as_u64());
+            let inside = match port.and_then(|p| u16::try_from(p).ok()) {
+                Some(port) => agent.connect(port).await,
+                None => Err("`port`: a TCP port number".to_string()),
+            };
+            let mut tcp = match inside {
+                Ok(tcp) => tcp,
+                Err(why) => {
+                    let mut reply = serde_json::to_vec(&ToolOutput::error(why))
+                        .map_err(std::io::Error::other)?;
+                    reply.push(b'\n');
+                    write.write_all(&reply).await?;
+                    return write.shutdown().await;
+                }
+            };
+            let mut reply =
+                serde_json::to_vec(&ToolOutput::ok("connected")).map_err(std::io::Error::other)?;
+            reply.push(b'\n');
+            write.write_all(&reply).await?;
+            // Bytes the host sent right after its request line are the connection's.
+            tcp.write_all(read.buffer()).await?;
+            let mut host = read
+                .into_inner()
+                .reunite(write)
+                .map_err(std::io::Error::other)?;
+            let _ = tokio::io::copy_bidirectional(&mut host, &mut tcp).await;
+            return Ok(());
+        }
+        Ok(req) if req.tool == PORTS => match agent.ports() {
+            Ok(ports) => ToolOutput::ok(serde_json::to_string(&ports).unwrap_or_default()),
+            Err(why) => ToolOutput::error(why),
+        },
         Ok(req) if req.tool == RELEASE => {
             let mut reply =
                 serde_json::to_vec(&ToolOutput::ok("released")).map_err(std::io::Error::other)?;
@@ -512,4 +631,22 @@ pub(crate) async fn call(socket: &Path, request: &Request) -> std::io::Result<Op
     serde_json::from_str(&line)
         .map(Some)
         .map_err(std::io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn listening_ports_are_read_from_the_kernels_table() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 1 1 0 100 0 0 10 0
+   1: 00000000:0BB8 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 2 1 0 100 0 0 10 0
+   2: 0100007F:1F90 0100007F:A2C4 01 00000000:00000000 00:00000000 00000000  1000        0 3 1 0 20 4 30 10 -1
+";
+        assert_eq!(
+            super::listening(table),
+            [8080, 3000],
+            "established ones are not listed"
+        );
+        assert!(super::listening("").is_empty());
+    }
 }

@@ -572,6 +572,7 @@ impl BwrapSandbox {
             default_timeout_ms: options.default_timeout.as_millis() as u64,
             max_timeout_ms: options.max_timeout.as_millis() as u64,
             lifeline: tenure.is_none(),
+            private_network: options.network != NetworkPolicy::Open,
             tenure: tenure
                 .as_ref()
                 .map(|((session, epoch), hold)| agent::Tenure {
@@ -1132,6 +1133,71 @@ impl BwrapSandbox {
             limits: None,
         };
         tools::run(&ctx, tool, input).await
+    }
+}
+
+impl BwrapSandbox {
+    /// The TCP ports programs in the sandbox listen on (its agent's own left out): what
+    /// a preview URL may lead to. A sandbox in the host's network (`open`) has none of
+    /// its own, and says so.
+    pub async fn listening_ports(&self) -> Result<Vec<u16>> {
+        let request = Request::new(agent::PORTS, serde_json::Value::Null, self.tenure.clone());
+        let out = self.reply(agent::call(&self.socket, &request).await)?;
+        serde_json::from_str(&out.text)
+            .map_err(|e| Error::Unavailable(format!("the sandbox's ports: {e}: {}", out.text)))
+    }
+
+    /// A connection to `port` on the sandbox's loopback, through its agent: the
+    /// sandbox's network stays closed, and the host still reaches a server in it.
+    pub async fn connect_port(&self, port: u16) -> Result<tokio::net::UnixStream> {
+        use tokio::io::AsyncWriteExt;
+        let unavailable =
+            |e: std::io::Error| Error::Unavailable(format!("the sandbox's agent: {e}"));
+        let request = Request::new(
+            agent::CONNECT,
+            serde_json::json!({ "port": port }),
+            self.tenure.clone(),
+        );
+        let mut stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(unavailable)?;
+        let mut line =
+            serde_json::to_vec(&request).map_err(|e| unavailable(std::io::Error::other(e)))?;
+        line.push(b'\n');
+        stream.write_all(&line).await.map_err(unavailable)?;
+        // The reply is read a byte at a time: what follows it is the connection's own.
+        let mut reply = Vec::new();
+        loop {
+            let mut byte = [0u8; 1];
+            match tokio::io::AsyncReadExt::read(&mut stream, &mut byte).await {
+                Ok(0) => break,
+                Ok(_) if byte[0] == b'\n' => break,
+                Ok(_) => reply.push(byte[0]),
+                Err(e) => return Err(unavailable(e)),
+            }
+        }
+        let out: Option<ToolOutput> = match reply.is_empty() {
+            true => None,
+            false => Some(
+                serde_json::from_slice(&reply)
+                    .map_err(|e| unavailable(std::io::Error::other(e)))?,
+            ),
+        };
+        self.reply(Ok(out))?;
+        Ok(stream)
+    }
+
+    /// The output of an agent request that is not a command, or why there is none.
+    fn reply(&self, got: std::io::Result<Option<ToolOutput>>) -> Result<ToolOutput> {
+        match got {
+            Ok(Some(out)) if !out.is_error => Ok(out),
+            Ok(Some(out)) => Err(Error::Refused(out.text)),
+            Ok(None) => Err(Error::Died(format!(
+                "its agent closed the connection: {}",
+                self.said_while_starting().trim()
+            ))),
+            Err(e) => Err(Error::Unavailable(format!("the sandbox's agent: {e}"))),
+        }
     }
 }
 

@@ -120,6 +120,10 @@ pub enum Error {
     /// call's effect is unknown; the harness resolves it and provisions a new one.
     #[error("sandbox died: {0}")]
     Died(String),
+    /// The sandbox is there and refused what was asked of it, saying why (no program
+    /// listens on the port asked for, a network it shares with the host).
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// The sandbox's result type.

@@ -709,3 +709,56 @@ async fn a_sandbox_cannot_name_another_for_the_reaper_to_kill() {
         "and the sandbox could not change it: {mine:?}"
     );
 }
+
+#[tokio::test]
+async fn a_server_in_a_closed_sandbox_is_reached_through_its_agent() {
+    let f = Fixture::new();
+    std::fs::write(f.ws().join("index.html"), "hello from inside").unwrap();
+    let sandbox = BwrapSandbox::new(&f.ws(), &options()).unwrap();
+    assert_eq!(sandbox.listening_ports().await.unwrap(), Vec::<u16>::new());
+    let started = sandbox
+        .execute(
+            "service",
+            &json!({"action": "start", "name": "web", "command": "python3 -m http.server 8123 --bind 127.0.0.1", "port": 8123}),
+        )
+        .await
+        .unwrap();
+    assert!(!started.is_error, "{started:?}");
+    assert_eq!(sandbox.listening_ports().await.unwrap(), [8123]);
+    // Plain HTTP over the agent's connection, as a preview URL's proxy would send it.
+    for _ in 0..2 {
+        let mut conn = sandbox.connect_port(8123).await.unwrap();
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        conn.write_all(b"GET /index.html HTTP/1.0\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
+        assert!(answer.ends_with("hello from inside"), "{answer}");
+    }
+    // The sandbox's network is still closed to everything else.
+    let out = bash(
+        &sandbox,
+        "curl -sS -m 3 http://1.1.1.1/ || echo unreachable",
+    )
+    .await;
+    assert!(out.text.contains("unreachable"), "{}", out.text);
+    match sandbox.connect_port(8124).await {
+        Err(Error::Refused(why)) => assert!(why.contains("nothing listens on port 8124"), "{why}"),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+
+    // In the host's network, its ports are the host's: none are listed or reached.
+    let mut opts = options();
+    opts.network = NetworkPolicy::Open;
+    let open = BwrapSandbox::new(&f.ws(), &opts).unwrap();
+    match open.listening_ports().await {
+        Err(Error::Refused(why)) => assert!(why.contains("host's network"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        open.connect_port(5432).await,
+        Err(Error::Refused(_))
+    ));
+}
