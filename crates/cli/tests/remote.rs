@@ -222,6 +222,60 @@ async fn the_cli_reads_and_controls_sessions_through_a_server_with_a_token() {
     .await;
     assert!(queued.status.success(), "{}", stderr(&queued));
 
+    // A hook: made (its secret on stdout, its URL on stderr), listed, used, revoked;
+    // not another owner's to make. The session is idle, so a `message` hook's
+    // delivery starts a turn.
+    let bobs = remote(here, &url, "bob-secret", &["hooks", "create", id, "page"]).await;
+    assert!(
+        stderr(&bobs).contains("404 session_not_found"),
+        "{}",
+        stderr(&bobs)
+    );
+    let made = remote(
+        here,
+        &url,
+        "alice-secret",
+        &["hooks", "create", id, "page", "--then", "message"],
+    )
+    .await;
+    assert!(made.status.success(), "{}", stderr(&made));
+    let token = String::from_utf8_lossy(&made.stdout).trim().to_string();
+    assert!(token.starts_with("hk_"), "{token}");
+    let hook_url = stderr(&made)
+        .split_whitespace()
+        .find(|w| w.starts_with("http"))
+        .unwrap()
+        .to_string();
+    assert!(hook_url.ends_with(&format!("?token={token}")), "{hook_url}");
+    let listed = remote(here, &url, "alice-secret", &["hooks", "list", id]).await;
+    let listed = String::from_utf8_lossy(&listed.stdout).to_string();
+    assert!(listed.starts_with("page\ttoken\tmessage\t"), "{listed}");
+    assert!(!listed.contains(&token), "{listed}");
+    let delivered = reqwest::Client::new()
+        .post(&hook_url)
+        .json(&json!({"note": "from the pager"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(delivered.status(), 202);
+    let revoked = remote(here, &url, "alice-secret", &["hooks", "delete", id, "page"]).await;
+    assert!(revoked.status.success(), "{}", stderr(&revoked));
+    let after = reqwest::Client::new()
+        .post(&hook_url)
+        .json(&json!({"note": "again"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(after.status(), 404);
+    let local = tokio::process::Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args(["hooks", "list", id])
+        .env("STEADFAST_HOME", here.join("no-home-here"))
+        .env_remove("STEADFAST_SERVER")
+        .output()
+        .await
+        .unwrap();
+    assert!(stderr(&local).contains("--server"), "{}", stderr(&local));
+
     // Closed, then deleted.
     let closed = remote(here, &url, "alice-secret", &["close", id]).await;
     assert!(closed.status.success(), "{}", stderr(&closed));
