@@ -53,6 +53,7 @@ events (schema 1): `PublicEvent`, one type per kind of log record.";
         routes::vaults::list,
         routes::vaults::delete,
         routes::hooks::create,
+        routes::admin::session_audit,
         routes::hooks::list,
         routes::hooks::delete,
         routes::hooks::deliver,

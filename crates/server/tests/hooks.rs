@@ -242,6 +242,19 @@ async fn a_github_signed_delivery_answers_a_wait_once() {
         actions.contains(&("hook.delivered", "hook:approval")),
         "{audit}"
     );
+    // The owner reads the session's own entries; another owner reads nothing.
+    let audit_url = format!("{}/v1/sessions/{id}/audit", srv.url);
+    let (status, own) = call(Method::GET, &audit_url, Some("alice-secret"), None).await;
+    assert_eq!(status, 200, "{own}");
+    let own: Vec<&str> = own["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(own, ["session.created", "hook.created", "hook.delivered"]);
+    let (status, _) = call(Method::GET, &audit_url, Some("bob-secret"), None).await;
+    assert_eq!(status, 404);
     let metrics = steadfast_metrics::metrics().encode();
     for result in [
         "delivered",

@@ -335,8 +335,13 @@ impl World for AnyWorld {
         delegate!(self, w => w.audit(actor, action, target, detail))
     }
 
-    async fn audit_log(&self, after: u64, limit: usize) -> Result<Vec<crate::AuditEntry>> {
-        delegate!(self, w => w.audit_log(after, limit))
+    async fn audit_log(
+        &self,
+        after: u64,
+        limit: usize,
+        about: Option<&str>,
+    ) -> Result<Vec<crate::AuditEntry>> {
+        delegate!(self, w => w.audit_log(after, limit, about))
     }
 
     async fn update_session(&self, session: &str, patch: &SessionPatch) -> Result<()> {

@@ -646,14 +646,35 @@ pub async fn tokens_and_the_audit_log<W: World>(world: &W) {
             .await
             .unwrap();
     }
-    let first = world.audit_log(0, 3).await.unwrap();
+    let first = world.audit_log(0, 3, None).await.unwrap();
     assert_eq!(first.len(), 3);
     assert_eq!(first[0].target, "tok_0");
     assert_eq!(first[2].detail["i"], 2);
-    let rest = world.audit_log(first[2].id, 10).await.unwrap();
+    let rest = world.audit_log(first[2].id, 10, None).await.unwrap();
     let targets: Vec<&str> = rest.iter().map(|e| e.target.as_str()).collect();
     assert_eq!(targets, ["tok_3", "tok_4"]);
     assert!(rest[0].at_ms > 0 && rest[0].actor == "admin");
+
+    // A session's own entries: about it, and about a session or its hooks only (a
+    // credential someone named like the session is not the session's business).
+    let note = |actor: &'static str, action: &'static str, target: &'static str| async move {
+        world
+            .audit(actor, action, target, &serde_json::json!({}))
+            .await
+            .unwrap()
+    };
+    note("alice", "session.created", "ses_a").await;
+    note("mallory", "vault.put", "ses_a").await;
+    note("alice", "session.created", "ses_b").await;
+    note("hook:ci", "hook.delivered", "ses_a").await;
+    let about = world.audit_log(0, 10, Some("ses_a")).await.unwrap();
+    let actions: Vec<&str> = about.iter().map(|e| e.action.as_str()).collect();
+    assert_eq!(actions, ["session.created", "hook.delivered"]);
+    let later = world
+        .audit_log(about[0].id, 10, Some("ses_a"))
+        .await
+        .unwrap();
+    assert_eq!(later.len(), 1);
 }
 
 /// A fork reads its parent's records up to the fork point, then its own, as one log;

@@ -524,11 +524,14 @@ pub trait World: Send + Sync + 'static {
         detail: &serde_json::Value,
     ) -> impl Future<Output = Result<()>> + Send;
 
-    /// Up to `limit` audit entries after id `after`, oldest first.
+    /// Up to `limit` audit entries after id `after`, oldest first; with `about`, only
+    /// those about that session (its target, and an action on a session or its hooks:
+    /// `session.*`, `hook.*`), which its owner may read.
     fn audit_log(
         &self,
         after: u64,
         limit: usize,
+        about: Option<&str>,
     ) -> impl Future<Output = Result<Vec<AuditEntry>>> + Send;
 
     /// A counter that moves when sessions change, so stream tails and idle workers

@@ -1821,12 +1821,19 @@ impl World for PostgresWorld {
         Ok(())
     }
 
-    async fn audit_log(&self, after: u64, limit: usize) -> Result<Vec<crate::AuditEntry>> {
+    async fn audit_log(
+        &self,
+        after: u64,
+        limit: usize,
+        about: Option<&str>,
+    ) -> Result<Vec<crate::AuditEntry>> {
         let client = self.client().await?;
         let rows = client
             .query(
-                "SELECT id, at_ms, actor, action, target, detail FROM steadfast_audit WHERE id > $1 ORDER BY id LIMIT $2",
-                &[&(after as i64), &(limit as i64)],
+                "SELECT id, at_ms, actor, action, target, detail FROM steadfast_audit WHERE id > $1 \
+                 AND ($3::text IS NULL OR (target = $3 AND (action LIKE 'session.%' OR action LIKE 'hook.%'))) \
+                 ORDER BY id LIMIT $2",
+                &[&(after as i64), &(limit as i64), &about],
             )
             .await
             .map_err(db)?;

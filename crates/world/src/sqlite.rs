@@ -44,6 +44,7 @@ CREATE TABLE hook_deliveries (
     at_ms    INTEGER NOT NULL,
     PRIMARY KEY (session, name, delivery)
 ) WITHOUT ROWID;
+CREATE INDEX audit_by_target ON audit (target, id);
 "#;
 
 /// What each session's history keeps beyond its log ([`World::owner_kept_bytes`]).
@@ -1720,13 +1721,21 @@ impl World for SqliteWorld {
         .await
     }
 
-    async fn audit_log(&self, after: u64, limit: usize) -> Result<Vec<crate::AuditEntry>> {
+    async fn audit_log(
+        &self,
+        after: u64,
+        limit: usize,
+        about: Option<&str>,
+    ) -> Result<Vec<crate::AuditEntry>> {
+        let about = about.map(str::to_string);
         self.with(move |conn| {
             conn.prepare_cached(
-                "SELECT id, at_ms, actor, action, target, detail FROM audit WHERE id > ?1 ORDER BY id LIMIT ?2",
+                "SELECT id, at_ms, actor, action, target, detail FROM audit WHERE id > ?1 \
+                 AND (?3 IS NULL OR (target = ?3 AND (action LIKE 'session.%' OR action LIKE 'hook.%'))) \
+                 ORDER BY id LIMIT ?2",
             )
             .map_err(backend)?
-            .query_map(params![after, limit as i64], |r| {
+            .query_map(params![after, limit as i64, about], |r| {
                 Ok(crate::AuditEntry {
                     id: r.get(0)?,
                     at_ms: r.get(1)?,

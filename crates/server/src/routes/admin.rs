@@ -211,13 +211,54 @@ pub(crate) async fn audit<W: World + Clone>(
     query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<wire::AuditPage>, ApiError> {
     state.owner(&headers, Scope::Admin).await?;
+    audit_page(&state, query, None).await
+}
+
+/// Read a session's audit entries
+///
+/// What was done to the session and through its hooks — created, changed, forked,
+/// rewound, closed; hooks made, revoked and delivered to — by whom, oldest first: the
+/// part of the audit log that is its owner's to read.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/audit",
+    operation_id = "session_audit_log",
+    params(("id" = String, Path, description = "The session's id"), AuditQuery),
+    responses(
+        (status = 200, description = "A page of entries", body = wire::AuditPage),
+        (status = 400, description = "A query parameter that does not parse", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 404, description = "No such session, or not the caller's", body = wire::Error),
+    )
+)]
+pub(crate) async fn session_audit<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<wire::AuditPage>, ApiError> {
+    let owner = state.owner(&headers, Scope::Read).await?;
+    super::owned(&state, &id, &owner).await?;
+    audit_page(&state, query, Some(&id)).await
+}
+
+/// One page of the audit log (of the entries about session `about`, with one).
+async fn audit_page<W: World + Clone>(
+    state: &crate::ServerState<W>,
+    query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
+    about: Option<&str>,
+) -> Result<Json<wire::AuditPage>, ApiError> {
     let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", m);
     let Query(q) = query.map_err(|e| bad(e.body_text()))?;
     let limit = q.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
         return Err(bad("limit: 1 to 1000 a page".into()));
     }
-    let entries = state.harness.world().audit_log(q.after, limit).await?;
+    let entries = state
+        .harness
+        .world()
+        .audit_log(q.after, limit, about)
+        .await?;
     Ok(Json(wire::AuditPage {
         next_after: entries.last().map_or(q.after, |e| e.id),
         entries: entries.into_iter().map(Into::into).collect(),

@@ -67,6 +67,7 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
             post(hooks::create::<W>).get(hooks::list::<W>),
         )
         .route("/v1/sessions/{id}/hooks/{name}", delete(hooks::delete::<W>))
+        .route("/v1/sessions/{id}/audit", get(admin::session_audit::<W>))
         .route("/v1/hooks/{session}/{name}", post(hooks::deliver::<W>))
         .route(
             "/v1/uploads",

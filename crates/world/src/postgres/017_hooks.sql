@@ -20,3 +20,5 @@ CREATE TABLE steadfast_hook_deliveries (
     at_ms    BIGINT NOT NULL,
     PRIMARY KEY (session, name, delivery)
 );
+-- A session's own audit entries, read by its owner a page at a time.
+CREATE INDEX steadfast_audit_by_target ON steadfast_audit (target, id);
