@@ -95,8 +95,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             (Some(a), Some(b)) => file_diffs(&drive, &a, &b),
             _ => Ok(Vec::new()),
         })
-        .await
-        .map_err(|e| Error::Invalid(format!("diff task: {e}")))??;
+        .await??;
         Ok(WorkspaceDiff {
             from_seq: from,
             to_seq: to,
@@ -198,9 +197,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         let snapshot = snapshot.ok_or_else(missing)?;
         let drive = self.drive.clone();
         let owned = path.to_string();
-        let read = tokio::task::spawn_blocking(move || drive.read_file(&snapshot, &owned))
-            .await
-            .map_err(|e| Error::Invalid(format!("read task: {e}")))?;
+        let read = tokio::task::spawn_blocking(move || drive.read_file(&snapshot, &owned)).await?;
         match read {
             Ok(Some(bytes)) => Ok(bytes),
             Ok(None) => Err(missing()),
@@ -227,9 +224,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             }
         }
         let drive = self.drive.clone();
-        tokio::task::spawn_blocking(move || drive.damage(&ids, read))
-            .await
-            .map_err(|e| Error::Invalid(format!("check task: {e}")))
+        Ok(tokio::task::spawn_blocking(move || drive.damage(&ids, read)).await?)
     }
 }
 
@@ -251,9 +246,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         // Every object there, before the first byte: a lost one is an error, not an
         // archive that ends short.
         let check = (self.drive.clone(), vec![snapshot.clone()]);
-        let lost = tokio::task::spawn_blocking(move || check.0.damage(&check.1, false))
-            .await
-            .map_err(|e| Error::Invalid(format!("check task: {e}")))?;
+        let lost = tokio::task::spawn_blocking(move || check.0.damage(&check.1, false)).await?;
         if let Some(first) = lost.first() {
             return Err(Error::DataLost(format!(
                 "the workspace at #{at} cannot be rebuilt: object {} is {} ({} lost in all)",

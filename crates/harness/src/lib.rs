@@ -104,6 +104,10 @@ pub enum Error {
     /// world's, the drive's or the sandbox's, and reported as theirs).
     #[error(transparent)]
     Journal(steadfast_journal::Error),
+    /// A task of the harness's own failed (it panicked, or its runtime is shutting
+    /// down): a fault of this process, never of the request.
+    #[error("a harness task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
     /// The request does not fit the session's state.
     #[error("{0}")]
     Invalid(String),

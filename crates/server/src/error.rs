@@ -122,3 +122,17 @@ impl From<steadfast_harness::Error> for ApiError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_failed_task_is_the_servers_fault_not_the_callers() {
+        let panicked = tokio::spawn(async { panic!("a bug") }).await.unwrap_err();
+        let answered = ApiError::from(steadfast_harness::Error::from(panicked));
+        assert_eq!(answered.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(answered.code, "internal");
+        assert!(!answered.message.contains("a bug"), "{}", answered.message);
+    }
+}
