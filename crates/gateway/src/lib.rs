@@ -293,8 +293,14 @@ fn refused(api: Api, refusal: &Refusal) -> Response {
             Some("the workspace could not be restored"),
         ),
     };
+    // The client is a CLI in a sandbox the model steers: a failure of the store is
+    // named, and its detail (hosts, paths, the database's own words) stays in the
+    // harness's log. A stop or a bound is the client's to know, in full.
     let message = match why {
-        Some(why) => format!("steadfast: {why}, so the call was not made ({refusal})"),
+        Some(why) => {
+            tracing::warn!(%refusal, "a model call was refused: {why}");
+            format!("steadfast: {why}, so the call was not made")
+        }
         None => format!("steadfast: {refusal}"),
     };
     api_error(Some(api), status, kind, &message)
