@@ -53,9 +53,31 @@ async fn rekeying_seals_every_credential_under_the_new_key() {
             .unwrap();
         assert_eq!(resp.status(), 204);
     }
+    // A signed hook's key is sealed by the same key.
+    let session: serde_json::Value = reqwest::Client::new()
+        .post(format!("{url}/v1/sessions"))
+        .json(&json!({"task": "wait for CI"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = session["id"].as_str().unwrap().to_string();
+    let hook: serde_json::Value = reqwest::Client::new()
+        .post(format!("{url}/v1/sessions/{id}/hooks"))
+        .json(&json!({"name": "ci", "check": "github", "then": "message"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let secret = hook["secret"].as_str().unwrap().to_string();
     api.start_kill().unwrap();
     api.wait().await.unwrap();
     assert_eq!(key_ids(&home), [old_id.clone(), old_id]);
+    assert_eq!(hook_key_ids(&home), [key(1).1]);
 
     let rekey = |current: &str, retired: Option<&str>| {
         let mut cmd = service(&home, &fake, &["rekey-vault"]);
@@ -80,9 +102,63 @@ async fn rekeying_seals_every_credential_under_the_new_key() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("2 credentials sealed again"));
-    assert_eq!(key_ids(&home), [new_id.clone(), new_id]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("3 credentials sealed again"));
+    assert_eq!(key_ids(&home), [new_id.clone(), new_id.clone()]);
+    assert_eq!(hook_key_ids(&home), [new_id]);
     let out = rekey(&new, None).await.unwrap();
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("(2 already were)"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("(3 already were"));
+
+    // A server whose keys do not open the hook's says so (503, the operator's to fix);
+    // one with the new key checks the delivery.
+    let deliver = |url: String, n: u32| {
+        let body = br#"{"conclusion": "success"}"#.to_vec();
+        let secret = secret.clone();
+        async move {
+            let mut mac =
+                <hmac::Hmac<sha2::Sha256> as hmac::KeyInit>::new_from_slice(secret.as_bytes())
+                    .unwrap();
+            hmac::Mac::update(&mut mac, &body);
+            let signature = hex::encode(hmac::Mac::finalize(mac).into_bytes());
+            reqwest::Client::new()
+                .post(url)
+                .header("content-type", "application/json")
+                .header("x-hub-signature-256", format!("sha256={signature}"))
+                .header("x-github-delivery", format!("d-{n}"))
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    for (current, status) in [(other, 503u16), (new, 202)] {
+        let mut api = service(
+            &home,
+            &fake,
+            &["serve", "--listen", "127.0.0.1:0", "--workers", "0"],
+        );
+        api.env("STEADFAST_VAULT_KEY", &current)
+            .env_remove("STEADFAST_VAULT_OLD_KEYS");
+        let mut api = api.spawn().unwrap();
+        let url = common::printed_url(&mut api).await;
+        let resp = deliver(format!("{url}/v1/hooks/{id}/ci"), u32::from(status)).await;
+        assert_eq!(resp.status(), status);
+        if status == 503 {
+            let said: serde_json::Value = resp.json().await.unwrap();
+            assert_eq!(said["error"]["code"], "vault_unavailable", "{said}");
+        }
+        api.start_kill().unwrap();
+        api.wait().await.unwrap();
+    }
+}
+
+fn hook_key_ids(home: &std::path::Path) -> Vec<String> {
+    let conn = rusqlite::Connection::open(home.join("world.db")).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT key_id FROM hooks ORDER BY name")
+        .unwrap();
+    stmt.query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<Vec<String>>>()
+        .unwrap()
 }

@@ -286,6 +286,7 @@ pub(crate) struct DeliveryQuery {
         (status = 413, description = "A body over 1 MiB", body = wire::Error),
         (status = 415, description = "A body that is neither JSON nor text", body = wire::Error),
         (status = 429, description = "More deliveries a minute to this session than the server takes", body = wire::Error),
+        (status = 503, description = "A signed hook this server cannot check: it lacks the vault key that sealed its key (`vault_unavailable`)", body = wire::Error),
     )
 )]
 pub(crate) async fn deliver<W: World + Clone>(
@@ -313,14 +314,26 @@ pub(crate) async fn deliver<W: World + Clone>(
             given: token.as_deref(),
         },
         HookSecret::Sealed(sealed) => {
+            // The operator's to fix, and the sender's to retry once it is: a 503.
+            let unopened = |why: String| {
+                tracing::error!(session = %id, hook = %name, "{why}");
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "vault_unavailable", why)
+            };
             let keys = state.vault.clone().ok_or_else(|| {
-                ApiError::internal(format!(
-                    "hook {name} of session {id} is signed, and this server has no vault key to open it"
+                unopened(format!(
+                    "this server has no vault key to check a `{check}` hook's signature (the operator sets {})",
+                    steadfast_world::vault::KEY_ENV
                 ))
             })?;
             opened = keys
                 .open(&id, &Hook::sealed_name(&name), sealed)
-                .map_err(ApiError::internal)?;
+                .map_err(|e| {
+                    unopened(format!(
+                        "this hook's key does not open with this server's vault keys ({e}); \
+                         the operator keeps retired keys in {} until `rekey-vault` has run",
+                        steadfast_world::vault::OLD_KEYS_ENV
+                    ))
+                })?;
             Key::Signing(&opened)
         }
     };
