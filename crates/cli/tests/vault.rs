@@ -19,9 +19,18 @@ fn key(byte: u8) -> (String, String) {
 }
 
 fn key_ids(home: &std::path::Path) -> Vec<String> {
+    sealed_by(home, "vault")
+}
+
+fn hook_key_ids(home: &std::path::Path) -> Vec<String> {
+    sealed_by(home, "hooks")
+}
+
+/// The ids of the keys that sealed the credentials (`vault`) or hook keys (`hooks`).
+fn sealed_by(home: &std::path::Path, table: &str) -> Vec<String> {
     let conn = rusqlite::Connection::open(home.join("world.db")).unwrap();
     let mut stmt = conn
-        .prepare("SELECT key_id FROM vault ORDER BY name")
+        .prepare(&format!("SELECT key_id FROM {table} ORDER BY name"))
         .unwrap();
     stmt.query_map([], |r| r.get(0))
         .unwrap()
@@ -150,15 +159,4 @@ async fn rekeying_seals_every_credential_under_the_new_key() {
         api.start_kill().unwrap();
         api.wait().await.unwrap();
     }
-}
-
-fn hook_key_ids(home: &std::path::Path) -> Vec<String> {
-    let conn = rusqlite::Connection::open(home.join("world.db")).unwrap();
-    let mut stmt = conn
-        .prepare("SELECT key_id FROM hooks ORDER BY name")
-        .unwrap();
-    stmt.query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<rusqlite::Result<Vec<String>>>()
-        .unwrap()
 }
