@@ -295,10 +295,11 @@ async fn a_github_signed_delivery_answers_a_wait_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_url_starts_a_turn_with_the_delivery() {
     let srv = server(
-        json!([{"text": "hi"}, {"text": "looking at the disk"}]),
+        json!([{"text": "hi"}, {"text": "looking at the disk"}, {"text": "on it"}]),
         auth(),
         1,
-        |_| {},
+        // Two messages a minute: replays must not spend them.
+        |state| state.messages_per_minute = 2,
     )
     .await;
     let id = create_session(&srv.url).await;
@@ -349,7 +350,9 @@ async fn a_token_url_starts_a_turn_with_the_delivery() {
     );
     let taken = deliver(&url, &key("p-1"), incident).await;
     assert_eq!(taken.0, 202, "{taken:?}");
-    assert_error(&deliver(&url, &key("p-1"), incident).await, 409, "replayed");
+    for _ in 0..5 {
+        assert_error(&deliver(&url, &key("p-1"), incident).await, 409, "replayed");
+    }
     let done = wait_status(&srv.url, &id, Some("alice-secret"), "idle").await;
     assert_eq!(done["reply"], "looking at the disk", "{done}");
     let log = events(&srv.url, &id).await;
@@ -372,10 +375,13 @@ async fn a_token_url_starts_a_turn_with_the_delivery() {
             .any(|r| r.contains("disk full on db-7")),
         "the model saw the delivery"
     );
+    // The replays spent none of the session's two messages a minute.
+    let second = deliver(&url, &key("p-2"), br#"{"incident": "resolved"}"#).await;
+    assert_eq!(second.0, 202, "{second:?}");
     // A body over the limit is refused from its headers.
     let big = vec![b' '; 2 * 1024 * 1024];
     assert_error(
-        &deliver(&url, &key("p-2"), &big).await,
+        &deliver(&url, &key("p-3"), &big).await,
         413,
         "body_too_large",
     );

@@ -371,7 +371,8 @@ pub(crate) async fn deliver<W: World + Clone>(
         HookThen::Signal => "signals",
         HookThen::Message => "messages",
     };
-    state.inbox_allowed(kind, &id).await?;
+    // A replay is refused before it can spend the session's budget of signals and
+    // messages (anyone who saw one delivery could otherwise starve the others).
     if let Some(delivery) = &proven.delivery {
         if !world
             .hook_take_delivery(&id, &name, delivery, now, now.saturating_sub(REMEMBERED_MS))
@@ -385,7 +386,10 @@ pub(crate) async fn deliver<W: World + Clone>(
             ));
         }
     }
-    let delivered = act(&state, &hook, proven.event.as_deref(), &payload).await;
+    let delivered = match state.inbox_allowed(kind, &id).await {
+        Ok(()) => act(&state, &hook, proven.event.as_deref(), &payload).await,
+        Err(e) => Err(e),
+    };
     let (inbox_id, answers) = match delivered {
         Ok(done) => done,
         Err(e) => {
