@@ -114,6 +114,16 @@ async fn a_github_signed_delivery_answers_a_wait_once() {
     )
     .await;
     assert_error(&resume, 422, "invalid_body");
+    for name in ["..", "a/b", ""] {
+        let bad = call(
+            Method::POST,
+            &hooks,
+            Some("alice-secret"),
+            Some(json!({"name": name, "check": "token"})),
+        )
+        .await;
+        assert_error(&bad, 422, "invalid_body");
+    }
     let (status, made) = call(
         Method::POST,
         &hooks,

@@ -543,6 +543,12 @@ fn check_name(name: &str, then: HookThen) -> Result<(), ApiError> {
     {
         return Err(invalid("name: letters, digits, - _ . only, at most 128"));
     }
+    if name.chars().all(|c| c == '.') {
+        // `.` and `..` are path steps to every client that builds the URL.
+        return Err(invalid(
+            "name: not only dots (it is the last step of the hook's URL)",
+        ));
+    }
     if then == HookThen::Signal {
         // An interrupt stops work and a resume raises bounds: the owner's to send, not a
         // third party's; a client tool's result answers one call through its own route.
