@@ -350,8 +350,8 @@ async fn a_token_url_starts_a_turn_with_the_delivery() {
     let key = |k: &str| vec![("idempotency-key", k.to_string())];
     assert_error(
         &deliver(bare, &key("p-1"), incident).await,
-        400,
-        "missing_header",
+        401,
+        "missing_token",
     );
     assert_error(
         &deliver(&format!("{bare}?token=hk_wrong"), &key("p-1"), incident).await,

@@ -280,7 +280,7 @@ pub(crate) struct DeliveryQuery {
         (status = 200, description = "A sender's check that delivers nothing (GitHub `ping`, Slack `url_verification`)", body = Value),
         (status = 202, description = "Delivered", body = wire::HookDelivered),
         (status = 400, description = "A header the check needs is missing (the message names it)", body = wire::Error),
-        (status = 401, description = "The token or signature does not match (`bad_signature`), or its time is too far from ours (`stale_signature`)", body = wire::Error),
+        (status = 401, description = "No token (`missing_token`), a token or signature that does not match (`bad_signature`), or a signed time too far from ours (`stale_signature`)", body = wire::Error),
         (status = 404, description = "No such hook", body = wire::Error),
         (status = 409, description = "A delivery already taken (`replayed`), a session that waits for no such signal (`not_waiting`), or one that has ended", body = wire::Error),
         (status = 413, description = "A body over 1 MiB", body = wire::Error),
@@ -341,6 +341,11 @@ pub(crate) async fn deliver<W: World + Clone>(
     let proven = hook_check::verify(hook.check, key, &headers, &body, now).map_err(|refused| {
         steadfast_metrics::metrics().hook_delivery(check, refused.metric());
         match refused {
+            Refused::Missing("token") => ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "missing_token",
+                "token: a `token` hook's URL carries it as `?token=`; this request has none",
+            ),
             Refused::Missing(what) => ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "missing_header",
