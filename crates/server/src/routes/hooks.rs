@@ -307,65 +307,8 @@ pub(crate) async fn deliver<W: World + Clone>(
     let body = crate::extract::bounded(&headers, body, MAX_DELIVERY, "a hook takes").await?;
     let check = hook.check.as_str();
     let token = query.ok().and_then(|Query(q)| q.token);
-    let opened;
-    let key = match &hook.secret {
-        HookSecret::TokenHash(hash) => Key::Token {
-            hash,
-            given: token.as_deref(),
-        },
-        HookSecret::Sealed(sealed) => {
-            // The operator's to fix, and the sender's to retry once it is: a 503.
-            let unopened = |why: String| {
-                tracing::error!(session = %id, hook = %name, "{why}");
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "vault_unavailable", why)
-            };
-            let keys = state.vault.clone().ok_or_else(|| {
-                unopened(format!(
-                    "this server has no vault key to check a `{check}` hook's signature (the operator sets {})",
-                    steadfast_world::vault::KEY_ENV
-                ))
-            })?;
-            opened = keys
-                .open(&id, &Hook::sealed_name(&name), sealed)
-                .map_err(|e| {
-                    unopened(format!(
-                        "this hook's key does not open with this server's vault keys ({e}); \
-                         the operator keeps retired keys in {} until `rekey-vault` has run",
-                        steadfast_world::vault::OLD_KEYS_ENV
-                    ))
-                })?;
-            Key::Signing(&opened)
-        }
-    };
     let now = steadfast_world::now_ms();
-    let proven = hook_check::verify(hook.check, key, &headers, &body, now).map_err(|refused| {
-        steadfast_metrics::metrics().hook_delivery(check, refused.metric());
-        match refused {
-            Refused::Missing("token") => ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "missing_token",
-                "token: a `token` hook's URL carries it as `?token=`; this request has none",
-            ),
-            Refused::Missing(what) => ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "missing_header",
-                format!("{what}: a `{check}` hook's delivery must carry it"),
-            ),
-            Refused::BadSignature => ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "bad_signature",
-                format!("the delivery's {} does not match this hook's", proof(hook.check)),
-            ),
-            Refused::Stale(seconds) => ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "stale_signature",
-                format!(
-                    "the signed time is {seconds} s from this server's clock; at most {} s is taken",
-                    hook_check::SKEW.as_secs()
-                ),
-            ),
-        }
-    })?;
+    let proven = prove(&state, &hook, token.as_deref(), &headers, &body, now)?;
     let payload = payload(&headers, &body)?;
     // A sender's own check of the URL: answered, and nothing delivered.
     if let Some(answer) = handshake(hook.check, proven.event.as_deref(), &payload) {
@@ -434,6 +377,74 @@ pub(crate) async fn deliver<W: World + Clone>(
         }),
     )
         .into_response())
+}
+
+/// What a delivery proves, checked by its hook's check against its secret (a token's
+/// hash, or a key the vault opens); refusals are counted and answered.
+fn prove<W>(
+    state: &crate::ServerState<W>,
+    hook: &Hook,
+    token: Option<&str>,
+    headers: &HeaderMap,
+    body: &[u8],
+    now: u64,
+) -> Result<hook_check::Proven, ApiError> {
+    let (id, name, check) = (&hook.session, &hook.name, hook.check.as_str());
+    let opened;
+    let key = match &hook.secret {
+        HookSecret::TokenHash(hash) => Key::Token { hash, given: token },
+        HookSecret::Sealed(sealed) => {
+            // The operator's to fix, and the sender's to retry once it is: a 503.
+            let unopened = |why: String| {
+                tracing::error!(session = %id, hook = %name, "{why}");
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "vault_unavailable", why)
+            };
+            let keys = state.vault.clone().ok_or_else(|| {
+                unopened(format!(
+                    "this server has no vault key to check a `{check}` hook's signature (the operator sets {})",
+                    steadfast_world::vault::KEY_ENV
+                ))
+            })?;
+            opened = keys
+                .open(id, &Hook::sealed_name(name), sealed)
+                .map_err(|e| {
+                    unopened(format!(
+                        "this hook's key does not open with this server's vault keys ({e}); \
+                         the operator keeps retired keys in {} until `rekey-vault` has run",
+                        steadfast_world::vault::OLD_KEYS_ENV
+                    ))
+                })?;
+            Key::Signing(&opened)
+        }
+    };
+    hook_check::verify(hook.check, key, headers, body, now).map_err(|refused| {
+        steadfast_metrics::metrics().hook_delivery(check, refused.metric());
+        match refused {
+            Refused::Missing("token") => ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "missing_token",
+                "token: a `token` hook's URL carries it as `?token=`; this request has none",
+            ),
+            Refused::Missing(what) => ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "missing_header",
+                format!("{what}: a `{check}` hook's delivery must carry it"),
+            ),
+            Refused::BadSignature => ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "bad_signature",
+                format!("the delivery's {} does not match this hook's", proof(hook.check)),
+            ),
+            Refused::Stale(seconds) => ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "stale_signature",
+                format!(
+                    "the signed time is {seconds} s from this server's clock; at most {} s is taken",
+                    hook_check::SKEW.as_secs()
+                ),
+            ),
+        }
+    })
 }
 
 /// What the delivery does: the signal it sends, or the message it queues.
