@@ -85,7 +85,10 @@ fn default_then() -> HookThen {
         (status = 403, description = "Public mode has no hooks", body = wire::Error),
         (status = 404, description = "No such session, or not the caller's", body = wire::Error),
         (status = 409, description = "The session has a hook of that name (`hook_exists`): delete it first", body = wire::Error),
+        (status = 413, description = "The body is larger than the limit", body = wire::Error),
+        (status = 415, description = "The body is not `application/json`", body = wire::Error),
         (status = 422, description = "A field's value is refused (the message names it), or a signing check on a server with no vault key (`vault_unavailable`)", body = wire::Error),
+        (status = 429, description = "More sessions, uploads, credentials and hooks a minute from this caller than the server takes (`rate_limited`)", body = wire::Error),
     )
 )]
 pub(crate) async fn create<W: World + Clone>(
@@ -105,6 +108,7 @@ pub(crate) async fn create<W: World + Clone>(
     }
     owned(&state, &id, &owner).await?;
     check_name(&req.name, req.then)?;
+    state.creation_allowed(&owner).await?;
     let world = state.harness.world();
     if world.hooks(Some(&id)).await?.len() >= MAX_HOOKS {
         return Err(invalid(format!(
