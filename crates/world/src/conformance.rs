@@ -675,6 +675,14 @@ pub async fn tokens_and_the_audit_log<W: World>(world: &W) {
         .await
         .unwrap();
     assert_eq!(later.len(), 1);
+    // Past the last id any store can hold, there is nothing (not an error).
+    for about in [None, Some("ses_a")] {
+        assert!(world
+            .audit_log(u64::MAX, 10, about)
+            .await
+            .unwrap()
+            .is_empty());
+    }
 }
 
 /// A fork reads its parent's records up to the fork point, then its own, as one log;

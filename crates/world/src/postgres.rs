@@ -1833,7 +1833,7 @@ impl World for PostgresWorld {
                 "SELECT id, at_ms, actor, action, target, detail FROM steadfast_audit WHERE id > $1 \
                  AND ($3::text IS NULL OR (target = $3 AND (action LIKE 'session.%' OR action LIKE 'hook.%'))) \
                  ORDER BY id LIMIT $2",
-                &[&(after as i64), &(limit as i64), &about],
+                &[&(after.min(i64::MAX as u64) as i64), &(limit as i64), &about],
             )
             .await
             .map_err(db)?;

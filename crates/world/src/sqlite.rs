@@ -1735,7 +1735,8 @@ impl World for SqliteWorld {
                  ORDER BY id LIMIT ?2",
             )
             .map_err(backend)?
-            .query_map(params![after, limit as i64, about], |r| {
+            // Ids are SQLite integers: one past them all is past every entry.
+            .query_map(params![after.min(i64::MAX as u64) as i64, limit as i64, about], |r| {
                 Ok(crate::AuditEntry {
                     id: r.get(0)?,
                     at_ms: r.get(1)?,
