@@ -9,24 +9,14 @@ use std::time::Duration;
 
 use common::{assert_error, call, server};
 use serde_json::{json, Value};
-use steadfast_server::{hash_token, Auth, TokenEntry};
+use steadfast_server::Auth;
 use steadfast_world::Scope;
 
 fn statics() -> Auth {
-    let entry = |owner: &str, token: &str, scopes: Option<Vec<Scope>>| TokenEntry {
-        owner: owner.into(),
-        token_hash: hash_token(token),
-        scopes,
-    };
-    Auth::new(
-        &[
-            entry("alice", "alice-secret", None),
-            entry("ops", "root-secret", Some(vec![Scope::Admin])),
-        ],
-        true,
-        None,
-    )
-    .unwrap()
+    common::auth_of(&[
+        ("alice", "alice-secret", None),
+        ("ops", "root-secret", Some(vec![Scope::Admin])),
+    ])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,25 +11,15 @@ use common::{assert_error, call, server, wait_status};
 use hmac::{KeyInit, Mac};
 use reqwest::Method;
 use serde_json::{json, Value};
-use steadfast_server::{hash_token, Auth, TokenEntry};
+use steadfast_server::Auth;
 use steadfast_world::Scope;
 
 fn auth() -> Auth {
-    let entry = |owner: &str, token: &str, scopes: Option<Vec<Scope>>| TokenEntry {
-        owner: owner.into(),
-        token_hash: hash_token(token),
-        scopes,
-    };
-    Auth::new(
-        &[
-            entry("alice", "alice-secret", None),
-            entry("bob", "bob-secret", None),
-            entry("ops", "ops-secret", Some(Scope::ALL.to_vec())),
-        ],
-        true,
-        None,
-    )
-    .unwrap()
+    common::auth_of(&[
+        ("alice", "alice-secret", None),
+        ("bob", "bob-secret", None),
+        ("ops", "ops-secret", Some(Scope::ALL.to_vec())),
+    ])
 }
 
 fn github_signature(secret: &str, body: &[u8]) -> String {

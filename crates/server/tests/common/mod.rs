@@ -120,6 +120,19 @@ pub fn dev() -> Auth {
     Auth::new(&[], false, None).unwrap()
 }
 
+/// Static tokens: `(owner, token, scopes)` each (`None`: the default scopes).
+pub fn auth_of(entries: &[(&str, &str, Option<Vec<steadfast_world::Scope>>)]) -> Auth {
+    let entries: Vec<TokenEntry> = entries
+        .iter()
+        .map(|(owner, token, scopes)| TokenEntry {
+            owner: owner.to_string(),
+            token_hash: hash_token(token),
+            scopes: scopes.clone(),
+        })
+        .collect();
+    Auth::new(&entries, true, None).unwrap()
+}
+
 pub fn tokens() -> Auth {
     let entries =
         [("alice", "alice-secret"), ("bob", "bob-secret")].map(|(owner, token)| TokenEntry {
