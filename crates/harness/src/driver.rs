@@ -120,6 +120,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
         heartbeat: Heartbeat,
     ) -> Self {
         let journal = std::sync::Arc::new(journal);
+        journal.reachable();
         Driver {
             harness,
             live: journal.live().clone(),

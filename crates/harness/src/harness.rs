@@ -299,6 +299,8 @@ pub struct Harness<W = SqliteWorld, S = AnySandbox> {
     pub(crate) http: reqwest::Client,
     /// The CLI versions (`package@version`) this harness is installing now.
     pub(crate) installing: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// Held while this process starts a visitors' hold (see [`crate::visit`]).
+    pub(crate) holds: tokio::sync::Mutex<()>,
 }
 
 impl Harness<SqliteWorld, AnySandbox> {
@@ -354,6 +356,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             provision,
             http: steadfast_model::provider_http(),
             installing: Arc::default(),
+            holds: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -669,28 +672,43 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         heartbeat: Heartbeat,
         adopted: bool,
     ) -> Result<Driver<'_, W, S>> {
-        let mut sandbox_options = self.sandbox_options(&lease, &state, &heartbeat).await?;
+        let sandbox_options = self.sandbox_options(&lease, &state, &heartbeat).await?;
         let state = self.adopt_outside_edits(&lease, state).await?;
-        // The native loop's workspace is always the log's: brought to the last
-        // snapshot on every wake, whoever drove it last — unless the last holder's
-        // sandbox was adopted, still working in it: what its kept commands do is
-        // recorded when they end, and any other cut-off call is resolved by rule 4,
-        // which puts back what it must.
-        let workspace = match adopted {
-            false => self.materialize(&state, true).await?,
-            true => self.materialize_as_left(&state)?,
-        };
+        let workspace = self.workspace_at_wake(&state, adopted).await?;
         let model = (self.options.models)(&state.model)?.with_http(self.http.clone());
         let hosted = self.hosted_tools(&lease.session, &state).await?;
-        let last_snapshot = Arc::new(std::sync::Mutex::new(state.last_snapshot.clone()));
         let live = Arc::new(LiveSession::with_state(
             self.world.clone(),
             lease.clone(),
             state,
         ));
         live.fence(heartbeat.watch());
-        // What the sandbox opens through its egress proxy is recorded against the call
-        // running, in the live log.
+        let journal = self
+            .tools_journal(
+                live,
+                workspace,
+                sandbox_options,
+                self.options.sandbox_idle_stop,
+            )
+            .for_native_loop(crate::driver::STAGE_WITHIN)
+            .with_hosted(hosted);
+        Ok(Driver::new(self, journal, model, heartbeat).adopting(adopted))
+    }
+
+    /// The journal a session's tools run through, over `live`, its sandboxes made in
+    /// `workspace` with `sandbox_options`, one idle for `idle_stop` stopped (services
+    /// keep it longer): what the sandbox opens through its egress proxy is recorded
+    /// against the call running, in the live log.
+    pub(crate) fn tools_journal(
+        &self,
+        live: Arc<LiveSession<W>>,
+        workspace: PathBuf,
+        mut sandbox_options: SandboxOptions,
+        idle_stop: Option<Duration>,
+    ) -> Journal<W, S> {
+        let last_snapshot = Arc::new(std::sync::Mutex::new(
+            live.with(|s| s.last_snapshot.clone()),
+        ));
         let desk = EgressDesk::new();
         let held_back: steadfast_journal::HeldBack = Arc::default();
         let record = Journal::<W, S>::egress_recorder(
@@ -703,27 +721,19 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             let (provision, ws) = (self.provision.clone(), workspace.clone());
             Arc::new(move || provision(&ws, &sandbox_options))
         };
-        let sandbox = SandboxSlot::new(
-            workspace,
-            make,
-            self.drive.clone(),
-            self.options.sandbox_idle_stop,
-        )
-        .keeping_services(self.options.service_idle_stop);
-        let journal = Journal::new(
+        let sandbox = SandboxSlot::new(workspace, make, self.drive.clone(), idle_stop)
+            .keeping_services(self.options.service_idle_stop);
+        Journal::new(
             live,
             self.drive.clone(),
             self.blobs.clone(),
             sandbox,
             last_snapshot,
         )
-        .for_native_loop(crate::driver::STAGE_WITHIN)
         .with_snapshot_timeout(self.options.snapshot_timeout)
-        .with_hosted(hosted)
         .with_held_back(held_back)
         .with_egress(desk)
-        .with_history_quota(history);
-        Ok(Driver::new(self, journal, model, heartbeat).adopting(adopted))
+        .with_history_quota(history)
     }
 
     /// The sandbox settings of a session: the harness's, with the network policy the

@@ -59,6 +59,7 @@ mod harness;
 mod prompt;
 mod replay;
 mod rewind;
+mod visit;
 mod worker;
 mod workspace;
 mod wrapped;
@@ -74,7 +75,9 @@ pub use harness::{
 };
 pub use replay::{ReplayDivergence, ReplayReport, ReplayRequest, TurnReplay};
 pub use rewind::{external_facts, RewindReport};
-pub use steadfast_journal::{git, remote};
+/// A session's sandbox as a visitor (a preview URL) reaches it; see [`Harness::reach`].
+pub use steadfast_journal::reach;
+pub use steadfast_journal::{git, remote, Error as JournalError};
 pub use steadfast_sandbox::reconcile;
 pub use workspace::{new_workspace_id, workspace_root};
 pub use wrapped::{AgentInfo, AgentOptions, NamedAgent, WrappedDriver};
@@ -124,6 +127,10 @@ pub enum Error {
     /// though another may: the session is left as it is.
     #[error("{0}")]
     NotHere(String),
+    /// The session is between owners for a moment (a worker is picking its turn up):
+    /// the same request succeeds shortly.
+    #[error("{0}")]
+    Busy(String),
 }
 
 impl From<steadfast_journal::Error> for Error {

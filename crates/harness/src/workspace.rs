@@ -137,6 +137,27 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
         taken.adopted > 0
     }
 
+    /// The workspace a wake leaves ready for `state`. The native loop's is always the
+    /// log's: brought to the last snapshot on every wake, whoever drove it last. A
+    /// wrapped CLI's directory is left as its user had it, unless a rewind put it back
+    /// and no turn has begun since (a logical workspace is the log's for every agent).
+    /// Either is left as it is when the last holder's sandbox was `adopted`, still
+    /// working in it: what its kept commands do is recorded when they end, and any
+    /// other cut-off call is resolved by rule 4, which puts back what it must.
+    pub(crate) async fn workspace_at_wake(
+        &self,
+        state: &SessionState,
+        adopted: bool,
+    ) -> Result<PathBuf> {
+        match adopted {
+            false => {
+                let restore_directory = !state.is_wrapped() || state.rewound_workspace;
+                self.materialize(state, restore_directory).await
+            }
+            true => self.materialize_as_left(state),
+        }
+    }
+
     /// The workspace as the last holder on this host left it, not restored: its
     /// adopted sandbox still works in it.
     pub(crate) fn materialize_as_left(&self, state: &SessionState) -> Result<PathBuf> {

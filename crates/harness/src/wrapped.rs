@@ -324,14 +324,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         let adapter = self.session_adapter(&state)?;
         let sandbox = self.sandbox_options(&lease, &state, &heartbeat).await?;
         let state = self.adopt_outside_edits(&lease, state).await?;
-        // A wrapped CLI's directory is left as its user had it, unless a rewind put
-        // it back and no turn has begun since; a logical workspace is brought to the
-        // log's last snapshot, whichever host drove it last — unless the last
-        // holder's sandbox was adopted, still working in it (see `native_driver`).
-        let workspace = match adopted {
-            false => self.materialize(&state, state.rewound_workspace).await?,
-            true => self.materialize_as_left(&state)?,
-        };
+        let workspace = self.workspace_at_wake(&state, adopted).await?;
         let agents = &self.options.agents;
         let options = WrappedOptions {
             adapter,

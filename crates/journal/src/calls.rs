@@ -197,6 +197,9 @@ pub struct Journal<W, S> {
     stored: std::sync::atomic::AtomicU64,
     /// The operator's history quotas.
     history: crate::history::HistoryQuota,
+    /// What the model is to be told with its next call's result: the services a
+    /// visitor's request started again in a new sandbox (see [`crate::reach`]).
+    told_later: StdMutex<Option<String>>,
 }
 
 /// Counts a running call as finished when dropped (however it ends).
@@ -250,6 +253,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             egress: None,
             stored: std::sync::atomic::AtomicU64::new(0),
             history: crate::history::HistoryQuota::default(),
+            told_later: StdMutex::new(None),
         }
     }
 
@@ -953,6 +957,15 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             true => self.restart_services(call.map(|c| c.0), &sandbox).await?,
             false => None,
         };
+        let told_before = self
+            .told_later
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let restarted = match (told_before, restarted) {
+            (Some(before), Some(now)) => Some(before + &now),
+            (before, now) => before.or(now),
+        };
         let mut executed = match call {
             Some((id, true)) => sandbox.attach(id).await,
             Some((id, false)) => sandbox.execute_call(id, tool, input).await,
@@ -967,6 +980,41 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             _ => self.sandbox.touch().await,
         }
         Ok(executed?)
+    }
+
+    /// The session's sandbox for a visitor (a preview URL's request): the running one,
+    /// or one started as a tool call would start it, its services started again. What
+    /// the model would have been told of that is told with its next call's result.
+    pub(crate) async fn visit(&self) -> Result<Arc<S>> {
+        if *self.closed.borrow() {
+            return Err(steadfast_sandbox::Error::Unavailable(
+                "the session's run is over; its sandbox is stopping".into(),
+            )
+            .into());
+        }
+        let sandbox = match self.sandbox.running().await {
+            Some(sandbox) => sandbox,
+            None => {
+                // Not while a replay moves the workspace: a new sandbox is hydrated.
+                let _recording = self.recording.lock().await;
+                self.sandbox.get().await?
+            }
+        };
+        if self.sandbox.take_fresh() {
+            let told = self.restart_services(None, &sandbox).await?;
+            *self.told_later.lock().unwrap_or_else(|e| e.into_inner()) = told;
+        }
+        self.sandbox.touch().await;
+        Ok(sandbox)
+    }
+
+    /// Makes this journal the one visitors of its session reach while it lives.
+    pub fn reachable(self: &Arc<Self>)
+    where
+        W: 'static,
+    {
+        let weak: std::sync::Weak<dyn crate::reach::Reachable> = Arc::downgrade(self) as _;
+        crate::reach::register(&self.live.lease().session, weak);
     }
 
     /// Starts again, in `sandbox` (just started anew), the services the log says run:
@@ -1475,4 +1523,25 @@ pub async fn resolve_cut_off<W: World, S: Sandbox>(
         drive.restore_async(workspace, snap).await?;
     }
     Ok(last_snapshot)
+}
+
+impl<W: World + Clone + 'static, S: Sandbox> crate::reach::Reachable for Journal<W, S> {
+    fn ports(&self) -> crate::reach::Reached<'_, Vec<u16>> {
+        Box::pin(async move {
+            let sandbox = self.visit().await?;
+            Ok(sandbox.ports().await?)
+        })
+    }
+
+    fn connect(&self, port: u16) -> crate::reach::Reached<'_, crate::reach::Pipe> {
+        Box::pin(async move {
+            let sandbox = self.visit().await?;
+            let stream = sandbox.connect(port).await?;
+            Ok(crate::reach::Pipe::new(stream, sandbox))
+        })
+    }
+
+    fn is_open(&self) -> bool {
+        !*self.closed.borrow()
+    }
 }

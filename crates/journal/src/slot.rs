@@ -228,6 +228,16 @@ impl<S: Sandbox> SandboxSlot<S> {
         self.live.lock().await.as_ref().map(|l| l.sandbox.clone())
     }
 
+    /// How long the running sandbox has gone unused (nothing while a call, or a
+    /// visitor's connection, holds it); `None` if no sandbox runs.
+    pub async fn unused_for(&self) -> Option<Duration> {
+        let live = self.live.lock().await;
+        live.as_ref().map(|l| match Arc::strong_count(&l.sandbox) {
+            1 => l.last_used.elapsed(),
+            _ => Duration::ZERO,
+        })
+    }
+
     /// Forgets a sandbox that died; the next call provisions a new one.
     pub async fn discard(&self) {
         self.live.lock().await.take();

@@ -122,6 +122,12 @@ struct ResultLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PreviewLabels {
+    kind: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HookLabels {
     check: &'static str,
     result: &'static str,
@@ -172,6 +178,8 @@ pub struct Metrics {
     webhook_delivery_seconds: Histogram,
     http_refused: Family<ReasonLabel, Counter>,
     hook_deliveries: Family<HookLabels, Counter>,
+    preview_requests: Family<PreviewLabels, Counter>,
+    preview_wake_seconds: Histogram,
     timings: Mutex<Timings>,
     seen: Mutex<HashMap<&'static str, HashSet<String>>>,
 }
@@ -205,6 +213,8 @@ impl Metrics {
             webhook_delivery_seconds: seconds(),
             http_refused: Family::default(),
             hook_deliveries: Family::default(),
+            preview_requests: Family::default(),
+            preview_wake_seconds: seconds(),
             timings: Mutex::new(Timings::default()),
             seen: Mutex::new(HashMap::new()),
         };
@@ -338,6 +348,18 @@ impl Metrics {
             "Deliveries to inbound hooks, by check (token, github, slack, hmac) and result \
              (delivered, ping, bad_signature, stale, replayed, not_waiting)",
             self.hook_deliveries.clone(),
+        );
+        r.register(
+            "preview_requests",
+            "Requests to preview URLs, by kind (http, websocket) and result (forwarded, \
+             refused, unreachable)",
+            self.preview_requests.clone(),
+        );
+        r.register(
+            "preview_wake_seconds",
+            "How long a preview URL's first request waited for a stopped sandbox to be \
+             started again, services and all",
+            self.preview_wake_seconds.clone(),
         );
         self
     }
@@ -572,6 +594,18 @@ impl Metrics {
         self.hook_deliveries
             .get_or_create(&HookLabels { check, result })
             .inc();
+    }
+
+    /// Counts a request to a preview URL, by `kind` (`http`, `websocket`) and `result`.
+    pub fn preview_request(&self, kind: &'static str, result: &'static str) {
+        self.preview_requests
+            .get_or_create(&PreviewLabels { kind, result })
+            .inc();
+    }
+
+    /// Times a preview request's wait for a stopped sandbox to start again.
+    pub fn preview_woke(&self, took: std::time::Duration) {
+        self.preview_wake_seconds.observe(took.as_secs_f64());
     }
 
     /// Counts a connection or request the server's edges refused, by `reason`.

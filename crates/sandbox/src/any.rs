@@ -239,4 +239,18 @@ impl Sandbox for AnySandbox {
             AnySandbox::Bwrap(s) => s.attach(call_id).await,
         }
     }
+
+    async fn ports(&self) -> Result<Vec<u16>> {
+        match self {
+            AnySandbox::Local(s) => s.ports().await,
+            AnySandbox::Bwrap(s) => s.ports().await,
+        }
+    }
+
+    async fn connect(&self, port: u16) -> Result<tokio::net::UnixStream> {
+        match self {
+            AnySandbox::Local(s) => s.connect(port).await,
+            AnySandbox::Bwrap(s) => s.connect(port).await,
+        }
+    }
 }

@@ -1137,10 +1137,29 @@ impl BwrapSandbox {
 }
 
 impl BwrapSandbox {
+    /// The output of an agent request that is not a command, or why there is none.
+    fn reply(&self, got: std::io::Result<Option<ToolOutput>>) -> Result<ToolOutput> {
+        match got {
+            Ok(Some(out)) if !out.is_error => Ok(out),
+            Ok(Some(out)) => Err(Error::Refused(out.text)),
+            Ok(None) => Err(Error::Died(format!(
+                "its agent closed the connection: {}",
+                self.said_while_starting().trim()
+            ))),
+            Err(e) => Err(Error::Unavailable(format!("the sandbox's agent: {e}"))),
+        }
+    }
+}
+
+impl Sandbox for BwrapSandbox {
+    fn workspace(&self) -> &Path {
+        &self.root
+    }
+
     /// The TCP ports programs in the sandbox listen on (its agent's own left out): what
     /// a preview URL may lead to. A sandbox in the host's network (`open`) has none of
     /// its own, and says so.
-    pub async fn listening_ports(&self) -> Result<Vec<u16>> {
+    async fn ports(&self) -> Result<Vec<u16>> {
         let request = Request::new(agent::PORTS, serde_json::Value::Null, self.tenure.clone());
         let out = self.reply(agent::call(&self.socket, &request).await)?;
         serde_json::from_str(&out.text)
@@ -1149,7 +1168,7 @@ impl BwrapSandbox {
 
     /// A connection to `port` on the sandbox's loopback, through its agent: the
     /// sandbox's network stays closed, and the host still reaches a server in it.
-    pub async fn connect_port(&self, port: u16) -> Result<tokio::net::UnixStream> {
+    async fn connect(&self, port: u16) -> Result<tokio::net::UnixStream> {
         use tokio::io::AsyncWriteExt;
         let unavailable =
             |e: std::io::Error| Error::Unavailable(format!("the sandbox's agent: {e}"));
@@ -1185,25 +1204,6 @@ impl BwrapSandbox {
         };
         self.reply(Ok(out))?;
         Ok(stream)
-    }
-
-    /// The output of an agent request that is not a command, or why there is none.
-    fn reply(&self, got: std::io::Result<Option<ToolOutput>>) -> Result<ToolOutput> {
-        match got {
-            Ok(Some(out)) if !out.is_error => Ok(out),
-            Ok(Some(out)) => Err(Error::Refused(out.text)),
-            Ok(None) => Err(Error::Died(format!(
-                "its agent closed the connection: {}",
-                self.said_while_starting().trim()
-            ))),
-            Err(e) => Err(Error::Unavailable(format!("the sandbox's agent: {e}"))),
-        }
-    }
-}
-
-impl Sandbox for BwrapSandbox {
-    fn workspace(&self) -> &Path {
-        &self.root
     }
 
     async fn cancel(&self) {

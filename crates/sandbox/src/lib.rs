@@ -182,4 +182,22 @@ pub trait Sandbox: Send + Sync + 'static {
         let why = format!("this sandbox keeps no command of call {call_id}");
         async move { Err(Error::Died(why)) }
     }
+
+    /// The TCP ports programs in the sandbox listen on: what a preview URL may lead
+    /// to. A backend whose programs share the host's network has none of its own and
+    /// refuses ([`Error::Refused`]), saying why.
+    fn ports(&self) -> impl Future<Output = Result<Vec<u16>>> + Send {
+        async { Err(Error::Refused(NO_PORTS_OF_ITS_OWN.into())) }
+    }
+
+    /// A byte pipe to `port` on the sandbox's own loopback, made without opening the
+    /// sandbox's network (see [`Sandbox::ports`]).
+    fn connect(&self, port: u16) -> impl Future<Output = Result<tokio::net::UnixStream>> + Send {
+        let _ = port;
+        async { Err(Error::Refused(NO_PORTS_OF_ITS_OWN.into())) }
+    }
 }
+
+/// Why a backend without a network of its own shows no ports.
+const NO_PORTS_OF_ITS_OWN: &str = "this sandbox's commands run in the host's network (the local \
+     backend): it has no ports of its own to reach";

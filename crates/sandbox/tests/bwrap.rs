@@ -715,7 +715,7 @@ async fn a_server_in_a_closed_sandbox_is_reached_through_its_agent() {
     let f = Fixture::new();
     std::fs::write(f.ws().join("index.html"), "hello from inside").unwrap();
     let sandbox = BwrapSandbox::new(&f.ws(), &options()).unwrap();
-    assert_eq!(sandbox.listening_ports().await.unwrap(), Vec::<u16>::new());
+    assert_eq!(sandbox.ports().await.unwrap(), Vec::<u16>::new());
     let started = sandbox
         .execute(
             "service",
@@ -724,10 +724,10 @@ async fn a_server_in_a_closed_sandbox_is_reached_through_its_agent() {
         .await
         .unwrap();
     assert!(!started.is_error, "{started:?}");
-    assert_eq!(sandbox.listening_ports().await.unwrap(), [8123]);
+    assert_eq!(sandbox.ports().await.unwrap(), [8123]);
     // Plain HTTP over the agent's connection, as a preview URL's proxy would send it.
     for _ in 0..2 {
-        let mut conn = sandbox.connect_port(8123).await.unwrap();
+        let mut conn = sandbox.connect(8123).await.unwrap();
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         conn.write_all(b"GET /index.html HTTP/1.0\r\nHost: x\r\n\r\n")
             .await
@@ -744,7 +744,7 @@ async fn a_server_in_a_closed_sandbox_is_reached_through_its_agent() {
     )
     .await;
     assert!(out.text.contains("unreachable"), "{}", out.text);
-    match sandbox.connect_port(8124).await {
+    match sandbox.connect(8124).await {
         Err(Error::Refused(why)) => assert!(why.contains("nothing listens on port 8124"), "{why}"),
         other => panic!("{:?}", other.map(|_| ())),
     }
@@ -753,12 +753,9 @@ async fn a_server_in_a_closed_sandbox_is_reached_through_its_agent() {
     let mut opts = options();
     opts.network = NetworkPolicy::Open;
     let open = BwrapSandbox::new(&f.ws(), &opts).unwrap();
-    match open.listening_ports().await {
+    match open.ports().await {
         Err(Error::Refused(why)) => assert!(why.contains("host's network"), "{why}"),
         other => panic!("{other:?}"),
     }
-    assert!(matches!(
-        open.connect_port(5432).await,
-        Err(Error::Refused(_))
-    ));
+    assert!(matches!(open.connect(5432).await, Err(Error::Refused(_))));
 }

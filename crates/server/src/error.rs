@@ -118,6 +118,9 @@ impl From<steadfast_harness::Error> for ApiError {
             steadfast_harness::Error::NotHere(m) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_here", m)
             }
+            steadfast_harness::Error::Busy(m) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "session_busy", m)
+            }
             other => ApiError::internal(other),
         }
     }

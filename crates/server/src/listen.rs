@@ -120,7 +120,8 @@ pub async fn serve(
     let slots = Arc::new(tokio::sync::Semaphore::new(options.max_connections));
     let per_ip = PerIp::new(options.max_connections_per_ip);
     let rates = Arc::new(crate::limits::RateLimiter::default());
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // Told to each connection when the server stops: it finishes the request in hand.
+    let (stopping, stop) = tokio::sync::watch::channel(false);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(options.header_timeout);
@@ -162,9 +163,21 @@ pub async fn serve(
             None => router.clone(),
         };
         let service = hyper_util::service::TowerToHyperService::new(router);
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        // With upgrades: a preview URL's WebSocket is handed on to the sandbox.
+        let connection = http
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
+        let mut stop = stop.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            let mut connection = std::pin::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                () = async { let _ = stop.wait_for(|stop| *stop).await; } => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(e) = ended {
                 tracing::debug!(%peer, error = %e, "connection ended");
             }
             drop(slot);
@@ -172,7 +185,10 @@ pub async fn serve(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    stopping.send_replace(true);
+    // Every connection holds a slot until it has ended.
+    let all = u32::try_from(options.max_connections).unwrap_or(u32::MAX);
+    let _ = slots.acquire_many(all).await;
     Ok(())
 }
 

@@ -39,6 +39,8 @@ events (schema 1): `PublicEvent`, one type per kind of log record.";
         sessions::interrupt,
         sessions::integrity,
         sessions::services,
+        routes::previews::ports,
+        routes::previews::forward_path,
         sessions::diff,
         sessions::files,
         sessions::file,

@@ -353,6 +353,27 @@ pub struct Service {
     pub restarts: u32,
 }
 
+/// What listens in a session's sandbox, each with its preview URL.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"ports": [{"port": 8000, "url": "/v1/sessions/ses_0190a/ports/8000/", "service": "web"}]}))]
+pub struct Ports {
+    /// Each TCP port a program in the sandbox listens on, lowest first.
+    pub ports: Vec<Port>,
+}
+
+/// One port a program in a session's sandbox listens on.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Port {
+    /// The port, on the sandbox's own loopback.
+    pub port: u16,
+    /// Its preview URL, a path on this server: HTTP and WebSocket requests under it
+    /// are forwarded to the port.
+    pub url: String,
+    /// The service that said it listens there, if one did.
+    #[schema(required = true)]
+    pub service: Option<String>,
+}
+
 /// The result of checking a session's stored data.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({"ok": false, "records": 212, "damaged": [{"seq": 88, "blob": "9f2c41d0", "problem": "missing"}], "snapshots": 14, "lost_objects": [{"snapshot": "5be1c0a2", "object": "77d0e3f9", "problem": "missing"}]}))]

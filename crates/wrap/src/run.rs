@@ -295,6 +295,7 @@ pub async fn drive_turn<W: World + Clone + 'static>(
                 &options.sandbox.limits,
             )),
         );
+        journal.reachable();
         // A call the crash cut off whose command the adopted sandbox kept running is
         // waited for and its outcome recorded: the CLI, started again, is answered
         // from the record.

@@ -4,6 +4,7 @@ pub(crate) mod admin;
 pub(crate) mod forks;
 pub(crate) mod hooks;
 pub(crate) mod messages;
+pub(crate) mod previews;
 pub(crate) mod sessions;
 pub(crate) mod uploads;
 pub(crate) mod vaults;
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{delete, get, post, put};
+use axum::routing::{any, delete, get, post, put};
 use axum::Router;
 use steadfast_world::World;
 
@@ -45,6 +46,16 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
         )
         .route("/v1/sessions/{id}/integrity", get(sessions::integrity::<W>))
         .route("/v1/sessions/{id}/services", get(sessions::services::<W>))
+        .route("/v1/sessions/{id}/ports", get(previews::ports::<W>))
+        .route("/v1/sessions/{id}/ports/{port}", any(previews::to_root))
+        .route(
+            "/v1/sessions/{id}/ports/{port}/",
+            any(previews::forward_root::<W>).layer(DefaultBodyLimit::disable()),
+        )
+        .route(
+            "/v1/sessions/{id}/ports/{port}/{*path}",
+            any(previews::forward_path::<W>).layer(DefaultBodyLimit::disable()),
+        )
         .route("/v1/sessions/{id}/diff", get(sessions::diff::<W>))
         .route("/v1/sessions/{id}/files", get(sessions::files::<W>))
         .route("/v1/sessions/{id}/archive", get(sessions::archive::<W>))
@@ -136,6 +147,13 @@ fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
 /// ones the framework writes as plain text: 405, 413 from the body limit, 408 from
 /// the body timeout, 400 from a bad path.
 async fn json_errors(response: axum::response::Response) -> axum::response::Response {
+    if response
+        .extensions()
+        .get::<previews::FromSandbox>()
+        .is_some()
+    {
+        return response;
+    }
     let status = response.status();
     let is_json = response
         .headers()

@@ -1,0 +1,149 @@
+//! Visitors of a session's sandbox: a preview URL's requests reach the programs the
+//! agent started there (a dev server, its services) without the sandbox's network
+//! being opened.
+//!
+//! A session being driven in this process is reached through its driver's journal,
+//! which starts the sandbox again if it had stopped. A session no one drives (between
+//! turns, waiting for a person) has no sandbox: the first visitor wakes one. This
+//! process takes the session's lease, brings the workspace to the log's last snapshot
+//! as any wake does, and keeps a sandbox with the session's services started again (a
+//! *visitors' hold*). The hold gives the lease back as soon as the session has work
+//! (a message or a signal in its inbox, which a worker then claims) or once no visitor
+//! has used it for the sandbox's idle stop. Its only record is the one any new
+//! sandbox makes, `services_restarted`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use steadfast_journal::reach::Reachable;
+use steadfast_log::Status;
+use steadfast_sandbox::Sandbox;
+use steadfast_world::{Heartbeat, LiveSession, World};
+
+use crate::harness::Harness;
+use crate::{Error, Result};
+
+/// How often a hold looks at the session's inbox (it is woken sooner by the world's
+/// change notices).
+const HOLD_LOOK: Duration = Duration::from_millis(500);
+
+/// How long a hold is kept without a visitor when the harness stops idle sandboxes
+/// at no time of its own.
+const HOLD_IDLE_DEFAULT: Duration = Duration::from_secs(300);
+
+impl<W: World + Clone + 'static, S: Sandbox> Harness<W, S> {
+    /// The sandbox of `session` for a visitor: its driver's in this process, or a
+    /// visitors' hold this process starts (see the module's doc). Refused for an ended
+    /// session, for one another process drives, and while a turn is being picked up.
+    pub async fn reach(self: &Arc<Self>, session: &str) -> Result<Arc<dyn Reachable>> {
+        if let Some(journal) = steadfast_journal::reach::find(session) {
+            return Ok(journal);
+        }
+        // One hold at a time per process: a second visitor waits for the first's.
+        let _starting = self.holds.lock().await;
+        if let Some(journal) = steadfast_journal::reach::find(session) {
+            return Ok(journal);
+        }
+        let state = self.state(session).await?;
+        if state.is_ended() {
+            return Err(steadfast_world::Error::Ended(session.to_string()).into());
+        }
+        if state.status == Status::Running || !self.world.inbox(session).await?.is_empty() {
+            return Err(Error::Busy(format!(
+                "session {session}'s turn is being picked up by a worker; try again in a moment"
+            )));
+        }
+        let lease = match self
+            .world
+            .acquire_lease(session, &self.holder, self.options.lease_ttl)
+            .await
+        {
+            Ok(lease) => lease,
+            Err(steadfast_world::Error::LeaseHeld { .. }) => {
+                return Err(Error::NotHere(format!(
+                    "session {session} is held by another process (a worker on another host, \
+                     or a command-line run): its sandbox is reached only through that host"
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let started = std::time::Instant::now();
+        match self.hold_for_visitors(lease.clone()).await {
+            Ok(journal) => {
+                steadfast_metrics::metrics().preview_woke(started.elapsed());
+                tracing::info!(
+                    session,
+                    ms = started.elapsed().as_millis() as u64,
+                    "a visitor woke the session's sandbox"
+                );
+                Ok(journal)
+            }
+            Err(e) => {
+                let _ = self.world.release_lease(&lease).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Starts a visitors' hold under `lease` and returns its journal, its sandbox
+    /// running with the session's services.
+    async fn hold_for_visitors(
+        self: &Arc<Self>,
+        lease: steadfast_world::Lease,
+    ) -> Result<Arc<dyn Reachable>> {
+        let heartbeat = Heartbeat::start(self.world.clone(), lease.clone(), self.options.lease_ttl);
+        let (state, _) = self.load(&lease.session).await?;
+        let adopted = self.take_over_workspace(&lease, &state).await;
+        let sandbox_options = self.sandbox_options(&lease, &state, &heartbeat).await?;
+        let state = self.adopt_outside_edits(&lease, state).await?;
+        let workspace = self.workspace_at_wake(&state, adopted).await?;
+        let live = Arc::new(LiveSession::with_state(
+            self.world.clone(),
+            lease.clone(),
+            state,
+        ));
+        live.fence(heartbeat.watch());
+        let journal = Arc::new(self.tools_journal(live, workspace, sandbox_options, None));
+        journal.reachable();
+        let reach: Arc<dyn Reachable> = journal.clone();
+        // Started now, so the first visitor's wait is the whole wake.
+        reach.ports().await?;
+        let idle = self.options.sandbox_idle_stop.unwrap_or(HOLD_IDLE_DEFAULT);
+        let harness = Arc::clone(self);
+        tokio::spawn(async move {
+            let watch = heartbeat.watch();
+            let mut changes = harness.world.changes();
+            let why = loop {
+                tokio::select! {
+                    _ = changes.changed() => {}
+                    _ = tokio::time::sleep(HOLD_LOOK) => {}
+                    () = watch.lost() => break "its lease was lost",
+                }
+                if journal
+                    .sandbox()
+                    .unused_for()
+                    .await
+                    .is_none_or(|unused| unused >= idle)
+                {
+                    break "no visitor used it";
+                }
+                match harness.world.inbox(&lease.session).await {
+                    Ok(inbox) if !inbox.is_empty() => break "the session has work for a worker",
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(session = %lease.session, error = %e, "a visitors' hold could not read the inbox");
+                        break "its inbox could not be read";
+                    }
+                }
+            };
+            tracing::info!(session = %lease.session, why, "the visitors' hold ends");
+            journal.close().await;
+            drop(journal);
+            drop(heartbeat);
+            if let Err(e) = harness.world.release_lease(&lease).await {
+                tracing::debug!(session = %lease.session, error = %e, "a visitors' hold could not give its lease back");
+            }
+        });
+        Ok(reach)
+    }
+}
