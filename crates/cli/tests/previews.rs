@@ -258,7 +258,7 @@ async fn a_dev_server_in_a_closed_sandbox_is_reached_through_its_preview_url() {
     let (code, body) = get_json(&http, &format!("{url}/v1/sessions/{id}/ports/8001/"), ALICE).await;
     assert_eq!(
         (code, body["error"]["code"].as_str()),
-        (502, Some("port_closed")),
+        (404, Some("port_closed")),
         "{body}"
     );
 

@@ -27,6 +27,9 @@ use crate::{Error, Result};
 /// change notices).
 const HOLD_LOOK: Duration = Duration::from_millis(500);
 
+/// How long a visitor waits for a due turn's driver to wake the session.
+const PICKED_UP_WITHIN: Duration = Duration::from_secs(10);
+
 /// How long a hold is kept without a visitor when the harness stops idle sandboxes
 /// at no time of its own.
 const HOLD_IDLE_DEFAULT: Duration = Duration::from_secs(300);
@@ -36,23 +39,42 @@ impl<W: World + Clone + 'static, S: Sandbox> Harness<W, S> {
     /// visitors' hold this process starts (see the module's doc). Refused for an ended
     /// session, for one another process drives, and while a turn is being picked up.
     pub async fn reach(self: &Arc<Self>, session: &str) -> Result<Arc<dyn Reachable>> {
-        if let Some(journal) = steadfast_journal::reach::find(session) {
-            return Ok(journal);
+        let deadline = tokio::time::Instant::now() + PICKED_UP_WITHIN;
+        loop {
+            if let Some(journal) = steadfast_journal::reach::find(session) {
+                return Ok(journal);
+            }
+            // One hold at a time per process: a second visitor waits for the first's.
+            let starting = self.holds.lock().await;
+            if let Some(journal) = steadfast_journal::reach::find(session) {
+                return Ok(journal);
+            }
+            let state = self.state(session).await?;
+            if state.is_ended() {
+                return Err(steadfast_world::Error::Ended(session.to_string()).into());
+            }
+            let has_work =
+                state.status == Status::Running || !self.world.inbox(session).await?.is_empty();
+            if !has_work {
+                return self.start_hold(session).await;
+            }
+            // A turn is due: the driver that picks it up (in this process) is found
+            // as soon as it has woken the session.
+            drop(starting);
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::Busy(format!(
+                    "session {session} has a turn that no driver in this process has picked \
+                     up within {PICKED_UP_WITHIN:?}; its sandbox is reached through the host \
+                     whose worker runs it"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        // One hold at a time per process: a second visitor waits for the first's.
-        let _starting = self.holds.lock().await;
-        if let Some(journal) = steadfast_journal::reach::find(session) {
-            return Ok(journal);
-        }
-        let state = self.state(session).await?;
-        if state.is_ended() {
-            return Err(steadfast_world::Error::Ended(session.to_string()).into());
-        }
-        if state.status == Status::Running || !self.world.inbox(session).await?.is_empty() {
-            return Err(Error::Busy(format!(
-                "session {session}'s turn is being picked up by a worker; try again in a moment"
-            )));
-        }
+    }
+
+    /// Takes `session`'s lease for a visitors' hold and starts one (see
+    /// [`Self::hold_for_visitors`]), timed.
+    async fn start_hold(self: &Arc<Self>, session: &str) -> Result<Arc<dyn Reachable>> {
         let lease = match self
             .world
             .acquire_lease(session, &self.holder, self.options.lease_ttl)

@@ -121,9 +121,9 @@ pub(crate) async fn forward_root<W: World + Clone>(
         (status = 400, description = "The path does not parse", body = wire::Error),
         (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
         (status = 403, description = "Public mode, or a token without the scope the method needs", body = wire::Error),
-        (status = 404, description = "No such session, or not the caller's", body = wire::Error),
+        (status = 404, description = "No such session, or not the caller's; or nothing listens on the port (`port_closed`)", body = wire::Error),
         (status = 409, description = "The session has ended, or its sandbox has no ports of its own", body = wire::Error),
-        (status = 502, description = "Nothing listens on the port, or it did not answer over HTTP", body = wire::Error),
+        (status = 502, description = "The program on the port did not answer over HTTP", body = wire::Error),
         (status = 503, description = "The sandbox could not be started here now", body = wire::Error),
     )
 )]
@@ -357,8 +357,10 @@ fn sandbox_error(e: steadfast_harness::JournalError) -> ApiError {
         {
             ApiError::new(StatusCode::CONFLICT, "no_ports", why)
         }
+        // The caller named a port nothing listens on: theirs to fix, as a path that
+        // leads nowhere is.
         steadfast_harness::JournalError::Sandbox(steadfast_sandbox::Error::Refused(why)) => {
-            ApiError::new(StatusCode::BAD_GATEWAY, "port_closed", why)
+            ApiError::new(StatusCode::NOT_FOUND, "port_closed", format!("port: {why}"))
         }
         steadfast_harness::JournalError::Sandbox(e) => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
