@@ -111,6 +111,15 @@ enum Command {
     /// A session's inbound hooks (`--server`): URLs a third party (CI, GitHub, Slack)
     /// posts to, answering its wait or starting a turn, without the owner's token.
     Hooks(commands::remote::HooksArgs),
+    /// What listens in a session's sandbox, with each port's preview URL (`--server`):
+    /// HTTP and WebSocket traffic to it reaches the program through the server.
+    Ports {
+        /// The session.
+        session: String,
+        /// Print the server's JSON answer as it is.
+        #[arg(long)]
+        json: bool,
+    },
     /// Stop a session's running turn at once, whichever process drives it: the model
     /// stream is cut or the command killed, and the session goes idle.
     Stop {
@@ -188,6 +197,7 @@ async fn on_server(remote: &remote::Remote, command: Command) -> anyhow::Result<
         Command::Delete { session } => on::delete(remote, &session).await,
         Command::Signal(args) => on::signal(remote, args).await,
         Command::Hooks(args) => on::hooks(remote, args).await,
+        Command::Ports { session, json } => on::ports(remote, &session, json).await,
         Command::Send(args) => on::send(remote, args).await,
         Command::Fork(args) => on::fork(remote, args).await,
         Command::Rewind(args) => on::rewind(remote, args).await,
@@ -325,6 +335,9 @@ fn main() -> ExitCode {
             Command::Agents { json } => commands::wrapped::list(path, &config, json),
             Command::Hooks(_) => anyhow::bail!(
                 "hooks are served by a server: give its address with --server URL (or STEADFAST_SERVER)"
+            ),
+            Command::Ports { .. } => anyhow::bail!(
+                "preview URLs are served by a server: give its address with --server URL (or STEADFAST_SERVER)"
             ),
             Command::HashToken => {
                 let token = read_secret()?;

@@ -142,6 +142,23 @@ async fn a_dev_server_in_a_closed_sandbox_is_reached_through_its_preview_url() {
         "the wake is recorded: {log:?}"
     );
 
+    // The command line lists them too, with whole URLs.
+    let listed = tokio::process::Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args(["ports", &id, "--server", &url])
+        .env("STEADFAST_TOKEN", ALICE)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&listed.stdout),
+        format!("8000\tweb\t{base}\n")
+    );
+
     // A real client: curl, with the owner's token.
     let page = curl(&[
         "-sS",

@@ -375,6 +375,35 @@ pub async fn send(remote: &Remote, args: SendArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `steadfast ports --server`: what listens in a session's sandbox, one line each
+/// (port, service or `-`, preview URL), starting the sandbox if it had stopped.
+pub async fn ports(remote: &Remote, session: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let list = remote
+        .json(
+            Method::GET,
+            &format!("{}/ports", session_path(session)),
+            &[],
+            None,
+        )
+        .await?;
+    if json {
+        println!("{list}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut out = std::io::stdout().lock();
+    for port in list["ports"].as_array().into_iter().flatten() {
+        writeln!(
+            out,
+            "{}\t{}\t{}{}",
+            port["port"],
+            port["service"].as_str().unwrap_or("-"),
+            remote.base().trim_end_matches('/'),
+            port["url"].as_str().unwrap_or_default()
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `steadfast hooks`: a session's inbound hooks, made, listed and revoked through a
 /// server's API (a hook's URL is the server's, so there is no local form).
 #[derive(Debug, clap::Args)]
