@@ -279,6 +279,101 @@ async fn a_dev_server_in_a_closed_sandbox_is_reached_through_its_preview_url() {
         "{body}"
     );
 
+    // A share link: anyone with it reads the port, and only reads; until revoked.
+    let made = http
+        .post(format!("{url}/v1/sessions/{id}/links"))
+        .bearer_auth(ALICE)
+        .json(&json!({"port": 8000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(made.status(), 201);
+    let made: Value = made.json().await.unwrap();
+    let link = format!("{url}{}", made["url"].as_str().unwrap());
+    let shared = curl(&["-sS", "-i", &link]).await;
+    assert!(shared.starts_with("HTTP/1.1 200"), "{shared}");
+    assert!(shared.contains("<h1>preview page</h1>"), "{shared}");
+    let link_path = link.trim_start_matches(&url).to_string();
+    assert_eq!(
+        websocket_echo(&addr, &format!("{link_path}ws"), None, "hi").await,
+        Ok("echo:hi".into())
+    );
+    let write = http
+        .post(format!("{link}upload"))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(write.status(), 403, "a link only reads");
+    let (code, listed) = get_json(&http, &format!("{url}/v1/sessions/{id}/links"), ALICE).await;
+    assert_eq!(code, 200);
+    assert_eq!(listed["links"][0]["port"], 8000, "{listed}");
+    assert!(
+        !listed.to_string().contains("sfl_"),
+        "secrets are shown once: {listed}"
+    );
+    // Another owner can neither share nor revoke it.
+    let theirs = http
+        .post(format!("{url}/v1/sessions/{id}/links"))
+        .bearer_auth(BOB)
+        .json(&json!({"port": 8000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(theirs.status(), 404);
+    let link_id = made["link"]["id"].as_str().unwrap();
+    let revoke = |token: &'static str| {
+        http.delete(format!("{url}/v1/sessions/{id}/links/{link_id}"))
+            .bearer_auth(token)
+            .send()
+    };
+    assert_eq!(revoke(BOB).await.unwrap().status(), 404);
+    assert_eq!(revoke(ALICE).await.unwrap().status(), 204);
+    assert_eq!(
+        http.get(&link).send().await.unwrap().status(),
+        404,
+        "revoked at once"
+    );
+    // One that expires stops working when it does.
+    let brief: Value = http
+        .post(format!("{url}/v1/sessions/{id}/links"))
+        .bearer_auth(ALICE)
+        .json(&json!({"port": 8000, "expires_in_s": 1}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let brief = format!("{url}{}", brief["url"].as_str().unwrap());
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        http.get(&brief).send().await.unwrap().status(),
+        404,
+        "expired"
+    );
+    // A link's secret is not an API token.
+    let secret = link_path
+        .trim_start_matches("/v1/previews/")
+        .trim_end_matches('/');
+    assert_eq!(
+        http.get(format!("{url}/v1/sessions/{id}"))
+            .bearer_auth(secret)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    let (_, audit) = get_json(&http, &format!("{url}/v1/sessions/{id}/audit"), ALICE).await;
+    for action in [
+        "preview.woke",
+        "preview.link_created",
+        "preview.link_revoked",
+    ] {
+        assert!(audit.to_string().contains(action), "{action} in {audit}");
+    }
+
     // A message for the session: the visitors' hold gives way, the worker runs the turn.
     let sent = http
         .post(format!("{url}/v1/sessions/{id}/messages"))

@@ -79,6 +79,7 @@ pub use rewind::{external_facts, RewindReport};
 pub use steadfast_journal::reach;
 pub use steadfast_journal::{git, remote, Error as JournalError};
 pub use steadfast_sandbox::reconcile;
+pub use visit::Visit;
 pub use workspace::{new_workspace_id, workspace_root};
 pub use wrapped::{AgentInfo, AgentOptions, NamedAgent, WrappedDriver};
 

@@ -34,20 +34,38 @@ const PICKED_UP_WITHIN: Duration = Duration::from_secs(10);
 /// at no time of its own.
 const HOLD_IDLE_DEFAULT: Duration = Duration::from_secs(300);
 
+/// A session's sandbox as a visitor found it.
+pub struct Visit {
+    /// The sandbox, through its session's journal.
+    pub sandbox: Arc<dyn Reachable>,
+    /// How long it took to wake, when the visit started a visitors' hold (none: a
+    /// driver or a hold had it already).
+    pub woke_in: Option<Duration>,
+}
+
+impl Visit {
+    fn found(sandbox: Arc<dyn Reachable>) -> Self {
+        Visit {
+            sandbox,
+            woke_in: None,
+        }
+    }
+}
+
 impl<W: World + Clone + 'static, S: Sandbox> Harness<W, S> {
     /// The sandbox of `session` for a visitor: its driver's in this process, or a
     /// visitors' hold this process starts (see the module's doc). Refused for an ended
     /// session, for one another process drives, and while a turn is being picked up.
-    pub async fn reach(self: &Arc<Self>, session: &str) -> Result<Arc<dyn Reachable>> {
+    pub async fn reach(self: &Arc<Self>, session: &str) -> Result<Visit> {
         let deadline = tokio::time::Instant::now() + PICKED_UP_WITHIN;
         loop {
             if let Some(journal) = steadfast_journal::reach::find(session) {
-                return Ok(journal);
+                return Ok(Visit::found(journal));
             }
             // One hold at a time per process: a second visitor waits for the first's.
             let starting = self.holds.lock().await;
             if let Some(journal) = steadfast_journal::reach::find(session) {
-                return Ok(journal);
+                return Ok(Visit::found(journal));
             }
             let state = self.state(session).await?;
             if state.is_ended() {
@@ -74,7 +92,7 @@ impl<W: World + Clone + 'static, S: Sandbox> Harness<W, S> {
 
     /// Takes `session`'s lease for a visitors' hold and starts one (see
     /// [`Self::hold_for_visitors`]), timed.
-    async fn start_hold(self: &Arc<Self>, session: &str) -> Result<Arc<dyn Reachable>> {
+    async fn start_hold(self: &Arc<Self>, session: &str) -> Result<Visit> {
         let lease = match self
             .world
             .acquire_lease(session, &self.holder, self.options.lease_ttl)
@@ -98,7 +116,10 @@ impl<W: World + Clone + 'static, S: Sandbox> Harness<W, S> {
                     ms = started.elapsed().as_millis() as u64,
                     "a visitor woke the session's sandbox"
                 );
-                Ok(journal)
+                Ok(Visit {
+                    sandbox: journal,
+                    woke_in: Some(started.elapsed()),
+                })
             }
             Err(e) => {
                 let _ = self.world.release_lease(&lease).await;

@@ -374,6 +374,52 @@ pub struct Port {
     pub service: Option<String>,
 }
 
+/// A share link of a preview URL, as listed (never its secret).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PreviewLink {
+    /// Its id (`pl_...`), which revocation names.
+    pub id: String,
+    /// The port in the session's sandbox it opens.
+    pub port: u16,
+    /// Made, ms since the Unix epoch.
+    pub created_at_ms: u64,
+    /// When it stops working, ms since the Unix epoch.
+    pub expires_at_ms: u64,
+    /// When it was revoked, if it was.
+    #[schema(required = true)]
+    pub revoked_at_ms: Option<u64>,
+}
+
+impl PreviewLink {
+    /// The listing of `link`, a token that opens `port`.
+    pub(crate) fn of(link: &steadfast_world::ServiceToken, port: u16) -> Self {
+        PreviewLink {
+            id: link.id.clone(),
+            port,
+            created_at_ms: link.created_at_ms,
+            expires_at_ms: link.expires_at_ms.unwrap_or(u64::MAX),
+            revoked_at_ms: link.revoked_at_ms,
+        }
+    }
+}
+
+/// A share link just made: its URL, shown this once.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"url": "/v1/previews/sfl_3c5e0f0a9b7d4e6f8a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6e7f8a9b0c1d2e3f/", "link": {"id": "pl_0190a1", "port": 8000, "created_at_ms": 1733443200000_u64, "expires_at_ms": 1733446800000_u64, "revoked_at_ms": null}}))]
+pub struct PreviewLinkCreated {
+    /// The link, a path on this server; anyone who has it can read the port.
+    pub url: String,
+    /// What was made.
+    pub link: PreviewLink,
+}
+
+/// A session's share links.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PreviewLinks {
+    /// Every link made for the session's ports, oldest first.
+    pub links: Vec<PreviewLink>,
+}
+
 /// The result of checking a session's stored data.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({"ok": false, "records": 212, "damaged": [{"seq": 88, "blob": "9f2c41d0", "problem": "missing"}], "snapshots": 14, "lost_objects": [{"snapshot": "5be1c0a2", "object": "77d0e3f9", "problem": "missing"}]}))]

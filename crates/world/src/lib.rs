@@ -525,8 +525,8 @@ pub trait World: Send + Sync + 'static {
     ) -> impl Future<Output = Result<()>> + Send;
 
     /// Up to `limit` audit entries after id `after`, oldest first; with `about`, only
-    /// those about that session (its target, and an action on a session or its hooks:
-    /// `session.*`, `hook.*`), which its owner may read.
+    /// those about that session (its target, and an action on a session, its hooks or
+    /// its preview URLs: `session.*`, `hook.*`, `preview.*`), which its owner may read.
     fn audit_log(
         &self,
         after: u64,

@@ -4,6 +4,7 @@ pub(crate) mod admin;
 pub(crate) mod forks;
 pub(crate) mod hooks;
 pub(crate) mod messages;
+pub(crate) mod preview_links;
 pub(crate) mod previews;
 pub(crate) mod sessions;
 pub(crate) mod uploads;
@@ -47,6 +48,22 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
         .route("/v1/sessions/{id}/integrity", get(sessions::integrity::<W>))
         .route("/v1/sessions/{id}/services", get(sessions::services::<W>))
         .route("/v1/sessions/{id}/ports", get(previews::ports::<W>))
+        .route(
+            "/v1/sessions/{id}/links",
+            post(preview_links::create::<W>).get(preview_links::list::<W>),
+        )
+        .route(
+            "/v1/sessions/{id}/links/{link}",
+            delete(preview_links::revoke::<W>),
+        )
+        .route(
+            "/v1/previews/{secret}/",
+            any(preview_links::open_root::<W>).layer(DefaultBodyLimit::disable()),
+        )
+        .route(
+            "/v1/previews/{secret}/{*path}",
+            any(preview_links::open_path::<W>).layer(DefaultBodyLimit::disable()),
+        )
         .route("/v1/sessions/{id}/ports/{port}", any(previews::to_root))
         .route(
             "/v1/sessions/{id}/ports/{port}/",

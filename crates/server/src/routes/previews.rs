@@ -45,6 +45,7 @@ const SANDBOX_POLICY: &str = "sandbox allow-scripts allow-forms allow-popups all
 #[utoipa::path(
     get,
     path = "/v1/sessions/{id}/ports",
+    operation_id = "list_ports",
     params(("id" = String, Path, description = "The session's id")),
     responses(
         (status = 200, description = "What listens in the sandbox", body = wire::Ports),
@@ -64,7 +65,7 @@ pub(crate) async fn ports<W: World + Clone>(
     let owner = state.owner(&headers, steadfast_world::Scope::Read).await?;
     no_public(&state)?;
     owned(&state, &id, &owner).await?;
-    let reach = reach(&state, &id).await?;
+    let reach = reach(&state, &id, None, &owner).await?;
     let listening = reach.ports().await.map_err(sandbox_error)?;
     let services = state.harness.state(&id).await?.services;
     let ports = listening
@@ -111,6 +112,7 @@ pub(crate) async fn forward_root<W: World + Clone>(
 #[utoipa::path(
     get,
     path = "/v1/sessions/{id}/ports/{port}/{path}",
+    operation_id = "preview",
     params(
         ("id" = String, Path, description = "The session's id"),
         ("port" = u16, Path, description = "The port in the sandbox"),
@@ -144,10 +146,6 @@ async fn forward<W: World + Clone>(
     path: &str,
     request: Request,
 ) -> Response {
-    let kind = match is_upgrade(request.headers()) {
-        true => "websocket",
-        false => "http",
-    };
     let scope = match request.method().is_safe() {
         true => steadfast_world::Scope::Read,
         false => steadfast_world::Scope::Run,
@@ -157,9 +155,23 @@ async fn forward<W: World + Clone>(
         let owner = state.owner(&headers, scope).await?;
         no_public(state)?;
         owned(state, id, &owner).await?;
-        reach(state, id).await
+        reach(state, id, Some(port), &owner).await
     };
-    let reach = match checked.await {
+    pass(checked.await, port, path, request).await
+}
+
+/// Relays `request` if the checks before it passed (counted either way).
+pub(crate) async fn pass(
+    checked: Result<Arc<dyn Reachable>, ApiError>,
+    port: u16,
+    path: &str,
+    request: Request,
+) -> Response {
+    let kind = match is_upgrade(request.headers()) {
+        true => "websocket",
+        false => "http",
+    };
+    let reach = match checked {
         Ok(reach) => reach,
         Err(e) => {
             steadfast_metrics::metrics().preview_request(kind, "refused");
@@ -178,12 +190,20 @@ async fn forward<W: World + Clone>(
     }
 }
 
-/// The session's sandbox, started for the request if it had stopped.
-async fn reach<W: World + Clone>(
+/// The session's sandbox, started for the request if it had stopped: a wake is in
+/// the session's audit, under `actor` (its owner, or the link used).
+pub(crate) async fn reach<W: World + Clone>(
     state: &Shared<W>,
     id: &str,
+    port: Option<u16>,
+    actor: &str,
 ) -> Result<Arc<dyn Reachable>, ApiError> {
-    Ok(state.harness.reach(id).await?)
+    let visit = state.harness.reach(id).await?;
+    if let Some(took) = visit.woke_in {
+        let detail = serde_json::json!({"port": port, "ms": took.as_millis() as u64});
+        state.audit(actor, "preview.woke", id, detail).await;
+    }
+    Ok(visit.sandbox)
 }
 
 /// Sends `request` to `port` over a pipe into the sandbox and passes the answer back;
@@ -338,7 +358,7 @@ fn outward_headers(from: &HeaderMap, status: StatusCode) -> HeaderMap {
 }
 
 /// Previews are the owner's; public mode has none (its callers share one owner).
-fn no_public<W: World + Clone>(state: &Shared<W>) -> Result<(), ApiError> {
+pub(crate) fn no_public<W: World + Clone>(state: &Shared<W>) -> Result<(), ApiError> {
     match state.auth.mode {
         AuthMode::Public { .. } => Err(ApiError::new(
             StatusCode::FORBIDDEN,
