@@ -119,6 +119,16 @@ enum Command {
         /// Print the server's JSON answer as it is.
         #[arg(long)]
         json: bool,
+        /// Instead, make a share link to this port: anyone with the printed URL may
+        /// read what it serves (GET, HEAD, WebSockets) until it expires or is revoked.
+        #[arg(long, value_name = "PORT", conflicts_with = "revoke")]
+        share: Option<u16>,
+        /// How long a share link works, in seconds.
+        #[arg(long, default_value_t = 3600, requires = "share")]
+        expires_in: u64,
+        /// Instead, revoke the share link with this id (`pl_...`).
+        #[arg(long, value_name = "LINK")]
+        revoke: Option<String>,
     },
     /// Stop a session's running turn at once, whichever process drives it: the model
     /// stream is cut or the command killed, and the session goes idle.
@@ -197,7 +207,17 @@ async fn on_server(remote: &remote::Remote, command: Command) -> anyhow::Result<
         Command::Delete { session } => on::delete(remote, &session).await,
         Command::Signal(args) => on::signal(remote, args).await,
         Command::Hooks(args) => on::hooks(remote, args).await,
-        Command::Ports { session, json } => on::ports(remote, &session, json).await,
+        Command::Ports {
+            session,
+            json,
+            share,
+            expires_in,
+            revoke,
+        } => match (share, revoke) {
+            (Some(port), _) => on::share(remote, &session, port, expires_in).await,
+            (None, Some(link)) => on::revoke_link(remote, &session, &link).await,
+            (None, None) => on::ports(remote, &session, json).await,
+        },
         Command::Send(args) => on::send(remote, args).await,
         Command::Fork(args) => on::fork(remote, args).await,
         Command::Rewind(args) => on::rewind(remote, args).await,

@@ -20,6 +20,12 @@ const BOB: &str = "bob-token-0123456789abcdef01";
 /// two parts), `/upload` (the size of the body it got) and a WebSocket echo.
 const SERVER_JS: &str = r#"
 const http = require('http'), crypto = require('crypto');
+const seen = [];
+const PAGE = '<h1 id="t">preview page</h1><script>' +
+  'const ws = new WebSocket(location.href.replace(/^http/, "ws") + "ws");' +
+  'ws.onopen = () => ws.send("from-the-page");' +
+  'ws.onmessage = e => { document.getElementById("t").textContent = "page says " + e.data; };' +
+  '</script>';
 const server = http.createServer((req, res) => {
   if (req.url.startsWith('/headers')) {
     res.setHeader('content-type', 'application/json');
@@ -35,9 +41,10 @@ const server = http.createServer((req, res) => {
     req.on('data', c => n += c.length);
     return req.on('end', () => res.end(String(n)));
   }
+  if (req.url === '/seen') return res.end(JSON.stringify(seen));
   if (req.url === '/missing') { res.statusCode = 404; return res.end('not here'); }
   res.setHeader('content-type', 'text/html');
-  res.end('<h1>preview page</h1>');
+  res.end(PAGE);
 });
 server.on('upgrade', (req, socket) => {
   const accept = crypto.createHash('sha1')
@@ -48,6 +55,7 @@ server.on('upgrade', (req, socket) => {
   socket.on('data', buf => {
     const len = buf[1] & 127, mask = buf.subarray(2, 6), data = Buffer.alloc(len);
     for (let i = 0; i < len; i++) data[i] = buf[6 + i] ^ mask[i % 4];
+    seen.push(data.toString());
     socket.write(Buffer.concat([Buffer.from([0x81, len + 5]), Buffer.from('echo:'), data]));
   });
 });
@@ -159,6 +167,36 @@ async fn a_dev_server_in_a_closed_sandbox_is_reached_through_its_preview_url() {
         format!("8000\tweb\t{base}\n")
     );
 
+    // And shares one: the printed URL opens it without a token.
+    let shared = tokio::process::Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args([
+            "ports",
+            &id,
+            "--server",
+            &url,
+            "--share",
+            "8000",
+            "--expires-in",
+            "600",
+        ])
+        .env("STEADFAST_TOKEN", ALICE)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        shared.status.success(),
+        "{}",
+        String::from_utf8_lossy(&shared.stderr)
+    );
+    let shared_url = String::from_utf8_lossy(&shared.stdout).trim().to_string();
+    assert!(
+        shared_url.starts_with(&format!("{url}/v1/previews/sfl_")),
+        "{shared_url}"
+    );
+    let opened = reqwest::get(&shared_url).await.unwrap();
+    assert_eq!(opened.status(), 200);
+    assert!(opened.text().await.unwrap().contains("preview page"));
+
     // A real client: curl, with the owner's token.
     let page = curl(&[
         "-sS",
@@ -169,7 +207,7 @@ async fn a_dev_server_in_a_closed_sandbox_is_reached_through_its_preview_url() {
     ])
     .await;
     assert!(page.starts_with("HTTP/1.1 200"), "{page}");
-    assert!(page.contains("<h1>preview page</h1>"), "{page}");
+    assert!(page.contains("<h1 id=\"t\">preview page</h1>"), "{page}");
     assert!(
         page.to_ascii_lowercase()
             .contains("content-security-policy: sandbox"),
@@ -292,7 +330,50 @@ async fn a_dev_server_in_a_closed_sandbox_is_reached_through_its_preview_url() {
     let link = format!("{url}{}", made["url"].as_str().unwrap());
     let shared = curl(&["-sS", "-i", &link]).await;
     assert!(shared.starts_with("HTTP/1.1 200"), "{shared}");
-    assert!(shared.contains("<h1>preview page</h1>"), "{shared}");
+    assert!(
+        shared.contains("<h1 id=\"t\">preview page</h1>"),
+        "{shared}"
+    );
+
+    // A browser opens it: the page's script runs, in its sandboxed origin, and talks to
+    // the program over a WebSocket through the same link.
+    let dom = chromium(&link, "preview-through-link.png").await;
+    assert!(dom.contains("<h1 id=\"t\">"), "the page rendered: {dom}");
+    let mut browser = tokio::process::Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+        ])
+        .args(["--remote-debugging-port=0", "--user-data-dir"])
+        .arg(dir.path().join("browser"))
+        .arg(&link)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the page's WebSocket message to reach the program",
+        async || {
+            let seen: Value = http
+                .get(format!("{link}seen"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            seen.as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m == "from-the-page")
+        },
+    )
+    .await;
+    browser.start_kill().unwrap();
+    browser.wait().await.unwrap();
     let link_path = link.trim_start_matches(&url).to_string();
     assert_eq!(
         websocket_echo(&addr, &format!("{link_path}ws"), None, "hi").await,
@@ -434,6 +515,47 @@ async fn get_json(http: &reqwest::Client, url: &str, token: &str) -> (u16, Value
     let answer = http.get(url).bearer_auth(token).send().await.unwrap();
     let code = answer.status().as_u16();
     (code, answer.json().await.unwrap_or(Value::Null))
+}
+
+/// The page at `url` as headless Chromium leaves it once its scripts have run (a
+/// screenshot of it saved as `shot` beside the tests' other artefacts).
+async fn chromium(url: &str, shot: &str) -> String {
+    let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let browser = |extra: String| {
+        let mut cmd = tokio::process::Command::new("chromium");
+        cmd.args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--virtual-time-budget=5000",
+            &extra,
+            url,
+        ])
+        .kill_on_drop(true);
+        cmd
+    };
+    let screenshot = format!("--screenshot={}", shots.join(shot).display());
+    let took = browser(screenshot).output().await.unwrap();
+    assert!(
+        took.status.success(),
+        "{}",
+        String::from_utf8_lossy(&took.stderr)
+    );
+    let dumped = tokio::time::timeout(
+        Duration::from_secs(60),
+        browser("--dump-dom".into()).output(),
+    )
+    .await
+    .expect("chromium finished")
+    .unwrap();
+    assert!(
+        dumped.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dumped.stderr)
+    );
+    String::from_utf8_lossy(&dumped.stdout).to_string()
 }
 
 /// What curl prints for `args`.

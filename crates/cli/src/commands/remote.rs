@@ -404,6 +404,48 @@ pub async fn ports(remote: &Remote, session: &str, json: bool) -> anyhow::Result
     Ok(ExitCode::SUCCESS)
 }
 
+/// `steadfast ports --share PORT`: makes a share link and prints its whole URL (its
+/// id, for revoking it, on stderr).
+pub async fn share(
+    remote: &Remote,
+    session: &str,
+    port: u16,
+    expires_in: u64,
+) -> anyhow::Result<ExitCode> {
+    let made = remote
+        .json(
+            Method::POST,
+            &format!("{}/links", session_path(session)),
+            &[],
+            Some(&json!({"port": port, "expires_in_s": expires_in})),
+        )
+        .await?;
+    eprintln!(
+        "steadfast: link {} to port {port} of {session}, for {expires_in} s",
+        made["link"]["id"].as_str().unwrap_or_default()
+    );
+    println!(
+        "{}{}",
+        remote.base().trim_end_matches('/'),
+        made["url"].as_str().unwrap_or_default()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `steadfast ports --revoke LINK`: the link stops working at once.
+pub async fn revoke_link(remote: &Remote, session: &str, link: &str) -> anyhow::Result<ExitCode> {
+    remote
+        .json(
+            Method::DELETE,
+            &format!("{}/links/{}", session_path(session), segment(link)),
+            &[],
+            None,
+        )
+        .await?;
+    eprintln!("steadfast: link {link} of {session} revoked");
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `steadfast hooks`: a session's inbound hooks, made, listed and revoked through a
 /// server's API (a hook's URL is the server's, so there is no local form).
 #[derive(Debug, clap::Args)]
