@@ -20,10 +20,11 @@ const BOB: &str = "bob-token-0123456789abcdef01";
 /// two parts), `/upload` (the size of the body it got) and a WebSocket echo.
 const SERVER_JS: &str = r#"
 const http = require('http'), crypto = require('crypto');
-const seen = [];
+const seen = [], boot = String(Math.random());
 const PAGE = '<h1 id="t">preview page</h1><script>' +
   'const ws = new WebSocket(location.href.replace(/^http/, "ws") + "ws");' +
   'ws.onopen = () => ws.send("from-the-page");' +
+  'ws.onclose = () => setTimeout(() => location.reload(), 500);' +
   'ws.onmessage = e => { document.getElementById("t").textContent = "page says " + e.data; };' +
   '</script>';
 const server = http.createServer((req, res) => {
@@ -42,6 +43,7 @@ const server = http.createServer((req, res) => {
     return req.on('end', () => res.end(String(n)));
   }
   if (req.url === '/seen') return res.end(JSON.stringify(seen));
+  if (req.url === '/boot') return res.end(boot);
   if (req.url === '/missing') { res.statusCode = 404; return res.end('not here'); }
   res.setHeader('content-type', 'text/html');
   res.end(PAGE);
@@ -52,7 +54,9 @@ server.on('upgrade', (req, socket) => {
     .digest('base64');
   socket.write('HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n' +
     'Connection: Upgrade\r\nSec-WebSocket-Accept: ' + accept + '\r\n\r\n');
+  socket.on('error', () => {});
   socket.on('data', buf => {
+    if ((buf[0] & 0x0f) !== 1) return socket.end();  // only text frames; a close ends it
     const len = buf[1] & 127, mask = buf.subarray(2, 6), data = Buffer.alloc(len);
     for (let i = 0; i < len; i++) data[i] = buf[6 + i] ^ mask[i % 4];
     seen.push(data.toString());
@@ -337,8 +341,9 @@ async fn a_dev_server_in_a_closed_sandbox_is_reached_through_its_preview_url() {
 
     // A browser opens it: the page's script runs, in its sandboxed origin, and talks to
     // the program over a WebSocket through the same link.
-    let dom = chromium(&link, "preview-through-link.png").await;
+    let dom = chromium(&link, "preview-through-link.png", &dir.path().join("shots")).await;
     assert!(dom.contains("<h1 id=\"t\">"), "the page rendered: {dom}");
+    let browser_log = dir.path().join("browser.log");
     let mut browser = tokio::process::Command::new("chromium")
         .args([
             "--headless",
@@ -346,32 +351,41 @@ async fn a_dev_server_in_a_closed_sandbox_is_reached_through_its_preview_url() {
             "--disable-gpu",
             "--no-first-run",
         ])
-        .args(["--remote-debugging-port=0", "--user-data-dir"])
-        .arg(dir.path().join("browser"))
+        .args(["--enable-logging=stderr", "--remote-debugging-port=0"])
+        .arg(format!(
+            "--user-data-dir={}",
+            dir.path().join("browser").display()
+        ))
         .arg(&link)
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&browser_log).unwrap())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    wait_for(
-        "the page's WebSocket message to reach the program",
-        async || {
-            let seen: Value = http
-                .get(format!("{link}seen"))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            seen.as_array()
-                .unwrap()
-                .iter()
-                .any(|m| m == "from-the-page")
-        },
-    )
-    .await;
+    let mut seen = Value::Null;
+    for _ in 0..300 {
+        seen = http
+            .get(format!("{link}seen"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if seen
+            .as_array()
+            .is_some_and(|s| s.iter().any(|m| m == "from-the-page"))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        seen.as_array()
+            .is_some_and(|s| s.iter().any(|m| m == "from-the-page")),
+        "the page's WebSocket message reached the program: {seen}; the browser said:\n{}",
+        std::fs::read_to_string(&browser_log).unwrap_or_default()
+    );
     browser.start_kill().unwrap();
     browser.wait().await.unwrap();
     let link_path = link.trim_start_matches(&url).to_string();
@@ -476,8 +490,38 @@ async fn a_dev_server_in_a_closed_sandbox_is_reached_through_its_preview_url() {
     })
     .await
     .expect("the second turn ran while the preview had the sandbox");
-    let again = http.get(&base).bearer_auth(ALICE).send().await.unwrap();
-    assert_eq!(again.status(), 200);
+    // A signal queued for a wait not begun is no work for a worker: the first request
+    // after the turn wakes the sandbox at once, and the hold keeps it (the same
+    // program answers a while later).
+    let queued = http
+        .post(format!(
+            "{url}/v1/sessions/{id}/signals/approval?queue=true"
+        ))
+        .bearer_auth(ALICE)
+        .json(&json!({"approved": true}))
+        .send()
+        .await
+        .unwrap();
+    assert!(queued.status().is_success(), "{}", queued.status());
+    let boot = async || {
+        let started = std::time::Instant::now();
+        let answer = http
+            .get(format!("{base}boot"))
+            .bearer_auth(ALICE)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "{:?}",
+            started.elapsed()
+        );
+        answer.text().await.unwrap()
+    };
+    let first = boot().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(boot().await, first, "the hold kept its sandbox");
 
     let metrics = http
         .get(format!("http://{metrics_at}/metrics"))
@@ -518,8 +562,10 @@ async fn get_json(http: &reqwest::Client, url: &str, token: &str) -> (u16, Value
 }
 
 /// The page at `url` as headless Chromium leaves it once its scripts have run (a
-/// screenshot of it saved as `shot` beside the tests' other artefacts).
-async fn chromium(url: &str, shot: &str) -> String {
+/// screenshot of it saved as `shot` beside the tests' other artefacts), with a profile
+/// of its own in `profile` (a browser already running on another would take the page
+/// over and exit).
+async fn chromium(url: &str, shot: &str, profile: &std::path::Path) -> String {
     let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("screenshots");
     std::fs::create_dir_all(&shots).unwrap();
     let browser = |extra: String| {
@@ -530,6 +576,7 @@ async fn chromium(url: &str, shot: &str) -> String {
             "--disable-gpu",
             "--no-first-run",
             "--virtual-time-budget=5000",
+            &format!("--user-data-dir={}", profile.display()),
             &extra,
             url,
         ])

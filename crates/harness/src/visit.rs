@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use steadfast_journal::reach::Reachable;
-use steadfast_log::Status;
 use steadfast_sandbox::Sandbox;
 use steadfast_world::{Heartbeat, LiveSession, World};
 
@@ -71,8 +70,8 @@ impl<W: World + Clone + 'static, S: Sandbox> Harness<W, S> {
             if state.is_ended() {
                 return Err(steadfast_world::Error::Ended(session.to_string()).into());
             }
-            let has_work =
-                state.status == Status::Running || !self.world.inbox(session).await?.is_empty();
+            let inbox = self.world.inbox(session).await?;
+            let has_work = steadfast_world::work::has_work(&state, &inbox);
             if !has_work {
                 return self.start_hold(session).await;
             }
@@ -170,9 +169,15 @@ impl<W: World + Clone + 'static, S: Sandbox> Harness<W, S> {
                 {
                     break "no visitor used it";
                 }
-                match harness.world.inbox(&lease.session).await {
-                    Ok(inbox) if !inbox.is_empty() => break "the session has work for a worker",
-                    Ok(_) => {}
+                let inbox = harness.world.inbox(&lease.session).await;
+                let work = inbox.map(|inbox| {
+                    journal
+                        .live()
+                        .with(|state| steadfast_world::work::has_work(state, &inbox))
+                });
+                match work {
+                    Ok(true) => break "the session has work for a worker",
+                    Ok(false) => {}
                     Err(e) => {
                         tracing::warn!(session = %lease.session, error = %e, "a visitors' hold could not read the inbox");
                         break "its inbox could not be read";

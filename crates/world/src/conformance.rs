@@ -958,6 +958,40 @@ pub fn started() -> Event {
     )
 }
 
+/// What a worker claims is what [`crate::work::has_work`] says has work: a stray
+/// interrupt or a signal queued for a later wait leaves an idle session alone; a
+/// message does not.
+pub async fn work_is_what_a_worker_claims<W: World>(world: &W) {
+    let worker = Holder::new("worker");
+    world.create_session("s1", "alice").await.unwrap();
+    let lease = world
+        .acquire_lease("s1", &Holder::new("api"), TTL)
+        .await
+        .unwrap();
+    world.append(&lease, &[started()]).await.unwrap();
+    world.release_lease(&lease).await.unwrap();
+    let state = steadfast_log::fold(&world.read("s1", 1).await.unwrap()).unwrap();
+    let posts = [
+        (
+            crate::InboundKind::Signal,
+            steadfast_log::INTERRUPT_SIGNAL,
+            false,
+        ),
+        (crate::InboundKind::Signal, "approval", false),
+        (crate::InboundKind::Message, "", true),
+    ];
+    for (kind, name, work) in posts {
+        world
+            .post("s1", kind, name, &serde_json::json!("x"))
+            .await
+            .unwrap();
+        let inbox = world.inbox("s1").await.unwrap();
+        assert_eq!(crate::work::has_work(&state, &inbox), work, "{name:?}");
+        let claimed = world.claim(&worker, TTL).await.unwrap();
+        assert_eq!(claimed.is_some(), work, "{name:?}: the store agrees");
+    }
+}
+
 /// A worker whose failure could not be recorded (a full disk refuses every write,
 /// the lease's renewal too) still holds the session's lease; once that lease lapses,
 /// the same worker takes the session again, as any other would. Before, a worker

@@ -39,6 +39,7 @@ use steadfast_log::record;
 use steadfast_log::{Event, Record};
 
 pub mod interrupt;
+pub mod work;
 pub use access::{AuditEntry, Scope, ServiceToken};
 pub use any::{redacted, AnyWorld};
 pub use checkpoint::{load_state, load_state_at};

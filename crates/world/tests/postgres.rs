@@ -630,3 +630,9 @@ async fn an_owners_kept_bytes_sum_their_sessions() {
     conformance::an_owners_kept_bytes_sum_their_sessions(&db.world().await, &db.world().await)
         .await;
 }
+
+#[tokio::test]
+async fn work_is_what_a_worker_claims() {
+    let db = TestDb::new().await;
+    conformance::work_is_what_a_worker_claims(&db.world().await).await;
+}

@@ -412,3 +412,8 @@ async fn an_owners_kept_bytes_sum_their_sessions() {
     let two = SqliteWorld::open(dir.path().join("world.db")).unwrap();
     conformance::an_owners_kept_bytes_sum_their_sessions(&one, &two).await;
 }
+
+#[tokio::test]
+async fn work_is_what_a_worker_claims() {
+    conformance::work_is_what_a_worker_claims(&world().1).await;
+}
