@@ -344,7 +344,9 @@ async fn a_dev_server_in_a_closed_sandbox_is_reached_through_its_preview_url() {
     let dom = chromium(&link, "preview-through-link.png", &dir.path().join("shots")).await;
     assert!(dom.contains("<h1 id=\"t\">"), "the page rendered: {dom}");
     let browser_log = dir.path().join("browser.log");
+    // Its scratch files go in the test's directory: killed, it cannot clean them up.
     let mut browser = tokio::process::Command::new("chromium")
+        .env("TMPDIR", dir.path())
         .args([
             "--headless",
             "--no-sandbox",
@@ -568,8 +570,10 @@ async fn get_json(http: &reqwest::Client, url: &str, token: &str) -> (u16, Value
 async fn chromium(url: &str, shot: &str, profile: &std::path::Path) -> String {
     let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("screenshots");
     std::fs::create_dir_all(&shots).unwrap();
+    std::fs::create_dir_all(profile).unwrap();
     let browser = |extra: String| {
         let mut cmd = tokio::process::Command::new("chromium");
+        cmd.env("TMPDIR", profile);
         cmd.args([
             "--headless",
             "--no-sandbox",
