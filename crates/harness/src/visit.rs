@@ -92,9 +92,13 @@ impl<W: World + Clone + 'static, S: Sandbox> Harness<W, S> {
     /// Takes `session`'s lease for a visitors' hold and starts one (see
     /// [`Self::hold_for_visitors`]), timed.
     async fn start_hold(self: &Arc<Self>, session: &str) -> Result<Visit> {
+        // A holder of its own: this process's other leases (a command-line wake, an
+        // agent change) are never taken over by a hold, nor a hold by them.
+        let holder =
+            steadfast_world::Holder::new(format!("visitors-{}", uuid::Uuid::now_v7().simple()));
         let lease = match self
             .world
-            .acquire_lease(session, &self.holder, self.options.lease_ttl)
+            .acquire_lease(session, &holder, self.options.lease_ttl)
             .await
         {
             Ok(lease) => lease,
