@@ -409,6 +409,39 @@ async fn a_dev_server_in_a_closed_sandbox_is_reached_through_its_preview_url() {
         !listed.to_string().contains("sfl_"),
         "secrets are shown once: {listed}"
     );
+    // Bad requests name the field and make nothing.
+    for (body, field) in [
+        (json!({"port": 8000, "expires_in_s": 0}), "expires_in_s"),
+        (json!({"port": 0}), "port"),
+        (json!({"port": 8000, "forever": true}), "forever"),
+    ] {
+        let refused = http
+            .post(format!("{url}/v1/sessions/{id}/links"))
+            .bearer_auth(ALICE)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), 422, "{body}");
+        let refused: Value = refused.json().await.unwrap();
+        assert!(
+            refused["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(field),
+            "{refused}"
+        );
+    }
+    let (_, listed_now) = get_json(&http, &format!("{url}/v1/sessions/{id}/links"), ALICE).await;
+    // The one the command line made and the one above, oldest first; no more.
+    let made_at: Vec<u64> = listed_now["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["created_at_ms"].as_u64().unwrap())
+        .collect();
+    assert_eq!(made_at.len(), 2, "{listed_now}");
+    assert!(made_at[0] <= made_at[1], "{listed_now}");
     // Another owner can neither share nor revoke it.
     let theirs = http
         .post(format!("{url}/v1/sessions/{id}/links"))

@@ -958,18 +958,23 @@ pub fn started() -> Event {
     )
 }
 
+/// Makes `session`, started and idle, its lease free.
+async fn idle_session<W: World>(world: &W, session: &str) {
+    world.create_session(session, "alice").await.unwrap();
+    let lease = world
+        .acquire_lease(session, &Holder::new("api"), TTL)
+        .await
+        .unwrap();
+    world.append(&lease, &[started()]).await.unwrap();
+    world.release_lease(&lease).await.unwrap();
+}
+
 /// What a worker claims is what [`crate::work::has_work`] says has work: a stray
 /// interrupt or a signal queued for a later wait leaves an idle session alone; a
 /// message does not.
 pub async fn work_is_what_a_worker_claims<W: World>(world: &W) {
     let worker = Holder::new("worker");
-    world.create_session("s1", "alice").await.unwrap();
-    let lease = world
-        .acquire_lease("s1", &Holder::new("api"), TTL)
-        .await
-        .unwrap();
-    world.append(&lease, &[started()]).await.unwrap();
-    world.release_lease(&lease).await.unwrap();
+    idle_session(world, "s1").await;
     let state = steadfast_log::fold(&world.read("s1", 1).await.unwrap()).unwrap();
     let posts = [
         (
@@ -999,13 +1004,7 @@ pub async fn work_is_what_a_worker_claims<W: World>(world: &W) {
 /// `running` for good.
 pub async fn a_worker_takes_back_what_it_held_once_its_lease_lapses<W: World>(world: &W) {
     let worker = Holder::new("worker");
-    world.create_session("s1", "alice").await.unwrap();
-    let lease = world
-        .acquire_lease("s1", &Holder::new("api"), TTL)
-        .await
-        .unwrap();
-    world.append(&lease, &[started()]).await.unwrap();
-    world.release_lease(&lease).await.unwrap();
+    idle_session(world, "s1").await;
     world
         .post(
             "s1",
@@ -1043,13 +1042,7 @@ pub async fn inbox_feeds_the_turn_queue<W: World>(world: &W) {
     use serde_json::json;
     let (worker_a, worker_b) = (Holder::new("worker-a"), Holder::new("worker-b"));
     let mut changes = world.changes();
-    world.create_session("s1", "alice").await.unwrap();
-    let lease = world
-        .acquire_lease("s1", &Holder::new("api"), TTL)
-        .await
-        .unwrap();
-    world.append(&lease, &[started()]).await.unwrap();
-    world.release_lease(&lease).await.unwrap();
+    idle_session(world, "s1").await;
     assert!(
         changes.has_changed().unwrap(),
         "appends move the change counter"

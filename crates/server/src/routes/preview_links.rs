@@ -218,13 +218,15 @@ async fn session_links<W: World + Clone>(
     session: &str,
 ) -> Result<Vec<(ServiceToken, u16)>, ApiError> {
     let all = state.harness.world().tokens().await?;
-    Ok(all
+    let mut links: Vec<(ServiceToken, u16)> = all
         .into_iter()
         .filter_map(|t| {
             let (of, port) = opens(&t.name)?;
             (of == session).then_some((t.clone(), port))
         })
-        .collect())
+        .collect();
+    links.sort_by_key(|(link, _)| link.created_at_ms);
+    Ok(links)
 }
 
 /// `/v1/previews/{secret}/`: the root of the shared site.
