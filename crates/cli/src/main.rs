@@ -130,6 +130,18 @@ enum Command {
         #[arg(long, value_name = "LINK")]
         revoke: Option<String>,
     },
+    /// Open a shell in a session's sandbox, in this terminal (`--server`): with its
+    /// isolation and no credentials. Between turns it may write, and what you change
+    /// is recorded in the log (`human_shell`) and told to the model with its next
+    /// turn; while a turn runs it is read-only unless `--force` interrupts the turn.
+    /// Ctrl-] detaches.
+    Attach {
+        /// The session.
+        session: String,
+        /// While a turn runs, interrupt it and open a writable shell.
+        #[arg(long)]
+        force: bool,
+    },
     /// Stop a session's running turn at once, whichever process drives it: the model
     /// stream is cut or the command killed, and the session goes idle.
     Stop {
@@ -218,6 +230,9 @@ async fn on_server(remote: &remote::Remote, command: Command) -> anyhow::Result<
             (None, Some(link)) => on::revoke_link(remote, &session, &link).await,
             (None, None) => on::ports(remote, &session, json).await,
         },
+        Command::Attach { session, force } => {
+            commands::attach::attach(remote, &session, force).await
+        }
         Command::Send(args) => on::send(remote, args).await,
         Command::Fork(args) => on::fork(remote, args).await,
         Command::Rewind(args) => on::rewind(remote, args).await,
@@ -355,6 +370,9 @@ fn main() -> ExitCode {
             Command::Agents { json } => commands::wrapped::list(path, &config, json),
             Command::Hooks(_) => anyhow::bail!(
                 "hooks are served by a server: give its address with --server URL (or STEADFAST_SERVER)"
+            ),
+            Command::Attach { .. } => anyhow::bail!(
+                "a shell is opened through a server: give its address with --server URL (or STEADFAST_SERVER)"
             ),
             Command::Ports { .. } => anyhow::bail!(
                 "preview URLs are served by a server: give its address with --server URL (or STEADFAST_SERVER)"

@@ -73,6 +73,12 @@ impl Remote {
         })
     }
 
+    /// The token calls are made with, if any (for connections made outside `reqwest`:
+    /// a shell's WebSocket).
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
     /// The server's address, for messages.
     pub fn base(&self) -> &str {
         &self.base

@@ -146,6 +146,18 @@ pub fn timeline(record: &Record) -> Vec<String> {
             changes.len(),
             snap(&Some(snapshot.clone()))
         ),
+        Event::HumanShell {
+            by,
+            detached,
+            snapshot,
+            changes,
+            ..
+        } => format!(
+            "{by}'s shell {}: {} path(s) changed, now {}",
+            if *detached { "ended" } else { "goes on" },
+            changes.len(),
+            snap(&Some(snapshot.clone()))
+        ),
         Event::Rewound { to, branch, facts } => format!(
             "rewound to #{to}{}{}",
             branch.as_ref().map(|b| format!("; what followed is kept as {b}")).unwrap_or_default(),

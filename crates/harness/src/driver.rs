@@ -112,6 +112,14 @@ pub struct Driver<'h, W, S> {
     _heartbeat: Heartbeat,
 }
 
+impl<W, S> Drop for Driver<'_, W, S> {
+    fn drop(&mut self) {
+        // Its tool calls' tasks may hold the journal a while longer (a command being
+        // stopped): visitors go to whoever holds the session next.
+        self.journal.retire();
+    }
+}
+
 impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
     pub(crate) fn new(
         harness: &'h Harness<W, S>,

@@ -8,8 +8,11 @@
 //! process takes the session's lease, brings the workspace to the log's last snapshot
 //! as any wake does, and keeps a sandbox with the session's services started again (a
 //! *visitors' hold*). The hold gives the lease back as soon as the session has work
-//! (a message or a signal in its inbox, which a worker then claims) or once no visitor
-//! has used it for the sandbox's idle stop. Its only record is the one any new
+//! (a message or a signal in its inbox, which a worker then claims), when someone asks
+//! for the lease (the interrupt a close, a delete or a rewind posts first), or once no
+//! visitor has used it for the sandbox's idle stop. A person in a writable shell keeps
+//! it longer: work waits until they leave, and someone who asks for the lease has
+//! their shells recorded and closed first (see `steadfast_journal::people`). Its only record is the one any new
 //! sandbox makes, `services_restarted`.
 
 use std::sync::Arc;
@@ -149,21 +152,56 @@ impl<W: World + Clone + 'static, S: Sandbox> Harness<W, S> {
             state,
         ));
         live.fence(heartbeat.watch());
-        let journal = Arc::new(self.tools_journal(live, workspace, sandbox_options, None));
+        let journal = Arc::new(
+            self.tools_journal(live, workspace, sandbox_options, None)
+                .for_visitors(),
+        );
         journal.reachable();
         let reach: Arc<dyn Reachable> = journal.clone();
         // Started now, so the first visitor's wait is the whole wake.
         reach.ports().await?;
         let idle = self.options.sandbox_idle_stop.unwrap_or(HOLD_IDLE_DEFAULT);
+        // An interrupt posted from now on asks for the lease (a close, a delete, a
+        // rewind, a person's stop): the hold gives it back at once. One already in the
+        // inbox asked someone before this hold, and is left to the next turn.
+        let asked_before = self
+            .world
+            .inbox(&lease.session)
+            .await?
+            .iter()
+            .map(|i| i.id)
+            .max()
+            .unwrap_or(0);
         let harness = Arc::clone(self);
         tokio::spawn(async move {
             let watch = heartbeat.watch();
             let mut changes = harness.world.changes();
+            let mut people_in = journal.people_watch();
+            let mut asked = false;
             let why = loop {
                 tokio::select! {
                     _ = changes.changed() => {}
+                    _ = people_in.changed() => {}
                     _ = tokio::time::sleep(HOLD_LOOK) => {}
                     () = watch.lost() => break "its lease was lost",
+                }
+                let inbox = harness.world.inbox(&lease.session).await;
+                asked = asked
+                    || inbox.as_ref().is_ok_and(|inbox| {
+                        inbox.iter().any(|i| {
+                            i.id > asked_before && steadfast_world::interrupt::is_interrupt(i)
+                        })
+                    });
+                // People in shells keep the lease (work waits for them) until someone
+                // asks for it: then their shells are recorded and closed first.
+                if journal.people() > 0 {
+                    if asked {
+                        journal.ask_people_to_leave();
+                    }
+                    continue;
+                }
+                if asked {
+                    break "someone asked for its lease";
                 }
                 if journal
                     .sandbox()
@@ -173,7 +211,6 @@ impl<W: World + Clone + 'static, S: Sandbox> Harness<W, S> {
                 {
                     break "no visitor used it";
                 }
-                let inbox = harness.world.inbox(&lease.session).await;
                 let work = inbox.map(|inbox| {
                     journal
                         .live()

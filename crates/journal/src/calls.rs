@@ -148,13 +148,13 @@ pub struct Journal<W, S> {
     /// The recorded calls (and superseded external facts) this run has been answered
     /// from, and the calls it made itself: never matched again.
     pub(crate) consumed: Mutex<HashSet<String>>,
-    last_snapshot: Arc<StdMutex<Option<String>>>,
+    pub(crate) last_snapshot: Arc<StdMutex<Option<String>>>,
     /// Held while a snapshot is taken and the event naming it appended, and while a
     /// replay moves the workspace: one writer of the record and the workspace at a time.
     pub(crate) recording: Mutex<()>,
     /// Held by a call that may change the workspace from its snapshot before to its
     /// outcome: such calls of one reply take turns (see **Parallel calls**).
-    one_writer: Mutex<()>,
+    pub(crate) one_writer: Mutex<()>,
     /// The recorded call whose after-snapshot a replay last put the workspace at.
     replayed_to: StdMutex<Option<ResultPlace>>,
     counters: StdMutex<(u64, u64)>,
@@ -200,6 +200,16 @@ pub struct Journal<W, S> {
     /// What the model is to be told with its next call's result: the services a
     /// visitor's request started again in a new sandbox (see [`crate::reach`]).
     told_later: StdMutex<Option<String>>,
+    /// The journal serves no turn, only visitors (a visitors' hold): only then may a
+    /// person's shell write (see [`crate::people`]).
+    for_visitors: bool,
+    /// Set when the run this journal serves has let its session go, though something
+    /// may still hold the journal: visitors are no longer sent here.
+    retired: std::sync::atomic::AtomicBool,
+    /// People in writable shells now (see [`crate::people`]).
+    pub(crate) people: Arc<tokio::sync::watch::Sender<usize>>,
+    /// Set when people are asked to leave.
+    pub(crate) leave: tokio::sync::watch::Sender<bool>,
 }
 
 /// Counts a running call as finished when dropped (however it ends).
@@ -208,6 +218,15 @@ struct Running<'a>(&'a tokio::sync::watch::Sender<usize>);
 impl Drop for Running<'_> {
     fn drop(&mut self) {
         self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+impl<W, S> Journal<W, S> {
+    /// Sends visitors of the session elsewhere from now on: the run this journal
+    /// serves has let the session go (its driver is done with it).
+    pub fn retire(&self) {
+        self.retired
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -254,7 +273,18 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             stored: std::sync::atomic::AtomicU64::new(0),
             history: crate::history::HistoryQuota::default(),
             told_later: StdMutex::new(None),
+            for_visitors: false,
+            retired: std::sync::atomic::AtomicBool::new(false),
+            people: Arc::new(tokio::sync::watch::Sender::new(0)),
+            leave: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// The same journal serving visitors only, no turn (a visitors' hold): a person's
+    /// shell may write through it (see [`crate::people`]).
+    pub fn for_visitors(mut self) -> Self {
+        self.for_visitors = true;
+        self
     }
 
     /// Refuses calls once the session's history, or its owner's, is as big as
@@ -859,7 +889,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             }))
     }
 
-    async fn snapshot(&self) -> Result<String> {
+    pub(crate) async fn snapshot(&self) -> Result<String> {
         use tracing::Instrument;
         let taken = self
             .drive
@@ -1542,6 +1572,41 @@ impl<W: World + Clone + 'static, S: Sandbox> crate::reach::Reachable for Journal
     }
 
     fn is_open(&self) -> bool {
-        !*self.closed.borrow()
+        !*self.closed.borrow() && !self.retired.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn serves_a_turn(&self) -> bool {
+        !self.for_visitors
+    }
+
+    fn shell(
+        &self,
+        request: steadfast_sandbox::shell::ShellRequest,
+    ) -> crate::reach::Reached<'_, crate::reach::Pipe> {
+        Box::pin(async move {
+            let sandbox = self.visit().await?;
+            let stream = sandbox.shell(&request).await?;
+            Ok(crate::reach::Pipe::new(stream, sandbox))
+        })
+    }
+
+    fn person_in(&self) -> Option<crate::people::PersonIn> {
+        self.for_visitors.then(|| Journal::person_in(self))
+    }
+
+    fn asked_to_leave(&self) -> crate::reach::Reached<'_, ()> {
+        Box::pin(async move {
+            Journal::asked_to_leave(self).await;
+            Ok(())
+        })
+    }
+
+    fn record_person<'a>(
+        &'a self,
+        by: &'a str,
+        since_ms: u64,
+        detached: bool,
+    ) -> crate::reach::Reached<'a, Vec<String>> {
+        Box::pin(Journal::record_person(self, by, since_ms, detached))
     }
 }

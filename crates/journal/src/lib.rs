@@ -21,6 +21,7 @@ pub mod explore;
 pub mod git;
 pub mod history;
 pub mod kept;
+pub mod people;
 pub mod reach;
 pub mod remote;
 pub mod slot;

@@ -1,5 +1,5 @@
 //! Reaching a session's sandbox from outside its tool calls: what its programs listen
-//! on, and a pipe to one of them (a preview URL's traffic).
+//! on, a pipe to one of them (a preview URL's traffic), and a person's shell.
 //!
 //! A journal holds the session's one sandbox slot, so a visitor goes through the
 //! journal too: a sandbox it finds stopped is started again exactly as a tool call
@@ -15,6 +15,7 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+pub use crate::people::PersonIn;
 use crate::Result;
 
 /// A future a [`Reachable`] returns (the trait is used behind `dyn`).
@@ -28,6 +29,23 @@ pub trait Reachable: Send + Sync {
     fn connect(&self, port: u16) -> Reached<'_, Pipe>;
     /// Whether the run this serves goes on (a closed one refuses visitors).
     fn is_open(&self) -> bool;
+    /// Whether this is a driver's, serving a turn (a person's shell is then
+    /// read-only), rather than a visitors' hold's.
+    fn serves_a_turn(&self) -> bool;
+    /// A person's shell in the sandbox (starting the sandbox if it stopped).
+    fn shell(&self, request: steadfast_sandbox::shell::ShellRequest) -> Reached<'_, Pipe>;
+    /// Counts a person in a writable shell while the guard lives; `None` where no
+    /// shell may write (a driver's: see [`Reachable::serves_a_turn`]).
+    fn person_in(&self) -> Option<crate::people::PersonIn>;
+    /// Completes once whoever holds the session asks people to leave.
+    fn asked_to_leave(&self) -> Reached<'_, ()>;
+    /// Records what a person changed (see `Journal::record_person`).
+    fn record_person<'a>(
+        &'a self,
+        by: &'a str,
+        since_ms: u64,
+        detached: bool,
+    ) -> Reached<'a, Vec<String>>;
 }
 
 /// A byte pipe into a sandbox that keeps the sandbox from being stopped as idle while

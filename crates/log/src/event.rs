@@ -961,6 +961,24 @@ pub enum Event {
         /// What changed since the session's last snapshot, a line per path.
         changes: Vec<String>,
     },
+    /// A person's shell in the session's sandbox ended, or had run a while: the
+    /// workspace was snapshotted (between turns, so nothing of the agent's is in it)
+    /// and what the person changed is recorded, by whom and since when. The session
+    /// goes on from those files, and the model is told with the next user message
+    /// (invariant 5 holds for people too: nothing reaches the workspace unrecorded).
+    HumanShell {
+        /// Who attached (the token's owner, or its name).
+        by: String,
+        /// When the shell was opened, Unix ms.
+        since_ms: u64,
+        /// Whether the person has left (the last record of this shell); `false` for a
+        /// record taken while still attached.
+        detached: bool,
+        /// The workspace as the person left it.
+        snapshot: String,
+        /// What changed since the record before, a line per path.
+        changes: Vec<String>,
+    },
     /// Its owner moved a wrapped session to another CLI version or named agent,
     /// between turns: from its next turn on, that CLI runs it (`steadfast replay
     /// --agent` shows first what the change would do to its recorded turns).
@@ -1125,7 +1143,9 @@ impl Event {
                 snapshot_before, ..
             } => vec![snapshot_before.as_deref()],
             Event::ToolCallOutcome { snapshot_after, .. } => vec![snapshot_after.as_deref()],
-            Event::WorkspaceEdited { snapshot, .. } => vec![Some(snapshot.as_str())],
+            Event::WorkspaceEdited { snapshot, .. } | Event::HumanShell { snapshot, .. } => {
+                vec![Some(snapshot.as_str())]
+            }
             Event::ToolCallInterrupted {
                 resolution: ToolResolution::RolledBack { snapshot },
                 ..
@@ -1196,6 +1216,7 @@ impl Event {
             Event::ConversationKept { .. } => "conversation_kept",
             Event::WorkspaceMoved { .. } => "workspace_moved",
             Event::WorkspaceEdited { .. } => "workspace_edited",
+            Event::HumanShell { .. } => "human_shell",
             Event::AgentChanged { .. } => "agent_changed",
             Event::Forked { .. } => "forked",
             Event::Rewound { .. } => "rewound",

@@ -354,6 +354,24 @@ pub fn approval_key(tool: &str, input: &Value) -> String {
 /// The most changed paths an edit's note to the model names one by one.
 const EDITED_NOTE_PATHS: usize = 50;
 
+/// What the model is told of what a person changed in a shell in its sandbox.
+fn shell_note(by: &str, changes: &[String]) -> String {
+    let mut note = format!(
+        "[steadfast] Between turns, {by} opened a shell in this session's sandbox and \
+         changed its workspace; the files are as they were left:"
+    );
+    for change in changes.iter().take(EDITED_NOTE_PATHS) {
+        note.push_str(&format!("\n- {change}"));
+    }
+    if changes.len() > EDITED_NOTE_PATHS {
+        note.push_str(&format!(
+            "\n- and {} more",
+            changes.len() - EDITED_NOTE_PATHS
+        ));
+    }
+    note
+}
+
 /// What the model is told of a workspace changed from outside the session.
 fn edited_note(changes: &[String]) -> String {
     let mut note = String::from(
@@ -1191,6 +1209,24 @@ impl SessionState {
                 self.last_seq = record.seq;
                 return Ok(());
             }
+            Event::HumanShell {
+                by,
+                snapshot,
+                changes,
+                ..
+            } => {
+                if self.is_ended() || self.status == Status::Running {
+                    return Err(bad(
+                        "a person's shell is recorded between turns of a session that goes on",
+                    ));
+                }
+                self.last_snapshot = Some(snapshot.clone());
+                if !changes.is_empty() {
+                    self.note_for_next_turn(&shell_note(by, changes));
+                }
+                self.last_seq = record.seq;
+                return Ok(());
+            }
             Event::WorkspaceMoved {
                 workspace,
                 host,
@@ -1239,6 +1275,7 @@ impl SessionState {
             Event::DriveFailed { .. }
             | Event::WorkspaceMoved { .. }
             | Event::WorkspaceEdited { .. }
+            | Event::HumanShell { .. }
             | Event::AgentChanged { .. }
             | Event::Forked { .. }
             | Event::Rewound { .. } => {} // folded above

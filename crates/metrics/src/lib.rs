@@ -128,6 +128,11 @@ struct PreviewLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShellLabels {
+    mode: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HookLabels {
     check: &'static str,
     result: &'static str,
@@ -180,6 +185,8 @@ pub struct Metrics {
     hook_deliveries: Family<HookLabels, Counter>,
     preview_requests: Family<PreviewLabels, Counter>,
     preview_wake_seconds: Histogram,
+    shells_opened: Family<ShellLabels, Counter>,
+    shells_attached: Gauge,
     timings: Mutex<Timings>,
     seen: Mutex<HashMap<&'static str, HashSet<String>>>,
 }
@@ -215,6 +222,8 @@ impl Metrics {
             hook_deliveries: Family::default(),
             preview_requests: Family::default(),
             preview_wake_seconds: seconds(),
+            shells_opened: Family::default(),
+            shells_attached: Gauge::default(),
             timings: Mutex::new(Timings::default()),
             seen: Mutex::new(HashMap::new()),
         };
@@ -360,6 +369,16 @@ impl Metrics {
             "How long a preview URL's first request waited for a stopped sandbox to be \
              started again, services and all",
             self.preview_wake_seconds.clone(),
+        );
+        r.register(
+            "shells_opened",
+            "People's shells opened in sessions' sandboxes, by mode (read-write, read-only)",
+            self.shells_opened.clone(),
+        );
+        r.register(
+            "shells_attached",
+            "People's shells attached to sessions' sandboxes now",
+            self.shells_attached.clone(),
         );
         self
     }
@@ -608,6 +627,16 @@ impl Metrics {
         self.preview_wake_seconds.observe(took.as_secs_f64());
     }
 
+    /// Counts a person's shell opened in a session's sandbox, by `mode`; attached
+    /// until the returned guard drops.
+    pub fn shell_opened(&self, mode: &'static str) -> ShellAttached {
+        self.shells_opened
+            .get_or_create(&ShellLabels { mode })
+            .inc();
+        self.shells_attached.inc();
+        ShellAttached(self.shells_attached.clone())
+    }
+
     /// Counts a connection or request the server's edges refused, by `reason`.
     pub fn http_refused(&self, reason: &'static str) {
         self.http_refused
@@ -676,6 +705,16 @@ fn resolved_class(resolution: &ToolResolution) -> ToolClass {
         ToolResolution::Rerun => ToolClass::Read,
         ToolResolution::RolledBack { .. } => ToolClass::Mutate,
         ToolResolution::OutcomeUnknown | ToolResolution::Reconciled { .. } => ToolClass::External,
+    }
+}
+
+/// A person's shell counted as attached while this lives (see
+/// [`Metrics::shell_opened`]).
+pub struct ShellAttached(Gauge);
+
+impl Drop for ShellAttached {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

@@ -135,6 +135,10 @@ pub(crate) const PORTS: &str = "steadfast.ports";
 /// `ok` reply line, the request's connection carries that TCP connection's bytes both
 /// ways, so the host reaches a dev server without opening the sandbox's network.
 pub(crate) const CONNECT: &str = "steadfast.connect";
+/// Starts a person's shell (input a [`crate::shell::ShellRequest`]): after an `ok`
+/// reply line, the request's connection carries the shell's frames both ways (see
+/// [`crate::shell`]).
+pub(crate) const SHELL: &str = "steadfast.shell";
 /// How long a connection waits for the host socket it leads to (see [`forward`]).
 const PROXY_WAIT: Duration = Duration::from_secs(15);
 /// How many finished calls' outputs are kept for a holder that has yet to attach.
@@ -155,10 +159,17 @@ fn log_from_inside(log: &Path) {
 /// Runs the agent with `args` (after the program name): one JSON [`AgentConfig`].
 /// Returns the process exit code.
 pub fn main(args: impl IntoIterator<Item = String>) -> i32 {
-    let Some(config) = args.into_iter().next() else {
+    let mut args = args.into_iter();
+    let Some(config) = args.next() else {
         eprintln!("steadfast sandbox agent: expected one JSON argument");
         return 2;
     };
+    if config == crate::shell::READ_ONLY_SHELL {
+        // Started by this agent for a person (see `crate::shell`): it never returns
+        // but on failure.
+        let program = args.next().unwrap_or_else(|| "/bin/sh".into());
+        return crate::shell::confine_and_exec(&program);
+    }
     let config: AgentConfig = match serde_json::from_str(&config) {
         Ok(c) => c,
         Err(e) => {
@@ -207,6 +218,9 @@ struct Agent {
     one_at_a_time: tokio::sync::Mutex<()>,
     /// With a [`Tenure`]: the newest epoch and until when the sandbox may live.
     tenure: Option<std::sync::Mutex<(u64, std::time::Instant)>>,
+    /// The agent's program and its arguments before its configuration: what starts a
+    /// read-only shell (see [`crate::shell`]).
+    relaunch: Vec<String>,
     /// The commands kept by call id: `None` while running, then the output (oldest
     /// first, for pruning).
     calls: std::sync::Mutex<Vec<(String, tokio::sync::watch::Receiver<Option<ToolOutput>>)>>,
@@ -242,6 +256,7 @@ async fn serve(config: AgentConfig) -> std::io::Result<()> {
         options,
         one_at_a_time: tokio::sync::Mutex::new(()),
         tenure,
+        relaunch: relaunch(),
         calls: std::sync::Mutex::new(Vec::new()),
     });
     if agent.tenure.is_some() {
@@ -254,6 +269,19 @@ async fn serve(config: AgentConfig) -> std::io::Result<()> {
             let _ = handle(stream, agent).await;
         });
     }
+}
+
+/// This program and the arguments it was started with, its configuration (the last)
+/// left out.
+fn relaunch() -> Vec<String> {
+    let Ok(exe) = std::env::current_exe() else {
+        return Vec::new();
+    };
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    args.pop();
+    std::iter::once(exe.to_string_lossy().into_owned())
+        .chain(args)
+        .collect()
 }
 
 /// Ends the sandbox once its hold runs out: everything in it is killed before the
@@ -549,6 +577,29 @@ async fn handle(stream: UnixStream, agent: std::sync::Arc<Agent>) -> std::io::Re
                 .map_err(std::io::Error::other)?;
             let _ = tokio::io::copy_bidirectional(&mut host, &mut tcp).await;
             return Ok(());
+        }
+        Ok(req) if req.tool == SHELL => {
+            match serde_json::from_value::<crate::shell::ShellRequest>(req.input) {
+                Err(e) => ToolOutput::error(format!("a shell request: {e}")),
+                Ok(request) => {
+                    let mut reply = serde_json::to_vec(&ToolOutput::ok("shell"))
+                        .map_err(std::io::Error::other)?;
+                    reply.push(b'\n');
+                    write.write_all(&reply).await?;
+                    let host = read
+                        .into_inner()
+                        .reunite(write)
+                        .map_err(std::io::Error::other)?;
+                    return crate::shell::serve(
+                        host,
+                        request,
+                        &agent.config.workspace,
+                        &agent.env,
+                        &agent.relaunch,
+                    )
+                    .await;
+                }
+            }
         }
         Ok(req) if req.tool == PORTS => match agent.ports() {
             Ok(ports) => ToolOutput::ok(serde_json::to_string(&ports).unwrap_or_default()),

@@ -253,4 +253,11 @@ impl Sandbox for AnySandbox {
             AnySandbox::Bwrap(s) => s.connect(port).await,
         }
     }
+
+    async fn shell(&self, request: &crate::shell::ShellRequest) -> Result<tokio::net::UnixStream> {
+        match self {
+            AnySandbox::Local(s) => s.shell(request).await,
+            AnySandbox::Bwrap(s) => s.shell(request).await,
+        }
+    }
 }

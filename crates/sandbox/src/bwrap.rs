@@ -1137,6 +1137,46 @@ impl BwrapSandbox {
 }
 
 impl BwrapSandbox {
+    /// A connection to the sandbox's agent for a `tool` whose connection goes on
+    /// carrying bytes after the agent's `ok` (a port's, a shell's).
+    async fn open_pipe(
+        &self,
+        tool: &str,
+        input: serde_json::Value,
+    ) -> Result<tokio::net::UnixStream> {
+        use tokio::io::AsyncWriteExt;
+        let unavailable =
+            |e: std::io::Error| Error::Unavailable(format!("the sandbox's agent: {e}"));
+        let request = Request::new(tool, input, self.tenure.clone());
+        let mut stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(unavailable)?;
+        let mut line =
+            serde_json::to_vec(&request).map_err(|e| unavailable(std::io::Error::other(e)))?;
+        line.push(b'\n');
+        stream.write_all(&line).await.map_err(unavailable)?;
+        // The reply is read a byte at a time: what follows it is the connection's own.
+        let mut reply = Vec::new();
+        loop {
+            let mut byte = [0u8; 1];
+            match tokio::io::AsyncReadExt::read(&mut stream, &mut byte).await {
+                Ok(0) => break,
+                Ok(_) if byte[0] == b'\n' => break,
+                Ok(_) => reply.push(byte[0]),
+                Err(e) => return Err(unavailable(e)),
+            }
+        }
+        let out: Option<ToolOutput> = match reply.is_empty() {
+            true => None,
+            false => Some(
+                serde_json::from_slice(&reply)
+                    .map_err(|e| unavailable(std::io::Error::other(e)))?,
+            ),
+        };
+        self.reply(Ok(out))?;
+        Ok(stream)
+    }
+
     /// The output of an agent request that is not a command, or why there is none.
     fn reply(&self, got: std::io::Result<Option<ToolOutput>>) -> Result<ToolOutput> {
         match got {
@@ -1169,41 +1209,15 @@ impl Sandbox for BwrapSandbox {
     /// A connection to `port` on the sandbox's loopback, through its agent: the
     /// sandbox's network stays closed, and the host still reaches a server in it.
     async fn connect(&self, port: u16) -> Result<tokio::net::UnixStream> {
-        use tokio::io::AsyncWriteExt;
-        let unavailable =
-            |e: std::io::Error| Error::Unavailable(format!("the sandbox's agent: {e}"));
-        let request = Request::new(
-            agent::CONNECT,
-            serde_json::json!({ "port": port }),
-            self.tenure.clone(),
-        );
-        let mut stream = tokio::net::UnixStream::connect(&self.socket)
+        self.open_pipe(agent::CONNECT, serde_json::json!({ "port": port }))
             .await
-            .map_err(unavailable)?;
-        let mut line =
-            serde_json::to_vec(&request).map_err(|e| unavailable(std::io::Error::other(e)))?;
-        line.push(b'\n');
-        stream.write_all(&line).await.map_err(unavailable)?;
-        // The reply is read a byte at a time: what follows it is the connection's own.
-        let mut reply = Vec::new();
-        loop {
-            let mut byte = [0u8; 1];
-            match tokio::io::AsyncReadExt::read(&mut stream, &mut byte).await {
-                Ok(0) => break,
-                Ok(_) if byte[0] == b'\n' => break,
-                Ok(_) => reply.push(byte[0]),
-                Err(e) => return Err(unavailable(e)),
-            }
-        }
-        let out: Option<ToolOutput> = match reply.is_empty() {
-            true => None,
-            false => Some(
-                serde_json::from_slice(&reply)
-                    .map_err(|e| unavailable(std::io::Error::other(e)))?,
-            ),
-        };
-        self.reply(Ok(out))?;
-        Ok(stream)
+    }
+
+    /// A person's shell, through the agent: see [`crate::shell`].
+    async fn shell(&self, request: &crate::shell::ShellRequest) -> Result<tokio::net::UnixStream> {
+        let input = serde_json::to_value(request)
+            .map_err(|e| Error::Unavailable(format!("a shell request: {e}")))?;
+        self.open_pipe(agent::SHELL, input).await
     }
 
     async fn cancel(&self) {

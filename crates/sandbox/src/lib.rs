@@ -25,6 +25,7 @@ pub mod paths;
 mod policy;
 pub mod proxy;
 pub mod reconcile;
+pub mod shell;
 mod tenure;
 pub mod tools;
 
@@ -196,7 +197,22 @@ pub trait Sandbox: Send + Sync + 'static {
         let _ = port;
         async { Err(Error::Refused(NO_PORTS_OF_ITS_OWN.into())) }
     }
+
+    /// A person's shell in the sandbox, on a PTY: a connection carrying
+    /// [`shell::Frame`]s both ways. A backend that would have to give a shell on the
+    /// host refuses ([`Error::Refused`]).
+    fn shell(
+        &self,
+        request: &shell::ShellRequest,
+    ) -> impl Future<Output = Result<tokio::net::UnixStream>> + Send {
+        let _ = request;
+        async { Err(Error::Refused(NO_SHELL_OF_ITS_OWN.into())) }
+    }
 }
+
+/// Why a backend whose commands run on the host has no shell to offer.
+const NO_SHELL_OF_ITS_OWN: &str = "this sandbox's commands run on the host itself (the local \
+     backend): a shell in it would be a shell on the host, which Steadfast does not hand out";
 
 /// Why a backend without a network of its own shows no ports.
 const NO_PORTS_OF_ITS_OWN: &str = "this sandbox's commands run in the host's network (the local \

@@ -41,6 +41,7 @@ events (schema 1): `PublicEvent`, one type per kind of log record.";
         sessions::services,
         routes::previews::ports,
         routes::previews::forward_path,
+        routes::shell::attach,
         routes::preview_links::create,
         routes::preview_links::list,
         routes::preview_links::revoke,

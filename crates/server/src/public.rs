@@ -347,6 +347,19 @@ pub enum EventBody {
         /// What changed, a line per path (`modified src/x.rs`).
         changes: Vec<String>,
     },
+    /// A person's shell in the session's sandbox: who, since when, whether they left,
+    /// and what they changed, a line per path (the model is told with its next user
+    /// message).
+    HumanShell {
+        /// Who attached.
+        by: String,
+        /// When the shell was opened, Unix ms.
+        since_ms: u64,
+        /// Whether the person has left (`false`: recorded while still attached).
+        detached: bool,
+        /// What changed, a line per path.
+        changes: Vec<String>,
+    },
     /// The session began as a fork of `parent`: the events before this one are the
     /// parent's up to `at`; from here on it is a session of its own.
     Forked {
@@ -841,6 +854,18 @@ fn body(event: &Event) -> EventBody {
             cli: cli.clone(),
         },
         Event::WorkspaceEdited { changes, .. } => EventBody::WorkspaceEdited {
+            changes: changes.clone(),
+        },
+        Event::HumanShell {
+            by,
+            since_ms,
+            detached,
+            changes,
+            ..
+        } => EventBody::HumanShell {
+            by: by.clone(),
+            since_ms: *since_ms,
+            detached: *detached,
             changes: changes.clone(),
         },
         Event::Rewound { to, branch, facts } => EventBody::Rewound {

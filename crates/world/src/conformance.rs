@@ -655,8 +655,8 @@ pub async fn tokens_and_the_audit_log<W: World>(world: &W) {
     assert_eq!(targets, ["tok_3", "tok_4"]);
     assert!(rest[0].at_ms > 0 && rest[0].actor == "admin");
 
-    // A session's own entries: about it, and about a session, its hooks or its
-    // previews only (a credential someone named like the session is not its business).
+    // A session's own entries: about it, and about a session, its hooks, its
+    // previews or its shells only (a credential someone named like the session is not its business).
     let note = |actor: &'static str, action: &'static str, target: &'static str| async move {
         world
             .audit(actor, action, target, &serde_json::json!({}))
@@ -668,17 +668,23 @@ pub async fn tokens_and_the_audit_log<W: World>(world: &W) {
     note("alice", "session.created", "ses_b").await;
     note("hook:ci", "hook.delivered", "ses_a").await;
     note("link:pl_1", "preview.woke", "ses_a").await;
+    note("alice", "shell.attached", "ses_a").await;
     let about = world.audit_log(0, 10, Some("ses_a")).await.unwrap();
     let actions: Vec<&str> = about.iter().map(|e| e.action.as_str()).collect();
     assert_eq!(
         actions,
-        ["session.created", "hook.delivered", "preview.woke"]
+        [
+            "session.created",
+            "hook.delivered",
+            "preview.woke",
+            "shell.attached"
+        ]
     );
     let later = world
         .audit_log(about[0].id, 10, Some("ses_a"))
         .await
         .unwrap();
-    assert_eq!(later.len(), 2);
+    assert_eq!(later.len(), 3);
     // Past the last id any store can hold, there is nothing (not an error).
     for about in [None, Some("ses_a")] {
         assert!(world

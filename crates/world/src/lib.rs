@@ -527,7 +527,8 @@ pub trait World: Send + Sync + 'static {
 
     /// Up to `limit` audit entries after id `after`, oldest first; with `about`, only
     /// those about that session (its target, and an action on a session, its hooks or
-    /// its preview URLs: `session.*`, `hook.*`, `preview.*`), which its owner may read.
+    /// its preview URLs, its shells: `session.*`, `hook.*`, `preview.*`,
+    /// `shell.*`), which its owner may read.
     fn audit_log(
         &self,
         after: u64,

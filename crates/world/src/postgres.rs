@@ -1831,7 +1831,7 @@ impl World for PostgresWorld {
         let rows = client
             .query(
                 "SELECT id, at_ms, actor, action, target, detail FROM steadfast_audit WHERE id > $1 \
-                 AND ($3::text IS NULL OR (target = $3 AND (action LIKE 'session.%' OR action LIKE 'hook.%' OR action LIKE 'preview.%'))) \
+                 AND ($3::text IS NULL OR (target = $3 AND (action LIKE 'session.%' OR action LIKE 'hook.%' OR action LIKE 'preview.%' OR action LIKE 'shell.%'))) \
                  ORDER BY id LIMIT $2",
                 &[&(after.min(i64::MAX as u64) as i64), &(limit as i64), &about],
             )

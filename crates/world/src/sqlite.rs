@@ -1731,7 +1731,7 @@ impl World for SqliteWorld {
         self.with(move |conn| {
             conn.prepare_cached(
                 "SELECT id, at_ms, actor, action, target, detail FROM audit WHERE id > ?1 \
-                 AND (?3 IS NULL OR (target = ?3 AND (action LIKE 'session.%' OR action LIKE 'hook.%' OR action LIKE 'preview.%'))) \
+                 AND (?3 IS NULL OR (target = ?3 AND (action LIKE 'session.%' OR action LIKE 'hook.%' OR action LIKE 'preview.%' OR action LIKE 'shell.%'))) \
                  ORDER BY id LIMIT ?2",
             )
             .map_err(backend)?

@@ -1,5 +1,6 @@
 //! One module per command.
 
+pub mod attach;
 pub mod bench;
 mod bench_drive;
 mod bench_fork;

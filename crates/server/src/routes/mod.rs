@@ -7,6 +7,7 @@ pub(crate) mod messages;
 pub(crate) mod preview_links;
 pub(crate) mod previews;
 pub(crate) mod sessions;
+pub(crate) mod shell;
 pub(crate) mod uploads;
 pub(crate) mod vaults;
 
@@ -48,6 +49,7 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
         .route("/v1/sessions/{id}/integrity", get(sessions::integrity::<W>))
         .route("/v1/sessions/{id}/services", get(sessions::services::<W>))
         .route("/v1/sessions/{id}/ports", get(previews::ports::<W>))
+        .route("/v1/sessions/{id}/shell", get(shell::attach::<W>))
         .route(
             "/v1/sessions/{id}/links",
             post(preview_links::create::<W>).get(preview_links::list::<W>),
