@@ -197,7 +197,8 @@ async fn a_person_attaches_a_shell_and_the_agent_is_told_what_they_changed() {
     assert_eq!(next_notice(&mut watching).await["mode"], "read-only");
     type_in(
         &mut watching,
-        "touch ro.txt; echo RO=$?; kill -9 $(pgrep -x sleep); echo KILL=$?; echo x > /dev/null; echo NULL=$?\n",
+        "touch ro.txt; echo RO=$?; until pgrep -x sleep >/dev/null; do sleep 0.1; done; \
+         kill -9 $(pgrep -x sleep); echo KILL=$?; echo x > /dev/null; echo NULL=$?\n",
     )
     .await;
     let shown = read_until(&mut watching, "NULL=").await;
@@ -235,26 +236,58 @@ async fn a_person_attaches_a_shell_and_the_agent_is_told_what_they_changed() {
         .count();
     assert_eq!(shells, 2);
 
+    // Closing the session while a person is in: they are asked to leave, what they
+    // changed is recorded first, and then the session ends.
+    let mut staying = websocket(&url, &id, false).await;
+    assert_eq!(next_notice(&mut staying).await["mode"], "read-write");
+    type_in(&mut staying, "echo late > late.txt; echo WROTE=$((1+1))\n").await;
+    read_until(&mut staying, "WROTE=").await;
+    let closing = tokio::spawn({
+        let (http, url, id) = (http.clone(), url.clone(), id.clone());
+        async move {
+            http.post(format!("{url}/v1/sessions/{id}/close"))
+                .bearer_auth(ALICE)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    });
+    assert_eq!(next_notice(&mut staying).await["type"], "leave");
+    let exit = next_notice(&mut staying).await;
+    assert!(exit["changes"].to_string().contains("late.txt"), "{exit}");
+    assert_eq!(closing.await.unwrap(), 200);
+    let log = events(&http, &url, &id).await;
+    let kinds: Vec<&str> = log.iter().filter_map(|e| e["type"].as_str()).collect();
+    let last_shell = kinds.iter().rposition(|k| *k == "human_shell").unwrap();
+    let ended = kinds.iter().position(|k| *k == "session_ended").unwrap();
+    assert!(last_shell < ended, "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| **k == "human_shell").count(), 3);
+
     // The owner's audit and the metrics show the shells.
     let (_, audit) = get_json(&http, &format!("{url}/v1/sessions/{id}/audit"), ALICE).await;
     for action in ["shell.attached", "shell.detached"] {
         assert!(audit.to_string().contains(action), "{action} in {audit}");
     }
-    let metrics = http
-        .get(format!("http://{metrics_at}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    for series in [
-        r#"steadfast_shells_opened_total{mode="read-write"} 2"#,
+    // The last shell's count drops once its connection's task has ended.
+    let series = [
+        r#"steadfast_shells_opened_total{mode="read-write"} 3"#,
         r#"steadfast_shells_opened_total{mode="read-only"} 1"#,
         "steadfast_shells_attached 0",
-    ] {
-        assert!(metrics.contains(series), "{series} in {metrics}");
-    }
+    ];
+    let mut metrics = String::new();
+    wait_for("the shells in /metrics", async || {
+        metrics = http
+            .get(format!("http://{metrics_at}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        series.iter().all(|s| metrics.contains(s))
+    })
+    .await;
     let _ = server.kill().await;
 }
 

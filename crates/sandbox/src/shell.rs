@@ -326,3 +326,55 @@ fn confine() -> Result<(), String> {
         other => Err(format!("the rules were enforced only {other:?}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn frames_read_back_as_written_and_a_broken_one_is_refused() {
+        let frames = [
+            Frame::Input(b"ls -la\r".to_vec()),
+            Frame::Resize(WindowSize {
+                rows: 30,
+                cols: 100,
+            }),
+            Frame::Output(vec![0, 255, 10]),
+            Frame::Exit(-1),
+            Frame::Input(Vec::new()),
+        ];
+        let wire: Vec<u8> = frames.iter().flat_map(Frame::encode).collect();
+        let mut from = wire.as_slice();
+        for frame in &frames {
+            assert_eq!(Frame::read(&mut from).await.unwrap().as_ref(), Some(frame));
+        }
+        assert_eq!(Frame::read(&mut from).await.unwrap(), None, "a clean end");
+        // A resize of the wrong length, an unknown kind, a frame past the bound, and
+        // one cut short are errors, not frames.
+        for broken in [
+            vec![1, 0, 0, 0, 2, 0, 1],
+            vec![9, 0, 0, 0, 0],
+            vec![0, 0x7f, 0xff, 0xff, 0xff],
+            vec![0, 0, 0, 0, 5, b'a'],
+        ] {
+            assert!(
+                Frame::read(&mut broken.as_slice()).await.is_err(),
+                "{broken:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_terminal_type_is_kept_only_when_it_is_plain() {
+        let of = |term: &str| {
+            term_of(&ShellRequest {
+                size: WindowSize::default(),
+                term: Some(term.into()),
+                read_only: false,
+            })
+        };
+        assert_eq!(of("screen-256color"), "screen-256color");
+        assert_eq!(of("xterm; rm -rf /"), "xterm-256color");
+        assert_eq!(of(""), "xterm-256color");
+    }
+}
