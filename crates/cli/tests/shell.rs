@@ -183,6 +183,37 @@ async fn a_person_attaches_a_shell_and_the_agent_is_told_what_they_changed() {
         .unwrap();
     assert_eq!(file.trim(), "from-a-person");
 
+    // With no terminal, what is piped in is typed, and its end ends the shell: a
+    // person's command, run and recorded like any.
+    let mut piped = tokio::process::Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args(["attach", &id, "--server", &url])
+        .env("STEADFAST_TOKEN", ALICE)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = piped.stdin.take().unwrap();
+        stdin
+            .write_all(b"echo piped > piped.txt\necho PIPED-$((2*21))\n")
+            .await
+            .unwrap();
+    }
+    let out = tokio::time::timeout(Duration::from_secs(60), piped.wait_with_output())
+        .await
+        .expect("the piped shell ends with its input")
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{shown} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(shown.contains("PIPED-42"), "{shown}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("piped.txt"));
+
     // While a turn runs, a shell is read-only: no file written, the agent's command
     // not killable; writing to the terminal and /dev/null still works.
     send(&http, &url, &id, "wait a while").await;
@@ -234,7 +265,7 @@ async fn a_person_attaches_a_shell_and_the_agent_is_told_what_they_changed() {
         .into_iter()
         .filter(|e| e["type"] == "human_shell")
         .count();
-    assert_eq!(shells, 2);
+    assert_eq!(shells, 3);
 
     // Closing the session while a person is in: they are asked to leave, what they
     // changed is recorded first, and then the session ends.
@@ -262,7 +293,7 @@ async fn a_person_attaches_a_shell_and_the_agent_is_told_what_they_changed() {
     let last_shell = kinds.iter().rposition(|k| *k == "human_shell").unwrap();
     let ended = kinds.iter().position(|k| *k == "session_ended").unwrap();
     assert!(last_shell < ended, "{kinds:?}");
-    assert_eq!(kinds.iter().filter(|k| **k == "human_shell").count(), 3);
+    assert_eq!(kinds.iter().filter(|k| **k == "human_shell").count(), 4);
 
     // The owner's audit and the metrics show the shells.
     let (_, audit) = get_json(&http, &format!("{url}/v1/sessions/{id}/audit"), ALICE).await;
@@ -271,7 +302,7 @@ async fn a_person_attaches_a_shell_and_the_agent_is_told_what_they_changed() {
     }
     // The last shell's count drops once its connection's task has ended.
     let series = [
-        r#"steadfast_shells_opened_total{mode="read-write"} 3"#,
+        r#"steadfast_shells_opened_total{mode="read-write"} 4"#,
         r#"steadfast_shells_opened_total{mode="read-only"} 1"#,
         "steadfast_shells_attached 0",
     ];

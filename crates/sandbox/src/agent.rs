@@ -168,7 +168,8 @@ pub fn main(args: impl IntoIterator<Item = String>) -> i32 {
         // Started by this agent for a person (see `crate::shell`): it never returns
         // but on failure.
         let program = args.next().unwrap_or_else(|| "/bin/sh".into());
-        return crate::shell::confine_and_exec(&program);
+        let args: Vec<String> = args.collect();
+        return crate::shell::confine_and_exec(&program, &args);
     }
     let config: AgentConfig = match serde_json::from_str(&config) {
         Ok(c) => c,

@@ -52,6 +52,15 @@ pub struct ShellRequest {
     /// Confine the shell so that it changes nothing (see the module's doc).
     #[serde(default)]
     pub read_only: bool,
+    /// Whether the shell edits lines itself (readline). A client that types a script
+    /// rather than keys turns it off, so the end of its input (Ctrl-D at a line's
+    /// start) is the end of the shell's, as the terminal sees it.
+    #[serde(default = "line_editing_by_default")]
+    pub line_editing: bool,
+}
+
+fn line_editing_by_default() -> bool {
+    true
 }
 
 /// One frame of a shell's connection (see the module's doc).
@@ -182,6 +191,11 @@ pub(crate) async fn serve(
     pty.resize(pty_size(request.size))
         .map_err(std::io::Error::other)?;
     let program = shell_program();
+    let mut args = vec!["-i"];
+    if !request.line_editing && program.ends_with("bash") {
+        // Long options come first.
+        args.insert(0, "--noediting");
+    }
     let command = match (request.read_only, relaunch.split_first()) {
         (true, Some((exe, args))) => pty_process::Command::new(exe)
             .args(args)
@@ -198,7 +212,7 @@ pub(crate) async fn serve(
         "read-write"
     };
     let mut child = command
-        .arg("-i")
+        .args(&args)
         .env_clear()
         .envs(env.iter().cloned())
         .env("TERM", term_of(&request))
@@ -271,12 +285,12 @@ async fn refuse(host: &mut tokio::net::UnixStream, why: &str) -> std::io::Result
 }
 
 /// Confines this process so that nothing it runs can change the sandbox, then runs
-/// `program -i` in its place: a read-only shell. Files are readable and runnable
+/// `program` with `args` in its place: a read-only shell. Files are readable and runnable
 /// everywhere and writable nowhere but the terminal and `/dev/null`; no TCP port may be
 /// bound; no process outside the shell may be signalled, nor an abstract socket
 /// outside it reached. Returns (an exit code) only if that cannot be done, which the
 /// person sees on the terminal.
-pub(crate) fn confine_and_exec(program: &str) -> i32 {
+pub(crate) fn confine_and_exec(program: &str, args: &[String]) -> i32 {
     if let Err(why) = confine() {
         eprintln!(
             "steadfast: a read-only shell needs the kernel's Landlock (Linux 6.12 or newer, \
@@ -285,7 +299,7 @@ pub(crate) fn confine_and_exec(program: &str) -> i32 {
         return 126;
     }
     let err =
-        std::os::unix::process::CommandExt::exec(std::process::Command::new(program).arg("-i"));
+        std::os::unix::process::CommandExt::exec(std::process::Command::new(program).args(args));
     eprintln!("steadfast: {program}: {err}");
     127
 }
@@ -371,6 +385,7 @@ mod tests {
                 size: WindowSize::default(),
                 term: Some(term.into()),
                 read_only: false,
+                line_editing: true,
             })
         };
         assert_eq!(of("screen-256color"), "screen-256color");

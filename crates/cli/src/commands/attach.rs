@@ -3,7 +3,9 @@
 //!
 //! The terminal is put in raw mode (every key goes to the shell, Ctrl-C included) and
 //! given back as it was however the command ends. `Ctrl-]` detaches; so does leaving
-//! the shell (`exit`, Ctrl-D). The window's size follows the terminal's.
+//! the shell (`exit`, Ctrl-D). The window's size follows the terminal's. Standard input
+//! that is no terminal is typed as it comes, and its end ends the shell's input (as
+//! with `ssh`): `echo 'make test' | steadfast attach ...` runs a command as a person.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -18,6 +20,9 @@ use crate::remote::{segment, Remote};
 /// The key that detaches (Ctrl-], as telnet's escape).
 const DETACH: u8 = 0x1d;
 
+/// End of input at the start of a line (Ctrl-D): the shell exits.
+const EOT: u8 = 0x04;
+
 /// What a stream to the server is (plain TCP, or TLS over it).
 trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for T {}
@@ -31,6 +36,7 @@ pub(crate) async fn attach(
     force: bool,
 ) -> anyhow::Result<ExitCode> {
     let size = window_size();
+    let interactive = std::io::IsTerminal::is_terminal(&std::io::stdin());
     let term = std::env::var("TERM").unwrap_or_else(|_| "xterm-256color".into());
     let mut url = url::Url::parse(remote.base())?;
     let scheme = if url.scheme() == "https" { "wss" } else { "ws" };
@@ -41,7 +47,8 @@ pub(crate) async fn attach(
         .append_pair("rows", &size.0.to_string())
         .append_pair("cols", &size.1.to_string())
         .append_pair("term", &term)
-        .append_pair("force", &force.to_string());
+        .append_pair("force", &force.to_string())
+        .append_pair("editing", &interactive.to_string());
     let mut request = url.as_str().into_client_request()?;
     if let Some(token) = remote.token() {
         request
@@ -74,7 +81,7 @@ pub(crate) async fn attach(
         Err(e) => anyhow::bail!("the shell's WebSocket: {e}"),
     };
     let raw = RawTerminal::enter();
-    let outcome = run(socket).await;
+    let outcome = run(socket, interactive).await;
     drop(raw);
     let (code, changes) = outcome?;
     if !changes.is_empty() {
@@ -90,6 +97,7 @@ pub(crate) async fn attach(
 /// Returns the shell's exit code and the changes recorded at the end.
 async fn run(
     socket: tokio_tungstenite::WebSocketStream<Box<dyn Stream>>,
+    interactive: bool,
 ) -> anyhow::Result<(i32, Vec<String>)> {
     let (mut to_server, mut from_server) = socket.split();
     let mut stdin = keystrokes();
@@ -101,7 +109,14 @@ async fn run(
         tokio::select! {
             read = stdin.recv(), if !detaching => {
                 let keys = read.unwrap_or_default();
-                let (typed, detach) = match keys.iter().position(|b| *b == DETACH) {
+                if keys.is_empty() && !interactive {
+                    // Piped input has ended: so does the shell's, as with `ssh`; it
+                    // runs what it was given and exits.
+                    to_server.send(Message::Binary(vec![EOT].into())).await?;
+                    detaching = true;
+                    continue;
+                }
+                let (typed, detach) = match keys.iter().position(|b| *b == DETACH && interactive) {
                     Some(at) => (&keys[..at], true),
                     None => (&keys[..], keys.is_empty()),
                 };

@@ -56,6 +56,10 @@ pub(crate) struct ShellQuery {
     /// While a turn runs: interrupt it and open a writable shell, rather than a
     /// read-only one.
     force: Option<bool>,
+    /// Whether the shell edits lines itself (default true). A client that types a
+    /// script rather than keys sends `false`: Ctrl-D at a line's start then ends the
+    /// shell's input.
+    editing: Option<bool>,
 }
 
 /// Attach a shell to a session's sandbox
@@ -97,7 +101,7 @@ pub(crate) async fn attach<W: World + Clone>(
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_query",
-            format!("rows, cols, term, force: {}", e.body_text()),
+            format!("rows, cols, term, force, editing: {}", e.body_text()),
         )
     })?;
     let size = WindowSize {
@@ -124,6 +128,7 @@ pub(crate) async fn attach<W: World + Clone>(
         size,
         term: query.term,
         read_only,
+        line_editing: query.editing.unwrap_or(true),
     };
     let pipe = sandbox.shell(request).await.map_err(shell_error)?;
     let mode = if read_only { "read-only" } else { "read-write" };
