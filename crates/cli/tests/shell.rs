@@ -31,36 +31,8 @@ async fn a_person_attaches_a_shell_and_the_agent_is_told_what_they_changed() {
         {"text": "Third turn."},
     ]))
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("steadfast.toml"),
-        format!(
-            "[sandbox]\nbackend = \"bwrap\"\n\
-             [[server.tokens]]\nowner = \"alice\"\ntoken-hash = \"{}\"\n\
-             [[server.tokens]]\nowner = \"bob\"\ntoken-hash = \"{}\"\n",
-            steadfast_server::hash_token(ALICE),
-            steadfast_server::hash_token(BOB),
-        ),
-    )
-    .unwrap();
     let metrics_at = format!("127.0.0.1:{}", free_port());
-    let mut server = common::site_command(
-        dir.path(),
-        &agents_dir(),
-        &fake,
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--workers",
-            "1",
-            "--metrics-listen",
-            &metrics_at,
-        ],
-    )
-    .spawn()
-    .unwrap();
-    let url = common::printed_url(&mut server).await;
+    let (dir, mut server, url) = serve(&fake, &metrics_at).await;
     let http = reqwest::Client::new();
     let created: Value = http
         .post(format!("{url}/v1/sessions"))
@@ -185,34 +157,10 @@ async fn a_person_attaches_a_shell_and_the_agent_is_told_what_they_changed() {
 
     // With no terminal, what is piped in is typed, and its end ends the shell: a
     // person's command, run and recorded like any.
-    let mut piped = tokio::process::Command::new(env!("CARGO_BIN_EXE_steadfast"))
-        .args(["attach", &id, "--server", &url])
-        .env("STEADFAST_TOKEN", ALICE)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use tokio::io::AsyncWriteExt;
-        let mut stdin = piped.stdin.take().unwrap();
-        stdin
-            .write_all(b"echo piped > piped.txt\necho PIPED-$((2*21))\n")
-            .await
-            .unwrap();
-    }
-    let out = tokio::time::timeout(Duration::from_secs(60), piped.wait_with_output())
-        .await
-        .expect("the piped shell ends with its input")
-        .unwrap();
-    let shown = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{shown} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (shown, recorded) =
+        attach_piped(&url, &id, "echo piped > piped.txt\necho PIPED-$((2*21))\n").await;
     assert!(shown.contains("PIPED-42"), "{shown}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("piped.txt"));
+    assert!(recorded.contains("piped.txt"), "{recorded}");
 
     // While a turn runs, a shell is read-only: no file written, the agent's command
     // not killable; writing to the terminal and /dev/null still works.
@@ -320,6 +268,131 @@ async fn a_person_attaches_a_shell_and_the_agent_is_told_what_they_changed() {
     })
     .await;
     let _ = server.kill().await;
+}
+
+/// The same for a wrapped agent: Claude Code, unchanged, is told at its next turn what a
+/// person changed in its sandbox between turns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wrapped_agent_is_told_what_a_person_changed_in_its_sandbox() {
+    common::installed("claude-code").await;
+    let fake = common::fake_playing(json!([
+        {"text": "Ready."},
+        {"text": "Seen."},
+    ]))
+    .await;
+    let metrics_at = format!("127.0.0.1:{}", free_port());
+    let (_dir, mut server, url) = serve(&fake, &metrics_at).await;
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{url}/v1/sessions"))
+        .bearer_auth(ALICE)
+        .json(&json!({
+            "agent": "claude-code", "network": "deny-all",
+            "workspace": {"kind": "demo"}, "task": "get ready",
+        }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_string();
+    wait_for("the first turn to end", async || {
+        status(&http, &url, &id).await == "idle"
+    })
+    .await;
+    let (_, recorded) = attach_piped(
+        &url,
+        &id,
+        "echo 'note from a person' > PERSON.md\nrm -f README.md\n",
+    )
+    .await;
+    assert!(recorded.contains("PERSON.md"), "{recorded}");
+    send(&http, &url, &id, "what changed?").await;
+    wait_for("the second turn to end", async || {
+        let (_, shown) = get_json(&http, &format!("{url}/v1/sessions/{id}"), ALICE).await;
+        shown["status"] == "idle" && shown["turn"].as_u64() >= Some(2)
+    })
+    .await;
+    // Claude Code's own side requests aside, the turn's request carries the note.
+    let asked = fake.state().requests();
+    assert!(
+        asked
+            .iter()
+            .any(|r| r.contains("opened a shell") && r.contains("PERSON.md")),
+        "{asked:?}"
+    );
+    let _ = server.kill().await;
+}
+
+/// `steadfast serve` with one worker, bwrap sandboxes and Alice's and Bob's tokens, its
+/// model calls going to `fake` and its metrics at `metrics_at`: its directory, the
+/// process and its URL.
+async fn serve(
+    fake: &steadfast_testkit::FakeProvider,
+    metrics_at: &str,
+) -> (tempfile::TempDir, tokio::process::Child, String) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("steadfast.toml"),
+        format!(
+            "[sandbox]\nbackend = \"bwrap\"\n\
+             [[server.tokens]]\nowner = \"alice\"\ntoken-hash = \"{}\"\n\
+             [[server.tokens]]\nowner = \"bob\"\ntoken-hash = \"{}\"\n",
+            steadfast_server::hash_token(ALICE),
+            steadfast_server::hash_token(BOB),
+        ),
+    )
+    .unwrap();
+    let mut server = common::site_command(
+        dir.path(),
+        &agents_dir(),
+        fake,
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+            "--metrics-listen",
+            metrics_at,
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let url = common::printed_url(&mut server).await;
+    (dir, server, url)
+}
+
+/// Runs `script` in `id`'s sandbox as a person would, through `steadfast attach` with
+/// the script piped in: the command's output and what it recorded (its stderr).
+async fn attach_piped(url: &str, id: &str, script: &str) -> (String, String) {
+    use tokio::io::AsyncWriteExt;
+    let mut piped = tokio::process::Command::new(env!("CARGO_BIN_EXE_steadfast"))
+        .args(["attach", id, "--server", url])
+        .env("STEADFAST_TOKEN", ALICE)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = piped.stdin.take().unwrap();
+    stdin.write_all(script.as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(Duration::from_secs(60), piped.wait_with_output())
+        .await
+        .expect("the piped shell ends with its input")
+        .unwrap();
+    let (shown, recorded) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "{shown} {recorded}");
+    (shown, recorded)
 }
 
 /// A tmux server of the test's own (its socket in the test's directory), running one
