@@ -486,7 +486,11 @@ impl Tmux {
     }
 
     fn stop(&self) {
-        let _ = self.command().arg("kill-server").status();
+        let _ = self
+            .command()
+            .arg("kill-server")
+            .stderr(std::process::Stdio::null())
+            .status();
     }
 }
 

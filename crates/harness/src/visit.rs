@@ -97,6 +97,18 @@ impl<W: World + Clone + 'static, S: Sandbox> Harness<W, S> {
     async fn start_hold(self: &Arc<Self>, session: &str) -> Result<Visit> {
         // A holder of its own: this process's other leases (a command-line wake, an
         // agent change) are never taken over by a hold, nor a hold by them.
+        // An interrupt posted from now on asks for the lease (a close, a delete, a
+        // rewind, a person's stop): the hold gives it back at once. One already in the
+        // inbox asked someone before this hold, and is left to the next turn. Read
+        // before the lease is taken, so none posted while the hold starts is missed.
+        let asked_before = self
+            .world
+            .inbox(session)
+            .await?
+            .iter()
+            .map(|i| i.id)
+            .max()
+            .unwrap_or(0);
         let holder =
             steadfast_world::Holder::new(format!("visitors-{}", uuid::Uuid::now_v7().simple()));
         let lease = match self
@@ -114,7 +126,7 @@ impl<W: World + Clone + 'static, S: Sandbox> Harness<W, S> {
             Err(e) => return Err(e.into()),
         };
         let started = std::time::Instant::now();
-        match self.hold_for_visitors(lease.clone()).await {
+        match self.hold_for_visitors(lease.clone(), asked_before).await {
             Ok(journal) => {
                 steadfast_metrics::metrics().preview_woke(started.elapsed());
                 tracing::info!(
@@ -135,10 +147,12 @@ impl<W: World + Clone + 'static, S: Sandbox> Harness<W, S> {
     }
 
     /// Starts a visitors' hold under `lease` and returns its journal, its sandbox
-    /// running with the session's services.
+    /// running with the session's services; an interrupt in the inbox after
+    /// `asked_before` ends it.
     async fn hold_for_visitors(
         self: &Arc<Self>,
         lease: steadfast_world::Lease,
+        asked_before: u64,
     ) -> Result<Arc<dyn Reachable>> {
         let heartbeat = Heartbeat::start(self.world.clone(), lease.clone(), self.options.lease_ttl);
         let (state, _) = self.load(&lease.session).await?;
@@ -161,17 +175,6 @@ impl<W: World + Clone + 'static, S: Sandbox> Harness<W, S> {
         // Started now, so the first visitor's wait is the whole wake.
         reach.ports().await?;
         let idle = self.options.sandbox_idle_stop.unwrap_or(HOLD_IDLE_DEFAULT);
-        // An interrupt posted from now on asks for the lease (a close, a delete, a
-        // rewind, a person's stop): the hold gives it back at once. One already in the
-        // inbox asked someone before this hold, and is left to the next turn.
-        let asked_before = self
-            .world
-            .inbox(&lease.session)
-            .await?
-            .iter()
-            .map(|i| i.id)
-            .max()
-            .unwrap_or(0);
         let harness = Arc::clone(self);
         tokio::spawn(async move {
             let watch = heartbeat.watch();
