@@ -88,9 +88,26 @@ async fn a_person_attaches_a_shell_and_the_agent_is_told_what_they_changed() {
     tmux.wait_for("attached, read-write").await;
     tmux.keys("stty size").await;
     tmux.wait_for("40 120").await;
+    // The new size reaches the shell as a signal reaches `attach`, so it may come
+    // after the next keys: asked again until it shows.
     tmux.resize(30, 100);
-    tmux.keys("clear; stty size").await;
-    tmux.wait_for("30 100").await;
+    let mut resized = false;
+    for _ in 0..100 {
+        tmux.keys("clear; stty size").await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if tmux.screen().contains("30 100") {
+            resized = true;
+            break;
+        }
+    }
+    assert!(
+        resized,
+        "the shell never saw 30 rows of 100:\n{}",
+        tmux.screen()
+    );
+    // The shell's processes are held to a command's memory and file size limits.
+    tmux.keys("echo LIMITS=$(ulimit -v)-$(ulimit -f)").await;
+    tmux.wait_for("LIMITS=4194304-65536").await;
     tmux.keys("echo from-a-person > person.txt; rm one.txt; echo DONE-$((6*7))")
         .await;
     tmux.wait_for("DONE-42").await;
@@ -339,7 +356,7 @@ async fn serve(
     std::fs::write(
         dir.path().join("steadfast.toml"),
         format!(
-            "[sandbox]\nbackend = \"bwrap\"\n\
+            "[sandbox]\nbackend = \"bwrap\"\nmemory-mb = 4096\nfile-mb = 64\n\
              [[server.tokens]]\nowner = \"alice\"\ntoken-hash = \"{}\"\n\
              [[server.tokens]]\nowner = \"bob\"\ntoken-hash = \"{}\"\n",
             steadfast_server::hash_token(ALICE),

@@ -597,6 +597,7 @@ async fn handle(stream: UnixStream, agent: std::sync::Arc<Agent>) -> std::io::Re
                         &agent.config.workspace,
                         &agent.env,
                         &agent.relaunch,
+                        &agent.config.limits,
                     )
                     .await;
                 }

@@ -178,23 +178,42 @@ fn shell_program() -> &'static str {
 /// Runs a shell for `request` in `workspace` with `env` on a new PTY, and carries it
 /// over `host` (already told `ok`) until the shell ends or the host goes. `relaunch`:
 /// the agent's own program and its arguments before its configuration, to start a
-/// read-only shell through (see [`confine_and_exec`]). The shell's processes are
-/// spared by the clean-up after each command while it lives.
+/// read-only shell through (see [`confine_and_exec`]). Each of its processes is held
+/// to the memory and file size `limits` a command's are (a CPU limit, which an
+/// interactive shell would use up by being open, is left out). The shell's processes
+/// are spared by the clean-up after each command while it lives.
 pub(crate) async fn serve(
     mut host: tokio::net::UnixStream,
     request: ShellRequest,
     workspace: &Path,
     env: &[(String, String)],
     relaunch: &[String],
+    limits: &crate::ResourceLimits,
 ) -> std::io::Result<()> {
     let (pty, pts) = pty_process::open().map_err(std::io::Error::other)?;
     pty.resize(pty_size(request.size))
         .map_err(std::io::Error::other)?;
     let program = shell_program();
-    let mut args = vec!["-i"];
+    let mut args: Vec<String> = vec!["-i".into()];
     if !request.line_editing && program.ends_with("bash") {
         // Long options come first.
-        args.insert(0, "--noediting");
+        args.insert(0, "--noediting".into());
+    }
+    let mut ulimits = Vec::new();
+    if let Some(mb) = limits.memory_mb {
+        ulimits.push(format!("ulimit -v {}", mb * 1024));
+    }
+    if let Some(mb) = limits.file_mb {
+        ulimits.push(format!("ulimit -f {}", mb * 1024));
+    }
+    if !ulimits.is_empty() {
+        // The limits are set by a shell that then becomes the person's.
+        let script = format!(
+            "{} || exit 125; exec {program} {}",
+            ulimits.join(" && "),
+            args.join(" ")
+        );
+        args = vec!["-c".into(), script];
     }
     let command = match (request.read_only, relaunch.split_first()) {
         (true, Some((exe, args))) => pty_process::Command::new(exe)
