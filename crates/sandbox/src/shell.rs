@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Most bytes one frame carries (a longer one is a broken peer).
-const MAX_FRAME: u32 = 1 << 20;
+pub const MAX_FRAME: u32 = 1 << 20;
 
 /// The first argument that makes the agent's program confine itself and become a
 /// read-only shell (see [`confine_and_exec`]).

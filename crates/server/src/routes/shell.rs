@@ -149,6 +149,11 @@ pub(crate) async fn attach<W: World + Clone>(
         sandbox,
         person,
     };
+    // Keys and resizes are small; a message past what the agent takes in one frame
+    // ends the connection rather than reach it.
+    let upgrade = upgrade
+        .max_message_size(steadfast_sandbox::shell::MAX_FRAME as usize)
+        .max_frame_size(steadfast_sandbox::shell::MAX_FRAME as usize);
     Ok(upgrade.on_upgrade(move |socket| async move {
         let gauge = steadfast_metrics::metrics().shell_opened(mode);
         attached.run(socket, pipe, &state).await;
