@@ -134,11 +134,14 @@ async fn a_person_attaches_a_shell_and_the_agent_is_told_what_they_changed() {
     );
     tmux.stop();
 
-    // The log has the person's record: who, and what changed.
+    // The log has the person's records: the shell opened, then left with who and
+    // what changed.
     let log = events(&http, &url, &id).await;
     let shells: Vec<&Value> = log.iter().filter(|e| e["type"] == "human_shell").collect();
-    assert_eq!(shells.len(), 1, "{log:?}");
-    let record = shells[0];
+    assert_eq!(shells.len(), 2, "{log:?}");
+    assert_eq!(shells[0]["detached"], false);
+    assert_eq!(shells[0]["changes"], json!([]));
+    let record = shells[1];
     assert_eq!(record["by"], "alice");
     assert_eq!(record["detached"], true);
     let changes = record["changes"].to_string();
@@ -228,7 +231,7 @@ async fn a_person_attaches_a_shell_and_the_agent_is_told_what_they_changed() {
     let shells = events(&http, &url, &id)
         .await
         .into_iter()
-        .filter(|e| e["type"] == "human_shell")
+        .filter(|e| e["type"] == "human_shell" && e["detached"] == true)
         .count();
     assert_eq!(shells, 3);
 
@@ -258,7 +261,11 @@ async fn a_person_attaches_a_shell_and_the_agent_is_told_what_they_changed() {
     let last_shell = kinds.iter().rposition(|k| *k == "human_shell").unwrap();
     let ended = kinds.iter().position(|k| *k == "session_ended").unwrap();
     assert!(last_shell < ended, "{kinds:?}");
-    assert_eq!(kinds.iter().filter(|k| **k == "human_shell").count(), 4);
+    let left = log
+        .iter()
+        .filter(|e| e["type"] == "human_shell" && e["detached"] == true)
+        .count();
+    assert_eq!(left, 4);
 
     // The owner's audit and the metrics show the shells.
     let (_, audit) = get_json(&http, &format!("{url}/v1/sessions/{id}/audit"), ALICE).await;
@@ -284,6 +291,86 @@ async fn a_person_attaches_a_shell_and_the_agent_is_told_what_they_changed() {
         series.iter().all(|s| metrics.contains(s))
     })
     .await;
+    let _ = server.kill().await;
+}
+
+/// A server killed while a person is in a shell loses nothing they did: the log shows
+/// the shell opened, and the next to wake the session (here, the restarted server's
+/// worker taking the next message) records what the person changed before anything
+/// restores the workspace; the model is told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_person_s_changes_outlive_a_server_killed_under_their_shell() {
+    let fake = common::fake_playing(json!([
+        {"text": "Ready."},
+        {"text": "Seen."},
+    ]))
+    .await;
+    let metrics_at = format!("127.0.0.1:{}", free_port());
+    let (dir, mut server, url) = serve(&fake, &metrics_at).await;
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{url}/v1/sessions"))
+        .bearer_auth(ALICE)
+        .json(&json!({"network": "deny-all", "workspace": {"kind": "empty"}, "task": "get ready"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"].as_str().unwrap().to_string();
+    wait_for("the first turn to end", async || {
+        status(&http, &url, &id).await == "idle"
+    })
+    .await;
+    let mut shell = websocket(&url, &id, false).await;
+    assert_eq!(next_notice(&mut shell).await["mode"], "read-write");
+    type_in(
+        &mut shell,
+        "echo unsaved > unsaved.txt; echo SAVED=$((3*3))\n",
+    )
+    .await;
+    read_until(&mut shell, "SAVED=").await;
+    server.start_kill().unwrap();
+    server.wait().await.unwrap();
+    drop(shell);
+
+    let (mut server, url) = serve_in(dir.path(), &fake, &metrics_at).await;
+    send(&http, &url, &id, "anything new?").await;
+    wait_for("the second turn to end", async || {
+        let (_, shown) = get_json(&http, &format!("{url}/v1/sessions/{id}"), ALICE).await;
+        shown["status"] == "idle" && shown["turn"].as_u64() >= Some(2)
+    })
+    .await;
+    let log = events(&http, &url, &id).await;
+    let shells: Vec<&Value> = log.iter().filter(|e| e["type"] == "human_shell").collect();
+    assert_eq!(
+        shells.len(),
+        2,
+        "opened, then closed by the wake: {shells:?}"
+    );
+    assert_eq!(shells[0]["detached"], false);
+    assert_eq!(shells[1]["detached"], true);
+    assert!(
+        shells[1]["changes"].to_string().contains("unsaved.txt"),
+        "{shells:?}"
+    );
+    let file = http
+        .get(format!("{url}/v1/sessions/{id}/files/unsaved.txt"))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(file.trim(), "unsaved");
+    let asked = fake.state().requests();
+    assert!(
+        asked.last().unwrap().contains("unsaved.txt"),
+        "the model is told: {:?}",
+        asked.last()
+    );
     let _ = server.kill().await;
 }
 
@@ -353,10 +440,21 @@ async fn serve(
     metrics_at: &str,
 ) -> (tempfile::TempDir, tokio::process::Child, String) {
     let dir = tempfile::tempdir().unwrap();
+    let (server, url) = serve_in(dir.path(), fake, metrics_at).await;
+    (dir, server, url)
+}
+
+/// [`serve`] in `dir`, kept from an earlier one (its world, its workspaces).
+async fn serve_in(
+    dir: &Path,
+    fake: &steadfast_testkit::FakeProvider,
+    metrics_at: &str,
+) -> (tokio::process::Child, String) {
     std::fs::write(
-        dir.path().join("steadfast.toml"),
+        dir.join("steadfast.toml"),
         format!(
-            "[sandbox]\nbackend = \"bwrap\"\nmemory-mb = 4096\nfile-mb = 64\n\
+            "[harness]\nlease-ttl-secs = 3\n\
+             [sandbox]\nbackend = \"bwrap\"\nmemory-mb = 4096\nfile-mb = 64\n\
              [[server.tokens]]\nowner = \"alice\"\ntoken-hash = \"{}\"\n\
              [[server.tokens]]\nowner = \"bob\"\ntoken-hash = \"{}\"\n",
             steadfast_server::hash_token(ALICE),
@@ -365,7 +463,7 @@ async fn serve(
     )
     .unwrap();
     let mut server = common::site_command(
-        dir.path(),
+        dir,
         &agents_dir(),
         fake,
         &[
@@ -381,7 +479,7 @@ async fn serve(
     .spawn()
     .unwrap();
     let url = common::printed_url(&mut server).await;
-    (dir, server, url)
+    (server, url)
 }
 
 /// Runs `script` in `id`'s sandbox as a person would, through `steadfast attach` with

@@ -71,8 +71,9 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
     pub(crate) async fn adopt_outside_edits(
         &self,
         lease: &steadfast_world::Lease,
-        mut state: SessionState,
+        state: SessionState,
     ) -> Result<SessionState> {
+        let mut state = self.close_orphaned_shell(lease, state).await?;
         let between_turns = state.status == steadfast_log::Status::Idle
             && !state.is_ended()
             && !state.rewound_workspace;
@@ -95,6 +96,51 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
         let event = Event::WorkspaceEdited {
             snapshot: found,
             changes,
+        };
+        for record in self.world.append(lease, &[event]).await? {
+            state.apply(&record)?;
+        }
+        Ok(state)
+    }
+
+    /// A person's shell the log shows opened and never left: its holder died with it
+    /// (a killed server). On the host it ran on, the workspace is as the person left
+    /// it, and what they changed since the shell's last record is recorded
+    /// ([`Event::HumanShell`], left) before anything restores the workspace: nothing a
+    /// person did is lost with the process. Another host cannot see that copy: there
+    /// the shell is recorded as left with no change. Returns the state with it.
+    pub(crate) async fn close_orphaned_shell(
+        &self,
+        lease: &steadfast_world::Lease,
+        mut state: SessionState,
+    ) -> Result<SessionState> {
+        let (Some(open), Some(last)) = (state.open_shell.clone(), state.last_snapshot.clone())
+        else {
+            return Ok(state);
+        };
+        let dir = self
+            .workspace_dir(&state)
+            .ok()
+            .filter(|dir| open.host == self.options.host && dir.is_dir());
+        let (snapshot, changes) = match dir {
+            Some(dir) => {
+                let found = self.snapshot(&dir).await?;
+                let changes = match found == last {
+                    true => Vec::new(),
+                    false => self.drive.change_lines(&last, &found),
+                };
+                (found, changes)
+            }
+            None => (last, Vec::new()),
+        };
+        tracing::info!(session = %lease.session, by = %open.by, host = %open.host, paths = changes.len(), "a person's shell ended with its holder; recorded");
+        let event = Event::HumanShell {
+            by: open.by,
+            since_ms: open.since_ms,
+            detached: true,
+            snapshot,
+            changes,
+            host: open.host,
         };
         for record in self.world.append(lease, &[event]).await? {
             state.apply(&record)?;

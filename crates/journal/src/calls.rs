@@ -1605,8 +1605,8 @@ impl<W: World + Clone + 'static, S: Sandbox> crate::reach::Reachable for Journal
         &'a self,
         by: &'a str,
         since_ms: u64,
-        detached: bool,
+        moment: crate::people::ShellMoment,
     ) -> crate::reach::Reached<'a, Vec<String>> {
-        Box::pin(Journal::record_person(self, by, since_ms, detached))
+        Box::pin(Journal::record_person(self, by, since_ms, moment))
     }
 }

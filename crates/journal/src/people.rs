@@ -18,6 +18,18 @@ use steadfast_world::World;
 use crate::calls::Journal;
 use crate::Result;
 
+/// When a person's shell is recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShellMoment {
+    /// It has just opened: recorded always, so a holder that dies with it leaves a
+    /// record saying a person was in (the next to wake the session records the rest).
+    Opened,
+    /// The person stays: recorded only if something changed.
+    Staying,
+    /// The person has left: recorded always.
+    Left,
+}
+
 /// A person counted as in the sandbox while this lives (see [`Journal::person_in`]).
 pub struct PersonIn(Arc<tokio::sync::watch::Sender<usize>>);
 
@@ -57,13 +69,13 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
     }
 
     /// Records what a person (`by`, in since `since_ms`) changed in the workspace since
-    /// the log's last snapshot: a [`Event::HumanShell`] record, always when they leave
-    /// (`detached`), while they stay only if something changed. Returns the changes.
+    /// the log's last snapshot, as a [`Event::HumanShell`] record, at `moment` (see
+    /// [`ShellMoment`]). Returns the changes.
     pub async fn record_person(
         &self,
         by: &str,
         since_ms: u64,
-        detached: bool,
+        moment: ShellMoment,
     ) -> Result<Vec<String>> {
         let _recording = self.recording.lock().await;
         let _writer = self.one_writer.lock().await;
@@ -73,16 +85,17 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
             Some(before) if *before != found => self.drive.change_lines(before, &found),
             _ => Vec::new(),
         };
-        if !detached && changes.is_empty() {
+        if moment == ShellMoment::Staying && changes.is_empty() {
             return Ok(changes);
         }
         self.live
             .append(&[Event::HumanShell {
                 by: by.to_string(),
                 since_ms,
-                detached,
+                detached: moment == ShellMoment::Left,
                 snapshot: found.clone(),
                 changes: changes.clone(),
+                host: steadfast_world::host_id(),
             }])
             .await?;
         *self.last_snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(found);

@@ -15,7 +15,7 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-pub use crate::people::PersonIn;
+pub use crate::people::{PersonIn, ShellMoment};
 use crate::Result;
 
 /// A future a [`Reachable`] returns (the trait is used behind `dyn`).
@@ -44,7 +44,7 @@ pub trait Reachable: Send + Sync {
         &'a self,
         by: &'a str,
         since_ms: u64,
-        detached: bool,
+        moment: crate::people::ShellMoment,
     ) -> Reached<'a, Vec<String>>;
 }
 

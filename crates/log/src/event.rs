@@ -978,6 +978,9 @@ pub enum Event {
         snapshot: String,
         /// What changed since the record before, a line per path.
         changes: Vec<String>,
+        /// The host the shell ran on (its workspace copy is that host's).
+        #[serde(default)]
+        host: String,
     },
     /// Its owner moved a wrapped session to another CLI version or named agent,
     /// between turns: from its next turn on, that CLI runs it (`steadfast replay

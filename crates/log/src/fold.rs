@@ -207,6 +207,17 @@ impl WrappedTool {
     }
 }
 
+/// A person's shell in the session's sandbox, opened and not yet left.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OpenShell {
+    /// Who opened it.
+    pub by: String,
+    /// When, Unix ms.
+    pub since_ms: u64,
+    /// The host it runs on.
+    pub host: String,
+}
+
 /// Where the open turn of a wrapped agent began: what a CLI started again to replay
 /// it must be shown first.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -430,6 +441,11 @@ pub struct SessionState {
     /// outside the session between turns.
     #[serde(default)]
     pub rewind_note: Option<String>,
+    /// A person's writable shell recorded as opened and not yet as left: if its holder
+    /// died with it, the next to wake the session records what it changed (see
+    /// [`Event::HumanShell`]).
+    #[serde(default)]
+    pub open_shell: Option<OpenShell>,
     /// A rewind put the workspace back to its last snapshot and no turn has begun
     /// since. A waking driver restores a directory it would otherwise leave as it is
     /// (a wrapped CLI's): the rewind's own restore, made after its record, may have
@@ -711,6 +727,7 @@ impl SessionState {
             workspace_host: host.clone(),
             former_workspaces: Vec::new(),
             rewind_note: None,
+            open_shell: None,
             rewound_workspace: false,
             system: system.clone(),
             instructions: instructions.clone(),
@@ -1211,9 +1228,11 @@ impl SessionState {
             }
             Event::HumanShell {
                 by,
+                since_ms,
+                detached,
                 snapshot,
                 changes,
-                ..
+                host,
             } => {
                 if self.is_ended() || self.status == Status::Running {
                     return Err(bad(
@@ -1224,6 +1243,11 @@ impl SessionState {
                 if !changes.is_empty() {
                     self.note_for_next_turn(&shell_note(by, changes));
                 }
+                self.open_shell = (!detached).then(|| OpenShell {
+                    by: by.clone(),
+                    since_ms: *since_ms,
+                    host: host.clone(),
+                });
                 self.last_seq = record.seq;
                 return Ok(());
             }

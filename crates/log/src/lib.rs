@@ -23,8 +23,8 @@ pub use event::{
     TOOL_RESULT_SIGNAL, WORKSPACE_MOUNT,
 };
 pub use fold::{
-    approval_key, fold, Exchange, ExploredAnswer, FoldError, HeldConnection, Next, PendingModel,
-    PendingTool, Retry, SessionState, Status, TurnStart, Wait, WrappedTool,
+    approval_key, fold, Exchange, ExploredAnswer, FoldError, HeldConnection, Next, OpenShell,
+    PendingModel, PendingTool, Retry, SessionState, Status, TurnStart, Wait, WrappedTool,
 };
 pub use message::{Block, Message, Role, ToolUse};
 pub use record::{CodecError, EncodedRecord, Record, SCHEMA_VERSION};

@@ -25,7 +25,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde::Deserialize;
-use steadfast_harness::reach::Reachable;
+use steadfast_harness::reach::{Reachable, ShellMoment};
 use steadfast_sandbox::shell::{Frame, ShellRequest, WindowSize};
 use steadfast_world::World;
 use tokio::io::AsyncWriteExt;
@@ -130,7 +130,26 @@ pub(crate) async fn attach<W: World + Clone>(
         read_only,
         line_editing: query.editing.unwrap_or(true),
     };
-    let pipe = sandbox.shell(request).await.map_err(shell_error)?;
+    let since_ms = steadfast_world::now_ms();
+    if person.is_some() {
+        // In the log before the first key: a holder that dies with the shell leaves
+        // it open there, and the next to wake the session records what it changed.
+        sandbox
+            .record_person(&owner, since_ms, ShellMoment::Opened)
+            .await
+            .map_err(shell_error)?;
+    }
+    let pipe = match sandbox.shell(request).await {
+        Ok(pipe) => pipe,
+        Err(e) => {
+            if person.is_some() {
+                let _ = sandbox
+                    .record_person(&owner, since_ms, ShellMoment::Left)
+                    .await;
+            }
+            return Err(shell_error(e));
+        }
+    };
     let mode = if read_only { "read-only" } else { "read-write" };
     state
         .audit(
@@ -144,7 +163,7 @@ pub(crate) async fn attach<W: World + Clone>(
     let attached = Attached {
         session: id,
         by: owner,
-        since_ms: steadfast_world::now_ms(),
+        since_ms,
         mode,
         sandbox,
         person,
@@ -257,7 +276,7 @@ impl Attached {
         .await;
         let ended = self.pump(&mut socket, pipe).await;
         let changes = match self.person.is_some() {
-            true => self.record(true).await,
+            true => self.record(ShellMoment::Left).await,
             false => Vec::new(),
         };
         // Recorded first: the hold gives the lease back only once the record is in.
@@ -322,7 +341,7 @@ impl Attached {
                     }
                 }
                 _ = every.tick(), if self.person.is_some() => {
-                    let changes = self.record(false).await;
+                    let changes = self.record(ShellMoment::Staying).await;
                     if !changes.is_empty() {
                         let recorded = serde_json::json!({"type": "recorded", "changes": changes});
                         let _ = notice(socket, recorded).await;
@@ -343,10 +362,10 @@ impl Attached {
 
     /// Records what the person changed (see `Journal::record_person`); a failure is
     /// logged, and the changes stay in the workspace for the next record to find.
-    async fn record(&self, detached: bool) -> Vec<String> {
+    async fn record(&self, moment: ShellMoment) -> Vec<String> {
         match self
             .sandbox
-            .record_person(&self.by, self.since_ms, detached)
+            .record_person(&self.by, self.since_ms, moment)
             .await
         {
             Ok(changes) => changes,
