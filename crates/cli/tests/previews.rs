@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{agents_dir, wait_for};
+use common::agents_dir;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -89,7 +89,7 @@ async fn a_dev_server_in_a_closed_sandbox_is_reached_through_its_preview_url() {
         ),
     )
     .unwrap();
-    let metrics_at = format!("127.0.0.1:{}", free_port());
+    let metrics_at = format!("127.0.0.1:{}", common::free_port());
     let mut server = common::site_command(
         dir.path(),
         &agents_dir(),
@@ -109,29 +109,19 @@ async fn a_dev_server_in_a_closed_sandbox_is_reached_through_its_preview_url() {
     .unwrap();
     let url = common::printed_url(&mut server).await;
     let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{url}/v1/sessions"))
-        .bearer_auth(ALICE)
-        .json(&json!({
+    let id = common::idle_session_as(
+        &http,
+        &url,
+        ALICE,
+        json!({
             "model": "anthropic/claude-sonnet-4-5", "network": "deny-all",
             "workspace": {"kind": "empty"}, "task": "serve the page",
-        }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id = created["id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{created}"))
-        .to_string();
-    wait_for("the first turn to end", async || {
-        status(&http, &url, &id).await == "idle"
-    })
+        }),
+    )
     .await;
     // The turn is over and its sandbox with it: listing the ports starts it again.
-    let (code, listed) = get_json(&http, &format!("{url}/v1/sessions/{id}/ports"), ALICE).await;
+    let (code, listed) =
+        common::get_json_as(&http, &format!("{url}/v1/sessions/{id}/ports"), ALICE).await;
     assert_eq!(code, 200, "{listed}");
     assert_eq!(listed["ports"][0]["port"], 8000, "{listed}");
     assert_eq!(listed["ports"][0]["service"], "web", "{listed}");
@@ -314,7 +304,8 @@ async fn a_dev_server_in_a_closed_sandbox_is_reached_through_its_preview_url() {
         }
         assert_eq!(req.send().await.unwrap().status(), want, "{token:?}");
     }
-    let (code, body) = get_json(&http, &format!("{url}/v1/sessions/{id}/ports/8001/"), ALICE).await;
+    let (code, body) =
+        common::get_json_as(&http, &format!("{url}/v1/sessions/{id}/ports/8001/"), ALICE).await;
     assert_eq!(
         (code, body["error"]["code"].as_str()),
         (404, Some("port_closed")),
@@ -402,7 +393,8 @@ async fn a_dev_server_in_a_closed_sandbox_is_reached_through_its_preview_url() {
         .await
         .unwrap();
     assert_eq!(write.status(), 403, "a link only reads");
-    let (code, listed) = get_json(&http, &format!("{url}/v1/sessions/{id}/links"), ALICE).await;
+    let (code, listed) =
+        common::get_json_as(&http, &format!("{url}/v1/sessions/{id}/links"), ALICE).await;
     assert_eq!(code, 200);
     assert_eq!(listed["links"][0]["port"], 8000, "{listed}");
     assert!(
@@ -432,7 +424,8 @@ async fn a_dev_server_in_a_closed_sandbox_is_reached_through_its_preview_url() {
             "{refused}"
         );
     }
-    let (_, listed_now) = get_json(&http, &format!("{url}/v1/sessions/{id}/links"), ALICE).await;
+    let (_, listed_now) =
+        common::get_json_as(&http, &format!("{url}/v1/sessions/{id}/links"), ALICE).await;
     // The one the command line made and the one above, oldest first; no more.
     let made_at: Vec<u64> = listed_now["links"]
         .as_array()
@@ -495,7 +488,8 @@ async fn a_dev_server_in_a_closed_sandbox_is_reached_through_its_preview_url() {
             .status(),
         401
     );
-    let (_, audit) = get_json(&http, &format!("{url}/v1/sessions/{id}/audit"), ALICE).await;
+    let (_, audit) =
+        common::get_json_as(&http, &format!("{url}/v1/sessions/{id}/audit"), ALICE).await;
     for action in [
         "preview.woke",
         "preview.link_created",
@@ -516,7 +510,8 @@ async fn a_dev_server_in_a_closed_sandbox_is_reached_through_its_preview_url() {
     assert_eq!(sent.status(), 202);
     tokio::time::timeout(Duration::from_secs(60), async {
         loop {
-            let (_, shown) = get_json(&http, &format!("{url}/v1/sessions/{id}"), ALICE).await;
+            let (_, shown) =
+                common::get_json_as(&http, &format!("{url}/v1/sessions/{id}"), ALICE).await;
             if shown["status"] == "idle" && shown["turn"].as_u64() >= Some(2) {
                 return;
             }
@@ -596,24 +591,10 @@ async fn a_dev_server_in_a_closed_sandbox_is_reached_through_its_preview_url() {
     );
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The session's status, as its owner sees it.
 async fn status(http: &reqwest::Client, url: &str, id: &str) -> String {
-    let (_, shown) = get_json(http, &format!("{url}/v1/sessions/{id}"), ALICE).await;
+    let (_, shown) = common::get_json_as(http, &format!("{url}/v1/sessions/{id}"), ALICE).await;
     shown["status"].as_str().unwrap_or_default().to_string()
-}
-
-async fn get_json(http: &reqwest::Client, url: &str, token: &str) -> (u16, Value) {
-    let answer = http.get(url).bearer_auth(token).send().await.unwrap();
-    let code = answer.status().as_u16();
-    (code, answer.json().await.unwrap_or(Value::Null))
 }
 
 /// The page at `url` as headless Chromium leaves it once its scripts have run (a

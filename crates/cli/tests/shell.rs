@@ -31,29 +31,18 @@ async fn a_person_attaches_a_shell_and_the_agent_is_told_what_they_changed() {
         {"text": "Third turn."},
     ]))
     .await;
-    let metrics_at = format!("127.0.0.1:{}", free_port());
+    let metrics_at = format!("127.0.0.1:{}", common::free_port());
     let (dir, mut server, url) = serve(&fake, &metrics_at).await;
     let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{url}/v1/sessions"))
-        .bearer_auth(ALICE)
-        .json(&json!({
+    let id = common::idle_session_as(
+        &http,
+        &url,
+        ALICE,
+        json!({
             "model": "anthropic/claude-sonnet-4-5", "network": "deny-all",
             "workspace": {"kind": "empty"}, "task": "write two files",
-        }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id = created["id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{created}"))
-        .to_string();
-    wait_for("the first turn to end", async || {
-        status(&http, &url, &id).await == "idle"
-    })
+        }),
+    )
     .await;
 
     // Another owner's token finds no such session; a request that is no WebSocket is
@@ -154,7 +143,8 @@ async fn a_person_attaches_a_shell_and_the_agent_is_told_what_they_changed() {
     // The model's next request says what the person did.
     send(&http, &url, &id, "carry on").await;
     wait_for("the second turn to end", async || {
-        let (_, shown) = get_json(&http, &format!("{url}/v1/sessions/{id}"), ALICE).await;
+        let (_, shown) =
+            common::get_json_as(&http, &format!("{url}/v1/sessions/{id}"), ALICE).await;
         shown["status"] == "idle" && shown["turn"].as_u64() >= Some(2)
     })
     .await;
@@ -268,7 +258,8 @@ async fn a_person_attaches_a_shell_and_the_agent_is_told_what_they_changed() {
     assert_eq!(left, 4);
 
     // The owner's audit and the metrics show the shells.
-    let (_, audit) = get_json(&http, &format!("{url}/v1/sessions/{id}/audit"), ALICE).await;
+    let (_, audit) =
+        common::get_json_as(&http, &format!("{url}/v1/sessions/{id}/audit"), ALICE).await;
     for action in ["shell.attached", "shell.detached"] {
         assert!(audit.to_string().contains(action), "{action} in {audit}");
     }
@@ -305,23 +296,15 @@ async fn a_person_s_changes_outlive_a_server_killed_under_their_shell() {
         {"text": "Seen."},
     ]))
     .await;
-    let metrics_at = format!("127.0.0.1:{}", free_port());
+    let metrics_at = format!("127.0.0.1:{}", common::free_port());
     let (dir, mut server, url) = serve(&fake, &metrics_at).await;
     let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{url}/v1/sessions"))
-        .bearer_auth(ALICE)
-        .json(&json!({"network": "deny-all", "workspace": {"kind": "empty"}, "task": "get ready"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id = created["id"].as_str().unwrap().to_string();
-    wait_for("the first turn to end", async || {
-        status(&http, &url, &id).await == "idle"
-    })
+    let id = common::idle_session_as(
+        &http,
+        &url,
+        ALICE,
+        json!({"network": "deny-all", "workspace": {"kind": "empty"}, "task": "get ready"}),
+    )
     .await;
     let mut shell = websocket(&url, &id, false).await;
     assert_eq!(next_notice(&mut shell).await["mode"], "read-write");
@@ -338,7 +321,8 @@ async fn a_person_s_changes_outlive_a_server_killed_under_their_shell() {
     let (mut server, url) = serve_in(dir.path(), &fake, &metrics_at).await;
     send(&http, &url, &id, "anything new?").await;
     wait_for("the second turn to end", async || {
-        let (_, shown) = get_json(&http, &format!("{url}/v1/sessions/{id}"), ALICE).await;
+        let (_, shown) =
+            common::get_json_as(&http, &format!("{url}/v1/sessions/{id}"), ALICE).await;
         shown["status"] == "idle" && shown["turn"].as_u64() >= Some(2)
     })
     .await;
@@ -384,29 +368,18 @@ async fn a_wrapped_agent_is_told_what_a_person_changed_in_its_sandbox() {
         {"text": "Seen."},
     ]))
     .await;
-    let metrics_at = format!("127.0.0.1:{}", free_port());
+    let metrics_at = format!("127.0.0.1:{}", common::free_port());
     let (_dir, mut server, url) = serve(&fake, &metrics_at).await;
     let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{url}/v1/sessions"))
-        .bearer_auth(ALICE)
-        .json(&json!({
+    let id = common::idle_session_as(
+        &http,
+        &url,
+        ALICE,
+        json!({
             "agent": "claude-code", "network": "deny-all",
             "workspace": {"kind": "demo"}, "task": "get ready",
-        }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id = created["id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{created}"))
-        .to_string();
-    wait_for("the first turn to end", async || {
-        status(&http, &url, &id).await == "idle"
-    })
+        }),
+    )
     .await;
     let (_, recorded) = attach_piped(
         &url,
@@ -417,7 +390,8 @@ async fn a_wrapped_agent_is_told_what_a_person_changed_in_its_sandbox() {
     assert!(recorded.contains("PERSON.md"), "{recorded}");
     send(&http, &url, &id, "what changed?").await;
     wait_for("the second turn to end", async || {
-        let (_, shown) = get_json(&http, &format!("{url}/v1/sessions/{id}"), ALICE).await;
+        let (_, shown) =
+            common::get_json_as(&http, &format!("{url}/v1/sessions/{id}"), ALICE).await;
         shown["status"] == "idle" && shown["turn"].as_u64() >= Some(2)
     })
     .await;
@@ -690,7 +664,7 @@ async fn send(http: &reqwest::Client, url: &str, id: &str, text: &str) {
 }
 
 async fn events(http: &reqwest::Client, url: &str, id: &str) -> Vec<Value> {
-    let (_, page) = get_json(
+    let (_, page) = common::get_json_as(
         http,
         &format!("{url}/v1/sessions/{id}/events?limit=1000"),
         ALICE,
@@ -699,27 +673,7 @@ async fn events(http: &reqwest::Client, url: &str, id: &str) -> Vec<Value> {
     page["events"].as_array().cloned().unwrap_or_default()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 async fn status(http: &reqwest::Client, url: &str, id: &str) -> String {
-    let (_, shown) = get_json(http, &format!("{url}/v1/sessions/{id}"), ALICE).await;
+    let (_, shown) = common::get_json_as(http, &format!("{url}/v1/sessions/{id}"), ALICE).await;
     shown["status"].as_str().unwrap_or_default().to_string()
-}
-
-async fn get_json(http: &reqwest::Client, url: &str, token: &str) -> (u16, Value) {
-    let answer = http
-        .get(url)
-        .bearer_auth(token)
-        .header("accept", "application/json")
-        .send()
-        .await
-        .unwrap();
-    let code = answer.status().as_u16();
-    (code, answer.json().await.unwrap_or(Value::Null))
 }

@@ -724,3 +724,58 @@ pub fn running(command: &str) -> bool {
         .output()
         .is_ok_and(|o| o.status.success())
 }
+
+/// A free TCP port on loopback (for a listener a test names in advance).
+#[allow(dead_code)]
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A GET of `url` as `token`'s owner, as JSON: its status and body (`null` if none).
+#[allow(dead_code)]
+pub async fn get_json_as(http: &reqwest::Client, url: &str, token: &str) -> (u16, Value) {
+    let answer = http
+        .get(url)
+        .bearer_auth(token)
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap();
+    let code = answer.status().as_u16();
+    (code, answer.json().await.unwrap_or(Value::Null))
+}
+
+/// A session made by `token`'s owner at the server at `url` from `body`, once its
+/// first turn has ended: its id.
+#[allow(dead_code)]
+pub async fn idle_session_as(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    body: Value,
+) -> String {
+    let created: Value = http
+        .post(format!("{url}/v1/sessions"))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_string();
+    wait_for("the first turn to end", async || {
+        let (_, shown) = get_json_as(http, &format!("{url}/v1/sessions/{id}"), token).await;
+        shown["status"] == "idle"
+    })
+    .await;
+    id
+}
