@@ -1590,7 +1590,7 @@ impl<W: World + Clone + 'static, S: Sandbox> crate::reach::Reachable for Journal
         })
     }
 
-    fn person_in(&self) -> Option<crate::people::PersonIn> {
+    fn person_in(&self) -> Option<crate::reach::PersonIn> {
         self.for_visitors.then(|| Journal::person_in(self))
     }
 
@@ -1605,7 +1605,7 @@ impl<W: World + Clone + 'static, S: Sandbox> crate::reach::Reachable for Journal
         &'a self,
         by: &'a str,
         since_ms: u64,
-        moment: crate::people::ShellMoment,
+        moment: crate::reach::ShellMoment,
     ) -> crate::reach::Reached<'a, Vec<String>> {
         Box::pin(Journal::record_person(self, by, since_ms, moment))
     }

@@ -9,42 +9,20 @@
 //! lease while anyone is in, and asks them to leave when someone needs it (a close,
 //! a delete, a rewind): their shells are recorded, then closed.
 
-use std::sync::Arc;
-
 use steadfast_log::Event;
 use steadfast_sandbox::Sandbox;
 use steadfast_world::World;
 
 use crate::calls::Journal;
+use crate::reach::{PersonIn, ShellMoment};
 use crate::Result;
-
-/// When a person's shell is recorded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ShellMoment {
-    /// It has just opened: recorded always, so a holder that dies with it leaves a
-    /// record saying a person was in (the next to wake the session records the rest).
-    Opened,
-    /// The person stays: recorded only if something changed.
-    Staying,
-    /// The person has left: recorded always.
-    Left,
-}
-
-/// A person counted as in the sandbox while this lives (see [`Journal::person_in`]).
-pub struct PersonIn(Arc<tokio::sync::watch::Sender<usize>>);
-
-impl Drop for PersonIn {
-    fn drop(&mut self) {
-        self.0.send_modify(|n| *n = n.saturating_sub(1));
-    }
-}
 
 impl<W: World + Clone, S: Sandbox> Journal<W, S> {
     /// Counts a person in a writable shell until the guard drops: the holder keeps the
     /// lease for them (see the module's doc).
     pub fn person_in(&self) -> PersonIn {
         self.people.send_modify(|n| *n += 1);
-        PersonIn(self.people.clone())
+        PersonIn::new(self.people.clone())
     }
 
     /// How many people are in writable shells now.

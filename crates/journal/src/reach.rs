@@ -15,7 +15,6 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-pub use crate::people::{PersonIn, ShellMoment};
 use crate::Result;
 
 /// A future a [`Reachable`] returns (the trait is used behind `dyn`).
@@ -36,7 +35,7 @@ pub trait Reachable: Send + Sync {
     fn shell(&self, request: steadfast_sandbox::shell::ShellRequest) -> Reached<'_, Pipe>;
     /// Counts a person in a writable shell while the guard lives; `None` where no
     /// shell may write (a driver's: see [`Reachable::serves_a_turn`]).
-    fn person_in(&self) -> Option<crate::people::PersonIn>;
+    fn person_in(&self) -> Option<PersonIn>;
     /// Completes once whoever holds the session asks people to leave.
     fn asked_to_leave(&self) -> Reached<'_, ()>;
     /// Records what a person changed (see `Journal::record_person`).
@@ -44,7 +43,7 @@ pub trait Reachable: Send + Sync {
         &'a self,
         by: &'a str,
         since_ms: u64,
-        moment: crate::people::ShellMoment,
+        moment: ShellMoment,
     ) -> Reached<'a, Vec<String>>;
 }
 
@@ -109,4 +108,32 @@ pub fn find(session: &str) -> Option<Arc<dyn Reachable>> {
     live.get(session)
         .and_then(Weak::upgrade)
         .filter(|journal| journal.is_open())
+}
+
+/// When a person's shell is recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShellMoment {
+    /// It has just opened: recorded always, so a holder that dies with it leaves a
+    /// record saying a person was in (the next to wake the session records the rest).
+    Opened,
+    /// The person stays: recorded only if something changed.
+    Staying,
+    /// The person has left: recorded always.
+    Left,
+}
+
+/// A person counted as in the sandbox while this lives (see `Journal::person_in`).
+pub struct PersonIn(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl PersonIn {
+    /// Counts one more person on `count` until the guard drops.
+    pub(crate) fn new(count: Arc<tokio::sync::watch::Sender<usize>>) -> Self {
+        PersonIn(count)
+    }
+}
+
+impl Drop for PersonIn {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
