@@ -367,28 +367,28 @@ const EDITED_NOTE_PATHS: usize = 50;
 
 /// What the model is told of what a person changed in a shell in its sandbox.
 fn shell_note(by: &str, changes: &[String]) -> String {
-    let mut note = format!(
-        "[steadfast] Between turns, {by} opened a shell in this session's sandbox and \
-         changed its workspace; the files are as they were left:"
-    );
-    for change in changes.iter().take(EDITED_NOTE_PATHS) {
-        note.push_str(&format!("\n- {change}"));
-    }
-    if changes.len() > EDITED_NOTE_PATHS {
-        note.push_str(&format!(
-            "\n- and {} more",
-            changes.len() - EDITED_NOTE_PATHS
-        ));
-    }
-    note
+    changes_note(
+        &format!(
+            "[steadfast] Between turns, {by} opened a shell in this session's sandbox and \
+             changed its workspace; the files are as they were left:"
+        ),
+        changes,
+    )
 }
 
 /// What the model is told of a workspace changed from outside the session.
 fn edited_note(changes: &[String]) -> String {
-    let mut note = String::from(
+    changes_note(
         "[steadfast] While the session was paused, its workspace was changed from outside \
          it (by a person or another program); the files are as they were left:",
-    );
+        changes,
+    )
+}
+
+/// `opening`, then the changed paths a line each, the first [`EDITED_NOTE_PATHS`] of
+/// them named.
+fn changes_note(opening: &str, changes: &[String]) -> String {
+    let mut note = opening.to_string();
     for change in changes.iter().take(EDITED_NOTE_PATHS) {
         note.push_str(&format!("\n- {change}"));
     }
