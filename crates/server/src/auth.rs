@@ -22,6 +22,11 @@ pub struct TokenEntry {
 
 /// How a token issued through the API begins, so the server knows to look it up.
 pub(crate) const TOKEN_PREFIX: &str = "sft_";
+/// How a share link's secret begins. It is looked up like an issued token and acts
+/// with the scopes stored on it: `read` for a link to a session's view (which
+/// [`crate::console::credentials`] holds to that session's read routes), none for a
+/// link to a port.
+pub(crate) const LINK_PREFIX: &str = "sfl_";
 
 /// What a token allows unless it says otherwise: its owner's sessions and vault.
 pub const DEFAULT_SCOPES: [Scope; 2] = [Scope::Read, Scope::Run];
@@ -185,7 +190,7 @@ impl Auth {
                         scopes,
                     });
                 }
-                if token.starts_with(TOKEN_PREFIX) {
+                if token.starts_with(TOKEN_PREFIX) || token.starts_with(LINK_PREFIX) {
                     // Looked up by its hash, which is all the store keeps.
                     let issued = world.token_by_hash(&presented.to_hex()).await?;
                     if let Some(issued) = issued.filter(|t| t.is_live(steadfast_world::now_ms())) {

@@ -11,6 +11,7 @@
 
 mod auth;
 mod bounds;
+mod console;
 mod error;
 mod extract;
 mod hook_check;

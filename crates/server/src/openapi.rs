@@ -49,6 +49,7 @@ events (schema 1): `PublicEvent`, one type per kind of log record.";
         sessions::diff,
         sessions::files,
         sessions::file,
+        sessions::output,
         sessions::archive,
         sessions::agents,
         messages::post_message,

@@ -374,13 +374,16 @@ pub struct Port {
     pub service: Option<String>,
 }
 
-/// A share link of a preview URL, as listed (never its secret).
+/// A share link, as listed (never its secret).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct PreviewLink {
     /// Its id (`pl_...`), which revocation names.
     pub id: String,
-    /// The port in the session's sandbox it opens.
-    pub port: u16,
+    /// `port` (a preview of one port) or `view` (the session's read-only page).
+    pub opens: &'static str,
+    /// The port in the session's sandbox it opens; `null` for a view link.
+    #[schema(required = true)]
+    pub port: Option<u16>,
     /// Made, ms since the Unix epoch.
     pub created_at_ms: u64,
     /// When it stops working, ms since the Unix epoch.
@@ -391,10 +394,14 @@ pub struct PreviewLink {
 }
 
 impl PreviewLink {
-    /// The listing of `link`, a token that opens `port`.
-    pub(crate) fn of(link: &steadfast_world::ServiceToken, port: u16) -> Self {
+    /// The listing of `link`, a token that opens `port` (`None`: the session's view).
+    pub(crate) fn of(link: &steadfast_world::ServiceToken, port: Option<u16>) -> Self {
         PreviewLink {
             id: link.id.clone(),
+            opens: match port {
+                Some(_) => "port",
+                None => "view",
+            },
             port,
             created_at_ms: link.created_at_ms,
             expires_at_ms: link.expires_at_ms.unwrap_or(u64::MAX),
@@ -405,7 +412,7 @@ impl PreviewLink {
 
 /// A share link just made: its URL, shown this once.
 #[derive(Debug, Serialize, ToSchema)]
-#[schema(example = json!({"url": "/v1/previews/sfl_3c5e0f0a9b7d4e6f8a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6e7f8a9b0c1d2e3f/", "link": {"id": "pl_0190a1", "port": 8000, "created_at_ms": 1733443200000_u64, "expires_at_ms": 1733446800000_u64, "revoked_at_ms": null}}))]
+#[schema(example = json!({"url": "/v1/previews/sfl_3c5e0f0a9b7d4e6f8a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6e7f8a9b0c1d2e3f/", "link": {"id": "pl_0190a1", "opens": "port", "port": 8000, "created_at_ms": 1733443200000_u64, "expires_at_ms": 1733446800000_u64, "revoked_at_ms": null}}))]
 pub struct PreviewLinkCreated {
     /// The link, a path on this server; anyone who has it can read the port.
     pub url: String,

@@ -46,7 +46,7 @@ fn every_operation_has_its_own_id_and_answers_errors_as_the_error_schema() {
             }
         }
     }
-    assert_eq!(operations, 46);
+    assert_eq!(operations, 47);
 }
 
 #[test]

@@ -80,6 +80,10 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
         .route("/v1/sessions/{id}/archive", get(sessions::archive::<W>))
         .route("/v1/sessions/{id}/files/{*path}", get(sessions::file::<W>))
         .route(
+            "/v1/sessions/{id}/outputs/{seq}",
+            get(sessions::output::<W>),
+        )
+        .route(
             "/v1/sessions/{id}/messages",
             post(messages::post_message::<W>),
         )
@@ -124,7 +128,12 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::map_response(json_errors))
         .layer(axum::middleware::from_fn(crate::metrics::observe_requests))
-        .with_state(state);
+        .with_state(state.clone())
+        .merge(crate::console::router(state.clone()))
+        .layer(axum::middleware::from_fn_with_state(
+            state,
+            crate::console::credentials::credentials::<W>,
+        ));
     match cors {
         Some(cors) => routes.layer(cors),
         None => routes,

@@ -1,31 +1,38 @@
-//! Share links for a preview URL: a signed, expiring, revocable URL that lets anyone
-//! who holds it read one port of one session — `GET` and `HEAD` (WebSockets too, which
-//! open with a `GET`), nothing that changes anything, and nothing else of the session.
+//! Share links: a signed, expiring, revocable URL that lets anyone who holds it read
+//! one thing of one session, and change nothing.
+//!
+//! - A link to a **port** opens what the program on that port of the session's
+//!   sandbox serves — `GET` and `HEAD` (WebSockets too, which open with a `GET`) —
+//!   at `/v1/previews/{secret}/`, and nothing else of the session.
+//! - A link to the session's **view** opens the console's read-only page of the
+//!   session at `/ui/share/{secret}`; the page reads the session's events, diffs and
+//!   files with the link as its bearer token, which
+//!   [`crate::console::credentials`] holds to those read routes of that one session.
 //!
 //! A link is an issued credential like an API token, and kept as one (its hash, its
 //! expiry, its revocation, in the world's token store, so every API host honours a
 //! revocation at once, and an operator sees it among the issued tokens). Its secret
-//! begins `sfl_`, never `sft_`, so it never authenticates an API call; its name says
-//! which session and port it opens.
+//! begins `sfl_`, never `sft_`; its name says which session (and port) it opens.
 
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use serde::Deserialize;
-use steadfast_world::{ServiceToken, World};
+use steadfast_world::{Scope, ServiceToken, World};
 use utoipa::ToSchema;
 
 use super::previews::{no_public, pass, reach};
 use super::{owned, Shared};
+use crate::auth::LINK_PREFIX;
 use crate::error::ApiError;
 use crate::extract::Body;
 use crate::wire;
 
-/// Where a link's secret begins.
-const LINK_PREFIX: &str = "sfl_";
-/// What a link's stored name begins with; the session and port follow.
-const LINK_NAME: &str = "preview:";
+/// What a port link's stored name begins with; the session and port follow.
+const PORT_LINK: &str = "preview:";
+/// What a view link's stored name begins with; the session follows.
+const VIEW_LINK: &str = "view:";
 /// A link's life unless asked otherwise: an hour.
 const DEFAULT_LIFE_S: u64 = 3600;
 /// The longest life a link may have: 30 days.
@@ -35,31 +42,60 @@ const MAX_LIFE_S: u64 = 30 * 24 * 3600;
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CreateLink {
-    /// The port in the session's sandbox it opens.
-    port: u16,
+    /// The port in the session's sandbox it opens; omitted, the link opens the
+    /// session's read-only view in the console instead.
+    #[serde(default)]
+    port: Option<u16>,
     /// How long it works, in seconds (default 3600, at most 30 days).
     #[serde(default)]
     expires_in_s: Option<u64>,
 }
 
-/// The stored name of a link to `port` of `session`.
-fn link_name(session: &str, port: u16) -> String {
-    format!("{LINK_NAME}{session}:{port}")
+/// The stored name of a link to `port` of `session`, or to its view.
+fn link_name(session: &str, port: Option<u16>) -> String {
+    match port {
+        Some(port) => format!("{PORT_LINK}{session}:{port}"),
+        None => format!("{VIEW_LINK}{session}"),
+    }
 }
 
-/// The session and port a link's stored name opens, if it is a link's.
-fn opens(name: &str) -> Option<(&str, u16)> {
-    let rest = name.strip_prefix(LINK_NAME)?;
+/// The session a link's stored name opens and the port (`None`: its view), if it is
+/// a link's.
+pub(crate) fn opens(name: &str) -> Option<(&str, Option<u16>)> {
+    if let Some(session) = name.strip_prefix(VIEW_LINK) {
+        return Some((session, None));
+    }
+    let rest = name.strip_prefix(PORT_LINK)?;
     let (session, port) = rest.rsplit_once(':')?;
-    Some((session, port.parse().ok()?))
+    Some((session, Some(port.parse().ok()?)))
 }
 
-/// Share one port of a session
+/// The live link whose secret is `secret`, if there is one.
+pub(crate) async fn live_link<W: World + Clone>(
+    state: &Shared<W>,
+    secret: &str,
+) -> Result<Option<ServiceToken>, ApiError> {
+    if !secret.starts_with(LINK_PREFIX) {
+        return Ok(None);
+    }
+    let hash = crate::hash_token(secret);
+    Ok(state
+        .harness
+        .world()
+        .token_by_hash(&hash)
+        .await?
+        .filter(|l| l.is_live(steadfast_world::now_ms())))
+}
+
+/// Share a session's view, or one of its ports
 ///
-/// Makes a link anyone can open to read what the program on `port` in the session's
-/// sandbox serves (`GET`, `HEAD` and WebSockets; other methods are refused), without a
-/// token, until it expires or is revoked. The URL (`/v1/previews/{secret}/`) is shown once; the server
-/// keeps only its hash. Links are listed at `GET /v1/sessions/{id}/links` and revoked
+/// Makes a link anyone can open, without a token, until it expires or is revoked. With
+/// `port`, it reads what the program on that port in the session's sandbox serves
+/// (`GET`, `HEAD` and WebSockets; other methods are refused) at
+/// `/v1/previews/{secret}/`. Without, it opens the session's read-only page in the
+/// console at `/ui/share/{secret}`: its events, diffs and files, nothing that changes
+/// anything and nothing of another session. The URL is shown once; the server keeps
+/// only its hash. Links are listed at `GET /v1/sessions/{id}/links` and revoked
 /// with `DELETE /v1/sessions/{id}/links/{link}`.
 #[utoipa::path(
     post,
@@ -90,7 +126,7 @@ pub(crate) async fn create<W: World + Clone>(
     owned(&state, &id, &owner).await?;
     let invalid = |m: &str| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", m);
     let port = req.port;
-    if port == 0 {
+    if port == Some(0) {
         return Err(invalid("port: 1 to 65535"));
     }
     let life = req.expires_in_s.unwrap_or(DEFAULT_LIFE_S);
@@ -108,7 +144,12 @@ pub(crate) async fn create<W: World + Clone>(
         id: format!("pl_{}", uuid::Uuid::now_v7().simple()),
         name: link_name(&id, port),
         owner: owner.clone(),
-        scopes: Vec::new(),
+        // A view link reads through the API (held to its session's read routes); a
+        // port link never authenticates an API call.
+        scopes: match port {
+            Some(_) => Vec::new(),
+            None => vec![Scope::Read],
+        },
         hash: crate::hash_token(&secret),
         created_at_ms: now,
         created_by: owner.clone(),
@@ -118,13 +159,15 @@ pub(crate) async fn create<W: World + Clone>(
     state.harness.world().token_issue(&link).await?;
     let detail =
         serde_json::json!({"link": link.id, "port": port, "expires_at_ms": link.expires_at_ms});
-    state
-        .audit(&owner, "preview.link_created", &id, detail)
-        .await;
+    let (action, url) = match port {
+        Some(_) => ("preview.link_created", format!("/v1/previews/{secret}/")),
+        None => ("view.link_created", format!("/ui/share/{secret}")),
+    };
+    state.audit(&owner, action, &id, detail).await;
     Ok((
         StatusCode::CREATED,
         Json(wire::PreviewLinkCreated {
-            url: format!("/v1/previews/{secret}/"),
+            url,
             link: wire::PreviewLink::of(&link, port),
         }),
     ))
@@ -191,20 +234,23 @@ pub(crate) async fn revoke<W: World + Clone>(
     let ours = session_links(&state, &id)
         .await?
         .into_iter()
-        .any(|(l, _)| l.id == link && l.revoked_at_ms.is_none());
-    if !ours {
+        .find(|(l, _)| l.id == link && l.revoked_at_ms.is_none());
+    let Some((_, port)) = ours else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "link_not_found",
             format!("link: session {id} has no live link {link}"),
         ));
-    }
+    };
     let world = state.harness.world();
     world.token_revoke(&link, steadfast_world::now_ms()).await?;
     state
         .audit(
             &owner,
-            "preview.link_revoked",
+            match port {
+                Some(_) => "preview.link_revoked",
+                None => "view.link_revoked",
+            },
             &id,
             serde_json::json!({"link": link}),
         )
@@ -212,13 +258,14 @@ pub(crate) async fn revoke<W: World + Clone>(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// The links made for `session`'s ports, oldest first, with the port each opens.
+/// The links made for `session`, oldest first, with the port each opens (`None`:
+/// its view).
 async fn session_links<W: World + Clone>(
     state: &Shared<W>,
     session: &str,
-) -> Result<Vec<(ServiceToken, u16)>, ApiError> {
+) -> Result<Vec<(ServiceToken, Option<u16>)>, ApiError> {
     let all = state.harness.world().tokens().await?;
-    let mut links: Vec<(ServiceToken, u16)> = all
+    let mut links: Vec<(ServiceToken, Option<u16>)> = all
         .into_iter()
         .filter_map(|t| {
             let (of, port) = opens(&t.name)?;
@@ -291,18 +338,11 @@ async fn open<W: World + Clone>(
                 "no such link: unknown, expired or revoked",
             )
         };
-        if !secret.starts_with(LINK_PREFIX) {
+        let link = live_link(state, secret).await?.ok_or_else(gone)?;
+        // A view link opens no port.
+        let (session, Some(port)) = opens(&link.name).ok_or_else(gone)? else {
             return Err(gone());
-        }
-        let hash = crate::hash_token(secret);
-        let link = state
-            .harness
-            .world()
-            .token_by_hash(&hash)
-            .await?
-            .filter(|l| l.is_live(steadfast_world::now_ms()))
-            .ok_or_else(gone)?;
-        let (session, port) = opens(&link.name).ok_or_else(gone)?;
+        };
         if !safe {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,

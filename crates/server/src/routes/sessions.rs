@@ -1092,6 +1092,67 @@ pub(crate) async fn file<W: World + Clone>(
         .into_response())
 }
 
+/// A tool call's whole output
+///
+/// The output of the `tool_call_outcome` at log position `seq`, every byte of it: an
+/// event carries at most 4 KiB of an output (its `output.excerpt`), and a big one
+/// lives in the blob store (`output.blob`). Served as `text/plain`, never rendered.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/outputs/{seq}",
+    operation_id = "tool_output",
+    params(
+        ("id" = String, Path, description = "The session's id"),
+        ("seq" = u64, Path, description = "The log position of a `tool_call_outcome`"),
+    ),
+    responses(
+        (status = 200, description = "The output", body = String, content_type = "text/plain; charset=utf-8"),
+        (status = 400, description = "The path does not parse", body = wire::Error),
+        (status = 401, description = "No valid bearer token (when the server has tokens configured)", body = wire::Error),
+        (status = 404, description = "No such session, or no tool call's outcome at `seq` (`no_output`)", body = wire::Error),
+        (status = 500, description = "The output's blob is lost or damaged (`data_lost`)", body = wire::Error),
+    )
+)]
+pub(crate) async fn output<W: World + Clone>(
+    State(state): State<Shared<W>>,
+    headers: HeaderMap,
+    Path((id, seq)): Path<(String, u64)>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let owner = state.owner(&headers, steadfast_world::Scope::Read).await?;
+    let summary = owned(&state, &id, &owner).await?;
+    let none = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no_output",
+            format!("seq: no tool call's outcome at position {seq} of session {id}"),
+        )
+    };
+    if seq == 0 || seq > summary.last_seq {
+        return Err(none());
+    }
+    let records = state.harness.world().read(&id, seq).await?;
+    let output = match records.into_iter().find(|r| r.seq == seq).map(|r| r.event) {
+        Some(steadfast_log::Event::ToolCallOutcome { output, .. }) => output,
+        _ => return Err(none()),
+    };
+    let bytes = match output {
+        steadfast_log::Output::Inline { text } => text.into_bytes(),
+        steadfast_log::Output::Blob(blob) => state.harness.blobs().get(&blob.hash).await?,
+    };
+    Ok((
+        [
+            (
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; charset=utf-8",
+            ),
+            (axum::http::header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        bytes,
+    )
+        .into_response())
+}
+
 /// The whole workspace as a tar archive, as it was at a log position
 ///
 /// Streamed from the snapshot in force there (never the live workspace): directories,
