@@ -230,6 +230,39 @@ async fn a_person_watches_inspects_and_steers_a_session_in_the_console() {
         )
         .await;
     alice.shot("interrupted").await;
+
+    // Between turns, a shell in the sandbox from the page: a person's command runs
+    // there, and what it changed is recorded when they leave.
+    alice.click("#open-shell").await;
+    alice
+        .wait(
+            "the shell",
+            "document.querySelector('#shell-state').textContent === 'read-write'",
+        )
+        .await;
+    alice
+        .fill(
+            "#shell-line",
+            "wc -l < notes.txt; echo from-the-console > console.txt; echo SUM-$((6*7))",
+        )
+        .await;
+    alice
+        .eval("document.querySelector('#shell form').requestSubmit()")
+        .await;
+    alice
+        .wait(
+            "the shell's answer",
+            "document.querySelector('.shell-screen').textContent.includes('SUM-42') && document.querySelector('.shell-screen').textContent.includes('50')",
+        )
+        .await;
+    alice.shot("shell").await;
+    alice.click("#shell-leave").await;
+    alice
+        .wait(
+            "the shell's record",
+            "document.querySelector('#shell-state').textContent.includes('console.txt') && [...document.querySelectorAll('.ev-human_shell')].some(e => e.textContent.includes('console.txt'))",
+        )
+        .await;
     let events = events_as(&http, &url, &id).await;
     assert!(
         events.iter().any(|e| e["type"] == "turn_interrupted"),
@@ -237,6 +270,14 @@ async fn a_person_watches_inspects_and_steers_a_session_in_the_console() {
     );
     let (_, shown) = common::get_json_as(&http, &format!("{url}/v1/sessions/{id}"), ALICE).await;
     assert_eq!(shown["status"], "idle");
+
+    // One stream carried the whole session to the page, across its idle spells.
+    assert_eq!(
+        alice
+            .eval("document.querySelector('#timeline').dataset.connects")
+            .await,
+        json!("1")
+    );
 
     // Bob's browser: no session in his list, nothing at its page.
     let bob = Browser::start("bob").await;
@@ -389,9 +430,10 @@ async fn a_person_watches_inspects_and_steers_a_session_in_the_console() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_page_keeps_up_when_the_server_is_killed_and_started_again_mid_turn() {
-    let long = "Reading the repository slowly, one piece at a time, so that the server can be killed in the middle of this very reply and started again.";
+    let long = "Reading the repository slowly, one piece at a time, so that the server can be \
+                killed in the middle of this very reply and started again, with the page open.";
     let fake = common::fake_playing(json!([
-        {"text": long, "chunk_delay_ms": 120, "tool_calls": [{"name": "bash", "input": {
+        {"text": long, "chunk_delay_ms": 300, "tool_calls": [{"name": "bash", "input": {
             "command": "for i in 1 2 3 4 5; do echo tick $i; sleep 1; done"}}]},
         {"text": "Finished after the restart."},
     ]))
@@ -404,9 +446,7 @@ async fn the_page_keeps_up_when_the_server_is_killed_and_started_again_mid_turn(
     let created: Value = http
         .post(format!("{url}/v1/sessions"))
         .bearer_auth(ALICE)
-        .json(
-            &json!({"task": "read slowly", "network": "deny-all", "workspace": {"kind": "empty"}}),
-        )
+        .json(&json!({"network": "deny-all", "workspace": {"kind": "empty"}}))
         .send()
         .await
         .unwrap()
@@ -422,6 +462,11 @@ async fn the_page_keeps_up_when_the_server_is_killed_and_started_again_mid_turn(
         .wait("the list", "!!document.querySelector('#sessions')")
         .await;
     alice.goto(&format!("{url}/ui/sessions/{id}")).await;
+    alice
+        .wait("the page", "!!document.querySelector('#message')")
+        .await;
+    alice.fill("#message", "read slowly").await;
+    alice.click("#send").await;
     alice
         .wait(
             "part of the reply",
@@ -445,6 +490,12 @@ async fn the_page_keeps_up_when_the_server_is_killed_and_started_again_mid_turn(
         .wait(
             "the turn to end after the restart",
             "[...document.querySelectorAll('.ev-turn_ended')].length === 1",
+        )
+        .await;
+    alice
+        .wait(
+            "the summary to say idle",
+            "document.querySelector('#summary .status').textContent === 'idle'",
         )
         .await;
     alice.shot("after-restart").await;
@@ -766,8 +817,19 @@ impl Browser {
     /// Saves a screenshot as `console-<browser>-<name>.png` with the tests' artefacts.
     async fn shot(&self, name: &str) {
         let shots = screenshots();
+        // The whole page, not only what the window shows (up to 6,000 pixels down).
+        let metrics = self.call("Page.getLayoutMetrics", json!({})).await;
+        let size = &metrics["cssContentSize"];
+        let clip = json!({
+            "x": 0, "y": 0, "scale": 1,
+            "width": size["width"].as_f64().unwrap_or(1280.0),
+            "height": size["height"].as_f64().unwrap_or(1100.0).min(6000.0),
+        });
         let taken = self
-            .call("Page.captureScreenshot", json!({"format": "png"}))
+            .call(
+                "Page.captureScreenshot",
+                json!({"format": "png", "captureBeyondViewport": true, "clip": clip}),
+            )
             .await;
         let png = base64::engine::general_purpose::STANDARD
             .decode(taken["data"].as_str().unwrap())

@@ -228,6 +228,8 @@ function sessionPage(main) {
     try {
       const s = await getJson(sessionPath());
       view.summary = s;
+      const notice = document.getElementById('notice');
+      if (notice && notice.textContent.startsWith('Could not read the session')) say('');
       drawSummary(s);
       drawWaiting(s);
       return s;
@@ -352,6 +354,7 @@ function sessionPage(main) {
           clear(links).append(h('p', {}, 'Read-only link (24 h): ', h('a', { id: 'share-url', href: url }, url)));
         } }),
         h('button', { type: 'button', id: 'ports', onclick: () => previews(links) }, 'Previews'),
+        h('button', { type: 'button', id: 'open-shell', onclick: () => shell(links) }, 'Shell'),
         act('Close', 'close', 'POST', '/close', { confirm: 'Close this session? It takes no more messages.' }),
         act('Delete', 'delete', 'DELETE', '', { cls: 'stop', confirm: 'Delete this session and its history?', after: () => { location.href = '/ui'; } })),
       links);
@@ -369,6 +372,53 @@ function sessionPage(main) {
             window.open(made.url, '_blank', 'noopener');
           } }, 'Open a preview')))));
     } catch (e) { say('Previews: ' + e.message, true); }
+  }
+
+  /** A shell in the sandbox, line by line: what it prints (terminal escapes removed)
+   * and a line to type. Between turns it may write, and what it changes is recorded;
+   * while a turn runs it is read-only. */
+  function shell(into) {
+    const old = document.getElementById('shell');
+    if (old) { old.querySelector('input').focus(); return; }
+    const screen = h('pre', { class: 'shell-screen', 'aria-live': 'polite' });
+    const line = h('input', { id: 'shell-line', 'aria-label': 'shell input', autocomplete: 'off', spellcheck: 'false' });
+    const state = h('span', { id: 'shell-state', class: 'meta' }, 'connecting…');
+    const proto = location.protocol === 'https:' ? 'wss://' : 'ws://';
+    const ws = new WebSocket(proto + location.host + sessionPath('/shell?editing=false&rows=40&cols=120'));
+    ws.binaryType = 'arraybuffer';
+    const decoder = new TextDecoder();
+    const leave = h('button', { type: 'button', id: 'shell-leave', onclick: () => ws.readyState === 1 && ws.send(JSON.stringify({ type: 'detach' })) }, 'Leave');
+    const box = h('div', { id: 'shell', class: 'shell' }, h('div', { class: 'row' }, h('strong', {}, 'Shell'), state, leave), screen,
+      h('form', { class: 'row', onsubmit: (e) => {
+        e.preventDefault();
+        if (ws.readyState === 1) ws.send(JSON.stringify({ type: 'input', data: line.value + '\n' }));
+        line.value = '';
+      } }, h('label', { for: 'shell-line' }, '$'), line));
+    into.append(box);
+    ws.onmessage = (m) => {
+      if (typeof m.data === 'string') {
+        const notice = JSON.parse(m.data);
+        if (notice.type === 'attached') state.textContent = notice.mode;
+        else if (notice.type === 'leave') state.textContent = 'asked to leave: ' + notice.reason;
+        else if (notice.type === 'exit') state.textContent = 'ended (exit ' + notice.code + ')' + (notice.changes && notice.changes.length ? ', changed ' + notice.changes.join(', ') : '');
+        return;
+      }
+      // Colours, cursor moves and titles are dropped: this is a transcript, not a terminal.
+      const text = decoder.decode(new Uint8Array(m.data), { stream: true })
+        .replace(/\x1b\][^\x07\x1b]*(\x07|\x1b\\)/g, '')
+        .replace(/\x1b\[[0-9;?]*[ -\/]*[@-~]/g, '')
+        .replace(/\x1b[@-_]/g, '')
+        .replace(/\r/g, '');
+      screen.append(document.createTextNode(text));
+      screen.scrollTop = screen.scrollHeight;
+    };
+    ws.onclose = () => {
+      if (!/^ended/.test(state.textContent)) state.textContent = 'closed';
+      line.disabled = true;
+      leave.disabled = true;
+      box.id = 'shell-closed';
+    };
+    line.focus();
   }
 
   // -- the timeline
@@ -390,6 +440,7 @@ function sessionPage(main) {
         if (!text) {
           const li = blockFor(ev);
           li.classList.add('ev-model');
+          li.querySelector('.kind').textContent = 'model reply';
           text = h('div', { class: 'model-text', 'data-call': ev.call_id });
           li.append(text);
           view.models.set(ev.call_id, text);
@@ -448,7 +499,7 @@ function sessionPage(main) {
     box.append(h('div', { class: 'meta' },
       (intent ? intent.tool + ' ' : '') + (ev.exit_code !== null && ev.exit_code !== undefined ? 'exit ' + ev.exit_code : (ev.is_error ? 'error' : 'done')),
       ' · ' + ev.output.bytes.toLocaleString() + ' bytes'));
-    const pre = h('pre', { class: 'output' }, ev.output.excerpt);
+    const pre = h('pre', { class: 'output', hidden: ev.output.bytes === 0 }, ev.output.excerpt);
     if (ev.output.excerpt_end) pre.append('\n…\n' + ev.output.excerpt_end);
     box.append(pre);
     const buttons = h('div', { class: 'buttons' });
@@ -503,14 +554,15 @@ function sessionPage(main) {
   }
 
   /** The live tail: server-sent events read with `fetch` (so a view link can send its
-   * secret as a header), reconnecting after the last position shown, forever. */
+   * secret as a header), open until the session ends, reconnecting after the last
+   * position shown whenever the connection drops. */
   async function follow() {
     let backoff = 500;
     for (;;) {
       try {
         const headers = { Accept: 'text/event-stream', 'Last-Event-ID': String(view.last) };
         if (ctx.share) headers.Authorization = 'Bearer ' + ctx.share;
-        const res = await fetch(sessionPath('/events'), { headers, credentials: 'same-origin' });
+        const res = await fetch(sessionPath('/events?until=ended'), { headers, credentials: 'same-origin' });
         if (res.status === 401 || res.status === 404) {
           say(res.status === 404 ? 'This session is gone.' : 'Your login has ended.', true);
           if (res.status === 401 && !ctx.share && ctx.auth === 'login') location.href = '/ui/login';
@@ -518,6 +570,7 @@ function sessionPage(main) {
         }
         if (!res.ok || !res.body) throw new Error('HTTP ' + res.status);
         timeline.dataset.connected = 'true';
+        timeline.dataset.connects = String(Number(timeline.dataset.connects || 0) + 1);
         backoff = 500;
         const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
         let buffer = '';
@@ -533,6 +586,12 @@ function sessionPage(main) {
             if (line.endsWith('\r')) line = line.slice(0, -1);
             if (line === '') {
               if (frame.event === 'message' && frame.data.length) accept(JSON.parse(frame.data.join('\n')));
+              if (frame.event === 'end') {
+                // The session has ended: nothing more will come.
+                timeline.dataset.connected = 'ended';
+                summarySoon();
+                return;
+              }
               frame = { event: 'message', data: [] };
             } else if (line.startsWith('data:')) {
               frame.data.push(line.slice(5).replace(/^ /, ''));

@@ -36,6 +36,8 @@ pub(crate) enum Until {
     },
     /// When the turn that took this inbox entry is over.
     Taken(u64),
+    /// Only when the session ends: a watcher's view of everything it does.
+    Ended,
 }
 
 /// What the stream knows of the session from the records it has passed.
@@ -310,6 +312,7 @@ impl<W: World + Clone> State<W> {
             return false;
         }
         match self.until {
+            Until::Ended => false,
             Until::Taken(id) => t.seen_inbox.contains(&id),
             Until::Quiet { .. } => match self.world.inbox(&self.session).await {
                 Ok(inbox) => !inbox.iter().any(|i| i.kind != InboundKind::Signal),

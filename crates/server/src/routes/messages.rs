@@ -136,7 +136,8 @@ pub(crate) struct Cursor {
     limit: Option<usize>,
     /// When a stream ends: `idle` (the default) when nothing runs or is queued, staying
     /// open while the session waits for a signal (an approval, a client tool's result);
-    /// `wait` also when it starts waiting.
+    /// `wait` also when it starts waiting; `ended` only when the session ends (a
+    /// watcher's stream, open across turns and idle spells).
     #[serde(default)]
     #[param(inline)]
     until: Option<StreamUntil>,
@@ -150,6 +151,8 @@ pub(crate) enum StreamUntil {
     Idle,
     /// As `idle`, and also when the session starts waiting for a signal.
     Wait,
+    /// Only when the session ends.
+    Ended,
 }
 
 /// The most events one JSON page holds.
@@ -244,13 +247,13 @@ pub(crate) async fn events<W: World + Clone>(
         })
         .into_response());
     }
-    let at_wait = matches!(query.until, Some(StreamUntil::Wait));
-    Ok(sse(
-        state.harness.world().clone(),
-        id,
-        cursor,
-        Until::Quiet { at_wait },
-    ))
+    let until = match query.until {
+        Some(StreamUntil::Ended) => Until::Ended,
+        until => Until::Quiet {
+            at_wait: matches!(until, Some(StreamUntil::Wait)),
+        },
+    };
+    Ok(sse(state.harness.world().clone(), id, cursor, until))
 }
 
 /// Which wait a signal answers.
