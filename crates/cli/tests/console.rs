@@ -207,6 +207,8 @@ async fn a_person_watches_inspects_and_steers_a_session_in_the_console() {
         )
         .await;
     alice.shot("approval").await;
+    // What the README shows.
+    alice.shot_of("approval-top", 1000.0).await;
     alice.click("#approve").await;
     alice
         .wait(
@@ -814,16 +816,22 @@ impl Browser {
             .await;
     }
 
-    /// Saves a screenshot as `console-<browser>-<name>.png` with the tests' artefacts.
+    /// Saves a screenshot of the whole page as `console-<browser>-<name>.png` with the
+    /// tests' artefacts.
     async fn shot(&self, name: &str) {
+        self.shot_of(name, 6000.0).await
+    }
+
+    /// Saves a screenshot of the top `height` pixels of the page.
+    async fn shot_of(&self, name: &str, height: f64) {
         let shots = screenshots();
-        // The whole page, not only what the window shows (up to 6,000 pixels down).
+        // The page, not only what the window shows.
         let metrics = self.call("Page.getLayoutMetrics", json!({})).await;
         let size = &metrics["cssContentSize"];
         let clip = json!({
             "x": 0, "y": 0, "scale": 1,
             "width": size["width"].as_f64().unwrap_or(1280.0),
-            "height": size["height"].as_f64().unwrap_or(1100.0).min(6000.0),
+            "height": size["height"].as_f64().unwrap_or(1100.0).min(height),
         });
         let taken = self
             .call(
