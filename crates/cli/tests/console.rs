@@ -542,6 +542,52 @@ async fn the_page_keeps_up_when_the_server_is_killed_and_started_again_mid_turn(
     server.kill().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wrapped_agents_session_reads_as_a_native_ones_does() {
+    common::installed("claude-code").await;
+    let fake = common::fake_playing(json!([
+        {"text": "Listing the project.", "tool_calls": [{"name": "bash", "input": {"command": "ls"}}]},
+        {"text": "The project has its tests."},
+    ]))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = common::free_port();
+    let mut server = serve(dir.path(), &fake, port).await;
+    let url = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let id = common::idle_session_as(
+        &http,
+        &url,
+        ALICE,
+        json!({"agent": "claude-code", "network": "deny-all", "workspace": {"kind": "demo"},
+               "task": "what is in the project?"}),
+    )
+    .await;
+    let alice = Browser::start("alice-wrapped").await;
+    alice.goto(&format!("{url}/ui/login")).await;
+    alice.login(ALICE).await;
+    alice
+        .wait(
+            "the list",
+            "!!document.querySelector('#sessions tr[data-id]')",
+        )
+        .await;
+    alice.goto(&format!("{url}/ui/sessions/{id}")).await;
+    alice
+        .wait(
+            "the CLI's replies and its command's output",
+            "[...document.querySelectorAll('.model-text')].some(e => e.textContent === 'The project has its tests.') \
+             && [...document.querySelectorAll('.ev-tool_call_intent pre')].some(e => e.textContent === '$ ls') \
+             && [...document.querySelectorAll('.ev-tool_call_outcome pre.output')].some(e => e.textContent.includes('README'))",
+        )
+        .await;
+    let summary = alice.text("#summary").await;
+    assert!(summary.contains("claude-code"), "{summary}");
+    alice.shot("wrapped").await;
+    drop(alice);
+    server.kill().await.unwrap();
+}
+
 // ---------------------------------------------------------------- the server
 
 /// `steadfast serve` in `dir` on `port`, with Alice's and Bob's tokens; again in the

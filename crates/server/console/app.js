@@ -446,9 +446,25 @@ function sessionPage(main) {
           view.models.set(ev.call_id, text);
           put(li);
         }
+        if (before) {
+          // Earlier events, drawn ahead of the rest: their text comes first.
+          text.prepend(document.createTextNode(ev.text));
+          return;
+        }
         if (ev.restart) text.textContent = '';
         text.append(document.createTextNode(ev.text));
-        text.closest('li').dataset.last = ev.seq;
+        return;
+      }
+      case 'exchange_outcome': {
+        // A wrapped CLI's request: its streamed text is under the exchange's id.
+        const text = view.models.get(ev.call_id);
+        if (text) {
+          text.closest('li').append(h('div', { class: 'meta', 'data-seq': ev.seq }, 'HTTP ' + ev.status + ' · ' + usd(ev.cost_usd)));
+          return;
+        }
+        const li = blockFor(ev);
+        li.append(h('div', { class: 'meta' }, 'HTTP ' + ev.status + ' · ' + usd(ev.cost_usd)));
+        put(li);
         return;
       }
       case 'model_call_outcome': {
