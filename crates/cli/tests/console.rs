@@ -369,15 +369,8 @@ async fn a_person_watches_inspects_and_steers_a_session_in_the_console() {
         .await;
     assert_eq!(tried, json!([403, 403, 200, 403]), "{tried}");
     // Revoked, it opens nothing.
-    let links: Value = http
-        .get(format!("{url}/v1/sessions/{id}/links"))
-        .bearer_auth(ALICE)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, links) =
+        common::get_json_as(&http, &format!("{url}/v1/sessions/{id}/links"), ALICE).await;
     assert_eq!(links["links"][0]["opens"], "view", "{links}");
     let revoked = http
         .delete(format!(

@@ -248,7 +248,20 @@ impl<W> ServerState<W> {
     }
 }
 
-/// The API's router.
+/// The API's router, with the web console at `/ui`.
 pub fn app<W: World + Clone>(state: ServerState<W>) -> Router {
-    routes::router(Arc::new(state))
+    let state = Arc::new(state);
+    let cors = routes::cors(&state.cors_origins);
+    // The console's pages beside the API; a browser's credentials (its login cookie, a
+    // read-only link) are turned into, or held to, what the API checks before either.
+    let app = routes::router(state.clone())
+        .merge(console::router(state.clone()))
+        .layer(axum::middleware::from_fn_with_state(
+            state,
+            console::credentials::credentials::<W>,
+        ));
+    match cors {
+        Some(cors) => app.layer(cors),
+        None => app,
+    }
 }

@@ -45,6 +45,8 @@ pub enum Which {
     /// Forking a session of 1k, 10k and 100k events against copying its log rows and
     /// its 20,000-file workspace.
     Fork,
+    /// Opening a session's page in the web console at 1k and 50k events.
+    Console,
     /// All of them.
     All,
 }
@@ -186,6 +188,13 @@ pub async fn run(args: BenchArgs, config: &crate::config::Config) -> anyhow::Res
             None => vec![1_000, 10_000, 100_000],
         };
         super::bench_fork::run(&sizes, args.rounds).await?;
+    }
+    if matches!(args.which, Which::Console | Which::All) {
+        let sizes = match args.events {
+            Some(n) => vec![1_000, n],
+            None => vec![1_000, 50_000],
+        };
+        super::bench_console::run(&sizes, args.rounds.max(7)).await?;
     }
     if matches!(args.which, Which::Steps | Which::All) {
         super::bench_steps::run(world, args.steps).await?;

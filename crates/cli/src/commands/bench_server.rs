@@ -203,6 +203,24 @@ pub(crate) async fn recovery(
 
 /// Events per second delivered to many concurrent readers of one session's stream,
 /// against one reader alone.
+/// The API over `harness`, with no auth (every caller is `local`), on a loopback port:
+/// its URL, and the task serving it.
+pub(super) async fn local_api(
+    harness: Arc<Harness>,
+    dir: &std::path::Path,
+) -> anyhow::Result<(String, tokio::task::JoinHandle<std::io::Result<()>>)> {
+    let state = ServerState::new(
+        harness,
+        Auth::new(&[], false, None).map_err(anyhow::Error::msg)?,
+        dir.join("ws"),
+        "fake/m".into(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let server = tokio::spawn(async move { axum::serve(listener, app(state)).await });
+    Ok((url, server))
+}
+
 pub(crate) async fn fanout(readers: usize) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let home = dir.path().join("home");
@@ -270,15 +288,8 @@ pub(crate) async fn fanout(readers: usize) -> anyhow::Result<()> {
         .await?;
     let total = world.session("fan").await?.last_seq as usize;
 
-    let state = ServerState::new(
-        harness,
-        Auth::new(&[], false, None).map_err(anyhow::Error::msg)?,
-        dir.path().join("ws"),
-        "fake/m".into(),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}/v1/sessions/fan/events", listener.local_addr()?);
-    let server = tokio::spawn(async move { axum::serve(listener, app(state)).await });
+    let (api, server) = local_api(harness, dir.path()).await?;
+    let url = format!("{api}/v1/sessions/fan/events");
 
     let read_all = |url: String| async move {
         let resp = reqwest::get(url).await?;

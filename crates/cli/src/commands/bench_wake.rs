@@ -141,6 +141,15 @@ impl Writer<'_> {
 /// Writes session `bench` of about `events` records into `harness`'s world, as the
 /// harness would have (checkpoints and compactions included); returns its length.
 pub(super) async fn write_session(harness: &Harness, events: usize) -> anyhow::Result<usize> {
+    write_session_of(harness, events, "bench").await
+}
+
+/// [`write_session`], the session owned by `owner`.
+pub(super) async fn write_session_of(
+    harness: &Harness,
+    events: usize,
+    owner: &str,
+) -> anyhow::Result<usize> {
     let mut writer = Writer {
         harness,
         state: None,
@@ -160,7 +169,7 @@ pub(super) async fn write_session(harness: &Harness, events: usize) -> anyhow::R
         turn += 1;
     }
     let world = harness.world();
-    world.create_session("bench", "bench").await?;
+    world.create_session("bench", owner).await?;
     let lease = world
         .acquire_lease("bench", &Holder::new("bench"), Duration::from_secs(3600))
         .await?;

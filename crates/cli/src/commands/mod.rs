@@ -2,6 +2,7 @@
 
 pub mod attach;
 pub mod bench;
+mod bench_console;
 mod bench_drive;
 mod bench_fork;
 mod bench_gateway;

@@ -25,9 +25,9 @@ use crate::{ServerState, MAX_BODY};
 
 pub(crate) type Shared<W> = Arc<ServerState<W>>;
 
+/// The API's routes, with their body limits, JSON errors and request metrics.
 pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
-    let cors = cors(&state.cors_origins);
-    let routes = Router::new()
+    Router::new()
         .route(
             "/v1/sessions",
             post(sessions::create::<W>).get(sessions::list::<W>),
@@ -128,22 +128,13 @@ pub(crate) fn router<W: World + Clone>(state: Shared<W>) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::map_response(json_errors))
         .layer(axum::middleware::from_fn(crate::metrics::observe_requests))
-        .with_state(state.clone())
-        .merge(crate::console::router(state.clone()))
-        .layer(axum::middleware::from_fn_with_state(
-            state,
-            crate::console::credentials::credentials::<W>,
-        ));
-    match cors {
-        Some(cors) => routes.layer(cors),
-        None => routes,
-    }
+        .with_state(state)
 }
 
 /// Lets pages from `origins` call the API from a browser: preflights are answered,
 /// and every response (errors included) names the origin. Browsers send the token in
 /// `Authorization` (no cookies), and a reconnecting `EventSource` its `Last-Event-ID`.
-fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+pub(crate) fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
     use tower_http::cors::{AllowOrigin, CorsLayer};
     if origins.is_empty() {
         return None;
