@@ -13,6 +13,7 @@ mod any;
 mod bwrap;
 mod cgroup;
 mod classify;
+pub mod conformance;
 pub mod egress;
 mod env;
 mod inside;
