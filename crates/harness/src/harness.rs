@@ -174,8 +174,6 @@ pub struct NewSession {
     /// appended together with the session's first record, so no crash can leave a
     /// session that exists but has lost its task.
     pub task: Option<String>,
-    /// The most the session may spend on model calls, millionths of a dollar.
-    pub budget_micro_usd: Option<u64>,
     /// Pause for a human's approval before every external-effect tool call (the
     /// shorthand for an `approval` of `{"external": "ask"}`).
     pub approve_external: bool,
@@ -216,7 +214,6 @@ impl NewSession {
             workspace_id: None,
             owner: "local".into(),
             task: None,
-            budget_micro_usd: None,
             approve_external: false,
             approval: None,
             limits: Default::default(),
@@ -436,7 +433,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// workspace's initial snapshot. Returns its id.
     pub async fn start_session(&self, new: NewSession) -> Result<String> {
         let model = parse_model(&new.model)?;
-        let money_bound = new.limits.max_cost_micro_usd.or(new.budget_micro_usd);
+        let money_bound = new.limits.max_cost_micro_usd;
         if money_bound.is_some() && !self.is_priced(&model) {
             return Err(Error::Invalid(format!(
                 "budget: the model {} has no price here, so a money bound could never \
@@ -522,7 +519,9 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             host,
             initial_snapshot: Some(snapshot),
             created_at_ms: now_ms(),
-            budget_micro_usd: new.budget_micro_usd,
+            // A session's money bound is `limits.max_cost_micro_usd`; this field is
+            // only read from logs written before there were limits.
+            budget_micro_usd: None,
             approve_external: new.approve_external,
             approval,
             limits: new.limits,

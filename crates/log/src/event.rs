@@ -558,7 +558,9 @@ pub enum Event {
         initial_snapshot: Option<String>,
         /// Wall-clock start, milliseconds since the Unix epoch.
         created_at_ms: u64,
-        /// The most the session may spend on model calls, millionths of a dollar.
+        /// The money bound of a log written before sessions had `limits` (millionths
+        /// of a dollar), read as `limits.max_cost_micro_usd` when that is unset; new
+        /// sessions write `None` and keep their bound in `limits` only.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         budget_micro_usd: Option<u64>,
         /// Pause for a human's approval before every external-effect tool call.

@@ -416,7 +416,6 @@ pub(crate) async fn create<W: World + Clone>(
     new.agent = agent;
     new.owner = owner.clone();
     new.task = req.task;
-    new.budget_micro_usd = limits.max_cost_micro_usd;
     new.limits = limits;
     new.approve_external = req.approve_external;
     new.approval = req.approval;
