@@ -65,7 +65,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         let mut answers = None;
         if !target.queue {
             let state = self.state(session).await?;
-            let waiting = state.waiting.as_ref();
+            let waiting = state.waiting();
             let refuse = |now: String| {
                 Err(Error::NotWaiting(format!(
                     "session {session} {now}; `{name}` would answer a later wait no one has \
@@ -86,11 +86,14 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 (None, Some(asked)) => {
                     return refuse(format!(
                         "no longer waits at #{asked} (it is {} and waits for no signal)",
-                        state.status
+                        state.phase.status()
                     ))
                 }
                 (None, None) => {
-                    return refuse(format!("is {} and waits for no signal", state.status))
+                    return refuse(format!(
+                        "is {} and waits for no signal",
+                        state.phase.status()
+                    ))
                 }
             }
         }
@@ -145,7 +148,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             .await?;
         let state = self.state(session).await?;
         let status = if state.is_ended() {
-            state.status
+            state.phase.status()
         } else {
             steadfast_log::Status::Closed
         };
@@ -215,10 +218,11 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 "agent: the session runs the native loop; only a wrapped CLI's changes".into(),
             ));
         }
-        if state.is_ended() || state.status != steadfast_log::Status::Idle {
+        if state.is_ended() || state.phase.status() != steadfast_log::Status::Idle {
             return Err(Error::Invalid(format!(
                 "agent: session {} is {}; change its agent between turns",
-                lease.session, state.status
+                lease.session,
+                state.phase.status()
             )));
         }
         let (name, version) = match spec.split_once('@') {

@@ -244,7 +244,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
 
     /// Sends a user message, opening a turn.
     pub async fn send(&mut self, text: &str) -> Result<()> {
-        let (next, status, turn) = self.live.with(|s| (s.next(), s.status, s.turn + 1));
+        let (next, status, turn) = self.live.with(|s| (s.next(), s.phase.status(), s.turn + 1));
         if next != Next::WaitForMessage {
             return Err(Error::Invalid(format!(
                 "session {} is {status}; a message can only start a turn when it is idle",
@@ -369,7 +369,7 @@ impl<'h, W: World + Clone, S: Sandbox> Driver<'h, W, S> {
                 let inbox = self.harness.world.inbox(&self.lease.session).await?;
                 if let Some(item) = inbox.iter().find(|i| interrupt::is_interrupt(i)) {
                     // An escalated session runs nothing: the interrupt stops nothing.
-                    let status = self.state().status;
+                    let status = self.state().phase.status();
                     if status != steadfast_log::Status::Waiting {
                         let turn = self.state().turn;
                         return self

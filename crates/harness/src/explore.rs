@@ -78,7 +78,7 @@ impl<W: steadfast_world::World + Clone, S: steadfast_sandbox::Sandbox> crate::Ha
         let state = self.state(parent).await?;
         let prefix = format!("{}.", steadfast_log::EXPLORED_SIGNAL);
         let Some(call) = state
-            .waiting
+            .waiting()
             .as_ref()
             .and_then(|w| w.name.strip_prefix(&prefix))
             .map(str::to_string)

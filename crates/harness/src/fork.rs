@@ -3,7 +3,7 @@
 //! recorded there (named by content in the log, materialized when the child is first
 //! driven). Neither the history's length nor the workspace's size is paid at the fork.
 
-use steadfast_log::{Event, Explorer, Record, Status};
+use steadfast_log::{Event, Explorer, Record};
 use steadfast_world::{Fork, SessionSummary, World};
 
 use crate::harness::{parse_model, Harness};
@@ -63,11 +63,7 @@ pub(crate) fn set_aside(session: &str, field: &str, at: u64, folded_to: u64) -> 
 
 /// The signal a session in `state` waits for, as the world's row keeps it.
 pub(crate) fn awaited(state: &steadfast_log::SessionState) -> Option<String> {
-    match state.status {
-        Status::Waiting => state.waiting.as_ref().map(|w| w.name.clone()),
-        Status::Escalated => Some(steadfast_log::RESUME_SIGNAL.to_string()),
-        _ => None,
-    }
+    state.waiting().map(|w| w.name.clone())
 }
 
 impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
@@ -225,8 +221,8 @@ async fn make_forks<W: World>(
             at,
             event,
             status: match request.held {
-                true => steadfast_log::Status::Idle.to_string(),
-                false => child.status.to_string(),
+                true => steadfast_log::Status::Idle,
+                false => child.phase.status(),
             },
             waiting_for,
             title,

@@ -619,7 +619,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 steadfast_log::Event::UserMessage { .. } | steadfast_log::Event::DriveFailed { .. }
             )
         });
-        if state.status == steadfast_log::Status::Running {
+        if state.phase.status() == steadfast_log::Status::Running {
             // The turn is timed and traced whole, though it began elsewhere.
             let began = records.iter().rev().find_map(|r| match r.event {
                 steadfast_log::Event::UserMessage { turn, .. } => Some((turn, r.at_ms)),
@@ -629,7 +629,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
                 steadfast_metrics::metrics().turn_resumed(&lease.session, turn, at);
             }
         }
-        if state.status == steadfast_log::Status::Running && !fresh_or_retrying {
+        if state.phase.status() == steadfast_log::Status::Running && !fresh_or_retrying {
             let last = records.last().map_or(0, |r| r.at_ms);
             let behind = steadfast_world::now_ms().saturating_sub(last);
             steadfast_metrics::metrics().takeover(std::time::Duration::from_millis(behind));

@@ -139,7 +139,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
         let (then, _) =
             steadfast_world::load_state_at(self.world(), self.blobs(), session, to).await?;
         crate::fork::set_aside(session, "to", to, then.last_seq)?;
-        if matches!(then.status, Status::Running | Status::Waiting) {
+        if matches!(then.phase.status(), Status::Running | Status::Waiting) {
             return Err(Error::Invalid(format!(
                 "to: position {to} is inside turn {} of session {session}; rewind to a turn's \
                  end (or fork there, which any position allows)",
@@ -185,7 +185,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                 lease: lease.clone(),
                 to,
                 event,
-                status: after.status.to_string(),
+                status: after.phase.status(),
                 waiting_for: crate::fork::awaited(&after),
             })
             .await?;
@@ -202,7 +202,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
             to,
             branch,
             facts,
-            status: after.status,
+            status: after.phase.status(),
         })
     }
 }

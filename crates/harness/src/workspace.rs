@@ -74,7 +74,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
         state: SessionState,
     ) -> Result<SessionState> {
         let mut state = self.close_orphaned_shell(lease, state).await?;
-        let between_turns = state.status == steadfast_log::Status::Idle
+        let between_turns = state.phase.status() == steadfast_log::Status::Idle
             && !state.is_ended()
             && !state.rewound_workspace;
         let Some(last) = state.last_snapshot.clone() else {

@@ -424,7 +424,7 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
             }
             let (ended, status, turn, waiting) = self
                 .live
-                .with(|s| (s.ended, s.status, s.turn, s.waiting.clone()));
+                .with(|s| (s.is_ended(), s.phase.status(), s.turn, s.waiting().cloned()));
             if ended {
                 return Ok(Some(Stop::Ended(end_state(status))));
             }
@@ -493,7 +493,8 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
                         }
                         Err(e) => {
                             // A CLI that failed past its restarts has ended the session.
-                            let (ended, status) = self.live.with(|s| (s.ended, s.status));
+                            let (ended, status) =
+                                self.live.with(|s| (s.is_ended(), s.phase.status()));
                             if ended {
                                 return Ok(Some(Stop::Ended(end_state(status))));
                             }
@@ -553,7 +554,9 @@ impl<W: World + Clone, S: Sandbox> WrappedDriver<'_, W, S> {
 
     /// Sends a user message, opening a turn.
     pub async fn send(&mut self, text: &str) -> Result<()> {
-        let (status, ended, turn) = self.live.with(|s| (s.status, s.ended, s.turn + 1));
+        let (status, ended, turn) = self
+            .live
+            .with(|s| (s.phase.status(), s.is_ended(), s.turn + 1));
         if status != Status::Idle || ended {
             return Err(Error::Invalid(format!(
                 "session {} is {status}; a message can only start a turn when it is idle",

@@ -44,7 +44,7 @@ async fn a_worker_never_drives_a_wrapped_session_with_the_native_loop() -> anyho
     let work = harness.work(rx);
     let finished = async {
         for _ in 0..200 {
-            if harness.state(&native).await?.status == steadfast_log::Status::Idle {
+            if harness.state(&native).await?.phase.status() == steadfast_log::Status::Idle {
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(25)).await;
@@ -57,7 +57,7 @@ async fn a_worker_never_drives_a_wrapped_session_with_the_native_loop() -> anyho
     let (_, finished) = tokio::join!(work, finished);
     finished?;
     assert_eq!(
-        harness.state(&native).await?.status,
+        harness.state(&native).await?.phase.status(),
         steadfast_log::Status::Idle
     );
     // One record says why (a person sees a session no worker can run, not an idle

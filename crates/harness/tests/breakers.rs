@@ -70,7 +70,7 @@ async fn a_runaway_turn_escalates_with_the_diff_and_resume_grants_more_steps() {
     assert_eq!(diff, vec!["added clock.txt".to_string()]);
     assert_eq!(setup.fake.calls(), 2);
     let summary = harness.world().session(&id).await.unwrap();
-    assert_eq!(summary.status, "escalated");
+    assert_eq!(summary.status, steadfast_log::Status::Escalated);
 
     // Waking without the signal does nothing more.
     assert_eq!(run(&harness, &id).await, escalated());

@@ -146,7 +146,11 @@ async fn forks_begin_where_the_parent_was_and_go_their_own_way() -> anyhow::Resu
         .await?;
     assert_eq!(mid.len(), 2);
     for fork in &mid {
-        assert_eq!(fork.status, "running", "a fork inside a turn carries it on");
+        assert_eq!(
+            fork.status,
+            steadfast_log::Status::Running,
+            "a fork inside a turn carries it on"
+        );
         assert_eq!(fork.forked_at, Some(inside));
         assert_eq!(fork.parent.as_deref(), Some(parent.as_str()));
     }
@@ -239,7 +243,7 @@ async fn forks_begin_where_the_parent_was_and_go_their_own_way() -> anyhow::Resu
     assert_eq!(setup.fake.state().calls_per_step(), [1, 3, 3, 2, 2]);
     for fork in [a, b, c] {
         let state = harness.state(fork).await?;
-        assert_eq!(state.status, Status::Idle);
+        assert_eq!(state.phase.status(), Status::Idle);
         assert_eq!(
             state.former_workspaces.first().map(PathBuf::from),
             Some(repo.canonicalize()?)
@@ -393,7 +397,7 @@ async fn a_fork_at_a_call_in_flight_resolves_it_against_the_fork_point() -> anyh
         })
         .await?
         .remove(0);
-    assert_eq!(fork.status, "running");
+    assert_eq!(fork.status, steadfast_log::Status::Running);
     let mut driver = harness.wake_native(&fork.id).await?;
     assert_eq!(driver.run().await?, Stop::Idle);
     driver.release().await?;

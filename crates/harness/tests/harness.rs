@@ -228,7 +228,7 @@ async fn a_rejected_model_call_fails_the_session_clearly() -> anyhow::Result<()>
     driver.send("go").await?;
     assert_eq!(driver.run().await?, Stop::Ended(EndState::Failed));
     let state = harness.state(&id).await?;
-    assert!(state.end_reason.unwrap().contains("400"));
+    assert!(state.end_reason().unwrap().contains("400"));
     assert_eq!(setup.fake.calls(), 1, "a 4xx is not retried");
     Ok(())
 }
@@ -347,7 +347,10 @@ async fn the_approval_tool_waits_for_a_signal_holding_nothing() -> anyhow::Resul
     let mut driver = harness.wake_native(&id).await?;
     assert_eq!(driver.run().await?, Stop::Waiting("approval".into()));
     driver.release().await?;
-    assert_eq!(harness.world().session(&id).await?.status, "waiting");
+    assert_eq!(
+        harness.world().session(&id).await?.status,
+        steadfast_log::Status::Waiting
+    );
     let other = Holder::new("someone-else");
     assert!(
         harness
@@ -452,7 +455,7 @@ async fn a_worker_takes_queued_messages_from_the_world() -> anyhow::Result<()> {
             .unwrap();
         for _ in 0..200 {
             let s = harness.state(&id).await.unwrap();
-            if s.turn == 2 && s.status == steadfast_log::Status::Idle {
+            if s.turn == 2 && s.phase.status() == steadfast_log::Status::Idle {
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(25)).await;
@@ -461,7 +464,10 @@ async fn a_worker_takes_queued_messages_from_the_world() -> anyhow::Result<()> {
     };
     tokio::join!(worker, client);
     let state = harness.state(&id).await?;
-    assert_eq!((state.turn, state.status), (2, steadfast_log::Status::Idle));
+    assert_eq!(
+        (state.turn, state.phase.status()),
+        (2, steadfast_log::Status::Idle)
+    );
     assert_eq!(state.last_reply().as_deref(), Some("second reply"));
     Ok(())
 }
@@ -493,7 +499,7 @@ async fn a_failing_provider_is_retried_later_with_backoff_and_no_lease_held() ->
         let (mut retrying_seen, mut free_seen) = (false, 0);
         for _ in 0..400 {
             let summary = harness.world().session(&id).await.unwrap();
-            if summary.status == "retrying" {
+            if summary.status == steadfast_log::Status::Retrying {
                 retrying_seen = true;
                 // Between attempts nobody holds the session: another worker, or a
                 // close, could take it at once. (The worker may just be letting go,
@@ -507,7 +513,7 @@ async fn a_failing_provider_is_retried_later_with_backoff_and_no_lease_held() ->
                     free_seen += 1;
                 }
             }
-            if summary.status == "idle" {
+            if summary.status == steadfast_log::Status::Idle {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -556,7 +562,10 @@ async fn a_failing_provider_is_retried_later_with_backoff_and_no_lease_held() ->
     let state = harness.state(&id).await?;
     assert_eq!(state.last_reply().as_deref(), Some("back again"));
     assert!(state.retry.is_none() && state.failures_in_row == 0);
-    assert_eq!(harness.world().session(&id).await?.status, "idle");
+    assert_eq!(
+        harness.world().session(&id).await?.status,
+        steadfast_log::Status::Idle
+    );
     Ok(())
 }
 
@@ -583,13 +592,14 @@ async fn an_interrupt_reaches_a_session_waiting_to_retry_at_once() -> anyhow::Re
     let worker = harness.work(stop_rx);
     let client = async {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while harness.world().session(&id).await.unwrap().status != "retrying" {
+        while harness.world().session(&id).await.unwrap().status != steadfast_log::Status::Retrying
+        {
             assert!(Instant::now() < deadline, "the first attempt failed");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         harness.interrupt(&id, "alice").await.unwrap();
         let asked = Instant::now();
-        while harness.world().session(&id).await.unwrap().status != "idle" {
+        while harness.world().session(&id).await.unwrap().status != steadfast_log::Status::Idle {
             assert!(
                 asked.elapsed() < Duration::from_secs(20),
                 "the interrupt did not wait out the 600 s retry"
@@ -600,7 +610,7 @@ async fn an_interrupt_reaches_a_session_waiting_to_retry_at_once() -> anyhow::Re
     };
     tokio::join!(worker, client);
     let state = harness.state(&id).await?;
-    assert_eq!(state.interrupted_by.as_deref(), Some("alice"));
+    assert_eq!(state.interrupted_by(), Some("alice"));
     assert!(state.retry.is_none());
     Ok(())
 }

@@ -747,7 +747,7 @@ impl<W: World + Clone, S: Sandbox> Journal<W, S> {
     pub(crate) async fn stop_waiting(&self, wait: Event, told: &str) -> Result<(String, bool)> {
         {
             let _writer = self.recording.lock().await;
-            if self.live.with(|s| s.waiting.is_none()) {
+            if self.live.with(|s| s.waiting().is_none()) {
                 self.live.append(&[wait]).await?;
             }
         }

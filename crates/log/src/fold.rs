@@ -9,46 +9,69 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::event::{
-    Breaker, EndState, Event, Limits, ModelSpec, ToolClass, ToolResolution, Usage, DENIED,
-    INTERRUPTED_NOT_BEGUN, INTERRUPTED_OUTCOME_UNKNOWN, INTERRUPTED_ROLLED_BACK,
-    INTERRUPTED_ROLLED_BACK_BESIDE, RESUME_SIGNAL,
+    Breaker, EndState, Event, Limits, ModelSpec, ToolClass, Usage, INTERRUPTED_OUTCOME_UNKNOWN,
 };
-use crate::is_workspace_id;
 use crate::message::{Block, Message, Role, ToolUse};
 use crate::record::Record;
 
-/// Where a session stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+mod lifecycle;
+mod model;
+mod signals;
+mod tools;
+mod turns;
+mod workspace;
+mod wrapped;
+
+pub use crate::status::Status;
+
+/// What folding one record into the state makes of it: `Err` says why the record
+/// cannot follow the ones before it.
+type Folded = Result<(), &'static str>;
+
+/// Where a session is in its life, with what only that part of its life has: the
+/// session's status is read from it ([`SessionState::status`]), so no other field can
+/// say otherwise.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Status {
+pub enum Phase {
     /// Between turns, waiting for a user message.
-    Idle,
+    Idle {
+        /// Who interrupted the last turn, if it was interrupted.
+        interrupted_by: Option<String>,
+    },
     /// A turn is open.
-    Running,
-    /// Ended: completed.
-    Completed,
-    /// Ended: failed.
-    Failed,
-    /// Stopped by a bound and escalated to a human: waits for a `resume` signal
-    /// (or, in logs that ended it, over for good).
-    Escalated,
+    Running {
+        /// While a compaction call is pending: the position it summarises up to.
+        compacting: Option<u32>,
+    },
     /// Paused until a named signal arrives.
-    Waiting,
-    /// Ended: closed by a person.
-    Closed,
+    Waiting(Wait),
+    /// Stopped by a bound: waits for a person's `resume` signal.
+    Escalated {
+        /// The bound.
+        breaker: Breaker,
+        /// The wait for `resume`.
+        wait: Wait,
+    },
+    /// Over for good.
+    Ended {
+        /// How it ended.
+        state: EndState,
+        /// Why.
+        reason: String,
+    },
 }
 
-impl std::fmt::Display for Status {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Status::Idle => "idle",
-            Status::Running => "running",
-            Status::Completed => "completed",
-            Status::Failed => "failed",
-            Status::Escalated => "escalated",
-            Status::Waiting => "waiting",
-            Status::Closed => "closed",
-        })
+impl Phase {
+    /// The status this phase is.
+    pub fn status(&self) -> Status {
+        match self {
+            Phase::Idle { .. } => Status::Idle,
+            Phase::Running { .. } => Status::Running,
+            Phase::Waiting(_) => Status::Waiting,
+            Phase::Escalated { .. } => Status::Escalated,
+            Phase::Ended { state, .. } => Status::ended(*state),
+        }
     }
 }
 
@@ -263,7 +286,7 @@ pub enum Next {
 /// The format of stored checkpoints. Bump it with any change to [`SessionState`] or to
 /// what folding a record does: a checkpoint of another version is ignored and the log
 /// folded in full.
-pub const CHECKPOINT_VERSION: u32 = 3;
+pub const CHECKPOINT_VERSION: u32 = 4;
 
 /// A session's folded state as stored in the blob store (named by its hash, so it
 /// comes back checked) by an [`Event::Checkpoint`].
@@ -362,45 +385,6 @@ pub fn approval_key(tool: &str, input: &Value) -> String {
     )
 }
 
-/// The most changed paths an edit's note to the model names one by one.
-const EDITED_NOTE_PATHS: usize = 50;
-
-/// What the model is told of what a person changed in a shell in its sandbox.
-fn shell_note(by: &str, changes: &[String]) -> String {
-    changes_note(
-        &format!(
-            "[steadfast] Between turns, {by} opened a shell in this session's sandbox and \
-             changed its workspace; the files are as they were left:"
-        ),
-        changes,
-    )
-}
-
-/// What the model is told of a workspace changed from outside the session.
-fn edited_note(changes: &[String]) -> String {
-    changes_note(
-        "[steadfast] While the session was paused, its workspace was changed from outside \
-         it (by a person or another program); the files are as they were left:",
-        changes,
-    )
-}
-
-/// `opening`, then the changed paths a line each, the first [`EDITED_NOTE_PATHS`] of
-/// them named.
-fn changes_note(opening: &str, changes: &[String]) -> String {
-    let mut note = opening.to_string();
-    for change in changes.iter().take(EDITED_NOTE_PATHS) {
-        note.push_str(&format!("\n- {change}"));
-    }
-    if changes.len() > EDITED_NOTE_PATHS {
-        note.push_str(&format!(
-            "\n- and {} more",
-            changes.len() - EDITED_NOTE_PATHS
-        ));
-    }
-    note
-}
-
 /// A service the log says runs: started by the `service` tool and not stopped since.
 /// It is started again whenever the session's sandbox is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -463,10 +447,8 @@ pub struct SessionState {
     pub created_at_ms: u64,
     /// The conversation so far, as the model will see it.
     pub conversation: Vec<Message>,
-    /// Where the session stands.
-    pub status: Status,
-    /// Why it ended, if it did.
-    pub end_reason: Option<String>,
+    /// Where the session is in its life, with what only that phase has.
+    pub phase: Phase,
     /// The current (or last) turn, from 1.
     pub turn: u32,
     /// The last model step of the current turn with a recorded outcome.
@@ -498,11 +480,10 @@ pub struct SessionState {
     pub last_snapshot: Option<String>,
     /// The last position folded.
     pub last_seq: u64,
-    /// The pause in force, if any.
-    pub waiting: Option<Wait>,
-    /// Who interrupted the last turn, while the session is idle after it.
-    pub interrupted_by: Option<String>,
     /// The retry scheduled after the last failure, until the session is driven again.
+    /// Not a phase: a drive may fail in any phase but the end, and the next attempt
+    /// begins in the phase the failure left; while one is scheduled the session's
+    /// status says `retrying` ([`SessionState::status`]).
     pub retry: Option<Retry>,
     /// Failures to drive the session since its last recorded model or tool outcome.
     pub failures_in_row: u32,
@@ -524,8 +505,6 @@ pub struct SessionState {
     pub held_for_approval: Vec<HeldConnection>,
     /// The last inbox entry taken into the log.
     pub inbox_consumed: u64,
-    /// While a compaction call is pending: the position it summarises up to.
-    pub compacting: Option<u32>,
     /// How many model turns compaction summaries stand for, in all.
     pub compacted_turns: u32,
     /// How many compactions (summaries) the conversation has had.
@@ -551,12 +530,8 @@ pub struct SessionState {
     pub git: Option<crate::GitSource>,
     /// The user's MCP servers the agent is offered tools of.
     pub mcp_servers: Vec<crate::McpServer>,
-    /// Whether the session is over for good.
-    pub ended: bool,
     /// The session's own network policy, if it has one.
     pub network: Option<String>,
-    /// The bound that stopped the session, while it is escalated.
-    pub escalated: Option<Breaker>,
     /// How many tool calls in a row were the same call with the same input and left
     /// the workspace as it was (the loop breaker's count).
     pub loop_streak: u32,
@@ -630,24 +605,6 @@ pub struct ExploredAnswer {
     /// The tokens it used since it was forked, counted likewise.
     #[serde(default)]
     pub tokens: u64,
-}
-
-/// The `explore` call's result once every explorer has answered: each task with its
-/// explorer's session and answer.
-fn explored_result(answers: &[ExploredAnswer]) -> String {
-    let mut answers = answers.to_vec();
-    answers.sort_by_key(|a| a.index);
-    let mut out = format!("{} explorer(s) finished.\n", answers.len());
-    for a in &answers {
-        out.push_str(&format!(
-            "\n## Explorer {} ({})\nTask: {}\nAnswer:\n{}\n",
-            a.index + 1,
-            a.session,
-            a.task,
-            a.answer.trim()
-        ));
-    }
-    out
 }
 
 /// Why a log could not be folded.
@@ -734,8 +691,9 @@ impl SessionState {
             initial_snapshot: initial_snapshot.clone(),
             created_at_ms: *created_at_ms,
             conversation: Vec::new(),
-            status: Status::Idle,
-            end_reason: None,
+            phase: Phase::Idle {
+                interrupted_by: None,
+            },
             turn: 0,
             step: 0,
             pending_model: None,
@@ -748,8 +706,6 @@ impl SessionState {
             model_attempts: 0,
             last_snapshot: initial_snapshot.clone(),
             last_seq: 1,
-            waiting: None,
-            interrupted_by: None,
             retry: None,
             failures_in_row: 0,
             approved: Vec::new(),
@@ -757,7 +713,6 @@ impl SessionState {
             reaches_network: Vec::new(),
             held_for_approval: Vec::new(),
             inbox_consumed: 0,
-            compacting: None,
             compacted_turns: 0,
             compactions: 0,
             last_checkpoint: 0,
@@ -776,9 +731,7 @@ impl SessionState {
             services: Vec::new(),
             git: git.as_deref().cloned(),
             mcp_servers: mcp_servers.clone(),
-            ended: false,
             network: network.clone(),
-            escalated: None,
             loop_streak: 0,
             last_tool_call: None,
             steps_from: 0,
@@ -837,136 +790,75 @@ impl SessionState {
         self.agent != "native"
     }
 
-    /// A wrapped agent's tool event; `Ok(false)` if `event` is not one.
-    fn apply_wrapped_tool(&mut self, event: &Event) -> Result<bool, &'static str> {
-        match event {
-            Event::ToolCallIntent {
-                call_id,
-                tool,
-                input,
-                class,
-                snapshot_before,
-            } => {
-                if snapshot_before.is_some() {
-                    self.last_snapshot = snapshot_before.clone();
-                }
-                self.wrapped_tools.push(WrappedTool {
-                    call_id: call_id.clone(),
-                    tool: tool.clone(),
-                    input: input.clone(),
-                    class: *class,
-                    snapshot_before: snapshot_before.clone(),
-                    after_exchanges: self.exchanges.len() as u32,
-                    result: None,
-                    snapshot_after: None,
-                    done: false,
-                    result_order: 0,
-                    egress: Vec::new(),
-                });
-            }
-            Event::ToolCallOutcome {
-                call_id,
-                is_error,
-                output,
-                snapshot_after,
-                ..
-            } => {
-                let order = self.next_result_order();
-                let t = self
-                    .wrapped_tools
-                    .iter_mut()
-                    .find(|t| &t.call_id == call_id && t.result.is_none())
-                    .ok_or("no such pending tool call")?;
-                t.result = Some((output.for_model(), *is_error));
-                t.result_order = order;
-                t.done = true;
-                t.snapshot_after = snapshot_after.clone().or_else(|| t.snapshot_before.clone());
-                let unchanged = match snapshot_after {
-                    None => true,
-                    Some(after) => t.snapshot_before.as_ref() == Some(after),
-                };
-                let (tool, input) = (t.tool.clone(), t.input.clone());
-                self.count_call(&tool, &input, unchanged);
-                self.note_service(&tool, &input, *is_error);
-                if snapshot_after.is_some() {
-                    self.last_snapshot = snapshot_after.clone();
-                }
-            }
-            Event::ToolCallInterrupted {
-                call_id,
-                resolution,
-            } => {
-                let at = self
-                    .wrapped_tools
-                    .iter()
-                    .position(|t| &t.call_id == call_id && t.result.is_none())
-                    .ok_or("no such pending tool call")?;
-                let result = match resolution {
-                    ToolResolution::Rerun | ToolResolution::Reconciled { done: false, .. } => None,
-                    ToolResolution::RolledBack { snapshot } => {
-                        if snapshot.is_some() {
-                            self.last_snapshot = snapshot.clone();
-                        }
-                        // Put back to a later point than its own start: siblings that
-                        // ran beside it were recorded after it began and are kept.
-                        let beside = snapshot.is_some()
-                            && *snapshot != self.wrapped_tools[at].snapshot_before;
-                        let text = if beside {
-                            INTERRUPTED_ROLLED_BACK_BESIDE
-                        } else {
-                            INTERRUPTED_ROLLED_BACK
-                        };
-                        Some((text.to_string(), true))
-                    }
-                    ToolResolution::OutcomeUnknown => {
-                        Some((INTERRUPTED_OUTCOME_UNKNOWN.to_string(), true))
-                    }
-                    ToolResolution::Reconciled {
-                        done: true,
-                        evidence,
-                    } => Some((evidence.clone(), false)),
-                };
-                let left_at = match resolution {
-                    ToolResolution::RolledBack { snapshot } if snapshot.is_some() => {
-                        snapshot.clone()
-                    }
-                    _ => self.wrapped_tools[at].snapshot_before.clone(),
-                };
-                let order = self.next_result_order();
-                match result {
-                    Some(r) => {
-                        let t = &mut self.wrapped_tools[at];
-                        t.result = Some(r);
-                        t.snapshot_after = left_at;
-                        t.result_order = order;
-                    }
-                    None => {
-                        self.wrapped_tools.remove(at);
-                    }
-                }
-            }
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-
-    /// The order the next wrapped call's result is recorded in (see
-    /// [`WrappedTool::result_order`]).
-    fn next_result_order(&mut self) -> u32 {
-        self.wrapped_results += 1;
-        self.wrapped_results
-    }
-
     /// Whether the session is over for good.
     pub fn is_ended(&self) -> bool {
-        self.ended
+        matches!(self.phase, Phase::Ended { .. })
+    }
+
+    /// Whether a turn is open and not paused.
+    pub fn is_running(&self) -> bool {
+        matches!(self.phase, Phase::Running { .. })
+    }
+
+    /// Whether the session is between turns.
+    pub fn is_idle(&self) -> bool {
+        matches!(self.phase, Phase::Idle { .. })
+    }
+
+    /// Where the session stands, as its summary, stream and API say it: its phase, or
+    /// `retrying` while a retry is scheduled.
+    pub fn status(&self) -> Status {
+        if self.retry.is_some() {
+            return Status::Retrying;
+        }
+        self.phase.status()
+    }
+
+    /// The pause in force (a wait, or an escalation's wait for `resume`), if any.
+    pub fn waiting(&self) -> Option<&Wait> {
+        match &self.phase {
+            Phase::Waiting(wait) | Phase::Escalated { wait, .. } => Some(wait),
+            _ => None,
+        }
+    }
+
+    /// The bound that stopped the session, while it is escalated.
+    pub fn escalated_by(&self) -> Option<Breaker> {
+        match self.phase {
+            Phase::Escalated { breaker, .. } => Some(breaker),
+            _ => None,
+        }
+    }
+
+    /// Why the session ended, if it did.
+    pub fn end_reason(&self) -> Option<&str> {
+        match &self.phase {
+            Phase::Ended { reason, .. } => Some(reason),
+            _ => None,
+        }
+    }
+
+    /// Who interrupted the last turn, while the session is idle after it.
+    pub fn interrupted_by(&self) -> Option<&str> {
+        match &self.phase {
+            Phase::Idle { interrupted_by } => interrupted_by.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// While a compaction call is pending: the position it summarises up to.
+    pub fn compacting(&self) -> Option<u32> {
+        match self.phase {
+            Phase::Running { compacting } => compacting,
+            _ => None,
+        }
     }
 
     /// The bound this session has hit, if any, at `now_ms` with at most
     /// `max_steps_per_turn` model calls a turn. Checked before each model call and each
     /// tool call of a running turn; see [`Event::Escalated`].
     pub fn breaker(&self, now_ms: u64, max_steps_per_turn: u32) -> Option<(Breaker, String)> {
-        if self.status != Status::Running || self.waiting.is_some() {
+        if !self.is_running() {
             return None;
         }
         let next = self.next();
@@ -1052,10 +944,10 @@ impl SessionState {
 
     /// What the harness must do next.
     pub fn next(&self) -> Next {
-        if self.ended {
-            return Next::Ended(self.status);
+        if self.is_ended() {
+            return Next::Ended(self.phase.status());
         }
-        if let Some(w) = &self.waiting {
+        if let Some(w) = self.waiting() {
             return Next::WaitForSignal(w.clone());
         }
         if let Some(p) = &self.pending_model {
@@ -1064,7 +956,7 @@ impl SessionState {
         if let Some(p) = self.pending_tools.first() {
             return Next::ResolveTool(p.clone());
         }
-        if self.status != Status::Running {
+        if !self.is_running() {
             return Next::WaitForMessage;
         }
         if let Some(t) = self.queued_tools.first() {
@@ -1083,11 +975,7 @@ impl SessionState {
     /// call pending, no breaker that stops tool calls. `None` when the reply has no tool
     /// call, or something would.
     pub fn tool_after_reply(&self, content: &[Block], now_ms: u64) -> Option<ToolUse> {
-        if self.ended
-            || self.waiting.is_some()
-            || !self.pending_tools.is_empty()
-            || self.status != Status::Running
-        {
+        if !self.is_running() || !self.pending_tools.is_empty() {
             return None;
         }
         // Of the bounds, only the wall clock stops a tool call (see `breaker`), and
@@ -1115,14 +1003,16 @@ impl SessionState {
 
     /// Folds one more record into the state.
     pub fn apply(&mut self, record: &Record) -> Result<(), FoldError> {
+        let bad = |reason: String| FoldError::Inconsistent {
+            seq: record.seq,
+            kind: record.event.kind(),
+            reason,
+        };
         if let Event::Rewound { to, facts, .. } = &record.event {
             // The one record that follows a position other than the one before it.
             if self.last_seq != *to || record.seq <= *to {
-                return Err(FoldError::Inconsistent {
-                    seq: record.seq,
-                    kind: record.event.kind(),
-                    reason: format!("a rewind to {to} follows the state at {}", self.last_seq),
-                });
+                let at = self.last_seq;
+                return Err(bad(format!("a rewind to {to} follows the state at {at}")));
             }
             self.rewind(facts);
             self.last_seq = record.seq;
@@ -1135,146 +1025,28 @@ impl SessionState {
             });
         }
         self.kept_bytes = self.kept_bytes.saturating_add(record.event.kept_bytes());
-        let kind = record.event.kind();
-        let bad = |reason: &str| FoldError::Inconsistent {
-            seq: record.seq,
-            kind,
-            reason: reason.to_string(),
-        };
-        if let Event::Forked {
-            workspace,
-            model,
-            limits,
-            agent,
-            instructions,
-            explorer,
-            ..
-        } = &record.event
-        {
-            if let Some(explorer) = explorer {
-                let pending =
-                    self.is_wrapped() || self.queued_tools.iter().any(|t| t.id == explorer.call_id);
-                if !pending {
-                    return Err(bad("an explorer is forked where its `explore` call is due"));
-                }
-                self.explorer = Some(explorer.clone());
-            }
-            self.fork(workspace, model.as_ref()).map_err(bad)?;
-            if let Some(limits) = limits {
-                self.limits = *limits;
-            }
-            if let Some((agent, cli)) = agent {
-                if !self.is_wrapped() {
-                    return Err(bad("only a wrapped agent's session can change its CLI"));
-                }
-                self.agent = agent.clone();
-                self.agent_cli = Some(cli.clone());
-            }
-            if let Some(instructions) = instructions {
-                if !self.is_wrapped() {
-                    return Err(bad("only a wrapped agent's session is given instructions"));
-                }
-                self.instructions = Some(instructions.clone()).filter(|i| !i.is_empty());
-            }
-            self.last_seq = record.seq;
-            return Ok(());
+        self.apply_event(record.seq, &record.event)
+            .map_err(|reason| bad(reason.to_string()))?;
+        self.last_seq = record.seq;
+        Ok(())
+    }
+
+    /// Folds one event, each family by its own module.
+    fn apply_event(&mut self, seq: u64, event: &Event) -> Folded {
+        if let Event::Forked { .. } = event {
+            return self.forked(event);
         }
-        if self.ended {
-            return Err(bad("the session has already ended"));
+        if self.is_ended() {
+            return Err("the session has already ended");
         }
-        match &record.event {
-            Event::DriveFailed {
-                reason,
-                attempt,
-                retry_at_ms,
-            } => {
-                self.failures_in_row = *attempt;
-                self.retry = retry_at_ms.map(|at_ms| Retry {
-                    attempt: *attempt,
-                    reason: reason.clone(),
-                    at_ms,
-                });
-                self.last_seq = record.seq;
-                return Ok(());
-            }
-            Event::AgentChanged {
-                agent,
-                cli,
-                instructions,
-            } => {
-                if !self.is_wrapped() || self.status != Status::Idle {
-                    return Err(bad("a wrapped session's agent is changed between turns"));
-                }
-                self.agent = agent.clone();
-                self.agent_cli = Some(cli.clone());
-                self.instructions = instructions.clone();
-                self.last_seq = record.seq;
-                return Ok(());
-            }
-            Event::WorkspaceEdited { snapshot, changes } => {
-                if is_workspace_id(&self.workspace) || self.status != Status::Idle {
-                    return Err(bad(
-                        "an edit from outside is taken between turns, in a directory",
-                    ));
-                }
-                self.last_snapshot = Some(snapshot.clone());
-                // Files only touched (their times changed, not their content or
-                // modes) are nothing to tell the model.
-                if !changes.is_empty() {
-                    self.note_for_next_turn(&edited_note(changes));
-                }
-                self.last_seq = record.seq;
-                return Ok(());
-            }
-            Event::HumanShell {
-                by,
-                since_ms,
-                detached,
-                snapshot,
-                changes,
-                host,
-            } => {
-                if self.is_ended() || self.status == Status::Running {
-                    return Err(bad(
-                        "a person's shell is recorded between turns of a session that goes on",
-                    ));
-                }
-                self.last_snapshot = Some(snapshot.clone());
-                if !changes.is_empty() {
-                    self.note_for_next_turn(&shell_note(by, changes));
-                }
-                self.open_shell = (!detached).then(|| OpenShell {
-                    by: by.clone(),
-                    since_ms: *since_ms,
-                    host: host.clone(),
-                });
-                self.last_seq = record.seq;
-                return Ok(());
-            }
-            Event::WorkspaceMoved {
-                workspace,
-                host,
-                from_workspace,
-                snapshot,
-                ..
-            } => {
-                if is_workspace_id(&self.workspace) || is_workspace_id(workspace) {
-                    return Err(bad("a logical workspace is on every host, never moved"));
-                }
-                if *from_workspace != self.workspace {
-                    return Err(bad("moved from a directory the session is not in"));
-                }
-                if *snapshot != self.last_snapshot {
-                    return Err(bad("the new directory is not at the last snapshot"));
-                }
-                // The native prompt names the directory: it names the new one now.
-                self.system = self.system.replace(from_workspace.as_str(), workspace);
-                self.former_workspaces
-                    .push(std::mem::replace(&mut self.workspace, workspace.clone()));
-                self.workspace_host = Some(host.clone());
-                self.last_seq = record.seq;
-                return Ok(());
-            }
+        // Records about the session rather than its turn leave a scheduled retry as
+        // it is; the rest clear it, and an outcome ends a run of failures.
+        match event {
+            Event::DriveFailed { .. } => return self.drive_failed(event),
+            Event::AgentChanged { .. } => return self.agent_changed(event),
+            Event::WorkspaceEdited { .. } => return self.workspace_edited(event),
+            Event::HumanShell { .. } => return self.human_shell(event),
+            Event::WorkspaceMoved { .. } => return self.workspace_moved(event),
             Event::ModelCallOutcome { .. }
             | Event::ToolCallOutcome { .. }
             | Event::ExchangeOutcome { .. }
@@ -1284,747 +1056,49 @@ impl SessionState {
             }
             _ => self.retry = None,
         }
-        if self.is_wrapped() {
-            match self.apply_wrapped_tool(&record.event) {
-                Ok(true) => {
-                    self.last_seq = record.seq;
-                    return Ok(());
-                }
-                Ok(false) => {}
-                Err(reason) => return Err(bad(reason)),
-            }
-        }
-        match &record.event {
-            Event::SessionStarted { .. } => return Err(bad("session already started")),
+        match event {
+            Event::SessionStarted { .. } => Err("session already started"),
             Event::DriveFailed { .. }
-            | Event::WorkspaceMoved { .. }
+            | Event::AgentChanged { .. }
             | Event::WorkspaceEdited { .. }
             | Event::HumanShell { .. }
-            | Event::AgentChanged { .. }
+            | Event::WorkspaceMoved { .. }
             | Event::Forked { .. }
-            | Event::Rewound { .. } => {} // folded above
-            Event::UserMessage {
-                turn,
-                text,
-                inbox_id,
-            } => {
-                if self.status != Status::Idle {
-                    return Err(bad("a turn is already open"));
-                }
-                self.take_inbox(*inbox_id);
-                if *turn != self.turn + 1 {
-                    return Err(bad("turn numbers must increase by one"));
-                }
-                self.turn = *turn;
-                self.step = 0;
-                self.steps_from = 0;
-                self.exchanges_from = self.exchanges.len() as u32;
-                self.turn_start = TurnStart {
-                    exchanges: self.exchanges.len() as u32,
-                    tools: self.wrapped_tools.len(),
-                    snapshot: self.last_snapshot.clone(),
-                    task: text.clone(),
-                    history: self.kept_conversation.clone(),
-                };
-                self.rewound_workspace = false;
-                if let Some(note) = self.rewind_note.take() {
-                    self.turn_start.task = format!("{note}\n\n{text}");
-                }
-                self.external_facts.clear();
-                self.status = Status::Running;
-                self.interrupted_by = None;
-                self.conversation
-                    .push(Message::user_text(self.turn_start.task.clone()));
-            }
-            Event::Steered { text, inbox_id } => {
-                if self.status != Status::Running
-                    || !matches!(self.next(), Next::CallModel { .. } | Next::EndTurn)
-                {
-                    return Err(bad("a steer is taken only between calls of a running turn"));
-                }
-                self.take_inbox(Some(*inbox_id));
-                let block = Block::Text { text: text.clone() };
-                match self.conversation.last_mut() {
-                    Some(m) if m.role == Role::User => m.content.push(block),
-                    _ => self.conversation.push(Message {
-                        role: Role::User,
-                        content: vec![block],
-                    }),
-                }
-            }
-            Event::ModelDelta { call_id, .. } => {
-                // A native model call in flight, or a wrapped agent's exchange whose
-                // reply is streaming (or was cut off: its late pieces are kept).
-                let exchange = self.exchanges.iter().any(|e| &e.call_id == call_id)
-                    || self.superseded_exchanges.contains(call_id);
-                if self.pending_model.as_ref().map(|p| &p.call_id) != Some(call_id) && !exchange {
-                    return Err(bad("a delta of a model call that is not in flight"));
-                }
-            }
-            Event::WaitStarted {
-                name,
-                reason,
-                call_id,
-                before_call,
-            } => {
-                if self.status != Status::Running || self.waiting.is_some() {
-                    return Err(bad("only a running turn can start a wait"));
-                }
-                if call_id
-                    .as_ref()
-                    .is_some_and(|id| self.pending_tool(id).is_none())
-                {
-                    return Err(bad("the waiting tool call is not in flight"));
-                }
-                self.status = Status::Waiting;
-                self.explored.clear();
-                self.waiting = Some(Wait {
-                    seq: record.seq,
-                    name: name.clone(),
-                    reason: reason.clone(),
-                    call_id: call_id.clone(),
-                    before_call: before_call.clone(),
-                });
-            }
-            Event::SignalReceived {
-                name,
-                payload,
-                inbox_id,
-            } => {
-                let wait = match &self.waiting {
-                    Some(w) if &w.name == name => w.clone(),
-                    _ => return Err(bad("no wait for this signal")),
-                };
-                self.take_inbox(Some(*inbox_id));
-                if name.starts_with(&format!("{}.", crate::EXPLORED_SIGNAL)) {
-                    // One explorer's answer: the call waits on until every task has
-                    // one (an answer sent twice counts once).
-                    let answer: ExploredAnswer = serde_json::from_value(payload.clone())
-                        .map_err(|_| bad("an explorer's answer without its fields"))?;
-                    if answer.index < answer.of
-                        && !self.explored.iter().any(|a| a.index == answer.index)
-                    {
-                        self.explored.push(answer.clone());
-                    }
-                    if self.explored.len() < answer.of as usize {
-                        self.last_seq = record.seq;
-                        return Ok(());
-                    }
-                    self.waiting = None;
-                    self.status = Status::Running;
-                    let answers = std::mem::take(&mut self.explored);
-                    for a in &answers {
-                        self.cost_micro_usd += a.cost_micro_usd;
-                        self.usage.input_tokens += a.tokens;
-                    }
-                    let result = explored_result(&answers);
-                    match (&wait.call_id, &wait.before_call) {
-                        (Some(call_id), _) => {
-                            self.take_pending_tool(call_id)
-                                .ok_or_else(|| bad("the waiting tool call is not in flight"))?;
-                            self.push_result(call_id, result, false);
-                        }
-                        (None, Some(key)) => self.explored_done.push((key.clone(), result)),
-                        (None, None) => return Err(bad("an explore wait names no call")),
-                    }
-                    self.last_seq = record.seq;
-                    return Ok(());
-                }
-                self.waiting = None;
-                self.status = Status::Running;
-                if let Some(breaker) = self.escalated.take() {
-                    self.resume(breaker, payload);
-                }
-                let denied =
-                    payload.get("approved").and_then(serde_json::Value::as_bool) == Some(false);
-                if let Some(call_id) = &wait.call_id {
-                    self.take_pending_tool(call_id)
-                        .ok_or_else(|| bad("the waiting tool call is not in flight"))?;
-                    if *name == crate::tool_result_signal(call_id) {
-                        // A client tool's result is the client's content, as it sent it.
-                        let content = match payload.get("content") {
-                            Some(serde_json::Value::String(text)) => text.clone(),
-                            Some(other) => other.to_string(),
-                            None => String::new(),
-                        };
-                        let is_error = payload.get("is_error").and_then(serde_json::Value::as_bool);
-                        self.push_result(call_id, content, is_error == Some(true));
-                    } else {
-                        self.push_result(
-                            call_id,
-                            format!("signal {name} arrived: {payload}"),
-                            false,
-                        );
-                    }
-                }
-                if let Some(call_id) = &wait.before_call {
-                    if denied {
-                        let message =
-                            match payload.get("message").and_then(serde_json::Value::as_str) {
-                                Some(m) => format!("{DENIED} They said: {m}"),
-                                None => DENIED.to_string(),
-                            };
-                        if !self.is_wrapped() {
-                            self.push_result(call_id, message.clone(), true);
-                        }
-                        self.refused.push((call_id.clone(), message));
-                    } else {
-                        self.approved.push(call_id.clone());
-                    }
-                }
-            }
-            Event::ModelCallIntent { call_id, step, .. } => {
-                if self.next() != (Next::CallModel { step: *step }) {
-                    return Err(bad("no model call is due here"));
-                }
-                self.model_attempts += 1;
-                self.pending_model = Some(PendingModel {
-                    call_id: call_id.clone(),
-                    step: *step,
-                });
-            }
-            Event::ModelCallOutcome {
-                call_id,
-                content,
-                usage,
-                cost_micro_usd,
-                ..
-            } => {
-                let pending = self
-                    .take_pending_model(call_id)
-                    .ok_or_else(|| bad("no such pending model call"))?;
-                self.step = pending.step;
-                self.usage.add(usage);
-                self.cost_micro_usd += cost_micro_usd;
-                self.model_calls += 1;
-                let message = Message {
-                    role: Role::Assistant,
-                    content: content.clone(),
-                };
-                self.queued_tools = message.tool_uses().cloned().collect();
-                self.conversation.push(message);
-            }
+            | Event::Rewound { .. } => Ok(()), // folded above
+            Event::UserMessage { .. } => self.user_message(event),
+            Event::Steered { .. } => self.steered(event),
+            Event::TurnInterrupted { .. } => self.interrupted(event),
+            Event::TurnEnded { .. } => self.turn_ended(event),
+            Event::WaitStarted { .. } => self.wait_started(seq, event),
+            Event::SignalReceived { .. } => self.signal_received(event),
+            Event::Escalated { .. } => self.escalated(seq, event),
+            Event::ModelDelta { .. } => self.model_delta(event),
+            Event::ModelCallIntent { .. } => self.model_intent(event),
+            Event::ModelCallOutcome { .. } => self.model_outcome(event),
             Event::ModelCallInterrupted { call_id } | Event::ModelCallFailed { call_id, .. } => {
-                self.take_pending_model(call_id)
-                    .ok_or_else(|| bad("no such pending model call"))?;
-                self.compacting = None;
+                self.model_ended_without_reply(call_id)
             }
+            Event::OutputsElided { .. } => self.outputs_elided(event),
+            Event::CompactionIntent { .. } => self.compaction_intent(event),
+            Event::Compacted { .. } => self.compacted(event),
+            Event::ToolCallIntent { .. }
+            | Event::ToolCallOutcome { .. }
+            | Event::ToolCallInterrupted { .. } => self.tool_call(event),
+            Event::Egress { .. } => self.egress(event),
+            Event::ServicesRestarted { .. } => self.services_restarted(event),
+            Event::SandboxLost { .. } => self.sandbox_lost(event),
+            Event::ExchangeIntent { .. } => self.exchange_intent(event),
+            Event::ExchangeOutcome { .. } => self.exchange_outcome(event),
+            Event::ConversationKept { .. } => self.conversation_kept(event),
+            Event::ReplayDiverged { .. } => self.replay_diverged(event),
             // A copy of the state so far: nothing new but where it is.
-            Event::Checkpoint { .. } => self.last_checkpoint = record.seq,
-            Event::Pruned { .. } => {}
-            Event::OutputsElided { before, .. } => {
-                if !matches!(self.next(), Next::CallModel { .. }) {
-                    return Err(bad("no model call is due here"));
-                }
-                let before = (*before as usize).min(self.conversation.len());
-                for message in &mut self.conversation[..before] {
-                    for block in &mut message.content {
-                        if let Block::ToolResult {
-                            content,
-                            tool_use_id,
-                            ..
-                        } = block
-                        {
-                            if elides(content) {
-                                *content = elided(content.len(), tool_use_id);
-                            }
-                        }
-                    }
-                }
+            Event::Checkpoint { .. } => {
+                self.last_checkpoint = seq;
+                Ok(())
             }
-            Event::CompactionIntent {
-                call_id,
-                upto,
-                inbox_id,
-                ..
-            } => {
-                if !matches!(self.next(), Next::CallModel { .. }) {
-                    return Err(bad("no model call is due here"));
-                }
-                if *upto as usize > self.conversation.len() {
-                    return Err(bad("compaction past the conversation's end"));
-                }
-                self.model_attempts += 1;
-                self.pending_model = Some(PendingModel {
-                    call_id: call_id.clone(),
-                    step: self.step,
-                });
-                self.compacting = Some(*upto);
-                if inbox_id.is_some() {
-                    self.take_inbox(*inbox_id);
-                    self.compact_asked = true;
-                }
-            }
-            Event::Compacted {
-                call_id,
-                summary,
-                usage,
-                cost_micro_usd,
-                ..
-            } => {
-                self.take_pending_model(call_id)
-                    .ok_or_else(|| bad("no such pending model call"))?;
-                let upto =
-                    self.compacting
-                        .take()
-                        .ok_or_else(|| bad("no compaction pending"))? as usize;
-                let summarised = self.conversation[..upto]
-                    .iter()
-                    .filter(|m| m.role == Role::Assistant)
-                    .count() as u32;
-                self.compacted_turns += summarised;
-                self.compactions += 1;
-                self.compact_asked = false;
-                self.usage.add(usage);
-                self.cost_micro_usd += cost_micro_usd;
-                self.model_calls += 1;
-                let text = format!("{}{summary}", compaction_header(self.compacted_turns));
-                let rest = self.conversation.split_off(upto);
-                self.conversation = std::iter::once(Message::user_text(text))
-                    .chain(rest)
-                    .collect();
-            }
-            Event::ToolCallIntent {
-                call_id,
-                tool,
-                input,
-                class,
-                snapshot_before,
-            } => {
-                if !self.may_begin(call_id) {
-                    return Err(bad("this tool call is not one of the running reply's"));
-                }
-                if snapshot_before.is_some() {
-                    self.last_snapshot = snapshot_before.clone();
-                }
-                self.pending_tools.push(PendingTool {
-                    call_id: call_id.clone(),
-                    tool: tool.clone(),
-                    input: input.clone(),
-                    class: *class,
-                    snapshot_before: snapshot_before.clone(),
-                    egress: Vec::new(),
-                });
-            }
-            Event::ToolCallOutcome {
-                call_id,
-                is_error,
-                output,
-                snapshot_after,
-                ..
-            } => {
-                let pending = self
-                    .take_pending_tool(call_id)
-                    .ok_or_else(|| bad("no such pending tool call"))?;
-                self.count_loop(&pending, snapshot_after.as_ref());
-                self.note_service(&pending.tool, &pending.input, *is_error);
-                if snapshot_after.is_some() {
-                    self.last_snapshot = snapshot_after.clone();
-                }
-                self.push_result(call_id, output.for_model(), *is_error);
-            }
-            Event::ToolCallInterrupted {
-                call_id,
-                resolution,
-            } => {
-                self.take_pending_tool(call_id)
-                    .ok_or_else(|| bad("no such pending tool call"))?;
-                match resolution {
-                    ToolResolution::Rerun => {}
-                    ToolResolution::RolledBack { snapshot } => {
-                        if snapshot.is_some() {
-                            self.last_snapshot = snapshot.clone();
-                        }
-                        self.push_result(call_id, INTERRUPTED_ROLLED_BACK.to_string(), true);
-                    }
-                    ToolResolution::OutcomeUnknown => {
-                        self.push_result(call_id, INTERRUPTED_OUTCOME_UNKNOWN.to_string(), true);
-                    }
-                    ToolResolution::Reconciled { done: false, .. } => {}
-                    ToolResolution::Reconciled {
-                        done: true,
-                        evidence,
-                    } => {
-                        self.push_result(call_id, evidence.clone(), false);
-                    }
-                }
-            }
-            Event::Escalated {
-                breaker, reason, ..
-            } => {
-                if self.status != Status::Running || self.waiting.is_some() {
-                    return Err(bad("only a running turn can be escalated"));
-                }
-                self.status = Status::Escalated;
-                self.escalated = Some(*breaker);
-                self.waiting = Some(Wait {
-                    seq: record.seq,
-                    name: RESUME_SIGNAL.to_string(),
-                    reason: reason.clone(),
-                    call_id: None,
-                    before_call: None,
-                });
-            }
-            Event::Egress {
-                call_ids,
-                destination,
-                admitted,
-                denied,
-            } => {
-                for id in call_ids {
-                    let call =
-                        if let Some(p) = self.pending_tools.iter_mut().find(|p| &p.call_id == id) {
-                            if *admitted && !p.egress.contains(destination) {
-                                p.egress.push(destination.clone());
-                            }
-                            (p.tool.clone(), p.input.clone())
-                        } else if let Some(t) = self
-                            .wrapped_tools
-                            .iter_mut()
-                            .find(|t| &t.call_id == id && t.result.is_none())
-                        {
-                            if *admitted && !t.egress.contains(destination) {
-                                t.egress.push(destination.clone());
-                            }
-                            (t.tool.clone(), t.input.clone())
-                        } else {
-                            // Its outcome was recorded a moment before (the connection
-                            // came as it ended): nothing is left to resolve.
-                            continue;
-                        };
-                    if !admitted && !denied {
-                        let held = HeldConnection {
-                            tool: call.0.clone(),
-                            input: call.1.clone(),
-                            destination: destination.clone(),
-                        };
-                        if !self.held_for_approval.contains(&held) {
-                            self.held_for_approval.push(held);
-                        }
-                    }
-                    if !self.reaches_network.contains(&call) {
-                        self.reaches_network.push(call);
-                    }
-                }
-            }
-            Event::ServicesRestarted { services, .. } => {
-                for (name, how) in services {
-                    match self.services.iter_mut().find(|s| &s.name == name) {
-                        Some(s) if how == "started" => s.restarts += 1,
-                        // One that could not be started again is not running.
-                        Some(_) => self.services.retain(|s| &s.name != name),
-                        None => {}
-                    }
-                }
-            }
-            Event::SandboxLost { call_id, .. } => {
-                if let Some(id) = call_id {
-                    let native = self.pending_tool(id).is_some();
-                    let wrapped = self
-                        .wrapped_tools
-                        .iter()
-                        .any(|t| &t.call_id == id && t.result.is_none());
-                    if !native && !wrapped {
-                        return Err(bad("the lost call is not in flight"));
-                    }
-                }
-            }
-            Event::TurnInterrupted {
-                turn,
-                by,
-                inbox_id,
-                stopped,
-                not_begun,
-                ..
-            } => {
-                self.take_inbox(Some(*inbox_id));
-                if *stopped {
-                    if *turn != self.turn
-                        || !matches!(self.status, Status::Running | Status::Waiting)
-                        || !self.pending_tools.is_empty()
-                    {
-                        return Err(bad(
-                            "an interrupt stops a running turn, after its tool outcome",
-                        ));
-                    }
-                    for id in not_begun {
-                        if !self.queued_tools.iter().any(|t| &t.id == id) {
-                            return Err(bad(
-                                "an interrupt names a call that is not waiting to begin",
-                            ));
-                        }
-                        self.push_result(id, format!("{INTERRUPTED_NOT_BEGUN} by {by}"), true);
-                    }
-                    self.pending_model = None;
-                    self.waiting = None;
-                    self.status = Status::Idle;
-                    self.interrupted_by = Some(by.clone());
-                    // The model learns of it with the next turn: the conversation says
-                    // where its work stopped, and keeps user and assistant alternating.
-                    self.conversation.push(Message {
-                        role: Role::Assistant,
-                        content: vec![Block::Text {
-                            text: format!(
-                                "[This turn was interrupted by {by} before it finished.]"
-                            ),
-                        }],
-                    });
-                }
-            }
-            Event::TurnEnded { turn, reply } => {
-                let finished = if self.is_wrapped() {
-                    self.status == Status::Running
-                } else {
-                    self.next() == Next::EndTurn
-                };
-                if *turn != self.turn || !finished {
-                    return Err(bad("the turn is not finished"));
-                }
-                self.status = Status::Idle;
-                self.explorer_answered |= self.explorer.is_some();
-                if let Some(reply) = reply {
-                    self.wrapped_reply = Some(reply.clone());
-                    // A wrapped agent's answer joins the conversation: the history the
-                    // next turn's CLI is given (it keeps no memory between runs).
-                    if self.is_wrapped() {
-                        self.conversation.push(Message {
-                            role: Role::Assistant,
-                            content: vec![Block::Text {
-                                text: reply.clone(),
-                            }],
-                        });
-                    }
-                }
-            }
-            Event::ExchangeIntent {
-                call_id,
-                index,
-                api,
-                fingerprint,
-                stream,
-                snapshot,
-                ..
-            } => {
-                let exchange = Exchange {
-                    call_id: call_id.clone(),
-                    api: api.clone(),
-                    fingerprint: fingerprint.clone(),
-                    stream: *stream,
-                    snapshot: snapshot.clone(),
-                    reply: None,
-                };
-                let (at, len) = (*index as usize, self.exchanges.len());
-                match self.exchanges.get_mut(at) {
-                    None if at == len => self.exchanges.push(exchange),
-                    Some(old) if old.reply.is_none() => {
-                        self.superseded_exchanges.push(old.call_id.clone());
-                        *old = exchange;
-                    }
-                    _ => {
-                        return Err(bad(
-                            "an exchange index must be the next one or a cut-off one",
-                        ))
-                    }
-                }
-            }
-            Event::ExchangeOutcome {
-                call_id,
-                status,
-                content_type,
-                body,
-                usage,
-                cost_micro_usd,
-            } => {
-                // Paid for whether or not the reply is used.
-                if let Some(u) = usage {
-                    self.usage.add(u);
-                }
-                self.cost_micro_usd += cost_micro_usd;
-                self.model_calls += 1;
-                match self
-                    .exchanges
-                    .iter_mut()
-                    .find(|e| &e.call_id == call_id && e.reply.is_none())
-                {
-                    Some(exchange) => {
-                        exchange.reply = Some((*status, content_type.clone(), body.clone()))
-                    }
-                    // A reply that finished streaming after its request was asked
-                    // again (or superseded by a divergence): kept, but not used.
-                    None if self.superseded_exchanges.contains(call_id) => {}
-                    None => return Err(bad("no such pending exchange")),
-                }
-            }
-            Event::ConversationKept { turn, conversation } => {
-                if *turn != self.turn || !self.is_wrapped() {
-                    return Err(bad(
-                        "a wrapped agent's conversation is kept for its own turn",
-                    ));
-                }
-                self.kept_conversation = Some(conversation.clone());
-            }
-            Event::ReplayDiverged { index, snapshot } => {
-                if *index as usize > self.exchanges.len() {
-                    return Err(bad("divergence past the recorded exchanges"));
-                }
-                let cut = (*index as usize).min(self.exchanges.len());
-                let gone = self.exchanges.drain(cut..).map(|e| e.call_id);
-                self.superseded_exchanges.extend(gone);
-                let (kept, superseded) = std::mem::take(&mut self.wrapped_tools)
-                    .into_iter()
-                    .partition(|t| t.after_exchanges <= *index);
-                self.wrapped_tools = kept;
-                self.external_facts
-                    .extend(superseded.into_iter().filter(WrappedTool::is_external_fact));
-                if snapshot.is_some() {
-                    self.last_snapshot = snapshot.clone();
-                }
-            }
-            Event::SessionEnded { state, reason, .. } => {
-                self.status = match state {
-                    EndState::Completed => Status::Completed,
-                    EndState::Failed => Status::Failed,
-                    EndState::Escalated => Status::Escalated,
-                    EndState::Closed => Status::Closed,
-                };
-                self.end_reason = Some(reason.clone());
-                self.ended = true;
-                self.escalated = None;
-                self.pending_model = None;
-                self.pending_tools.clear();
-                self.waiting = None;
-            }
+            Event::Pruned { .. } => Ok(()),
+            Event::SessionEnded { .. } => self.ended(event),
         }
-        self.last_seq = record.seq;
-        Ok(())
-    }
-
-    /// Becomes a fork of this state in its own logical `workspace` (and speaking to
-    /// `model`, if given): open again if it had ended; a turn in progress stays in
-    /// progress, for a wake to resolve its cut-off calls.
-    fn fork(&mut self, workspace: &str, model: Option<&ModelSpec>) -> Result<(), &'static str> {
-        if !is_workspace_id(workspace) {
-            return Err("a fork works in a logical workspace of its own");
-        }
-        if workspace == self.workspace || self.former_workspaces.iter().any(|w| w == workspace) {
-            return Err("a fork's workspace is one its history already used");
-        }
-        if !is_workspace_id(&self.workspace) {
-            // The native prompt named the parent's directory; a logical workspace is
-            // wherever the sandbox puts it, as in a session begun in one.
-            self.system = self.system.replace(
-                &format!("the directory {}", self.workspace),
-                "the current directory",
-            );
-        }
-        self.former_workspaces.push(std::mem::replace(
-            &mut self.workspace,
-            workspace.to_string(),
-        ));
-        self.workspace_host = None;
-        if let Some(model) = model {
-            self.model = model.clone();
-        }
-        if self.ended {
-            self.ended = false;
-            self.status = Status::Idle;
-            self.end_reason = None;
-        }
-        self.retry = None;
-        self.failures_in_row = 0;
-        Ok(())
-    }
-
-    /// Becomes the state at a rewind's point again (it is already: the records set
-    /// aside were never folded here); the external effects they recorded are told to
-    /// the model with the next user message.
-    fn rewind(&mut self, facts: &[String]) {
-        self.retry = None;
-        self.failures_in_row = 0;
-        self.rewound_workspace = true;
-        if !facts.is_empty() {
-            let mut note = String::from(
-                "[steadfast] This session was rewound to an earlier point: the work that \
-                 followed it was set aside and the workspace is as it was then. These \
-                 external effects had already happened after that point and still stand:",
-            );
-            for fact in facts {
-                note.push_str(&format!("\n- {fact}"));
-            }
-            self.note_for_next_turn(&note);
-        }
-    }
-
-    /// Adds `note` to what the model is told with the next user message.
-    fn note_for_next_turn(&mut self, note: &str) {
-        self.rewind_note = Some(match self.rewind_note.take() {
-            Some(earlier) => format!("{earlier}\n\n{note}"),
-            None => note.to_string(),
-        });
-    }
-
-    /// Applies a `resume` signal's payload after `breaker` stopped the session.
-    fn resume(&mut self, breaker: Breaker, payload: &Value) {
-        let (raise, _) = Limits::from_resume(payload);
-        self.limits = self.limits.raised(&raise);
-        match breaker {
-            Breaker::Loop => self.loop_streak = 0,
-            Breaker::Steps => {
-                self.steps_from = self.step;
-                self.exchanges_from = self.exchanges.len() as u32;
-            }
-            _ => {}
-        }
-    }
-
-    /// Keeps the services current with a finished call of the `service` tool: a
-    /// start that succeeded adds one, a stop removes it.
-    fn note_service(&mut self, tool: &str, input: &Value, is_error: bool) {
-        if tool != "service" || is_error {
-            return;
-        }
-        let text = |key: &str| input.get(key).and_then(Value::as_str).unwrap_or_default();
-        let name = text("name").to_string();
-        match text("action") {
-            "start" => {
-                self.services.retain(|s| s.name != name);
-                self.services.push(ServiceRecord {
-                    name,
-                    command: text("command").to_string(),
-                    port: input
-                        .get("port")
-                        .and_then(Value::as_u64)
-                        .and_then(|p| u16::try_from(p).ok()),
-                    restarts: 0,
-                });
-            }
-            "stop" => self.services.retain(|s| s.name != name),
-            _ => {}
-        }
-    }
-
-    /// Counts a finished tool call towards the loop breaker.
-    fn count_loop(&mut self, call: &PendingTool, snapshot_after: Option<&String>) {
-        let unchanged = match snapshot_after {
-            None => true,
-            Some(after) => call.snapshot_before.as_ref() == Some(after),
-        };
-        self.count_call(&call.tool, &call.input, unchanged);
-    }
-
-    /// Counts a finished tool call (`unchanged`: it left the workspace as it was)
-    /// towards the loop breaker.
-    fn count_call(&mut self, tool: &str, input: &Value, unchanged: bool) {
-        let same = self
-            .last_tool_call
-            .as_ref()
-            .is_some_and(|(name, last)| name == tool && last == input);
-        self.loop_streak = match (unchanged, same) {
-            (false, _) => 0,
-            (true, true) => self.loop_streak + 1,
-            (true, false) => 1,
-        };
-        self.last_tool_call = Some((tool.to_string(), input.clone()));
     }
 
     /// How the call `call_id` (the native loop's pending one, or a wrapped agent's)
@@ -2103,10 +1177,8 @@ impl SessionState {
     /// calls (a wait, a model call, the session's end). Siblings of one reply may
     /// begin while others run.
     pub fn may_begin(&self, call_id: &str) -> bool {
-        !self.ended
-            && self.waiting.is_none()
+        self.is_running()
             && self.pending_model.is_none()
-            && self.status == Status::Running
             && self.queued_tools.iter().any(|t| t.id == call_id)
             && self.pending_tool(call_id).is_none()
     }
@@ -2118,53 +1190,6 @@ impl SessionState {
             .filter(|t| self.may_begin(&t.id))
             .cloned()
             .collect()
-    }
-
-    /// The tool-use ids of the last assistant message, in its order.
-    fn tool_use_order(&self) -> Vec<String> {
-        self.conversation
-            .iter()
-            .rev()
-            .find(|m| m.role == Role::Assistant)
-            .map(|m| m.tool_uses().map(|t| t.id.clone()).collect())
-            .unwrap_or_default()
-    }
-
-    /// Records a tool result: removes the call from the queue and adds its result to
-    /// the user message that follows the model's reply.
-    /// Results stand in the order of the reply's tool uses, however the calls finished
-    /// (calls of one reply may run at once): the conversation is the same whichever
-    /// finished first.
-    fn push_result(&mut self, call_id: &str, content: String, is_error: bool) {
-        self.queued_tools.retain(|t| t.id != call_id);
-        let block = Block::ToolResult {
-            tool_use_id: call_id.to_string(),
-            content,
-            is_error,
-        };
-        let order = self.tool_use_order();
-        let rank = |id: &str| order.iter().position(|o| o == id).unwrap_or(usize::MAX);
-        match self.conversation.last_mut() {
-            Some(m)
-                if m.role == Role::User
-                    && matches!(m.content.first(), Some(Block::ToolResult { .. })) =>
-            {
-                let mine = rank(call_id);
-                let at = m
-                    .content
-                    .iter()
-                    .position(|b| match b {
-                        Block::ToolResult { tool_use_id, .. } => rank(tool_use_id) > mine,
-                        _ => false,
-                    })
-                    .unwrap_or(m.content.len());
-                m.content.insert(at, block)
-            }
-            _ => self.conversation.push(Message {
-                role: Role::User,
-                content: vec![block],
-            }),
-        }
     }
 }
 

@@ -12,6 +12,7 @@ pub mod fold;
 pub mod message;
 pub mod money;
 pub mod record;
+pub mod status;
 
 pub use approval::{ApprovalPolicy, ApprovalRule, Verdict};
 pub use event::{
@@ -24,7 +25,8 @@ pub use event::{
 };
 pub use fold::{
     approval_key, fold, Exchange, ExploredAnswer, FoldError, HeldConnection, Next, OpenShell,
-    PendingModel, PendingTool, Retry, SessionState, Status, TurnStart, Wait, WrappedTool,
+    PendingModel, PendingTool, Phase, Retry, SessionState, TurnStart, Wait, WrappedTool,
 };
 pub use message::{Block, Message, Role, ToolUse};
 pub use record::{CodecError, EncodedRecord, Record, SCHEMA_VERSION};
+pub use status::{Status, UnknownStatus, STATUSES};

@@ -71,7 +71,7 @@ events (schema 1): `PublicEvent`, one type per kind of log record.";
         routes::readyz,
         routes::metrics,
     ),
-    components(schemas(crate::public::PublicEvent, crate::wire::SessionStatus)),
+    components(schemas(crate::public::PublicEvent, steadfast_log::Status)),
     modifiers(&Bearer),
     security(("bearer" = [])),
 )]

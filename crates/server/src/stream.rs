@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use axum::response::sse::Event as SseEvent;
 use futures_util::stream::{self, Stream, StreamExt};
-use steadfast_log::{Block, Event, Record};
+use steadfast_log::{Block, Event, Record, Status};
 use steadfast_world::{InboundKind, World};
 
 use crate::public::{self, ErrorCode, EventBody, PublicEvent, StreamError};
@@ -44,7 +44,10 @@ pub(crate) enum Until {
 #[derive(Default)]
 struct Tracker {
     turn_text: String,
-    status: &'static str,
+    /// The session's status after the records passed (`None` before the first).
+    status: Option<Status>,
+    /// Whether a record ended the session (an escalated one may or may not have).
+    ended: bool,
     seen_inbox: Vec<u64>,
     /// A wrapped agent's exchanges in the open turn: index, and whether answered (an
     /// intent at an index still unanswered asks again for a reply a crash cut off).
@@ -58,25 +61,20 @@ struct Tracker {
 
 impl Tracker {
     fn observe(&mut self, record: &Record) {
+        if let Some(status) = Status::after(&record.event) {
+            self.status = Some(status);
+        }
         match &record.event {
-            Event::SessionStarted { .. } | Event::TurnEnded { .. } => self.status = "idle",
             Event::UserMessage { inbox_id, .. } => {
                 self.turn_text.clear();
                 self.exchanges.clear();
                 self.exchange_calls.clear();
                 self.answered.clear();
-                self.status = "running";
                 self.seen_inbox.extend(inbox_id);
             }
             Event::Steered { inbox_id, .. } => self.seen_inbox.push(*inbox_id),
-            Event::SignalReceived { inbox_id, .. } => {
-                self.status = "running";
-                self.seen_inbox.push(*inbox_id);
-            }
-            Event::WaitStarted { .. } => self.status = "waiting",
-            Event::Escalated { .. } => self.status = "escalated",
-            Event::TurnInterrupted { stopped: true, .. } => self.status = "idle",
-            Event::SessionEnded { .. } => self.status = "ended",
+            Event::SignalReceived { inbox_id, .. } => self.seen_inbox.push(*inbox_id),
+            Event::SessionEnded { .. } => self.ended = true,
             Event::ExchangeIntent { index, call_id, .. } => {
                 self.exchanges.insert(*index, false);
                 self.exchange_calls
@@ -304,12 +302,14 @@ impl<W: World + Clone> State<W> {
 
     async fn finished(&self) -> bool {
         let t = &self.tracker;
-        if t.status == "ended" {
+        if t.ended {
             return true;
         }
         let ends_at_wait = matches!(self.until, Until::Quiet { at_wait: true });
-        if t.status == "running" || (t.status == "waiting" && !ends_at_wait) {
-            return false;
+        match t.status {
+            Some(Status::Running) => return false,
+            Some(Status::Waiting) if !ends_at_wait => return false,
+            _ => {}
         }
         match self.until {
             Until::Ended => false,

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use steadfast_log::{Breaker, Limits, Usage};
+use steadfast_log::{Breaker, Limits, Status, Usage};
 use utoipa::ToSchema;
 
 /// Every error: a stable machine-readable code and a message for humans.
@@ -25,33 +25,6 @@ pub struct ErrorDetail {
     pub message: String,
 }
 
-/// Where a session stands. `new`: created, no turn yet; `retrying`: a failure that
-/// retrying may fix, with the next attempt scheduled.
-#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum SessionStatus {
-    /// Created; no turn has run. Only listings say it (a session's own state reads
-    /// `idle` then), so nothing here builds it.
-    #[allow(dead_code)]
-    New,
-    /// Between turns.
-    Idle,
-    /// A turn is open, or a message waits for a worker to open one.
-    Running,
-    /// Paused until a named signal arrives.
-    Waiting,
-    /// A worker failed to drive it; another attempt is scheduled.
-    Retrying,
-    /// Over: done.
-    Completed,
-    /// Over: a terminal error.
-    Failed,
-    /// Stopped by a bound until a `resume` signal.
-    Escalated,
-    /// Over: a person closed it.
-    Closed,
-}
-
 /// A workspace archive just uploaded.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({"id": "upl_af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262", "bytes": 1048576}))]
@@ -69,8 +42,7 @@ pub struct Created {
     /// The session's id.
     pub id: String,
     /// Where it stands.
-    #[schema(value_type = SessionStatus)]
-    pub status: String,
+    pub status: Status,
     /// `provider/model`.
     pub model: String,
     /// The session's workspace: a logical id, which whichever host drives the
@@ -97,7 +69,7 @@ pub struct Session {
     /// The session's id.
     pub id: String,
     /// Where it stands.
-    pub status: SessionStatus,
+    pub status: Status,
     /// After a failure retrying may fix: the attempt, why, and when the next begins.
     #[schema(required = true)]
     pub retry: Option<Retry>,
@@ -199,8 +171,7 @@ pub struct SessionSummary {
     /// Who owns it.
     pub owner: String,
     /// Where it stands.
-    #[schema(value_type = SessionStatus)]
-    pub status: String,
+    pub status: Status,
     /// The title its owner gave it, or else the first user message, shortened.
     pub title: String,
     /// The last log position.
@@ -257,8 +228,7 @@ pub struct Rewound {
     /// The external effects those events recorded, which still stand.
     pub facts: Vec<String>,
     /// Where it stands now.
-    #[schema(value_type = SessionStatus)]
-    pub status: String,
+    pub status: Status,
 }
 
 /// A wrapped session's agent, as changed.
@@ -312,8 +282,7 @@ pub struct Closed {
     pub id: String,
     /// How it ended: `closed`, or how it had ended already (`completed`, `failed`,
     /// `escalated`).
-    #[schema(value_type = SessionStatus)]
-    pub status: String,
+    pub status: Status,
 }
 
 /// A signal accepted.

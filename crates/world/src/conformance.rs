@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use steadfast_log::Event;
+use steadfast_log::{Event, Status};
 
 use std::collections::BTreeMap;
 
@@ -300,7 +300,7 @@ pub async fn summaries_follow_the_log<W: World>(world: &W) {
         .unwrap()
         .sessions;
     assert_eq!(list.len(), 1);
-    assert_eq!(list[0].status, "running");
+    assert_eq!(list[0].status, Status::Running);
     assert_eq!(list[0].title, "fix the tests");
     assert_eq!(list[0].owner, "alice");
     let first_change = list[0].updated_at_ms;
@@ -314,7 +314,7 @@ pub async fn summaries_follow_the_log<W: World>(world: &W) {
     world.append(&lease, &[intent(4), intent(5)]).await.unwrap();
     let summary = world.session("s1").await.unwrap();
     assert_eq!(summary.last_seq, 6);
-    assert_eq!(summary.status, "running");
+    assert_eq!(summary.status, Status::Running);
     assert!(summary.updated_at_ms > first_change, "{summary:?}");
     assert_eq!(
         world
@@ -333,10 +333,10 @@ pub async fn summaries_follow_the_log<W: World>(world: &W) {
         retry_at_ms: Some(crate::now_ms() + 60_000),
     };
     world.append(&lease, &[failed]).await.unwrap();
-    assert_eq!(world.session("s1").await.unwrap().status, "retrying");
+    assert_eq!(world.session("s1").await.unwrap().status, Status::Retrying);
     world.append(&lease, &[intent(6)]).await.unwrap();
     let summary = world.session("s1").await.unwrap();
-    assert_eq!(summary.status, "running");
+    assert_eq!(summary.status, Status::Running);
     assert_eq!(summary.last_seq, 8);
     assert_eq!(world.read("s1", 1).await.unwrap().len(), 8);
 }
@@ -453,7 +453,7 @@ pub async fn listings_page_and_filter<W: World>(world: &W) {
     };
     assert_eq!(
         find(SessionQuery {
-            statuses: vec!["new".into()],
+            statuses: vec![Status::New],
             ..Default::default()
         })
         .await,
@@ -461,7 +461,7 @@ pub async fn listings_page_and_filter<W: World>(world: &W) {
     );
     assert_eq!(
         find(SessionQuery {
-            statuses: vec!["running".into(), "idle".into()],
+            statuses: vec![Status::Running, Status::Idle],
             ..Default::default()
         })
         .await,
@@ -545,7 +545,7 @@ pub async fn listings_page_and_filter<W: World>(world: &W) {
     assert_eq!(
         find(SessionQuery {
             updated_before: Some(before_change),
-            statuses: vec!["idle".into()],
+            statuses: vec![Status::Idle],
             ..Default::default()
         })
         .await,
@@ -717,7 +717,7 @@ pub async fn forks_share_the_parents_log<W: World>(world: &W) {
         owner: "bob".into(),
         at,
         event: forked(parent, at, &format!("ws_{child}")),
-        status: "idle".into(),
+        status: Status::Idle,
         waiting_for: None,
         title: None,
     };
@@ -853,7 +853,7 @@ pub async fn rewinds_set_records_aside_without_reusing_positions<W: World>(world
         lease: lease.clone(),
         to,
         event: rewound(to),
-        status: "idle".into(),
+        status: Status::Idle,
         waiting_for: None,
     };
     world.create_session("s", "alice").await.unwrap();
@@ -885,7 +885,7 @@ pub async fn rewinds_set_records_aside_without_reusing_positions<W: World>(world
                 instructions: None,
                 explorer: None,
             },
-            status: "idle".into(),
+            status: Status::Idle,
             waiting_for: None,
             title: None,
         })
@@ -912,7 +912,7 @@ pub async fn rewinds_set_records_aside_without_reusing_positions<W: World>(world
         "a cursor inside what was set aside"
     );
     let summary = world.session("s").await.unwrap();
-    assert_eq!((summary.last_seq, summary.status.as_str()), (6, "idle"));
+    assert_eq!((summary.last_seq, summary.status), (6, Status::Idle));
     assert_eq!(
         world
             .last_of_kind("s", "turn_ended", u64::MAX)
@@ -1125,7 +1125,7 @@ pub async fn inbox_feeds_the_turn_queue<W: World>(world: &W) {
         .await
         .unwrap();
     world.release_lease(&taken_over).await.unwrap();
-    assert_eq!(world.session("s1").await.unwrap().status, "waiting");
+    assert_eq!(world.session("s1").await.unwrap().status, Status::Waiting);
     assert_eq!(world.claim(&worker_a, TTL).await.unwrap(), None);
     world
         .post("s1", InboundKind::Signal, "deploy-done", &json!({}))
@@ -1177,7 +1177,7 @@ pub async fn inbox_feeds_the_turn_queue<W: World>(world: &W) {
         .await
         .unwrap();
     world.release_lease(&resumed).await.unwrap();
-    assert_eq!(world.session("s1").await.unwrap().status, "escalated");
+    assert_eq!(world.session("s1").await.unwrap().status, Status::Escalated);
     assert_eq!(world.claim(&worker_a, TTL).await.unwrap(), None);
     world
         .post(
@@ -1293,7 +1293,7 @@ pub async fn a_scheduled_retry_holds_the_session_back<W: World>(world: &W) {
         .await
         .unwrap();
     world.release_lease(&lease).await.unwrap();
-    assert_eq!(world.session("s1").await.unwrap().status, "retrying");
+    assert_eq!(world.session("s1").await.unwrap().status, Status::Retrying);
     assert!(
         world.claim(&worker, TTL).await.unwrap().is_none(),
         "not claimed before its retry time"
@@ -1318,7 +1318,7 @@ pub async fn a_scheduled_retry_holds_the_session_back<W: World>(world: &W) {
     world.append(&lease, &[ended]).await.unwrap();
     assert_eq!(
         world.session("s1").await.unwrap().status,
-        "idle",
+        Status::Idle,
         "the next record clears the retry"
     );
 }

@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use steadfast_log::record;
-use steadfast_log::{Event, Record};
+use steadfast_log::{Event, Record, Status};
 
 pub mod interrupt;
 pub mod work;
@@ -203,8 +203,8 @@ pub struct SessionSummary {
     pub id: String,
     /// Who owns it.
     pub owner: String,
-    /// `new`, `idle`, `running`, `completed`, `failed` or `escalated`.
-    pub status: String,
+    /// Where it stands.
+    pub status: Status,
     /// The first user message, shortened.
     pub title: String,
     /// The last log position.
@@ -641,7 +641,7 @@ fn process_is_gone(pid: u32) -> bool {
 /// What a batch of events changes in a session's summary row.
 #[derive(Debug, Default)]
 pub(crate) struct Summary {
-    pub status: Option<&'static str>,
+    pub status: Option<Status>,
     pub title: Option<String>,
     /// The agent `session_started` names.
     pub agent: Option<String>,
@@ -657,6 +657,12 @@ pub(crate) struct Summary {
     pub kept_bytes: u64,
 }
 
+/// A status as a store keeps it, read back: text no status is means a damaged store.
+pub(crate) fn stored_status(text: &str) -> Result<Status> {
+    text.parse()
+        .map_err(|e: steadfast_log::UnknownStatus| Error::CorruptStore(e.to_string()))
+}
+
 /// The summary changes these events make.
 pub(crate) fn summarize(events: &[Event]) -> Summary {
     let mut s = Summary::default();
@@ -666,18 +672,16 @@ pub(crate) fn summarize(events: &[Event]) -> Summary {
             Event::DriveFailed { retry_at_ms, .. } => retry_at_ms.unwrap_or(0),
             _ => 0,
         };
+        if let Some(status) = Status::after(e) {
+            s.status = Some(status);
+        }
         match e {
-            Event::SessionStarted { agent, .. } => {
-                s.status = Some("idle");
-                s.agent = Some(agent.clone());
-            }
-            Event::TurnEnded { .. } => s.status = Some("idle"),
+            Event::SessionStarted { agent, .. } => s.agent = Some(agent.clone()),
             Event::UserMessage {
                 turn,
                 text,
                 inbox_id,
             } => {
-                s.status = Some("running");
                 if *turn == 1 {
                     s.title = Some(text.chars().take(80).collect());
                 }
@@ -690,32 +694,18 @@ pub(crate) fn summarize(events: &[Event]) -> Summary {
             } => {
                 s.taken.push(*inbox_id);
                 if *stopped {
-                    s.status = Some("idle");
                     s.waiting_for = Some(None);
                 }
             }
-            Event::WaitStarted { name, .. } => {
-                s.status = Some("waiting");
-                s.waiting_for = Some(Some(name.clone()));
-            }
+            Event::WaitStarted { name, .. } => s.waiting_for = Some(Some(name.clone())),
             Event::SignalReceived { inbox_id, .. } => {
-                s.status = Some("running");
                 s.waiting_for = Some(None);
                 s.taken.push(*inbox_id);
             }
             Event::Escalated { .. } => {
-                s.status = Some("escalated");
                 s.waiting_for = Some(Some(steadfast_log::RESUME_SIGNAL.to_string()));
             }
-            Event::SessionEnded { state, .. } => {
-                s.waiting_for = Some(None);
-                s.status = Some(match state {
-                    steadfast_log::EndState::Completed => "completed",
-                    steadfast_log::EndState::Failed => "failed",
-                    steadfast_log::EndState::Escalated => "escalated",
-                    steadfast_log::EndState::Closed => "closed",
-                })
-            }
+            Event::SessionEnded { .. } => s.waiting_for = Some(None),
             _ => {}
         }
     }

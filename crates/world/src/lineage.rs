@@ -40,8 +40,8 @@ pub struct Fork {
     /// The child's first record of its own, stored at `at + 1`
     /// ([`Event::Forked`]).
     pub event: Event,
-    /// The child's status with `event` folded in (`idle`, `running`, ...).
-    pub status: String,
+    /// The child's status with `event` folded in.
+    pub status: steadfast_log::Status,
     /// The signal the child waits for, if it waits.
     pub waiting_for: Option<String>,
     /// A title for the child; `None` keeps the parent's.
@@ -60,7 +60,7 @@ pub struct Rewind {
     /// The record that follows it.
     pub event: Event,
     /// The session's status with `event` folded in.
-    pub status: String,
+    pub status: steadfast_log::Status,
     /// The signal it waits for, if it waits.
     pub waiting_for: Option<String>,
 }

@@ -27,19 +27,6 @@ pub const MAX_METADATA_VALUE: usize = 512;
 /// The longest title, in characters.
 pub const MAX_TITLE: usize = 200;
 
-/// Every status a listing shows, and so every status it filters on.
-pub const STATUSES: &[&str] = &[
-    "new",
-    "idle",
-    "running",
-    "waiting",
-    "retrying",
-    "completed",
-    "failed",
-    "escalated",
-    "closed",
-];
-
 /// Which sessions to list. Every field narrows; the default lists every session of
 /// every owner (what `gc` and the local CLI need).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -47,7 +34,7 @@ pub struct SessionQuery {
     /// Only this owner's.
     pub owner: Option<String>,
     /// Only these statuses (as listed: `idle`, `running`, `retrying`, ...); any if empty.
-    pub statuses: Vec<String>,
+    pub statuses: Vec<steadfast_log::Status>,
     /// Only sessions of this agent (as `session_started` names it).
     pub agent: Option<String>,
     /// Only sessions carrying every one of these labels with these values.
@@ -295,7 +282,7 @@ impl SessionQuery {
             let list: Vec<String> = self
                 .statuses
                 .iter()
-                .map(|s| bind(Param::Text(s.clone())))
+                .map(|s| bind(Param::Text(s.as_str().to_string())))
                 .collect();
             conds.push(format!("{} IN ({})", d.status, list.join(", ")));
         }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use steadfast_log::record::{self, EncodedRecord};
-use steadfast_log::{Event, Record, MODEL_DELTA_KIND, PRUNED_KIND};
+use steadfast_log::{Event, Record, Status, MODEL_DELTA_KIND, PRUNED_KIND};
 use tokio_postgres::{Row, Transaction};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
@@ -426,11 +426,11 @@ async fn check_fence(tx: &Transaction<'_>, lease: &Lease) -> Result<u64> {
     Ok(now)
 }
 
-fn summary(r: &Row) -> SessionSummary {
-    SessionSummary {
+fn summary(r: &Row) -> Result<SessionSummary> {
+    Ok(SessionSummary {
         id: r.get(0),
         owner: r.get(1),
-        status: r.get(2),
+        status: crate::stored_status(r.get(2))?,
         title: r.get(3),
         last_seq: to_u64(r.get(4)),
         created_at_ms: to_u64(r.get(5)),
@@ -440,7 +440,7 @@ fn summary(r: &Row) -> SessionSummary {
         metadata: crate::listing::parse_map(r.get(9)),
         parent: r.get(10),
         forked_at: r.get::<_, Option<i64>>(11).map(to_u64),
-    }
+    })
 }
 
 /// A session with a retry scheduled shows as `retrying`. Its position and last
@@ -554,7 +554,7 @@ impl PostgresWorld {
                         &(known.last as i64),
                         &(records.len() as i64),
                         &(at_ms as i64),
-                        &summary.status,
+                        &summary.status.map(Status::as_str),
                         &summary.title,
                         &wset,
                         &wval,
@@ -681,7 +681,7 @@ impl PostgresWorld {
                 &lease.session,
                 &((last + records.len() as u64) as i64),
                 &(at_ms as i64),
-                &summary.status,
+                &summary.status.map(Status::as_str),
                 &summary.title,
                 &(summary.retry_at_ms as i64),
                 &summary.agent,
@@ -1055,7 +1055,7 @@ impl World for PostgresWorld {
             .await
             .map_err(db)?;
         let rows = client.query(&statement, &refs).await.map_err(db)?;
-        Ok(query.page(rows.iter().map(summary).collect()))
+        Ok(query.page(rows.iter().map(summary).collect::<Result<_>>()?))
     }
 
     async fn update_session(&self, session: &str, patch: &SessionPatch) -> Result<()> {
@@ -1090,7 +1090,7 @@ impl World for PostgresWorld {
             .await
             .map_err(db)?
             .map(|r| summary(&r))
-            .ok_or_else(|| Error::NotFound(session.to_string()))
+            .ok_or_else(|| Error::NotFound(session.to_string()))?
     }
 
     async fn post(
@@ -1110,11 +1110,9 @@ impl World for PostgresWorld {
             .await
             .map_err(db)?
             .map(|r| r.get(0));
-        match status.as_deref() {
+        match status.as_deref().map(crate::stored_status).transpose()? {
             None => return Err(Error::NotFound(session.to_string())),
-            Some("completed" | "failed" | "closed") => {
-                return Err(Error::Ended(session.to_string()))
-            }
+            Some(status) if status.is_over() => return Err(Error::Ended(session.to_string())),
             _ => {}
         }
         let id: i64 = tx
@@ -1379,7 +1377,7 @@ impl World for PostgresWorld {
                     &fork.child,
                     &fork.owner,
                     &now,
-                    &fork.status,
+                    &fork.status.as_str(),
                     &fork.title,
                     &at,
                     &fork.waiting_for,
@@ -1423,7 +1421,7 @@ impl World for PostgresWorld {
         steadfast_fault::point(steadfast_fault::points::FORK_WRITTEN);
         tx.commit().await.map_err(db)?;
         crate::bump(&self.changes);
-        Ok(summary(&row))
+        summary(&row)
     }
 
     async fn rewind_session(&self, rewind: &crate::Rewind) -> Result<Record> {
@@ -1445,7 +1443,7 @@ impl World for PostgresWorld {
         insert_record(&tx, session, &record, &body).await?;
         tx.execute(
             "UPDATE steadfast_sessions SET own_from = $2, last_seq = $2, updated_at_ms = $3, status = $4, waiting_for = $5, retry_at_ms = 0 WHERE id = $1",
-            &[&session, &seq, &(now as i64), &rewind.status, &rewind.waiting_for],
+            &[&session, &seq, &(now as i64), &rewind.status.as_str(), &rewind.waiting_for],
         )
         .await
         .map_err(db)?;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use steadfast_log::record::{self, EncodedRecord};
-use steadfast_log::{Event, Record, MODEL_DELTA_KIND, PRUNED_KIND};
+use steadfast_log::{Event, Record, Status, MODEL_DELTA_KIND, PRUNED_KIND};
 
 use crate::lineage;
 use crate::listing::Param;
@@ -651,7 +651,9 @@ fn summary(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionSummary> {
     Ok(SessionSummary {
         id: r.get(0)?,
         owner: r.get(1)?,
-        status: r.get(2)?,
+        status: r.get::<_, String>(2)?.parse().map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(2, rusqlite::types::Type::Text, Box::new(e))
+        })?,
         title: r.get(3)?,
         last_seq: r.get(4)?,
         created_at_ms: r.get(5)?,
@@ -841,7 +843,7 @@ impl World for SqliteWorld {
                 "UPDATE sessions SET last_seq = ?2, updated_at_ms = ?3, status = COALESCE(?4, status), title = CASE WHEN title_set THEN title ELSE COALESCE(?5, title) END, retry_at_ms = ?6, agent = COALESCE(?7, agent), kept_bytes = kept_bytes + ?8 WHERE id = ?1",
             )
             .map_err(backend)?
-            .execute(params![lease.session, last + records.len() as u64, at_ms, summary.status, summary.title, summary.retry_at_ms, summary.agent, summary.kept_bytes as i64])
+            .execute(params![lease.session, last + records.len() as u64, at_ms, summary.status.map(Status::as_str), summary.title, summary.retry_at_ms, summary.agent, summary.kept_bytes as i64])
             .map_err(backend)?;
             if let Some(waiting_for) = &summary.waiting_for {
                 tx.execute(
@@ -1024,9 +1026,9 @@ impl World for SqliteWorld {
                     .query_row("SELECT status FROM sessions WHERE id = ?1", [&session], |r| r.get(0))
                     .optional()
                     .map_err(backend)?;
-                match status.as_deref() {
+                match status.as_deref().map(crate::stored_status).transpose()? {
                     None => return Err(Error::NotFound(session)),
-                    Some("completed" | "failed" | "closed") => return Err(Error::Ended(session)),
+                    Some(status) if status.is_over() => return Err(Error::Ended(session)),
                     _ => {}
                 }
                 tx.execute(
@@ -1260,7 +1262,7 @@ impl World for SqliteWorld {
                             fork.child,
                             fork.owner,
                             now,
-                            fork.status,
+                            fork.status.as_str(),
                             fork.title,
                             fork.at + 1,
                             fork.waiting_for,
@@ -1315,7 +1317,7 @@ impl World for SqliteWorld {
                 insert_record(&tx, &session, &record, &body)?;
                 tx.execute(
                     "UPDATE sessions SET own_from = ?2, last_seq = ?2, updated_at_ms = ?3, status = ?4, waiting_for = ?5, retry_at_ms = 0 WHERE id = ?1",
-                    params![session, record.seq, now, rewind.status, rewind.waiting_for],
+                    params![session, record.seq, now, rewind.status.as_str(), rewind.waiting_for],
                 )
                 .map_err(backend)?;
                 tx.commit().map_err(backend)?;

@@ -3,7 +3,7 @@
 //! backend), which the conformance suite holds them to
 //! ([`crate::conformance::work_is_what_a_worker_claims`]).
 
-use steadfast_log::{SessionState, Status};
+use steadfast_log::{Phase, SessionState};
 
 use crate::interrupt::is_interrupt;
 use crate::{Inbound, InboundKind};
@@ -19,16 +19,13 @@ pub fn has_work(state: &SessionState, inbox: &[Inbound]) -> bool {
             .iter()
             .any(|i| i.kind == InboundKind::Signal && i.name == name)
     };
-    match state.status {
-        Status::Running => true,
-        Status::Idle => inbox
+    match &state.phase {
+        Phase::Running { .. } => true,
+        Phase::Idle { .. } => inbox
             .iter()
             .any(|i| matches!(i.kind, InboundKind::Message | InboundKind::Steer)),
-        Status::Waiting => {
-            inbox.iter().any(is_interrupt)
-                || state.waiting.as_ref().is_some_and(|w| signal(&w.name))
-        }
-        Status::Escalated => signal(steadfast_log::RESUME_SIGNAL),
-        Status::Completed | Status::Failed | Status::Closed => false,
+        Phase::Waiting(wait) => inbox.iter().any(is_interrupt) || signal(&wait.name),
+        Phase::Escalated { .. } => signal(steadfast_log::RESUME_SIGNAL),
+        Phase::Ended { .. } => false,
     }
 }

@@ -182,7 +182,7 @@ async fn a_live_session_catches_up_with_appends_made_around_it() {
     let state = live.state();
     assert_eq!(state.last_seq, 3);
     assert_eq!(state.turn, 1);
-    assert_eq!(state.status, steadfast_log::Status::Idle);
+    assert_eq!(state.phase.status(), steadfast_log::Status::Idle);
 }
 
 #[tokio::test]

@@ -245,10 +245,11 @@ pub async fn drive_turn<W: World + Clone + 'static>(
     let (world, lease) = (live.world(), live.lease());
     loop {
         let state = live.state();
-        if state.status != Status::Running {
+        if state.phase.status() != Status::Running {
             return Err(Error::Invalid(format!(
                 "session {} is {}: no turn to drive",
-                lease.session, state.status
+                lease.session,
+                state.phase.status()
             )));
         }
         let history = kept_history(blobs, &state, &options.adapter).await;

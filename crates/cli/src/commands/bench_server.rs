@@ -169,7 +169,7 @@ pub(crate) async fn recovery(
         let _ = workers[index].wait();
         workers[index] = spawn(index)?;
         // Let the session finish, so the workers are free for the next round.
-        while harness.world().session(&id).await?.status == "running" {
+        while harness.world().session(&id).await?.status == steadfast_log::Status::Running {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }

@@ -88,7 +88,8 @@ pub async fn run(home: &Path, config: &Config, args: GcArgs) -> anyhow::Result<E
             _ => None,
         });
         if let Some(workspace) = workspace {
-            let idle = idle_since.is_some_and(|t| s.updated_at_ms < t) && s.status != "running";
+            let idle = idle_since.is_some_and(|t| s.updated_at_ms < t)
+                && s.status != steadfast_log::Status::Running;
             if !idle {
                 workspaces.insert(workspace.clone());
             }

@@ -46,7 +46,7 @@ async fn open(
 
 pub async fn stop(home: &Path, config: &Config, session: &str) -> anyhow::Result<ExitCode> {
     let (harness, summary) = open(home, config, session).await?;
-    if !matches!(summary.status.as_str(), "running" | "waiting" | "retrying") {
+    if !summary.status.is_interruptible() {
         eprintln!(
             "steadfast: session {session} is {}; nothing runs, so there is nothing to stop",
             summary.status
@@ -57,7 +57,7 @@ pub async fn stop(home: &Path, config: &Config, session: &str) -> anyhow::Result
     let started = Instant::now();
     while started.elapsed() < WAIT {
         let now = harness.world().session(session).await?;
-        if !matches!(now.status.as_str(), "running" | "waiting" | "retrying") {
+        if !now.status.is_interruptible() {
             eprintln!(
                 "steadfast: session {session} stopped ({}, #{}) in {} ms; carry on with: {} resume {session} \"<what next>\"",
                 now.status,

@@ -190,7 +190,7 @@ async fn status(remote: &Remote, session: &str) -> anyhow::Result<(String, u64)>
 
 /// Whether a session in this status has something running that `stop` can stop.
 fn runs(status: &str) -> bool {
-    matches!(status, "running" | "waiting" | "retrying")
+    steadfast_log::Status::parse(status).is_some_and(steadfast_log::Status::is_interruptible)
 }
 
 /// `steadfast stop --server`: interrupts the running turn and waits to see it stop.

@@ -266,7 +266,10 @@ pub async fn resume(home: &Path, config: &Config, args: ResumeArgs) -> anyhow::R
     let session = args.session.clone();
     eprintln!(
         "steadfast: resuming session {} ({}) at #{} ({})",
-        args.session, state.agent, state.last_seq, state.status
+        args.session,
+        state.agent,
+        state.last_seq,
+        state.phase.status()
     );
     if state.is_wrapped() {
         eprintln!(
@@ -458,7 +461,7 @@ async fn drive<W: World + Clone, S: Sandbox>(
         }
         Err(e) => return Err(e.into()),
     };
-    let interrupted = awake.state().interrupted_by.clone();
+    let interrupted = awake.state().interrupted_by().map(str::to_string);
     if let Some(by) = &interrupted {
         eprintln!(
             "steadfast: the turn was interrupted by {by}; the session stays open (idle) with everything it did so far"
@@ -479,9 +482,9 @@ async fn drive<W: World + Clone, S: Sandbox>(
         let out = serde_json::json!({
             "session": awake.session(),
             "agent": state.agent,
-            "status": state.status,
-            "reason": state.end_reason.clone().or(state.waiting.as_ref().map(|w| w.reason.clone())),
-            "escalated_by": state.escalated,
+            "status": state.phase.status(),
+            "reason": state.end_reason().map(str::to_string).or(state.waiting().map(|w| w.reason.clone())),
+            "escalated_by": state.escalated_by(),
             "reply": reply,
             "workspace": state.workspace,
             "model_calls": state.model_calls,
@@ -494,7 +497,7 @@ async fn drive<W: World + Clone, S: Sandbox>(
         eprintln!(
             "steadfast: session {} {}: {} model calls, {} input + {} output tokens, ${:.4}; workspace {}",
             awake.session(),
-            state.status,
+            state.phase.status(),
             state.model_calls,
             state.usage.input_tokens,
             state.usage.output_tokens,
@@ -502,7 +505,7 @@ async fn drive<W: World + Clone, S: Sandbox>(
             state.workspace
         );
     }
-    if let (Some(breaker), Some(wait)) = (state.escalated, &state.waiting) {
+    if let (Some(breaker), Some(wait)) = (state.escalated_by(), &state.waiting()) {
         // The raise that lets the bound that tripped pass (a loop or step budget needs
         // only a human's go-ahead).
         let raise = match breaker {
@@ -532,7 +535,7 @@ async fn drive<W: World + Clone, S: Sandbox>(
     if interrupted.is_some() {
         return Ok(ExitCode::from(130));
     }
-    Ok(match state.status {
+    Ok(match state.phase.status() {
         steadfast_log::Status::Completed => ExitCode::SUCCESS,
         // An API session's turn done, the session open for more.
         steadfast_log::Status::Idle if !one_task => ExitCode::SUCCESS,

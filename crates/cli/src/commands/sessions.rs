@@ -35,21 +35,17 @@ pub struct SessionsArgs {
 pub async fn run(home: &Path, config: &Config, args: SessionsArgs) -> anyhow::Result<ExitCode> {
     use steadfast_world::listing;
     let json = args.json;
-    let statuses: Vec<String> = args
+    let statuses = args
         .status
         .iter()
         .flat_map(|s| s.split(','))
-        .map(str::to_string)
-        .collect();
-    if let Some(bad) = statuses
-        .iter()
-        .find(|s| !listing::STATUSES.contains(&s.as_str()))
-    {
-        anyhow::bail!(
-            "--status: `{bad}` is not one of {}",
-            listing::STATUSES.join(", ")
-        );
-    }
+        .map(|s| {
+            steadfast_log::Status::parse(s).ok_or_else(|| {
+                let all: Vec<_> = steadfast_log::STATUSES.map(|s| s.as_str()).into();
+                anyhow::anyhow!("--status: `{s}` is not one of {}", all.join(", "))
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let query = steadfast_world::SessionQuery {
         statuses,
         agent: args.agent,

@@ -2,7 +2,9 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
-use crate::event::Output;
+use crate::event::{
+    Output, ToolResolution, INTERRUPTED_ROLLED_BACK, INTERRUPTED_ROLLED_BACK_BESIDE,
+};
 
 struct Log(Vec<Record>);
 
@@ -117,7 +119,7 @@ fn a_full_turn_folds_to_idle_with_conversation_and_spend() {
         reply: None,
     });
     let state = fold(&log.0).unwrap();
-    assert_eq!(state.status, Status::Idle);
+    assert_eq!(state.status(), Status::Idle);
     assert_eq!(state.conversation.len(), 4);
     assert_eq!(
         state.conversation[2].content.len(),
@@ -493,7 +495,7 @@ fn a_client_tools_result_is_the_clients_content_for_its_own_call_only() {
         before_call: None,
     });
     let waiting = fold(&log.0).unwrap();
-    assert_eq!(waiting.status, Status::Waiting);
+    assert_eq!(waiting.status(), Status::Waiting);
     // A result named for another call is no answer to this wait.
     let mut wrong = Log(log.0.clone());
     wrong.push(Event::SignalReceived {
@@ -508,7 +510,7 @@ fn a_client_tools_result_is_the_clients_content_for_its_own_call_only() {
         inbox_id: 1,
     });
     let state = fold(&log.0).unwrap();
-    assert_eq!(state.status, Status::Running);
+    assert_eq!(state.status(), Status::Running);
     assert_eq!(
         state.conversation.last().unwrap().content,
         [Block::ToolResult {

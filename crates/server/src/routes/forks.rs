@@ -190,7 +190,7 @@ pub(crate) async fn rewind<W: World + Clone>(
         to: report.to,
         branch: report.branch,
         facts: report.facts,
-        status: report.status.to_string(),
+        status: report.status,
     }))
 }
 

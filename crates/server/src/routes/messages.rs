@@ -424,8 +424,7 @@ pub(crate) async fn tool_result<W: World + Clone>(
     owned(&state, &id, &owner).await?;
     let session = state.harness.state(&id).await?;
     let awaited = session
-        .waiting
-        .as_ref()
+        .waiting()
         .filter(|w| w.call_id.as_deref() == Some(req.call_id.as_str()))
         .filter(|w| w.name == steadfast_log::tool_result_signal(&req.call_id));
     let Some(wait) = awaited else {
@@ -435,9 +434,9 @@ pub(crate) async fn tool_result<W: World + Clone>(
             format!(
                 "call_id: session {id} does not wait for the result of `{}` ({})",
                 req.call_id,
-                match &session.waiting {
+                match session.waiting() {
                     Some(w) => format!("it waits for `{}`", w.name),
-                    None => format!("it is {}", session.status),
+                    None => format!("it is {}", session.status()),
                 }
             ),
         ));

@@ -606,14 +606,15 @@ impl ListQuery {
         use steadfast_world::listing;
         let mut statuses = Vec::new();
         for status in self.status.iter().flat_map(|s| s.split(',')) {
-            if !listing::STATUSES.contains(&status) {
+            let Some(status) = steadfast_log::Status::parse(status) else {
+                let all: Vec<_> = steadfast_log::STATUSES.map(|s| s.as_str()).into();
                 return Err(format!(
                     "status: `{}` is not one of {}",
                     status.escape_debug(),
-                    listing::STATUSES.join(", ")
+                    all.join(", ")
                 ));
-            }
-            statuses.push(status.to_string());
+            };
+            statuses.push(status);
         }
         let limit = self.limit.unwrap_or(DEFAULT_PAGE);
         if !(1..=listing::MAX_PAGE).contains(&limit) {
@@ -776,7 +777,7 @@ pub(crate) async fn show<W: World + Clone>(
     // A message posted to an idle session is a turn about to open: until a worker takes
     // it, the session is not idle, or a client polling for `idle` after posting would
     // stop before the turn it asked for has run.
-    let queued = s.status == Status::Idle
+    let queued = s.is_idle()
         && s.retry.is_none()
         && state
             .harness
@@ -785,17 +786,7 @@ pub(crate) async fn show<W: World + Clone>(
             .await?
             .iter()
             .any(|i| matches!(i.kind, InboundKind::Message | InboundKind::Steer));
-    let status = match (&s.retry, s.status) {
-        (Some(_), _) => wire::SessionStatus::Retrying,
-        (None, Status::Idle) if queued => wire::SessionStatus::Running,
-        (None, Status::Idle) => wire::SessionStatus::Idle,
-        (None, Status::Running) => wire::SessionStatus::Running,
-        (None, Status::Waiting) => wire::SessionStatus::Waiting,
-        (None, Status::Completed) => wire::SessionStatus::Completed,
-        (None, Status::Failed) => wire::SessionStatus::Failed,
-        (None, Status::Escalated) => wire::SessionStatus::Escalated,
-        (None, Status::Closed) => wire::SessionStatus::Closed,
-    };
+    let status = if queued { Status::Running } else { s.status() };
     Ok(Json(wire::Session {
         id,
         status,
@@ -808,11 +799,11 @@ pub(crate) async fn show<W: World + Clone>(
         model: s.model.to_string(),
         turn: s.turn,
         last_seq: s.last_seq,
-        waiting_for: s.waiting.as_ref().map(|w| w.name.clone()),
-        waiting_since: s.waiting.as_ref().map(|w| w.seq),
-        waiting_reason: s.waiting.as_ref().map(|w| w.reason.clone()),
+        waiting_for: s.waiting().map(|w| w.name.clone()),
+        waiting_since: s.waiting().map(|w| w.seq),
+        waiting_reason: s.waiting().map(|w| w.reason.clone()),
         waiting_call: s
-            .waiting
+            .waiting()
             .as_ref()
             .and_then(|w| w.call_id.as_ref())
             .and_then(|id| s.pending_tool(id))
@@ -821,14 +812,14 @@ pub(crate) async fn show<W: World + Clone>(
                 tool: p.tool.clone(),
                 input: p.input.clone(),
             }),
-        end_reason: s.end_reason.clone(),
+        end_reason: s.end_reason().map(str::to_string),
         usage: s.usage,
         cost_usd: steadfast_log::money::usd(s.cost_micro_usd),
         history_bytes: s.kept_bytes,
         priced: state.harness.is_priced(&s.model),
         budget_usd: s.limits.max_cost_micro_usd.map(steadfast_log::money::usd),
         limits: s.limits,
-        escalated_by: s.escalated,
+        escalated_by: s.escalated_by(),
         network: s.network.clone(),
         reply: s.last_reply(),
         created_at_ms: summary.created_at_ms,
@@ -867,7 +858,7 @@ pub(crate) async fn interrupt<W: World + Clone>(
 ) -> Result<(StatusCode, Json<wire::Interrupting>), ApiError> {
     let owner = state.owner(&headers, steadfast_world::Scope::Run).await?;
     let summary = owned(&state, &id, &owner).await?;
-    if !matches!(summary.status.as_str(), "running" | "waiting" | "retrying") {
+    if !summary.status.is_interruptible() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "not_running",
@@ -916,13 +907,10 @@ pub(crate) async fn close<W: World + Clone>(
             &owner,
             "session.closed",
             &id,
-            serde_json::json!({"status": ended.to_string()}),
+            serde_json::json!({"status": ended}),
         )
         .await;
-    Ok(Json(wire::Closed {
-        id,
-        status: ended.to_string(),
-    }))
+    Ok(Json(wire::Closed { id, status: ended }))
 }
 
 /// Delete a session
