@@ -277,7 +277,7 @@ fn refused(api: Api, refusal: &Refusal) -> Response {
             "invalid_request_error",
             Some("this run of the agent no longer drives the session"),
         ),
-        Refusal::Log(E::Backend(_) | E::Blob(_)) => (
+        Refusal::Log(E::Backend { .. } | E::Blob { .. }) => (
             StatusCode::SERVICE_UNAVAILABLE,
             "api_error",
             Some("the session's log is unavailable"),

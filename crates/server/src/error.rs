@@ -81,7 +81,7 @@ impl From<steadfast_world::Error> for ApiError {
                 "session_busy",
                 format!("session {session} is being driven; try again when its turn is over"),
             ),
-            E::Corrupt { .. } | E::CorruptStore(_) => {
+            E::Corrupt { .. } | E::CorruptStore { .. } => {
                 tracing::error!(error = %e, "stored data is damaged");
                 ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -89,7 +89,7 @@ impl From<steadfast_world::Error> for ApiError {
                     e.to_string(),
                 )
             }
-            E::Backend(_) | E::Blob(_) => {
+            E::Backend { .. } | E::Blob { .. } => {
                 let e = ApiError::internal(e);
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e.message)
             }

@@ -32,7 +32,7 @@ fn refuse_lost_world(home: &Path, file: &Path) -> Result<()> {
     };
     match ["drive", "workspaces"].into_iter().find(|dir| holds(dir)) {
         None => Ok(()),
-        Some(dir) => Err(Error::CorruptStore(format!(
+        Some(dir) => Err(Error::corrupt_store(format!(
             "{} is missing, but {} holds a world's {dir}: restore the file (or name the \
              world with --world / STEADFAST_WORLD); a new, empty world is not made over it",
             file.display(),
@@ -66,12 +66,12 @@ impl AnyWorld {
                 #[cfg(not(feature = "postgres"))]
                 {
                     let _ = migrate;
-                    Err(Error::Backend("this build has no PostgreSQL support".into()))
+                    Err(Error::backend_says("this build has no PostgreSQL support"))
                 }
             }
             Some(s) => match s.strip_prefix("sqlite:") {
                 Some(path) => Ok(AnyWorld::Sqlite(SqliteWorld::open(path)?)),
-                None => Err(Error::Backend(format!(
+                None => Err(Error::backend_says(format!(
                     "unknown world `{}`: use postgres://..., sqlite:PATH, or leave it unset for the embedded default",
                     redacted(s)
                 ))),

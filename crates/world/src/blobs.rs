@@ -42,12 +42,11 @@ const DRIVE_PREFIX: &str = "drive";
 impl Blobs {
     /// Blobs in a local directory (created if needed).
     pub fn local(dir: &Path) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::Blob(format!("{}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(|e| Error::blob_in(dir.display().to_string(), e))?;
         let dir = dir
             .canonicalize()
-            .map_err(|e| Error::Blob(format!("{}: {e}", dir.display())))?;
-        let store =
-            LocalFileSystem::new_with_prefix(&dir).map_err(|e| Error::Blob(e.to_string()))?;
+            .map_err(|e| Error::blob_in(dir.display().to_string(), e))?;
+        let store = LocalFileSystem::new_with_prefix(&dir).map_err(Error::blob)?;
         Ok(Blobs {
             store: Arc::new(store),
             base_uri: format!("file://{}", dir.display()),
@@ -63,12 +62,12 @@ impl Blobs {
         if let Some(rest) = url.strip_prefix("s3://") {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
             if bucket.is_empty() {
-                return Err(Error::Blob(format!("no bucket in {url}")));
+                return Err(Error::blob_says(format!("no bucket in {url}")));
             }
             let store = object_store::aws::AmazonS3Builder::from_env()
                 .with_bucket_name(bucket)
                 .build()
-                .map_err(|e| Error::Blob(format!("{url}: {e}")))?;
+                .map_err(|e| Error::blob_in(url.to_string(), e))?;
             let prefix = prefix.trim_matches('/');
             let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
                 Arc::new(store)
@@ -103,7 +102,7 @@ impl Blobs {
         self.store
             .put(&path, bytes::Bytes::copy_from_slice(bytes).into())
             .await
-            .map_err(|e| Error::Blob(e.to_string()))?;
+            .map_err(Error::blob)?;
         let text = strip_ansi(&String::from_utf8_lossy(bytes));
         Ok(BlobRef {
             uri: format!("{}/{hash}", self.base_uri),
@@ -124,7 +123,7 @@ impl Blobs {
                 bytes::Bytes::copy_from_slice(bytes).into(),
             )
             .await
-            .map_err(|e| Error::Blob(e.to_string()))?;
+            .map_err(Error::blob)?;
         Ok(hash)
     }
 
@@ -143,7 +142,7 @@ impl Blobs {
         let mut listing = self.store.list(None);
         let mut doomed = Vec::new();
         while let Some(meta) = listing.next().await {
-            let meta = meta.map_err(|e| Error::Blob(e.to_string()))?;
+            let meta = meta.map_err(Error::blob)?;
             // Blobs are top-level names; deeper paths are the drive's (its own gc).
             if meta.location.parts().count() != 1 {
                 continue;
@@ -159,7 +158,7 @@ impl Blobs {
         for path in &doomed {
             match self.store.delete(path).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(Error::Blob(e.to_string())),
+                Err(e) => return Err(Error::blob(e)),
             }
         }
         Ok(doomed.len())
@@ -173,7 +172,7 @@ impl Blobs {
             .list_with_delimiter(Some(&ObjectPath::from(PROBE_PREFIX)))
             .await
             .map(|_| ())
-            .map_err(|e| Error::Blob(e.to_string()))
+            .map_err(Error::blob)
     }
 
     /// Writes a small blob and reads it back: what a server or worker checks before
@@ -189,7 +188,7 @@ impl Blobs {
     pub async fn delete(&self, hash: &str) -> Result<()> {
         match self.store.delete(&ObjectPath::from(hash)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(Error::Blob(e.to_string())),
+            Err(e) => Err(Error::blob(e)),
         }
     }
 
@@ -201,11 +200,11 @@ impl Blobs {
             .await
             .map_err(|e| match e {
                 object_store::Error::NotFound { .. } => Error::NotFound(format!("blob {hash}")),
-                e => Error::Blob(e.to_string()),
+                e => Error::blob(e),
             })?;
-        let bytes = got.bytes().await.map_err(|e| Error::Blob(e.to_string()))?;
+        let bytes = got.bytes().await.map_err(Error::blob)?;
         if blake3::hash(&bytes).to_hex().as_str() != hash {
-            return Err(Error::Blob(format!("blob {hash} is corrupt")));
+            return Err(Error::blob_says(format!("blob {hash} is corrupt")));
         }
         Ok(bytes.to_vec())
     }

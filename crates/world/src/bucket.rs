@@ -29,7 +29,7 @@ pub async fn create_bucket(url: &str) -> Result<BucketMade> {
     };
     let bucket = rest.split('/').next().unwrap_or_default();
     if bucket.is_empty() {
-        return Err(Error::Blob(format!("no bucket in {url}")));
+        return Err(Error::blob_says(format!("no bucket in {url}")));
     }
     let builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
     let region = builder
@@ -38,12 +38,12 @@ pub async fn create_bucket(url: &str) -> Result<BucketMade> {
     let endpoint = builder.get_config_value(&AmazonS3ConfigKey::Endpoint);
     let store = builder
         .build()
-        .map_err(|e| Error::Blob(format!("{url}: {e}")))?;
+        .map_err(|e| Error::blob_in(url.to_string(), e))?;
     let credential = store
         .credentials()
         .get_credential()
         .await
-        .map_err(|e| Error::Blob(format!("{url}: no credentials: {e}")))?;
+        .map_err(|e| Error::blob_in(format!("{url}: no credentials"), e))?;
     let target = match &endpoint {
         Some(endpoint) => format!("{}/{bucket}", endpoint.trim_end_matches('/')),
         None => format!("https://{bucket}.s3.{region}.amazonaws.com/"),
@@ -59,7 +59,7 @@ pub async fn create_bucket(url: &str) -> Result<BucketMade> {
     };
     let client: HttpClient = ReqwestConnector::default()
         .connect(&ClientOptions::new().with_allow_http(target.starts_with("http://")))
-        .map_err(|e| Error::Blob(e.to_string()))?;
+        .map_err(Error::blob)?;
     let authorizer = AwsAuthorizer::new(&credential, "s3", &region);
     // Some stores answer a PUT of a bucket one already owns with 200, so ask first.
     let (status, _) = send(
@@ -79,7 +79,7 @@ pub async fn create_bucket(url: &str) -> Result<BucketMade> {
     } else if said.contains("BucketAlreadyOwnedByYou") {
         Ok(BucketMade::AlreadyThere)
     } else {
-        Err(Error::Blob(format!(
+        Err(Error::blob_says(format!(
             "creating the bucket at {target}: {status}: {said}"
         )))
     }
@@ -97,12 +97,12 @@ async fn send(
     *request.method_mut() = method;
     *request.uri_mut() = target
         .parse()
-        .map_err(|e| Error::Blob(format!("{target}: {e}")))?;
+        .map_err(|e| Error::blob_in(target.to_string(), e))?;
     authorizer.authorize(&mut request, None);
     let response = client
         .execute(request)
         .await
-        .map_err(|e| Error::Blob(format!("creating the bucket at {target}: {e}")))?;
+        .map_err(|e| Error::blob_in(format!("creating the bucket at {target}"), e))?;
     let status = response.status();
     let said = response.into_body().bytes().await.unwrap_or_default();
     Ok((status, String::from_utf8_lossy(&said).trim().to_string()))

@@ -128,7 +128,7 @@ impl StoredHook {
     /// The hook, or damage naming what the row lacks.
     pub(crate) fn into_hook(self) -> crate::Result<Hook> {
         let damage = |what: &str| {
-            crate::Error::CorruptStore(format!(
+            crate::Error::corrupt_store(format!(
                 "hook {} of session {}: {what}",
                 self.name, self.session
             ))

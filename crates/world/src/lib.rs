@@ -113,21 +113,126 @@ pub enum Error {
     },
     /// The store itself is damaged (an empty or truncated database file): reported,
     /// never taken for a new, empty world.
-    #[error("the world's store is damaged: {0}")]
-    CorruptStore(String),
+    #[error("the world's store is damaged: {}", with_cause(.detail, .source))]
+    CorruptStore {
+        /// What is wrong.
+        detail: String,
+        /// What reading it failed with, if anything did.
+        #[source]
+        source: Option<Cause>,
+    },
     /// The store was written by a newer Steadfast.
-    #[error("{0}")]
-    TooNew(String),
+    #[error("{store} is at schema version {found}, newer than this build's {supported}; upgrade steadfast")]
+    TooNew {
+        /// The store (a database file, or the database).
+        store: String,
+        /// The version it is at.
+        found: i64,
+        /// The newest this build reads.
+        supported: i64,
+    },
     /// The blob store failed.
-    #[error("blob store: {0}")]
-    Blob(String),
+    #[error("blob store: {}", with_cause(.context, .source))]
+    Blob {
+        /// What was being done, where.
+        context: String,
+        /// The failure.
+        #[source]
+        source: Option<Cause>,
+    },
     /// A change the caller asked for breaks a bound (too many labels, say); the
     /// message names the field.
     #[error("{0}")]
     Invalid(String),
     /// The database failed (I/O, locking); may succeed if retried.
-    #[error("world backend: {0}")]
-    Backend(String),
+    #[error("world backend: {}", with_cause(.context, .source))]
+    Backend {
+        /// What was being done, where.
+        context: String,
+        /// The failure.
+        #[source]
+        source: Option<Cause>,
+    },
+}
+
+/// What a store's failure was caused by, kept as the error's source, so a log line or
+/// a caller can walk the chain down to the database's or the object store's own error.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// `context: cause: its cause: ...`, down the whole chain ("error performing TLS
+/// handshake: invalid peer certificate: UnknownIssuer"), each part once.
+fn with_cause(context: &str, cause: &Option<Cause>) -> String {
+    let mut text = context.to_string();
+    let mut next: Option<&(dyn std::error::Error + 'static)> = cause.as_deref().map(|c| c as _);
+    while let Some(c) = next {
+        let more = c.to_string();
+        if !text.ends_with(&more) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&more);
+        }
+        next = c.source();
+    }
+    text
+}
+
+impl Error {
+    /// The database failed with `source`.
+    pub fn backend(source: impl Into<Cause>) -> Self {
+        Error::Backend {
+            context: String::new(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// The database failed with `source` while doing `context`.
+    pub fn backend_in(context: impl Into<String>, source: impl Into<Cause>) -> Self {
+        Error::Backend {
+            context: context.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// The database cannot be used, for a reason of its own (no lower error says it).
+    pub fn backend_says(context: impl Into<String>) -> Self {
+        Error::Backend {
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    /// The blob store failed with `source`.
+    pub fn blob(source: impl Into<Cause>) -> Self {
+        Error::Blob {
+            context: String::new(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// The blob store failed with `source` while doing `context`.
+    pub fn blob_in(context: impl Into<String>, source: impl Into<Cause>) -> Self {
+        Error::Blob {
+            context: context.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// The blob store cannot be used, for a reason of its own.
+    pub fn blob_says(context: impl Into<String>) -> Self {
+        Error::Blob {
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    /// The store is damaged, as `detail` says.
+    pub fn corrupt_store(detail: impl Into<String>) -> Self {
+        Error::CorruptStore {
+            detail: detail.into(),
+            source: None,
+        }
+    }
 }
 
 impl Error {
@@ -135,7 +240,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Error::Backend(_) | Error::Blob(_) | Error::LeaseHeld { .. }
+            Error::Backend { .. } | Error::Blob { .. } | Error::LeaseHeld { .. }
         )
     }
 }
@@ -659,8 +764,10 @@ pub(crate) struct Summary {
 
 /// A status as a store keeps it, read back: text no status is means a damaged store.
 pub(crate) fn stored_status(text: &str) -> Result<Status> {
-    text.parse()
-        .map_err(|e: steadfast_log::UnknownStatus| Error::CorruptStore(e.to_string()))
+    text.parse().map_err(|e| Error::CorruptStore {
+        detail: "a session's status".into(),
+        source: Some(Box::new(e)),
+    })
 }
 
 /// The summary changes these events make.
@@ -740,7 +847,7 @@ pub(crate) async fn serialize_and_spill(
     let mut bodies = Vec::with_capacity(events.len());
     let mut spilled = Vec::with_capacity(events.len());
     for event in events {
-        let body = serde_json::to_vec(event).map_err(|e| Error::Backend(e.to_string()))?;
+        let body = serde_json::to_vec(event).map_err(Error::backend)?;
         spilled.push(match spill {
             Some(blobs) if body.len() > INLINE_LIMIT => Some(blobs.put_raw(&body).await?),
             _ => None,
@@ -811,7 +918,7 @@ pub(crate) fn decode_all(session: &str, raw: Vec<RawRecord>) -> Result<Vec<Recor
             .into_iter()
             .map(|h| {
                 h.join()
-                    .unwrap_or_else(|_| Err(Error::Backend("decoder thread panicked".into())))
+                    .unwrap_or_else(|_| Err(Error::backend_says("decoder thread panicked")))
             })
             .collect()
     });
@@ -842,14 +949,14 @@ pub(crate) async fn verify_off_thread(
     let permit = DECODERS
         .acquire()
         .await
-        .map_err(|e| Error::Backend(format!("decode task failed: {e}")))?;
+        .map_err(|e| Error::backend_in("decode task failed", e))?;
     let permit = SendPermit(permit);
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
         verify(&session, from, last_seq, raw)
     })
     .await
-    .map_err(|e| Error::Backend(format!("decode task failed: {e}")))?
+    .map_err(|e| Error::backend_in("decode task failed", e))?
 }
 
 /// A permit of a `'static` semaphore, held by the blocking work it admits.

@@ -158,24 +158,8 @@ impl std::fmt::Debug for PostgresWorld {
     }
 }
 
-/// `e` and each error under it: "error performing TLS handshake: invalid peer
-/// certificate: UnknownIssuer".
-fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let more = c.to_string();
-        if !text.ends_with(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        cause = c.source();
-    }
-    text
-}
-
-fn backend(e: impl std::fmt::Display) -> Error {
-    Error::Backend(e.to_string())
+fn backend(e: impl Into<crate::Cause>) -> Error {
+    Error::backend(e)
 }
 
 fn db(e: tokio_postgres::Error) -> Error {
@@ -188,9 +172,10 @@ fn db(e: tokio_postgres::Error) -> Error {
     }
     match e.as_db_error() {
         // "db error" alone says nothing; the server's message says what went wrong.
-        Some(d) => Error::Backend(format!("{e}: {}", d.message())),
-        // Nor does "error performing TLS handshake": its causes do.
-        None => Error::Backend(with_causes(&e)),
+        Some(d) => Error::backend_in(d.message().to_string(), e),
+        // Nor does "error performing TLS handshake": its causes do, and the message
+        // names them all.
+        None => Error::backend(e),
     }
 }
 
@@ -208,14 +193,16 @@ impl PostgresWorld {
         let world = Self::connect_unchecked(url)?;
         let (current, latest) = world.schema_version().await?;
         if current < latest {
-            return Err(Error::Backend(format!(
+            return Err(Error::backend_says(format!(
                 "the database schema is at version {current}, this build needs {latest}: run `steadfast migrate`"
             )));
         }
         if current > latest {
-            return Err(Error::TooNew(format!(
-                "the database schema is at version {current}, newer than this build's {latest}; upgrade steadfast"
-            )));
+            return Err(Error::TooNew {
+                store: "the database".into(),
+                found: current.into(),
+                supported: latest.into(),
+            });
         }
         Ok(world.await_liveness(LIVENESS_WAIT).await)
     }
@@ -298,9 +285,8 @@ impl PostgresWorld {
         self.pool.get().await.map_err(|e| match e {
             // Why a new connection failed, not only that it did.
             deadpool_postgres::PoolError::Backend(e) => db(e),
-            deadpool_postgres::PoolError::Timeout(_) => Error::Backend(
-                "timed out waiting for a connection to PostgreSQL (is the server reachable?)"
-                    .into(),
+            deadpool_postgres::PoolError::Timeout(_) => Error::backend_says(
+                "timed out waiting for a connection to PostgreSQL (is the server reachable?)",
             ),
             other => backend(other),
         })
@@ -357,7 +343,7 @@ impl PostgresWorld {
         for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
             tx.batch_execute(sql)
                 .await
-                .map_err(|e| Error::Backend(format!("migration {version}: {e}")))?;
+                .map_err(|e| Error::backend_in(format!("migration {version}"), e))?;
             tx.execute(
                 "INSERT INTO steadfast_schema (version) VALUES ($1)",
                 &[version],
@@ -1346,7 +1332,7 @@ impl World for PostgresWorld {
     }
 
     async fn fork_session(&self, fork: &crate::Fork) -> Result<SessionSummary> {
-        let body = serde_json::to_vec(&fork.event).map_err(|e| Error::Backend(e.to_string()))?;
+        let body = serde_json::to_vec(&fork.event).map_err(Error::backend)?;
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(db)?;
         // The parent's row is locked against a concurrent delete while its records are
@@ -1425,7 +1411,7 @@ impl World for PostgresWorld {
     }
 
     async fn rewind_session(&self, rewind: &crate::Rewind) -> Result<Record> {
-        let body = serde_json::to_vec(&rewind.event).map_err(|e| Error::Backend(e.to_string()))?;
+        let body = serde_json::to_vec(&rewind.event).map_err(Error::backend)?;
         let session = rewind.lease.session.as_str();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(db)?;

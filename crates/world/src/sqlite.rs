@@ -225,7 +225,7 @@ pub struct SqliteWorld {
 const OTHERS_WATCH: Duration = Duration::from_millis(100);
 
 fn backend(e: rusqlite::Error) -> Error {
-    Error::Backend(e.to_string())
+    Error::backend(e)
 }
 
 /// A call for the connection's thread.
@@ -253,7 +253,7 @@ impl ConnectionThread {
                 }
             })
             .map_err(|e| {
-                Error::Backend(format!("{}: cannot start its thread: {e}", path.display()))
+                Error::backend_in(format!("{}: cannot start its thread", path.display()), e)
             })?;
         Ok(ConnectionThread {
             jobs: Some(tx),
@@ -265,7 +265,7 @@ impl ConnectionThread {
         self.jobs
             .as_ref()
             .and_then(|jobs| jobs.send(job).ok())
-            .ok_or_else(|| Error::Backend("the world's connection thread is gone".into()))
+            .ok_or_else(|| Error::backend_says("the world's connection thread is gone"))
     }
 }
 
@@ -303,7 +303,7 @@ fn create_atomically(path: &Path) -> Result<()> {
     match linked {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(Error::Backend(format!("creating {}: {e}", path.display()))),
+        Err(e) => Err(Error::backend_in(format!("creating {}", path.display()), e)),
     }
 }
 
@@ -312,17 +312,17 @@ fn create_atomically(path: &Path) -> Result<()> {
 fn check_file(path: &Path) -> Result<()> {
     use std::io::Read;
     let damaged = |why: String| {
-        Error::CorruptStore(format!(
+        Error::corrupt_store(format!(
             "{} {why}; it is not re-initialised: restore it from a backup, or move it \
              away to start a new world",
             path.display()
         ))
     };
-    let mut file = std::fs::File::open(path)
-        .map_err(|e| Error::Backend(format!("{}: {e}", path.display())))?;
+    let mut file =
+        std::fs::File::open(path).map_err(|e| Error::backend_in(path.display().to_string(), e))?;
     let len = file
         .metadata()
-        .map_err(|e| Error::Backend(format!("{}: {e}", path.display())))?
+        .map_err(|e| Error::backend_in(path.display().to_string(), e))?
         .len();
     if len == 0 {
         return Err(damaged("is empty (0 bytes)".into()));
@@ -354,11 +354,11 @@ impl SqliteWorld {
         let path = path.as_ref().to_path_buf();
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)
-                .map_err(|e| Error::Backend(format!("{}: {e}", dir.display())))?;
+                .map_err(|e| Error::backend_in(dir.display().to_string(), e))?;
         }
         match std::fs::metadata(&path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => create_atomically(&path)?,
-            Err(e) => return Err(Error::Backend(format!("{}: {e}", path.display()))),
+            Err(e) => return Err(Error::backend_in(path.display().to_string(), e)),
             Ok(_) => check_file(&path)?,
         }
         let conn = Connection::open_with_flags(
@@ -390,10 +390,11 @@ impl SqliteWorld {
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .map_err(backend)?;
         if version > USER_VERSION {
-            return Err(Error::TooNew(format!(
-                "{} has schema version {version}, newer than this build's {USER_VERSION}; upgrade steadfast",
-                path.display()
-            )));
+            return Err(Error::TooNew {
+                store: path.display().to_string(),
+                found: version,
+                supported: USER_VERSION,
+            });
         }
         let mut conn = conn;
         loop {
@@ -488,7 +489,7 @@ impl SqliteWorld {
         self.jobs.send(job)?;
         answer
             .await
-            .map_err(|_| Error::Backend("the world's connection thread is gone".into()))?
+            .map_err(|_| Error::backend_says("the world's connection thread is gone"))?
     }
 }
 
@@ -1239,7 +1240,7 @@ impl World for SqliteWorld {
 
     async fn fork_session(&self, fork: &crate::Fork) -> Result<SessionSummary> {
         let fork = fork.clone();
-        let body = serde_json::to_vec(&fork.event).map_err(|e| Error::Backend(e.to_string()))?;
+        let body = serde_json::to_vec(&fork.event).map_err(Error::backend)?;
         let summary = self
             .with(move |conn| {
                 let tx = conn
@@ -1296,7 +1297,7 @@ impl World for SqliteWorld {
 
     async fn rewind_session(&self, rewind: &crate::Rewind) -> Result<Record> {
         let rewind = rewind.clone();
-        let body = serde_json::to_vec(&rewind.event).map_err(|e| Error::Backend(e.to_string()))?;
+        let body = serde_json::to_vec(&rewind.event).map_err(Error::backend)?;
         let record = self
             .with(move |conn| {
                 let tx = conn

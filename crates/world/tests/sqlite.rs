@@ -214,7 +214,7 @@ async fn an_empty_or_truncated_world_file_is_damage_not_a_fresh_start() -> anyho
     // Truncated to half: refused, and the file is left as it was found.
     std::fs::write(&path, &good[..good.len() / 2])?;
     let err = SqliteWorld::open(&path).err().unwrap();
-    assert!(matches!(err, Error::CorruptStore(_)), "{err}");
+    assert!(matches!(err, Error::CorruptStore { .. }), "{err}");
     assert!(err.to_string().contains("truncated"), "{err}");
     assert_eq!(std::fs::metadata(&path)?.len(), (good.len() / 2) as u64);
     // Emptied: refused, never given a new schema.
@@ -226,7 +226,7 @@ async fn an_empty_or_truncated_world_file_is_damage_not_a_fresh_start() -> anyho
     std::fs::write(&path, "not a database at all, but long enough to have a header........................................................")?;
     assert!(matches!(
         SqliteWorld::open(&path),
-        Err(Error::CorruptStore(_))
+        Err(Error::CorruptStore { .. })
     ));
     // Put back whole, it opens with everything in it.
     std::fs::write(&path, &good)?;
@@ -416,4 +416,26 @@ async fn an_owners_kept_bytes_sum_their_sessions() {
 #[tokio::test]
 async fn work_is_what_a_worker_claims() {
     conformance::work_is_what_a_worker_claims(&world().1).await;
+}
+
+/// A failure of the store keeps what caused it: the operating system's error is the
+/// world error's source, and the message names it after what was being done.
+#[test]
+fn a_store_failure_keeps_its_cause() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "not a directory")?;
+    let err = SqliteWorld::open(file.join("world").join("world.db"))
+        .err()
+        .expect("a world cannot live under a file");
+    assert!(matches!(err, Error::Backend { .. }), "{err}");
+    assert!(err.is_retryable());
+    let cause = std::error::Error::source(&err).expect("the cause is kept");
+    let io = cause
+        .downcast_ref::<std::io::Error>()
+        .expect("the operating system's own error");
+    assert_eq!(io.kind(), std::io::ErrorKind::NotADirectory);
+    assert!(err.to_string().contains(&io.to_string()), "{err}");
+    assert!(err.to_string().contains("a-file"), "{err}");
+    Ok(())
 }

@@ -141,7 +141,7 @@ impl GroupCommit {
 }
 
 fn dropped() -> Error {
-    Error::Backend("the append's group commit was dropped".into())
+    Error::backend_says("the append's group commit was dropped")
 }
 
 /// Runs `batch` as one statement, or one by one if it was refused, and answers
@@ -165,7 +165,7 @@ async fn run(pool: &Pool, mut batch: Vec<Waiting>) {
         Err(e) => {
             let message = e.to_string();
             for (_, _, sent) in batch {
-                let _ = sent.send(Err(Error::Backend(message.clone())));
+                let _ = sent.send(Err(Error::backend_says(message.clone())));
             }
         }
     }
@@ -221,7 +221,7 @@ async fn together(pool: &Pool, appends: &[&LeanAppend]) -> Result<Option<Vec<(St
         .iter()
         .map(|a| match empty.get(&a.session) {
             Some(e) => Ok((a.session.clone(), *e)),
-            None => Err(Error::Backend(format!(
+            None => Err(Error::backend_says(format!(
                 "a group append returned no row for session {}",
                 a.session
             ))),

@@ -44,7 +44,7 @@ pub(crate) fn configure(spec: &str) -> Result<(tokio_postgres::Config, MakeRustl
     let (rest, mode, root) = take_tls_settings(spec)?;
     let mut config: tokio_postgres::Config = rest
         .parse()
-        .map_err(|e| Error::Backend(format!("bad PostgreSQL URL: {e}")))?;
+        .map_err(|e| Error::backend_in("bad PostgreSQL URL", e))?;
     let (ssl_mode, mut check) = match mode.as_deref().unwrap_or("prefer") {
         "disable" => (SslMode::Disable, Check::Nothing),
         "prefer" => (SslMode::Prefer, Check::Nothing),
@@ -52,12 +52,10 @@ pub(crate) fn configure(spec: &str) -> Result<(tokio_postgres::Config, MakeRustl
         "verify-ca" => (SslMode::Require, Check::Authority),
         "verify-full" => (SslMode::Require, Check::Full),
         "allow" => {
-            return Err(Error::Backend(
-                "sslmode=allow is not supported: use prefer (encrypted when the server offers it) or disable".into(),
-            ))
+            return Err(Error::backend_says("sslmode=allow is not supported: use prefer (encrypted when the server offers it) or disable"))
         }
         other => {
-            return Err(Error::Backend(format!(
+            return Err(Error::backend_says(format!(
                 "bad PostgreSQL URL: sslmode={other} is not one of disable, prefer, require, verify-ca, verify-full"
             )))
         }
@@ -74,7 +72,7 @@ pub(crate) fn configure(spec: &str) -> Result<(tokio_postgres::Config, MakeRustl
             Some(
                 WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
                     .build()
-                    .map_err(|e| Error::Backend(format!("TLS to PostgreSQL: {e}")))?,
+                    .map_err(|e| Error::backend_in("TLS to PostgreSQL", e))?,
             )
         }
     };
@@ -85,7 +83,7 @@ pub(crate) fn configure(spec: &str) -> Result<(tokio_postgres::Config, MakeRustl
     });
     let tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Backend(format!("TLS to PostgreSQL: {e}")))?
+        .map_err(|e| Error::backend_in("TLS to PostgreSQL", e))?
         .dangerous()
         .with_custom_certificate_verifier(verifier)
         .with_no_client_auth();
@@ -137,10 +135,10 @@ fn trusted(root: Option<&str>) -> Result<RootCertStore> {
         Some(path) => {
             let certs = CertificateDer::pem_file_iter(path)
                 .and_then(|certs| certs.collect::<std::result::Result<Vec<_>, _>>())
-                .map_err(|e| Error::Backend(format!("sslrootcert={path}: {e}")))?;
+                .map_err(|e| Error::backend_in(format!("sslrootcert={path}"), e))?;
             let (added, _) = store.add_parsable_certificates(certs);
             if added == 0 {
-                return Err(Error::Backend(format!(
+                return Err(Error::backend_says(format!(
                     "sslrootcert={path}: no certificate in it could be read"
                 )));
             }
@@ -149,9 +147,7 @@ fn trusted(root: Option<&str>) -> Result<RootCertStore> {
             let found = rustls_native_certs::load_native_certs();
             store.add_parsable_certificates(found.certs);
             if store.is_empty() {
-                return Err(Error::Backend(
-                    "the server's certificate is to be checked, but this system has no trusted authorities: set sslrootcert to a PEM file".into(),
-                ));
+                return Err(Error::backend_says("the server's certificate is to be checked, but this system has no trusted authorities: set sslrootcert to a PEM file"));
             }
         }
     }
