@@ -232,7 +232,7 @@ pub struct SandboxConfig {
     /// `auto` (bwrap where it works, else local with a warning), `bwrap` or `local`.
     pub backend: Option<String>,
     /// `deny-all` (default), `open`, or `allow:host[:port],*.domain,...`.
-    pub network: Option<String>,
+    pub network: Option<steadfast_log::NetworkPolicy>,
     /// Stop a session's sandbox after this many idle seconds (0: never).
     pub idle_stop_secs: Option<u64>,
     /// Keep a sandbox whose session runs services this many seconds without a tool
@@ -617,12 +617,8 @@ impl Config {
         }
         let s = &self.sandbox;
         options.sandbox.env.extend(s.env.clone());
-        if let Some(Ok(n)) = s
-            .network
-            .as_deref()
-            .map(steadfast_sandbox::NetworkPolicy::parse)
-        {
-            options.sandbox.network = n;
+        if let Some(n) = &s.network {
+            options.sandbox.network = n.clone();
         }
         // The in-sandbox agent is this very program (`steadfast sandbox-agent`).
         if let Ok(exe) = std::env::current_exe() {
@@ -795,10 +791,6 @@ impl Config {
         if let Some(b) = &self.sandbox.backend {
             b.parse::<steadfast_sandbox::Backend>()
                 .map_err(|e| anyhow::anyhow!("[sandbox] backend: {e}"))?;
-        }
-        if let Some(n) = &self.sandbox.network {
-            steadfast_sandbox::NetworkPolicy::parse(n)
-                .map_err(|e| anyhow::anyhow!("[sandbox] network: {e}"))?;
         }
         for host in &self.sandbox.internal_hosts {
             steadfast_sandbox::HostRule::parse(host)
@@ -1147,7 +1139,10 @@ mod tests {
             .to_string()
             .contains("server name"));
         let bad_network = "[sandbox]\nnetwork = \"everywhere\"\n";
-        assert!(parse(bad_network).is_err());
+        let err = toml::from_str::<Config>(bad_network)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("network policy `everywhere`"), "{err}");
     }
 
     #[test]

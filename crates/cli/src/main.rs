@@ -46,8 +46,8 @@ struct Cli {
     sandbox: Option<String>,
     /// The sandbox's network: `deny-all` (default), `open`, or
     /// `allow:host[:port],*.domain,...` (through an egress proxy).
-    #[arg(long, global = true, env = "STEADFAST_NETWORK")]
-    network: Option<String>,
+    #[arg(long, global = true, env = "STEADFAST_NETWORK", value_parser = steadfast_log::NetworkPolicy::parse)]
+    network: Option<steadfast_log::NetworkPolicy>,
     /// A Steadfast server to read and control sessions through (its HTTP API, as the
     /// token's owner), instead of opening the world here: `sessions`, `log`, `diff`,
     /// `stop`, `close`, `delete`, `signal` and `send`. The token comes from

@@ -238,7 +238,7 @@ async fn explorers_work_apart_and_their_answers_come_back_together() {
             .filter_map(|r| r["event"]["model_call_outcome"]["cost_micro_usd"].as_u64())
             .sum::<u64>();
     }
-    let parent_cost = (reported["cost_usd"].as_f64().unwrap() * 1e6).round() as u64;
+    let parent_cost = steadfast_log::money::micro_usd(reported["cost_usd"].as_f64().unwrap());
     assert_eq!(parent_cost, spent, "{reported}");
 }
 

@@ -183,9 +183,9 @@ pub struct NewSession {
     pub approval: Option<steadfast_log::ApprovalPolicy>,
     /// Bounds on tokens, turns and wall-clock time.
     pub limits: steadfast_log::Limits,
-    /// The sandbox's network policy for this session (`deny-all`, `open`,
-    /// `allow:host,...`); `None` for the harness's default.
-    pub network: Option<String>,
+    /// The sandbox's network policy for this session; `None` for the harness's
+    /// default.
+    pub network: Option<steadfast_log::NetworkPolicy>,
     /// Tools the session's client runs (native agent only): calling one waits for
     /// the client's result.
     pub client_tools: Vec<steadfast_log::ClientTool>,
@@ -463,9 +463,6 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             layer
                 .check()
                 .map_err(|e| Error::Invalid(format!("approval: {e}")))?;
-        }
-        if let Some(policy) = &new.network {
-            steadfast_sandbox::NetworkPolicy::parse(policy).map_err(Error::Invalid)?;
         }
         crate::client_tools::check(&new.agent, &new.client_tools).map_err(Error::Invalid)?;
         crate::explore::check(new.explorers).map_err(Error::Invalid)?;
@@ -753,8 +750,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             options.mount_at = Some(steadfast_sandbox::WORKSPACE_MOUNT.into());
         }
         if let Some(policy) = &state.network {
-            options.network =
-                steadfast_sandbox::NetworkPolicy::parse(policy).map_err(Error::Invalid)?;
+            options.network = policy.clone();
         }
         options.inject = self.egress_credentials(session, state).await?;
         options.lease = Some((session.to_string(), lease.epoch));

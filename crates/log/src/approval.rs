@@ -246,6 +246,15 @@ pub struct HostRule {
     pub port: Option<u16>,
 }
 
+impl std::fmt::Display for HostRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.port {
+            Some(port) => write!(f, "{}:{port}", self.host),
+            None => f.write_str(&self.host),
+        }
+    }
+}
+
 impl HostRule {
     /// Parses `host`, `host:port`, `*.domain` or `*.domain:port`.
     pub fn parse(text: &str) -> Result<Self, String> {

@@ -573,10 +573,11 @@ pub enum Event {
         /// Bounds beyond the spend limit (tokens, turns, wall clock).
         #[serde(default, skip_serializing_if = "Limits::is_unbounded")]
         limits: Limits,
-        /// The sandbox's network policy for this session (`deny-all`, `open`,
-        /// `allow:host,...`), when it differs from the harness's default.
+        /// The sandbox's network policy for this session, when it differs from the
+        /// harness's default (stored as its text: `deny-all`, `open`,
+        /// `allow:host,...`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        network: Option<String>,
+        network: Option<crate::NetworkPolicy>,
         /// Tools the session's client runs (not the harness): calling one waits for
         /// the client's result (`tool_result` signal).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -531,7 +531,7 @@ pub struct SessionState {
     /// The user's MCP servers the agent is offered tools of.
     pub mcp_servers: Vec<crate::McpServer>,
     /// The session's own network policy, if it has one.
-    pub network: Option<String>,
+    pub network: Option<crate::NetworkPolicy>,
     /// How many tool calls in a row were the same call with the same input and left
     /// the workspace as it was (the loop breaker's count).
     pub loop_streak: u32,

@@ -11,10 +11,11 @@ pub mod event;
 pub mod fold;
 pub mod message;
 pub mod money;
+pub mod network;
 pub mod record;
 pub mod status;
 
-pub use approval::{ApprovalPolicy, ApprovalRule, Verdict};
+pub use approval::{ApprovalPolicy, ApprovalRule, HostRule, Verdict};
 pub use event::{
     explored_signal, is_workspace_id, tool_result_signal, BlobRef, Breaker, ClientTool,
     EgressCredential, EndState, Event, Explorer, GitSource, Limits, McpServer, ModelSpec, Output,
@@ -28,5 +29,6 @@ pub use fold::{
     PendingModel, PendingTool, Phase, Retry, SessionState, TurnStart, Wait, WrappedTool,
 };
 pub use message::{Block, Message, Role, ToolUse};
+pub use network::NetworkPolicy;
 pub use record::{CodecError, EncodedRecord, Record, SCHEMA_VERSION};
 pub use status::{Status, UnknownStatus, STATUSES};

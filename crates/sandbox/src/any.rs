@@ -91,20 +91,7 @@ pub fn ready(options: &SandboxOptions) -> std::result::Result<(), String> {
 /// means, in one line for people: a backend that does not isolate says plainly that
 /// the network policy is not enforced.
 pub fn describe(options: &SandboxOptions) -> String {
-    let network = match &options.network {
-        crate::NetworkPolicy::DenyAll => "deny-all".to_string(),
-        crate::NetworkPolicy::Open => "open".to_string(),
-        crate::NetworkPolicy::AllowList(rules) => {
-            let names: Vec<String> = rules
-                .iter()
-                .map(|r| match r.port {
-                    Some(p) => format!("{}:{p}", r.host),
-                    None => r.host.clone(),
-                })
-                .collect();
-            format!("allow:{}", names.join(","))
-        }
-    };
+    let network = &options.network;
     match isolation(options) {
         Ok(()) => format!("bwrap (network {network})"),
         Err(why) => format!(

@@ -2,49 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Where a sandbox's commands may connect.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum NetworkPolicy {
-    /// No network at all: a private network namespace with only loopback (the default).
-    #[default]
-    DenyAll,
-    /// Only these hosts, over HTTP(S) through an egress proxy the harness runs outside
-    /// the sandbox; the sandbox can reach the proxy and nothing else.
-    AllowList(Vec<HostRule>),
-    /// The host's network, asked for by name.
-    Open,
-}
-
-impl NetworkPolicy {
-    /// Parses `deny-all`, `open` or `allow:host[:port],*.example.com,...`.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        match text {
-            "deny-all" | "none" => Ok(NetworkPolicy::DenyAll),
-            "open" => Ok(NetworkPolicy::Open),
-            other => match other.strip_prefix("allow:") {
-                Some(list) => {
-                    let rules = list
-                        .split(',')
-                        .map(str::trim)
-                        .filter(|s| !s.is_empty())
-                        .map(HostRule::parse)
-                        .collect::<Result<Vec<_>, _>>()?;
-                    if rules.is_empty() {
-                        return Err("allow: needs at least one host".into());
-                    }
-                    Ok(NetworkPolicy::AllowList(rules))
-                }
-                None => Err(format!(
-                    "network policy `{other}`: expected deny-all, open or allow:host1,host2"
-                )),
-            },
-        }
-    }
-}
-
-/// One allowed destination (see [`steadfast_log::approval::HostRule`]).
-pub use steadfast_log::approval::HostRule;
+/// Where a sandbox's commands may connect (kept in the log; see
+/// [`steadfast_log::NetworkPolicy`]), and one allowed destination.
+pub use steadfast_log::{HostRule, NetworkPolicy};
 
 /// Resource limits of a sandbox's commands. A command that hits one is killed (or
 /// fails) and the tool result says which limit it was.
@@ -99,31 +59,5 @@ impl Default for ResourceLimits {
             history_mb: Some(51200),
             owner_history_mb: None,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn policies_parse_and_rules_match_by_name_and_port() {
-        assert_eq!(NetworkPolicy::parse("deny-all"), Ok(NetworkPolicy::DenyAll));
-        assert_eq!(NetworkPolicy::parse("open"), Ok(NetworkPolicy::Open));
-        let NetworkPolicy::AllowList(rules) =
-            NetworkPolicy::parse("allow:localhost:8080, *.example.com").unwrap()
-        else {
-            panic!()
-        };
-        assert!(rules[0].allows("LOCALHOST", 8080));
-        assert!(!rules[0].allows("localhost", 8081));
-        assert!(!rules[0].allows("127.0.0.1", 8080));
-        assert!(rules[1].allows("api.example.com", 443));
-        assert!(!rules[1].allows("example.com.evil", 443));
-        assert!(!rules[1].allows("notexample.com", 443));
-        assert!(NetworkPolicy::parse("allow:").is_err());
-        assert!(NetworkPolicy::parse("allow:bad host").is_err());
-        assert!(NetworkPolicy::parse("allow:h:99999").is_err());
-        assert!(NetworkPolicy::parse("everything").is_err());
     }
 }

@@ -617,7 +617,7 @@ fn body(event: &Event) -> EventBody {
             approve_external: *approve_external,
             approval: approval.clone(),
             limits: *limits,
-            network: network.clone(),
+            network: network.as_ref().map(ToString::to_string),
             git: git.as_deref().cloned(),
             mcp_servers: mcp_servers.clone(),
         },

@@ -147,7 +147,7 @@ async fn journal(pairs: usize, rounds: usize) -> anyhow::Result<()> {
         }
         timed.push(bare_time, start.elapsed());
     }
-    let per = |d: Duration| d.as_secs_f64() * 1e6 / pairs as f64;
+    let per = |d: Duration| d.as_micros() as f64 / pairs as f64;
     println!(
         "journal: intent+outcome pairs on SQLite, each append durable (WAL + synchronous=FULL), {} alternating rounds of {pairs}",
         timed.len()

@@ -270,27 +270,23 @@ pub(crate) async fn create<W: World + Clone>(
             .check()
             .map_err(|e| invalid(format!("approval.{e}")))?;
     }
-    if let Some(policy) = &req.network {
-        let parsed = steadfast_sandbox::NetworkPolicy::parse(policy)
-            .map_err(|e| invalid(format!("network: {e}")))?;
-        if parsed == steadfast_sandbox::NetworkPolicy::Open
-            && matches!(state.auth.mode, AuthMode::Public { .. })
-        {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                "network: `open` is not available on this server",
-            ));
-        }
+    let network = req
+        .network
+        .as_deref()
+        .map(steadfast_log::NetworkPolicy::parse)
+        .transpose()
+        .map_err(|e| invalid(format!("network: {e}")))?;
+    if network == Some(steadfast_log::NetworkPolicy::Open)
+        && matches!(state.auth.mode, AuthMode::Public { .. })
+    {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "network: `open` is not available on this server",
+        ));
     }
     steadfast_harness::client_tools::check(&agent, &req.tools).map_err(invalid)?;
-    check_egress_credentials(
-        &state,
-        &owner,
-        req.network.as_deref(),
-        &req.egress_credentials,
-    )
-    .await?;
+    check_egress_credentials(&state, &owner, network.as_ref(), &req.egress_credentials).await?;
     let mcp_servers = state
         .harness
         .options()
@@ -419,7 +415,7 @@ pub(crate) async fn create<W: World + Clone>(
     new.limits = limits;
     new.approve_external = req.approve_external;
     new.approval = req.approval;
-    new.network = req.network;
+    new.network = network;
     new.client_tools = req.tools;
     new.egress_credentials = req.egress_credentials;
     new.git = git;
@@ -453,15 +449,15 @@ pub(crate) async fn create<W: World + Clone>(
 async fn check_egress_credentials<W: World + Clone>(
     state: &super::Shared<W>,
     owner: &str,
-    network: Option<&str>,
+    network: Option<&steadfast_log::NetworkPolicy>,
     bindings: &[steadfast_log::EgressCredential],
 ) -> Result<(), ApiError> {
     if bindings.is_empty() {
         return Ok(());
     }
     let invalid = |m: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", m);
-    let allow = match network.map(steadfast_sandbox::NetworkPolicy::parse) {
-        Some(Ok(steadfast_sandbox::NetworkPolicy::AllowList(rules))) => rules,
+    let allow = match network {
+        Some(steadfast_log::NetworkPolicy::AllowList(rules)) => rules,
         _ => {
             return Err(invalid(
                 "egress_credentials: need a `network` allow-list (`allow:host[:port],...`) naming their hosts".into(),
@@ -820,7 +816,7 @@ pub(crate) async fn show<W: World + Clone>(
         budget_usd: s.limits.max_cost_micro_usd.map(steadfast_log::money::usd),
         limits: s.limits,
         escalated_by: s.escalated_by(),
-        network: s.network.clone(),
+        network: s.network.as_ref().map(ToString::to_string),
         reply: s.last_reply(),
         created_at_ms: summary.created_at_ms,
         updated_at_ms: summary.updated_at_ms,
