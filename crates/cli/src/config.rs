@@ -758,7 +758,8 @@ impl Config {
                 agent.name
             );
             anyhow::ensure!(
-                agent.name != "native" && steadfast_wrap::Adapter::named(&agent.name).is_none(),
+                !steadfast_log::agent::is_native(&agent.name)
+                    && steadfast_wrap::Adapter::named(&agent.name).is_none(),
                 "[[agents.named]]: `{}` is a built-in agent's name",
                 agent.name
             );

@@ -18,7 +18,7 @@ pub fn check(agent: &str, tools: &[ClientTool]) -> Result<(), String> {
     if tools.is_empty() {
         return Ok(());
     }
-    if agent != "native" {
+    if !steadfast_log::agent::is_native(agent) {
         return Err(format!(
             "tools: client tools are offered to the native agent only, not to `{agent}`"
         ));

@@ -229,7 +229,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             Some((name, version)) => (name, Some(version)),
             None => (spec, None),
         };
-        if name == "native" {
+        if steadfast_log::agent::is_native(name) {
             return Err(Error::Invalid(
                 "agent: a wrapped session cannot become the native loop's".into(),
             ));
@@ -245,7 +245,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         let cli = format!("{}@{}", adapter.package, adapter.version);
         let instructions = match self.options.agents.named_agent(name) {
             Some(_) => self.options.agents.instructions_for(name),
-            None if name == state.agent => state.instructions.clone(),
+            None if state.agent == name => state.instructions.clone(),
             None => None,
         };
         if state.agent == name
@@ -255,7 +255,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             return Ok((name.to_string(), cli));
         }
         let event = Event::AgentChanged {
-            agent: name.to_string(),
+            agent: name.into(),
             cli: cli.clone(),
             instructions,
         };

@@ -35,7 +35,7 @@ pub struct ForkRequest {
     /// The agent the children run and the CLI it stands for (`package@version`),
     /// when not the parent's (a replay against another CLI; the caller has checked
     /// that it is installed).
-    pub agent: Option<(String, String)>,
+    pub agent: Option<(steadfast_log::Agent, String)>,
     /// The instructions the children's wrapped CLI is given, when not the parent's
     /// (`""`: none; a replay against another prompt).
     pub instructions: Option<String>,

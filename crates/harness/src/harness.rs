@@ -158,8 +158,8 @@ impl HarnessOptions {
 /// What a new session is.
 #[derive(Debug, Clone)]
 pub struct NewSession {
-    /// The agent's name.
-    pub agent: String,
+    /// The agent.
+    pub agent: steadfast_log::Agent,
     /// `provider/model`.
     pub model: String,
     /// The workspace directory (created if missing).
@@ -208,7 +208,7 @@ impl NewSession {
     /// A session of the native agent with model `provider/model` in `workspace`.
     pub fn native(model: &str, workspace: &Path) -> Self {
         NewSession {
-            agent: "native".into(),
+            agent: steadfast_log::Agent::native(),
             model: model.into(),
             workspace: workspace.to_path_buf(),
             workspace_id: None,
@@ -393,7 +393,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
     /// the provider's API and the gateway has an upstream for it. The error says what
     /// is missing.
     pub fn check_agent_model(&self, agent: &str, model: &str) -> Result<()> {
-        if agent == "native" {
+        if steadfast_log::agent::is_native(agent) {
             return self.check_model(model);
         }
         let spec = parse_model(model)?;
@@ -444,7 +444,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
         }
         // A wrapped agent's CLI version is the session's from now on.
         let agent_cli = match new.agent.as_str() {
-            "native" => None,
+            _ if new.agent.is_native() => None,
             agent => {
                 let adapter = self.adapter(agent)?;
                 adapter.api_for(&model.provider).map_err(Error::Invalid)?;

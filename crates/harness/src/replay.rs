@@ -219,7 +219,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
                     )),
                     model: request.model.clone(),
                     limits: None,
-                    agent: Some((agent.clone(), cli.clone())),
+                    agent: Some((agent.clone().into(), cli.clone())),
                     instructions: changed.clone(),
                     held: true,
                     explorer: None,
@@ -286,7 +286,7 @@ impl<W: World + Clone, S: steadfast_sandbox::Sandbox> Harness<W, S> {
             Some((name, version)) => (name, Some(version)),
             None => (spec, None),
         };
-        if name == "native" {
+        if steadfast_log::agent::is_native(name) {
             return Err(Error::Invalid(
                 "agent: a replay runs a wrapped CLI, not the native loop".into(),
             ));

@@ -160,7 +160,7 @@ impl AgentOptions {
         let named = self.named_agent(agent);
         let adapter_name = named.map_or(agent, |a| a.adapter.as_str());
         let mut adapter = Adapter::named(adapter_name).ok_or_else(|| {
-            let mut known = vec!["native".to_string()];
+            let mut known = vec![steadfast_log::agent::NATIVE.to_string()];
             known.extend(Adapter::names().iter().map(|n| n.to_string()));
             known.extend(self.named.iter().map(|a| a.name.clone()));
             Error::Invalid(format!(
@@ -179,8 +179,8 @@ impl AgentOptions {
     /// configured agents), as installed under `dir`.
     pub fn list(&self, dir: &Path) -> Vec<AgentInfo> {
         let mut out = vec![AgentInfo {
-            name: "native".into(),
-            adapter: "native".into(),
+            name: steadfast_log::agent::NATIVE.into(),
+            adapter: steadfast_log::agent::NATIVE.into(),
             package: None,
             version: None,
             tested: None,
@@ -228,7 +228,7 @@ impl<W: World + Clone, S: Sandbox> Harness<W, S> {
             Some((name, version)) => (name, Some(version)),
             None => (agent, None),
         };
-        if name == "native" {
+        if steadfast_log::agent::is_native(name) {
             return Ok(());
         }
         let adapter = self

@@ -531,7 +531,7 @@ pub enum Event {
     /// The session exists: its agent, model and workspace.
     SessionStarted {
         /// The agent's name.
-        agent: String,
+        agent: crate::Agent,
         /// The wrapped agent's CLI the session runs, as `package@version`: a session
         /// is only taken up by a host that has this version (another would re-pay the
         /// turn and diverge from its record). None for the native agent.
@@ -990,7 +990,7 @@ pub enum Event {
     /// --agent` shows first what the change would do to its recorded turns).
     AgentChanged {
         /// The agent from here on.
-        agent: String,
+        agent: crate::Agent,
         /// The CLI it stands for, `package@version`.
         cli: String,
         /// The instructions its CLI is given from here on.
@@ -1018,7 +1018,7 @@ pub enum Event {
         /// The agent this session runs from here on, and the CLI it stands for
         /// (`package@version`), when not the parent's: a replay against another CLI.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        agent: Option<(String, String)>,
+        agent: Option<(crate::Agent, String)>,
         /// The instructions the wrapped CLI is given from here on, when not the
         /// parent's (`""`: none): a replay against another prompt.
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -405,7 +405,7 @@ pub struct ServiceRecord {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionState {
     /// The agent's name.
-    pub agent: String,
+    pub agent: crate::Agent,
     /// The wrapped agent's CLI the session runs, `package@version` (see
     /// [`Event::SessionStarted`]).
     #[serde(default)]
@@ -787,7 +787,7 @@ impl SessionState {
     /// Whether the session runs a wrapped agent (a CLI through the gateway) rather
     /// than the native loop.
     pub fn is_wrapped(&self) -> bool {
-        self.agent != "native"
+        !self.agent.is_native()
     }
 
     /// Whether the session is over for good.

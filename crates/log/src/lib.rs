@@ -6,6 +6,7 @@
 //! a schema version and a checksum ([`record`]), so a torn or corrupt record is
 //! reported, never skipped, and old logs keep replaying under new code.
 
+pub mod agent;
 pub mod approval;
 pub mod event;
 pub mod fold;
@@ -15,6 +16,7 @@ pub mod network;
 pub mod record;
 pub mod status;
 
+pub use agent::Agent;
 pub use approval::{ApprovalPolicy, ApprovalRule, HostRule, Verdict};
 pub use event::{
     explored_signal, is_workspace_id, tool_result_signal, BlobRef, Breaker, ClientTool,

@@ -611,7 +611,7 @@ fn body(event: &Event) -> EventBody {
             mcp_servers,
             ..
         } => EventBody::SessionStarted {
-            agent: s(agent),
+            agent: agent.to_string(),
             agent_cli: agent_cli.clone(),
             model: format!("{}/{}", model.provider, model.model),
             approve_external: *approve_external,
@@ -850,7 +850,7 @@ fn body(event: &Event) -> EventBody {
         Event::ConversationKept { turn, .. } => EventBody::ConversationKept { turn: *turn },
         Event::WorkspaceMoved { .. } => EventBody::WorkspaceMoved {},
         Event::AgentChanged { agent, cli, .. } => EventBody::AgentChanged {
-            agent: agent.clone(),
+            agent: agent.to_string(),
             cli: cli.clone(),
         },
         Event::WorkspaceEdited { changes, .. } => EventBody::WorkspaceEdited {

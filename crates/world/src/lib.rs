@@ -783,7 +783,7 @@ pub(crate) fn summarize(events: &[Event]) -> Summary {
             s.status = Some(status);
         }
         match e {
-            Event::SessionStarted { agent, .. } => s.agent = Some(agent.clone()),
+            Event::SessionStarted { agent, .. } => s.agent = Some(agent.to_string()),
             Event::UserMessage {
                 turn,
                 text,

@@ -115,7 +115,7 @@ pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<
     let (harness, fake) = setup::harness_paced(home, config, world, &provider, pace).await?;
     // Before the session exists: an agent that cannot run here leaves nothing behind.
     harness.check_agent(&args.agent)?;
-    if args.agent == "native" {
+    if steadfast_log::agent::is_native(&args.agent) {
         harness.check_model(&model)?;
     }
     let task = match (args.task, &fake) {
@@ -135,7 +135,7 @@ pub async fn run(home: &Path, config: &Config, args: RunArgs) -> anyhow::Result<
         anyhow::bail!("--max-cost-usd must be a positive number");
     }
     let mut new = NewSession::native(&model, &workspace).with_task(&task);
-    new.agent = args.agent.clone();
+    new.agent = args.agent.clone().into();
     new.explorers = args.explorers;
     new.mcp_servers = harness
         .options()

@@ -17,7 +17,7 @@ pub async fn install(home: &Path, config: &Config, spec: &str) -> anyhow::Result
         None => (spec, None),
     };
     let agents = config.harness_options().agents;
-    if name == "native" {
+    if steadfast_log::agent::is_native(name) {
         anyhow::bail!("the native agent is built in: nothing to install");
     }
     let mut adapter = agents.adapter(name)?;

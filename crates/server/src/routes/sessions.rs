@@ -409,7 +409,7 @@ pub(crate) async fn create<W: World + Clone>(
     }
     let mut new = NewSession::native(&model, &root);
     new.workspace_id = Some(workspace_id.clone());
-    new.agent = agent;
+    new.agent = agent.into();
     new.owner = owner.clone();
     new.task = req.task;
     new.limits = limits;
