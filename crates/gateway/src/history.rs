@@ -24,9 +24,8 @@ use crate::Api;
 pub struct Conversation {
     /// The CLI that made it (`claude-code`, ...): only that CLI is given it.
     pub cli: String,
-    /// The API its requests went to (`anthropic.messages`, `openai.chat`,
-    /// `openai.responses`): only requests to that API are continued with it.
-    pub api: String,
+    /// The API its requests went to: only requests to that API are continued with it.
+    pub api: Api,
     /// The request's items (`messages`, or `input` for the Responses API), ending
     /// with the CLI's answer, or with a note of why the turn stopped.
     pub items: Vec<Value>,
@@ -54,9 +53,9 @@ pub struct Seen {
 }
 
 impl Seen {
-    /// The name of the API it went to (`anthropic.messages`, ...).
-    pub fn api(&self) -> &'static str {
-        self.kind.name()
+    /// The API it went to.
+    pub fn api(&self) -> Api {
+        self.kind
     }
 
     /// The conversation to keep: these items, closed by `closing` said by the
@@ -68,7 +67,7 @@ impl Seen {
         }
         Conversation {
             cli: cli.to_string(),
-            api: self.api().to_string(),
+            api: self.api(),
             items,
         }
     }
@@ -101,10 +100,10 @@ fn role(item: &Value) -> Option<&str> {
 }
 
 /// An assistant item saying `text`, in `api`'s format.
-fn assistant(api: &str, text: &str) -> Value {
+fn assistant(api: Api, text: &str) -> Value {
     match api {
-        "openai.chat" => json!({"role": "assistant", "content": text}),
-        "openai.responses" => json!({
+        Api::OpenAiChat => json!({"role": "assistant", "content": text}),
+        Api::OpenAiResponses => json!({
             "type": "message",
             "role": "assistant",
             "content": [{"type": "output_text", "text": text}],
@@ -147,7 +146,7 @@ pub(crate) fn continued(history: &Conversation, request: &mut Value, api: Api, o
     let mut items = history.items.clone();
     if items.last().and_then(role) != Some("assistant") {
         items.push(assistant(
-            &history.api,
+            history.api,
             "[This turn was interrupted before it finished.]",
         ));
     }
@@ -278,7 +277,7 @@ mod tests {
     fn a_cut_off_history_is_closed_before_the_next_message() {
         let cut = Conversation {
             cli: "pi".into(),
-            api: "openai.chat".into(),
+            api: steadfast_log::Api::OpenAiChat,
             items: vec![json!({"role": "user", "content": "fix it"})],
         };
         let mut request = json!({"tools": [{}], "messages": [

@@ -119,28 +119,7 @@ impl<W> Clone for Gateway<W> {
 }
 
 /// The kinds of request the gateway serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Api {
-    AnthropicMessages,
-    AnthropicCountTokens,
-    OpenAiChat,
-    OpenAiResponses,
-}
-
-impl Api {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Api::AnthropicMessages => "anthropic.messages",
-            Api::AnthropicCountTokens => "anthropic.count_tokens",
-            Api::OpenAiChat => "openai.chat",
-            Api::OpenAiResponses => "openai.responses",
-        }
-    }
-
-    fn is_anthropic(self) -> bool {
-        matches!(self, Api::AnthropicMessages | Api::AnthropicCountTokens)
-    }
-}
+pub(crate) use steadfast_log::Api;
 
 /// An error in the wire format of the API asked.
 pub(crate) fn api_error(
@@ -370,7 +349,7 @@ async fn handle<W: World + Clone>(
     let opening = history::opening(&request, api, &shared.continuing.task);
     let mut body = body;
     if let (Some(at), Some(before)) = (opening, &shared.continuing.history) {
-        if before.api == api.name() {
+        if before.api == api {
             history::continued(before, &mut request, api, at);
             body = Bytes::from(request.to_string());
         } else {
@@ -392,7 +371,7 @@ async fn handle<W: World + Clone>(
         max_output: output_limit::asked(api, &request),
     });
     let asked = Asked {
-        api: api.name(),
+        api,
         fingerprint: normalize::fingerprint_of(api.name(), &normalized),
         request: &normalized,
         stream,

@@ -384,7 +384,7 @@ async fn a_reply_cut_off_before_it_was_recorded_is_asked_again_in_its_place() {
             &[Event::ExchangeIntent {
                 call_id: "gx_cut".into(),
                 index: 0,
-                api: "anthropic.messages".into(),
+                api: steadfast_log::Api::AnthropicMessages,
                 fingerprint: steadfast_gateway::normalize::fingerprint(
                     "anthropic.messages",
                     &request,

@@ -65,7 +65,7 @@ pub struct Divergence {
     /// How many of the turn's recorded requests this run was answered from before it.
     pub index: usize,
     /// The API it was sent to.
-    pub api: String,
+    pub api: steadfast_log::Api,
     /// The request, normalized as fingerprints see it.
     pub request: Value,
 }
@@ -138,8 +138,8 @@ enum Plan {
 
 /// A model request, as the journal sees it.
 pub struct Asked<'a> {
-    /// Which API (`anthropic.messages`, `openai.chat`, ...).
-    pub api: &'a str,
+    /// Which API.
+    pub api: steadfast_log::Api,
     /// The request, normalized (what the record keeps and a divergence report shows).
     pub request: &'a Value,
     /// The fingerprint of the normalized request, what replay matches on.
@@ -274,7 +274,7 @@ impl<W: World + Clone> Exchanges<W> {
                 pass.divergence = Some(Divergence {
                     expected: expected.map(|i| self.live.with(|s| s.exchanges[i].call_id.clone())),
                     index: pass.consumed.len(),
-                    api: asked.api.to_string(),
+                    api: asked.api,
                     request: asked.request.clone(),
                 });
             }
@@ -473,7 +473,7 @@ impl<W: World + Clone> Exchanges<W> {
         let intent = [Event::ExchangeIntent {
             call_id: call_id.clone(),
             index: index as u32,
-            api: asked.api.to_string(),
+            api: asked.api,
             fingerprint: asked.fingerprint,
             stream: asked.stream,
             snapshot,

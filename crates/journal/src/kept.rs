@@ -203,7 +203,7 @@ mod tests {
             event: Event::ExchangeIntent {
                 call_id: call_id.into(),
                 index: 0,
-                api: "anthropic.messages".into(),
+                api: steadfast_log::Api::AnthropicMessages,
                 fingerprint: String::new(),
                 stream: false,
                 snapshot: None,

@@ -883,9 +883,8 @@ pub enum Event {
         call_id: String,
         /// Its position among the session's exchanges (from 0).
         index: u32,
-        /// Which API: `anthropic.messages`, `anthropic.count_tokens`, `openai.chat`,
-        /// `openai.responses`.
-        api: String,
+        /// Which API.
+        api: crate::Api,
         /// BLAKE3 of the normalized request (see the gateway's normalization).
         fingerprint: String,
         /// Whether the reply streams.

@@ -164,7 +164,7 @@ pub struct Exchange {
     /// The attempt's id.
     pub call_id: String,
     /// Which API.
-    pub api: String,
+    pub api: crate::Api,
     /// The normalized request's hash.
     pub fingerprint: String,
     /// Whether the reply streams.

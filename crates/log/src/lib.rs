@@ -7,6 +7,7 @@
 //! reported, never skipped, and old logs keep replaying under new code.
 
 pub mod agent;
+pub mod api;
 pub mod approval;
 pub mod event;
 pub mod fold;
@@ -17,6 +18,7 @@ pub mod record;
 pub mod status;
 
 pub use agent::Agent;
+pub use api::Api;
 pub use approval::{ApprovalPolicy, ApprovalRule, HostRule, Verdict};
 pub use event::{
     explored_signal, is_workspace_id, tool_result_signal, BlobRef, Breaker, ClientTool,

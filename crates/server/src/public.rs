@@ -299,9 +299,8 @@ pub enum EventBody {
         call_id: String,
         /// Its position in the turn.
         index: u32,
-        /// The wire format, as recorded: `anthropic.messages`, `anthropic.count_tokens`,
-        /// `openai.chat` or `openai.responses`.
-        api: String,
+        /// The wire format, as recorded.
+        api: steadfast_log::Api,
         /// Whether the reply streams.
         stream: bool,
     },
@@ -831,7 +830,7 @@ fn body(event: &Event) -> EventBody {
         } => EventBody::ExchangeIntent {
             call_id: s(call_id),
             index: *index,
-            api: s(api),
+            api: *api,
             stream: *stream,
         },
         Event::ExchangeOutcome {
@@ -944,7 +943,7 @@ mod tests {
             Event::ExchangeIntent {
                 call_id: "gx_1".into(),
                 index: 0,
-                api: "anthropic.messages".into(),
+                api: steadfast_log::Api::AnthropicMessages,
                 fingerprint: "f1ngerpr1nt".into(),
                 stream: true,
                 snapshot: Some("snap_before_id".into()),

@@ -343,7 +343,7 @@ mod tests {
                 Event::ExchangeIntent {
                     call_id: call_id.clone(),
                     index,
-                    api: "anthropic.messages".into(),
+                    api: steadfast_log::Api::AnthropicMessages,
                     fingerprint: String::new(),
                     stream: true,
                     snapshot: None,

@@ -597,8 +597,7 @@ async fn kept_history(
         }
     };
     let api = adapter.api_for(&state.model.provider).ok()?;
-    let same =
-        conversation.cli == adapter.cli_name() && conversation.api.split('.').next() == Some(api);
+    let same = conversation.cli == adapter.cli_name() && conversation.api.provider() == api;
     same.then_some(conversation)
 }
 

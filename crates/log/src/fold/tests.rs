@@ -304,7 +304,7 @@ fn exchange(call_id: &str, index: u32) -> Event {
     Event::ExchangeIntent {
         call_id: call_id.into(),
         index,
-        api: "anthropic.messages".into(),
+        api: crate::Api::AnthropicMessages,
         fingerprint: format!("f{index}"),
         stream: true,
         snapshot: Some(format!("s{index}")),

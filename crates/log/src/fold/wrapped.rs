@@ -147,7 +147,7 @@ impl SessionState {
         };
         let exchange = Exchange {
             call_id: call_id.clone(),
-            api: api.clone(),
+            api: *api,
             fingerprint: fingerprint.clone(),
             stream: *stream,
             snapshot: snapshot.clone(),
