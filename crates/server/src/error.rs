@@ -81,12 +81,22 @@ impl From<steadfast_world::Error> for ApiError {
                 "session_busy",
                 format!("session {session} is being driven; try again when its turn is over"),
             ),
-            E::Corrupt { .. } | E::CorruptStore { .. } => {
+            E::Corrupt { .. } => {
                 tracing::error!(error = %e, "stored data is damaged");
                 ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "data_corrupt",
                     e.to_string(),
+                )
+            }
+            // The store's own damage names its files and tables: the server's log says
+            // which, the client hears only that it is damaged.
+            E::CorruptStore { .. } => {
+                tracing::error!(error = %e, "the world's store is damaged");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "data_corrupt",
+                    "the server's store is damaged; see the server log",
                 )
             }
             E::Backend { .. } | E::Blob { .. } => {
@@ -129,6 +139,15 @@ impl From<steadfast_harness::Error> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_damaged_store_is_named_to_the_client_without_its_paths() {
+        let damaged = steadfast_world::Error::corrupt_store("/srv/steadfast/world.db is empty");
+        let answered = ApiError::from(damaged);
+        assert_eq!(answered.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(answered.code, "data_corrupt");
+        assert!(!answered.message.contains("/srv"), "{}", answered.message);
+    }
 
     #[tokio::test]
     async fn a_failed_task_is_the_servers_fault_not_the_callers() {
