@@ -857,3 +857,89 @@ fn calls_an_interrupt_kept_from_beginning_are_answered_and_never_run_later() {
         assert!(fold(&interrupted(vec![wrong.into()]).0).is_err(), "{wrong}");
     }
 }
+
+/// Where a session stands reads the same from its events alone (what a store's summary
+/// and a stream keep) as from the fold's phase, after every record of a log that
+/// waits, is answered, is escalated and resumed, is interrupted, fails to be driven
+/// and ends; and a scheduled retry reads as `retrying` until the next record.
+#[test]
+fn the_status_from_events_alone_is_the_folds() {
+    let mut log = Log::new();
+    log.user(1, "go");
+    log.model("m1", 1, &["t1"]);
+    log.push(Event::WaitStarted {
+        name: "approval".into(),
+        reason: "may I?".into(),
+        call_id: None,
+        before_call: Some("t1".into()),
+    });
+    log.push(Event::SignalReceived {
+        name: "approval".into(),
+        payload: json!({"approved": true}),
+        inbox_id: 1,
+    });
+    log.tool_intent("t1", ToolClass::Read);
+    log.tool_outcome("t1");
+    log.push(Event::Escalated {
+        breaker: Breaker::Steps,
+        reason: "too many steps".into(),
+        diff: Vec::new(),
+    });
+    log.push(Event::SignalReceived {
+        name: crate::RESUME_SIGNAL.into(),
+        payload: json!({}),
+        inbox_id: 2,
+    });
+    log.push(Event::DriveFailed {
+        reason: "the provider is down".into(),
+        attempt: 1,
+        retry_at_ms: Some(10),
+    });
+    log.model("m2", 2, &[]);
+    log.push(Event::TurnEnded {
+        turn: 1,
+        reply: None,
+    });
+    log.user(2, "more");
+    log.push(Event::TurnInterrupted {
+        turn: 2,
+        by: "alice".into(),
+        inbox_id: 3,
+        call_id: None,
+        stopped: true,
+        not_begun: Vec::new(),
+    });
+    log.push(Event::SessionEnded {
+        state: EndState::Closed,
+        reason: "closed by alice".into(),
+        diff: Vec::new(),
+    });
+    let mut from_events = None;
+    let mut seen = Vec::new();
+    for end in 1..=log.0.len() {
+        let state = fold(&log.0[..end]).unwrap();
+        let event = &log.0[end - 1].event;
+        from_events = Status::after(event).or(from_events);
+        let retrying = matches!(event, Event::DriveFailed { .. });
+        let expected = if retrying {
+            Status::Retrying
+        } else {
+            from_events.unwrap()
+        };
+        assert_eq!(state.status(), expected, "after #{end} ({})", event.kind());
+        seen.push(state.status());
+    }
+    for status in [
+        Status::Idle,
+        Status::Running,
+        Status::Waiting,
+        Status::Escalated,
+        Status::Retrying,
+        Status::Closed,
+    ] {
+        assert!(seen.contains(&status), "{status} was never reached");
+    }
+    let ended = fold(&log.0).unwrap();
+    assert_eq!(ended.end_reason(), Some("closed by alice"));
+    assert!(ended.is_ended() && ended.waiting().is_none());
+}
