@@ -369,9 +369,51 @@ pub struct PriceConfig {
     pub output: f64,
 }
 
+/// What the command line says over the file: its global flags, each of which also
+/// reads an environment variable (`STEADFAST_WORLD`, ...). `None` leaves the file's
+/// setting as it is.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--world`.
+    pub world: Option<String>,
+    /// `--blobs`.
+    pub blobs: Option<String>,
+    /// `--workspace-root`.
+    pub workspace_root: Option<PathBuf>,
+    /// `--migrate`: it can only ask for migrations, never turn off the file's.
+    pub migrate: bool,
+    /// `--sandbox`.
+    pub sandbox: Option<String>,
+    /// `--network`.
+    pub network: Option<steadfast_log::NetworkPolicy>,
+}
+
 impl Config {
+    /// The configuration in its layers, each over the one before: the defaults, the
+    /// file (`path`, or `steadfast.toml` here if there is one), then the environment
+    /// and the flags (`overrides`); checked as a whole.
+    pub fn layered(path: Option<&Path>, overrides: Overrides) -> anyhow::Result<Self> {
+        let mut config = Config::load(path)?;
+        let Overrides {
+            world,
+            blobs,
+            workspace_root,
+            migrate,
+            sandbox,
+            network,
+        } = overrides;
+        config.world = world.or(config.world);
+        config.blobs = blobs.or(config.blobs);
+        config.workspace_root = workspace_root.or(config.workspace_root);
+        config.migrate_on_open |= migrate;
+        config.sandbox.backend = sandbox.or(config.sandbox.backend);
+        config.sandbox.network = network.or(config.sandbox.network);
+        config.check()?;
+        Ok(config)
+    }
+
     /// Loads `path`, or `steadfast.toml` in the working directory if it exists.
-    pub fn load(path: Option<&Path>) -> anyhow::Result<Self> {
+    fn load(path: Option<&Path>) -> anyhow::Result<Self> {
         let (path, required) = match path {
             Some(p) => (p.to_path_buf(), true),
             None => (PathBuf::from("steadfast.toml"), false),
@@ -1107,6 +1149,52 @@ mod tests {
         );
         let unknown = "[approval]\nexternal = \"maybe\"\n";
         assert!(toml::from_str::<Config>(unknown).is_err());
+    }
+
+    #[test]
+    fn flags_lie_over_the_file_and_the_file_over_the_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("steadfast.toml");
+        std::fs::write(
+            &path,
+            "world = \"sqlite:/from/file.db\"\nmigrate-on-open = true\n\
+             [sandbox]\nbackend = \"local\"\nnetwork = \"open\"\n",
+        )
+        .unwrap();
+        let file_only = Config::layered(Some(&path), Overrides::default()).unwrap();
+        assert_eq!(file_only.world.as_deref(), Some("sqlite:/from/file.db"));
+        assert!(
+            file_only.migrate_on_open,
+            "the file's migrate-on-open stands"
+        );
+        assert_eq!(file_only.sandbox.backend.as_deref(), Some("local"));
+        assert!(file_only.blobs.is_none(), "the default where neither says");
+
+        let network = steadfast_log::NetworkPolicy::parse("allow:example.com").unwrap();
+        let flags = Overrides {
+            world: Some("sqlite:/from/flag.db".into()),
+            network: Some(network.clone()),
+            migrate: false,
+            ..Overrides::default()
+        };
+        let both = Config::layered(Some(&path), flags).unwrap();
+        assert_eq!(both.world.as_deref(), Some("sqlite:/from/flag.db"));
+        assert_eq!(both.sandbox.network, Some(network));
+        assert_eq!(both.sandbox.backend.as_deref(), Some("local"));
+        assert!(
+            both.migrate_on_open,
+            "no flag turns the file's migrations off"
+        );
+
+        let bad = Overrides {
+            sandbox: Some("chroot".into()),
+            ..Overrides::default()
+        };
+        let err = Config::layered(Some(&path), bad).unwrap_err().to_string();
+        assert!(
+            err.contains("[sandbox] backend"),
+            "the layers are checked: {err}"
+        );
     }
 
     #[test]

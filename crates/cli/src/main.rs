@@ -299,25 +299,15 @@ fn main() -> ExitCode {
     // connections, HTTP servers in this process) hand it, which on a small machine more
     // than doubled a fake-model step's wall time.
     let command = async move {
-        let mut config = config::Config::load(cli.config.as_deref())?;
-        if cli.world.is_some() {
-            config.world = cli.world.clone();
-        }
-        if cli.blobs.is_some() {
-            config.blobs = cli.blobs.clone();
-        }
-        if cli.workspace_root.is_some() {
-            config.workspace_root = cli.workspace_root.clone();
-        }
-        // The flag can only ask for migrations; without it the file's setting stands.
-        config.migrate_on_open |= cli.migrate;
-        if cli.sandbox.is_some() {
-            config.sandbox.backend = cli.sandbox.clone();
-        }
-        if cli.network.is_some() {
-            config.sandbox.network = cli.network.clone();
-        }
-        config.check()?;
+        let overrides = config::Overrides {
+            world: cli.world.clone(),
+            blobs: cli.blobs.clone(),
+            workspace_root: cli.workspace_root.clone(),
+            migrate: cli.migrate,
+            sandbox: cli.sandbox.clone(),
+            network: cli.network.clone(),
+        };
+        let config = config::Config::layered(cli.config.as_deref(), overrides)?;
         // Commands that only read or control sessions create no home: without one
         // there is nothing to find (a PostgreSQL world keeps sessions elsewhere).
         let existing = || -> anyhow::Result<&std::path::Path> {
